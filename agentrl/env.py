@@ -1,0 +1,205 @@
+"""The Env contract users extend: the message layer of an episode.
+
+One Env instance runs one episode. The framework (agentrl.rollout) owns the token layer —
+rendering, sampling, parsing tool calls, budgets, masks — and calls, in order:
+
+    messages = await env.start()                 # system + user messages of the task
+    loop:  result = await env.step(turn)         # turn: the parsed assistant message
+           (result.messages are appended; the episode ends when result.done or a limit hits)
+    reward = await env.reward(trajectory)        # float, or {"total": …, other components}
+    await env.close()                            # always, also after errors
+
+The common case lists tools and defines `reward`; the default `step` runs the turn's tool calls
+(concurrently) and ends the episode on a turn without calls. A complete env (copy, paste, run
+with `python -m agentrl.rollout env=custom env.cls=my_module.AddEnv`):
+
+    from pydantic import BaseModel
+    from agentrl.env import ToolEnv
+    from agentrl.tool import Tool, ToolContext, ToolResult
+    from agentrl.types import Task
+
+    class Add(Tool):
+        name, description = "add", "Add two integers."
+        class Args(BaseModel):
+            a: int
+            b: int
+        async def __call__(self, args, ctx: ToolContext) -> ToolResult:
+            return ToolResult(content=str(args.a + args.b))
+
+    class AddEnv(ToolEnv):
+        tools = [Add()]
+        max_turns = 4
+        system_prompt = "Use the add tool, then reply with the number only."
+
+        @classmethod
+        def load_tasks(cls, n: int = 100, seed: int = 0, **_) -> list[Task]:
+            return [Task(id=str(i), data={"prompt": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)})
+                    for i in range(n)]
+
+        async def reward(self, trajectory) -> float:
+            return float(self.final_text(trajectory).strip() == self.task.data["answer"])
+
+Errors: a tool's bad arguments, timeout or exception is a tool message the model reads (counted);
+a malformed tool call is an error observation (counted); `max_parse_errors` turns in a row of only
+malformed calls end the episode with `parse_error`. An exception raised by `start`, `step` or
+`reward` ends that episode with `aborted` (an infrastructure failure, left out of the baseline);
+the rest of its group goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from agentrl.tool import Tool, ToolContext, ToolResult
+from agentrl.types import FinishReason, Message, StopReason, Task, ToolCall
+
+if TYPE_CHECKING:
+    from agentrl.parsers import ParseError
+    from agentrl.types import Trajectory
+
+
+@dataclass
+class AssistantTurn:
+    """What the model said in one turn, parsed. `message.tool_calls` holds only valid calls."""
+
+    message: Message
+    text: str
+    parse_errors: list[ParseError] = field(default_factory=list)
+    finish_reason: FinishReason = FinishReason.STOP
+    index: int = 0
+
+
+@dataclass
+class StepResult:
+    """What the env answers to one assistant turn."""
+
+    messages: list[Message] = field(default_factory=list)
+    done: bool = False
+    reward: float | None = None  # optional per-turn reward (for turn-level credit assignment)
+    stop_reason: StopReason | None = None  # when done; default `completed`
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_latency_s: float = 0.0
+
+
+class Env:
+    """Base class: subclass it, or `ToolEnv` for the common chat-with-tools case."""
+
+    tools: ClassVar[list[Tool]] = []
+    max_turns: int = 8
+    max_parse_errors: int = 2  # consecutive turns with only malformed calls → stop `parse_error`
+    max_tool_errors: int = 4  # consecutive turns whose every call failed → stop `tool_error`
+
+    def __init__(self, task: Task, ctx: ToolContext | None = None, **kwargs: Any) -> None:
+        self.task = task
+        self.ctx = ctx or ToolContext(session=task.id)
+        for k, v in kwargs.items():
+            if not hasattr(type(self), k):
+                raise TypeError(f"{type(self).__name__} has no setting {k!r}")
+            setattr(self, k, v)
+        self._parse_error_streak = 0
+        self._tool_error_streak = 0
+
+    # -- data --------------------------------------------------------------------------------
+
+    @classmethod
+    def load_tasks(cls, path: str | None = None, limit: int | None = None, **_: Any) -> list[Task]:
+        """Tasks for this env. Default: a JSONL file, one object per line with an `id` field."""
+        if path is None:
+            raise ValueError(f"{cls.__name__}.load_tasks needs env.tasks.path (a JSONL file)")
+        tasks = []
+        with Path(path).open() as f:
+            for i, line in enumerate(f):
+                if not line.strip():
+                    continue
+                obj = json.loads(line)
+                tasks.append(Task(id=str(obj.pop("id", i)), data=obj))
+                if limit is not None and len(tasks) >= limit:
+                    break
+        if not tasks:
+            raise ValueError(f"no tasks in {path}")
+        return tasks
+
+    # -- episode -----------------------------------------------------------------------------
+
+    async def start(self) -> list[Message]:
+        raise NotImplementedError(f"{type(self).__name__} must implement async start()")
+
+    async def step(self, turn: AssistantTurn) -> StepResult:
+        """Default: run the turn's tool calls; done when the turn has none."""
+        calls = turn.message.tool_calls
+        if not calls and not turn.parse_errors:
+            return StepResult(done=True)
+        obs = [
+            Message(role="tool", content=f"Error: {e.message}", name=e.name)
+            for e in turn.parse_errors
+        ]
+        results = await asyncio.gather(*(self.call_tool(c) for c in calls))
+        for call, res in zip(calls, results, strict=True):
+            obs.append(Message(role="tool", content=res.content, tool_call_id=call.id, name=call.name))
+        errors = sum(r.is_error for r in results)
+        self._parse_error_streak = self._parse_error_streak + 1 if not calls else 0
+        self._tool_error_streak = self._tool_error_streak + 1 if calls and errors == len(calls) else 0
+        stop = None
+        if self._parse_error_streak >= self.max_parse_errors:
+            stop = StopReason.PARSE_ERROR
+        elif self._tool_error_streak >= self.max_tool_errors:
+            stop = StopReason.TOOL_ERROR
+        return StepResult(
+            messages=obs,
+            done=stop is not None,
+            stop_reason=stop,
+            tool_calls=len(calls),
+            tool_errors=errors,
+            tool_latency_s=max((r.latency_s for r in results), default=0.0),
+        )
+
+    async def call_tool(self, call: ToolCall) -> ToolResult:
+        tool = self.tool_map.get(call.name)
+        if tool is None:
+            return ToolResult(
+                content=f"Error: unknown tool '{call.name}'; available: {sorted(self.tool_map)}",
+                is_error=True,
+            )
+        return await tool.invoke(call.arguments, self.ctx)
+
+    async def reward(self, trajectory: Trajectory) -> float | dict[str, float]:
+        raise NotImplementedError(f"{type(self).__name__} must implement async reward()")
+
+    async def close(self) -> None:
+        if self.ctx.sandbox is not None:
+            await self.ctx.sandbox.close_session(self.ctx.session)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    @property
+    def tool_map(self) -> dict[str, Tool]:
+        return {t.name: t for t in self.tools}
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return [t.schema() for t in self.tools]
+
+    @staticmethod
+    def final_text(trajectory: Trajectory) -> str:
+        """Content of the last assistant message ('' if none)."""
+        for m in reversed(trajectory.messages):
+            if m.role == "assistant":
+                return m.content
+        return ""
+
+
+class ToolEnv(Env):
+    """Chat with tools: `system_prompt` + the task's `prompt` field as the user message."""
+
+    system_prompt: str | None = None
+
+    async def start(self) -> list[Message]:
+        msgs = []
+        if self.system_prompt:
+            msgs.append(Message(role="system", content=self.system_prompt))
+        msgs.append(Message(role="user", content=str(self.task.data["prompt"])))
+        return msgs

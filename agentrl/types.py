@@ -1,0 +1,217 @@
+"""Records that cross module borders.
+
+Legend: T tokens (of one trajectory).
+
+Message / ToolCall are the message layer (what users and chat templates see); Completion, Turn and
+Trajectory are the token layer (what the engine sampled and the learner trains on). A Trajectory is
+built only by `agentrl.rollout`; its constructor checks that ids, loss mask and logprobs line up.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Task(BaseModel):
+    """One problem handed to an Env. `data` holds the env-specific fields (question, answer, …)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class StopReason(StrEnum):
+    """Why an episode ended. Counted as `stop/<reason>` in metrics.
+
+    The first four are normal endings the policy is scored on; the rest are failures. Of those,
+    `parse_error` and `tool_error` are the policy's fault (scored), while `sandbox_unavailable` and
+    `aborted` are infrastructure failures: excluded from the group baseline, never scored 0.
+    """
+
+    COMPLETED = "completed"
+    MAX_TURNS = "max_turns"
+    LENGTH = "length"
+    CONTEXT_OVERFLOW = "context_overflow"
+    PARSE_ERROR = "parse_error"
+    TOOL_ERROR = "tool_error"
+    SANDBOX_UNAVAILABLE = "sandbox_unavailable"
+    ABORTED = "aborted"
+
+    @property
+    def is_infra_failure(self) -> bool:
+        return self in (StopReason.SANDBOX_UNAVAILABLE, StopReason.ABORTED)
+
+
+class FinishReason(StrEnum):
+    """Why the engine stopped one generation (SGLang's `meta_info.finish_reason.type`)."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+class ToolCall(BaseModel):
+    """One call the model asked for, as parsed from its text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+    def to_template(self) -> dict[str, Any]:
+        """OpenAI-style dict, the shape HF chat templates expect under `tool_calls`."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+class Message(BaseModel):
+    """One chat message. `tool` messages answer the assistant's call with id `tool_call_id`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning_content: str | None = None
+
+    def to_template(self) -> dict[str, Any]:
+        """The dict passed to `tokenizer.apply_chat_template`."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [c.to_template() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
+        return out
+
+
+@dataclass
+class Completion:
+    """What the engine sampled for one prompt: ids, their logprobs, and why it stopped."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    weight_version: str = "0"
+    prompt_tokens: int = 0
+    matched_stop: int | None = None
+    server: str = ""
+    latency_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(
+                f"Completion has {len(self.token_ids)} ids but {len(self.logprobs)} logprobs"
+            )
+
+
+@dataclass
+class Turn:
+    """One assistant turn: where its sampled ids sit in the trajectory, and what came back.
+
+    `start:end` indexes the sampled ids in `Trajectory.token_ids`; `obs_end` is where the
+    observation (template delta of the tool/env messages) that followed ends (== end if none).
+    """
+
+    start: int
+    end: int
+    obs_end: int
+    weight_version: str
+    finish_reason: FinishReason
+    assistant: Message
+    observations: list[Message] = field(default_factory=list)
+    num_tool_calls: int = 0
+    num_tool_errors: int = 0
+    num_parse_errors: int = 0
+    tool_latency_s: float = 0.0
+    gen_latency_s: float = 0.0
+    truncated_obs_tokens: int = 0
+
+
+@dataclass
+class Trajectory:
+    """One finished episode, token-exact.
+
+    Worked example (ids shortened; P prompt, A sampled, O observation):
+
+        messages: system+user  | assistant: <tool_call>…</tool_call><|im_end|> | tool: "4" | assistant: <answer>4</answer><|im_end|>
+        token_ids:  P P P P P P   A A A A A                                     O O O O O   A A A A A
+        loss_mask:  0 0 0 0 0 0   1 1 1 1 1                                     0 0 0 0 0   1 1 1 1 1
+        logprobs:   0 0 0 0 0 0   l l l l l                                     0 0 0 0 0   l l l l l
+        turns:      [Turn(start=6, end=11, obs_end=16), Turn(start=16, end=21, obs_end=21)]
+
+    The observation ids start with the template's separator after the sampled end-of-turn token
+    (e.g. "\\n") and end with the next generation prompt ("<|im_start|>assistant\\n"): everything
+    the model did not sample has mask 0. `prompt_len` is the length of the first prompt.
+    """
+
+    task_id: str
+    sample_index: int
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    prompt_len: int
+    turns: list[Turn]
+    messages: list[Message]
+    stop_reason: StopReason
+    reward: float = 0.0
+    reward_components: dict[str, float] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Raise ValueError unless ids, mask, logprobs and turn spans line up exactly."""
+        n = len(self.token_ids)
+        if len(self.loss_mask) != n or len(self.logprobs) != n:
+            raise ValueError(
+                f"trajectory {self.task_id}/{self.sample_index}: {n} ids, "
+                f"{len(self.loss_mask)} mask, {len(self.logprobs)} logprobs"
+            )
+        expected = [0] * n
+        pos = self.prompt_len
+        for t in self.turns:
+            if not (t.start == pos and t.start <= t.end <= t.obs_end <= n):
+                raise ValueError(f"turn spans are not contiguous at {t.start}:{t.end}:{t.obs_end}")
+            expected[t.start : t.end] = [1] * (t.end - t.start)
+            pos = t.obs_end
+        if pos != n:
+            raise ValueError(f"turns cover {pos} of {n} ids")
+        if self.loss_mask != expected:
+            raise ValueError("loss mask is not 1 exactly on sampled ids")
+
+    @property
+    def num_sampled(self) -> int:
+        return sum(self.loss_mask)
+
+    @property
+    def num_tool_calls(self) -> int:
+        return sum(t.num_tool_calls for t in self.turns)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["messages"] = [m.model_dump(exclude_defaults=True) for m in self.messages]
+        for turn, src in zip(d["turns"], self.turns, strict=True):
+            turn["assistant"] = src.assistant.model_dump(exclude_defaults=True)
+            turn["observations"] = [m.model_dump(exclude_defaults=True) for m in src.observations]
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())

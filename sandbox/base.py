@@ -1,0 +1,56 @@
+"""The Sandbox contract every code-execution backend implements.
+
+A sandbox runs untrusted code the policy wrote and reports what happened. Backends: the local
+isolated service (`sandbox.server` + `sandbox.client.ServiceSandbox`), e2b (`sandbox.e2b`), and
+`sandbox.subproc.SubprocessSandbox` (rlimits only; for laptops and tests, not isolation).
+
+    from sandbox import SubprocessSandbox
+
+    sb = SubprocessSandbox()
+    res = await sb.run("print(6 * 7)", language="python", timeout=5.0)
+    assert res.stdout == "42\\n" and res.exit_code == 0
+
+Sessions keep interpreter state across calls with the same `session` key (one per trajectory);
+`close_session` releases one. A backend that cannot be reached raises `SandboxUnavailable`;
+everything the code itself does wrong (exceptions, timeouts, limits) comes back in the ExecResult.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from pydantic import BaseModel
+
+
+class SandboxUnavailable(RuntimeError):
+    """The backend could not be reached or keeps failing (after its own retries)."""
+
+
+class ExecResult(BaseModel):
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = 0
+    timed_out: bool = False
+    # which limit ended the run, if any: "wall_time", "cpu_time", "memory", "output", "processes", "file_size"
+    limit: str | None = None
+    duration_s: float = 0.0
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out and self.limit is None
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    async def run(
+        self,
+        code: str,
+        language: str = "python",
+        timeout: float = 10.0,
+        session: str | None = None,
+    ) -> ExecResult: ...
+
+    async def close_session(self, session: str) -> None: ...
+
+    async def aclose(self) -> None: ...
