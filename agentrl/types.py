@@ -141,6 +141,7 @@ class Turn:
     tool_latency_s: float = 0.0
     gen_latency_s: float = 0.0
     truncated_obs_tokens: int = 0
+    reward: float | None = None  # per-turn reward from StepResult, if the env gives one
 
 
 @dataclass

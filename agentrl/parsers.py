@@ -1,0 +1,203 @@
+"""Tool-call parsers, by name. The key is exactly the config value (`rollout.parser`).
+
+A parser turns the decoded text of one assistant turn into a `ParseResult`: the prose, the valid
+tool calls, and typed errors for everything malformed. It never raises: any string is a valid input.
+
+    from agentrl.parsers import get_parser
+    res = get_parser("hermes").parse('<tool_call>\\n{"name": "python", "arguments": {"code": "1"}}\\n</tool_call>')
+    res.tool_calls[0].name        # 'python'
+
+`check_template(parser, tokenizer)` is the start-up check that the model's chat template renders tool
+calls in a form the configured parser reads back; a mismatch is a configuration error, not a run of
+silent one-turn episodes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from agentrl.types import ToolCall
+
+
+class ParseErrorKind(StrEnum):
+    BAD_JSON = "bad_json"
+    NOT_A_CALL = "not_a_call"  # JSON, but not {"name": str, "arguments": object}
+    UNCLOSED_TAG = "unclosed_tag"
+    TRUNCATED = "truncated"  # unclosed because the length limit cut it
+    UNKNOWN_TOOL = "unknown_tool"
+    INVALID_ARGS = "invalid_args"
+
+
+@dataclass
+class ParseError:
+    kind: ParseErrorKind
+    message: str  # shown to the model as an error observation
+    raw: str = ""
+    name: str | None = None  # the tool name, when it could be read
+
+
+@dataclass
+class ParseResult:
+    content: str  # text outside the calls (stripped)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    errors: list[ParseError] = field(default_factory=list)
+
+    @property
+    def truncated(self) -> bool:
+        return any(e.kind is ParseErrorKind.TRUNCATED for e in self.errors)
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work; the message names the setting and the fix."""
+
+
+class Parser:
+    name: str = ""
+
+    def parse(
+        self,
+        text: str,
+        tools: dict[str, type[BaseModel]] | None = None,
+        truncated: bool = False,
+    ) -> ParseResult:
+        """Parse one turn. `tools` maps tool name → Args model: unknown names and arguments that
+        fail validation become errors. `truncated`: the engine stopped at the length limit."""
+        raise NotImplementedError
+
+
+_PARSERS: dict[str, Callable[[], Parser]] = {}
+
+
+def register(name: str) -> Callable[[type[Parser]], type[Parser]]:
+    def deco(cls: type[Parser]) -> type[Parser]:
+        cls.name = name
+        _PARSERS[name] = cls
+        return cls
+
+    return deco
+
+
+def get_parser(name: str) -> Parser:
+    if name not in _PARSERS:
+        raise ConfigError(f"unknown tool-call parser {name!r}; set rollout.parser to one of {sorted(_PARSERS)}")
+    return _PARSERS[name]()
+
+
+@register("hermes")
+class HermesParser(Parser):
+    """Qwen2.5/Qwen3 (hermes) style: `<tool_call>{"name": …, "arguments": {…}}</tool_call>`, any number."""
+
+    open_tag, close_tag = "<tool_call>", "</tool_call>"
+
+    def parse(self, text, tools=None, truncated=False) -> ParseResult:
+        prose: list[str] = []
+        calls: list[ToolCall] = []
+        errors: list[ParseError] = []
+        pos = 0
+        while True:
+            start = text.find(self.open_tag, pos)
+            if start < 0:
+                prose.append(text[pos:])
+                break
+            prose.append(text[pos:start])
+            body_start = start + len(self.open_tag)
+            end = text.find(self.close_tag, body_start)
+            nxt = text.find(self.open_tag, body_start)
+            if end < 0 or (0 <= nxt < end):
+                stop = len(text) if nxt < 0 else nxt
+                raw = text[body_start:stop]
+                kind = ParseErrorKind.TRUNCATED if truncated and nxt < 0 else ParseErrorKind.UNCLOSED_TAG
+                errors.append(
+                    ParseError(kind, f"tool call is missing its closing {self.close_tag} tag", raw)
+                )
+                pos = stop
+                if nxt < 0:
+                    break
+                continue
+            raw = text[body_start:end]
+            pos = end + len(self.close_tag)
+            call, err = _read_call(raw, len(calls) + len(errors), tools)
+            if call is not None:
+                calls.append(call)
+            if err is not None:
+                errors.append(err)
+        content = "".join(prose).strip()
+        return ParseResult(content=content, tool_calls=calls, errors=errors)
+
+
+def _read_call(
+    raw: str, index: int, tools: dict[str, type[BaseModel]] | None
+) -> tuple[ToolCall | None, ParseError | None]:
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        return None, ParseError(ParseErrorKind.BAD_JSON, f"tool call is not valid JSON ({e})", raw)
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None, ParseError(
+            ParseErrorKind.NOT_A_CALL,
+            'tool call must be a JSON object {"name": <tool>, "arguments": {...}}',
+            raw,
+        )
+    name = obj["name"]
+    args: Any = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):  # some models emit arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except (ValueError, RecursionError):
+            pass
+    if not isinstance(args, dict):
+        return None, ParseError(
+            ParseErrorKind.NOT_A_CALL, f"arguments of '{name}' must be a JSON object", raw, name
+        )
+    if tools is not None:
+        if name not in tools:
+            return None, ParseError(
+                ParseErrorKind.UNKNOWN_TOOL,
+                f"unknown tool '{name}'; available tools: {', '.join(sorted(tools)) or 'none'}",
+                raw,
+                name,
+            )
+        try:
+            tools[name].model_validate(args)
+        except ValidationError as e:
+            detail = "; ".join(
+                f"{'.'.join(map(str, x['loc'])) or '<args>'}: {x['msg']}" for x in e.errors()
+            )
+            return None, ParseError(
+                ParseErrorKind.INVALID_ARGS, f"invalid arguments for '{name}': {detail}", raw, name
+            )
+    return ToolCall(id=f"call_{index}", name=name, arguments=args), None
+
+
+_PROBE_ARGS = {"probe": "x"}
+
+
+def check_template(parser: Parser, tokenizer: Any) -> None:
+    """Fail at start-up unless the chat template renders an assistant tool call that `parser` reads back."""
+    call = ToolCall(id="call_0", name="probe_tool", arguments=_PROBE_ARGS)
+    base = [{"role": "user", "content": "hi"}]
+    with_call = base + [{"role": "assistant", "content": "", "tool_calls": [call.to_template()]}]
+    try:
+        rendered = tokenizer.apply_chat_template(with_call, tokenize=False)
+        prefix = tokenizer.apply_chat_template(base, tokenize=False, add_generation_prompt=True)
+    except Exception as e:
+        raise ConfigError(
+            f"the model's chat template cannot render tool calls ({type(e).__name__}: {e}); "
+            "use a model/tokenizer whose chat template supports tools"
+        ) from e
+    tail = rendered[len(prefix) :] if rendered.startswith(prefix) else rendered
+    res = parser.parse(tail)
+    ok = [c for c in res.tool_calls if c.name == "probe_tool" and c.arguments == _PROBE_ARGS]
+    if not ok:
+        raise ConfigError(
+            f"tool-call parser {parser.name!r} cannot read tool calls the way this model's chat "
+            f"template writes them (rendered: {tail[:160]!r}); set rollout.parser to the model's "
+            f"format (known: {sorted(_PARSERS)})"
+        )
+

@@ -1,0 +1,235 @@
+"""Multi-turn rollouts: the token layer between an Env (messages) and an engine (token ids).
+
+    rollout = Rollout(engine, tokenizer, CodeExecEnv, RolloutConfig(group_size=8))
+    groups = await rollout.run(tasks)          # list (per task) of list (per sample) of Trajectory
+
+Per episode: render the env's start messages once, then loop — sample with the remaining context
+budget, append the sampled ids unchanged (mask 1, their logprobs), parse tool calls, let the env
+step (tool calls run concurrently), truncate observations in tokens, append the template delta of
+the observations (mask 0). Every episode ends with a StopReason; exceptions are caught here, once,
+and become one (`aborted` / `sandbox_unavailable`), so one broken episode never sinks its group.
+
+Run `python -m agentrl.rollout env=code_exec` to print a few rendered trajectories.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.engine import SamplingParams
+from agentrl.env import AssistantTurn, Env
+from agentrl.parsers import check_template, get_parser
+from agentrl.render import Renderer
+from agentrl.tool import ToolContext
+from agentrl.types import Completion, FinishReason, Message, StopReason, Task, Trajectory, Turn
+from sandbox.base import Sandbox, SandboxUnavailable
+
+log = logging.getLogger(__name__)
+
+
+class RolloutConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    group_size: int = Field(4, ge=1, description="samples per task (GRPO group)")
+    max_turns: int | None = Field(None, ge=1, description="overrides the env's max_turns")
+    max_new_tokens: int = Field(256, ge=1, description="per assistant turn")
+    max_context_tokens: int = Field(2048, ge=16, description="prompt + all turns + observations")
+    max_obs_tokens: int = Field(256, ge=8, description="each tool output is cut to this many tokens")
+    tool_timeout_s: float = Field(10.0, gt=0)
+    episode_timeout_s: float = Field(600.0, gt=0)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = -1
+    parser: str = "hermes"
+    template_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class Engine(Protocol):
+    async def generate(
+        self, input_ids: list[int], params: SamplingParams, key: str | None = None
+    ) -> Completion: ...
+
+
+@dataclass
+class _State:
+    """An episode in progress; always consistent, so a failure can still be recorded."""
+
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    prompt_len: int = 0
+    turns: list[Turn] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+
+    def append(self, ids: list[int], logprobs: list[float] | None) -> None:
+        self.ids += ids
+        self.mask += [1 if logprobs is not None else 0] * len(ids)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+
+
+class Rollout:
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        env_cls: type[Env],
+        cfg: RolloutConfig | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+        sandbox: Sandbox | None = None,
+    ) -> None:
+        self.engine = engine
+        self.env_cls = env_cls
+        self.cfg = cfg or RolloutConfig()
+        self.env_kwargs = env_kwargs or {}
+        self.sandbox = sandbox
+        self.renderer = Renderer(
+            tokenizer, [t.schema() for t in env_cls.tools], self.cfg.template_kwargs
+        )
+        self.parser = get_parser(self.cfg.parser)
+        if env_cls.tools:
+            check_template(self.parser, tokenizer)
+        self.tool_args = {t.name: t.Args for t in env_cls.tools}
+
+    # -- public --------------------------------------------------------------------------------
+
+    async def run(self, tasks: list[Task]) -> list[list[Trajectory]]:
+        return list(await asyncio.gather(*(self.run_group(t) for t in tasks)))
+
+    async def run_group(self, task: Task, n: int | None = None) -> list[Trajectory]:
+        n = n or self.cfg.group_size
+        return list(await asyncio.gather(*(self.run_episode(task, i) for i in range(n))))
+
+    async def run_episode(self, task: Task, sample_index: int = 0) -> Trajectory:
+        session = f"{task.id}:{sample_index}:{uuid.uuid4().hex[:8]}"
+        ctx = ToolContext(session=session, sandbox=self.sandbox, timeout_s=self.cfg.tool_timeout_s)
+        st = _State()
+        stop, error, env = StopReason.ABORTED, None, None
+        t0 = time.monotonic()
+        try:
+            env = self.env_cls(task, ctx, **self.env_kwargs)
+            stop = await asyncio.wait_for(self._loop(env, st, session), self.cfg.episode_timeout_s)
+        except SandboxUnavailable as e:
+            stop, error = StopReason.SANDBOX_UNAVAILABLE, f"{type(e).__name__}: {e}"
+        except TimeoutError:
+            error = f"episode exceeded rollout.episode_timeout_s={self.cfg.episode_timeout_s:g}"
+        except Exception as e:  # the episode boundary: one failure becomes one reason
+            log.warning("episode %s aborted: %s: %s", session, type(e).__name__, e)
+            error = f"{type(e).__name__}: {e}"
+        traj = Trajectory(
+            task_id=task.id,
+            sample_index=sample_index,
+            token_ids=st.ids,
+            loss_mask=st.mask,
+            logprobs=st.logprobs,
+            prompt_len=st.prompt_len,
+            turns=st.turns,
+            messages=st.messages,
+            stop_reason=stop,
+            error=error,
+            metadata={"session": session},
+        )
+        if env is not None:
+            await self._finish(env, traj)
+        traj.metadata["episode_s"] = time.monotonic() - t0
+        return traj
+
+    # -- internals -----------------------------------------------------------------------------
+
+    async def _loop(self, env: Env, st: _State, session: str) -> StopReason:
+        cfg, r = self.cfg, self.renderer
+        st.messages = list(await env.start())
+        st.append(r.prompt_ids(st.messages), None)
+        st.prompt_len = len(st.ids)
+        max_turns = cfg.max_turns or env.max_turns
+        for index in range(max_turns):
+            budget = cfg.max_context_tokens - len(st.ids)
+            if budget <= 0:
+                return StopReason.CONTEXT_OVERFLOW
+            comp = await self.engine.generate(st.ids, self._params(budget), key=session)
+            turn, said = self._record_turn(st, comp, index)
+            if comp.finish_reason is FinishReason.ABORT:
+                return StopReason.ABORTED
+            if comp.finish_reason is FinishReason.LENGTH:
+                cut_by_budget = budget < cfg.max_new_tokens
+                return StopReason.CONTEXT_OVERFLOW if cut_by_budget else StopReason.LENGTH
+            result = await env.step(said)
+            turn.num_tool_calls, turn.num_tool_errors = result.tool_calls, result.tool_errors
+            turn.tool_latency_s, turn.reward = result.tool_latency_s, result.reward
+            if result.done:
+                return result.stop_reason or StopReason.COMPLETED
+            obs = [self._truncate(m, turn) for m in result.messages]
+            turn.observations = obs
+            st.messages += obs
+            if index == max_turns - 1:
+                break
+            obs_ids = r.observation_ids(obs, comp.token_ids)
+            if len(st.ids) + len(obs_ids) >= cfg.max_context_tokens:
+                return StopReason.CONTEXT_OVERFLOW
+            st.append(obs_ids, None)
+            turn.obs_end = len(st.ids)
+        return StopReason.MAX_TURNS
+
+    def _params(self, budget: int) -> SamplingParams:
+        c = self.cfg
+        return SamplingParams(
+            max_new_tokens=min(c.max_new_tokens, budget),
+            temperature=c.temperature,
+            top_p=c.top_p,
+            top_k=c.top_k,
+        )
+
+    def _record_turn(self, st: _State, comp: Completion, index: int) -> tuple[Turn, AssistantTurn]:
+        start = len(st.ids)
+        st.append(comp.token_ids, comp.logprobs)
+        text = self.renderer.assistant_text(comp.token_ids)
+        parsed = self.parser.parse(
+            text, self.tool_args, truncated=comp.finish_reason is FinishReason.LENGTH
+        )
+        msg = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls)
+        st.messages.append(msg)
+        turn = Turn(
+            start=start,
+            end=len(st.ids),
+            obs_end=len(st.ids),
+            weight_version=comp.weight_version,
+            finish_reason=comp.finish_reason,
+            assistant=msg,
+            num_parse_errors=len(parsed.errors),
+            gen_latency_s=comp.latency_s,
+        )
+        st.turns.append(turn)
+        said = AssistantTurn(msg, text, parsed.errors, comp.finish_reason, index)
+        return turn, said
+
+    def _truncate(self, msg: Message, turn: Turn) -> Message:
+        content, cut = self.renderer.truncate(msg.content, self.cfg.max_obs_tokens)
+        if not cut:
+            return msg
+        turn.truncated_obs_tokens += cut
+        return msg.model_copy(update={"content": content})
+
+    async def _finish(self, env: Env, traj: Trajectory) -> None:
+        try:
+            if not traj.stop_reason.is_infra_failure:
+                value = await env.reward(traj)
+                if isinstance(value, dict):
+                    if "total" not in value:
+                        raise ValueError(f"reward dict needs a 'total' key, got {sorted(value)}")
+                    traj.reward_components = {k: float(v) for k, v in value.items()}
+                    traj.reward = float(value["total"])
+                else:
+                    traj.reward = float(value)
+        except Exception as e:
+            log.warning("reward of %s failed: %s: %s", traj.metadata["session"], type(e).__name__, e)
+            traj.stop_reason, traj.error = StopReason.ABORTED, f"reward: {type(e).__name__}: {e}"
+        try:
+            await env.close()
+        except Exception as e:
+            log.warning("env.close of %s failed: %s", traj.metadata["session"], e)

@@ -1,0 +1,118 @@
+"""code_exec: arithmetic and small algorithmic problems solved with a Python tool.
+
+The model may call `python` as often as it likes (up to max_turns), then answers with
+`<answer>VALUE</answer>`. Reward: 1.0 when the last answer equals the expected one exactly (after
+trimming whitespace), else 0.0; components `correct` and `format` (an answer tag was given).
+
+Tasks come from a seeded generator (`n`, `seed`, `kinds`) or a JSONL file (`path`), one object per
+line: {"id": "...", "prompt": "...", "answer": "..."}.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from collections.abc import Callable
+from typing import Any
+
+from agentrl.env import ToolEnv
+from agentrl.types import Task, Trajectory
+from tools.python import PythonTool
+
+SYSTEM_PROMPT = (
+    "Solve the problem. You can run Python code with the `python` tool; print the values you need. "
+    "When you know the result, reply with <answer>RESULT</answer> containing only the final value."
+)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def _arith(rng: random.Random) -> tuple[str, str]:
+    a, b, c = rng.randint(10, 999), rng.randint(10, 999), rng.randint(2, 99)
+    op = rng.choice(["+", "-", "*"])
+    apply = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y}[op]
+    if rng.random() < 0.5:  # precedence: b * c first
+        return f"Compute {a} {op} {b} * {c}.", str(apply(a, b * c))
+    return f"Compute ({a} {op} {b}) * {c}.", str(apply(a, b) * c)
+
+
+def _digit_sum(rng: random.Random) -> tuple[str, str]:
+    base, exp = rng.randint(2, 9), rng.randint(20, 80)
+    return f"What is the sum of the digits of {base}**{exp}?", str(sum(map(int, str(base**exp))))
+
+
+def _primes(rng: random.Random) -> tuple[str, str]:
+    n = rng.randint(50, 3000)
+    count = sum(1 for k in range(2, n) if all(k % d for d in range(2, math.isqrt(k) + 1)))
+    return f"How many prime numbers are smaller than {n}?", str(count)
+
+
+def _fib_mod(rng: random.Random) -> tuple[str, str]:
+    n, m = rng.randint(30, 300), rng.choice([97, 1000, 1009, 10007])
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return f"Let F(0)=0, F(1)=1, F(k)=F(k-1)+F(k-2). What is F({n}) mod {m}?", str(a % m)
+
+
+def _sort_kth(rng: random.Random) -> tuple[str, str]:
+    xs = [rng.randint(-500, 500) for _ in range(rng.randint(8, 15))]
+    k = rng.randint(1, len(xs))
+    return f"What is the {k}-th smallest number in {xs}? (1-based)", str(sorted(xs)[k - 1])
+
+
+def _gcd_lcm(rng: random.Random) -> tuple[str, str]:
+    a, b = rng.randint(100, 99999), rng.randint(100, 99999)
+    if rng.random() < 0.5:
+        return f"What is the greatest common divisor of {a} and {b}?", str(math.gcd(a, b))
+    return f"What is the least common multiple of {a} and {b}?", str(a * b // math.gcd(a, b))
+
+
+GENERATORS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
+    "arith": _arith,
+    "digit_sum": _digit_sum,
+    "primes": _primes,
+    "fib_mod": _fib_mod,
+    "sort_kth": _sort_kth,
+    "gcd_lcm": _gcd_lcm,
+}
+
+
+def generate_tasks(n: int, seed: int = 0, kinds: list[str] | None = None) -> list[Task]:
+    kinds = kinds or sorted(GENERATORS)
+    unknown = set(kinds) - set(GENERATORS)
+    if unknown:
+        raise ValueError(f"unknown code_exec task kinds {sorted(unknown)}; known: {sorted(GENERATORS)}")
+    rng = random.Random(seed)
+    tasks = []
+    for i in range(n):
+        kind = kinds[i % len(kinds)]
+        prompt, answer = GENERATORS[kind](rng)
+        tasks.append(Task(id=f"{kind}-{seed}-{i}", data={"prompt": prompt, "answer": answer}))
+    return tasks
+
+
+class CodeExecEnv(ToolEnv):
+    tools = [PythonTool()]
+    max_turns = 4
+    system_prompt = SYSTEM_PROMPT
+
+    @classmethod
+    def load_tasks(
+        cls,
+        path: str | None = None,
+        n: int = 256,
+        seed: int = 0,
+        kinds: list[str] | None = None,
+        limit: int | None = None,
+        **_: Any,
+    ) -> list[Task]:
+        if path is not None:
+            return super().load_tasks(path=path, limit=limit)
+        return generate_tasks(n, seed, kinds)
+
+    async def reward(self, trajectory: Trajectory) -> dict[str, float]:
+        answers = _ANSWER.findall(self.final_text(trajectory))
+        given = answers[-1].strip() if answers else None
+        correct = float(given is not None and given == str(self.task.data["answer"]).strip())
+        return {"total": correct, "correct": correct, "format": float(given is not None)}

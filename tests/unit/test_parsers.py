@@ -1,0 +1,118 @@
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from agentrl.parsers import ConfigError, ParseErrorKind, check_template, get_parser
+
+
+class CodeArgs(BaseModel):
+    code: str
+
+
+TOOLS = {"python": CodeArgs}
+P = get_parser("hermes")
+
+
+def call(name="python", **args):
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
+
+
+def test_single_call_and_prose():
+    res = P.parse("Let me compute.\n" + call(code="print(2+2)"), TOOLS)
+    assert res.content == "Let me compute."
+    assert [(c.name, c.arguments) for c in res.tool_calls] == [("python", {"code": "print(2+2)"})]
+    assert res.errors == []
+
+
+def test_several_calls_get_distinct_ids():
+    res = P.parse(call(code="1") + "\n" + call(code="2"), TOOLS)
+    assert [c.arguments["code"] for c in res.tool_calls] == ["1", "2"]
+    assert len({c.id for c in res.tool_calls}) == 2
+
+
+def test_no_call_is_plain_content():
+    res = P.parse("<answer>4</answer>", TOOLS)
+    assert res.content == "<answer>4</answer>" and not res.tool_calls and not res.errors
+
+
+@pytest.mark.parametrize(
+    "text,kind",
+    [
+        ("<tool_call>{'name': 'python'}</tool_call>", ParseErrorKind.BAD_JSON),
+        ("<tool_call>[1, 2]</tool_call>", ParseErrorKind.NOT_A_CALL),
+        ('<tool_call>{"name": "python", "arguments": 3}</tool_call>', ParseErrorKind.NOT_A_CALL),
+        (call(name="shell", cmd="ls"), ParseErrorKind.UNKNOWN_TOOL),
+        (call(code=123), ParseErrorKind.INVALID_ARGS),
+        ('<tool_call>{"name": "python", "arguments": {"code": "1"}}', ParseErrorKind.UNCLOSED_TAG),
+    ],
+)
+def test_malformed_calls_are_typed_errors(text, kind):
+    res = P.parse(text, TOOLS)
+    assert res.tool_calls == []
+    assert [e.kind for e in res.errors] == [kind]
+    assert res.errors[0].message  # readable by the model
+
+
+def test_truncated_call_is_flagged_only_when_length_limited():
+    text = '<tool_call>\n{"name": "python", "argum'
+    assert P.parse(text, TOOLS, truncated=True).truncated
+    assert not P.parse(text, TOOLS, truncated=False).truncated
+
+
+def test_good_call_survives_next_to_a_broken_one():
+    res = P.parse("<tool_call>{oops</tool_call>" + call(code="x=1"), TOOLS)
+    assert [c.arguments for c in res.tool_calls] == [{"code": "x=1"}]
+    assert [e.kind for e in res.errors] == [ParseErrorKind.BAD_JSON]
+
+
+def test_unclosed_then_new_open_tag():
+    res = P.parse("<tool_call>{" + call(code="1"), TOOLS)
+    assert len(res.tool_calls) == 1 and res.errors[0].kind is ParseErrorKind.UNCLOSED_TAG
+
+
+def test_arguments_as_json_string():
+    text = '<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"1\\"}"}</tool_call>'
+    assert P.parse(text, TOOLS).tool_calls[0].arguments == {"code": "1"}
+
+
+def test_unknown_parser_is_config_error():
+    with pytest.raises(ConfigError, match="rollout.parser"):
+        get_parser("nope")
+
+
+_pieces = st.sampled_from(
+    ["<tool_call>", "</tool_call>", "{", "}", '"name"', ":", '"python"', '"arguments"', "[", "]",
+     '"code"', ",", "\\", '"', "\n", "null", "1e999", "\x00", "\ud7ff", "🙂"]
+)  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.text(), st.lists(st.one_of(_pieces, st.text(max_size=5))).map("".join)))
+def test_random_text_never_raises(text):
+    for truncated in (False, True):
+        res = P.parse(text, TOOLS, truncated=truncated)
+        assert all(c.name == "python" for c in res.tool_calls)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=40))
+def test_roundtrip_any_code(code):
+    res = P.parse(call(code=code), TOOLS)
+    assert res.tool_calls[0].arguments == {"code": code}
+
+
+def test_template_check_passes_for_our_templates(qwen_tokenizer):
+    check_template(P, qwen_tokenizer)
+
+
+def test_template_check_rejects_a_template_in_another_format(qwen_tokenizer, monkeypatch):
+    monkeypatch.setattr(qwen_tokenizer, "chat_template", (
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}"
+        "{% for c in m.tool_calls or [] %}[CALL {{ c.function.name }}]{% endfor %}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    ))
+    with pytest.raises(ConfigError, match="cannot read tool calls"):
+        check_template(P, qwen_tokenizer)
