@@ -7,6 +7,7 @@ architecture, a few million parameters, deterministic for a given seed.
 
     python -m agentrl.assets.build tokenizer OUT_DIR [--template qwen|qwen3]
     python -m agentrl.assets.build tiny-random OUT_DIR [--template qwen3] [--seed 0]
+    python -m agentrl.assets.build tiny-toolcaller OUT_DIR [--seed 0]
 
 Builds are cached under $AGENTRL_CACHE (default ~/.cache/agentrl) by `cached_tokenizer()` and
 `cached_tiny_random()`; a build is written to a temporary directory and renamed, so a killed build
@@ -16,6 +17,7 @@ never leaves a half-written cache entry.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import tempfile
@@ -113,6 +115,72 @@ def build_tiny_random(
     return out
 
 
+def build_tiny_toolcaller(
+    out_dir: str | Path, seed: int = 0, steps: int = 300, dialogues: int = 256
+) -> Path:
+    """The tiny random model, briefly fine-tuned on scripted code_exec dialogues (call `python`
+    with the expression, read the result, answer in <answer> tags) so that sampling from it gives
+    real multi-turn tool use — good and broken — for rollout tests and demos. Loss only on the
+    assistant tokens, built through the same Renderer the rollout uses."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentrl.render import Renderer
+    from agentrl.types import Message, ToolCall
+    from envs.code_exec import SYSTEM_PROMPT, CodeExecEnv, generate_tasks
+
+    out = build_tiny_random(out_dir, "qwen3", seed)
+    tok = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    r = Renderer(tok, [t.schema() for t in CodeExecEnv.tools])
+    rows = []
+    for task in generate_tasks(dialogues, seed=seed + 1, kinds=["arith"]):
+        expr = task.data["prompt"].removeprefix("Compute ").rstrip(".")
+        call = ToolCall(id="call_0", name="python", arguments={"code": f"print({expr})"})
+        start = [Message(role="system", content=SYSTEM_PROMPT),
+                 Message(role="user", content=task.data["prompt"])]  # fmt: skip
+        a1 = r.encode(r.render([*start, Message(role="assistant", content="", tool_calls=[call])])
+                      [len(r.render(start, add_generation_prompt=True)):].rstrip("\n"))  # fmt: skip
+        a2 = r.encode(f"<answer>{task.data['answer']}</answer>{r.eot}")
+        ids = r.prompt_ids(start)
+        mask = [0] * len(ids)
+        obs = r.observation_ids([Message(role="tool", content=task.data["answer"])], a1)
+        for part, m in ((a1, 1), (obs, 0), (a2, 1)):
+            ids, mask = ids + part, mask + [m] * len(part)
+        rows.append((ids, mask))
+    # The tiny model only "knows" the tokens of its data, the 256 byte tokens and the specials:
+    # every other embedding row is zeroed, so those tokens get logit 0 and stay improbable.
+    data_ids = [i for ids, _ in rows for i in ids]
+    known = torch.unique(torch.tensor(data_ids + list(range(256)) + list(range(151643, 151669))))
+    with torch.no_grad():
+        keep = torch.zeros(model.lm_head.weight.shape[0], dtype=torch.bool)
+        keep[known] = True
+        model.lm_head.weight[~keep] = 0.0  # tied with the input embedding
+    n_zero = int((~keep).sum())
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        batch = [rows[i] for i in torch.randint(len(rows), (8,), generator=gen).tolist()]
+        width = max(len(ids) for ids, _ in batch)
+        ids_BT = torch.tensor([ids + [0] * (width - len(ids)) for ids, _ in batch])
+        mask_BT = torch.tensor([m + [0] * (width - len(m)) for _, m in batch], dtype=torch.bool)
+        hidden_BTH = model.model(input_ids=ids_BT).last_hidden_state
+        sel = mask_BT[:, 1:]  # predict token t+1 from position t
+        # exact full-vocab loss at the cost of a small one: rows outside `known` are zero, so
+        # their logits are exactly 0 and together add n_zero * e^0 to the partition function
+        logits = hidden_BTH[:, :-1][sel] @ model.lm_head.weight[known].T
+        zero = torch.full((logits.shape[0], 1), math.log(n_zero))
+        target = torch.searchsorted(known, ids_BT[:, 1:][sel])
+        loss = torch.nn.functional.cross_entropy(torch.cat([logits, zero], dim=1), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.save_pretrained(out, safe_serialization=True)
+    (out / "sft_loss.txt").write_text(f"{loss.item():.4f}\n")
+    return out
+
+
 def _cached(name: str, build, **kw) -> Path:
     key = "-".join([name, f"v{BUILD_VERSION}"] + [f"{k}{v}" for k, v in sorted(kw.items())])
     final = cache_root() / key
@@ -141,17 +209,35 @@ def cached_tiny_random(template: str = "qwen3", seed: int = 0) -> Path:
     return _cached("tiny-qwen3-random", build_tiny_random, template=template, seed=seed)
 
 
+def cached_tiny_toolcaller(seed: int = 0) -> Path:
+    return _cached("tiny-qwen3-toolcaller", build_tiny_toolcaller, seed=seed)
+
+
+BUILTINS = {
+    "tiny-random": cached_tiny_random,
+    "tiny-toolcaller": cached_tiny_toolcaller,
+}
+
+
+def resolve_builtin(name: str) -> Path:
+    if name not in BUILTINS:
+        raise ValueError(f"unknown builtin model {name!r}; known: {sorted(BUILTINS)}")
+    return BUILTINS[name]()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m agentrl.assets.build", description=__doc__)
-    p.add_argument("what", choices=["tokenizer", "tiny-random"])
+    p.add_argument("what", choices=["tokenizer", "tiny-random", "tiny-toolcaller"])
     p.add_argument("out_dir")
     p.add_argument("--template", default="qwen3", choices=["qwen", "qwen3"])
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
     if a.what == "tokenizer":
         path = build_tokenizer(a.out_dir, a.template)
-    else:
+    elif a.what == "tiny-random":
         path = build_tiny_random(a.out_dir, a.template, a.seed)
+    else:
+        path = build_tiny_toolcaller(a.out_dir, a.seed)
     print(path)
 
 
