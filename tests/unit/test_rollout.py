@@ -1,0 +1,235 @@
+"""The rollout loop against a scripted engine (a fake that samples text we choose) and real tools."""
+
+import asyncio
+import json
+
+import pytest
+from pydantic import BaseModel
+
+from agentrl.env import ToolEnv
+from agentrl.rollout import Rollout, RolloutConfig
+from agentrl.tool import Tool, ToolResult
+from agentrl.types import Completion, FinishReason, StopReason, Task
+from envs.code_exec import CodeExecEnv
+from sandbox.base import SandboxUnavailable
+
+
+class ScriptedEngine:
+    """Samples `script(prompt_text, turn)` + <|im_end|>, tokenized, with logprob -0.5 per token."""
+
+    def __init__(self, tokenizer, script):
+        self.tok, self.script = tokenizer, script
+        self.inflight = self.max_inflight = self.calls = 0
+
+    async def generate(self, input_ids, params, key=None):
+        self.calls += 1
+        self.inflight += 1
+        self.max_inflight = max(self.max_inflight, self.inflight)
+        await asyncio.sleep(0.01)
+        self.inflight -= 1
+        prompt = self.tok.decode(input_ids)
+        turn = prompt.count("<|im_start|>assistant") - 1
+        ids = self.tok.encode(self.script(prompt, turn), add_special_tokens=False) + [151645]
+        finish = FinishReason.STOP
+        if len(ids) > params.max_new_tokens:
+            ids, finish = ids[: params.max_new_tokens], FinishReason.LENGTH
+        return Completion(ids, [-0.5] * len(ids), finish, weight_version="7")
+
+
+def call(name="python", **args):
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
+
+
+def solver(prompt, turn):
+    if turn == 0:
+        return "I'll compute it.\n" + call(code="print(874 - 404 * 99)")
+    return "<answer>" + prompt.split("<tool_response>\n")[-1].split("\n")[0] + "</answer>"
+
+
+TASK = Task(id="t0", data={"prompt": "Compute 874 - 404 * 99.", "answer": "-39122"})
+
+
+def make(tok, script, env=CodeExecEnv, env_kwargs=None, **cfg):
+    return Rollout(ScriptedEngine(tok, script), tok, env, RolloutConfig(**cfg), env_kwargs)
+
+
+async def test_multi_turn_episode_is_token_exact(qwen_tokenizer):
+    ro = make(qwen_tokenizer, solver)
+    traj = await ro.run_episode(TASK)
+    assert traj.stop_reason is StopReason.COMPLETED and traj.error is None
+    assert traj.reward == 1.0 and traj.reward_components["format"] == 1.0
+    assert len(traj.turns) == 2 and traj.num_tool_calls == 1
+    t0, t1 = traj.turns
+    assert traj.turns[0].observations[0].content == "-39122"
+    # sampled ids sit at the turn spans with their logprobs; the rest is masked
+    for t in traj.turns:
+        assert traj.loss_mask[t.start : t.end] == [1] * (t.end - t.start)
+        assert traj.logprobs[t.start : t.end] == [-0.5] * (t.end - t.start)
+        assert traj.token_ids[t.end - 1] == 151645 and t.weight_version == "7"
+    assert sum(traj.loss_mask) == (t0.end - t0.start) + (t1.end - t1.start)
+    obs = traj.token_ids[t0.end : t0.obs_end]
+    assert ro.renderer.decode(obs).startswith("\n<|im_start|>user\n<tool_response>\n-39122")
+    assert [m.role for m in traj.messages] == ["system", "user", "assistant", "tool", "assistant"]
+    json.loads(traj.to_json())
+
+
+async def test_group_runs_concurrently(qwen_tokenizer):
+    ro = make(qwen_tokenizer, solver, group_size=4)
+    trajs = await ro.run_group(TASK)
+    assert [t.sample_index for t in trajs] == [0, 1, 2, 3]
+    assert ro.engine.max_inflight == 4
+    assert len({t.metadata["session"] for t in trajs}) == 4
+
+
+async def test_max_turns(qwen_tokenizer):
+    ro = make(qwen_tokenizer, lambda p, t: call(code="print(1)"), max_turns=3)
+    traj = await ro.run_episode(TASK)
+    assert traj.stop_reason is StopReason.MAX_TURNS and len(traj.turns) == 3
+    last = traj.turns[-1]
+    assert last.obs_end == last.end == len(traj.token_ids)  # no observation after the last turn
+    assert traj.reward == 0.0
+
+
+async def test_length_and_truncated_call(qwen_tokenizer):
+    ro = make(qwen_tokenizer, lambda p, t: call(code="x = 1\n" * 100), max_new_tokens=20)
+    traj = await ro.run_episode(TASK)
+    assert traj.stop_reason is StopReason.LENGTH
+    assert traj.turns[0].num_parse_errors == 1 and traj.turns[0].end - traj.turns[0].start == 20
+
+
+async def test_context_overflow_is_a_stop_not_an_error(qwen_tokenizer):
+    ro = make(qwen_tokenizer, lambda p, t: call(code="print('y' * 300)"), max_context_tokens=260,
+              max_obs_tokens=200)  # fmt: skip
+    traj = await ro.run_episode(TASK)
+    assert traj.stop_reason is StopReason.CONTEXT_OVERFLOW and traj.error is None
+    assert len(traj.token_ids) <= 260
+
+
+async def test_parse_errors_become_observations_then_a_stop(qwen_tokenizer):
+    ro = make(qwen_tokenizer, lambda p, t: "<tool_call>{not json}</tool_call>")
+    traj = await ro.run_episode(TASK)
+    assert traj.stop_reason is StopReason.PARSE_ERROR and len(traj.turns) == 2
+    assert traj.turns[0].observations[0].content.startswith("Error: tool call is not valid JSON")
+
+
+async def test_unknown_tool_and_bad_args_are_readable_errors(qwen_tokenizer):
+    def script(p, t):
+        return [call(name="shell", cmd="ls"), call(code=5), "<answer>-39122</answer>"][t]
+
+    traj = await make(qwen_tokenizer, script, env_kwargs={"max_parse_errors": 3}).run_episode(TASK)
+    assert traj.stop_reason is StopReason.COMPLETED and traj.reward == 1.0
+    assert traj.turns[0].num_parse_errors == traj.turns[1].num_parse_errors == 1
+    assert "unknown tool 'shell'" in traj.turns[0].observations[0].content
+    assert "invalid arguments for 'python'" in traj.turns[1].observations[0].content
+
+
+class Flaky(Tool):
+    name, description = "flaky", "fails in interesting ways"
+
+    class Args(BaseModel):
+        mode: str
+
+    running = peak = 0
+
+    async def __call__(self, args, ctx):
+        Flaky.running += 1
+        Flaky.peak = max(Flaky.peak, Flaky.running)
+        try:
+            await asyncio.sleep(0.05)
+            if args.mode == "raise":
+                raise RuntimeError("boom")
+            if args.mode == "sleep":
+                await asyncio.sleep(10)
+            if args.mode == "down":
+                raise SandboxUnavailable("sandbox at 127.0.0.1:1 refused")
+            if args.mode == "long":
+                return ToolResult(content="word " * 500)
+            return ToolResult(content="ok")
+        finally:
+            Flaky.running -= 1
+
+
+class FlakyEnv(ToolEnv):
+    tools = [Flaky()]
+    max_tool_errors = 2
+
+    async def reward(self, trajectory):
+        return 1.0
+
+
+def flaky(*modes):
+    def script(p, t):
+        if t >= len(modes[0]):
+            return "done"
+        return "".join(call(name="flaky", mode=m[t]) for m in modes)
+
+    return script
+
+
+async def test_tool_calls_of_one_turn_run_concurrently(qwen_tokenizer):
+    Flaky.peak = 0
+    traj = await make(qwen_tokenizer, flaky(["ok"], ["ok"], ["ok"]), FlakyEnv).run_episode(TASK)
+    assert traj.stop_reason is StopReason.COMPLETED and Flaky.peak == 3
+    assert traj.turns[0].num_tool_calls == 3
+
+
+async def test_tool_exception_and_timeout_are_observations(qwen_tokenizer):
+    ro = make(qwen_tokenizer, flaky(["raise", "ok"], ["sleep", "ok"]), FlakyEnv, tool_timeout_s=0.3)
+    traj = await ro.run_episode(TASK)
+    assert traj.stop_reason is StopReason.COMPLETED
+    contents = [m.content for m in traj.turns[0].observations]
+    assert "RuntimeError: boom" in contents[0] and "timed out after 0.3s" in contents[1]
+    assert traj.turns[0].num_tool_errors == 2 and traj.turns[1].num_tool_errors == 0
+
+
+async def test_repeated_tool_errors_stop_the_episode(qwen_tokenizer):
+    ro = make(qwen_tokenizer, flaky(["raise"] * 5), FlakyEnv)
+    traj = await ro.run_episode(TASK)
+    assert traj.stop_reason is StopReason.TOOL_ERROR and len(traj.turns) == 2
+
+
+async def test_tool_output_is_truncated_in_tokens(qwen_tokenizer):
+    ro = make(qwen_tokenizer, flaky(["long"]), FlakyEnv, max_obs_tokens=32)
+    traj = await ro.run_episode(TASK)
+    t = traj.turns[0]
+    assert t.truncated_obs_tokens == 500 - 32 + 1 or t.truncated_obs_tokens > 400
+    assert "tokens truncated]" in t.observations[0].content
+
+
+async def test_infra_failures_end_one_episode_and_spare_the_group(qwen_tokenizer):
+    class Broken(FlakyEnv):
+        async def start(self):
+            if self.task.id == "broken":
+                raise OSError("dataset shard missing")
+            return await super().start()
+
+    tasks = [Task(id="broken", data={"prompt": "x"}), Task(id="down", data={"prompt": "x"}),
+             Task(id="fine", data={"prompt": "x"})]  # fmt: skip
+
+    def script(p, t):
+        return call(name="flaky", mode="down") if "down" in p and t == 0 else "done"
+
+    ro = Rollout(ScriptedEngine(qwen_tokenizer, script), qwen_tokenizer, Broken,
+                 RolloutConfig(group_size=2))  # fmt: skip
+    tasks[1].data["prompt"] = "down"
+    groups = await ro.run(tasks)
+    assert [t.stop_reason for t in groups[0]] == [StopReason.ABORTED] * 2
+    assert "dataset shard missing" in groups[0][0].error
+    assert [t.stop_reason for t in groups[1]] == [StopReason.SANDBOX_UNAVAILABLE] * 2
+    assert all(t.reward == 0.0 and t.stop_reason.is_infra_failure for g in groups[:2] for t in g)
+    assert [t.stop_reason for t in groups[2]] == [StopReason.COMPLETED] * 2
+    assert all(t.reward == 1.0 for t in groups[2])
+
+
+async def test_reward_dict_needs_total(qwen_tokenizer):
+    class NoTotal(FlakyEnv):
+        async def reward(self, trajectory):
+            return {"correct": 1.0}
+
+    traj = await make(qwen_tokenizer, lambda p, t: "done", NoTotal).run_episode(TASK)
+    assert traj.stop_reason is StopReason.ABORTED and "total" in traj.error
+
+
+def test_config_rejects_unknown_keys():
+    with pytest.raises(ValueError, match="max_turn"):
+        RolloutConfig(max_turn=3)
