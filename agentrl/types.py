@@ -134,6 +134,7 @@ class Turn:
     weight_version: str
     finish_reason: FinishReason
     assistant: Message
+    text: str = ""  # the decoded sampled turn, tool-call markup included (for display)
     observations: list[Message] = field(default_factory=list)
     num_tool_calls: int = 0
     num_tool_errors: int = 0

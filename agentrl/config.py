@@ -1,0 +1,121 @@
+"""The typed config schema. Hydra composes `configs/`; `load_config` validates the result once, here.
+
+Every model forbids unknown keys, so a misspelt key fails at start-up with its dotted path:
+
+    $ python -m agentrl.rollout rollout.max_turn=3
+    ConfigError: rollout.max_turn: unknown key (Extra inputs are not permitted)
+
+Nothing below the entry points sees OmegaConf. Sections are owned by the module that uses them
+(RolloutConfig lives in rollout.py, EngineConfig in engine.py, …) and composed here. User classes
+are referenced by import path in `_target_`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agentrl.engine import EngineConfig
+from agentrl.env import Env
+from agentrl.parsers import ConfigError
+from agentrl.rollout import RolloutConfig
+from sandbox.config import SandboxConfig
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+class EnvConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    target: str = Field(alias="_target_", description="import path of the Env subclass")
+    args: dict[str, Any] = Field(default_factory=dict, description="Env attributes to override")
+    tasks: dict[str, Any] = Field(default_factory=dict, description="kwargs of Env.load_tasks")
+
+    def load_class(self) -> type[Env]:
+        cls = import_path(self.target, "env._target_")
+        if not (isinstance(cls, type) and issubclass(cls, Env)):
+            raise ConfigError(f"env._target_={self.target!r} is not a subclass of agentrl.Env")
+        for key in self.args:
+            if not hasattr(cls, key):
+                raise ConfigError(f"env.args.{key}: {cls.__name__} has no attribute {key!r}")
+        return cls
+
+
+class ModelConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field("builtin:tiny-random", description="a local HF model dir, or builtin:<name>")
+    tokenizer: str | None = Field(None, description="tokenizer dir; default: the model's")
+
+    def resolve(self) -> Path:
+        from agentrl.assets.build import resolve_builtin
+
+        if self.path.startswith("builtin:"):
+            return resolve_builtin(self.path.removeprefix("builtin:"))
+        path = Path(self.path).expanduser()
+        if not (path / "config.json").exists():
+            raise ConfigError(
+                f"model.path={self.path!r} is not a local model directory (no config.json); "
+                "nothing is downloaded at run time — point it at a saved HF model or a builtin:<name>"
+            )
+        return path
+
+
+class PreviewConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: int = Field(2, ge=1, description="python -m agentrl.rollout: tasks to roll out")
+    show: int = Field(4, ge=0, description="trajectories to print")
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int = 0
+    env: EnvConfig
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    preview: PreviewConfig = Field(default_factory=PreviewConfig)
+
+
+def import_path(path: str, setting: str) -> Any:
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ConfigError(f"{setting}={path!r} cannot be imported ({e}); give module.Name") from e
+
+
+def validate(raw: dict[str, Any]) -> Config:
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "<root>"
+            why = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            lines.append(f"{where}: {why} (got {err.get('input')!r})"[:300])
+        raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
+
+
+def load_config(cfg: Any) -> Config:
+    """Validate a Hydra DictConfig (or a plain dict)."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
+    raw.pop("hydra", None)
+    return validate(raw)
+
+
+def compose(overrides: list[str] | None = None, name: str = "config") -> Config:
+    """Compose configs/ with Hydra overrides, outside a Hydra app (tests, notebooks)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return load_config(hydra_compose(config_name=name, overrides=overrides or []))

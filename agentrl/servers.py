@@ -1,0 +1,117 @@
+"""Start and stop rollout servers from config: dev servers (CPU) or SGLang, on loopback by default.
+
+    with launch_engines(cfg.engine, model_path, log_dir) as urls:
+        async with EngineClient(urls) as engine: ...
+
+With `engine.urls` set, nothing is started: the servers are the user's, and we only wait for them
+to be healthy. Every process we start gets its own process group and is stopped (SIGTERM, then
+SIGKILL) when the block exits, also on errors and Ctrl-C. A server that dies during start-up is
+reported with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from agentrl.engine import EngineConfig, EngineUnavailable
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def server_command(cfg: EngineConfig, model_path: Path, port: int) -> list[str]:
+    if cfg.kind == "dev":
+        return [sys.executable, "-m", "agentrl.devserver", "--model", str(model_path),
+                "--host", cfg.host, "--port", str(port), "--device", cfg.device, *cfg.extra_args]  # fmt: skip
+    return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
+            "--host", cfg.host, "--port", str(port), "--skip-tokenizer-init", *cfg.extra_args]  # fmt: skip
+
+
+@contextmanager
+def launch_engines(cfg: EngineConfig, model_path: Path, log_dir: Path) -> Iterator[list[str]]:
+    if cfg.urls:
+        wait_healthy(list(cfg.urls), [], cfg.health_timeout_s, [])
+        yield list(cfg.urls)
+        return
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs: list[subprocess.Popen] = []
+    logs: list[Path] = []
+    urls: list[str] = []
+    try:
+        for i in range(cfg.num_servers):
+            port = free_port(cfg.host)
+            logs.append(log_dir / f"{cfg.kind}-server-{i}.log")
+            with logs[-1].open("w") as log:
+                procs.append(
+                    subprocess.Popen(
+                        server_command(cfg, model_path, port),
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+            urls.append(f"http://{cfg.host}:{port}")
+        wait_healthy(urls, procs, cfg.health_timeout_s, logs)
+        yield urls
+    finally:
+        stop_processes(procs)
+
+
+def wait_healthy(
+    urls: list[str], procs: list[subprocess.Popen], timeout_s: float, logs: list[Path]
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = set(range(len(urls)))
+    while pending:
+        for i in sorted(pending):
+            if procs and procs[i].poll() is not None:
+                tail = logs[i].read_text()[-2000:] if logs else ""
+                raise EngineUnavailable(
+                    f"rollout server {urls[i]} exited with code {procs[i].returncode} during "
+                    f"start-up; its log ({logs[i] if logs else '-'}) ends with:\n{tail}"
+                )
+            try:
+                if httpx.get(urls[i] + "/health", timeout=2.0).status_code == 200:
+                    pending.discard(i)
+            except httpx.HTTPError:
+                pass
+        if pending and time.monotonic() > deadline:
+            raise EngineUnavailable(
+                f"rollout servers {[urls[i] for i in sorted(pending)]} not healthy after "
+                f"{timeout_s:g}s; check the server logs or raise engine.health_timeout_s"
+            )
+        if pending:
+            time.sleep(0.25)
+
+
+def stop_processes(procs: list[subprocess.Popen], grace_s: float = 15.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            _signal_group(p, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            _signal_group(p, signal.SIGKILL)
+            p.wait()
+
+
+def _signal_group(p: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(p.pid, sig)
+    except ProcessLookupError:
+        pass
