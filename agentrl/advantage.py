@@ -1,0 +1,371 @@
+"""Advantage estimators, by name. The key is exactly the config value (`algo.advantage.name`).
+
+Legend: G group (samples of one task), K turns (of one trajectory), T tokens (of one trajectory),
+N trajectories (of one step).
+
+What train.py calls, once per step, after the rollout (and after the reference model's logprobs
+when the KL penalty goes into the reward, see `loss.kl_reward_penalty`):
+
+    from agentrl.advantage import AdvantageConfig, compute_advantages
+    out = compute_advantages(groups, AdvantageConfig(name="grpo"))  # groups: list[list[Trajectory]]
+    out.advantages[n]   # float32 Tensor_T aligned with trajectory n's token_ids; 0 off the mask
+    out.returns         # per-trajectory critic targets (gae only), else None
+    out.metrics         # {"adv/mean": …, "adv/infra_excluded": …, …}
+
+Trajectories are numbered n in the order `[t for g in groups for t in g]`.
+
+Estimators (`name`):
+    grpo                   A = (R - mean_G R) / (std_G R + eps); `norm_std=False` drops the division
+    drgrpo                 A = R - mean_G R (Dr.GRPO; pair with loss agg "seq-mean-token-sum-norm")
+    rloo                   A = R - mean of the *other* valid members of the group
+    reinforce_pp_baseline  A = R - mean_G R, then whitened over all sampled tokens of the step
+    gae                    token-level GAE(gamma, lam) from critic values; whitened by default
+
+The group's statistics use only *valid* members: a trajectory whose StopReason is an
+infrastructure failure (sandbox_unavailable, aborted) is left out of the baseline and gets
+advantage 0 everywhere (and batch.py drops it, so it has no loss). A group with one valid member has
+advantage 0 (no baseline to compare against). std is the sample std (Bessel); an all-equal group has
+std 0 and advantage exactly 0, never NaN.
+
+Reward levels (`reward_level`):
+    trajectory  one number per trajectory, R = Trajectory.reward, put on every sampled token.
+    turn        r_k = Turn.reward (None -> 0), with Trajectory.reward added to the last turn;
+                turn k's sampled tokens get the return-to-go G_k = sum_{j>=k} gamma^(j-k) r_j.
+                Group baselines come from the episode returns G_0: turn k gets (G_k - b) / s.
+                With gamma=1 and only a final reward this equals `trajectory`.
+A KL (or other) reward penalty passed as `token_penalties` is summed per turn and subtracted
+from that turn's reward (trajectory level: from R).
+For gae, rewards sit on the last sampled token of each turn and gamma/lam act per sampled token;
+observation tokens (loss_mask 0) are skipped, as if the turns were one sampled sequence.
+
+Adding an estimator: a function `(episodes: list[Episode], cfg) -> (advantages, returns | None)`
+decorated with `@register("my_name")`, then `algo.advantage.name=my_name`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, field_validator
+from torch import Tensor
+
+from agentrl.types import Trajectory
+
+
+class AdvantageConfig(BaseModel):
+    """`algo.advantage` in the config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "grpo"
+    reward_level: Literal["trajectory", "turn"] = "trajectory"
+    norm_std: bool = True  # grpo: divide by the group's std
+    eps: float = 1e-6  # added to every std we divide by
+    gamma: float = 1.0  # discount: per turn (turn rewards) or per sampled token (gae)
+    lam: float = 1.0  # gae lambda
+    whiten: bool | None = None  # whiten over the step's sampled tokens; None = estimator default
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        get_estimator(v)
+        return v
+
+
+@dataclass(frozen=True)
+class Episode:
+    """Tensor view of one trajectory: what estimators read (built by `episodes_from`)."""
+
+    group: int
+    valid: bool  # False: infrastructure failure, excluded from baselines, advantage 0
+    loss_mask_T: Tensor  # bool
+    spans: list[tuple[int, int]]  # sampled [start, end) of each turn, K of them
+    rewards_K: Tensor  # per-turn rewards; the last one includes the trajectory reward
+    returns_K: Tensor  # what turn k's tokens get before the baseline
+    score: float  # the episode's return G_0, what group baselines are computed from
+    values_T: Tensor | None = None  # critic, aligned like logprobs (gae only)
+    penalty_T: Tensor | None = None  # per-token reward penalty (e.g. coef * KL), subtracted
+
+
+@dataclass
+class AdvantageOutput:
+    advantages: list[Tensor]  # N × Tensor_T
+    returns: list[Tensor] | None = None  # N × Tensor_T, critic targets (gae)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+EstimatorFn = Callable[[list[Episode], AdvantageConfig], tuple[list[Tensor], list[Tensor] | None]]
+_ESTIMATORS: dict[str, EstimatorFn] = {}
+_WHITEN_DEFAULT: dict[str, bool] = {}
+
+
+def register(name: str, whiten: bool = False) -> Callable[[EstimatorFn], EstimatorFn]:
+    """Register an estimator under `name`; `whiten` is its default for `cfg.whiten=None`."""
+
+    def deco(fn: EstimatorFn) -> EstimatorFn:
+        _ESTIMATORS[name] = fn
+        _WHITEN_DEFAULT[name] = whiten
+        return fn
+
+    return deco
+
+
+def get_estimator(name: str) -> EstimatorFn:
+    if name not in _ESTIMATORS:
+        raise ValueError(
+            f"unknown advantage estimator {name!r}; known: {', '.join(sorted(_ESTIMATORS))}"
+        )
+    return _ESTIMATORS[name]
+
+
+def known_estimators() -> list[str]:
+    return sorted(_ESTIMATORS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure building blocks (each tested by hand)
+
+
+def discounted_returns(rewards_K: Tensor, gamma: float) -> Tensor:
+    """G_k = sum_{j>=k} gamma^(j-k) r_j."""
+    out = torch.zeros_like(rewards_K)
+    acc = 0.0
+    for k in range(len(rewards_K) - 1, -1, -1):
+        acc = rewards_K[k] + gamma * acc
+        out[k] = acc
+    return out
+
+
+def spread_turns(per_turn_K: Tensor, spans: Sequence[tuple[int, int]], length: int) -> Tensor:
+    """Put turn k's value on tokens spans[k][0]:spans[k][1]; 0 elsewhere. -> Tensor_T."""
+    out = torch.zeros(length, dtype=torch.float32)
+    for (start, end), v in zip(spans, per_turn_K.tolist(), strict=True):
+        out[start:end] = v
+    return out
+
+
+def group_stats(
+    scores_G: Tensor, valid_G: Tensor, kind: Literal["mean", "mean_std", "loo"], eps: float
+) -> tuple[Tensor, Tensor]:
+    """Baseline and scale per member: advantage = (return - baseline) / scale.
+
+    mean: b = mean of valid, s = 1.  mean_std: s = std of valid (Bessel) + eps.
+    loo: b_i = mean of the other valid members, s = 1.  Fewer than 2 valid: b = own score, s = 1.
+    """
+    scores_G = scores_G.double()
+    n = int(valid_G.sum())
+    if n < 2:
+        return scores_G.clone(), torch.ones_like(scores_G)
+    v = scores_G[valid_G]
+    mean = v.mean()
+    ones = torch.ones_like(scores_G)
+    if kind == "mean":
+        return mean * ones, ones
+    if kind == "mean_std":
+        return mean * ones, (v.std(correction=1) + eps) * ones
+    if kind == "loo":
+        return (v.sum() - scores_G) / (n - 1), ones
+    raise ValueError(f"unknown group statistic {kind!r}; known: mean, mean_std, loo")
+
+
+def gae(rewards_T: Tensor, values_T: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    """GAE over one sequence of sampled tokens (already compacted). -> (advantages_T, returns_T).
+
+    delta_t = r_t + gamma V_{t+1} - V_t (V after the last token is 0);
+    A_t = delta_t + gamma lam A_{t+1};  returns_t = A_t + V_t.
+    """
+    r, v = rewards_T.tolist(), values_T.tolist()  # plain floats: a token loop over tensors is slow
+    adv = [0.0] * len(r)
+    nxt_v, nxt_a = 0.0, 0.0
+    for t in range(len(r) - 1, -1, -1):
+        nxt_a = r[t] + gamma * nxt_v - v[t] + gamma * lam * nxt_a
+        adv[t] = nxt_a
+        nxt_v = v[t]
+    adv_T = torch.tensor(adv, dtype=values_T.dtype)
+    return adv_T, adv_T + values_T
+
+
+def whiten(values: list[Tensor], masks: list[Tensor], eps: float) -> list[Tensor]:
+    """(x - mean) / (std + eps) over the masked entries of all tensors together; 0 off the mask."""
+    flat = torch.cat([v[m] for v, m in zip(values, masks, strict=True)] + [torch.zeros(0)])
+    if flat.numel() < 2:
+        return [torch.zeros_like(v) for v in values]
+    mean, std = flat.double().mean(), flat.double().std(correction=1)
+    return [
+        torch.where(m, ((v.double() - mean) / (std + eps)).float(), 0.0)
+        for v, m in zip(values, masks, strict=True)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Trajectories -> episodes
+
+
+def episodes_from(
+    groups: Sequence[Sequence[Trajectory]],
+    cfg: AdvantageConfig,
+    values: Sequence[Tensor] | None = None,
+    token_penalties: Sequence[Tensor] | None = None,
+) -> list[Episode]:
+    """Flatten groups into Episodes (order `[t for g in groups for t in g]`)."""
+    trajs = [(g, t) for g, group in enumerate(groups) for t in group]
+    for name, xs in (("values", values), ("token_penalties", token_penalties)):
+        if xs is not None and len(xs) != len(trajs):
+            raise ValueError(f"{name} has {len(xs)} entries for {len(trajs)} trajectories")
+    out = []
+    for n, (g, t) in enumerate(trajs):
+        mask = torch.tensor(t.loss_mask, dtype=torch.bool)
+        spans = [(turn.start, turn.end) for turn in t.turns]
+        pen = None if token_penalties is None else torch.as_tensor(token_penalties[n]).float()
+        val = None if values is None else torch.as_tensor(values[n]).float()
+        for name, x in (("values", val), ("token_penalties", pen)):
+            if x is not None and x.shape != mask.shape:
+                raise ValueError(
+                    f"{name}[{n}] has shape {tuple(x.shape)}, trajectory has {mask.numel()} ids"
+                )
+        rewards = torch.tensor([turn.reward or 0.0 for turn in t.turns], dtype=torch.float64)
+        if cfg.reward_level == "trajectory":
+            rewards.zero_()
+        if pen is not None:
+            rewards -= torch.tensor([float(pen[s:e].sum()) for s, e in spans], dtype=torch.float64)
+        if len(spans):
+            rewards[-1] += t.reward
+        score = float(rewards.sum()) if len(spans) else t.reward
+        if cfg.reward_level == "turn":
+            returns = discounted_returns(rewards, cfg.gamma)
+            score = float(returns[0]) if len(spans) else score
+        else:
+            returns = torch.full_like(rewards, score)
+        out.append(
+            Episode(
+                group=g,
+                valid=not t.stop_reason.is_infra_failure,
+                loss_mask_T=mask,
+                spans=spans,
+                rewards_K=rewards,
+                returns_K=returns,
+                score=score,
+                values_T=val,
+                penalty_T=pen,
+            )
+        )
+    return out
+
+
+def compute_advantages(
+    groups: Sequence[Sequence[Trajectory]],
+    cfg: AdvantageConfig,
+    values: Sequence[Tensor] | None = None,
+    token_penalties: Sequence[Tensor] | None = None,
+) -> AdvantageOutput:
+    """Per-token advantages for every trajectory of the step.
+
+    `values`: critic values per trajectory (Tensor_T, aligned like logprobs), required by gae.
+    `token_penalties`: per-token amounts subtracted from the reward, e.g. from
+    `loss.kl_reward_penalty` (summed per turn for the group estimators).
+    """
+    fn = get_estimator(cfg.name)
+    eps = episodes_from(groups, cfg, values, token_penalties)
+    adv, ret = fn(eps, cfg)
+    masks = [e.loss_mask_T & e.valid for e in eps]
+    if cfg.whiten if cfg.whiten is not None else _WHITEN_DEFAULT[cfg.name]:
+        adv = whiten(adv, masks, cfg.eps)
+    adv = [torch.where(m, a.float(), 0.0) for a, m in zip(adv, masks, strict=True)]
+    return AdvantageOutput(adv, ret, _metrics(eps, adv, masks))
+
+
+def _metrics(eps: list[Episode], adv: list[Tensor], masks: list[Tensor]) -> dict[str, float]:
+    flat = torch.cat([a[m] for a, m in zip(adv, masks, strict=True)] + [torch.zeros(0)])
+    by_group: dict[int, list[float]] = {}
+    for e in eps:
+        if e.valid:
+            by_group.setdefault(e.group, []).append(e.score)
+    flat_groups = [len(set(s)) <= 1 for s in by_group.values()]
+    return {
+        "adv/mean": float(flat.mean()) if flat.numel() else 0.0,
+        "adv/std": float(flat.std()) if flat.numel() > 1 else 0.0,
+        "adv/max": float(flat.max()) if flat.numel() else 0.0,
+        "adv/min": float(flat.min()) if flat.numel() else 0.0,
+        "adv/infra_excluded": float(sum(not e.valid for e in eps)),
+        "adv/zero_std_groups": sum(flat_groups) / max(len(flat_groups), 1),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Registered estimators
+
+
+def _group_baseline(
+    eps: list[Episode], cfg: AdvantageConfig, kind: Literal["mean", "mean_std", "loo"]
+) -> list[Tensor]:
+    out: list[Tensor | None] = [None] * len(eps)
+    groups: dict[int, list[int]] = {}
+    for i, e in enumerate(eps):
+        groups.setdefault(e.group, []).append(i)
+    for idx in groups.values():
+        scores = torch.tensor([eps[i].score for i in idx], dtype=torch.float64)
+        valid = torch.tensor([eps[i].valid for i in idx], dtype=torch.bool)
+        base, scale = group_stats(scores, valid, kind, cfg.eps)
+        for j, i in enumerate(idx):
+            e = eps[i]
+            per_turn = ((e.returns_K - base[j]) / scale[j]).float()
+            if int(valid.sum()) < 2:  # nothing to compare with: no signal, not G_k - G_0
+                per_turn = torch.zeros_like(per_turn)
+            out[i] = spread_turns(per_turn, e.spans, len(e.loss_mask_T))
+    return out  # type: ignore[return-value]
+
+
+@register("grpo")
+def grpo_estimator(eps: list[Episode], cfg: AdvantageConfig) -> tuple[list[Tensor], None]:
+    return _group_baseline(eps, cfg, "mean_std" if cfg.norm_std else "mean"), None
+
+
+@register("drgrpo")
+def drgrpo_estimator(eps: list[Episode], cfg: AdvantageConfig) -> tuple[list[Tensor], None]:
+    return _group_baseline(eps, cfg, "mean"), None
+
+
+@register("rloo")
+def rloo_estimator(eps: list[Episode], cfg: AdvantageConfig) -> tuple[list[Tensor], None]:
+    return _group_baseline(eps, cfg, "loo"), None
+
+
+@register("reinforce_pp_baseline", whiten=True)
+def reinforce_pp_baseline_estimator(
+    eps: list[Episode], cfg: AdvantageConfig
+) -> tuple[list[Tensor], None]:
+    return _group_baseline(eps, cfg, "mean"), None
+
+
+@register("gae", whiten=True)
+def gae_estimator(eps: list[Episode], cfg: AdvantageConfig) -> tuple[list[Tensor], list[Tensor]]:
+    advs, rets = [], []
+    for n, e in enumerate(eps):
+        if e.values_T is None:
+            raise ValueError(
+                f"gae needs critic values for every trajectory (none for #{n}); "
+                "pass values=… or pick a critic-free estimator (grpo, rloo, …)"
+            )
+        idx = e.loss_mask_T.nonzero().squeeze(-1)
+        rewards = torch.zeros(len(e.loss_mask_T), dtype=torch.float64)
+        if e.penalty_T is not None:
+            rewards -= e.penalty_T.double()
+        # Turn rewards already hold the outcome on the last turn; their penalty part is
+        # per-token here, so only the env's part goes on each turn's last sampled token.
+        for k, (start, end) in enumerate(e.spans):
+            if end > start:
+                env_part = e.rewards_K[k]
+                if e.penalty_T is not None:
+                    env_part = env_part + e.penalty_T[start:end].double().sum()
+                rewards[end - 1] += env_part
+        a, r = gae(rewards[idx], e.values_T.double()[idx], cfg.gamma, cfg.lam)
+        adv = torch.zeros(len(e.loss_mask_T), dtype=torch.float32)
+        ret = torch.zeros(len(e.loss_mask_T), dtype=torch.float32)
+        if e.valid:
+            adv[idx], ret[idx] = a.float(), r.float()
+        advs.append(adv)
+        rets.append(ret)
+    return advs, rets

@@ -1,0 +1,413 @@
+"""Trajectories -> TrainBatch -> packed micro-batches per data-parallel rank; the logprob helper.
+
+Legend: N tokens (of a batch: sequences concatenated, no padding), S sequences, H hidden, V vocab.
+
+What train.py and the learner do with it:
+
+    from agentrl.batch import TrainBatch, micro_batches, token_logprobs
+    batch = TrainBatch.from_trajectories(trajs, adv.advantages)        # the whole step
+    per_rank = micro_batches(batch, dp_size, max_tokens=8192)         # [rank][micro-batch]
+    for mb in per_rank[rank]:                                          # same count on every rank
+        logprobs, entropy = token_logprobs(model, mb, with_entropy=True)
+        loss, metrics = get_loss(name)(LossInputs.from_batch(mb, logprobs, entropy=entropy), cfg)
+        (loss * dp_size).backward()  # FSDP2 averages over ranks; see agentrl/loss.py
+
+A micro-batch is itself a TrainBatch: one row of whole sequences, position_ids restarting at 0 at
+each sequence. transformers 5.x reads those restarts as sequence boundaries and builds a
+block-diagonal causal mask (sdpa/eager; flash-attention varlen reads the same restarts) when the
+model is called with `attention_mask=None` and `use_cache=False`. tests/unit/test_batch.py checks
+packed == unpacked logprobs on a real Qwen3 for sdpa and eager.
+Every micro-batch carries the GLOBAL loss normaliser of the step (`norm`), so summing the losses of
+all micro-batches on all ranks gives the full-batch loss (see agentrl/loss.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from agentrl.loss import LossNorm
+from agentrl.types import Trajectory
+
+_OPTIONAL = ("ref_logprobs", "values", "returns")
+
+
+@dataclass
+class TrainBatch:
+    """Aligned per-token tensors of whole sequences, concatenated. Every tensor is [N].
+
+    Worked example: two sequences. Sequence 0 is prompt / assistant (tool call) / tool /
+    assistant; sequence 1 is prompt / assistant. (P prompt, A sampled, O observation = tool output
+    plus the template tokens around it; l logprob from the engine; a advantage.)
+
+        token:          P  P  P  A  A  A  O  O  O  O  A  A  |  P  P  A  A
+        token_ids:      p0 p1 p2 a0 a1 a2 o0 o1 o2 o3 a3 a4 |  q0 q1 b0 b1
+        position_ids:   0  1  2  3  4  5  6  7  8  9  10 11 |  0  1  2  3
+        seq_ids:        0  0  0  0  0  0  0  0  0  0  0  0  |  1  1  1  1
+        loss_mask:      0  0  0  1  1  1  0  0  0  0  1  1  |  0  0  1  1
+        old_logprobs:   0  0  0  l  l  l  0  0  0  0  l  l  |  0  0  l  l
+        advantages:     0  0  0  a  a  a  0  0  0  0  a  a  |  0  0  a' a'
+        norm:           LossNorm(num_tokens=7, num_seqs=2)
+
+    old_logprobs[t] is log pi(token_t | tokens before it), from the rollout engine; the trainer's
+    logprobs from `token_logprobs` are aligned the same way. Only loss_mask 1 tokens are trained on.
+    `norm` is the step's global normaliser; micro-batches keep the one of the batch they came from.
+    `source[s]` is the index, in the list given to `from_trajectories`, of sequence s.
+    Optional [N] tensors: ref_logprobs (reference policy), values (critic at rollout time),
+    returns (critic targets).
+    """
+
+    token_ids: Tensor  # int64
+    position_ids: Tensor  # int64, 0.. within each sequence
+    loss_mask: Tensor  # bool
+    old_logprobs: Tensor  # float32
+    advantages: Tensor  # float32
+    seq_ids: Tensor  # int64, 0..S-1, non-decreasing
+    norm: LossNorm
+    source: list[int] = field(default_factory=list)
+    ref_logprobs: Tensor | None = None
+    values: Tensor | None = None
+    returns: Tensor | None = None
+    is_padding: bool = False  # a dummy micro-batch so every rank runs the same number
+
+    def __post_init__(self) -> None:
+        n = self.token_ids.numel()
+        named = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for k, v in named.items():
+            if isinstance(v, Tensor) and (v.dim() != 1 or v.numel() != n):
+                raise ValueError(f"TrainBatch.{k} has shape {tuple(v.shape)}, token_ids has ({n},)")
+        if self.loss_mask.dtype != torch.bool:
+            raise ValueError(f"TrainBatch.loss_mask must be bool, got {self.loss_mask.dtype}")
+        if n == 0:
+            raise ValueError("TrainBatch is empty (no sequence has a trainable token)")
+        starts = _starts(self.seq_ids)
+        step = torch.diff(self.seq_ids)
+        if int(self.seq_ids[0]) != 0 or bool(((step != 0) & (step != 1)).any()):
+            raise ValueError("TrainBatch.seq_ids must start at 0 and step by 0 or 1")
+        expected = torch.arange(n) - starts.repeat_interleave(_lengths(self.seq_ids))
+        if not torch.equal(self.position_ids.cpu(), expected):
+            raise ValueError("TrainBatch.position_ids must count 0, 1, … within each sequence")
+        if self.source and len(self.source) != self.num_seqs:
+            raise ValueError(
+                f"TrainBatch.source has {len(self.source)} entries for {self.num_seqs} seqs"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        return self.token_ids.numel()
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_ids[-1]) + 1
+
+    @property
+    def seq_lens(self) -> list[int]:
+        return _lengths(self.seq_ids).tolist()
+
+    def per_sequence(self, x_N: Tensor) -> list[Tensor]:
+        """Split an [N] tensor aligned with this batch back into one tensor per sequence."""
+        return list(torch.split(x_N, self.seq_lens))
+
+    def replace(self, **changes: Any) -> TrainBatch:
+        """A copy with some fields replaced (checked again), e.g. ref_logprobs=… or advantages=…."""
+        return dataclasses.replace(self, **changes)
+
+    def to(self, device: torch.device | str) -> TrainBatch:
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), Tensor)
+        }
+        return dataclasses.replace(self, **moved)
+
+    @classmethod
+    def from_trajectories(
+        cls,
+        trajs: Sequence[Trajectory],
+        advantages: Sequence[Tensor | Sequence[float]] | None,
+        **optional: Sequence[Tensor | Sequence[float]] | None,
+    ) -> TrainBatch:
+        """Concatenate trajectories (each one sequence), with their per-token advantages.
+
+        Trajectories that ended with an infrastructure failure, and those with no sampled token,
+        are left out (they carry no loss). `advantages=None` gives zeros (to compute reference
+        logprobs before the advantages, then `replace(advantages=…)`). `optional`: ref_logprobs,
+        values, returns, each one per trajectory. Advantages are zeroed where loss_mask is 0.
+        """
+        for k in optional:
+            if k not in _OPTIONAL:
+                raise ValueError(f"unknown TrainBatch field {k!r}; optional ones: {_OPTIONAL}")
+        per_traj = {"advantages": advantages, **optional}
+        for k, xs in per_traj.items():
+            if xs is not None and len(xs) != len(trajs):
+                raise ValueError(f"{k} has {len(xs)} entries for {len(trajs)} trajectories")
+        keep = [
+            i
+            for i, t in enumerate(trajs)
+            if not t.stop_reason.is_infra_failure and t.num_sampled > 0
+        ]
+        if not keep:
+            raise ValueError(
+                f"no trainable trajectory among {len(trajs)} (all infra failures or no sampled "
+                "tokens); check the rollout's stop reasons"
+            )
+        cols: dict[str, list[Tensor]] = {k: [] for k in ("ids", "mask", "lp", "seq", *per_traj)}
+        for s, i in enumerate(keep):
+            t, n = trajs[i], len(trajs[i].token_ids)
+            cols["ids"].append(torch.tensor(t.token_ids, dtype=torch.long))
+            cols["mask"].append(torch.tensor(t.loss_mask, dtype=torch.bool))
+            cols["lp"].append(torch.tensor(t.logprobs, dtype=torch.float32))
+            cols["seq"].append(torch.full((n,), s, dtype=torch.long))
+            for k, xs in per_traj.items():
+                x = torch.zeros(n) if xs is None else torch.as_tensor(xs[i], dtype=torch.float32)
+                if x.shape != (n,):
+                    raise ValueError(f"{k}[{i}] has shape {tuple(x.shape)}, trajectory has {n} ids")
+                cols[k].append(x)
+        mask = torch.cat(cols["mask"])
+        seq_ids = torch.cat(cols["seq"])
+        opt = {k: torch.cat(cols[k]) if optional.get(k) is not None else None for k in optional}
+        return cls(
+            token_ids=torch.cat(cols["ids"]),
+            position_ids=_positions(seq_ids),
+            loss_mask=mask,
+            old_logprobs=torch.where(mask, torch.cat(cols["lp"]), 0.0),
+            advantages=torch.where(mask, torch.cat(cols["advantages"]), 0.0),
+            seq_ids=seq_ids,
+            norm=global_norm(mask, seq_ids),
+            source=keep,
+            **opt,
+        )
+
+
+def _lengths(seq_ids_N: Tensor) -> Tensor:
+    return torch.bincount(seq_ids_N.cpu())
+
+
+def _starts(seq_ids_N: Tensor) -> Tensor:
+    lens = _lengths(seq_ids_N)
+    return torch.cumsum(lens, 0) - lens
+
+
+def _positions(seq_ids_N: Tensor) -> Tensor:
+    lens = _lengths(seq_ids_N)
+    return torch.arange(seq_ids_N.numel()) - _starts(seq_ids_N).repeat_interleave(lens)
+
+
+def global_norm(loss_mask_N: Tensor, seq_ids_N: Tensor) -> LossNorm:
+    """The loss normaliser of a whole step: trainable tokens, and sequences having any."""
+    per_seq = torch.zeros(int(seq_ids_N.max()) + 1, dtype=torch.long)
+    per_seq.index_add_(0, seq_ids_N.cpu(), loss_mask_N.cpu().long())
+    return LossNorm(num_tokens=int(per_seq.sum()), num_seqs=int((per_seq > 0).sum()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Micro-batches
+
+
+def select(batch: TrainBatch, seqs: Sequence[int]) -> TrainBatch:
+    """The sequences `seqs` of `batch`, packed in that order into one row; keeps the global norm."""
+    lens = batch.seq_lens
+    starts = [0]
+    for n in lens:
+        starts.append(starts[-1] + n)
+    idx = torch.cat([torch.arange(starts[s], starts[s] + lens[s]) for s in seqs])
+    new_seq = torch.cat([torch.full((lens[s],), j, dtype=torch.long) for j, s in enumerate(seqs)])
+    pick = {
+        f.name: getattr(batch, f.name)[idx.to(batch.token_ids.device)]
+        for f in dataclasses.fields(batch)
+        if isinstance(getattr(batch, f.name), Tensor)
+    }
+    pick["seq_ids"] = new_seq.to(batch.token_ids.device)
+    pick["position_ids"] = _positions(new_seq).to(batch.token_ids.device)
+    source = [batch.source[s] for s in seqs] if batch.source else []
+    return dataclasses.replace(batch, **pick, source=source)
+
+
+def padding_micro_batch(batch: TrainBatch, pad_id: int = 0) -> TrainBatch:
+    """One token, no loss: lets a rank with no data left still run forward/backward in step."""
+    dev = batch.token_ids.device
+    one = {
+        f.name: torch.zeros(1, dtype=getattr(batch, f.name).dtype, device=dev)
+        for f in dataclasses.fields(batch)
+        if isinstance(getattr(batch, f.name), Tensor)
+    }
+    one["token_ids"] = torch.full((1,), pad_id, dtype=torch.long, device=dev)
+    return dataclasses.replace(batch, **one, source=[], is_padding=True)
+
+
+def plan_micro_batches(lens: Sequence[int], dp_size: int, max_tokens: int) -> list[list[list[int]]]:
+    """Sequence indices per rank per micro-batch. -> [rank][micro-batch][seq].
+
+    Sequences go to ranks longest first, each to the rank with the fewest tokens so far; then
+    every rank splits its share into the same number m of micro-batches (longest first into the
+    lightest), the smallest m for which every micro-batch fits `max_tokens`. A sequence longer than
+    `max_tokens` gets a micro-batch of its own. Empty slots become padding micro-batches.
+    """
+    if dp_size < 1 or max_tokens < 1:
+        raise ValueError(f"dp_size={dp_size} and max_tokens={max_tokens} must be >= 1")
+    order = sorted(range(len(lens)), key=lambda s: (-lens[s], s))
+    ranks: list[list[int]] = [[] for _ in range(dp_size)]
+    load = [0] * dp_size
+    for s in order:
+        r = min(range(dp_size), key=lambda r: (load[r], len(ranks[r]), r))
+        ranks[r].append(s)
+        load[r] += lens[s]
+    m = 1
+    while True:
+        plan = [_pack(share, lens, m, max_tokens) for share in ranks]
+        if all(p is not None for p in plan):
+            return [[sorted(b) for b in p] for p in plan]  # type: ignore[union-attr]
+        m += 1
+
+
+def _pack(share: list[int], lens: Sequence[int], m: int, max_tokens: int) -> list[list[int]] | None:
+    bins: list[list[int]] = [[] for _ in range(m)]
+    load = [0] * m
+    for s in share:  # already longest first
+        b = min(range(m), key=lambda b: (load[b], b))
+        if bins[b] and load[b] + lens[s] > max_tokens:
+            return None
+        bins[b].append(s)
+        load[b] += lens[s]
+    return bins
+
+
+def micro_batches(
+    batch: TrainBatch, dp_size: int, max_tokens: int, pad_id: int = 0
+) -> list[list[TrainBatch]]:
+    """Split a step's batch for `dp_size` ranks: [rank][micro-batch], the same count per rank,
+    tokens balanced, each micro-batch one packed row of at most `max_tokens` tokens (see
+    `plan_micro_batches`), all carrying `batch.norm`."""
+    plan = plan_micro_batches(batch.seq_lens, dp_size, max_tokens)
+    return [
+        [select(batch, b) if b else padding_micro_batch(batch, pad_id) for b in rank]
+        for rank in plan
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Logprobs from a model
+
+
+def logprobs_from_hidden(
+    hidden_NH: Tensor,
+    weight_VH: Tensor,
+    token_ids_N: Tensor,
+    position_ids_N: Tensor,
+    mask_N: Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_tokens: int = 512,
+) -> tuple[Tensor, Tensor | None]:
+    """Per-token logprobs (and entropies) of `token_ids_N` from the final hidden states.
+
+    Output [N] aligned with the ids: out[t] = log p(token_t | the tokens before it in its
+    sequence), read from hidden[t-1]; 0 at each sequence's first token, and (with `mask_N`) 0
+    wherever the mask is 0 — those positions never reach the vocabulary projection. Logits are
+    built `chunk_tokens` rows at a time in float32, and under autograd each chunk is recomputed in
+    backward instead of kept, so memory holds one [chunk, V] block, not [N, V].
+    """
+    n = token_ids_N.numel()
+    want = position_ids_N > 0
+    if mask_N is not None:
+        want = want & mask_N.bool()
+    idx = want.nonzero().squeeze(-1)
+    h = hidden_NH[idx - 1]
+    tgt = token_ids_N[idx]
+    grad = torch.is_grad_enabled() and (h.requires_grad or weight_VH.requires_grad)
+    lps, ents = [], []
+    for c in range(0, idx.numel(), chunk_tokens):
+        args = (h[c : c + chunk_tokens], weight_VH, tgt[c : c + chunk_tokens])
+        if grad:
+            lp, ent = checkpoint(_chunk, *args, temperature, with_entropy, use_reentrant=False)
+        else:
+            lp, ent = _chunk(*args, temperature, with_entropy)
+        lps.append(lp)
+        ents.append(ent)
+    zeros = torch.zeros(n, dtype=torch.float32, device=hidden_NH.device)
+    if grad and not lps:
+        # Nothing to score (a padding micro-batch): stay connected to the model with an exact
+        # zero, so backward still runs and FSDP's gradient collectives stay in step across ranks.
+        zeros = zeros + (hidden_NH[:0].sum() + weight_VH[:0].sum()).float()
+    cat = torch.cat(lps) if lps else zeros[:0]
+    logprobs = zeros.index_copy(0, idx, cat)
+    entropy = None
+    if with_entropy:
+        entropy = zeros.index_copy(0, idx, torch.cat(ents) if ents else zeros[:0])
+    return logprobs, entropy
+
+
+def _chunk(
+    h: Tensor, w: Tensor, tgt: Tensor, temperature: float, with_entropy: bool
+) -> tuple[Tensor, Tensor]:
+    logits = F.linear(h, w).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    lse = torch.logsumexp(logits, dim=-1)
+    lp = logits.gather(-1, tgt[:, None]).squeeze(-1) - lse
+    if not with_entropy:
+        return lp, lp.new_zeros(())
+    ent = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return lp, ent
+
+
+def last_hidden_state(
+    model: torch.nn.Module, token_ids_N: Tensor, position_ids_N: Tensor
+) -> Tensor:
+    """Final hidden states [N, H] of a transformers causal LM on one packed row.
+
+    Calls the top-level module (so FSDP2's root hooks run) with `logits_to_keep` empty, so the
+    model itself never builds logits, and reads the decoder's output through a forward hook.
+    """
+    decoder = model.get_decoder()  # type: ignore[operator]
+    seen: list[Tensor] = []
+    handle = decoder.register_forward_hook(lambda _m, _i, out: seen.append(out[0]))
+    try:
+        model(
+            input_ids=token_ids_N[None],
+            position_ids=position_ids_N[None],
+            attention_mask=None,
+            use_cache=False,
+            logits_to_keep=torch.zeros(0, dtype=torch.long, device=token_ids_N.device),
+        )
+    finally:
+        handle.remove()
+    if len(seen) != 1:
+        raise RuntimeError(f"expected one decoder call in the model's forward, saw {len(seen)}")
+    return seen[0][0]
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    mb: TrainBatch,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_tokens: int = 512,
+    all_tokens: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Trainer logprobs [N] (and entropies) of a packed micro-batch, aligned with mb.token_ids.
+
+    Only loss_mask 1 tokens are computed (others are 0) unless `all_tokens`. `temperature` must
+    match the one the engine's logprobs were computed at.
+    """
+    hidden = last_hidden_state(model, mb.token_ids, mb.position_ids)
+    weight = model.get_output_embeddings().weight  # type: ignore[operator]
+    return logprobs_from_hidden(
+        hidden,
+        weight,
+        mb.token_ids,
+        mb.position_ids,
+        None if all_tokens else mb.loss_mask,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        chunk_tokens=chunk_tokens,
+    )
