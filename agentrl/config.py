@@ -18,10 +18,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agentrl.advantage import AdvantageConfig
+from agentrl.ckpt import CheckpointConfig
 from agentrl.engine import EngineConfig
 from agentrl.env import Env
+from agentrl.learner import LearnerConfig, RayConfig
+from agentrl.loss import LossConfig
 from agentrl.parsers import ConfigError
 from agentrl.rollout import RolloutConfig
+from agentrl.weight_sync import WeightSyncConfig
 from sandbox.config import SandboxConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -64,6 +69,28 @@ class ModelConfig(BaseModel):
         return path
 
 
+class AlgoConfig(BaseModel):
+    """The algorithm is data: an advantage estimator and a loss, each chosen by name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+
+
+class TrainerConfig(CheckpointConfig):
+    """The loop: how long, how much per step, when to stop, and checkpointing (resume=auto|never|dir)."""
+
+    steps: int = Field(20, ge=1, description="optimizer steps of the run")
+    tasks_per_step: int = Field(4, ge=1, description="tasks per step; x rollout.group_size samples")
+    max_skipped_steps: int = Field(
+        3, ge=1, description="non-finite steps in a row before the run stops with an error"
+    )
+
+    def checkpoint_config(self) -> CheckpointConfig:
+        return CheckpointConfig(**{k: getattr(self, k) for k in CheckpointConfig.model_fields})
+
+
 class PreviewConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -75,12 +102,18 @@ class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     seed: int = 0
+    run_name: str = "default"
     env: EnvConfig
     model: ModelConfig = Field(default_factory=ModelConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     preview: PreviewConfig = Field(default_factory=PreviewConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
 
 
 def import_path(path: str, setting: str) -> Any:

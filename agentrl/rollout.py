@@ -277,6 +277,7 @@ def main() -> None:
         from agentrl.display import metrics_table, print_trajectories
         from agentrl.metrics import rollout_metrics
 
+        logging.getLogger("httpx").setLevel(logging.WARNING)
         cfg = load_config(raw)
         out = Path(HydraConfig.get().runtime.output_dir)
         console = Console()

@@ -1,8 +1,9 @@
 """The Sandbox contract every code-execution backend implements.
 
 A sandbox runs untrusted code the policy wrote and reports what happened. Backends: the local
-isolated service (`sandbox.server` + `sandbox.client.ServiceSandbox`), e2b (`sandbox.e2b`), and
-`sandbox.subproc.SubprocessSandbox` (rlimits only; for laptops and tests, not isolation).
+isolated service (`python -m sandbox.server` + `sandbox.client.ServiceSandbox`), e2b
+(`sandbox.e2b_backend.E2BSandbox`), and `sandbox.subproc.SubprocessSandbox` (rlimits only; for
+laptops and tests, not isolation). `sandbox.make_sandbox(SandboxConfig(...))` builds any of them.
 
     from sandbox import SubprocessSandbox
 
@@ -27,14 +28,24 @@ class SandboxUnavailable(RuntimeError):
 
 
 class ExecResult(BaseModel):
+    """What one execution did. Output is decoded UTF-8 (invalid bytes and NULs become U+FFFD)."""
+
     stdout: str = ""
     stderr: str = ""
     exit_code: int | None = 0
     timed_out: bool = False
-    # which limit ended the run, if any: "wall_time", "cpu_time", "memory", "output", "processes", "file_size"
+    # which limit ended the run, if any: "wall_time", "cpu_time", "memory", "output", "processes",
+    # "file_size" (a file past the size limit, or the private /tmp full)
     limit: str | None = None
     duration_s: float = 0.0
     truncated: bool = False
+    # REPL extras (sessions): repr of the value of a trailing expression, like a notebook's Out[n]
+    result: str | None = None
+    # the uncaught exception, if any (its traceback is in stderr)
+    error_name: str | None = None
+    error_value: str | None = None
+    # the session's interpreter was stopped or expired: variables from earlier calls are gone
+    session_reset: bool = False
 
     @property
     def ok(self) -> bool:

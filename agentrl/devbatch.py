@@ -1,0 +1,436 @@
+"""Requests, batching and sampling for `agentrl.devserver` (the model side; no HTTP here).
+
+`BatchEngine.step` is one scheduler step: drop aborted rows, prefill newly admitted requests as
+one left-padded batch, merge their KV caches into the running batch (left-padding to a common
+length), decode one token for every running row, drop finished rows and trim columns that are
+padding in every row. Positions are tracked per row, so padding never shifts RoPE positions and
+each row's logprobs equal a plain forward over its own ids (tests/e2e/test_devserver.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+import uuid
+from collections import Counter
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, GenerationConfig
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+GREEDY_EPS = 1e-6  # SGLang treats temperature below this as greedy (top_k=1, temperature=1)
+UNSUPPORTED = {  # SGLang sampling params that need a tokenizer or penalties: key -> neutral value
+    "stop": None, "stop_regex": None, "regex": None, "json_schema": None, "ebnf": None,
+    "structural_tag": None, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+    "repetition_penalty": 1.0, "min_new_tokens": 0, "n": 1, "logit_bias": None,
+}  # fmt: skip
+
+
+@dataclass
+class Limits:
+    """What a request is validated against."""
+
+    vocab_size: int
+    context_len: int
+    inflight: dict[str, Any]
+
+
+class BadRequest(ValueError):
+    """Answered with HTTP 400 and SGLang's error body."""
+
+
+@dataclass
+class Req:
+    """One generation request (one item of a batch /generate)."""
+
+    rid: str
+    prompt: list[int]
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    stop_ids: frozenset[int]
+    ignore_eos: bool
+    return_logprob: bool
+    gen: torch.Generator | None
+    fut: asyncio.Future
+    out: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: dict[str, Any] | None = None
+    abort: str | None = None  # set on the event loop; the scheduler drops the row
+    t0: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Batch:
+    """The running batch: its KV cache covers prompt + out[:-1] of every row (left-padded);
+    out[-1] of each row is fed at the next decode step, at position `pos`."""
+
+    reqs: list[Req]
+    cache: DynamicCache
+    mask: torch.Tensor  # [B, L] 1 = real token
+    pos: torch.Tensor  # [B]
+
+
+def decode_named_tensors(payload: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load
+
+    try:
+        return dict(load(base64.b64decode(payload)))
+    except Exception as e:
+        raise BadRequest(
+            "serialized_named_tensors entries must be base64 safetensors bytes on the dev server "
+            f"(agentrl.engine.encode_named_tensors), not CUDA-IPC handles: {e}"
+        ) from e
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dt, torch.dtype):
+        raise BadRequest(f"unknown dtype {name!r} (use e.g. 'float32', 'bfloat16')")
+    return dt
+
+
+def _pad_left(x: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+    if n == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = n
+    return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+
+def _filtered_probs(logp: torch.Tensor, r: Req) -> torch.Tensor:
+    """Sampling distribution of one row: top-k, then top-p, then min-p on softmax(logits/T)."""
+    probs = logp.exp()
+    if 0 < r.top_k < probs.numel():
+        kth = torch.topk(probs, r.top_k).values[-1]
+        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+    if r.top_p < 1.0:
+        sorted_p, idx = torch.sort(probs, descending=True)
+        drop = (torch.cumsum(sorted_p, 0) - sorted_p) > r.top_p * sorted_p.sum()
+        probs = torch.zeros_like(probs).scatter(0, idx, sorted_p.masked_fill(drop, 0.0))
+    if r.min_p > 0.0:
+        probs = torch.where(probs >= r.min_p * probs.max(), probs, torch.zeros_like(probs))
+    return probs
+
+
+class BatchEngine:
+    """Model, batch state and the work of one scheduler step. Runs in a worker thread; the
+    event loop only touches it between steps (under DevServer.model_lock)."""
+
+    def __init__(self, model_path: str, device: str, dtype: torch.dtype, attn: str, seed: int):
+        self.device, self.dtype, self.attn = torch.device(device), dtype, attn
+        self.model = self.load(model_path)
+        cfg = self.model.config
+        eos = set(_as_list(cfg.eos_token_id))
+        with suppress(OSError):
+            eos |= set(_as_list(GenerationConfig.from_pretrained(model_path).eos_token_id))
+        self.eos_ids = frozenset(eos)
+        self.vocab_size = int(cfg.vocab_size)
+        self.context_len = int(getattr(cfg, "max_position_embeddings", 0) or 32768)
+        self.batch: Batch | None = None
+        self.gen = torch.Generator().manual_seed(seed)
+        self.stats: Counter[str] = Counter()
+        self.decode_batch_sizes: Counter[int] = Counter()
+
+    def load(self, path: str) -> torch.nn.Module:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=self.dtype, attn_implementation=self.attn
+        )
+        return model.to(self.device).eval()
+
+    # -- one scheduler step ---------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, new: list[Req]) -> list[Req]:
+        """Drop aborted rows, prefill `new` into the batch, decode one token. Returns finished."""
+        done = self.drop_aborted()
+        if new:
+            self.stats["prefill_steps"] += 1
+            nb = self.prefill(new)
+            done += self.remove_finished(nb)
+            if nb.reqs:
+                self.batch = self.merge(self.batch, nb)
+        b = self.batch
+        if b is not None:
+            self.stats["decode_steps"] += 1
+            self.decode_batch_sizes[len(b.reqs)] += 1
+            ids = torch.tensor([[r.out[-1]] for r in b.reqs], device=self.device)
+            b.mask = torch.cat([b.mask, b.mask.new_ones(len(b.reqs), 1)], dim=1)
+            out = self.model(
+                input_ids=ids,
+                attention_mask=b.mask,
+                position_ids=b.pos[:, None],
+                past_key_values=b.cache,
+                use_cache=True,
+            )
+            b.pos = b.pos + 1
+            self.sample(out.logits[:, -1, :], b.reqs)
+            done += self.remove_finished(b)
+            if not b.reqs:
+                self.batch = None
+        return done
+
+    def prefill(self, reqs: list[Req]) -> Batch:
+        seqs = [r.prompt + r.out for r in reqs]  # out is non-empty only for retracted requests
+        n = max(len(s) for s in seqs)
+        ids = torch.tensor([[0] * (n - len(s)) + s for s in seqs], device=self.device)
+        mask = torch.tensor([[0] * (n - len(s)) + [1] * len(s) for s in seqs], device=self.device)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.sample(out.logits[:, -1, :], reqs)
+        for layer in cache.layers:
+            if type(layer) is not DynamicLayer:
+                raise RuntimeError("devserver supports full-attention models only")
+        lens = torch.tensor([len(s) for s in seqs], device=self.device)
+        return Batch(list(reqs), cache, mask, lens)
+
+    def sample(self, logits: torch.Tensor, reqs: list[Req]) -> None:
+        """Append one sampled id (and its logprob) to every request; mark finished ones.
+
+        logprob = log_softmax(logits / T)[id]; greedy rows (T = 1) take the argmax. Batched
+        over rows, except the filtering and draw of sampled rows (each has its own generator)."""
+        temps = [r.temperature if r.temperature >= GREEDY_EPS else 1.0 for r in reqs]
+        logp = torch.log_softmax(logits.float() / torch.tensor(temps)[:, None].to(logits), -1)
+        toks = logp.argmax(-1)
+        for i, r in enumerate(reqs):
+            if r.temperature >= GREEDY_EPS and r.top_k != 1:
+                probs = _filtered_probs(logp[i], r).cpu()
+                toks[i] = int(torch.multinomial(probs, 1, generator=r.gen or self.gen))
+        lps = logp.gather(1, toks[:, None])[:, 0].tolist()
+        for r, tok, lp in zip(reqs, toks.tolist(), lps, strict=True):
+            r.out.append(tok)
+            r.logprobs.append(lp)
+            self.check_finished(r)
+        self.stats["generated_tokens"] += len(reqs)
+
+    def check_finished(self, r: Req) -> None:
+        """SGLang's order: the length limit first, then stop tokens (all off with ignore_eos)."""
+        if len(r.out) >= r.max_new_tokens:
+            r.finish = {"type": "length", "length": r.max_new_tokens}
+        elif not r.ignore_eos and (r.out[-1] in r.stop_ids or r.out[-1] in self.eos_ids):
+            r.finish = {"type": "stop", "matched": r.out[-1]}
+
+    # -- batch surgery -------------------------------------------------------------------------
+
+    def select(self, b: Batch, keep: list[int]) -> None:
+        """Keep rows `keep` of `b`, then cut cache columns that are padding in every row."""
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        b.reqs = [b.reqs[i] for i in keep]
+        b.mask, b.pos = b.mask[idx], b.pos[idx]
+        start = int(b.mask.any(0).int().argmax()) if keep else 0
+        b.mask = b.mask[:, start:]
+        for layer in b.cache.layers:
+            layer.keys = layer.keys[idx, :, start:]
+            layer.values = layer.values[idx, :, start:]
+
+    def remove_finished(self, b: Batch) -> list[Req]:
+        done = [r for r in b.reqs if r.finish is not None]
+        if done:
+            self.select(b, [i for i, r in enumerate(b.reqs) if r.finish is None])
+        return done
+
+    def drop_aborted(self) -> list[Req]:
+        b = self.batch
+        if b is None:
+            return []
+        gone = [r for r in b.reqs if r.abort is not None]
+        if gone:
+            self.select(b, [i for i, r in enumerate(b.reqs) if r.abort is None])
+            if not b.reqs:
+                self.batch = None
+        for r in gone:
+            r.finish = abort_reason(r.abort)
+        return gone
+
+    def merge(self, a: Batch | None, b: Batch) -> Batch:
+        if a is None:
+            return b
+        la, lb = a.mask.shape[1], b.mask.shape[1]
+        n = max(la, lb)
+        for x, y in zip(a.cache.layers, b.cache.layers, strict=True):
+            x.keys = torch.cat([_pad_left(x.keys, n - la, 2), _pad_left(y.keys, n - lb, 2)])
+            x.values = torch.cat([_pad_left(x.values, n - la, 2), _pad_left(y.values, n - lb, 2)])
+        a.mask = torch.cat([_pad_left(a.mask, n - la, 1), _pad_left(b.mask, n - lb, 1)])
+        a.pos = torch.cat([a.pos, b.pos])
+        a.reqs = a.reqs + b.reqs
+        return a
+
+    def retract(self) -> list[Req]:
+        """Drop the KV cache of every running request; they are re-prefilled later."""
+        reqs = self.batch.reqs if self.batch else []
+        self.batch = None  # prefill(prompt + out) rebuilds the cache and samples the next id
+        return reqs
+
+    # -- weights -------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def load_named(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy `tensors` (HF checkpoint names) into the model; all are checked before any copy."""
+        sd = self.model.state_dict()
+        for name, t in tensors.items():
+            if name not in sd:
+                raise BadRequest(f"unknown parameter {name!r}: names follow model.state_dict()")
+            if tuple(sd[name].shape) != tuple(t.shape):
+                raise BadRequest(f"{name}: shape {list(t.shape)} != {list(sd[name].shape)}")
+        for name, t in tensors.items():
+            sd[name].copy_(t.to(device=sd[name].device, dtype=sd[name].dtype))
+
+
+def _as_list(x: Any) -> list[int]:
+    if x is None:
+        return []
+    return [int(v) for v in (x if isinstance(x, list | tuple) else [x])]
+
+
+def abort_reason(message: str | None) -> dict[str, Any]:
+    return {"type": "abort", "message": message or "aborted", "status_code": None, "err_type": None}
+
+
+class RWLock:
+    """Many readers (requests in flight) or one writer (a weight update); writers go first."""
+
+    def __init__(self) -> None:
+        self._cond = asyncio.Condition()
+        self._readers = 0
+        self._writer = False
+        self._writers_waiting = 0
+
+    @asynccontextmanager
+    async def read(self):
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._writer and not self._writers_waiting)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @asynccontextmanager
+    async def write(self):
+        async with self._cond:
+            self._writers_waiting += 1
+            try:
+                await self._cond.wait_for(lambda: not self._writer and not self._readers)
+            finally:
+                self._writers_waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+def parse_generate(body: Any, limits: Limits) -> tuple[list[Req], bool]:
+    """A /generate body -> requests, and whether the answer is one dict (not a list)."""
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    if body.get("text") is not None:
+        raise BadRequest("the dev server has no tokenizer (like --skip-tokenizer-init): "
+                         "send input_ids")  # fmt: skip
+    if body.get("stream"):
+        raise BadRequest("stream=True is not supported by the dev server")
+    ids = body.get("input_ids")
+    if not isinstance(ids, list) or not ids:
+        raise BadRequest("input_ids must be a non-empty list of token ids (or of such lists)")
+    single = not isinstance(ids[0], list)
+    items = [ids] if single else ids
+    n = len(items)
+    sps = _per_item(body.get("sampling_params") or {}, n, "sampling_params", dict)
+    rids = _per_item(body.get("rid"), n, "rid", str)
+    logprob = _per_item(body.get("return_logprob", False), n, "return_logprob", bool)
+    return [make_req(limits, *a) for a in zip(items, sps, rids, logprob, strict=True)], single
+
+
+def make_req(limits: Limits, ids: Any, sp: dict, rid: str | None, logprob: bool) -> Req:
+    if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
+        raise BadRequest("each input_ids entry must be a non-empty list of ints")
+    if any(t < 0 or t >= limits.vocab_size for t in ids):
+        raise BadRequest(f"The input_ids contains values outside the vocab size "
+                         f"({limits.vocab_size}).")  # fmt: skip
+    n, ctx = len(ids), limits.context_len
+    if n >= ctx:
+        raise BadRequest(
+            f"The input ({n} tokens) is longer than the model's context length ({ctx} tokens)."
+        )
+    max_new = int(sp.get("max_new_tokens", 128))
+    if max_new < 0:
+        raise BadRequest("max_new_tokens must be >= 0")
+    if max_new + n >= ctx:
+        raise BadRequest(
+            f"Requested token count exceeds the model's maximum context length of {ctx} "
+            f"tokens. You requested a total of {max_new + n} tokens: {n} tokens from the "
+            f"input messages and {max_new} tokens for the completion. Please reduce the "
+            "number of tokens in the input messages or the completion to fit within the limit."
+        )
+    for k, neutral in UNSUPPORTED.items():
+        if sp.get(k) not in (None, neutral, [], ""):
+            raise BadRequest(f"sampling_params.{k} is not supported by the dev server")
+    temperature, top_p = float(sp.get("temperature", 1.0)), float(sp.get("top_p", 1.0))
+    top_k, min_p = int(sp.get("top_k", -1)), float(sp.get("min_p", 0.0))
+    if temperature < 0 or not 0 < top_p <= 1 or not (top_k == -1 or top_k >= 1):
+        raise BadRequest("need temperature >= 0, 0 < top_p <= 1, top_k == -1 or >= 1")
+    if not 0 <= min_p <= 1:
+        raise BadRequest("need 0 <= min_p <= 1")
+    rid = rid or uuid.uuid4().hex
+    if rid in limits.inflight:
+        raise BadRequest(f"Duplicate request ID {rid!r}")
+    seed = sp.get("sampling_seed")
+    return Req(
+        rid=rid,
+        prompt=list(ids),
+        max_new_tokens=max_new,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        stop_ids=frozenset(int(t) for t in sp.get("stop_token_ids") or ()),
+        ignore_eos=bool(sp.get("ignore_eos", False)),
+        return_logprob=logprob,
+        gen=None if seed is None else torch.Generator().manual_seed(int(seed)),
+        fut=asyncio.get_running_loop().create_future(),
+    )
+
+
+def response(r: Req, weight_version: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "id": r.rid,
+        "finish_reason": r.finish,
+        "prompt_tokens": len(r.prompt),
+        "weight_version": weight_version,
+        "completion_tokens": len(r.out),
+        "cached_tokens": 0,
+        "e2e_latency": time.monotonic() - r.t0,
+    }
+    if r.return_logprob:
+        meta["output_token_logprobs"] = [
+            [lp, t, None] for lp, t in zip(r.logprobs, r.out, strict=True)
+        ]
+    return {"output_ids": list(r.out), "meta_info": meta}
+
+
+def _per_item(value: Any, n: int, name: str, kind: type) -> list[Any]:
+    if isinstance(value, list):
+        if len(value) != n:
+            raise BadRequest(f"{name} has {len(value)} entries for {n} inputs")
+        return value
+    if value is not None and kind is str and n > 1:
+        raise BadRequest(f"a batch of {n} inputs needs a list of {n} rids")
+    return [value] * n

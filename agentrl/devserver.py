@@ -1,0 +1,551 @@
+"""A small transformers-backed server speaking the SGLang HTTP subset agentrl uses, for CPU machines.
+
+    python -m agentrl.devserver --model PATH --host 127.0.0.1 --port 30000 [--device cpu]
+
+It behaves like `sglang.launch_server --skip-tokenizer-init`: POST /generate takes `input_ids`
+(one list, or a list of lists for a batch) and returns `output_ids` + `meta_info` (finish_reason,
+prompt/completion tokens, weight_version, `output_token_logprobs` = [[logprob, id, null], ...]).
+Logprobs are log_softmax(logits / temperature) of the sampled ids, before top-k/top-p/min-p
+filtering (SGLang's default); temperature 0 is greedy with raw-logit logprobs. Every sampled id
+is returned, the matched stop token included (SGLang does the same: see agentrl/engine.py).
+
+Scheduling is continuous batching on one KV cache: each step admits waiting requests (a
+left-padded prefill of all of them), merges their caches into the running batch (left-padding
+to a common length), decodes one token for every running request, and drops finished rows.
+`--scheduler dynamic` admits only into an empty batch (bench/devserver_throughput.py compares).
+Admin routes follow SGLang: weight updates wait for requests in flight (new ones wait behind
+them) unless generation is paused, and run between scheduler steps. What differs on CPU:
+  - /update_weights_from_tensor takes base64 safetensors bytes per entry
+    (`agentrl.engine.encode_named_tensors`), not pickled CUDA-IPC handles.
+  - /release_memory_occupation and /resume_memory_occupation are accepted no-ops.
+  - no prefix cache: /flush_cache only checks that nothing is running, as SGLang does.
+  - no stop strings / regex / penalties / streaming (no tokenizer): such requests get a 400.
+  - /health answers from the scheduler's state; /health_generate runs a 1-token generation.
+Distributed weight updates join a gloo group the way SGLang's `init_custom_process_group` does
+(tcp rendezvous, store prefixed with the group name; server rank = rank_offset), so a trainer
+joins with `init_custom_process_group(..., rank=0)` from this module, for a dev server or SGLang.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from agentrl.devbatch import (
+    BadRequest,
+    BatchEngine,
+    Limits,
+    Req,
+    RWLock,
+    abort_reason,
+    decode_named_tensors,
+    parse_generate,
+    response,
+    torch_dtype,
+)
+
+log = logging.getLogger("agentrl.devserver")
+
+
+def init_custom_process_group(
+    backend: str, init_method: str, world_size: int, rank: int, group_name: str, timeout_s=1800
+) -> dist.ProcessGroup:
+    """A process group beside (not as) the default one, as SGLang builds its weight-update group:
+    tcp rendezvous, store keys prefixed with `group_name`. Trainer side: rank 0, same arguments."""
+    from torch.distributed.distributed_c10d import (
+        PrefixStore,
+        _new_process_group_helper,
+        _world,
+        rendezvous,
+    )
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    store = PrefixStore(group_name, store)
+    pg = _new_process_group_helper(
+        world_size, rank, [], backend, store, group_name=group_name, timeout=timeout
+    )
+    pg = pg[0] if isinstance(pg, tuple) else pg
+    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    return pg
+
+
+@dataclass
+class ServerArgs:
+    model: str
+    device: str = "cpu"
+    dtype: str = "float32"
+    attn_implementation: str = "sdpa"
+    context_length: int | None = None
+    max_running_requests: int = 64
+    max_prefill_tokens: int = 8192
+    scheduler: str = "continuous"
+    weight_version: str = "default"
+    seed: int = 0
+    dist_timeout_s: float = 1800.0
+
+
+class DevServer:
+    """Request queue, scheduler task, locks and the admin operations behind the routes."""
+
+    def __init__(self, args: ServerArgs):
+        self.args = args
+        self.engine = BatchEngine(args.model, args.device, torch_dtype(args.dtype), args.attn_implementation,
+                             args.seed)  # fmt: skip
+        self.context_len = args.context_length or self.engine.context_len
+        self.weight_version = args.weight_version
+        self.waiting: list[Req] = []
+        self.inflight: dict[str, Req] = {}
+        self.paused = False
+        self.groups: dict[str, dist.ProcessGroup] = {}
+        self.task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self.model_lock = asyncio.Lock()  # held by a scheduler step or a weight copy
+        self.rw = RWLock()
+        self.work = asyncio.Event()
+        self.task = asyncio.create_task(self.run())
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with suppress(asyncio.CancelledError):
+                await self.task
+        for r in list(self.inflight.values()):
+            r.finish = abort_reason("server shutting down") | {"status_code": 503}
+            self.resolve(r)
+
+    @property
+    def alive(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    # -- generation ----------------------------------------------------------------------------
+
+    async def generate(self, body: Any, request: Request | None = None) -> tuple[Any, int]:
+        limits = Limits(self.engine.vocab_size, self.context_len, self.inflight)
+        reqs, single = parse_generate(body, limits)
+        async with self.rw.read():
+            for r in reqs:
+                if r.max_new_tokens == 0:
+                    r.finish = {"type": "length", "length": 0}
+                    r.fut.set_result(None)
+                    continue
+                self.inflight[r.rid] = r
+                self.waiting.append(r)
+            self.work.set()
+            watch = asyncio.create_task(self._watch_disconnect(request, reqs))
+            try:
+                await asyncio.gather(*(r.fut for r in reqs))
+            finally:
+                watch.cancel()
+        outs = [response(r, self.weight_version) for r in reqs]
+        status = max((r.finish or {}).get("status_code") or 200 for r in reqs)
+        return (outs[0] if single else outs), status
+
+    async def _watch_disconnect(self, request: Request | None, reqs: list[Req]) -> None:
+        while request is not None:
+            await asyncio.sleep(1.0)
+            if await request.is_disconnected():
+                for r in reqs:
+                    r.abort = r.abort or "client disconnected"
+                self.work.set()
+                return
+
+    def resolve(self, r: Req) -> None:
+        self.inflight.pop(r.rid, None)
+        if not r.fut.done():
+            r.fut.set_result(None)
+
+    def admit(self) -> list[Req]:
+        for r in [r for r in self.waiting if r.abort is not None]:
+            self.waiting.remove(r)
+            r.finish = abort_reason(r.abort)
+            self.resolve(r)
+        b = self.engine.batch
+        running = len(b.reqs) if b else 0
+        if self.args.scheduler == "dynamic" and running:
+            return []
+        new: list[Req] = []
+        tokens = 0
+        while self.waiting and running + len(new) < self.args.max_running_requests:
+            n = len(self.waiting[0].prompt) + len(self.waiting[0].out)
+            if new and tokens + n > self.args.max_prefill_tokens:
+                break
+            new.append(self.waiting.pop(0))
+            tokens += n
+        return new
+
+    async def run(self) -> None:
+        """The scheduler: one engine step at a time, in a worker thread, between admin work."""
+        while True:
+            if self.paused or (not self.waiting and self.engine.batch is None):
+                self.work.clear()
+                await self.work.wait()
+                continue
+            async with self.model_lock:
+                if self.paused:
+                    continue
+                new = self.admit()
+                if not new and self.engine.batch is None:
+                    continue
+                try:
+                    done = await asyncio.to_thread(self.engine.step, new)
+                except Exception as e:  # a broken step fails its requests, not the server
+                    log.exception("scheduler step failed")
+                    done = new + (self.engine.batch.reqs if self.engine.batch else [])
+                    self.engine.batch = None
+                    for r in done:
+                        r.finish = abort_reason(f"{type(e).__name__}: {e}") | {"status_code": 500}
+            for r in done:
+                self.resolve(r)
+
+    # -- admin ---------------------------------------------------------------------------------
+
+    async def abort(self, rid: str | None, abort_all: bool, message: str) -> int:
+        targets = list(self.inflight.values()) if abort_all else []
+        if rid and rid in self.inflight:
+            targets.append(self.inflight[rid])
+        for r in targets:
+            r.abort = message
+        async with self.model_lock:  # resolve now, even while the scheduler is paused
+            for r in [r for r in self.waiting if r.abort is not None]:
+                self.waiting.remove(r)
+                r.finish = abort_reason(r.abort)
+                self.resolve(r)
+            for r in self.engine.drop_aborted():
+                self.resolve(r)
+        self.work.set()
+        return len(targets)
+
+    async def pause(self, mode: str) -> None:
+        if mode not in ("abort", "retract", "in_place"):
+            raise BadRequest(f"Invalid mode: {mode!r}. Expected one of abort, retract, in_place.")
+        async with self.model_lock:  # returns once no step is running
+            self.paused = True
+            if mode == "retract":
+                self.waiting[:0] = self.engine.retract()
+        if mode == "abort":
+            await self.abort(None, True, "aborted by /pause_generation")
+
+    async def resume(self) -> None:
+        self.paused = False
+        self.work.set()
+
+    @asynccontextmanager
+    async def weight_update(self, abort_all: bool):
+        """As SGLang: wait for requests in flight and hold new ones back, unless paused."""
+        if abort_all:
+            await self.abort(None, True, "aborted for a weight update")
+        if self.paused:
+            yield
+        else:
+            async with self.rw.write():
+                yield
+
+    async def load_named(self, tensors: dict[str, torch.Tensor]) -> None:
+        async with self.model_lock:
+            await asyncio.to_thread(self.engine.load_named, tensors)
+
+    async def update_from_disk(self, body: dict) -> dict[str, Any]:
+        path = body.get("model_path")
+        if not path:
+            raise BadRequest("model_path is required")
+        async with self.weight_update(bool(body.get("abort_all_requests"))):
+            try:
+                model = await asyncio.to_thread(self.engine.load, str(path))
+            except (OSError, ValueError) as e:
+                raise BadRequest(f"cannot load weights from {path}: {e}") from e
+            old = self.engine.model.config
+            if (model.config.vocab_size, model.config.num_hidden_layers) != (
+                old.vocab_size, old.num_hidden_layers,
+            ):  # fmt: skip
+                raise BadRequest(f"{path} is not the served architecture (vocab/layers differ)")
+            async with self.model_lock:
+                self.engine.model = model
+        return self.set_version(body.get("weight_version"), f"Loaded weights from {path}.")
+
+    def set_version(self, version: str | None, message: str) -> dict[str, Any]:
+        if version is not None:
+            self.weight_version = str(version)
+            message += f" Weight version updated to {version}."
+        return {"success": True, "message": message, "num_paused_requests": 0}
+
+    async def init_group(self, body: dict) -> dict[str, Any]:
+        name = body.get("group_name", "weight_update_group")
+        backend = body.get("backend", "nccl")
+        if name in self.groups:
+            raise BadRequest(f"group {name!r} exists: call /destroy_weights_update_group first")
+        if backend != "gloo" and self.engine.device.type == "cpu":
+            raise BadRequest(f"backend {backend!r}: the dev server on CPU joins gloo groups only; "
+                             "pass backend='gloo' on both sides")  # fmt: skip
+        try:
+            url = f"tcp://{body['master_address']}:{int(body['master_port'])}"
+            rank, world = int(body["rank_offset"]), int(body["world_size"])
+        except (KeyError, ValueError) as e:
+            raise BadRequest(f"init_weights_update_group needs {e}") from e
+        self.groups[name] = await asyncio.to_thread(
+            init_custom_process_group, backend, url, world, rank, name, self.args.dist_timeout_s
+        )
+        return {"success": True, "message": f"joined {name} as rank {rank} of {world}"}
+
+    async def update_from_distributed(self, body: dict) -> dict[str, Any]:
+        name = body.get("group_name", "weight_update_group")
+        if name not in self.groups:
+            raise BadRequest(f"no group {name!r}: call /init_weights_update_group first")
+        names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
+        if not names or not (len(names) == len(dtypes or ()) == len(shapes or ())):
+            raise BadRequest("names, dtypes and shapes must be non-empty lists of equal length")
+        empty = [torch.empty(s, dtype=torch_dtype(d)) for d, s in zip(dtypes, shapes, strict=True)]
+        pg = self.groups[name]
+
+        def receive() -> list[torch.Tensor]:
+            works = [dist.broadcast(t, src=0, group=pg, async_op=True) for t in empty]
+            for w in works:
+                w.wait()
+            return empty
+
+        async with self.weight_update(bool(body.get("abort_all_requests"))):
+            tensors = await asyncio.to_thread(receive)
+            await self.load_named(dict(zip(names, tensors, strict=True)))
+        return self.set_version(body.get("weight_version"), f"Updated {len(names)} tensors.")
+
+    async def destroy_group(self, body: dict) -> dict[str, Any]:
+        name = body.get("group_name", "weight_update_group")
+        pg = self.groups.pop(name, None)
+        if pg is None:
+            raise BadRequest(f"no group {name!r}")
+        await asyncio.to_thread(dist.destroy_process_group, pg)
+        return {"success": True, "message": f"destroyed {name}"}
+
+    async def update_from_tensor(self, body: dict) -> dict[str, Any]:
+        fmt = body.get("load_format")
+        if fmt not in (None, "safetensors"):
+            raise BadRequest(f"load_format {fmt!r}: the dev server takes base64 safetensors")
+        tensors: dict[str, torch.Tensor] = {}
+        for payload in body.get("serialized_named_tensors") or []:
+            tensors.update(decode_named_tensors(payload))
+        if not tensors:
+            raise BadRequest("serialized_named_tensors is empty")
+        async with self.weight_update(bool(body.get("abort_all_requests"))):
+            await self.load_named(tensors)
+        return self.set_version(body.get("weight_version"), f"Updated {len(tensors)} tensors.")
+
+    def model_info(self) -> dict[str, Any]:
+        return {
+            "model_path": self.args.model,
+            "tokenizer_path": self.args.model,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": self.weight_version,
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "context_length": self.context_len,
+            "vocab_size": self.engine.vocab_size,
+            "eos_token_ids": sorted(self.engine.eos_ids),
+        }
+
+    def server_info(self) -> dict[str, Any]:
+        b = self.engine.batch
+        state = {
+            "num_running_reqs": len(b.reqs) if b else 0,
+            "num_waiting_reqs": len(self.waiting),
+            "paused": self.paused,
+            "stats": dict(self.engine.stats),
+            "decode_batch_sizes": {str(k): v for k, v in sorted(self.engine.decode_batch_sizes.items())},
+        }  # fmt: skip
+        a = self.args
+        return {
+            "model_path": a.model,
+            "context_length": self.context_len,
+            "max_req_input_len": self.context_len - 1,
+            "max_running_requests": a.max_running_requests,
+            "max_prefill_tokens": a.max_prefill_tokens,
+            "scheduler": a.scheduler,
+            "skip_tokenizer_init": True,
+            "device": a.device,
+            "weight_version": self.weight_version,
+            "version": "agentrl-devserver",
+            "internal_states": [state],
+        }
+
+
+def build_app(server: DevServer) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await server.start()
+        yield
+        await server.stop()
+
+    app = FastAPI(lifespan=lifespan, openapi_url=None)
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(request: Request, exc: BadRequest) -> JSONResponse:
+        return JSONResponse({"error": {"message": str(exc)}}, status_code=400)
+
+    async def body(request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        try:
+            data = json.loads(raw) if raw.strip() else {}
+        except ValueError as e:
+            raise BadRequest(f"the body is not JSON: {e}") from e
+        if not isinstance(data, dict):
+            raise BadRequest("the body must be a JSON object")
+        return data
+
+    def ok(content: Any = None) -> JSONResponse:
+        return JSONResponse(content if content is not None else {"success": True})
+
+    @app.api_route("/generate", methods=["POST", "PUT"])
+    async def generate(request: Request) -> JSONResponse:
+        out, status = await server.generate(await body(request), request)
+        return JSONResponse(out, status_code=status)
+
+    @app.get("/health")
+    async def health() -> PlainTextResponse:
+        return PlainTextResponse("", status_code=200 if server.alive else 503)
+
+    @app.get("/health_generate")
+    async def health_generate() -> PlainTextResponse:
+        if not server.alive:
+            return PlainTextResponse("", status_code=503)
+        if server.paused:  # a paused scheduler would never answer; report the process as up
+            return PlainTextResponse("", status_code=200)
+        probe = {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+        try:
+            _, status = await asyncio.wait_for(server.generate(probe), timeout=20)
+        except TimeoutError:
+            status = 503
+        return PlainTextResponse("", status_code=200 if status == 200 else 503)
+
+    for path in ("/model_info", "/get_model_info"):
+        app.add_api_route(path, lambda: ok(server.model_info()), methods=["GET"])
+    for path in ("/server_info", "/get_server_info"):
+        app.add_api_route(path, lambda: ok(server.server_info()), methods=["GET"])
+
+    @app.get("/get_weight_version")
+    async def get_weight_version() -> JSONResponse:
+        return ok({"weight_version": server.weight_version})
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(request: Request) -> JSONResponse:
+        b = await body(request)
+        if not b.get("new_version"):
+            raise BadRequest("new_version is required")
+        if b.get("abort_all_requests", True):
+            await server.abort(None, True, "aborted by /update_weight_version")
+        server.weight_version = str(b["new_version"])
+        msg = f"Weight version updated to {server.weight_version}"
+        return ok({"success": True, "message": msg, "new_version": server.weight_version})
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> PlainTextResponse:
+        busy = bool(server.inflight)
+        text = "Cache flushed (the dev server keeps no prefix cache).\n"
+        if busy:
+            text = "Cache not flushed: requests are running or waiting.\n"
+        return PlainTextResponse(text, status_code=400 if busy else 200)
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request) -> JSONResponse:
+        b = await body(request)
+        n = await server.abort(b.get("rid"), bool(b.get("abort_all")), "aborted by /abort_request")
+        return ok({"success": True, "num_aborted": n})
+
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request) -> JSONResponse:
+        await server.pause((await body(request)).get("mode", "abort"))
+        return ok({"message": "Generation paused successfully.", "status": "ok"})
+
+    @app.post("/continue_generation")
+    async def continue_generation() -> JSONResponse:
+        await server.resume()
+        return ok({"message": "Generation continued successfully.", "status": "ok"})
+
+    @app.api_route("/release_memory_occupation", methods=["GET", "POST"])
+    @app.api_route("/resume_memory_occupation", methods=["GET", "POST"])
+    async def memory_occupation() -> JSONResponse:
+        msg = "no-op: the dev server keeps the model and KV cache in host memory"
+        return ok({"success": True, "message": msg})
+
+    admin = {
+        "/update_weights_from_disk": server.update_from_disk,
+        "/init_weights_update_group": server.init_group,
+        "/update_weights_from_distributed": server.update_from_distributed,
+        "/destroy_weights_update_group": server.destroy_group,
+        "/update_weights_from_tensor": server.update_from_tensor,
+    }
+
+    def admin_route(fn: Callable[[dict], Awaitable[dict]]) -> Callable:
+        async def route(request: Request) -> JSONResponse:
+            try:
+                return ok(await fn(await body(request)))
+            except BadRequest as e:  # SGLang's weight routes answer {"success": false, ...}
+                return JSONResponse({"success": False, "message": str(e)}, status_code=400)
+
+        return route
+
+    for path, fn in admin.items():
+        app.add_api_route(path, admin_route(fn), methods=["POST"])
+    return app
+
+
+class _Stop(Exception):
+    """SIGTERM / SIGINT: leave uvicorn's loop and exit 0."""
+
+
+def _raise_stop(signum: int, frame: Any) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m agentrl.devserver", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--model", "--model-path", dest="model", required=True, help="HF model dir")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--attn-implementation", default="sdpa", choices=["sdpa", "eager"])
+    p.add_argument("--context-length", type=int, default=None, help="default: the model's")
+    p.add_argument("--max-running-requests", type=int, default=64)
+    p.add_argument("--max-prefill-tokens", type=int, default=8192)
+    p.add_argument("--scheduler", default="continuous", choices=["continuous", "dynamic"])
+    p.add_argument("--weight-version", default="default")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed of unseeded requests")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--log-level", default="warning")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    signal.signal(signal.SIGTERM, _raise_stop)
+    signal.signal(signal.SIGINT, _raise_stop)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    fields = {k: v for k, v in vars(a).items() if k in ServerArgs.__dataclass_fields__}
+    try:
+        server = DevServer(ServerArgs(**fields))
+        config = uvicorn.Config(build_app(server), host=a.host, port=a.port,
+                                log_level=a.log_level, access_log=False,
+                                timeout_graceful_shutdown=3)  # fmt: skip
+        uvicorn.Server(config).run()
+    except _Stop as e:
+        log.warning("devserver on port %d stopped by %s", a.port, e)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

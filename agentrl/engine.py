@@ -1,0 +1,614 @@
+"""Async client for SGLang's HTTP protocol (and `agentrl.devserver`, which speaks the same subset).
+
+    async with EngineClient(["http://127.0.0.1:30000"]) as engine:
+        await engine.wait_healthy()
+        comp = await engine.generate(prompt_ids, SamplingParams(max_new_tokens=256), key=episode_id)
+        engine.release(episode_id)                      # the episode is over: forget its server
+        await engine.update_weights_from_disk("/ckpt/step_10", weight_version="10")
+
+Servers run with `--skip-tokenizer-init`: requests carry `input_ids`, responses carry `output_ids`
+and `meta_info` (no text). Generation is routed to the least-loaded server (requests in flight);
+a `key` (one trajectory) sticks to the server it first landed on, so later turns hit that
+server's prefix cache. Connection errors, dropped connections and 5xx are retried with
+exponential backoff on another healthy server; a 400 is never retried (`PromptTooLong` when the
+prompt does not fit the model's context, `EngineRequestError` otherwise). Admin calls (health,
+weights, memory, pause) fan out to every server at once.
+
+Stop tokens (checked against SGLang >= 0.5, `managers/scheduler_output_processor_mixin.py`,
+`detokenizer_manager.py`, `tokenizer_manager.py`): the scheduler appends every sampled id to
+`req.output_ids` before checking the stop condition, and sends `output_ids_through_stop` (stop
+position included) to the client. `no_stop_trim` is read only by the detokenizer's
+`trim_matched_stop`, which trims the *text* and the ids it decodes text from, never the
+`output_ids` of the response; with `--skip-tokenizer-init` no text exists at all. So `output_ids`
+ends with the matched stop token (`meta_info.finish_reason = {"type": "stop", "matched": id}`),
+and `output_token_logprobs` has one entry per output id, the stop token's included. We still send
+`no_stop_trim=True` (the rollout trains on the stop token, so we ask for it explicitly), and if a
+server ever drops it from `output_ids` we restore it from the logprob entries, which carry the ids.
+Other SGLang semantics mirrored by the dev server: `max_new_tokens` is checked before stop tokens
+(a stop token sampled as the last allowed token finishes as "length"), and `ignore_eos=True`
+disables every token stop, `stop_token_ids` included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import random
+import time
+import uuid
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.types import Completion, FinishReason
+
+log = logging.getLogger(__name__)
+
+FIX_HINT = (
+    "start one with `python -m agentrl.devserver --model PATH --port PORT` (CPU) or "
+    "`python -m sglang.launch_server --model-path PATH --skip-tokenizer-init --port PORT` (GPU), "
+    "or fix engine.urls"
+)
+_CLIENT_FIELDS = {
+    "timeout_s", "connect_timeout_s", "max_retries", "backoff_s", "max_backoff_s",
+    "unhealthy_cooldown_s", "health_timeout_s", "max_connections",
+}  # fmt: skip
+_CONTEXT_MARKERS = ("context length", "maximum context length", "requested token count exceeds")
+
+
+class EngineError(RuntimeError):
+    """Base class of engine client errors."""
+
+
+class EngineUnavailable(EngineError):
+    """No server answered (connection refused, dropped, timed out or 5xx) after all retries."""
+
+
+class EngineProtocolError(EngineError):
+    """A server answered with a body this client cannot read as an SGLang response."""
+
+
+class EngineRequestError(EngineError):
+    """The server rejected the request (4xx). Not retried: the same request fails anywhere."""
+
+    def __init__(self, message: str, status_code: int = 400, server: str = ""):
+        super().__init__(message)
+        self.status_code = status_code
+        self.server = server
+
+
+class PromptTooLong(EngineRequestError):
+    """prompt (+ max_new_tokens) does not fit the model's context length: HTTP 400 from SGLang."""
+
+
+class SamplingParams(BaseModel):
+    """Per-request sampling settings, sent as SGLang `sampling_params`.
+
+    temperature 0 means greedy. top_k -1 disables top-k. `seed` becomes SGLang's
+    `sampling_seed` (reproducible sampling for one request)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_new_tokens: int = Field(256, ge=0)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(-1, ge=-1)
+    min_p: float = Field(0.0, ge=0, le=1)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    def to_sglang(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "ignore_eos": self.ignore_eos,
+            "no_stop_trim": True,  # we train on the stop token: keep it (see module docstring)
+            "skip_special_tokens": False,
+        }
+        if self.stop_token_ids:
+            out["stop_token_ids"] = list(self.stop_token_ids)
+        if self.seed is not None:
+            out["sampling_seed"] = self.seed
+        return out
+
+
+class EngineConfig(BaseModel):
+    """Where the rollout engines are and how the client talks to them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["dev", "sglang"] = Field("dev", description="dev: agentrl.devserver (CPU)")
+    urls: list[str] = Field(default_factory=list, description="empty: host + base_port + i")
+    num_servers: int = Field(1, ge=1, description="servers to launch when urls is empty")
+    host: str = "127.0.0.1"
+    base_port: int = Field(30000, ge=1, le=65535)
+    model_path: str | None = Field(None, description="served model; None: the trained model")
+    device: str = Field("cpu", description="dev server device")
+    extra_args: list[str] = Field(default_factory=list, description="appended to the launch")
+    timeout_s: float = Field(600.0, gt=0, description="one /generate or weight-update call")
+    connect_timeout_s: float = Field(5.0, gt=0)
+    max_retries: int = Field(3, ge=0, description="extra attempts after the first")
+    backoff_s: float = Field(0.5, ge=0, description="first retry delay; doubles each retry")
+    max_backoff_s: float = Field(8.0, ge=0)
+    unhealthy_cooldown_s: float = Field(5.0, ge=0, description="skip a failed server this long")
+    health_timeout_s: float = Field(300.0, gt=0, description="wait_healthy() at start-up")
+    max_connections: int = Field(1024, ge=1)
+
+    def server_urls(self) -> list[str]:
+        if self.urls:
+            return list(self.urls)
+        return [f"http://{self.host}:{self.base_port + i}" for i in range(self.num_servers)]
+
+
+def backoff_delay(attempt: int, base_s: float, cap_s: float, rand: float) -> float:
+    """Delay before retry `attempt` (0-based): base * 2**attempt, capped, scaled by 0.5..1."""
+    return min(cap_s, base_s * (2**attempt)) * (0.5 + 0.5 * rand)
+
+
+def encode_named_tensors(named_tensors: dict[str, Any]) -> str:
+    """CPU-friendly payload for `update_weights_from_tensor` on the dev server.
+
+    SGLang's own format is a pickled dict of CUDA-IPC handles, which has no meaning on CPU; the
+    dev server takes base64 of safetensors bytes instead (`load_format="safetensors"`)."""
+    from safetensors.torch import save  # lazy: keep torch out of the client import
+
+    tensors, seen = {}, set()
+    for k, v in named_tensors.items():
+        t = v.detach().to("cpu").contiguous()
+        if t.data_ptr() in seen:  # tied weights share storage; safetensors wants copies
+            t = t.clone()
+        seen.add(t.data_ptr())
+        tensors[k] = t
+    return base64.b64encode(save(tensors)).decode("ascii")
+
+
+def error_message(response: httpx.Response) -> str:
+    """The message of an SGLang error body ({"error": {"message"}} or {"message"}), else text."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip()[:500]
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        for k in ("message", "detail"):
+            if k in body:
+                return str(body[k])
+    return str(body)[:500]
+
+
+def parse_generate_response(data: dict[str, Any], server: str = "", latency_s: float = 0.0):
+    """One SGLang /generate response (return_logprob=True) -> Completion."""
+    try:
+        meta = data["meta_info"]
+        out = [int(t) for t in data["output_ids"]]
+        fr = meta.get("finish_reason") or {}
+        finish = FinishReason(fr.get("type"))
+    except (KeyError, TypeError, ValueError) as e:
+        raise EngineProtocolError(f"{server}: not an SGLang /generate response ({e!r})") from e
+    entries = meta.get("output_token_logprobs")
+    if entries is None:
+        raise EngineProtocolError(f"{server}: no output_token_logprobs; send return_logprob=True")
+    lp_ids = [int(e[1]) for e in entries]
+    logprobs = [float(e[0]) for e in entries]
+    matched = fr.get("matched")
+    matched = matched if isinstance(matched, int) and not isinstance(matched, bool) else None
+    if lp_ids != out:
+        if matched is not None and lp_ids[:-1] == out and lp_ids[-1] == matched:
+            out = lp_ids  # a server trimmed the stop token from output_ids: restore it
+        elif finish is FinishReason.ABORT and lp_ids == out[: len(lp_ids)]:
+            out = out[: len(lp_ids)]
+        else:
+            raise EngineProtocolError(
+                f"{server}: output_ids ({len(out)}) and output_token_logprobs ({len(lp_ids)}) "
+                "disagree"
+            )
+    return Completion(
+        token_ids=out,
+        logprobs=logprobs,
+        finish_reason=finish,
+        weight_version=str(meta.get("weight_version", "")),
+        prompt_tokens=int(meta.get("prompt_tokens", 0)),
+        matched_stop=matched,
+        server=server,
+        latency_s=latency_s,
+    )
+
+
+@dataclass
+class _Server:
+    url: str
+    inflight: int = 0
+    keys: int = 0  # sticky keys currently mapped here
+    down_until: float = 0.0
+
+
+class EngineClient:
+    """Routes /generate over several servers; fans admin calls out to all of them.
+
+    `transport` (an httpx transport) is for tests; by default a pooled HTTP/1.1 client is used."""
+
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        timeout_s: float = 600.0,
+        connect_timeout_s: float = 5.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 8.0,
+        unhealthy_cooldown_s: float = 5.0,
+        health_timeout_s: float = 300.0,
+        max_connections: int = 1024,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ):
+        if not urls:
+            raise ValueError("EngineClient needs at least one server URL (engine.urls)")
+        self._servers = [_Server(u.rstrip("/")) for u in urls]
+        self._sticky: dict[str, _Server] = {}
+        self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
+        self.max_retries, self.backoff_s, self.max_backoff_s = max_retries, backoff_s, max_backoff_s
+        self.unhealthy_cooldown_s, self.health_timeout_s = unhealthy_cooldown_s, health_timeout_s
+        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=64)
+        self._transport = transport
+        self._http: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._background: set[asyncio.Task] = set()
+
+    @classmethod
+    def from_config(cls, cfg: EngineConfig, **kw: Any) -> EngineClient:
+        return cls(cfg.server_urls(), **cfg.model_dump(include=_CLIENT_FIELDS), **kw)
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self._servers]
+
+    @property
+    def inflight(self) -> dict[str, int]:
+        return {s.url: s.inflight for s in self._servers}
+
+    def server_for(self, key: str) -> str | None:
+        s = self._sticky.get(key)
+        return s.url if s else None
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._http is not None and self._loop is asyncio.get_running_loop():
+            await self._http.aclose()
+        self._http = None
+
+    def _client(self) -> httpx.AsyncClient:
+        # one pooled client per event loop: train.py may call asyncio.run() once per step
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._loop is not loop:
+            timeout = httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s)
+            self._http = httpx.AsyncClient(
+                timeout=timeout, limits=self._limits, transport=self._transport
+            )
+            self._loop = loop
+        return self._http
+
+    # -- generation ----------------------------------------------------------------------------
+
+    def release(self, key: str) -> None:
+        """Forget the server a trajectory stuck to (call when the episode ends)."""
+        s = self._sticky.pop(key, None)
+        if s is not None:
+            s.keys -= 1
+
+    def _stick(self, key: str, s: _Server) -> None:
+        old = self._sticky.get(key)
+        if old is s:
+            return
+        if old is not None:
+            old.keys -= 1
+        self._sticky[key] = s
+        s.keys += 1
+
+    def _pick(self, key: str | None, tried: list[_Server]) -> _Server:
+        now = time.monotonic()
+        fresh = [s for s in self._servers if s not in tried] or self._servers
+        healthy = [s for s in fresh if s.down_until <= now] or fresh
+        sticky = self._sticky.get(key) if key is not None else None
+        if sticky is not None and sticky in healthy:
+            return sticky
+        return min(healthy, key=lambda s: (s.inflight, s.keys))
+
+    async def generate(
+        self, input_ids: list[int], params: SamplingParams, key: str | None = None
+    ) -> Completion:
+        """Sample a completion of `input_ids`. `key` pins one trajectory to one server."""
+        payload: dict[str, Any] = {
+            "input_ids": list(input_ids),
+            "sampling_params": params.to_sglang(),
+            "return_logprob": True,
+        }
+        tried: list[_Server] = []
+        errors: list[str] = []
+        for attempt in range(self.max_retries + 1):
+            s = self._pick(key, tried)
+            if key is not None:
+                self._stick(key, s)
+            payload["rid"] = uuid.uuid4().hex
+            error = await self._try_generate(s, payload)
+            if isinstance(error, Completion):
+                return error
+            errors.append(f"{s.url}: {error}")
+            s.down_until = time.monotonic() + self.unhealthy_cooldown_s
+            tried.append(s)
+            if attempt < self.max_retries:
+                delay = backoff_delay(attempt, self.backoff_s, self.max_backoff_s, random.random())
+                log.warning("engine %s failed (%s); retrying in %.2fs", s.url, error, delay)
+                await asyncio.sleep(delay)
+        raise EngineUnavailable(
+            f"no engine server answered /generate after {len(errors)} attempts "
+            f"({', '.join(self.urls)}); last error: {errors[-1]}; {FIX_HINT}"
+        )
+
+    async def _try_generate(self, s: _Server, payload: dict[str, Any]) -> Completion | str:
+        """One attempt: a Completion, or the reason it is worth retrying elsewhere."""
+        s.inflight += 1
+        t0 = time.monotonic()
+        try:
+            r = await self._client().post(s.url + "/generate", json=payload)
+        except httpx.TimeoutException as e:
+            task = asyncio.create_task(self._abort_quietly(s, payload["rid"]))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            return f"timed out after {time.monotonic() - t0:.1f}s ({type(e).__name__})"
+        except httpx.TransportError as e:
+            return f"{type(e).__name__}: {e}".strip()
+        finally:
+            s.inflight -= 1
+        if r.status_code >= 500:
+            return f"HTTP {r.status_code}: {error_message(r)[:200]}"
+        if r.status_code >= 400:
+            raise _request_error(r, s.url, "/generate")
+        s.down_until = 0.0
+        try:
+            data = r.json()
+        except ValueError as e:
+            raise EngineProtocolError(f"{s.url}/generate returned non-JSON: {e}") from e
+        return parse_generate_response(data, s.url, time.monotonic() - t0)
+
+    async def _abort_quietly(self, s: _Server, rid: str) -> None:
+        with suppress(httpx.HTTPError):
+            await self._client().post(
+                s.url + "/abort_request", json={"rid": rid}, timeout=self.connect_timeout_s
+            )
+
+    # -- admin fan-out -------------------------------------------------------------------------
+
+    async def _call(
+        self, s: _Server, method: str, path: str, body: Any = None, timeout: float | None = None
+    ) -> httpx.Response:
+        try:
+            return await self._client().request(
+                method, s.url + path, json=body, timeout=timeout or self.timeout_s
+            )
+        except httpx.TransportError as e:
+            raise EngineUnavailable(f"{s.url}{path}: {type(e).__name__}: {e}; {FIX_HINT}") from e
+
+    async def _admin(self, s: _Server, method: str, path: str, body: Any = None) -> Any:
+        r = await self._call(s, method, path, body)
+        if r.status_code >= 400:
+            raise _request_error(r, s.url, path)
+        try:
+            data = r.json()
+        except ValueError:
+            return r.text
+        if isinstance(data, dict) and data.get("success") is False:
+            raise EngineRequestError(f"{s.url}{path}: {data.get('message')}", r.status_code, s.url)
+        return data
+
+    async def _fanout(self, method: str, path: str, bodies: list[Any] | Any = None) -> list[Any]:
+        if not isinstance(bodies, list):
+            bodies = [bodies] * len(self._servers)
+        results = await asyncio.gather(
+            *(self._admin(s, method, path, b) for s, b in zip(self._servers, bodies, strict=True)),
+            return_exceptions=True,
+        )
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            if all(isinstance(r, EngineUnavailable) for r in failed):
+                raise failed[0]
+            raise EngineError(
+                f"{path} failed on {len(failed)}/{len(results)} servers: "
+                + "; ".join(str(r) for r in failed)
+            )
+        return results
+
+    async def health(self) -> dict[str, bool]:
+        async def one(s: _Server) -> bool:
+            try:
+                r = await self._call(s, "GET", "/health", timeout=self.connect_timeout_s)
+            except EngineUnavailable:
+                return False
+            return r.status_code == 200
+
+        oks = await asyncio.gather(*(one(s) for s in self._servers))
+        return dict(zip(self.urls, oks, strict=True))
+
+    async def wait_healthy(self, timeout_s: float | None = None, poll_s: float = 0.5) -> None:
+        """Block until every server answers /health with 200."""
+        deadline = time.monotonic() + (timeout_s or self.health_timeout_s)
+        while True:
+            status = await self.health()
+            down = [u for u, ok in status.items() if not ok]
+            if not down:
+                for s in self._servers:
+                    s.down_until = 0.0
+                return
+            if time.monotonic() >= deadline:
+                raise EngineUnavailable(
+                    f"engine servers not healthy after {timeout_s or self.health_timeout_s:g}s: "
+                    f"{', '.join(down)}; {FIX_HINT}"
+                )
+            await asyncio.sleep(poll_s)
+
+    async def _get_with_fallback(self, path: str, old_path: str) -> list[Any]:
+        try:
+            return await self._fanout("GET", path)
+        except EngineError as e:  # SGLang renamed /get_model_info -> /model_info (2026)
+            if "HTTP 404" not in str(e):
+                raise
+            return await self._fanout("GET", old_path)
+
+    async def model_info(self) -> list[dict[str, Any]]:
+        return await self._get_with_fallback("/model_info", "/get_model_info")
+
+    async def server_info(self) -> list[dict[str, Any]]:
+        return await self._get_with_fallback("/server_info", "/get_server_info")
+
+    async def get_weight_version(self) -> list[str]:
+        res = await self._fanout("GET", "/get_weight_version")
+        return [str(r["weight_version"]) for r in res]
+
+    async def update_weight_version(self, new_version: str, abort_all_requests: bool = True):
+        body = {"new_version": new_version, "abort_all_requests": abort_all_requests}
+        return await self._fanout("POST", "/update_weight_version", body)
+
+    async def flush_cache(self) -> list[bool]:
+        """True per server that flushed; SGLang refuses (400) while requests are running."""
+        rs = await asyncio.gather(*(self._call(s, "POST", "/flush_cache") for s in self._servers))
+        return [r.status_code == 200 for r in rs]
+
+    async def abort(self, rid: str | None = None, abort_all: bool = False) -> list[Any]:
+        return await self._fanout(
+            "POST", "/abort_request", {"rid": rid or "", "abort_all": abort_all}
+        )
+
+    async def pause_generation(self, mode: Literal["abort", "retract", "in_place"] = "abort"):
+        return await self._fanout("POST", "/pause_generation", {"mode": mode})
+
+    async def continue_generation(self) -> list[Any]:
+        return await self._fanout("POST", "/continue_generation", {})
+
+    async def release_memory_occupation(self, tags: list[str] | None = None) -> list[Any]:
+        return await self._fanout("POST", "/release_memory_occupation", {"tags": tags})
+
+    async def resume_memory_occupation(self, tags: list[str] | None = None) -> list[Any]:
+        return await self._fanout("POST", "/resume_memory_occupation", {"tags": tags})
+
+    async def update_weights_from_disk(
+        self,
+        model_path: str,
+        weight_version: str | None = None,
+        *,
+        load_format: str | None = None,
+        abort_all_requests: bool = False,
+    ) -> list[Any]:
+        body = {
+            "model_path": str(model_path),
+            "load_format": load_format,
+            "abort_all_requests": abort_all_requests,
+            "weight_version": weight_version,
+        }
+        return await self._fanout("POST", "/update_weights_from_disk", body)
+
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        *,
+        group_name: str = "weight_update_group",
+        backend: str = "nccl",
+        ranks_per_server: int = 1,
+    ) -> list[Any]:
+        """Every server joins the trainer's group: trainer rank 0, server i ranks from
+        1 + i * ranks_per_server. Blocks until the group forms, so the trainer must join
+        (rank 0, world_size = 1 + n * ranks_per_server) concurrently."""
+        world_size = 1 + len(self._servers) * ranks_per_server
+        bodies = [
+            {
+                "master_address": master_address,
+                "master_port": master_port,
+                "rank_offset": 1 + i * ranks_per_server,
+                "world_size": world_size,
+                "group_name": group_name,
+                "backend": backend,
+            }
+            for i in range(len(self._servers))
+        ]
+        return await self._fanout("POST", "/init_weights_update_group", bodies)
+
+    async def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[Any],
+        shapes: list[list[int]],
+        *,
+        group_name: str = "weight_update_group",
+        weight_version: str | None = None,
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+    ) -> list[Any]:
+        """Servers receive `names` by broadcast from rank 0, in this order; the trainer must
+        broadcast them concurrently with this call."""
+        body = {
+            "names": list(names),
+            "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
+            "shapes": [list(s) for s in shapes],
+            "group_name": group_name,
+            "flush_cache": flush_cache,
+            "abort_all_requests": abort_all_requests,
+            "weight_version": weight_version,
+        }
+        return await self._fanout("POST", "/update_weights_from_distributed", body)
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group"):
+        return await self._fanout(
+            "POST", "/destroy_weights_update_group", {"group_name": group_name}
+        )
+
+    async def update_weights_from_tensor(
+        self,
+        serialized_named_tensors: list[str] | list[list[str]],
+        weight_version: str | None = None,
+        *,
+        load_format: str | None = None,
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+    ) -> list[Any]:
+        """`serialized_named_tensors`: one payload per server rank (SGLang: per TP rank), or a
+        list of such lists, one per server. Dev server payloads: `encode_named_tensors`."""
+        per_server = (
+            serialized_named_tensors
+            if serialized_named_tensors and isinstance(serialized_named_tensors[0], list)
+            else [serialized_named_tensors] * len(self._servers)
+        )
+        if len(per_server) != len(self._servers):
+            raise ValueError(f"{len(per_server)} payload lists for {len(self._servers)} servers")
+        bodies = [
+            {
+                "serialized_named_tensors": p,
+                "load_format": load_format,
+                "flush_cache": flush_cache,
+                "abort_all_requests": abort_all_requests,
+                "weight_version": weight_version,
+            }
+            for p in per_server
+        ]
+        return await self._fanout("POST", "/update_weights_from_tensor", bodies)
+
+
+def _request_error(r: httpx.Response, url: str, path: str) -> EngineRequestError:
+    msg = error_message(r)
+    text = f"{url}{path}: HTTP {r.status_code}: {msg}"
+    if r.status_code == 400 and any(m in msg.lower() for m in _CONTEXT_MARKERS):
+        return PromptTooLong(text, r.status_code, url)
+    return EngineRequestError(text, r.status_code, url)

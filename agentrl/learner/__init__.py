@@ -1,0 +1,96 @@
+"""The learner: FSDP2 workers on Ray. Config models live here (importing them pulls in neither
+ray nor torch.distributed); the machinery is imported on first use:
+
+    from agentrl.learner import LearnerConfig, LearnerGroup, RayConfig, start_ray
+
+    fsdp.py    model/optimizer of one rank (build, shard, clip, gather, save, offload)
+    worker.py  `LearnerWorker`, the Ray actor of one rank (algorithm-blind)
+    group.py   `LearnerGroup`, N workers of one role; `start_ray` (loopback only)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Role = Literal["policy", "reference", "critic"]
+
+
+class LearnerConfig(BaseModel):
+    """One role's learner (policy, reference or critic): model, optimizer, devices, sharding."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_path: str = Field("", description="local HF model dir; empty: the run's model.path")
+    num_workers: int = Field(1, ge=1, description="FSDP ranks (one Ray actor per device)")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda if available")
+    lr: float = Field(1e-6, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up from 0 over this many steps")
+    total_steps: int | None = Field(None, ge=1, description="decay horizon for linear/cosine")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="floor of linear/cosine decay")
+    grad_clip: float = Field(1.0, ge=0, description="max global grad norm; 0: no clipping")
+    micro_batch_tokens: int = Field(4096, ge=1, description="token budget of one micro-batch")
+    mixed_precision: Literal["auto", "bf16", "fp32"] = Field(
+        "auto", description="auto: bf16 compute + fp32 master weights on GPU, fp32 on CPU"
+    )
+    activation_checkpointing: Literal["auto", "on", "off"] = Field("auto", description="auto: GPU")
+    reshard_after_forward: bool = True
+    seed: int = 0
+    threads_per_worker: int = Field(1, ge=1, description="torch CPU threads of each worker")
+    num_cpus_per_worker: float = Field(0.0, ge=0, description="Ray CPU resource per worker")
+    num_gpus_per_worker: float = Field(1.0, ge=0, description="Ray GPU resource per worker (cuda)")
+    dist_timeout_s: float = Field(600.0, gt=0, description="collective timeout")
+
+    def resolved_device(self) -> str:
+        if self.device == "auto":
+            import torch
+
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+    def use_bf16(self, device: str) -> bool:
+        return self.mixed_precision == "bf16" or (
+            self.mixed_precision == "auto" and device == "cuda"
+        )
+
+    def use_checkpointing(self, device: str) -> bool:
+        return self.activation_checkpointing == "on" or (
+            self.activation_checkpointing == "auto" and device == "cuda"
+        )
+
+
+class RayConfig(BaseModel):
+    """How the driver starts (or joins) Ray."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str | None = Field(None, description="join this running cluster; None: start one")
+    num_cpus: int | None = Field(None, ge=1, description="None: all cores")
+    num_gpus: int | None = Field(None, ge=0, description="None: all visible GPUs")
+    object_store_mb: int = Field(256, ge=80, description="plasma store size")
+    temp_dir: str | None = Field(None, description="Ray's session dir root (default /tmp/ray)")
+
+
+class LearnerError(RuntimeError):
+    """The learner cannot start or run; the message says what to do."""
+
+
+_LAZY = {
+    "LearnerGroup": "agentrl.learner.group",
+    "start_ray": "agentrl.learner.group",
+    "stop_ray": "agentrl.learner.group",
+    "LearnerWorker": "agentrl.learner.worker",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'agentrl.learner' has no attribute {name!r}")

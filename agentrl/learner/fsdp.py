@@ -1,0 +1,303 @@
+"""FSDP2 model and optimizer for one learner rank: build, shard, step, gather, save, offload.
+
+Legend: B batch, T tokens, V vocab.
+
+Everything here runs inside one worker process that already joined the learner's process group;
+functions that gather (`gather_full`, `write_hf_dir`) are collectives: every rank calls them with
+the same arguments, rank 0 gets (or writes) the full tensors, the other ranks get nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from agentrl.learner import LearnerConfig, Role
+
+# Files copied from the source model dir into every saved HF dir (besides config + weights), so
+# a checkpoint is a complete `from_pretrained` / `--model-path` target on its own.
+_HF_AUX_FILES = (
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+)
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """Name, shape and dtype of one full (unsharded) parameter, as the rollout engine sees it."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # "float32", "bfloat16", …
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * torch.empty((), dtype=to_dtype(self.dtype)).element_size()
+
+
+def to_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}; use float32, bfloat16 or float16")
+    return dtype
+
+
+def lr_factor(
+    step: int, warmup: int, total: int | None, schedule: str, min_ratio: float = 0.0
+) -> float:
+    """Multiplier of the base lr before optimizer step `step` (0-based): linear warm-up to 1,
+    then constant, or linear/cosine decay to `min_ratio` at `total`."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant" or not total or total <= warmup:
+        return 1.0
+    progress = min(1.0, (step - warmup) / (total - warmup))
+    decay = 1.0 - progress if schedule == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+    return min_ratio + (1.0 - min_ratio) * decay
+
+
+# -- build --------------------------------------------------------------------------------------
+def load_model(path: str | Path, role: Role) -> nn.Module:
+    """A transformers model in fp32 (the master weights). The critic is the same backbone with a
+    one-output token-classification head (its value per token)."""
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    if role == "critic":
+        model = AutoModelForTokenClassification.from_pretrained(
+            path, num_labels=1, dtype=torch.float32
+        )
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated transformer blocks (HF lists their class in `_no_split_modules`)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:
+        raise ValueError(
+            f"{type(model).__name__}: found no transformer blocks to shard "
+            f"(_no_split_modules={sorted(names)}); this model is not supported by the learner"
+        )
+    return blocks
+
+
+def shard_model(
+    model: nn.Module, device: torch.device, bf16: bool, checkpointing: bool, reshard: bool
+) -> nn.Module:
+    """Move to `device` and apply FSDP2: one unit per block, then the root (embeddings, head)."""
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.to(device)
+    mp = MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32
+    )
+    for block in _blocks(model):
+        fully_shard(block, mp_policy=mp, reshard_after_forward=reshard)
+    # The root (embeddings, final norm, head) stays unsharded between forward and backward:
+    # batch.token_logprobs applies the head's weight to the hidden states *after* the forward.
+    fully_shard(model, mp_policy=mp, reshard_after_forward=False)
+    # The loss is already divided by the global token count (all ranks, all micro-batches), so
+    # ranks' gradients must be summed, not averaged.
+    for unit in model.modules():
+        if isinstance(unit, FSDPModule):  # both setters act on one unit, not its children
+            unit.set_gradient_divide_factor(1.0)
+            unit.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+    # A rank whose micro-batch leaves a parameter unused (a padding micro-batch, an untied head)
+    # still joins that parameter's reduce-scatter, with zeros.
+    model.set_reduce_scatter_unused_params(True)
+    return model
+
+
+def token_values(model: nn.Module, mb) -> torch.Tensor:
+    """Critic values [N] of a packed micro-batch, aligned like logprobs: values[t] is the value of
+    the state in which token t was chosen (read at position t-1); 0 at each sequence's start."""
+    out = model(
+        input_ids=mb.token_ids[None],
+        position_ids=mb.position_ids[None],
+        attention_mask=None,
+        use_cache=False,
+    )
+    v = out.logits[0, :, 0].float()
+    shifted = torch.cat([v.new_zeros(1), v[:-1]])
+    return torch.where(mb.position_ids > 0, shifted, 0.0)
+
+
+def make_optimizer(
+    model: nn.Module, cfg: LearnerConfig
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(
+        params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: lr_factor(
+            s, cfg.warmup_steps, cfg.total_steps, cfg.lr_schedule, cfg.min_lr_ratio
+        ),
+    )
+    return opt, sched
+
+
+# -- optimizer step -----------------------------------------------------------------------------
+def grad_norm_and_clip(model: nn.Module, max_norm: float) -> float:
+    """Global L2 norm of all gradients (over ranks); clips in place when max_norm > 0."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def all_ranks_finite(value: float, device: torch.device) -> bool:
+    """True when `value` is finite on every rank (so all ranks agree to step or to skip)."""
+    flag = torch.tensor([0.0 if math.isfinite(value) else 1.0], device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return flag.item() == 0.0
+
+
+# -- gather / save ------------------------------------------------------------------------------
+def param_specs(model: nn.Module, dtype: str | None = None) -> list[ParamSpec]:
+    """Full shapes of the parameters the engine needs (tied weights once), in a fixed order."""
+    out = []
+    for name, p in model.named_parameters():
+        shape = tuple(p.shape)  # a DTensor reports its global shape
+        out.append(ParamSpec(name, shape, dtype or str(p.dtype).removeprefix("torch.")))
+    return out
+
+
+def plan_buckets(specs: list[ParamSpec], bucket_bytes: int) -> list[list[ParamSpec]]:
+    """Greedy contiguous buckets of at most `bucket_bytes` (a bigger tensor gets its own)."""
+    buckets: list[list[ParamSpec]] = []
+    size = 0
+    for s in specs:
+        if not buckets or (size + s.nbytes > bucket_bytes and buckets[-1]):
+            buckets.append([])
+            size = 0
+        buckets[-1].append(s)
+        size += s.nbytes
+    return buckets
+
+
+def gather_full(
+    model: nn.Module, bucket: list[ParamSpec], rank: int, device: torch.device | None = None
+) -> dict[str, torch.Tensor]:
+    """Collective: the full tensors of one bucket, cast to each spec's dtype, on rank 0 (on
+    `device`, default CPU); an empty dict on other ranks."""
+    params = dict(model.named_parameters())
+    out: dict[str, torch.Tensor] = {}
+    for s in bucket:
+        p = params[s.name].detach()
+        full = p.full_tensor() if isinstance(p, DTensor) else p
+        if rank == 0:
+            out[s.name] = full.to(device=device or "cpu", dtype=to_dtype(s.dtype)).contiguous()
+        del full
+    return out
+
+
+def iter_full_buckets(
+    model: nn.Module, buckets: list[list[ParamSpec]], rank: int, device: torch.device | None = None
+) -> Iterator[dict[str, torch.Tensor]]:
+    for bucket in buckets:
+        yield gather_full(model, bucket, rank, device)
+
+
+def write_hf_dir(
+    model: nn.Module,
+    out_dir: str | Path,
+    src_dir: str | Path,
+    buckets: list[list[ParamSpec]],
+    rank: int,
+    copy_aux: bool = True,
+) -> None:
+    """Collective: rank 0 writes a transformers model dir (config, safetensors shards + index,
+    and with `copy_aux` the tokenizer files of `src_dir`), one shard per bucket, so memory stays
+    one bucket."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    n = len(buckets)
+    weight_map: dict[str, str] = {}
+    total = 0
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+    for i, tensors in enumerate(iter_full_buckets(model, buckets, rank)):
+        if rank != 0:
+            continue
+        fname = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+        save_file(tensors, str(out / fname), metadata={"format": "pt"})
+        for k, t in tensors.items():
+            weight_map[k] = fname
+            total += t.numel() * t.element_size()
+    if rank != 0:
+        return
+    if n > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    model.config.save_pretrained(out)
+    for name in _HF_AUX_FILES if copy_aux else ():
+        if (Path(src_dir) / name).exists() and not (out / name).exists():
+            shutil.copy2(Path(src_dir) / name, out / name)
+
+
+def load_full_state(model: nn.Module, hf_dir: str | Path) -> None:
+    """Collective: load a saved HF dir's weights into the sharded model (rank 0 reads the files
+    and broadcasts). Keys missing from the files (a tied head) keep their current values."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    full: dict[str, torch.Tensor] = {}
+    if dist.get_rank() == 0:
+        for f in sorted(Path(hf_dir).glob("*.safetensors")):
+            full.update(load_file(str(f)))
+        missing = {n for n, _ in model.named_parameters()} - set(full)
+        if missing:
+            raise ValueError(f"{hf_dir}: checkpoint lacks {sorted(missing)[:5]}")
+    set_model_state_dict(
+        model,
+        full,
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False),
+    )
+
+
+# -- offload (colocated mode: the engine and the learner take turns on one GPU) -----------------
+def move_optimizer_state(opt: torch.optim.Optimizer, device: torch.device | str) -> None:
+    for state in opt.state.values():
+        for k, v in state.items():
+            if isinstance(v, torch.Tensor) and k != "step":
+                state[k] = v.to(device, non_blocking=True)
+
+
+def offload(model: nn.Module, opt: torch.optim.Optimizer | None, device: str = "cpu") -> None:
+    """Move the (sharded) parameters, gradients and optimizer state to `device` ("cpu" to free
+    the GPU, "cuda" to bring them back)."""
+    model.to(device)
+    if opt is not None:
+        move_optimizer_state(opt, device)
+    if device == "cpu" and torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def set_worker_env() -> None:
+    """Bind gloo/NCCL's own sockets to loopback unless the user chose an interface."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")

@@ -1,0 +1,222 @@
+"""The learner group: starts N `LearnerWorker` Ray actors of one role, wires torch.distributed
+between them (gloo on CPU, NCCL on GPU) and fans calls out.
+
+    start_ray(RayConfig())                               # loopback only; one-line error if it fails
+    policy = LearnerGroup(LearnerConfig(model_path=path, num_workers=2), role="policy")
+    old_lp = policy.compute_logprobs(per_rank)           # per_rank[r]: rank r's micro-batches
+    metrics = policy.train_step(per_rank, "ppo_clip", loss_cfg)
+    policy.save_checkpoint(tmp_dir)                      # tmp_dir/model (HF) + tmp_dir/optim
+    policy.shutdown()
+
+Ray binds every socket it opens to 127.0.0.1: `start_ray` sets RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
+(which makes Ray keep 127.0.0.1 as the node address; by default it swaps in the host's routable
+address and its gRPC servers listen on it) and checks the node address afterwards. The learner's
+own process group rendezvous through a file (no TCP store), and gloo/NCCL bind to `lo`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from agentrl.learner import LearnerConfig, LearnerError, RayConfig, Role
+from agentrl.learner.fsdp import ParamSpec, plan_buckets
+
+log = logging.getLogger(__name__)
+
+
+def start_ray(cfg: RayConfig | None = None) -> None:
+    """Start a loopback-only local Ray instance (or join `cfg.address`); idempotent."""
+    cfg = cfg or RayConfig()
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    import ray
+    from ray._private import ray_constants
+
+    if ray.is_initialized():
+        return
+    # Read once at `import ray`; if ray was imported before the env var was set, force it.
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    kw: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
+    if cfg.address:
+        kw["address"] = cfg.address
+    else:
+        kw.update(
+            _node_ip_address="127.0.0.1",
+            num_cpus=cfg.num_cpus or os.cpu_count(),
+            num_gpus=cfg.num_gpus,
+            object_store_memory=cfg.object_store_mb * 1024 * 1024,
+        )
+        if cfg.temp_dir:
+            kw["_temp_dir"] = cfg.temp_dir
+    try:
+        ray.init(**kw)
+    except Exception as e:  # noqa: BLE001 - one line, whatever Ray raised
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise LearnerError(
+            f"could not start Ray on 127.0.0.1 ({type(e).__name__}: {first}); check free memory "
+            "and disk under /tmp/ray (or ray.temp_dir), stop stale `ray` processes, or set "
+            "ray.address to a running cluster"
+        ) from None
+    ip = ray.util.get_node_ip_address()
+    if not cfg.address and ip != "127.0.0.1":
+        ray.shutdown()
+        raise LearnerError(
+            f"Ray chose node address {ip}, not 127.0.0.1; its servers would be reachable from "
+            "the network. Import agentrl.learner before ray, or set "
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 in the environment"
+        )
+
+
+def stop_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+class LearnerGroup:
+    """N FSDP2 ranks of one role. Calls block until every rank answers; errors re-raise here."""
+
+    def __init__(self, cfg: LearnerConfig, role: Role = "policy", name: str | None = None):
+        import ray
+
+        from agentrl.learner.worker import LearnerWorker
+
+        if not cfg.model_path:
+            raise LearnerError(f"{role} learner: model_path is empty; set learner.model_path")
+        if not ray.is_initialized():
+            start_ray()
+        self.cfg, self.role, self.world_size = cfg, role, cfg.num_workers
+        self.name = name or role
+        self._dir = tempfile.mkdtemp(prefix=f"agentrl-{self.name}-pg-")
+        init_method = f"file://{os.path.join(self._dir, 'store')}"
+        on_gpu = cfg.resolved_device() == "cuda"
+        actor_cls = ray.remote(LearnerWorker).options(
+            num_cpus=cfg.num_cpus_per_worker,
+            num_gpus=cfg.num_gpus_per_worker if on_gpu else 0,
+        )
+        self.workers = [
+            actor_cls.remote(cfg, role, r, self.world_size, init_method)
+            for r in range(self.world_size)
+        ]
+        try:
+            self.info = self._get([w.setup.remote() for w in self.workers])
+        except Exception:
+            self.shutdown()
+            raise
+        self._specs: dict[str | None, list[ParamSpec]] = {}
+
+    # -- fan-out ------------------------------------------------------------------------------
+    def call_async(self, method: str, *args: Any, **kw: Any) -> list[Any]:
+        """Call `method` on every rank with the same arguments; returns the ObjectRefs."""
+        return [getattr(w, method).remote(*args, **kw) for w in self.workers]
+
+    def call(self, method: str, *args: Any, **kw: Any) -> list[Any]:
+        return self._get(self.call_async(method, *args, **kw))
+
+    def call_rank0(self, method: str, *args: Any, **kw: Any) -> Any:
+        return self._get([getattr(self.workers[0], method).remote(*args, **kw)])[0]
+
+    def _get(self, refs: list[Any]) -> list[Any]:
+        import ray
+
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayActorError as e:
+            raise LearnerError(f"{self.name} learner worker died: {e}") from e
+        except ray.exceptions.RayTaskError as e:
+            raise e.as_instanceof_cause() from None
+
+    def call_per_rank(self, method: str, per_rank: list[list[Any]], *args: Any) -> list[Any]:
+        """Call `method(per_rank[r], *args)` on rank r (the same number of micro-batches each)."""
+        if len(per_rank) != self.world_size:
+            raise ValueError(
+                f"{self.name}.{method}: got micro-batches for {len(per_rank)} ranks, the group "
+                f"has {self.world_size}; split the batch with num_ranks={self.world_size}"
+            )
+        counts = {len(mbs) for mbs in per_rank}
+        if len(counts) > 1:  # FSDP collectives run once per micro-batch on every rank
+            raise ValueError(
+                f"{self.name}.{method}: ranks got different numbers of micro-batches "
+                f"{[len(m) for m in per_rank]}; every rank must run the same number"
+            )
+        return self._get(
+            [
+                getattr(w, method).remote(mbs, *args)
+                for w, mbs in zip(self.workers, per_rank, strict=True)
+            ]
+        )
+
+    # -- compute --------------------------------------------------------------------------------
+    def compute_logprobs(self, per_rank: list[list[Any]], temperature: float = 1.0) -> list[Any]:
+        """[rank][micro-batch] → logprobs [N] (CPU), for old/reference logprobs."""
+        return self.call_per_rank("compute_logprobs", per_rank, temperature)
+
+    def compute_values(self, per_rank: list[list[Any]]) -> list[Any]:
+        return self.call_per_rank("compute_values", per_rank)
+
+    def train_step(
+        self, per_rank: list[list[Any]], loss_name: str, loss_cfg: Any, temperature: float = 1.0
+    ) -> dict:
+        """One optimizer step over all ranks' micro-batches; metrics named `<role>/<key>`:
+        loss terms summed over ranks (the loss's shares add up to the full-batch value), plus
+        grad_norm, lr, skipped (1 when a non-finite loss/grad skipped the step), step_s."""
+        from agentrl.loss import reduce_metrics
+
+        results = self.call_per_rank("train_step", per_rank, loss_name, loss_cfg, temperature)
+        out = reduce_metrics(r["sum"] for r in results)
+        out.update(results[0]["global"])
+        out["step_s"] = max(r["global"]["step_s"] for r in results)
+        return {f"{self.role}/{k}": v for k, v in out.items()}
+
+    # -- weights --------------------------------------------------------------------------------
+    def param_specs(self, dtype: str | None = None) -> list[ParamSpec]:
+        if dtype not in self._specs:
+            self._specs[dtype] = self.call_rank0("param_specs", dtype)
+        return self._specs[dtype]
+
+    def model_dtype(self) -> str:
+        return self.call_rank0("model_dtype")
+
+    def buckets(self, bucket_mb: float, dtype: str | None = None) -> list[list[ParamSpec]]:
+        return plan_buckets(self.param_specs(dtype), int(bucket_mb * 1024 * 1024))
+
+    def full_state(self, dtype: str | None = None) -> dict[str, Any]:
+        """Full weights on the driver (CPU tensors). Small models / tests only."""
+        return self.call("full_state", dtype)[0]
+
+    def save_hf(self, out_dir: str, bucket_mb: float = 512, dtype: str | None = None) -> None:
+        self.call("save_hf", str(out_dir), self.buckets(bucket_mb, dtype))
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def save_checkpoint(
+        self, path: str, optimizer: bool = True, fmt: str = "sharded", bucket_mb: float = 512
+    ) -> None:
+        """`path/model` (a transformers dir, fp32 master weights) and `path/optim`."""
+        self.call("save_checkpoint", str(path), self.buckets(bucket_mb), optimizer, fmt)
+
+    def load_checkpoint(self, path: str, optimizer: bool = True) -> None:
+        self.call("load_checkpoint", str(path), optimizer)
+
+    # -- colocated mode -------------------------------------------------------------------------
+    def offload(self) -> None:
+        self.call("offload")
+
+    def onload(self) -> None:
+        self.call("onload")
+
+    def shutdown(self) -> None:
+        import ray
+
+        for w in getattr(self, "workers", []):
+            with contextlib.suppress(Exception):  # tearing down; the actor may be gone
+                ray.get(w.shutdown.remote(), timeout=30)
+            ray.kill(w)
+        self.workers = []
+        shutil.rmtree(self._dir, ignore_errors=True)

@@ -1,0 +1,350 @@
+"""One learner rank: a Ray actor holding an FSDP2 shard of a model and its optimizer.
+
+The worker is algorithm-blind. It runs forwards and backwards over the packed micro-batches it is
+given (`agentrl.batch.TrainBatch`, already split per rank) with the loss named by the caller
+(`agentrl.loss.get_loss`), and gathers/saves/broadcasts weights. `LearnerGroup` (group.py) starts
+N of these, wires torch.distributed between them and fans calls out; nothing else calls them.
+
+Roles: `policy` (trains; its weights go to the rollout engines), `reference` (frozen; logprobs for
+KL), `critic` (token-classification head with one output: values; trains with a value loss).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from agentrl.learner import LearnerConfig, Role, fsdp
+from agentrl.learner.fsdp import ParamSpec
+
+
+class LearnerWorker:
+    """Plain class; group.py wraps it with `ray.remote`. Call `setup()` before anything else."""
+
+    def __init__(
+        self, cfg: LearnerConfig, role: Role, rank: int, world_size: int, init_method: str
+    ):
+        self.cfg, self.role = cfg, role
+        self.rank, self.world_size, self.init_method = rank, world_size, init_method
+        self.device_type = cfg.resolved_device()
+        self.model: Any = None
+        self.opt: torch.optim.Optimizer | None = None
+        self.sched: Any = None
+        self._update_groups: dict[str, Any] = {}
+        self._listen_socks: dict[str, Any] = {}
+        self.steps_done = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def setup(self) -> dict[str, Any]:
+        """Join the process group, load + shard the model, build the optimizer."""
+        t0 = time.perf_counter()
+        fsdp.set_worker_env()
+        torch.set_num_threads(self.cfg.threads_per_worker)
+        if self.device_type == "cuda":
+            torch.cuda.set_device(0)  # Ray exposes exactly this worker's GPU(s)
+            self.device = torch.device("cuda", 0)
+        else:
+            self.device = torch.device("cpu")
+        dist.init_process_group(
+            backend="nccl" if self.device_type == "cuda" else "gloo",
+            init_method=self.init_method,
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(seconds=self.cfg.dist_timeout_s),
+        )
+        torch.manual_seed(self.cfg.seed)
+        model = fsdp.load_model(self.cfg.model_path, self.role)
+        self.model = fsdp.shard_model(
+            model,
+            self.device,
+            bf16=self.cfg.use_bf16(self.device_type),
+            checkpointing=self.cfg.use_checkpointing(self.device_type) and self.role != "reference",
+            reshard=self.cfg.reshard_after_forward,
+        )
+        if self.role == "reference":
+            self.model.requires_grad_(False)
+            self.model.eval()
+        else:
+            self.opt, self.sched = fsdp.make_optimizer(self.model, self.cfg)
+        n = sum(p.numel() for p in self.model.parameters())
+        return {"rank": self.rank, "params": n, "setup_s": time.perf_counter() - t0}
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def shutdown(self) -> None:
+        for name in list(self._update_groups):
+            self.destroy_weight_update_group(name)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    # -- forward-only passes --------------------------------------------------------------------
+    @torch.no_grad()
+    def compute_logprobs(self, micro_batches: list[Any], temperature: float = 1.0) -> list[Any]:
+        """Per micro-batch: logprobs [N] of each token given its prefix (CPU, fp32)."""
+        from agentrl import batch as B
+
+        self.model.eval()
+        out = []
+        for mb in micro_batches:
+            lp, _ = B.token_logprobs(self.model, mb.to(self.device), temperature=temperature)
+            out.append(lp.float().cpu())
+        self.model.reshard()  # no backward follows: free the root's gathered weights
+        return out
+
+    @torch.no_grad()
+    def compute_values(self, micro_batches: list[Any]) -> list[Any]:
+        """Critic only: per micro-batch, values [N] (CPU, fp32)."""
+        self._require("critic", "compute_values")
+        self.model.eval()
+        out = [
+            fsdp.token_values(self.model, mb.to(self.device)).float().cpu() for mb in micro_batches
+        ]
+        self.model.reshard()
+        return out
+
+    # -- training -------------------------------------------------------------------------------
+    def train_step(
+        self, micro_batches: list[Any], loss_name: str, loss_cfg: Any, temperature: float = 1.0
+    ) -> dict[str, Any]:
+        """Forward + backward every micro-batch with `loss_name`, then one optimizer step.
+
+        A non-finite loss or gradient norm (on any rank) skips the step: gradients are dropped,
+        the lr schedule does not advance, and `skipped` is 1 in the returned metrics.
+        Returns {"sum": metrics to add over ranks, "global": metrics equal on every rank}."""
+        from agentrl.loss import get_loss, reduce_metrics
+
+        if self.opt is None:
+            raise RuntimeError(f"the {self.role} learner has no optimizer; it cannot train")
+        loss_fn = get_loss(loss_name)
+        self.model.train()
+        t0 = time.perf_counter()
+        per_mb, loss_sum, tokens = [], 0.0, 0
+        for mb in micro_batches:
+            loss, metrics = self._loss(mb.to(self.device), loss_fn, loss_cfg, temperature)
+            loss.backward()
+            loss_sum += float(loss.detach())
+            tokens += int(mb.loss_mask.sum())
+            per_mb.append(metrics)
+        grad_norm = fsdp.grad_norm_and_clip(self.model, self.cfg.grad_clip)
+        ok = fsdp.all_ranks_finite(loss_sum, self.device) and math.isfinite(grad_norm)
+        lr = self.sched.get_last_lr()[0]
+        if ok:
+            self.opt.step()
+            self.sched.step()
+            self.steps_done += 1
+        self.opt.zero_grad(set_to_none=True)
+        summed = reduce_metrics(per_mb)
+        summed.update(loss=loss_sum, tokens=float(tokens), micro_batches=float(len(micro_batches)))
+        return {
+            "sum": summed,
+            "global": {
+                "grad_norm": grad_norm if math.isfinite(grad_norm) else float("nan"),
+                "lr": lr,
+                "skipped": 0.0 if ok else 1.0,
+                "step_s": time.perf_counter() - t0,
+            },
+        }
+
+    def _loss(self, mb: Any, loss_fn: Any, loss_cfg: Any, temperature: float) -> tuple[Any, dict]:
+        """This micro-batch's loss share and metrics. A padding micro-batch (a rank with no data
+        left) still runs forward + backward with a zero loss, so FSDP's collectives line up."""
+        from agentrl import batch as B
+        from agentrl.loss import LossInputs
+
+        if getattr(mb, "is_padding", False):
+            hidden = B.last_hidden_state(self.model, mb.token_ids, mb.position_ids)
+            return hidden.float().sum() * 0.0, {}
+        if self.role == "critic":
+            return loss_fn(
+                LossInputs.from_batch(mb, values=fsdp.token_values(self.model, mb)), loss_cfg
+            )
+        entropy = getattr(loss_cfg, "entropy_coef", 0.0) > 0
+        lp, ent = B.token_logprobs(self.model, mb, with_entropy=entropy, temperature=temperature)
+        extra = {}
+        if getattr(mb, "trainer_old_logprobs", None) is not None:
+            extra["trainer_old_logprobs"] = mb.trainer_old_logprobs
+        return loss_fn(LossInputs.from_batch(mb, lp, entropy=ent, **extra), loss_cfg)
+
+    # -- weights out ----------------------------------------------------------------------------
+    def param_specs(self, dtype: str | None = None) -> list[ParamSpec]:
+        return fsdp.param_specs(self.model, dtype)
+
+    def model_dtype(self) -> str:
+        """The dtype the checkpoint was saved in (what the rollout engines serve by default)."""
+        dt = getattr(self.model.config, "dtype", None) or getattr(
+            self.model.config, "torch_dtype", None
+        )
+        return str(dt or "float32").removeprefix("torch.")
+
+    def full_state(self, dtype: str | None = None) -> dict[str, torch.Tensor]:
+        """Collective: the full weights on rank 0 (CPU), {} elsewhere. For tests and small
+        models; syncs and checkpoints stream buckets instead."""
+        return fsdp.gather_full(self.model, self.param_specs(dtype), self.rank)
+
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        """Collective, for tests: the full gradients on rank 0 (call between backward and step
+        via `accumulate_grads`)."""
+        from torch.distributed.tensor import DTensor
+
+        out = {}
+        for name, p in self.model.named_parameters():
+            g = p.grad
+            if g is None:
+                continue
+            full = g.full_tensor() if isinstance(g, DTensor) else g
+            if self.rank == 0:
+                out[name] = full.detach().float().cpu()
+        return out
+
+    def accumulate_grads(
+        self, micro_batches: list[Any], loss_name: str, loss_cfg: Any, temperature: float = 1.0
+    ) -> float:
+        """For tests: forward + backward without stepping; returns this rank's loss share."""
+        from agentrl.loss import get_loss
+
+        self.model.train()
+        total = 0.0
+        for mb in micro_batches:
+            loss, _ = self._loss(mb.to(self.device), get_loss(loss_name), loss_cfg, temperature)
+            loss.backward()
+            total += float(loss.detach())
+        return total
+
+    def zero_grad(self) -> None:
+        if self.opt is not None:
+            self.opt.zero_grad(set_to_none=True)
+
+    def save_hf(self, out_dir: str, buckets: list[list[ParamSpec]], copy_aux: bool = True) -> None:
+        """Collective: rank 0 writes a transformers dir (one safetensors shard per bucket);
+        `copy_aux` adds the tokenizer/generation files of the source model."""
+        fsdp.write_hf_dir(
+            self.model, out_dir, self.cfg.model_path, buckets, self.rank, copy_aux=copy_aux
+        )
+        dist.barrier()
+
+    # weight-update group (SGLang protocol; see agentrl/weight_sync.py) ------------------------
+    def prepare_weight_update_group(self, group_name: str, master_address: str) -> int:
+        """Rank 0: bind the group's store socket on `master_address`; returns its port."""
+        from agentrl.weight_sync import bind_listen_socket
+
+        if self.rank != 0:
+            return 0
+        sock = bind_listen_socket(master_address)
+        self._listen_socks[group_name] = sock
+        return sock.getsockname()[1]
+
+    def init_weight_update_group(
+        self, group_name: str, master_address: str, master_port: int, world_size: int,
+        backend: str, timeout_s: float,
+    ) -> None:  # fmt: skip
+        """Rank 0 joins the trainer→engines group as its rank 0 (blocks until all joined)."""
+        from agentrl.weight_sync import init_update_group
+
+        if self.rank != 0:
+            return
+        self._update_groups[group_name] = init_update_group(
+            master_address, master_port, 0, world_size, group_name, backend, timeout_s,
+            listen_sock=self._listen_socks.get(group_name),
+        )  # fmt: skip
+
+    def broadcast_weights(self, buckets: list[list[ParamSpec]], group_name: str) -> float:
+        """Collective over the learner: gather each bucket; rank 0 broadcasts every tensor, in
+        bucket order, to the engines' group. Returns the seconds spent."""
+        t0 = time.perf_counter()
+        pg = self._update_groups.get(group_name)
+        if self.rank == 0 and pg is None:
+            raise RuntimeError(f"weight-update group {group_name!r} is not initialised")
+        on_gpu = self.device_type == "cuda"
+        for bucket in buckets:
+            tensors = fsdp.gather_full(
+                self.model, bucket, self.rank, self.device if on_gpu else None
+            )
+            for spec in bucket if self.rank == 0 else ():
+                dist.broadcast(tensors[spec.name], group=pg, group_src=0)
+        if on_gpu:
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    def destroy_weight_update_group(self, group_name: str) -> None:
+        pg = self._update_groups.pop(group_name, None)
+        if pg is not None:
+            dist.destroy_process_group(pg)
+        sock = self._listen_socks.pop(group_name, None)
+        if sock is not None:
+            sock.close()
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def save_checkpoint(
+        self, path: str, buckets: list[list[ParamSpec]], optimizer: bool, fmt: str
+    ) -> None:
+        """Collective: `path/model` (transformers dir) and `path/optim` (optimizer, schedule)."""
+        root = Path(path)
+        fsdp.write_hf_dir(self.model, root / "model", self.cfg.model_path, buckets, self.rank)
+        if optimizer and self.opt is not None:
+            _save_optimizer(self.model, self.opt, self.sched, root / "optim", fmt, self.rank)
+        dist.barrier()
+
+    def load_checkpoint(self, path: str, optimizer: bool = True) -> None:
+        """Collective: inverse of save_checkpoint (the world size may differ for `sharded`)."""
+        root = Path(path)
+        fsdp.load_full_state(self.model, root / "model")
+        if optimizer and self.opt is not None and (root / "optim").exists():
+            _load_optimizer(self.model, self.opt, self.sched, root / "optim", self.rank)
+        dist.barrier()
+
+    # -- offload (colocated mode) ---------------------------------------------------------------
+    def offload(self) -> None:
+        fsdp.offload(self.model, self.opt, "cpu")
+
+    def onload(self) -> None:
+        fsdp.offload(self.model, self.opt, str(self.device))
+
+    def _require(self, role: str, what: str) -> None:
+        if self.role != role:
+            raise RuntimeError(f"{what} needs the {role} role, this learner is {self.role}")
+
+
+def _save_optimizer(model, opt, sched, out: Path, fmt: str, rank: int) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    if fmt == "sharded":
+        dcp.save({"optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=str(out))
+    else:
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        full = get_optimizer_state_dict(model, opt, options=opts)
+        if rank == 0:
+            torch.save(full, out / "optim.pt")
+    if rank == 0:
+        torch.save({"format": fmt, "scheduler": sched.state_dict()}, out / "schedule.pt")
+
+
+def _load_optimizer(model, opt, sched, src: Path, rank: int) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    meta = torch.load(src / "schedule.pt", weights_only=True)
+    if meta["format"] == "sharded":
+        state = {"optim": get_optimizer_state_dict(model, opt)}
+        dcp.load(state, checkpoint_id=str(src))
+        set_optimizer_state_dict(model, opt, state["optim"])
+    else:
+        full = torch.load(src / "optim.pt", weights_only=True) if rank == 0 else {}
+        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_optimizer_state_dict(model, opt, full, options=opts)
+    sched.load_state_dict(meta["scheduler"])

@@ -1,0 +1,102 @@
+"""Build, resume and stop the parts of a training run (kept out of train.py so the loop stays short).
+
+Start order: tokenizer and env → tasks and sampler → checkpoint lookup → Ray (loopback) and the
+policy learner (+ reference when KL is on) → rollout servers (started from the resumed weights
+when resuming) → engine client → sandbox → rollout → weight sync. `close` undoes all of it in
+reverse, whatever failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+
+if TYPE_CHECKING:
+    from agentrl.train import Trainer
+
+log = logging.getLogger(__name__)
+
+
+async def start(tr: Trainer) -> None:
+    from transformers import AutoTokenizer
+
+    from agentrl.ckpt import CheckpointManager, load_trainer_state, restore_rng
+    from agentrl.data import TaskSampler
+    from agentrl.engine import EngineClient
+    from agentrl.learner import LearnerGroup, start_ray
+    from agentrl.rollout import Rollout
+    from agentrl.servers import launch_engines
+    from agentrl.weight_sync import make_weight_sync
+    from sandbox import make_sandbox
+
+    cfg = tr.cfg
+    tr.console = Console()
+    tr.out.mkdir(parents=True, exist_ok=True)
+    model_path = cfg.model.resolve()
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or model_path)
+    env_cls = cfg.env.load_class()
+    tr.sampler = TaskSampler(env_cls.load_tasks(**cfg.env.tasks), seed=cfg.seed)
+    tr.ckpt = CheckpointManager(cfg.trainer.checkpoint_config())
+    resume = tr.ckpt.resume_path()
+
+    start_ray(cfg.ray)
+    learner_cfg = cfg.learner
+    if not learner_cfg.model_path:
+        learner_cfg = learner_cfg.model_copy(update={"model_path": str(model_path)})
+    tr.policy = LearnerGroup(learner_cfg, "policy")
+    engine_model = model_path
+    if resume is not None:
+        state = load_trainer_state(resume)
+        tr.policy.load_checkpoint(str(resume / "policy"), optimizer=cfg.trainer.save_optimizer)
+        tr.step_idx, tr.skipped_in_a_row = state.step, state.consecutive_skips
+        tr.sampler.load_state_dict(state.data_cursor)
+        restore_rng(state.rng)
+        engine_model = resume / "policy" / "model"
+        tr.console.print(f"[green]resumed from {resume} at step {state.step}[/]")
+
+    urls = tr.stack.enter_context(launch_engines(cfg.engine, engine_model, tr.out))
+    tr.engine = EngineClient.from_config(cfg.engine.model_copy(update={"urls": urls}))
+    await tr.engine.wait_healthy(cfg.engine.health_timeout_s)
+    await tr.engine.update_weight_version(str(tr.step_idx))
+    tr.sandbox = make_sandbox(cfg.sandbox)
+    tr.rollout = Rollout(tr.engine, tokenizer, env_cls, cfg.rollout, cfg.env.args, tr.sandbox)
+    tr.sync = make_weight_sync(cfg.weight_sync, tr.policy, tr.engine)
+    await tr.sync.setup()
+
+
+async def close(tr: Trainer) -> None:
+    for attr, method in (("sync", "close"), ("sandbox", "aclose"), ("engine", "aclose")):
+        part = getattr(tr, attr, None)
+        if part is not None:
+            try:
+                await getattr(part, method)()
+            except Exception as e:  # keep tearing down
+                log.warning("closing the %s failed: %s", attr, e)
+    tr.stack.close()  # rollout servers
+    if hasattr(tr, "policy"):
+        with contextlib.suppress(Exception):
+            tr.policy.shutdown()
+    from agentrl.learner import stop_ray
+
+    with contextlib.suppress(Exception):
+        stop_ray()
+
+
+def save_checkpoint(tr: Trainer) -> None:
+    from agentrl.ckpt import TrainerState, capture_rng
+
+    cfg = tr.cfg.trainer
+    with tr.ckpt.write(tr.step_idx) as pending:
+        tr.policy.save_checkpoint(
+            str(pending.path / "policy"), optimizer=cfg.save_optimizer, fmt=cfg.optimizer_format
+        )
+        pending.state = TrainerState(
+            step=tr.step_idx,
+            weight_version=str(tr.step_idx),
+            data_cursor=tr.sampler.state_dict(),
+            rng=capture_rng(),
+            consecutive_skips=tr.skipped_in_a_row,
+        )

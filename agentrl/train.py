@@ -1,0 +1,188 @@
+"""`python -m agentrl.train env=code_exec …`: the RL loop.
+
+Per step: sample tasks → rollout groups → advantages → update (FSDP2 on Ray) → weight sync →
+log → checkpoint. `Trainer.step` below is the whole algorithm; `Trainer.start` builds the parts
+(Ray on loopback, learner groups, rollout servers, sandbox, weight sync, resume) and `close`
+stops them, also after errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+from agentrl.advantage import compute_advantages
+from agentrl.batch import TrainBatch, micro_batches
+from agentrl.config import Config
+from agentrl.data import TaskSampler
+from agentrl.metrics import rollout_metrics
+from agentrl.types import Trajectory
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on; the message says why and what to do."""
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str):
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.times[f"timing_s/{phase}"] = time.monotonic() - t0
+
+
+class Trainer:
+    def __init__(self, cfg: Config, out_dir: Path) -> None:
+        self.cfg, self.out = cfg, Path(out_dir)
+        self.stack = ExitStack()
+        self.step_idx = 0
+        self.skipped_in_a_row = 0
+        self.history: list[dict[str, float]] = []
+
+    # -- the algorithm -------------------------------------------------------------------------
+
+    async def step(self) -> dict[str, float]:
+        cfg, t = self.cfg, Timer()
+        with t("rollout"):
+            tasks = self.sampler.next(cfg.trainer.tasks_per_step)
+            groups = await self.rollout.run(tasks)
+            trajs = [tr for g in groups for tr in g]
+            await self._check_engines(trajs)
+        with t("advantage"):
+            adv = compute_advantages(groups, cfg.algo.advantage)
+            batch = TrainBatch.from_trajectories(trajs, adv.advantages)
+        metrics = {**rollout_metrics(trajs), **adv.metrics}
+        if batch.num_seqs:
+            with t("update"):
+                per_rank = micro_batches(batch, self.policy.world_size, cfg.learner.micro_batch_tokens)
+                metrics.update(self._update(per_rank))
+            with t("sync"):
+                metrics.update(await self.sync.push(version=str(self.step_idx + 1)))
+        self.step_idx += 1
+        with t("checkpoint"):
+            if self.ckpt.should_save(self.step_idx, cfg.trainer.steps):
+                self._save()
+        metrics.update(t.times, step=float(self.step_idx))
+        metrics["perf/sampled_tokens_per_s"] = metrics["rollout/sampled_tokens"] / max(
+            t.times["timing_s/rollout"], 1e-9
+        )
+        self._log(metrics, trajs)
+        return metrics
+
+    def _update(self, per_rank: list[list[TrainBatch]]) -> dict[str, float]:
+        cfg = self.cfg
+        out = self.policy.train_step(per_rank, cfg.algo.loss.name, cfg.algo.loss)
+        skipped = out.get("policy/skipped", 0.0) > 0
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
+        out["train/skipped_steps_in_a_row"] = float(self.skipped_in_a_row)
+        if self.skipped_in_a_row >= cfg.trainer.max_skipped_steps:
+            raise TrainingError(
+                f"{self.skipped_in_a_row} optimizer steps in a row had a non-finite loss or "
+                f"gradient (last grad_norm={out.get('policy/grad_norm')}); the run diverged. "
+                "Lower learner.lr, check rewards for NaN, then resume with trainer.resume=auto"
+            )
+        return out
+
+    async def run(self) -> list[dict[str, float]]:
+        while self.step_idx < self.cfg.trainer.steps:
+            self.history.append(await self.step())
+        return self.history
+
+    # -- parts ---------------------------------------------------------------------------------
+
+    async def start(self) -> Trainer:
+        from agentrl import parts
+
+        await parts.start(self)
+        return self
+
+    async def close(self) -> None:
+        from agentrl import parts
+
+        await parts.close(self)
+
+    async def _check_engines(self, trajs: list[Trajectory]) -> None:
+        if not any(tr.stop_reason.is_infra_failure for tr in trajs):
+            return
+        health = await self.engine.health()
+        dead = [url for url, ok in health.items() if not ok]
+        if dead:
+            raise TrainingError(
+                f"rollout server(s) {dead} stopped answering during step {self.step_idx + 1} "
+                f"(logs in {self.out}); fix the cause and resume with trainer.resume=auto"
+            )
+
+    def _save(self) -> None:
+        from agentrl import parts
+
+        parts.save_checkpoint(self)
+
+    def _log(self, metrics: dict[str, float], trajs: list[Trajectory]) -> None:
+        with (self.out / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps(metrics) + "\n")
+        with (self.out / "trajectories.jsonl").open("a") as f:
+            for tr in trajs:
+                f.write(json.dumps({"step": self.step_idx, **tr.to_dict()}) + "\n")
+        self.console_line(metrics)
+
+    def console_line(self, m: dict[str, float]) -> None:
+        stops = " ".join(
+            f"{k.removeprefix('stop/')}={int(v)}" for k, v in m.items() if k.startswith("stop/") and v
+        )
+        phases = " ".join(
+            f"{k.removeprefix('timing_s/')}={v:.1f}s" for k, v in m.items() if k.startswith("timing_s/")
+        )
+        self.console.print(
+            f"[bold]step {int(m['step'])}/{self.cfg.trainer.steps}[/] "
+            f"reward mean={m.get('reward/mean', math.nan):.3f} max={m.get('reward/max', math.nan):.2f} "
+            f"tool_call_rate={m['rollout/tool_call_rate']:.2f} "
+            f"tokens={int(m['rollout/sampled_tokens'])} [dim]stop: {stops}[/] | {phases}"
+        )
+
+
+async def train(cfg: Config, out_dir: Path) -> list[dict[str, float]]:
+    trainer = Trainer(cfg, out_dir)
+    try:
+        await trainer.start()
+        return await trainer.run()
+    finally:
+        await trainer.close()
+
+
+def main() -> None:
+    import hydra
+
+    from agentrl.config import CONFIG_DIR, load_config
+
+    @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
+    def _run(raw: Any) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        import logging
+
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
+        cfg = load_config(raw)
+        history = asyncio.run(train(cfg, Path(HydraConfig.get().runtime.output_dir)))
+        if history:
+            first, last = history[0], history[-1]
+            print(
+                f"done: {len(history)} steps, reward {first.get('reward/mean', math.nan):.3f} → "
+                f"{last.get('reward/mean', math.nan):.3f}, tool_call_rate "
+                f"{first['rollout/tool_call_rate']:.2f} → {last['rollout/tool_call_rate']:.2f}"
+            )
+
+    _run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Dev server throughput: batched vs one-at-a-time, and continuous vs dynamic batching.
+
+    python bench/devserver_throughput.py [--model DIR] [--requests 8] [--new-tokens 64]
+
+1. The same work (R requests of --new-tokens greedy tokens each) sent all at once, then one at
+   a time: generated tokens/s of each and their ratio.
+2. Multi-turn episodes that arrive and return at different times (tool calls in between), on a
+   `--scheduler continuous` server and on a `--scheduler dynamic` one: tokens/s and the ratio.
+Servers run on 127.0.0.1 and are stopped at the end. Default model: the tiny random Qwen3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from agentrl.engine import EngineClient, SamplingParams
+
+
+@contextmanager
+def devserver(model: str, threads: int, *args: str):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "agentrl.devserver", "--model", model, "--port", str(port),
+           "--threads", str(threads), *args]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            if proc.poll() is not None:
+                raise RuntimeError(f"devserver exited with {proc.returncode}: {' '.join(cmd)}")
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def prompt(i: int, n: int) -> list[int]:
+    return [(1000 + 7919 * i + 31 * j) % 150000 for j in range(n)]
+
+
+async def same_work(url: str, requests: int, prompt_len: int, new_tokens: int) -> dict[str, float]:
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=0, ignore_eos=True)
+    async with EngineClient([url]) as engine:
+        await engine.generate(prompt(0, prompt_len), params)  # warm-up
+        t0 = time.perf_counter()
+        comps = await asyncio.gather(
+            *(engine.generate(prompt(i, prompt_len), params) for i in range(requests))
+        )
+        batched = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for i in range(requests):
+            comps.append(await engine.generate(prompt(i, prompt_len), params))
+        serial = time.perf_counter() - t0
+    tokens = sum(len(c.token_ids) for c in comps) / 2
+    return {"batched": tokens / batched, "serial": tokens / serial}
+
+
+async def episodes(url: str, n: int, turns: int, seed: int = 0) -> float:
+    """n multi-turn episodes, staggered starts and random tool latency: generated tokens/s."""
+    rng = random.Random(seed)
+    plan = [
+        (rng.uniform(0, 0.3), [(rng.randint(16, 96), rng.uniform(0.0, 0.15)) for _ in range(turns)])
+        for _ in range(n)
+    ]
+
+    async def episode(i: int, start: float, steps: list[tuple[int, float]]) -> int:
+        await asyncio.sleep(start)
+        ids, total = prompt(i, 32), 0
+        for new, tool_s in steps:
+            params = SamplingParams(max_new_tokens=new, temperature=0, ignore_eos=True)
+            comp = await engine.generate(ids, params, key=f"ep{i}")
+            total += len(comp.token_ids)
+            ids = ids + comp.token_ids + prompt(i + 1, 12)  # the tool's observation
+            await asyncio.sleep(tool_s)
+        return total
+
+    async with EngineClient([url]) as engine:
+        await engine.generate(prompt(0, 8), SamplingParams(max_new_tokens=4))  # warm-up
+        t0 = time.perf_counter()
+        counts = await asyncio.gather(*(episode(i, s, st) for i, (s, st) in enumerate(plan)))
+        return sum(counts) / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", default=None, help="HF model dir (default: tiny random Qwen3)")
+    p.add_argument("--requests", type=int, default=8)
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--episodes", type=int, default=16)
+    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1, help="server torch threads")
+    a = p.parse_args()
+    if a.model is None:
+        from agentrl.assets.build import cached_tiny_random
+
+        a.model = str(cached_tiny_random())
+    print(f"model: {Path(a.model).name}")
+    results = {}
+    for scheduler in ("continuous", "dynamic"):
+        with devserver(a.model, a.threads, "--scheduler", scheduler) as url:
+            if scheduler == "continuous":
+                r = asyncio.run(same_work(url, a.requests, a.prompt_len, a.new_tokens))
+                print(f"{a.requests} requests x {a.new_tokens} tokens, all at once: "
+                      f"{r['batched']:8.1f} tok/s")  # fmt: skip
+                print(f"{a.requests} requests x {a.new_tokens} tokens, one at a time: "
+                      f"{r['serial']:8.1f} tok/s")  # fmt: skip
+                print(f"batched / one-at-a-time: {r['batched'] / r['serial']:.2f}x")
+            results[scheduler] = asyncio.run(episodes(url, a.episodes, a.turns))
+            print(f"{a.episodes} multi-turn episodes, --scheduler {scheduler}: "
+                  f"{results[scheduler]:8.1f} tok/s")  # fmt: skip
+    print(f"continuous / dynamic: {results['continuous'] / results['dynamic']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Weight sync cost: learner (FSDP2 on Ray) → rollout servers, `distributed` vs `disk`.
+
+    python bench/weight_sync.py [--model DIR | --hidden-size 256 --layers 4] [--workers 1]
+                                [--servers 1] [--bucket-mb 64] [--repeats 3] [--urls URL ...]
+
+Both methods push the same weights to the same servers in one run (after one warm-up push each)
+and the bench prints, per method, the median seconds per push, seconds per MB and per billion
+parameters, and the ratio distributed/disk. Default model: the tiny random Qwen3 (~37 MB fp32,
+mostly its embedding); --hidden-size/--layers build a bigger random one. Dev servers start on
+127.0.0.1 (gloo, CPU) and are stopped at the end; --urls benchmarks running servers instead
+(e.g. SGLang on a GPU host: the learner then broadcasts over NCCL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import httpx
+
+from agentrl.engine import EngineClient
+from agentrl.learner import LearnerConfig, RayConfig
+from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
+from agentrl.weight_sync import WeightSyncConfig, make_weight_sync
+
+
+@contextmanager
+def devserver(model: str, log_dir: str):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "agentrl.devserver", "--model", model, "--port", str(port)]
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
+    with open(Path(log_dir) / f"devserver-{port}.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            if proc.poll() is not None:
+                raise RuntimeError(f"devserver exited with {proc.returncode}: {' '.join(cmd)}")
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+async def measure(method: str, args, policy: LearnerGroup, urls: list[str], tmp: str) -> dict:
+    cfg = WeightSyncConfig(
+        method=method, bucket_mb=args.bucket_mb, disk_dir=os.path.join(tmp, "weights")
+    )
+    async with EngineClient(urls) as engine:
+        sync = make_weight_sync(cfg, policy, engine)
+        t0 = time.perf_counter()
+        await sync.setup()
+        setup_s = time.perf_counter() - t0
+        await sync.push("warmup")
+        times = []
+        for i in range(args.repeats):
+            t0 = time.perf_counter()
+            await sync.push(f"{method}-{i}")
+            times.append(time.perf_counter() - t0)
+        await sync.close()
+    seconds = statistics.median(times)
+    mb = sync.total_bytes / 2**20
+    return {
+        "method": method,
+        "setup_s": setup_s,
+        "seconds": seconds,
+        "mb": mb,
+        "s_per_mb": seconds / mb,
+        "s_per_bparam": seconds / (sync.total_params / 1e9),
+        "mb_per_s": mb / seconds,
+        "buckets": len(sync.buckets),
+    }
+
+
+def build_model(args, tmp: str) -> str:
+    if args.model:
+        return args.model
+    from agentrl.assets.build import build_tiny_random, cached_tiny_random
+
+    if args.hidden_size is None and args.layers is None:
+        return str(cached_tiny_random())
+    out = Path(tmp) / "model"
+    build_tiny_random(out, hidden_size=args.hidden_size or 64, num_layers=args.layers or 2)
+    return str(out)
+
+
+async def main_async(args) -> None:
+    tmp = tempfile.mkdtemp(prefix="agentrl-bench-sync-")
+    try:
+        model = build_model(args, tmp)
+        start_ray(RayConfig(num_cpus=max(2, os.cpu_count() or 2), object_store_mb=128))
+        policy = LearnerGroup(
+            LearnerConfig(model_path=model, num_workers=args.workers, device=args.device)
+        )
+        with ExitStack() as stack:
+            urls = args.urls or [
+                stack.enter_context(devserver(model, tmp)) for _ in range(args.servers)
+            ]
+            rows = [await measure(m, args, policy, urls, tmp) for m in ("distributed", "disk")]
+        policy.shutdown()
+        stop_ray()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(
+        f"model={model} learner_ranks={args.workers} servers={len(urls)} "
+        f"bucket_mb={args.bucket_mb} repeats={args.repeats} disk_dir_fs={_fs_type(tmp)}"
+    )
+    print(f"{'method':<12} {'MB':>8} {'buckets':>7} {'setup s':>8} {'s/push':>8} "
+          f"{'s/MB':>9} {'s/Bparam':>9} {'MB/s':>8}")  # fmt: skip
+    for r in rows:
+        print(
+            f"{r['method']:<12} {r['mb']:>8.1f} {r['buckets']:>7d} {r['setup_s']:>8.3f} "
+            f"{r['seconds']:>8.3f} {r['s_per_mb']:>9.5f} {r['s_per_bparam']:>9.2f} "
+            f"{r['mb_per_s']:>8.1f}"
+        )
+    ratio = rows[0]["s_per_mb"] / rows[1]["s_per_mb"]
+    print(f"ratio distributed/disk (s per MB): {ratio:.2f}")
+
+
+def _fs_type(path: str) -> str:
+    """The file system type of the mount holding `path` (tmpfs makes `disk` look fast)."""
+    best, kind = "", "?"
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            _, mnt, fs, *_ = line.split()
+            if path.startswith(mnt) and len(mnt) > len(best):
+                best, kind = mnt, fs
+    except OSError:
+        pass
+    return kind
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", help="a local HF model dir (default: the tiny random Qwen3)")
+    p.add_argument("--hidden-size", type=int, help="build a random Qwen3 of this width")
+    p.add_argument("--layers", type=int, help="… and this many layers")
+    p.add_argument("--workers", type=int, default=1, help="learner FSDP ranks")
+    p.add_argument("--servers", type=int, default=1, help="dev servers to start")
+    p.add_argument("--urls", nargs="*", help="benchmark running servers instead")
+    p.add_argument("--bucket-mb", type=float, default=64.0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    asyncio.run(main_async(p.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""Per-worker cgroups: one memory limit and one process/thread limit for a whole sandbox.
+
+rlimits are per process; a fork bomb multiplies them. A cgroup bounds the sum: resident memory
+(including what the code writes to its tmpfs) and the number of tasks. cgroup v1 (separate
+`memory` and `pids` hierarchies) and v2 (one hierarchy with both controllers delegated) are
+supported; creating cgroups needs write access to the hierarchy (root, or a delegated subtree).
+When neither is usable, `CgroupRoot.detect` returns None and the service says so on /health.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def _mounts() -> list[tuple[str, str, set[str]]]:
+    """(mount point, fs type, super options) of cgroup mounts."""
+    out = []
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
+        for line in f:
+            pre, _, post = line.partition(" - ")
+            fstype, _, opts = post.split()[:3]
+            if fstype in ("cgroup", "cgroup2"):
+                out.append((pre.split()[4], fstype, set(opts.split(","))))
+    return out
+
+
+def _own_paths() -> dict[str, str]:
+    """controller (or '' for v2) -> path of this process's cgroup."""
+    out = {}
+    with contextlib.suppress(OSError), open("/proc/self/cgroup") as f:
+        for line in f:
+            _, ctrls, path = line.rstrip("\n").split(":", 2)
+            for c in ctrls.split(",") if ctrls else [""]:
+                out[c] = path
+    return out
+
+
+def _base(mount: str, own: str | None) -> Path:
+    """Our own cgroup inside `mount` when visible there (so limits nest), else the mount."""
+    if own:
+        p = Path(mount) / own.lstrip("/")
+        if p.is_dir():
+            return p
+    return Path(mount)
+
+
+def _write(path: Path, value: str) -> bool:
+    try:
+        path.write_text(value)
+        return True
+    except OSError:
+        return False
+
+
+def _read_counter(path: Path, key: str) -> int:
+    with contextlib.suppress(OSError, ValueError):
+        for line in path.read_text().splitlines():
+            k, _, v = line.partition(" ")
+            if k == key:
+                return int(v)
+    return 0
+
+
+@dataclass
+class Cgroup:
+    """The cgroup(s) of one worker. `procs_files` get the worker's pid before it execs."""
+
+    version: int
+    dirs: list[Path]
+    mem_dir: Path | None
+    pids_dir: Path | None
+    procs_files: list[str] = field(default_factory=list)
+
+    def oom_killed(self) -> bool:
+        if self.mem_dir is None:
+            return False
+        if self.version == 2:
+            return _read_counter(self.mem_dir / "memory.events", "oom_kill") > 0
+        oom = self.mem_dir / "memory.oom_control"
+        if _read_counter(oom, "oom_kill") > 0:
+            return True
+        return _read_counter(oom, "under_oom") > 0
+
+    def pids_hit(self) -> bool:
+        return self.pids_dir is not None and _read_counter(self.pids_dir / "pids.events", "max") > 0
+
+    def kill(self) -> None:
+        if self.version == 2 and self.dirs and _write(self.dirs[0] / "cgroup.kill", "1"):
+            return
+        for d in self.dirs:
+            with contextlib.suppress(OSError, ValueError):
+                for pid in (d / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(int(pid), signal.SIGKILL)
+
+    def empty(self) -> bool:
+        for d in self.dirs:
+            with contextlib.suppress(OSError):
+                if (d / "cgroup.procs").read_text().strip():
+                    return False
+        return True
+
+    def remove(self, wait_s: float = 2.0) -> bool:
+        """Kill what is left and remove the directories (blocking; call from a thread)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            self.kill()
+            left = []
+            for d in self.dirs:
+                try:
+                    d.rmdir()
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    left.append(d)
+            self.dirs = left
+            if not left:
+                return True
+            if time.monotonic() > deadline:
+                log.warning("could not remove cgroups %s", [str(d) for d in left])
+                return False
+            time.sleep(0.02)
+
+
+class CgroupRoot:
+    """A parent cgroup `agentrl-sandbox-<pid>` under which each worker gets a child."""
+
+    def __init__(self, version: int, mem_parent: Path | None, pids_parent: Path | None) -> None:
+        self.version = version
+        self.mem_parent = mem_parent
+        self.pids_parent = pids_parent
+
+    @property
+    def controllers(self) -> list[str]:
+        return [n for n, p in (("memory", self.mem_parent), ("pids", self.pids_parent)) if p]
+
+    @classmethod
+    def detect(cls, name: str | None = None) -> CgroupRoot | None:
+        name = name or f"agentrl-sandbox-{os.getpid()}"
+        own = _own_paths()
+        mounts = _mounts()
+        v1 = {}
+        for mnt, fstype, opts in mounts:
+            for c in ("memory", "pids"):
+                if fstype == "cgroup" and c in opts and c not in v1:
+                    v1[c] = _make(_base(mnt, own.get(c)) / name)
+        if any(v1.values()):
+            return cls(1, v1.get("memory"), v1.get("pids"))
+        for mnt, fstype, _ in mounts:
+            if fstype == "cgroup2":
+                root = _v2_parent(_base(mnt, own.get("")), name)
+                if root is not None:
+                    return root
+        return None
+
+    def create(self, leaf: str, memory_bytes: int, pids: int) -> Cgroup:
+        if self.version == 2:
+            d = self.mem_parent or self.pids_parent
+            assert d is not None
+            d = d / leaf
+            d.mkdir()
+            cg = Cgroup(2, [d], d if self.mem_parent else None, d if self.pids_parent else None)
+            _write(d / "memory.max", str(memory_bytes))
+            _write(d / "memory.swap.max", "0")
+            _write(d / "pids.max", str(pids))
+            cg.procs_files = [str(d / "cgroup.procs")]
+            return cg
+        cg = Cgroup(1, [], None, None)
+        if self.mem_parent:
+            d = self.mem_parent / leaf
+            d.mkdir()
+            cg.dirs.append(d)
+            cg.mem_dir = d
+            _write(d / "memory.limit_in_bytes", str(memory_bytes))
+            _write(d / "memory.memsw.limit_in_bytes", str(memory_bytes))
+        if self.pids_parent:
+            d = self.pids_parent / leaf
+            d.mkdir()
+            cg.dirs.append(d)
+            cg.pids_dir = d
+            _write(d / "pids.max", str(pids))
+        cg.procs_files = [str(d / "cgroup.procs") for d in cg.dirs]
+        return cg
+
+    def remove(self) -> None:
+        for d in {self.mem_parent, self.pids_parent} - {None}:
+            with contextlib.suppress(OSError):
+                d.rmdir()  # type: ignore[union-attr]
+
+
+def _make(path: Path) -> Path | None:
+    try:
+        path.mkdir(exist_ok=True)
+        return path
+    except OSError:
+        return None
+
+
+def _v2_parent(base: Path, name: str) -> CgroupRoot | None:
+    """v2 needs memory+pids enabled for our children; fails (None) without delegation."""
+    try:
+        avail = (base / "cgroup.controllers").read_text().split()
+    except OSError:
+        return None
+    if "memory" not in avail and "pids" not in avail:
+        return None
+    parent = _make(base / name)
+    if parent is None:
+        return None
+    want = [c for c in ("memory", "pids") if c in avail]
+    _write(base / "cgroup.subtree_control", " ".join(f"+{c}" for c in want))
+    _write(parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in want))
+    have = (parent / "cgroup.subtree_control").read_text().split()
+    if not have:
+        with contextlib.suppress(OSError):
+            parent.rmdir()
+        return None
+    return CgroupRoot(
+        2, parent if "memory" in have else None, parent if "pids" in have else None
+    )

@@ -1,0 +1,94 @@
+"""Typed settings of the sandbox: per-execution limits, the local service, and the client side.
+
+`SandboxConfig` is what the python tool and the trainer read (`sandbox.make_sandbox(cfg)`);
+`ServerConfig` is what `python -m sandbox.server` runs with (also nested in `SandboxConfig.server`
+for a service the trainer starts itself).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Limits(BaseModel):
+    """Limits of one execution (one-shot run or one call of a session)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    wall_s: float = Field(10.0, gt=0, description="default wall time when the caller gives none")
+    max_wall_s: float = Field(120.0, gt=0, description="upper bound on any caller's timeout")
+    cpu_s: float = Field(10.0, gt=0, description="CPU seconds per call (per process)")
+    session_cpu_s: float = Field(600.0, gt=0, description="CPU seconds over a session's life")
+    memory_mb: int = Field(1024, gt=16, description="resident memory of the whole sandbox")
+    processes: int = Field(64, gt=1, description="processes + threads of the whole sandbox")
+    file_size_mb: int = Field(16, gt=0, description="largest file the code may write")
+    tmp_mb: int = Field(64, gt=0, description="size of the private writable /tmp (and /dev/shm)")
+    open_files: int = Field(256, gt=16)
+    output_bytes: int = Field(64 * 1024, gt=0, description="stdout/stderr kept per stream")
+    output_kill_bytes: int = Field(8 << 20, gt=0, description="output that stops the run")
+
+
+class ServerConfig(BaseModel):
+    """The local sandbox service (`python -m sandbox.server`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = 8470
+    limits: Limits = Field(default_factory=Limits)
+    isolation: Literal["auto", "bwrap", "rlimits"] = Field(
+        "auto", description="auto: bwrap namespaces when they work here, else rlimits (logged)"
+    )
+    warm_workers: int = Field(4, ge=0, description="pre-started interpreters waiting for code")
+    max_running: int = Field(
+        default_factory=lambda: max(2, os.cpu_count() or 2), ge=1, description="concurrent calls"
+    )
+    max_queue: int = Field(256, ge=0, description="calls waiting for a slot; beyond: 503 busy")
+    max_sessions: int = Field(512, ge=0)
+    session_ttl_s: float = Field(900.0, gt=0, description="idle lease of a session")
+    max_code_bytes: int = Field(1 << 20, gt=0)
+    python: str | None = Field(None, description="interpreter inside the sandbox (default: ours)")
+    preload: list[str] = Field(
+        default_factory=list, description="modules imported by warm workers (e.g. numpy)"
+    )
+    ro_paths: list[str] = Field(default_factory=list, description="extra read-only host paths")
+    env: dict[str, str] = Field(default_factory=dict, description="extra variables inside")
+    seccomp: bool = True
+    cgroups: bool = True
+    uid_base: int = Field(200_000, description="first host uid of per-worker users (root only)")
+    token: str | None = Field(None, description="if set, required as Bearer token / X-API-Key")
+    e2b_timeout_s: float = Field(60.0, gt=0, description="default wall time of e2b /execute")
+
+
+class E2BConfig(BaseModel):
+    """e2b backend. The API key and endpoints come from the environment as e2b users expect
+    (E2B_API_KEY, E2B_DOMAIN, E2B_API_URL, E2B_SANDBOX_URL) unless given here."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    template: str | None = None
+    api_key: str | None = None
+    domain: str | None = None
+    sandbox_timeout_s: int = Field(600, gt=0, description="lifetime of each e2b sandbox")
+    request_timeout_s: float = Field(30.0, gt=0)
+
+
+class SandboxConfig(BaseModel):
+    """Which sandbox the python tool uses. `backend="service"` with no `url` starts a local
+    service (with `server`) owned by the returned client; it stops on `aclose()`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["subprocess", "service", "e2b"] = "subprocess"
+    url: str | None = Field(None, description="service URL, e.g. http://127.0.0.1:8470")
+    token: str | None = None
+    retries: int = Field(5, ge=0, description="retries on unreachable / busy / 5xx")
+    backoff_s: float = Field(0.25, gt=0, description="first retry wait; doubles, with jitter")
+    backoff_max_s: float = Field(4.0, gt=0)
+    max_concurrency: int = Field(256, ge=1, description="client-side cap on calls in flight")
+    limits: Limits = Field(default_factory=Limits, description="subprocess backend limits")
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    e2b: E2BConfig = Field(default_factory=E2BConfig)

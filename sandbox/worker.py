@@ -1,0 +1,469 @@
+"""One sandbox worker (an agent process inside its own sandbox) and the warm pool of them.
+
+A worker is started before code arrives (`WorkerPool` keeps `warm_workers` ready), serves one
+one-shot call and is killed, or serves the calls of one session until it is closed. Killing
+the outer bwrap process tears down the sandbox's PID namespace: every process inside dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import struct
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from sandbox.base import ExecResult
+from sandbox.cgroups import CgroupRoot
+from sandbox.config import Limits
+from sandbox.isolation import Launcher, Slot
+
+log = logging.getLogger(__name__)
+
+_SIG_LIMIT = {signal.SIGXCPU: "cpu_time", signal.SIGXFSZ: "file_size"}
+_DISK_ERRNOS = {errno.EFBIG, errno.ENOSPC, errno.EDQUOT}
+_MARKER_GRACE_S = 1.0
+_KILL_GRACE_S = 1.0
+
+
+class WorkerStartError(RuntimeError):
+    """A worker could not be started (the sandbox setup failed on this host)."""
+
+
+@dataclass
+class _Stream:
+    """Collects one pipe of the current call: keeps a head, counts all, finds the end marker."""
+
+    keep: int
+    kill_at: int
+    buf: bytearray = field(default_factory=bytearray)
+    total: int = 0
+    carry: bytearray = field(default_factory=bytearray)
+    marker: bytes | None = None
+    tail: bytes = b""
+    seen: asyncio.Event = field(default_factory=asyncio.Event)
+    overflow: asyncio.Event = field(default_factory=asyncio.Event)
+    eof: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def begin(self, marker: bytes | None) -> None:
+        self.buf, self.total, self.marker, self.tail = bytearray(), 0, marker, b""
+        self.seen.clear()
+        pending, self.carry = bytes(self.carry), bytearray()
+        if pending:
+            self.feed(pending)
+
+    def feed(self, chunk: bytes) -> None:
+        if self.seen.is_set():  # after this call's marker: the next call's output
+            if len(self.carry) < self.keep:
+                self.carry += chunk[: self.keep - len(self.carry)]
+            return
+        if self.marker:
+            joined = self.tail + chunk
+            i = joined.find(self.marker)
+            if i >= 0:
+                before = joined[len(self.tail) : i] if i >= len(self.tail) else b""
+                if i < len(self.tail):  # the marker started in the previous chunk
+                    cut = len(self.tail) - i
+                    self.buf = self.buf[: max(0, len(self.buf) - cut)]
+                    self.total -= cut
+                self._add(before)
+                self.seen.set()
+                self.feed(joined[i + len(self.marker) :])
+                return
+            self.tail = joined[-(len(self.marker) - 1) :] if len(self.marker) > 1 else b""
+        self._add(chunk)
+
+    def _add(self, chunk: bytes) -> None:
+        room = self.keep - len(self.buf)
+        if room > 0:
+            self.buf += chunk[:room]
+        self.total += len(chunk)
+        if self.total > self.kill_at:
+            self.overflow.set()
+
+    def text(self) -> tuple[str, bool]:
+        s = bytes(self.buf).decode("utf-8", "replace").replace("\x00", "\ufffd")
+        return s, self.total > len(self.buf)
+
+
+class Worker:
+    """A started worker. Use `execute` (one call) and `kill` (always, at the end)."""
+
+    def __init__(self, proc: subprocess.Popen, slot: Slot, sock: socket.socket, lim: Limits):
+        self.proc, self.slot, self.lim = proc, slot, lim
+        self.sock = sock
+        self.out = _Stream(lim.output_bytes, lim.output_kill_bytes)
+        self.err = _Stream(lim.output_bytes, lim.output_kill_bytes)
+        self.exited = asyncio.get_running_loop().create_future()
+        self.created = time.monotonic()
+        self.calls = 0
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._pidfd: int | None = None
+
+    @property
+    def alive(self) -> bool:
+        return not self.exited.done()
+
+    async def attach(self, start_timeout: float) -> list[str]:
+        """Wire pipes and wait for the agent's `ready` frame; returns its warnings."""
+        loop = asyncio.get_running_loop()
+        self._reader, self._writer = await asyncio.open_unix_connection(sock=self.sock)
+        for pipe, stream in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
+            self._tasks.append(asyncio.create_task(_pump(loop, pipe, stream)))
+        try:
+            self._pidfd = os.pidfd_open(self.proc.pid)
+            loop.add_reader(self._pidfd, self._on_exit)
+        except (AttributeError, OSError):
+            self._tasks.append(asyncio.create_task(self._wait_thread()))
+        ready = await asyncio.wait_for(self._recv(), start_timeout)
+        if not ready or not ready.get("ready"):
+            raise WorkerStartError("worker exited before it was ready")
+        return ready.get("warnings", [])
+
+    def _on_exit(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._pidfd is not None:
+            loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        if not self.exited.done():
+            self.exited.set_result(self.proc.wait())
+
+    async def _wait_thread(self) -> None:
+        rc = await asyncio.to_thread(self.proc.wait)
+        if not self.exited.done():
+            self.exited.set_result(rc)
+
+    async def _recv(self) -> dict | None:
+        assert self._reader is not None
+        try:
+            head = await self._reader.readexactly(4)
+            body = await self._reader.readexactly(struct.unpack(">I", head)[0])
+            out = json.loads(body)
+            return out if isinstance(out, dict) else None
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+            return None
+
+    async def _send(self, obj: dict) -> None:
+        assert self._writer is not None
+        data = json.dumps(obj).encode()
+        self._writer.write(struct.pack(">I", len(data)) + data)
+        await self._writer.drain()
+
+    async def execute(self, code: str, language: str, timeout: float, session: bool) -> ExecResult:
+        """Run one call. After a one-shot call, or any call that ended badly, the worker is dead."""
+        t0 = time.monotonic()
+        self.calls += 1
+        marker = f"\x1e{secrets.token_hex(8)}\x1e" if session else None
+        for s in (self.out, self.err):
+            s.begin(marker.encode() if marker else None)
+        req = {"code": code, "language": language, "mode": "session" if session else "oneshot"}
+        req.update(timeout=timeout, cpu_s=self.lim.cpu_s, marker=marker)
+        deadline = timeout + (_KILL_GRACE_S if session else 0.0)
+        reply, ended = await self._await_end(req, t0 + deadline)
+        overflow = self.out.overflow.is_set() or self.err.overflow.is_set()
+        wall_kill = not ended and not overflow
+        keep = session and reply is not None and not overflow and self.alive
+        if keep and not reply.get("marker_lost"):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(_both(self.out.seen, self.err.seen), _MARKER_GRACE_S)
+        rc = self.exited.result() if self.exited.done() else None  # ended by itself
+        if not keep:
+            await self.kill()
+            await self._drain()
+        return self._result(reply, rc, language, t0, wall_kill=wall_kill, overflow=overflow)
+
+    async def _await_end(self, req: dict, deadline: float) -> tuple[dict | None, bool]:
+        """Send the call and wait for its reply, the process's exit, or an output overflow.
+        Returns (reply, ended by itself); (None, False) means the deadline passed."""
+        reply_task = asyncio.create_task(self._recv())
+        others = {
+            asyncio.shield(self.exited),
+            asyncio.create_task(self.out.overflow.wait()),
+            asyncio.create_task(self.err.overflow.wait()),
+        }
+        pending = {reply_task, *others}
+        try:
+            await self._send(req)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None, False
+                done, pending = await asyncio.wait(pending, timeout=left, return_when="FIRST_COMPLETED")
+                if reply_task in done and reply_task.result() is not None:
+                    return reply_task.result(), True
+                if done - {reply_task}:  # exited or overflowed
+                    return None, self.alive is False
+                # the control socket closed (bash exec'd, or the code closed it): wait for exit
+        except (ConnectionError, OSError):
+            return None, False
+        finally:
+            for t in others | {reply_task}:
+                t.cancel()
+
+    def _result(
+        self,
+        reply: dict | None,
+        rc: int | None,
+        language: str,
+        t0: float,
+        *,
+        wall_kill: bool,
+        overflow: bool,
+    ) -> ExecResult:
+        out, out_cut = self.out.text()
+        err, err_cut = self.err.text()
+        if reply:
+            exit_code = reply.get("exit_code")
+        elif rc is None:  # we killed it (wall time, output)
+            exit_code = None
+        elif language == "bash" or rc <= 128:
+            exit_code = rc
+        else:
+            exit_code = -(rc - 128)  # bwrap reports a signal N as 128+N; Python says -N
+        reply = reply or {}
+        timed_out = wall_kill or bool(reply.get("timed_out"))
+        failed = timed_out or overflow or exit_code != 0
+        limit = self._limit(reply, rc, failed, overflow, timed_out)
+        if limit == "memory" and not reply.get("error_name"):
+            err += "\n[sandbox] killed: memory limit reached\n"
+        return ExecResult(
+            stdout=out,
+            stderr=err,
+            exit_code=exit_code,
+            timed_out=timed_out,
+            limit=limit,
+            duration_s=time.monotonic() - t0,
+            truncated=out_cut or err_cut,
+            result=reply.get("result"),
+            error_name=reply.get("error_name"),
+            error_value=reply.get("error_value"),
+        )
+
+    def _limit(
+        self, reply: dict, rc: int | None, failed: bool, overflow: bool, timed_out: bool
+    ) -> str | None:
+        if not failed:
+            return None
+        cg = self.slot.cgroup
+        sig = _signal_of(rc) if not reply else None
+        if (cg and cg.oom_killed()) or reply.get("error_name") == "MemoryError":
+            return "memory"
+        if cg and cg.pids_hit():
+            return "processes"
+        if sig in _SIG_LIMIT:
+            return _SIG_LIMIT[sig]
+        if reply.get("errno") in _DISK_ERRNOS:
+            return "file_size"
+        if overflow:
+            return "output"
+        if timed_out:
+            return "wall_time"
+        return None
+
+    async def kill(self) -> None:
+        """SIGKILL the sandbox (its PID namespace dies with it) and whatever is in its cgroup."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        if self.slot.cgroup is not None:
+            self.slot.cgroup.kill()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.exited), 5.0)
+
+    async def _drain(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(_both(self.out.eof, self.err.eof), _KILL_GRACE_S)
+
+    async def close(self) -> None:
+        """Kill and release everything this worker holds (idempotent)."""
+        await self.kill()
+        for t in self._tasks:
+            t.cancel()
+        if self._writer is not None:
+            self._writer.close()
+        if self._pidfd is not None:
+            asyncio.get_running_loop().remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+async def _pump(loop: asyncio.AbstractEventLoop, pipe, stream: _Stream) -> None:
+    reader = asyncio.StreamReader(limit=1 << 20)
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), pipe
+    )
+    try:
+        while chunk := await reader.read(1 << 16):
+            stream.feed(chunk)
+    finally:
+        stream.eof.set()
+        transport.close()
+
+
+async def _both(a: asyncio.Event, b: asyncio.Event) -> None:
+    await a.wait()
+    await b.wait()
+
+
+def _signal_of(rc: int | None) -> int | None:
+    """The signal that ended the code: bwrap reports 128+N, a direct child -N."""
+    if rc is None:
+        return None
+    if rc < 0:
+        return -rc
+    if rc > 128 and rc - 128 < 65:
+        return rc - 128
+    return None
+
+
+class WorkerPool:
+    """Starts workers (each with its own uid slot and cgroup) and keeps `warm` of them ready."""
+
+    def __init__(
+        self, launcher: Launcher, lim: Limits, warm: int, cgroups: CgroupRoot | None, uids: int
+    ) -> None:
+        self.launcher, self.lim, self.warm = launcher, lim, warm
+        self.cgroups = cgroups
+        base = launcher.cfg.uid_base
+        use_uids = launcher.root
+        # FIFO reuse over many uids: a uid comes back only long after its sandbox died
+        self._free = [Slot(i, base + i if use_uids else None) for i in range(uids)]
+        self._ready: asyncio.Queue[Worker] = asyncio.Queue()
+        self._refill: asyncio.Task | None = None
+        self._spawning: set[asyncio.Task] = set()
+        self._wake = asyncio.Event()
+        self._closing = False
+        self.started = 0
+        self.spawn_s = 0.0
+
+    def start(self) -> None:
+        self._refill = asyncio.create_task(self._refill_loop())
+        self._wake.set()
+
+    async def acquire(self) -> Worker:
+        """A ready worker: from the warm pool, or started now if the pool is empty."""
+        while not self._ready.empty():
+            w = self._ready.get_nowait()
+            self._wake.set()
+            if w.alive:
+                return w
+            await self.release(w)
+        self._wake.set()
+        return await self.spawn()
+
+    async def spawn(self) -> Worker:
+        if not self._free:
+            raise WorkerStartError("no free worker slots (raise max_sessions/max_running?)")
+        slot = self._free.pop(0)
+        t0 = time.monotonic()
+        if self.cgroups is not None:
+            slot.cgroup = await asyncio.to_thread(
+                self.cgroups.create,
+                f"w{slot.index}-{self.started}",
+                self.lim.memory_mb << 20,
+                self.lim.processes + 4,
+            )
+        parent, child = socket.socketpair()
+        try:
+            proc = await asyncio.to_thread(self.launcher.spawn, slot, child.fileno())
+        except Exception as e:
+            parent.close()
+            await self._free_slot(slot)
+            raise WorkerStartError(f"could not start a sandbox worker: {e}") from e
+        finally:
+            child.close()
+        self.started += 1
+        w = Worker(proc, slot, parent, self.lim)
+        try:
+            warnings = await w.attach(start_timeout=30.0)
+        except (WorkerStartError, TimeoutError) as e:
+            err = w.err.text()[0][-2000:]
+            await self.release(w)
+            raise WorkerStartError(f"sandbox worker failed to start: {e}; stderr: {err}") from e
+        for msg in warnings:
+            log.warning("sandbox worker: %s", msg)
+        self.spawn_s += time.monotonic() - t0
+        return w
+
+    async def release(self, w: Worker) -> None:
+        await w.close()
+        await self._free_slot(w.slot)
+
+    async def _free_slot(self, slot: Slot) -> None:
+        if slot.cgroup is not None:
+            await asyncio.to_thread(slot.cgroup.remove)
+            slot.cgroup = None
+        if slot.private_dir is not None:
+            await asyncio.to_thread(_rmtree, slot.private_dir)
+            slot.private_dir = None
+        self._free.append(slot)
+
+    async def _refill_loop(self) -> None:
+        parallel = max(1, min(4, os.cpu_count() or 2))
+        while not self._closing:
+            await self._wake.wait()
+            self._wake.clear()
+            while (
+                not self._closing
+                and self._ready.qsize() + len(self._spawning) < self.warm
+                and len(self._spawning) < parallel
+            ):
+                task = asyncio.create_task(self._spawn_warm())
+                self._spawning.add(task)
+                task.add_done_callback(self._spawning.discard)
+
+    async def _spawn_warm(self) -> None:
+        try:
+            w = await self.spawn()
+        except WorkerStartError as e:
+            log.error("%s", e)
+            await asyncio.sleep(1.0)
+        else:
+            if self._closing:
+                await self.release(w)
+            else:
+                self._ready.put_nowait(w)
+        finally:
+            self._wake.set()
+
+    def stats(self) -> dict:
+        return {
+            "warm": self._ready.qsize(),
+            "started": self.started,
+            "free_slots": len(self._free),
+            "mean_spawn_ms": round(1000 * self.spawn_s / max(self.started, 1), 1),
+        }
+
+    async def close(self) -> None:
+        self._closing = True
+        self._wake.set()
+        if self._refill is not None:
+            self._refill.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refill
+        for task in list(self._spawning):
+            with contextlib.suppress(asyncio.CancelledError, WorkerStartError):
+                await task
+        while not self._ready.empty():
+            await self.release(self._ready.get_nowait())
+
+
+def _rmtree(path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)

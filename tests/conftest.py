@@ -1,0 +1,99 @@
+"""Shared fixtures: the tiny model, free loopback ports, and a real dev server on loopback.
+
+`devserver` (session) is one `python -m agentrl.devserver` on 127.0.0.1 serving the tiny random
+model; tests must not change its weights (start your own with `launch_devserver` for that).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Builds (tokenizer, tiny model) are cached here across runs unless the caller chose a place.
+os.environ.setdefault("AGENTRL_CACHE", str(ROOT / ".cache" / "agentrl"))
+
+
+def find_free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def run_devserver(model: Path | str, *args: str, log_dir: Path, timeout_s: float = 120.0):
+    """Start `python -m agentrl.devserver` on a free loopback port; yield (url, process).
+
+    One torch thread (CI machines are small and shared). Stopped with SIGTERM (then SIGKILL
+    after 15 s) when the block exits."""
+    port = find_free_port()
+    log_path = Path(log_dir) / f"devserver-{port}.log"
+    cmd = [sys.executable, "-m", "agentrl.devserver", "--model", str(model), "--host",
+           "127.0.0.1", "--port", str(port), "--threads", "1", *args]  # fmt: skip
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"devserver exited ({proc.returncode}):\n{log_path.read_text()}")
+            try:
+                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"devserver not healthy in {timeout_s}s:\n{log_path.read_text()}")
+            time.sleep(0.2)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    from agentrl.assets.build import cached_tiny_random
+
+    return cached_tiny_random()
+
+
+@pytest.fixture
+def free_port() -> int:
+    return find_free_port()
+
+
+@pytest.fixture(scope="session")
+def launch_devserver(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Callable[..., AbstractContextManager]:
+    """`with launch_devserver(model_dir, "--scheduler", "dynamic") as (url, proc): ...`"""
+    log_dir = tmp_path_factory.mktemp("devserver-logs")
+
+    def launch(model: Path | str, *args: str):
+        return run_devserver(model, *args, log_dir=log_dir)
+
+    return launch
+
+
+@pytest.fixture(scope="session")
+def devserver(tiny_model_dir: Path, launch_devserver) -> Iterator[str]:
+    """URL of a session-wide dev server serving the tiny model (do not change its weights)."""
+    with launch_devserver(tiny_model_dir) as (url, _):
+        yield url

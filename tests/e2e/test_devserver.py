@@ -1,0 +1,263 @@
+"""The dev server on loopback, through EngineClient: exact logprobs, batching, SGLang semantics,
+pause/abort, and the three weight-update paths (disk, gloo broadcast, tensors)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from agentrl.assets.build import cached_tiny_random
+from agentrl.devserver import init_custom_process_group
+from agentrl.engine import EngineClient, PromptTooLong, SamplingParams, encode_named_tensors
+from agentrl.types import FinishReason
+
+TOL = 1e-4
+PROMPT = [9707, 11, 1879, 0, 4340, 525, 498]
+
+
+def load(path) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def model0(tiny_model_dir):
+    return load(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def model1_dir():
+    return cached_tiny_random(seed=1)
+
+
+def ref_logprobs(model, prompt: list[int], out: list[int], temperature: float = 1.0) -> list[float]:
+    """log_softmax(logits / T) of `out` from one plain forward over prompt + out."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + out])).logits[0].float()
+    lp = torch.log_softmax(logits[len(prompt) - 1 : -1] / temperature, -1)
+    return lp[torch.arange(len(out)), torch.tensor(out)].tolist()
+
+
+def assert_close(a: list[float], b: list[float]) -> None:
+    assert len(a) == len(b)
+    assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < TOL, (a, b)
+
+
+async def test_greedy_logprobs_equal_a_plain_forward(devserver, model0):
+    async with EngineClient([devserver]) as engine:
+        params = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)
+        comp = await engine.generate(PROMPT, params)
+    assert comp.finish_reason is FinishReason.LENGTH and len(comp.token_ids) == 12
+    assert_close(comp.logprobs, ref_logprobs(model0, PROMPT, comp.token_ids))
+    with torch.no_grad():  # greedy: each id is the argmax after the ids before it
+        logits = model0(torch.tensor([PROMPT + comp.token_ids])).logits[0]
+    assert logits[len(PROMPT) - 1 : -1].argmax(-1).tolist() == comp.token_ids
+
+
+async def test_sampled_logprobs_equal_a_plain_forward_and_seeds_repeat(devserver, model0):
+    params = SamplingParams(max_new_tokens=10, temperature=0.8, top_p=0.95, top_k=500, seed=11)
+    async with EngineClient([devserver]) as engine:
+        a, b = await asyncio.gather(engine.generate(PROMPT, params), engine.generate(PROMPT, params))
+    assert a.token_ids == b.token_ids and len(set(a.token_ids)) > 1
+    assert_close(a.logprobs, ref_logprobs(model0, PROMPT, a.token_ids, temperature=0.8))
+
+
+async def test_concurrent_requests_are_batched_and_stay_exact(devserver, model0):
+    async with EngineClient([devserver]) as engine:
+        before = (await engine.server_info())[0]["internal_states"][0]["decode_batch_sizes"]
+
+        async def one(i: int):
+            await asyncio.sleep(0.03 * i)  # staggered: later requests join a running batch
+            prompt = [(37 * i + 5 * j) % 150000 for j in range(3 + 4 * i)]
+            params = SamplingParams(max_new_tokens=6 + 2 * i, temperature=0.0, ignore_eos=True)
+            return prompt, await engine.generate(prompt, params)
+
+        results = await asyncio.gather(*(one(i) for i in range(8)))
+        after = (await engine.server_info())[0]["internal_states"][0]["decode_batch_sizes"]
+    batched = {int(k): v - before.get(k, 0) for k, v in after.items() if int(k) > 1}
+    assert sum(batched.values()) > 0 and max(k for k, v in batched.items() if v) >= 3, batched
+    for i, (prompt, comp) in enumerate(results):
+        assert len(comp.token_ids) == 6 + 2 * i
+        assert_close(comp.logprobs, ref_logprobs(model0, prompt, comp.token_ids))
+
+
+async def test_stop_token_is_returned_and_finish_reasons_follow_sglang(devserver):
+    base = SamplingParams(max_new_tokens=8, temperature=1.0, seed=5, ignore_eos=True)
+    async with EngineClient([devserver]) as engine:
+        free = (await engine.generate(PROMPT, base)).token_ids
+        k = next(i for i in range(1, 8) if free[i] not in free[:i])
+        stop = free[k]
+        with_stop = base.model_copy(update={"ignore_eos": False, "stop_token_ids": [stop]})
+        c = await engine.generate(PROMPT, with_stop)
+        assert c.finish_reason is FinishReason.STOP and c.matched_stop == stop
+        assert c.token_ids == free[: k + 1] and len(c.logprobs) == k + 1  # stop id included
+        # the length limit is checked first: a stop id sampled as the last allowed token
+        capped = await engine.generate(PROMPT, with_stop.model_copy(update={"max_new_tokens": k + 1}))
+        assert capped.finish_reason is FinishReason.LENGTH and capped.token_ids == free[: k + 1]
+        # ignore_eos turns off every token stop, stop_token_ids included (as in SGLang)
+        ignored = await engine.generate(PROMPT, with_stop.model_copy(update={"ignore_eos": True}))
+        assert ignored.finish_reason is FinishReason.LENGTH and ignored.token_ids == free
+
+
+async def test_too_long_prompts_get_400_and_prompt_too_long(devserver):
+    async with httpx.AsyncClient(base_url=devserver) as http:
+        r = await http.post("/generate", json={"input_ids": [1] * 4096})
+        assert r.status_code == 400
+        assert "longer than the model's context length (4096" in r.json()["error"]["message"]
+        body = {"input_ids": [1] * 4000, "sampling_params": {"max_new_tokens": 200}}
+        r = await http.post("/generate", json=body)
+        assert r.status_code == 400 and "Requested token count" in r.json()["error"]["message"]
+        r = await http.post("/generate", json={"text": "hi"})
+        assert r.status_code == 400 and "input_ids" in r.json()["error"]["message"]
+    async with EngineClient([devserver]) as engine:
+        with pytest.raises(PromptTooLong):
+            await engine.generate([1] * 4096, SamplingParams(max_new_tokens=1))
+
+
+async def test_batch_input_ids_get_a_list_of_responses(devserver):
+    body = {
+        "input_ids": [[1, 2, 3], [4, 5]],
+        "sampling_params": [{"max_new_tokens": 2, "temperature": 0}, {"max_new_tokens": 3}],
+        "rid": ["a-batch-1", "a-batch-2"],
+        "return_logprob": True,
+    }
+    async with httpx.AsyncClient(base_url=devserver) as http:
+        r = await http.post("/generate", json=body)
+    out = r.json()
+    assert r.status_code == 200 and [o["meta_info"]["id"] for o in out] == body["rid"]
+    assert [len(o["output_ids"]) for o in out] == [2, 3]
+    assert [o["meta_info"]["prompt_tokens"] for o in out] == [3, 2]
+
+
+async def test_pause_continue_abort_and_retract(devserver, model0):
+    long = SamplingParams(max_new_tokens=3000, temperature=0, ignore_eos=True)
+    async with EngineClient([devserver]) as engine:
+        await engine.pause_generation("in_place")
+        task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_new_tokens=3)))
+        await asyncio.sleep(0.3)
+        assert not task.done()  # the scheduler really is paused
+        await engine.continue_generation()
+        assert len((await asyncio.wait_for(task, 10)).token_ids) == 3
+
+        task = asyncio.create_task(engine.generate(PROMPT, long))
+        await _wait_running(engine)
+        await engine.abort(abort_all=True)
+        aborted = await asyncio.wait_for(task, 10)
+        assert aborted.finish_reason is FinishReason.ABORT and len(aborted.token_ids) < 3000
+        assert_close(aborted.logprobs, ref_logprobs(model0, PROMPT, aborted.token_ids))
+
+        # retract: the KV cache is dropped, the request is re-prefilled and still exact
+        task = asyncio.create_task(
+            engine.generate(PROMPT, long.model_copy(update={"max_new_tokens": 60}))
+        )
+        await _wait_running(engine)
+        await engine.pause_generation("retract")
+        await engine.continue_generation()
+        done = await asyncio.wait_for(task, 30)
+        assert done.finish_reason is FinishReason.LENGTH and len(done.token_ids) == 60
+        assert_close(done.logprobs, ref_logprobs(model0, PROMPT, done.token_ids))
+
+
+async def _wait_running(engine: EngineClient) -> None:
+    for _ in range(500):
+        if (await engine.server_info())[0]["internal_states"][0]["num_running_reqs"]:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("request never started")
+
+
+async def test_admin_routes_answer(devserver):
+    async with EngineClient([devserver]) as engine:
+        await engine.wait_healthy(timeout_s=5)
+        assert await engine.health() == {devserver: True}
+        info = (await engine.model_info())[0]
+        assert info["is_generation"] and info["context_length"] == 4096
+        assert await engine.get_weight_version() == [info["weight_version"]]
+        assert await engine.flush_cache() == [True]
+        await engine.release_memory_occupation()
+        await engine.resume_memory_occupation()
+    async with httpx.AsyncClient(base_url=devserver) as http:
+        assert (await http.get("/health_generate")).status_code == 200
+        assert (await http.get("/get_model_info")).status_code == 200
+
+
+# -- weight updates: on a server of their own, so the shared one keeps its weights ----------------
+
+
+@pytest.fixture(scope="module")
+def weights_server(tiny_model_dir, launch_devserver):
+    with launch_devserver(tiny_model_dir) as (url, _):
+        yield url
+
+
+async def served_logprobs(engine: EngineClient) -> tuple[list[int], list[float], str]:
+    c = await engine.generate(PROMPT, SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True))
+    return c.token_ids, c.logprobs, c.weight_version
+
+
+async def test_update_weights_from_disk(weights_server, tiny_model_dir, model0, model1_dir):
+    model1 = load(model1_dir)
+    async with EngineClient([weights_server]) as engine:
+        ids, lps, _ = await served_logprobs(engine)
+        assert_close(lps, ref_logprobs(model0, PROMPT, ids))
+        await engine.update_weights_from_disk(str(model1_dir), weight_version="disk-1")
+        assert await engine.get_weight_version() == ["disk-1"]
+        ids1, lps1, version = await served_logprobs(engine)
+        assert version == "disk-1" and (ids1, lps1) != (ids, lps)
+        assert_close(lps1, ref_logprobs(model1, PROMPT, ids1))
+        await engine.update_weights_from_disk(str(tiny_model_dir), weight_version="disk-0")
+        assert (await served_logprobs(engine))[:2] == (ids, lps)
+
+
+async def test_update_weights_over_a_gloo_group(weights_server, free_port, model0, model1_dir):
+    """This process joins as rank 0, broadcasts model1's weights; the server then serves them."""
+    model1 = load(model1_dir)
+    named = dict(model1.state_dict())
+    async with EngineClient([weights_server]) as engine:
+        ids, lps, _ = await served_logprobs(engine)
+        assert_close(lps, ref_logprobs(model0, PROMPT, ids))
+        url = f"tcp://127.0.0.1:{free_port}"
+        pg_task = asyncio.create_task(
+            asyncio.to_thread(init_custom_process_group, "gloo", url, 2, 0, "wu", 60)
+        )
+        await engine.init_weights_update_group("127.0.0.1", free_port, group_name="wu",
+                                               backend="gloo")  # fmt: skip
+        pg = await pg_task
+
+        def broadcast() -> None:
+            for t in named.values():
+                torch.distributed.broadcast(t, src=0, group=pg)
+
+        sender = threading.Thread(target=broadcast)
+        sender.start()
+        await engine.update_weights_from_distributed(
+            list(named), [t.dtype for t in named.values()], [list(t.shape) for t in named.values()],
+            group_name="wu", weight_version="dist-1",
+        )  # fmt: skip
+        sender.join(timeout=60)
+        await engine.destroy_weights_update_group("wu")
+        torch.distributed.destroy_process_group(pg)
+        ids1, lps1, version = await served_logprobs(engine)
+        assert version == "dist-1" and lps1 != lps
+        assert_close(lps1, ref_logprobs(model1, PROMPT, ids1))
+        # and back, through /update_weights_from_tensor (safetensors bytes on CPU)
+        payload = encode_named_tensors(dict(model0.state_dict()))
+        await engine.update_weights_from_tensor([payload], weight_version="tensor-0")
+        ids0, lps0, version = await served_logprobs(engine)
+        assert version == "tensor-0" and ids0 == ids
+        assert_close(lps0, lps)
+
+
+def test_sigterm_stops_the_server_cleanly(tiny_model_dir, launch_devserver):
+    with launch_devserver(tiny_model_dir) as (url, proc):
+        assert httpx.get(url + "/health").status_code == 200
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        assert time.monotonic() - t0 < 15

@@ -1,0 +1,237 @@
+"""The FSDP2 learner on Ray (gloo, CPU) with the tiny Qwen3: 2 ranks == 1 rank, NaN steps are
+skipped, checkpoints round-trip (also onto another world size), reference/critic roles, and Ray
+listens on loopback only."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from agentrl.batch import TrainBatch, global_norm, micro_batches, token_logprobs
+from agentrl.learner import LearnerConfig, LearnerError, RayConfig
+from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
+from agentrl.loss import LossConfig
+
+PPO = LossConfig(name="ppo_clip")
+# eps=1e-3 keeps Adam's first update smooth in the gradient (lr * g / (|g| + eps)), so a 1e-6
+# gradient difference moves a parameter by at most ~1e-6 * lr / eps, not up to lr.
+CFG = dict(lr=1e-3, eps=1e-3, grad_clip=0.0)
+
+
+def make_batch(seed: int = 0, n_seqs: int = 5) -> TrainBatch:
+    """Sequences of 6..19 random ids; the tail of each (after a random prompt) is trainable."""
+    g = torch.Generator().manual_seed(seed)
+    ids, mask, seq = [], [], []
+    for s in range(n_seqs):
+        n = int(torch.randint(6, 20, (1,), generator=g))
+        p = int(torch.randint(2, n - 2, (1,), generator=g))
+        ids.append(torch.randint(0, 5000, (n,), generator=g))
+        m = torch.zeros(n, dtype=torch.bool)
+        m[p:] = True
+        mask.append(m)
+        seq.append(torch.full((n,), s))
+    ids_N, mask_N, seq_N = torch.cat(ids), torch.cat(mask), torch.cat(seq)
+    n = ids_N.numel()
+    pos = torch.cat([torch.arange(int((seq_N == s).sum())) for s in range(n_seqs)])
+    old = torch.where(mask_N, -torch.rand(n, generator=g) * 5 - 8, 0.0)
+    adv = torch.where(mask_N, torch.randn(n, generator=g), 0.0)
+    return TrainBatch(ids_N, pos, mask_N, old, adv, seq_N, global_norm(mask_N, seq_N))
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+@pytest.fixture(scope="module")
+def ray_up():
+    start_ray(RayConfig(num_cpus=2, object_store_mb=100))
+    yield
+    stop_ray()
+
+
+@pytest.fixture(scope="module")
+def groups(ray_up, tiny_model_dir):
+    one = LearnerGroup(LearnerConfig(model_path=str(tiny_model_dir), num_workers=1, **CFG))
+    two = LearnerGroup(LearnerConfig(model_path=str(tiny_model_dir), num_workers=2, **CFG))
+    yield one, two
+    one.shutdown()
+    two.shutdown()
+
+
+def test_two_ranks_match_one_rank_then_skip_nan_then_checkpoint(groups, tmp_path: Path) -> None:
+    one, two = groups
+    batch = make_batch()
+    mbs1 = micro_batches(batch, dp_size=1, max_tokens=24)
+    mbs2 = micro_batches(batch, dp_size=2, max_tokens=24)
+    assert len(mbs2[0]) == len(mbs2[1]) and len(mbs1[0]) != len(mbs2[0])  # uneven splits
+
+    # Same loss and gradients: the ranks' loss shares add up to the 1-rank loss.
+    loss1 = sum(one.call_per_rank("accumulate_grads", mbs1, "ppo_clip", PPO))
+    loss2 = sum(two.call_per_rank("accumulate_grads", mbs2, "ppo_clip", PPO))
+    grads1, grads2 = one.call("full_grads")[0], two.call("full_grads")[0]
+    one.call("zero_grad")
+    two.call("zero_grad")
+    assert loss1 == pytest.approx(loss2, abs=1e-6)
+    assert len(grads1) == 24 and max(g.abs().max().item() for g in grads1.values()) > 0.1
+    assert max_diff(grads1, grads2) < 1e-5
+
+    # Same update.
+    before = one.full_state()
+    m1 = one.train_step(mbs1, "ppo_clip", PPO)
+    m2 = two.train_step(mbs2, "ppo_clip", PPO)
+    assert m1["policy/loss"] == pytest.approx(loss1, abs=1e-6)
+    assert m2["policy/loss"] == pytest.approx(loss1, abs=1e-6)
+    assert m1["policy/grad_norm"] == pytest.approx(m2["policy/grad_norm"], rel=1e-5)
+    assert m2["policy/tokens"] == batch.loss_mask.sum().item() and m2["policy/skipped"] == 0
+    after1, after2 = one.full_state(), two.full_state()
+    assert max_diff(before, after1) > 5e-4  # the step moved the weights (lr 1e-3)
+    assert max_diff(after1, after2) < 2e-6
+
+    # A NaN in one rank's data: every rank skips the step, weights and lr schedule stay.
+    poisoned = mbs2[1][0].replace(advantages=torch.full_like(mbs2[1][0].advantages, float("nan")))
+    m = two.train_step([mbs2[0], [poisoned, *mbs2[1][1:]]], "ppo_clip", PPO)
+    assert m["policy/skipped"] == 1.0 and m["policy/lr"] == m2["policy/lr"]
+    assert max_diff(after2, two.full_state()) == 0.0
+
+    # Checkpoint (sharded optimizer), step again, reload, step again: the same weights.
+    ckpt = tmp_path / "ckpt"
+    two.save_checkpoint(str(ckpt))
+    assert (ckpt / "model" / "config.json").exists() and (ckpt / "optim" / ".metadata").exists()
+    batch2 = make_batch(seed=1)
+    two.train_step(micro_batches(batch2, 2, 24), "ppo_clip", PPO)
+    expected = two.full_state()
+    two.load_checkpoint(str(ckpt))
+    assert max_diff(two.full_state(), after2) == 0.0
+    two.train_step(micro_batches(batch2, 2, 24), "ppo_clip", PPO)
+    assert max_diff(two.full_state(), expected) == 0.0
+    # ... onto one rank (the sharded optimizer state is resharded), and a full-format save.
+    one.load_checkpoint(str(ckpt))
+    one.train_step(micro_batches(batch2, 1, 24), "ppo_clip", PPO)
+    assert max_diff(one.full_state(), expected) < 2e-6
+    one.save_checkpoint(str(tmp_path / "full"), fmt="full")
+    two.load_checkpoint(str(tmp_path / "full"))
+    assert max_diff(two.full_state(), one.full_state()) == 0.0
+
+    # The model dir is a plain transformers checkpoint of the trained weights.
+    hf = AutoModelForCausalLM.from_pretrained(ckpt / "model", dtype=torch.float32)
+    saved = {k: v for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    assert max_diff(saved, after2) == 0.0
+    assert (ckpt / "model" / "tokenizer.json").exists()
+
+
+def test_reference_matches_plain_forward_and_critic_learns(ray_up, tiny_model_dir) -> None:
+    batch = make_batch(seed=2)
+    ref = LearnerGroup(LearnerConfig(model_path=str(tiny_model_dir)), role="reference")
+    try:
+        lp = ref.compute_logprobs(micro_batches(batch, 1, 1000))[0][0]
+        with pytest.raises(RuntimeError, match="no optimizer"):
+            ref.train_step(micro_batches(batch, 1, 1000), "ppo_clip", PPO)
+    finally:
+        ref.shutdown()
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected, _ = token_logprobs(plain, batch)
+    assert lp.shape == batch.token_ids.shape
+    assert torch.allclose(lp, expected, atol=1e-5) and (lp[batch.loss_mask] < 0).all()
+
+    returns = torch.where(batch.loss_mask, 1.0, 0.0)
+    vbatch = batch.replace(values=torch.zeros_like(returns), returns=returns)
+    vloss = LossConfig(name="value_clip", value_clip=None)
+    critic = LearnerGroup(
+        LearnerConfig(model_path=str(tiny_model_dir), lr=1e-2), role="critic", name="critic"
+    )
+    try:
+        values = critic.compute_values(micro_batches(vbatch, 1, 1000))[0][0]
+        assert values.shape == batch.token_ids.shape
+        assert (values[batch.position_ids == 0] == 0).all()
+        losses = [
+            critic.train_step(micro_batches(vbatch, 1, 1000), "value_clip", vloss)["critic/vf_loss"]
+            for _ in range(4)
+        ]
+    finally:
+        critic.shutdown()
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def _listening_inodes() -> dict[str, str]:
+    """inode → 'address' of every TCP socket in LISTEN state (IPv4 and IPv6)."""
+    out = {}
+    for table, v6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
+        if not os.path.exists(table):
+            continue
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] != "0A":  # LISTEN
+                continue
+            addr = f[1].split(":")[0]
+            if v6:
+                ip = bytes.fromhex(addr)
+                words = [ip[i : i + 4][::-1] for i in range(0, 16, 4)]
+                out[f[9]] = ":".join(w.hex() for w in words)
+            else:
+                out[f[9]] = ".".join(str(b) for b in bytes.fromhex(addr)[::-1])
+    return out
+
+
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(d))
+    seen, todo = set(), [root]
+    while todo:
+        p = todo.pop()
+        seen.add(p)
+        todo.extend(c for c in children.get(p, []) if c not in seen)
+    return seen
+
+
+LOOPBACK = ("127.0.0.1", "0000:0000:0000:0000:0000:ffff:7f00:0001", "0000:0000:0000:0000:0000:0000:0000:0001")  # fmt: skip
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs Linux /proc")
+def test_ray_and_learner_listen_on_loopback_only(groups) -> None:
+    listening = _listening_inodes()
+    ours = {}
+    for pid in _descendants(os.getpid()):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            inode = link[len("socket:[") : -1] if link.startswith("socket:[") else None
+            if inode in listening:
+                ours[(pid, inode)] = listening[inode]
+    assert len(ours) >= 4  # gcs, raylet, workers, … are listening
+    exposed = {k: a for k, a in ours.items() if a.replace(":", "").lower() not in
+               {x.replace(":", "") for x in LOOPBACK}}  # fmt: skip
+    assert not exposed, f"listening beyond loopback: {exposed}"
+
+
+def test_ray_start_failure_is_one_clear_line(tmp_path: Path, monkeypatch) -> None:
+    import ray
+
+    def boom(**_kw):
+        raise RuntimeError("Failed to start GCS server\nlong traceback …")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", boom)
+    with pytest.raises(LearnerError) as e:
+        start_ray(RayConfig())
+    msg = str(e.value)
+    assert "\n" not in msg and "could not start Ray on 127.0.0.1" in msg
+    assert "Failed to start GCS server" in msg

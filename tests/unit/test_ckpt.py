@@ -1,0 +1,191 @@
+"""Checkpoint directory protocol: round trip, atomicity under a killed writer, keep_last, resume."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrl import ckpt
+from agentrl.ckpt import (
+    CheckpointConfig,
+    CheckpointError,
+    CheckpointManager,
+    TrainerState,
+    capture_rng,
+    load_trainer_state,
+    restore_rng,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def save(mgr: CheckpointManager, step: int, payload: str = "w") -> None:
+    with mgr.write(step) as pending:
+        (pending.path / "model").mkdir()
+        (pending.path / "model" / "weights.bin").write_text(f"{payload}{step}")
+        pending.state = TrainerState(step=step, weight_version=str(step))
+
+
+def test_round_trip_restores_state_and_rng(tmp_path: Path) -> None:
+    import numpy as np
+
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    mgr = CheckpointManager(CheckpointConfig(dir=str(tmp_path)))
+    rng = capture_rng()
+    expected = (random.random(), float(np.random.rand()), torch.rand(3).tolist())
+    with mgr.write(7) as pending:
+        (pending.path / "model").mkdir()
+        pending.state = TrainerState(
+            step=7,
+            weight_version="7",
+            data_cursor={"epoch": 1, "index": 42, "order_seed": 5},
+            rng=rng,
+            wandb_run_id="abc123",
+            consecutive_skips=1,
+        )
+    random.seed(99)
+    np.random.seed(99)
+    torch.manual_seed(99)
+
+    path = CheckpointManager(CheckpointConfig(dir=str(tmp_path))).resume_path()
+    assert path == tmp_path / "step_00000007"
+    state = load_trainer_state(path)
+    assert (state.step, state.weight_version, state.wandb_run_id) == (7, "7", "abc123")
+    assert state.data_cursor == {"epoch": 1, "index": 42, "order_seed": 5}
+    assert state.consecutive_skips == 1
+    restore_rng(state.rng)
+    assert (random.random(), float(np.random.rand()), torch.rand(3).tolist()) == expected
+    assert (tmp_path / "latest").read_text() == "step_00000007"
+    assert (path / "COMPLETE").exists() and (path / "model").is_dir()
+
+
+_KILLED_WRITER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from agentrl.ckpt import CheckpointConfig, CheckpointManager, TrainerState
+    root = Path(sys.argv[1])
+    mgr = CheckpointManager(CheckpointConfig(dir=str(root)))
+    with mgr.write(1) as p:
+        (p.path / "model").mkdir()
+        (p.path / "model" / "weights.bin").write_text("good")
+        p.state = TrainerState(step=1)
+    with mgr.write(2) as p:
+        (p.path / "model").mkdir()
+        with open(p.path / "model" / "weights.bin", "w") as f:
+            f.write("half")
+            f.flush()
+            (root / "WRITING").touch()   # tell the test we are mid-write
+            time.sleep(60)
+        p.state = TrainerState(step=2)
+    """
+)
+
+
+def test_killed_writer_never_becomes_latest(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(tmp_path)], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "WRITING").exists():
+            assert proc.poll() is None, "writer exited early"
+            assert time.monotonic() < deadline, "writer never reached the mid-write point"
+            time.sleep(0.05)
+        assert any((tmp_path / ".tmp").iterdir())  # step 2 is staged, half written
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    mgr = CheckpointManager(CheckpointConfig(dir=str(tmp_path)))
+    assert mgr.resume_path() == tmp_path / "step_00000001"
+    assert load_trainer_state(mgr.resume_path()).step == 1
+    assert not (tmp_path / "step_00000002").exists()
+    assert not (tmp_path / ".tmp").exists()  # leftovers removed on start
+    save(mgr, 2)  # the run continues and writes step 2 for real
+    assert mgr.resume_path() == tmp_path / "step_00000002"
+
+
+def test_crash_between_rename_and_pointer_keeps_previous_latest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mgr = CheckpointManager(CheckpointConfig(dir=str(tmp_path)))
+    save(mgr, 1)
+
+    def die(*_a, **_k):
+        raise OSError("killed")
+
+    monkeypatch.setattr(ckpt, "write_file_atomic", die)
+    with pytest.raises(OSError, match="killed"):
+        save(mgr, 2)
+    monkeypatch.undo()
+    assert (tmp_path / "step_00000002" / "COMPLETE").exists()  # renamed, pointer not updated
+    mgr = CheckpointManager(CheckpointConfig(dir=str(tmp_path)))
+    assert mgr.resume_path() == tmp_path / "step_00000001"  # `latest` decides
+    save(mgr, 2, payload="again")  # re-saving the same step replaces the orphan
+    assert mgr.resume_path() == tmp_path / "step_00000002"
+    assert (tmp_path / "step_00000002" / "model" / "weights.bin").read_text() == "again2"
+
+
+def test_failed_rename_or_exception_in_body_commits_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mgr = CheckpointManager(CheckpointConfig(dir=str(tmp_path)))
+    save(mgr, 1)
+    with pytest.raises(RuntimeError, match="worker died"), mgr.write(2) as p:
+        (p.path / "model").mkdir()
+        raise RuntimeError("worker died")
+    with pytest.raises(CheckpointError, match="no TrainerState"), mgr.write(3):
+        pass
+
+    def disk_full(*_a: object) -> None:
+        raise OSError("disk full")
+
+    real_rename = os.rename
+    monkeypatch.setattr(ckpt.os, "rename", disk_full)
+    with pytest.raises(OSError, match="disk full"):
+        save(mgr, 4)
+    monkeypatch.setattr(ckpt.os, "rename", real_rename)
+    assert [p.name for p in mgr.complete_checkpoints()] == ["step_00000001"]
+    assert mgr.resume_path() == tmp_path / "step_00000001"
+    assert not any((tmp_path / ".tmp").glob("step_*"))
+
+
+def test_keep_last_prunes_oldest(tmp_path: Path) -> None:
+    mgr = CheckpointManager(CheckpointConfig(dir=str(tmp_path), keep_last=2))
+    for step in range(1, 6):
+        save(mgr, step)
+    assert [p.name for p in mgr.complete_checkpoints()] == ["step_00000004", "step_00000005"]
+    assert mgr.latest() == tmp_path / "step_00000005"
+
+
+def test_resume_modes(tmp_path: Path) -> None:
+    assert CheckpointManager(CheckpointConfig(dir=str(tmp_path / "a"))).resume_path() is None
+    mgr = CheckpointManager(CheckpointConfig(dir=str(tmp_path / "b")))
+    save(mgr, 3)
+    save(mgr, 4)
+    never = CheckpointManager(CheckpointConfig(dir=str(tmp_path / "b"), resume="never"))
+    assert never.resume_path() is None
+    pinned = CheckpointConfig(dir=str(tmp_path / "b"), resume=str(tmp_path / "b/step_00000003"))
+    assert CheckpointManager(pinned).resume_path() == tmp_path / "b/step_00000003"
+    bad = CheckpointConfig(dir=str(tmp_path / "b"), resume=str(tmp_path / "nope"))
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        CheckpointManager(bad).resume_path()
+    # a broken pointer falls back to the newest complete checkpoint
+    (tmp_path / "b" / "latest").write_text("step_00000099")
+    assert mgr.latest() == tmp_path / "b/step_00000004"
+
+
+def test_should_save_every_and_last(tmp_path: Path) -> None:
+    mgr = CheckpointManager(CheckpointConfig(dir=str(tmp_path), every=3))
+    assert [s for s in range(1, 9) if mgr.should_save(s, last_step=8)] == [3, 6, 8]

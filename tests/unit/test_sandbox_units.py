@@ -1,0 +1,286 @@
+"""Pure parts of sandbox/: output streams, seccomp program, grader comparison, e2b event mapping,
+config, and the client's retry semantics against a fake HTTP server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+
+import pytest
+
+from sandbox import (
+    ExecResult,
+    SandboxConfig,
+    SandboxUnavailable,
+    ServiceSandbox,
+    SubprocessSandbox,
+    make_sandbox,
+)
+from sandbox.e2b_compat import _events
+from sandbox.grader import (
+    CallTest,
+    IOTest,
+    _frames,
+    _judge,
+    _same,
+    canon,
+    normalize_output,
+    asserts_to_tests,
+)
+from sandbox.seccomp import program
+from sandbox.worker import _signal_of, _Stream
+
+# -- output streams ----------------------------------------------------------------------
+
+
+async def test_stream_cuts_at_marker_split_across_chunks() -> None:
+    s = _Stream(keep=100, kill_at=1000)
+    s.begin(b"\x1eMARK\x1e")
+    for chunk in (b"hello\n\x1eMA", b"RK\x1eleft", b"over"):
+        s.feed(chunk)
+    assert s.seen.is_set()
+    assert s.text() == ("hello\n", False)
+    s.begin(b"\x1eNEXT\x1e")  # what came after the marker belongs to the next call
+    s.feed(b"!\x1eNEXT\x1e")
+    assert s.text() == ("leftover!", False)
+
+
+async def test_stream_truncates_and_flags_overflow() -> None:
+    s = _Stream(keep=4, kill_at=10)
+    s.begin(None)
+    s.feed(b"abcdefgh")
+    assert s.text() == ("abcd", True) and not s.overflow.is_set()
+    s.feed(b"ijk")
+    assert s.overflow.is_set() and s.total == 11
+
+
+async def test_stream_replaces_invalid_utf8_and_nul() -> None:
+    s = _Stream(keep=100, kill_at=1000)
+    s.begin(None)
+    s.feed(b"a\x00b\xff\xfec")
+    text, _ = s.text()
+    assert text == "a\ufffdb\ufffd\ufffdc"
+    json.dumps(text)
+
+
+def test_signal_of_bwrap_and_direct_status() -> None:
+    assert _signal_of(152) == 24 and _signal_of(-9) == 9
+    assert _signal_of(1) is None and _signal_of(None) is None
+
+
+def test_seccomp_program_is_well_formed() -> None:
+    prog = program()
+    if prog is None:
+        pytest.skip("seccomp filter is x86_64 only")
+    assert len(prog) % 8 == 0 and len(prog) // 8 < 4096
+    insns = [struct.unpack("=HBBI", prog[i : i + 8]) for i in range(0, len(prog), 8)]
+    assert insns[0] == (0x20, 0, 0, 4)  # load arch
+    assert insns[-1] == (0x06, 0, 0, 0x7FFF0000)  # default allow
+    denied = {k for code, _, _, k in insns if code == 0x15}
+    assert {101, 165, 272, 308, 321} <= denied  # ptrace, mount, unshare, setns, bpf
+
+
+# -- grader: comparison happens on plain data only ----------------------------------------
+
+
+def test_canon_tags_types_and_hides_objects() -> None:
+    class AlwaysEqual:
+        def __eq__(self, other: object) -> bool:
+            return True
+
+    assert canon((1, [2.5, "x"], {3: None}, {2, 1})) == {
+        "__tuple__": [1, [2.5, "x"], {"__dict__": [[3, None]]}, {"__set__": [1, 2]}]
+    }
+    assert canon(AlwaysEqual()) == {"__opaque__": "AlwaysEqual"}
+    assert canon(float("nan")) == {"__float__": "nan"}
+
+
+def test_same_is_type_strict_but_numeric() -> None:
+    assert _same(3, 3.0, None) and not _same(True, 1, None) and not _same(1, True, None)
+    assert not _same([1, 2], canon((1, 2)), None)
+    assert _same(0.30000000000000004, 0.3, 1e-9) and not _same(0.30000000000000004, 0.3, None)
+    assert not _same({"__opaque__": "AlwaysEqual"}, 5, None)
+
+
+def test_judge_uses_only_frames_produced_inside() -> None:
+    t = CallTest(call="f(1)", expected=2)
+    assert _judge(t, {"t": 0, "v": 2, "h": "", "p": "2"}).passed
+    assert _judge(t, {"t": 0, "v": "2", "h": "", "p": '"2"'}).status == "wrong"
+    assert _judge(t, None).status == "missing"
+    assert _judge(t, {"t": 0, "err": "timeout"}).status == "timeout"
+    truthy = CallTest(call="f(1)", expected=True, match="truthy")
+    assert _judge(truthy, {"t": 0, "v": [1], "h": "", "p": ""}).passed
+    assert not _judge(truthy, {"t": 0, "v": {"__opaque__": "X"}, "h": "", "p": ""}).passed
+    io = IOTest(stdin="", expected="7 \n\n")
+    import hashlib
+
+    sha = hashlib.sha256(b"7").hexdigest()
+    assert _judge(io, {"t": 0, "h": sha, "p": "7", "rc": 0, "to": False}).passed
+    assert normalize_output("a  \r\nb\n\n") == "a\nb"
+
+
+def test_frames_need_the_nonce() -> None:
+    out = 'xx{"t": 0, "v": 1}\nNONCE {"t": 1, "v": 2}\njunkNONCE {"t": 2, "v": 3}\nNONCE {"t": 1, "v": 9}'
+    frames = _frames(out, "NONCE")
+    assert sorted(frames) == [1, 2] and frames[1]["v"] == 2
+
+
+def test_asserts_to_tests_keeps_expected_values_out() -> None:
+    code = """
+import math
+def check(candidate):
+    assert candidate([1, 2]) == (1, 2)
+    assert 3 == candidate([3])
+    assert abs(candidate([0.1]) - 0.1) < 1e-6
+    assert math.isclose(candidate([2.0]), 2.0, rel_tol=1e-3)
+    assert not candidate([])
+    assert candidate([5]) is None
+"""
+    tests = asserts_to_tests(code)
+    assert [t.call for t in tests] == ["candidate([1, 2])", "candidate([3])", "candidate([0.1])",
+                                       "candidate([2.0])", "candidate([])", "candidate([5])"]  # fmt: skip
+    assert tests[0].expected == (1, 2) and tests[1].expected == 3
+    assert tests[2].tolerance == 1e-6 and tests[3].tolerance == 1e-3
+    assert tests[4].match == "truthy" and tests[4].expected is False
+    with pytest.raises(ValueError, match="cannot be graded"):
+        asserts_to_tests("for i in range(3):\n    assert f(i) > i")
+
+
+# -- e2b event mapping --------------------------------------------------------------------
+
+
+def test_e2b_events_split_traceback_and_result() -> None:
+    res = ExecResult(
+        stdout="hi\n",
+        stderr="warn\nTraceback (most recent call last):\nZeroDivisionError: x\n",
+        exit_code=1,
+        error_name="ZeroDivisionError",
+        error_value="x",
+    )
+    ev = _events(res, 3)
+    kinds = [e["type"] for e in ev]
+    assert kinds == ["stdout", "stderr", "error", "end_of_execution", "number_of_executions"]
+    assert ev[1]["text"] == "warn\n" and ev[2]["traceback"].startswith("Traceback")
+    ok = _events(ExecResult(result="42"), 1)
+    assert ok[0] == {"type": "result", "text": "42", "is_main_result": True}
+    to = _events(ExecResult(timed_out=True, exit_code=None, limit="wall_time"), 1)
+    assert to[0]["name"] == "TimeoutError"
+
+
+# -- config and factory -------------------------------------------------------------------
+
+
+def test_config_forbids_unknown_keys() -> None:
+    with pytest.raises(ValueError, match="extra"):
+        SandboxConfig(backend="service", urll="x")  # type: ignore[call-arg]
+    with pytest.raises(ValueError):
+        SandboxConfig(backend="docker")  # type: ignore[arg-type]
+
+
+async def test_make_sandbox_subprocess_runs_code() -> None:
+    sb = make_sandbox(SandboxConfig())
+    assert isinstance(sb, SubprocessSandbox)
+    res = await sb.run("print(6 * 7)", timeout=10)
+    assert res.stdout == "42\n" and res.ok
+    svc = make_sandbox(SandboxConfig(backend="service", url="http://127.0.0.1:9"))
+    assert isinstance(svc, ServiceSandbox)
+    await svc.aclose()
+
+
+# -- client retries against a fake HTTP server --------------------------------------------
+
+
+class FakeService:
+    """A loopback HTTP/1.1 server answering from a script of (status, body) pairs."""
+
+    def __init__(self, script: list[tuple[int, dict | None]]) -> None:
+        self.script = script
+        self.requests: list[bytes] = []
+        self.server: asyncio.AbstractServer | None = None
+        self.url = ""
+
+    async def __aenter__(self) -> FakeService:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._serve(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            body = await reader.readexactly(length)
+            self.requests.append(body)
+            status, payload = self.script[min(len(self.requests), len(self.script)) - 1]
+            if payload is None:  # drop the connection mid-call
+                writer.close()
+                return
+            data = json.dumps(payload).encode()
+            writer.write(
+                f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\n\r\n".encode() + data
+            )
+            await writer.drain()
+
+
+OK = ExecResult(stdout="ok\n").model_dump()
+BUSY = {"error": "busy", "detail": "sandbox busy"}
+
+
+async def test_client_retries_busy_then_succeeds() -> None:
+    async with FakeService([(503, BUSY), (502, BUSY), (200, OK)]) as fake:
+        sb = ServiceSandbox(fake.url, retries=3, backoff_s=0.01, backoff_max_s=0.02)
+        res = await sb.run("print('ok')", session="s1")
+        await sb.aclose()
+    assert res.stdout == "ok\n" and len(fake.requests) == 3
+
+
+async def test_client_gives_up_with_sandbox_unavailable() -> None:
+    async with FakeService([(503, BUSY)]) as fake:
+        sb = ServiceSandbox(fake.url, retries=2, backoff_s=0.01, backoff_max_s=0.02)
+        with pytest.raises(SandboxUnavailable, match="after 3 attempt"):
+            await sb.run("1")
+        await sb.aclose()
+    assert len(fake.requests) == 3
+
+
+async def test_client_unreachable_raises_sandbox_unavailable() -> None:
+    sb = ServiceSandbox("http://127.0.0.1:9", retries=1, backoff_s=0.01)
+    with pytest.raises(SandboxUnavailable, match="unavailable"):
+        await sb.run("1")
+    await sb.close_session("s")  # swallowed: the lease expires on its own
+    await sb.aclose()
+
+
+async def test_session_call_is_not_replayed_after_a_dropped_connection() -> None:
+    async with FakeService([(200, None), (200, None), (200, OK)]) as fake:
+        sb = ServiceSandbox(fake.url, retries=3, backoff_s=0.01)
+        with pytest.raises(SandboxUnavailable):
+            await sb.run("x += 1", session="s1")
+        assert len(fake.requests) == 1  # running it twice would corrupt the session
+        res = await sb.run("print('ok')")  # a one-shot call is safe to replay
+        await sb.aclose()
+    assert res.stdout == "ok\n" and len(fake.requests) == 3
+
+
+async def test_client_rejects_bad_requests_without_retrying() -> None:
+    async with FakeService([(400, {"error": "bad_request", "detail": "language"})]) as fake:
+        sb = ServiceSandbox(fake.url, retries=3, backoff_s=0.01)
+        with pytest.raises(ValueError, match="rejected"):
+            await sb.run("1", language="cobol")
+        await sb.aclose()
+    assert len(fake.requests) == 1
