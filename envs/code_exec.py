@@ -2,7 +2,8 @@
 
 The model may call `python` as often as it likes (up to max_turns), then answers with
 `<answer>VALUE</answer>`. Reward: 1.0 when the last answer equals the expected one exactly (after
-trimming whitespace), else 0.0; components `correct` and `format` (an answer tag was given).
+trimming whitespace), else 0.0, plus `format_reward` (default 0: off) when an answer tag was given
+at all — optional shaping for weak starting policies; components `correct` and `format`.
 
 Tasks come from a seeded generator (`n`, `seed`, `kinds`) or a JSONL file (`path`), one object per
 line: {"id": "...", "prompt": "...", "answer": "..."}.
@@ -96,6 +97,7 @@ class CodeExecEnv(ToolEnv):
     tools = [PythonTool()]
     max_turns = 4
     system_prompt = SYSTEM_PROMPT
+    format_reward = 0.0
 
     @classmethod
     def load_tasks(
@@ -115,4 +117,5 @@ class CodeExecEnv(ToolEnv):
         answers = _ANSWER.findall(self.final_text(trajectory))
         given = answers[-1].strip() if answers else None
         correct = float(given is not None and given == str(self.task.data["answer"]).strip())
-        return {"total": correct, "correct": correct, "format": float(given is not None)}
+        fmt = float(given is not None)
+        return {"total": correct + self.format_reward * fmt, "correct": correct, "format": fmt}

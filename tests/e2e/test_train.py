@@ -1,0 +1,131 @@
+"""`python -m agentrl.train` end to end on CPU: the tiny tool-caller, the dev server, FSDP2 on Ray
+(gloo), distributed weight sync, checkpoints; resume after SIGKILL; and the failure paths."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from agentrl.config import compose
+from agentrl.train import Trainer, TrainingError, train
+from envs.code_exec import CodeExecEnv
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["trainer.tasks_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=48",
+         "rollout.max_turns=2", "ray.num_cpus=2", "+env.args.format_reward=0.5"]  # fmt: skip
+
+
+def overrides(tmp: Path, *extra: str) -> list[str]:
+    return [*SMALL, f"trainer.dir={tmp}/ckpt", *extra]
+
+
+def steps_of(path: Path) -> list[list[str]]:
+    """Task ids per step, from trajectories.jsonl."""
+    by_step: dict[int, list[str]] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        by_step.setdefault(row["step"], []).append(row["task_id"])
+    return [sorted(set(v)) for _, v in sorted(by_step.items())]
+
+
+def test_train_runs_checkpoints_and_syncs(tmp_path):
+    cfg = compose(overrides(tmp_path, "trainer.steps=2", "trainer.every=1"))
+    history = asyncio.run(train(cfg, tmp_path / "out"))
+    assert [h["step"] for h in history] == [1.0, 2.0]
+    for h in history:
+        assert h["policy/skipped"] == 0 and h["sync/seconds"] > 0 and h["timing_s/update"] > 0
+    rows = [json.loads(x) for x in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()]
+    # step 1 sampled the initial weights, step 2 the weights pushed after step 1
+    assert {t["weight_version"] for r in rows if r["step"] == 1 for t in r["turns"]} == {"0"}
+    assert {t["weight_version"] for r in rows if r["step"] == 2 for t in r["turns"]} == {"1"}
+    latest = (tmp_path / "ckpt" / "latest").read_text().strip()
+    assert latest == "step_00000002"
+    model_dir = tmp_path / "ckpt" / latest / "policy" / "model"
+    trained = AutoModelForCausalLM.from_pretrained(model_dir)
+    base = AutoModelForCausalLM.from_pretrained(cfg.model.resolve())
+    moved = [n for n, p in trained.named_parameters()
+             if not torch.equal(p, dict(base.named_parameters())[n])]  # fmt: skip
+    assert moved, "training changed no parameter"
+
+
+def _train_cmd(tmp: Path, out: str, steps: int) -> list[str]:
+    return [sys.executable, "-m", "agentrl.train", *overrides(tmp, f"trainer.steps={steps}",
+            "trainer.every=1", f"hydra.run.dir={tmp}/{out}")]  # fmt: skip
+
+
+def test_killed_run_resumes_with_the_same_data_order(tmp_path):
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
+    subprocess.run(_train_cmd(ref_dir, "out", 3), cwd=ROOT, check=True, capture_output=True)
+    # the same run, SIGKILLed (whole process group) once step 1 is checkpointed …
+    proc = subprocess.Popen(_train_cmd(run_dir, "out1", 3), cwd=ROOT, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    latest = run_dir / "ckpt" / "latest"
+    deadline = time.monotonic() + 300
+    while not (latest.exists() and latest.read_text().strip() >= "step_00000001"):
+        assert proc.poll() is None and time.monotonic() < deadline, "run ended before step 1"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    # … then started again: it resumes from its last complete checkpoint
+    done = subprocess.run(_train_cmd(run_dir, "out2", 3), cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resumed from" in done.stdout
+    resumed_at = int(done.stdout.split("at step ")[1].split()[0])
+    assert 1 <= resumed_at < 3
+    ref = steps_of(ref_dir / "out" / "trajectories.jsonl")
+    first = steps_of(run_dir / "out1" / "trajectories.jsonl")[:resumed_at]
+    rest = steps_of(run_dir / "out2" / "trajectories.jsonl")
+    assert len(ref) == 3 and first + rest == ref
+    assert (run_dir / "ckpt" / "latest").read_text().strip() == "step_00000003"
+
+
+class NaNRewardEnv(CodeExecEnv):
+    """A reward bug: NaN. Every step's loss is non-finite, so every step is skipped."""
+
+    async def reward(self, trajectory):
+        return float("nan")
+
+
+def test_nan_loss_skips_steps_then_stops_the_run(tmp_path):
+    cfg = compose(overrides(tmp_path, "trainer.steps=6", "trainer.max_skipped_steps=2",
+                            f"env._target_={__name__}.NaNRewardEnv"))  # fmt: skip
+    base = AutoModelForCausalLM.from_pretrained(cfg.model.resolve()).state_dict()
+    with pytest.raises(TrainingError, match="2 optimizer steps in a row had a non-finite loss"):
+        asyncio.run(train(cfg, tmp_path / "out"))
+    rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy/skipped"] for r in rows] == [1.0]  # the 2nd skip raised before logging
+    assert not (tmp_path / "ckpt" / "latest").exists()
+    assert base  # weights never changed: nothing was applied (the engine kept serving)
+
+
+def test_dead_engine_is_a_clear_error(tmp_path):
+    cfg = compose(overrides(tmp_path, "trainer.steps=3", "engine.max_retries=1",
+                            "engine.backoff_s=0.1"))  # fmt: skip
+
+    async def go():
+        tr = Trainer(cfg, tmp_path / "out")
+        try:
+            await tr.start()
+            await tr.step()
+            port = tr.engine.urls[0].rsplit(":", 1)[1]
+            for pid in os.listdir("/proc"):
+                try:
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                except (OSError, ValueError):
+                    continue
+                if b"agentrl.devserver" in cmd and port.encode() in cmd:
+                    os.kill(int(pid), signal.SIGKILL)
+            with pytest.raises(TrainingError, match="stopped answering during step 2"):
+                await tr.step()
+        finally:
+            await tr.close()
+
+    asyncio.run(go())
