@@ -152,6 +152,7 @@ class BatchEngine:
         done = self.drop_aborted()
         if new:
             self.stats["prefill_steps"] += 1
+            self.stats["joined_running_batch"] += self.batch is not None
             nb = self.prefill(new)
             done += self.remove_finished(nb)
             if nb.reqs:
@@ -343,8 +344,9 @@ def parse_generate(body: Any, limits: Limits) -> tuple[list[Req], bool]:
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     if body.get("text") is not None:
-        raise BadRequest("the dev server has no tokenizer (like --skip-tokenizer-init): "
-                         "send input_ids")  # fmt: skip
+        raise BadRequest(
+            "the dev server has no tokenizer (like --skip-tokenizer-init): send input_ids"
+        )
     if body.get("stream"):
         raise BadRequest("stream=True is not supported by the dev server")
     ids = body.get("input_ids")
@@ -356,15 +358,21 @@ def parse_generate(body: Any, limits: Limits) -> tuple[list[Req], bool]:
     sps = _per_item(body.get("sampling_params") or {}, n, "sampling_params", dict)
     rids = _per_item(body.get("rid"), n, "rid", str)
     logprob = _per_item(body.get("return_logprob", False), n, "return_logprob", bool)
-    return [make_req(limits, *a) for a in zip(items, sps, rids, logprob, strict=True)], single
+    try:
+        return [make_req(limits, *a) for a in zip(items, sps, rids, logprob, strict=True)], single
+    except (TypeError, ValueError, AttributeError) as e:
+        if isinstance(e, BadRequest):
+            raise
+        raise BadRequest(f"malformed /generate request: {type(e).__name__}: {e}") from e
 
 
 def make_req(limits: Limits, ids: Any, sp: dict, rid: str | None, logprob: bool) -> Req:
     if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
         raise BadRequest("each input_ids entry must be a non-empty list of ints")
     if any(t < 0 or t >= limits.vocab_size for t in ids):
-        raise BadRequest(f"The input_ids contains values outside the vocab size "
-                         f"({limits.vocab_size}).")  # fmt: skip
+        raise BadRequest(
+            f"The input_ids contains values outside the vocab size ({limits.vocab_size})."
+        )
     n, ctx = len(ids), limits.context_len
     if n >= ctx:
         raise BadRequest(

@@ -1,4 +1,4 @@
-"""A small transformers-backed server speaking the SGLang HTTP subset agentrl uses, for CPU machines.
+"""A small transformers-backed server speaking the SGLang HTTP subset agentrl uses (CPU machines).
 
     python -m agentrl.devserver --model PATH --host 127.0.0.1 --port 30000 [--device cpu]
 
@@ -105,8 +105,9 @@ class DevServer:
 
     def __init__(self, args: ServerArgs):
         self.args = args
-        self.engine = BatchEngine(args.model, args.device, torch_dtype(args.dtype), args.attn_implementation,
-                             args.seed)  # fmt: skip
+        self.engine = BatchEngine(
+            args.model, args.device, torch_dtype(args.dtype), args.attn_implementation, args.seed
+        )
         self.context_len = args.context_length or self.engine.context_len
         self.weight_version = args.weight_version
         self.waiting: list[Req] = []
@@ -153,6 +154,9 @@ class DevServer:
                 await asyncio.gather(*(r.fut for r in reqs))
             finally:
                 watch.cancel()
+                for r in reqs:  # cancelled (shutdown): the next step drops what is left
+                    r.abort = r.abort or (None if r.fut.done() else "cancelled")
+                self.work.set()
         outs = [response(r, self.weight_version) for r in reqs]
         status = max((r.finish or {}).get("status_code") or 200 for r in reqs)
         return (outs[0] if single else outs), status
@@ -161,9 +165,7 @@ class DevServer:
         while request is not None:
             await asyncio.sleep(1.0)
             if await request.is_disconnected():
-                for r in reqs:
-                    r.abort = r.abort or "client disconnected"
-                self.work.set()
+                await self.abort_reqs(reqs, "client disconnected")
                 return
 
     def resolve(self, r: Req) -> None:
@@ -220,8 +222,13 @@ class DevServer:
         targets = list(self.inflight.values()) if abort_all else []
         if rid and rid in self.inflight:
             targets.append(self.inflight[rid])
-        for r in targets:
-            r.abort = message
+        await self.abort_reqs(targets, message)
+        return len(targets)
+
+    async def abort_reqs(self, reqs: list[Req], message: str) -> None:
+        for r in reqs:
+            if not r.fut.done():
+                r.abort = r.abort or message
         async with self.model_lock:  # resolve now, even while the scheduler is paused
             for r in [r for r in self.waiting if r.abort is not None]:
                 self.waiting.remove(r)
@@ -230,7 +237,6 @@ class DevServer:
             for r in self.engine.drop_aborted():
                 self.resolve(r)
         self.work.set()
-        return len(targets)
 
     async def pause(self, mode: str) -> None:
         if mode not in ("abort", "retract", "in_place"):
@@ -270,10 +276,8 @@ class DevServer:
                 model = await asyncio.to_thread(self.engine.load, str(path))
             except (OSError, ValueError) as e:
                 raise BadRequest(f"cannot load weights from {path}: {e}") from e
-            old = self.engine.model.config
-            if (model.config.vocab_size, model.config.num_hidden_layers) != (
-                old.vocab_size, old.num_hidden_layers,
-            ):  # fmt: skip
+            old, new = self.engine.model.config, model.config
+            if (new.vocab_size, new.num_hidden_layers) != (old.vocab_size, old.num_hidden_layers):
                 raise BadRequest(f"{path} is not the served architecture (vocab/layers differ)")
             async with self.model_lock:
                 self.engine.model = model
@@ -291,8 +295,10 @@ class DevServer:
         if name in self.groups:
             raise BadRequest(f"group {name!r} exists: call /destroy_weights_update_group first")
         if backend != "gloo" and self.engine.device.type == "cpu":
-            raise BadRequest(f"backend {backend!r}: the dev server on CPU joins gloo groups only; "
-                             "pass backend='gloo' on both sides")  # fmt: skip
+            raise BadRequest(
+                f"backend {backend!r}: the dev server on CPU joins gloo groups only; "
+                "pass backend='gloo' on both sides"
+            )
         try:
             url = f"tcp://{body['master_address']}:{int(body['master_port'])}"
             rank, world = int(body["rank_offset"]), int(body["world_size"])
@@ -360,14 +366,14 @@ class DevServer:
         }
 
     def server_info(self) -> dict[str, Any]:
-        b = self.engine.batch
+        e, b = self.engine, self.engine.batch
         state = {
             "num_running_reqs": len(b.reqs) if b else 0,
             "num_waiting_reqs": len(self.waiting),
             "paused": self.paused,
-            "stats": dict(self.engine.stats),
-            "decode_batch_sizes": {str(k): v for k, v in sorted(self.engine.decode_batch_sizes.items())},
-        }  # fmt: skip
+            "stats": dict(e.stats),
+            "decode_batch_sizes": {str(k): v for k, v in sorted(e.decode_batch_sizes.items())},
+        }
         a = self.args
         return {
             "model_path": a.model,
@@ -397,22 +403,30 @@ def build_app(server: DevServer) -> FastAPI:
     async def bad_request(request: Request, exc: BadRequest) -> JSONResponse:
         return JSONResponse({"error": {"message": str(exc)}}, status_code=400)
 
-    async def body(request: Request) -> dict[str, Any]:
-        raw = await request.body()
-        try:
-            data = json.loads(raw) if raw.strip() else {}
-        except ValueError as e:
-            raise BadRequest(f"the body is not JSON: {e}") from e
-        if not isinstance(data, dict):
-            raise BadRequest("the body must be a JSON object")
-        return data
+    _add_generation_routes(app, server)
+    _add_admin_routes(app, server)
+    return app
 
-    def ok(content: Any = None) -> JSONResponse:
-        return JSONResponse(content if content is not None else {"success": True})
 
+async def _body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    try:
+        data = json.loads(raw) if raw.strip() else {}
+    except ValueError as e:
+        raise BadRequest(f"the body is not JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise BadRequest("the body must be a JSON object")
+    return data
+
+
+def _ok(content: Any = None) -> JSONResponse:
+    return JSONResponse(content if content is not None else {"success": True})
+
+
+def _add_generation_routes(app: FastAPI, server: DevServer) -> None:
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request) -> JSONResponse:
-        out, status = await server.generate(await body(request), request)
+        out, status = await server.generate(await _body(request), request)
         return JSONResponse(out, status_code=status)
 
     @app.get("/health")
@@ -432,25 +446,32 @@ def build_app(server: DevServer) -> FastAPI:
             status = 503
         return PlainTextResponse("", status_code=200 if status == 200 else 503)
 
-    for path in ("/model_info", "/get_model_info"):
-        app.add_api_route(path, lambda: ok(server.model_info()), methods=["GET"])
-    for path in ("/server_info", "/get_server_info"):
-        app.add_api_route(path, lambda: ok(server.server_info()), methods=["GET"])
+    @app.get("/model_info")
+    @app.get("/get_model_info")  # SGLang's older name
+    async def model_info() -> JSONResponse:
+        return _ok(server.model_info())
+
+    @app.get("/server_info")
+    @app.get("/get_server_info")
+    async def server_info() -> JSONResponse:
+        return _ok(server.server_info())
 
     @app.get("/get_weight_version")
     async def get_weight_version() -> JSONResponse:
-        return ok({"weight_version": server.weight_version})
+        return _ok({"weight_version": server.weight_version})
 
+
+def _add_admin_routes(app: FastAPI, server: DevServer) -> None:
     @app.post("/update_weight_version")
     async def update_weight_version(request: Request) -> JSONResponse:
-        b = await body(request)
+        b = await _body(request)
         if not b.get("new_version"):
             raise BadRequest("new_version is required")
         if b.get("abort_all_requests", True):
             await server.abort(None, True, "aborted by /update_weight_version")
         server.weight_version = str(b["new_version"])
         msg = f"Weight version updated to {server.weight_version}"
-        return ok({"success": True, "message": msg, "new_version": server.weight_version})
+        return _ok({"success": True, "message": msg, "new_version": server.weight_version})
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> PlainTextResponse:
@@ -462,25 +483,25 @@ def build_app(server: DevServer) -> FastAPI:
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> JSONResponse:
-        b = await body(request)
+        b = await _body(request)
         n = await server.abort(b.get("rid"), bool(b.get("abort_all")), "aborted by /abort_request")
-        return ok({"success": True, "num_aborted": n})
+        return _ok({"success": True, "num_aborted": n})
 
     @app.post("/pause_generation")
     async def pause_generation(request: Request) -> JSONResponse:
-        await server.pause((await body(request)).get("mode", "abort"))
-        return ok({"message": "Generation paused successfully.", "status": "ok"})
+        await server.pause((await _body(request)).get("mode", "abort"))
+        return _ok({"message": "Generation paused successfully.", "status": "ok"})
 
     @app.post("/continue_generation")
     async def continue_generation() -> JSONResponse:
         await server.resume()
-        return ok({"message": "Generation continued successfully.", "status": "ok"})
+        return _ok({"message": "Generation continued successfully.", "status": "ok"})
 
     @app.api_route("/release_memory_occupation", methods=["GET", "POST"])
     @app.api_route("/resume_memory_occupation", methods=["GET", "POST"])
     async def memory_occupation() -> JSONResponse:
         msg = "no-op: the dev server keeps the model and KV cache in host memory"
-        return ok({"success": True, "message": msg})
+        return _ok({"success": True, "message": msg})
 
     admin = {
         "/update_weights_from_disk": server.update_from_disk,
@@ -493,15 +514,17 @@ def build_app(server: DevServer) -> FastAPI:
     def admin_route(fn: Callable[[dict], Awaitable[dict]]) -> Callable:
         async def route(request: Request) -> JSONResponse:
             try:
-                return ok(await fn(await body(request)))
-            except BadRequest as e:  # SGLang's weight routes answer {"success": false, ...}
-                return JSONResponse({"success": False, "message": str(e)}, status_code=400)
+                return _ok(await fn(await _body(request)))
+            except Exception as e:  # SGLang's weight routes answer {"success": false, ...}: 400
+                if not isinstance(e, BadRequest):
+                    log.exception("%s failed", request.url.path)
+                msg = str(e) if isinstance(e, BadRequest) else f"{type(e).__name__}: {e}"
+                return JSONResponse({"success": False, "message": msg}, status_code=400)
 
         return route
 
     for path, fn in admin.items():
         app.add_api_route(path, admin_route(fn), methods=["POST"])
-    return app
 
 
 class _Stop(Exception):
@@ -513,8 +536,11 @@ def _raise_stop(signum: int, frame: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m agentrl.devserver", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m agentrl.devserver",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", "--model-path", dest="model", required=True, help="HF model dir")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
@@ -538,9 +564,14 @@ def main(argv: list[str] | None = None) -> int:
     fields = {k: v for k, v in vars(a).items() if k in ServerArgs.__dataclass_fields__}
     try:
         server = DevServer(ServerArgs(**fields))
-        config = uvicorn.Config(build_app(server), host=a.host, port=a.port,
-                                log_level=a.log_level, access_log=False,
-                                timeout_graceful_shutdown=3)  # fmt: skip
+        config = uvicorn.Config(
+            build_app(server),
+            host=a.host,
+            port=a.port,
+            log_level=a.log_level,
+            access_log=False,
+            timeout_graceful_shutdown=3,
+        )
         uvicorn.Server(config).run()
     except _Stop as e:
         log.warning("devserver on port %d stopped by %s", a.port, e)

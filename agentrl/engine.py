@@ -14,19 +14,17 @@ exponential backoff on another healthy server; a 400 is never retried (`PromptTo
 prompt does not fit the model's context, `EngineRequestError` otherwise). Admin calls (health,
 weights, memory, pause) fan out to every server at once.
 
-Stop tokens (checked against SGLang >= 0.5, `managers/scheduler_output_processor_mixin.py`,
-`detokenizer_manager.py`, `tokenizer_manager.py`): the scheduler appends every sampled id to
-`req.output_ids` before checking the stop condition, and sends `output_ids_through_stop` (stop
-position included) to the client. `no_stop_trim` is read only by the detokenizer's
-`trim_matched_stop`, which trims the *text* and the ids it decodes text from, never the
-`output_ids` of the response; with `--skip-tokenizer-init` no text exists at all. So `output_ids`
-ends with the matched stop token (`meta_info.finish_reason = {"type": "stop", "matched": id}`),
-and `output_token_logprobs` has one entry per output id, the stop token's included. We still send
-`no_stop_trim=True` (the rollout trains on the stop token, so we ask for it explicitly), and if a
-server ever drops it from `output_ids` we restore it from the logprob entries, which carry the ids.
-Other SGLang semantics mirrored by the dev server: `max_new_tokens` is checked before stop tokens
-(a stop token sampled as the last allowed token finishes as "length"), and `ignore_eos=True`
-disables every token stop, `stop_token_ids` included.
+Stop tokens (SGLang >= 0.5: scheduler_output_processor_mixin.py, detokenizer_manager.py,
+tokenizer_manager.py): the scheduler appends each sampled id to `req.output_ids` before checking
+stop conditions and returns `output_ids_through_stop`, stop position included. `no_stop_trim` is
+read only by the detokenizer's `trim_matched_stop`, which trims the *text* (and the ids it decodes
+it from), never the response's `output_ids`; with `--skip-tokenizer-init` there is no text. So
+`output_ids` ends with the matched stop id (finish_reason {"type": "stop", "matched": id}) and
+`output_token_logprobs` has one entry per output id. We still send `no_stop_trim=True` (the
+rollout trains on the stop token), and should a server drop it from `output_ids`, we restore it
+from the logprob entries, which carry the ids. Also mirrored by the dev server: `max_new_tokens`
+is checked before stop tokens (a stop id sampled as the last allowed token finishes "length"),
+and `ignore_eos=True` turns off every token stop, `stop_token_ids` included.
 """
 
 from __future__ import annotations
@@ -418,6 +416,10 @@ class EngineClient:
     async def _fanout(self, method: str, path: str, bodies: list[Any] | Any = None) -> list[Any]:
         if not isinstance(bodies, list):
             bodies = [bodies] * len(self._servers)
+        if len(bodies) != len(self._servers):
+            raise ValueError(
+                f"{path}: {len(bodies)} request bodies for {len(self._servers)} servers"
+            )
         results = await asyncio.gather(
             *(self._admin(s, method, path, b) for s, b in zip(self._servers, bodies, strict=True)),
             return_exceptions=True,
@@ -505,19 +507,10 @@ class EngineClient:
         return await self._fanout("POST", "/resume_memory_occupation", {"tags": tags})
 
     async def update_weights_from_disk(
-        self,
-        model_path: str,
-        weight_version: str | None = None,
-        *,
-        load_format: str | None = None,
-        abort_all_requests: bool = False,
+        self, model_path: str, weight_version: str | None = None, **extra: Any
     ) -> list[Any]:
-        body = {
-            "model_path": str(model_path),
-            "load_format": load_format,
-            "abort_all_requests": abort_all_requests,
-            "weight_version": weight_version,
-        }
+        """Reload from a checkpoint dir. `extra`: more SGLang fields (load_format, ...)."""
+        body = {"model_path": str(model_path), "weight_version": weight_version, **extra}
         return await self._fanout("POST", "/update_weights_from_disk", body)
 
     async def init_weights_update_group(
@@ -533,16 +526,15 @@ class EngineClient:
         1 + i * ranks_per_server. Blocks until the group forms, so the trainer must join
         (rank 0, world_size = 1 + n * ranks_per_server) concurrently."""
         world_size = 1 + len(self._servers) * ranks_per_server
+        common = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
         bodies = [
-            {
-                "master_address": master_address,
-                "master_port": master_port,
-                "rank_offset": 1 + i * ranks_per_server,
-                "world_size": world_size,
-                "group_name": group_name,
-                "backend": backend,
-            }
-            for i in range(len(self._servers))
+            {"rank_offset": 1 + i * ranks_per_server, **common} for i in range(len(self._servers))
         ]
         return await self._fanout("POST", "/init_weights_update_group", bodies)
 
@@ -554,19 +546,17 @@ class EngineClient:
         *,
         group_name: str = "weight_update_group",
         weight_version: str | None = None,
-        flush_cache: bool = True,
-        abort_all_requests: bool = False,
+        **extra: Any,
     ) -> list[Any]:
         """Servers receive `names` by broadcast from rank 0, in this order; the trainer must
-        broadcast them concurrently with this call."""
+        broadcast them concurrently with this call. `extra`: flush_cache, abort_all_requests."""
         body = {
             "names": list(names),
             "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
             "shapes": [list(s) for s in shapes],
             "group_name": group_name,
-            "flush_cache": flush_cache,
-            "abort_all_requests": abort_all_requests,
             "weight_version": weight_version,
+            **extra,
         }
         return await self._fanout("POST", "/update_weights_from_distributed", body)
 
@@ -579,30 +569,16 @@ class EngineClient:
         self,
         serialized_named_tensors: list[str] | list[list[str]],
         weight_version: str | None = None,
-        *,
-        load_format: str | None = None,
-        flush_cache: bool = True,
-        abort_all_requests: bool = False,
+        **extra: Any,
     ) -> list[Any]:
         """`serialized_named_tensors`: one payload per server rank (SGLang: per TP rank), or a
-        list of such lists, one per server. Dev server payloads: `encode_named_tensors`."""
-        per_server = (
-            serialized_named_tensors
-            if serialized_named_tensors and isinstance(serialized_named_tensors[0], list)
-            else [serialized_named_tensors] * len(self._servers)
-        )
-        if len(per_server) != len(self._servers):
-            raise ValueError(f"{len(per_server)} payload lists for {len(self._servers)} servers")
-        bodies = [
-            {
-                "serialized_named_tensors": p,
-                "load_format": load_format,
-                "flush_cache": flush_cache,
-                "abort_all_requests": abort_all_requests,
-                "weight_version": weight_version,
-            }
-            for p in per_server
-        ]
+        list of such lists, one per server. Dev server payloads: `encode_named_tensors`.
+        `extra`: load_format, flush_cache, abort_all_requests."""
+        payloads = serialized_named_tensors
+        if not (payloads and isinstance(payloads[0], list)):
+            payloads = [payloads] * len(self._servers)
+        common = {"weight_version": weight_version, **extra}
+        bodies = [{"serialized_named_tensors": p, **common} for p in payloads]
         return await self._fanout("POST", "/update_weights_from_tensor", bodies)
 
 

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentrl.engine import SamplingParams
+from agentrl.engine import PromptTooLong, SamplingParams
 from agentrl.env import AssistantTurn, Env
 from agentrl.parsers import check_template, get_parser
 from agentrl.render import Renderer
@@ -152,7 +152,10 @@ class Rollout:
             budget = cfg.max_context_tokens - len(st.ids)
             if budget <= 0:
                 return StopReason.CONTEXT_OVERFLOW
-            comp = await self.engine.generate(st.ids, self._params(budget), key=session)
+            try:
+                comp = await self.engine.generate(st.ids, self._params(budget), key=session)
+            except PromptTooLong:  # the server's context is shorter than max_context_tokens
+                return StopReason.CONTEXT_OVERFLOW
             turn, said = self._record_turn(st, comp, index)
             if comp.finish_reason is FinishReason.ABORT:
                 return StopReason.ABORTED

@@ -32,8 +32,18 @@ def devserver(model: str, threads: int, *args: str):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "agentrl.devserver", "--model", model, "--port", str(port),
-           "--threads", str(threads), *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "agentrl.devserver",
+        "--model",
+        model,
+        "--port",
+        str(port),
+        "--threads",
+        str(threads),
+        *args,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -55,21 +65,23 @@ def prompt(i: int, n: int) -> list[int]:
     return [(1000 + 7919 * i + 31 * j) % 150000 for j in range(n)]
 
 
-async def same_work(url: str, requests: int, prompt_len: int, new_tokens: int) -> dict[str, float]:
-    params = SamplingParams(max_new_tokens=new_tokens, temperature=0, ignore_eos=True)
+async def same_work(url: str, a: argparse.Namespace) -> dict[str, float]:
+    """Best of --rounds: R requests at once, then the same R one at a time (tokens/s)."""
+    params = SamplingParams(max_new_tokens=a.new_tokens, temperature=0, ignore_eos=True)
+    prompts = [prompt(i, a.prompt_len) for i in range(a.requests)]
+    best = {"batched": 0.0, "serial": 0.0}
     async with EngineClient([url]) as engine:
-        await engine.generate(prompt(0, prompt_len), params)  # warm-up
-        t0 = time.perf_counter()
-        comps = await asyncio.gather(
-            *(engine.generate(prompt(i, prompt_len), params) for i in range(requests))
-        )
-        batched = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for i in range(requests):
-            comps.append(await engine.generate(prompt(i, prompt_len), params))
-        serial = time.perf_counter() - t0
-    tokens = sum(len(c.token_ids) for c in comps) / 2
-    return {"batched": tokens / batched, "serial": tokens / serial}
+        await engine.generate(prompts[0], params)  # warm-up
+        for _ in range(a.rounds):
+            t0 = time.perf_counter()
+            comps = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+            rate = sum(len(c.token_ids) for c in comps) / (time.perf_counter() - t0)
+            best["batched"] = max(best["batched"], rate)
+            t0 = time.perf_counter()
+            comps = [await engine.generate(p, params) for p in prompts]
+            rate = sum(len(c.token_ids) for c in comps) / (time.perf_counter() - t0)
+            best["serial"] = max(best["serial"], rate)
+    return best
 
 
 async def episodes(url: str, n: int, turns: int, seed: int = 0) -> float:
@@ -107,6 +119,7 @@ def main() -> None:
     p.add_argument("--episodes", type=int, default=16)
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="server torch threads")
+    p.add_argument("--rounds", type=int, default=3, help="best of N (shared machines are noisy)")
     a = p.parse_args()
     if a.model is None:
         from agentrl.assets.build import cached_tiny_random
@@ -117,15 +130,23 @@ def main() -> None:
     for scheduler in ("continuous", "dynamic"):
         with devserver(a.model, a.threads, "--scheduler", scheduler) as url:
             if scheduler == "continuous":
-                r = asyncio.run(same_work(url, a.requests, a.prompt_len, a.new_tokens))
-                print(f"{a.requests} requests x {a.new_tokens} tokens, all at once: "
-                      f"{r['batched']:8.1f} tok/s")  # fmt: skip
-                print(f"{a.requests} requests x {a.new_tokens} tokens, one at a time: "
-                      f"{r['serial']:8.1f} tok/s")  # fmt: skip
+                r = asyncio.run(same_work(url, a))
+                print(
+                    f"{a.requests} requests x {a.new_tokens} tokens, all at once: "
+                    f"{r['batched']:8.1f} tok/s"
+                )
+                print(
+                    f"{a.requests} requests x {a.new_tokens} tokens, one at a time: "
+                    f"{r['serial']:8.1f} tok/s"
+                )
                 print(f"batched / one-at-a-time: {r['batched'] / r['serial']:.2f}x")
-            results[scheduler] = asyncio.run(episodes(url, a.episodes, a.turns))
-            print(f"{a.episodes} multi-turn episodes, --scheduler {scheduler}: "
-                  f"{results[scheduler]:8.1f} tok/s")  # fmt: skip
+            results[scheduler] = max(
+                asyncio.run(episodes(url, a.episodes, a.turns)) for _ in range(a.rounds)
+            )
+            print(
+                f"{a.episodes} multi-turn episodes, --scheduler {scheduler}: "
+                f"{results[scheduler]:8.1f} tok/s"
+            )
     print(f"continuous / dynamic: {results['continuous'] / results['dynamic']:.2f}x")
 
 

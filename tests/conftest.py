@@ -38,8 +38,20 @@ def run_devserver(model: Path | str, *args: str, log_dir: Path, timeout_s: float
     after 15 s) when the block exits."""
     port = find_free_port()
     log_path = Path(log_dir) / f"devserver-{port}.log"
-    cmd = [sys.executable, "-m", "agentrl.devserver", "--model", str(model), "--host",
-           "127.0.0.1", "--port", str(port), "--threads", "1", *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "agentrl.devserver",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--threads",
+        "1",
+        *args,
+    ]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
@@ -54,7 +66,9 @@ def run_devserver(model: Path | str, *args: str, log_dir: Path, timeout_s: float
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"devserver not healthy in {timeout_s}s:\n{log_path.read_text()}")
+                raise RuntimeError(
+                    f"devserver not healthy in {timeout_s}s:\n{log_path.read_text()}"
+                )
             time.sleep(0.2)
         yield url, proc
     finally:

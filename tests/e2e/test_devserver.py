@@ -63,27 +63,35 @@ async def test_greedy_logprobs_equal_a_plain_forward(devserver, model0):
 async def test_sampled_logprobs_equal_a_plain_forward_and_seeds_repeat(devserver, model0):
     params = SamplingParams(max_new_tokens=10, temperature=0.8, top_p=0.95, top_k=500, seed=11)
     async with EngineClient([devserver]) as engine:
-        a, b = await asyncio.gather(engine.generate(PROMPT, params), engine.generate(PROMPT, params))
+        a, b = await asyncio.gather(
+            engine.generate(PROMPT, params), engine.generate(PROMPT, params)
+        )
     assert a.token_ids == b.token_ids and len(set(a.token_ids)) > 1
     assert_close(a.logprobs, ref_logprobs(model0, PROMPT, a.token_ids, temperature=0.8))
 
 
 async def test_concurrent_requests_are_batched_and_stay_exact(devserver, model0):
+    async def state(engine: EngineClient) -> dict:
+        return (await engine.server_info())[0]["internal_states"][0]
+
     async with EngineClient([devserver]) as engine:
-        before = (await engine.server_info())[0]["internal_states"][0]["decode_batch_sizes"]
+        before = await state(engine)
 
         async def one(i: int):
-            await asyncio.sleep(0.03 * i)  # staggered: later requests join a running batch
+            await asyncio.sleep(0 if i < 4 else 0.01 * i)  # 4 at once, then 4 joining later
             prompt = [(37 * i + 5 * j) % 150000 for j in range(3 + 4 * i)]
-            params = SamplingParams(max_new_tokens=6 + 2 * i, temperature=0.0, ignore_eos=True)
+            params = SamplingParams(max_new_tokens=24 + 2 * i, temperature=0.0, ignore_eos=True)
             return prompt, await engine.generate(prompt, params)
 
         results = await asyncio.gather(*(one(i) for i in range(8)))
-        after = (await engine.server_info())[0]["internal_states"][0]["decode_batch_sizes"]
-    batched = {int(k): v - before.get(k, 0) for k, v in after.items() if int(k) > 1}
-    assert sum(batched.values()) > 0 and max(k for k, v in batched.items() if v) >= 3, batched
+        after = await state(engine)
+    sizes = {int(k): v - before["decode_batch_sizes"].get(k, 0)
+             for k, v in after["decode_batch_sizes"].items()}  # fmt: skip
+    assert max(k for k, v in sizes.items() if v > 0) >= 4, sizes
+    joined = after["stats"]["joined_running_batch"] - before["stats"].get("joined_running_batch", 0)
+    assert joined > 0  # continuous batching: requests were admitted into a running batch
     for i, (prompt, comp) in enumerate(results):
-        assert len(comp.token_ids) == 6 + 2 * i
+        assert len(comp.token_ids) == 24 + 2 * i
         assert_close(comp.logprobs, ref_logprobs(model0, prompt, comp.token_ids))
 
 
@@ -98,7 +106,9 @@ async def test_stop_token_is_returned_and_finish_reasons_follow_sglang(devserver
         assert c.finish_reason is FinishReason.STOP and c.matched_stop == stop
         assert c.token_ids == free[: k + 1] and len(c.logprobs) == k + 1  # stop id included
         # the length limit is checked first: a stop id sampled as the last allowed token
-        capped = await engine.generate(PROMPT, with_stop.model_copy(update={"max_new_tokens": k + 1}))
+        capped = await engine.generate(
+            PROMPT, with_stop.model_copy(update={"max_new_tokens": k + 1})
+        )
         assert capped.finish_reason is FinishReason.LENGTH and capped.token_ids == free[: k + 1]
         # ignore_eos turns off every token stop, stop_token_ids included (as in SGLang)
         ignored = await engine.generate(PROMPT, with_stop.model_copy(update={"ignore_eos": True}))
@@ -115,6 +125,9 @@ async def test_too_long_prompts_get_400_and_prompt_too_long(devserver):
         assert r.status_code == 400 and "Requested token count" in r.json()["error"]["message"]
         r = await http.post("/generate", json={"text": "hi"})
         assert r.status_code == 400 and "input_ids" in r.json()["error"]["message"]
+        for sp in ({"max_new_tokens": "many"}, {"stop": ["\n"]}, {"top_p": 0}):
+            r = await http.post("/generate", json={"input_ids": [1, 2], "sampling_params": sp})
+            assert r.status_code == 400, sp
     async with EngineClient([devserver]) as engine:
         with pytest.raises(PromptTooLong):
             await engine.generate([1] * 4096, SamplingParams(max_new_tokens=1))
@@ -145,10 +158,21 @@ async def test_pause_continue_abort_and_retract(devserver, model0):
         await engine.continue_generation()
         assert len((await asyncio.wait_for(task, 10)).token_ids) == 3
 
+        async with httpx.AsyncClient(base_url=devserver, timeout=30) as http:
+            body = {"input_ids": PROMPT, "rid": "abort-me", "return_logprob": True,
+                    "sampling_params": long.to_sglang()}  # fmt: skip
+            raw = asyncio.create_task(http.post("/generate", json=body))
+            await _wait_running(engine)
+            await engine.abort(rid="abort-me")
+            out = (await asyncio.wait_for(raw, 10)).json()
+        assert out["meta_info"]["finish_reason"]["type"] == "abort"
+        assert 0 < len(out["output_ids"]) < 3000
+
         task = asyncio.create_task(engine.generate(PROMPT, long))
         await _wait_running(engine)
-        await engine.abort(abort_all=True)
+        await engine.pause_generation("abort")  # aborts what is running, then pauses
         aborted = await asyncio.wait_for(task, 10)
+        await engine.continue_generation()
         assert aborted.finish_reason is FinishReason.ABORT and len(aborted.token_ids) < 3000
         assert_close(aborted.logprobs, ref_logprobs(model0, PROMPT, aborted.token_ids))
 
@@ -197,7 +221,9 @@ def weights_server(tiny_model_dir, launch_devserver):
 
 
 async def served_logprobs(engine: EngineClient) -> tuple[list[int], list[float], str]:
-    c = await engine.generate(PROMPT, SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True))
+    c = await engine.generate(
+        PROMPT, SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True)
+    )
     return c.token_ids, c.logprobs, c.weight_version
 
 
@@ -226,8 +252,9 @@ async def test_update_weights_over_a_gloo_group(weights_server, free_port, model
         pg_task = asyncio.create_task(
             asyncio.to_thread(init_custom_process_group, "gloo", url, 2, 0, "wu", 60)
         )
-        await engine.init_weights_update_group("127.0.0.1", free_port, group_name="wu",
-                                               backend="gloo")  # fmt: skip
+        await engine.init_weights_update_group(
+            "127.0.0.1", free_port, group_name="wu", backend="gloo"
+        )
         pg = await pg_task
 
         def broadcast() -> None:
@@ -237,9 +264,12 @@ async def test_update_weights_over_a_gloo_group(weights_server, free_port, model
         sender = threading.Thread(target=broadcast)
         sender.start()
         await engine.update_weights_from_distributed(
-            list(named), [t.dtype for t in named.values()], [list(t.shape) for t in named.values()],
-            group_name="wu", weight_version="dist-1",
-        )  # fmt: skip
+            list(named),
+            [t.dtype for t in named.values()],
+            [list(t.shape) for t in named.values()],
+            group_name="wu",
+            weight_version="dist-1",
+        )
         sender.join(timeout=60)
         await engine.destroy_weights_update_group("wu")
         torch.distributed.destroy_process_group(pg)
