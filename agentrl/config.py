@@ -76,6 +76,9 @@ class AlgoConfig(BaseModel):
 
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
+    reference: bool = Field(
+        False, description="keep a frozen reference model (always on when loss.kl_coef > 0)"
+    )
 
 
 class TrainerConfig(CheckpointConfig):

@@ -47,6 +47,8 @@ async def start(tr: Trainer) -> None:
     if not learner_cfg.model_path:
         learner_cfg = learner_cfg.model_copy(update={"model_path": str(model_path)})
     tr.policy = LearnerGroup(learner_cfg, "policy")
+    if cfg.algo.reference or cfg.algo.loss.kl_coef > 0:
+        tr.reference = LearnerGroup(learner_cfg, "reference")
     engine_model = model_path
     if resume is not None:
         state = load_trainer_state(resume)
@@ -76,9 +78,10 @@ async def close(tr: Trainer) -> None:
             except Exception as e:  # keep tearing down
                 log.warning("closing the %s failed: %s", attr, e)
     tr.stack.close()  # rollout servers
-    if hasattr(tr, "policy"):
-        with contextlib.suppress(Exception):
-            tr.policy.shutdown()
+    for group in (getattr(tr, "policy", None), tr.reference):
+        if group is not None:
+            with contextlib.suppress(Exception):
+                group.shutdown()
     from agentrl.learner import stop_ray
 
     with contextlib.suppress(Exception):

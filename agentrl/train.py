@@ -16,10 +16,13 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from agentrl.advantage import compute_advantages
 from agentrl.batch import TrainBatch, micro_batches
 from agentrl.config import Config
 from agentrl.data import TaskSampler
+from agentrl.loss import kl_estimate
 from agentrl.metrics import rollout_metrics
 from agentrl.types import Trajectory
 
@@ -48,6 +51,7 @@ class Trainer:
         self.step_idx = 0
         self.skipped_in_a_row = 0
         self.history: list[dict[str, float]] = []
+        self.reference = None  # a frozen LearnerGroup when the algorithm uses one
 
     # -- the algorithm -------------------------------------------------------------------------
 
@@ -62,9 +66,12 @@ class Trainer:
             adv = compute_advantages(groups, cfg.algo.advantage)
             batch = TrainBatch.from_trajectories(trajs, adv.advantages)
         metrics = {**rollout_metrics(trajs), **adv.metrics}
+        self.trainer_logprobs: dict[int, torch.Tensor] = {}
         if batch.num_seqs:
+            per_rank = micro_batches(batch, self.policy.world_size, cfg.learner.micro_batch_tokens)
+            with t("logprobs"):
+                per_rank = self._logprob_pass(per_rank, metrics)
             with t("update"):
-                per_rank = micro_batches(batch, self.policy.world_size, cfg.learner.micro_batch_tokens)
                 metrics.update(self._update(per_rank))
             with t("sync"):
                 metrics.update(await self.sync.push(version=str(self.step_idx + 1)))
@@ -79,9 +86,36 @@ class Trainer:
         self._log(metrics, trajs)
         return metrics
 
+    def _logprob_pass(
+        self, per_rank: list[list[TrainBatch]], metrics: dict[str, float]
+    ) -> list[list[TrainBatch]]:
+        """Trainer logprobs before the update: their gap to the engine's (train/logprob_diff),
+        the KL to the reference (train/kl_ref, when there is one), ref_logprobs for the loss."""
+        temp = self.cfg.rollout.temperature
+        ours = self.policy.compute_logprobs(per_rank, temp)
+        refs = self.reference.compute_logprobs(per_rank, temp) if self.reference else None
+        diff = kl = tokens = 0.0
+        for r, mbs in enumerate(per_rank):
+            for i, mb in enumerate(mbs):
+                m = mb.loss_mask
+                diff += float((mb.old_logprobs - ours[r][i]).abs()[m].sum())
+                tokens += float(m.sum())
+                if refs is not None:
+                    kl += float(kl_estimate(ours[r][i], refs[r][i], "k3")[m].sum())
+                    mbs[i] = mb.replace(ref_logprobs=refs[r][i])
+                if not mb.is_padding:
+                    for src, lp in zip(mb.source, mb.per_sequence(ours[r][i]), strict=True):
+                        self.trainer_logprobs[src] = lp
+        metrics["train/logprob_diff"] = diff / max(tokens, 1.0)
+        if refs is not None:
+            metrics["train/kl_ref"] = kl / max(tokens, 1.0)
+        return per_rank
+
     def _update(self, per_rank: list[list[TrainBatch]]) -> dict[str, float]:
         cfg = self.cfg
-        out = self.policy.train_step(per_rank, cfg.algo.loss.name, cfg.algo.loss)
+        out = self.policy.train_step(
+            per_rank, cfg.algo.loss.name, cfg.algo.loss, cfg.rollout.temperature
+        )
         skipped = out.get("policy/skipped", 0.0) > 0
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
         out["train/skipped_steps_in_a_row"] = float(self.skipped_in_a_row)
