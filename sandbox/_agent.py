@@ -17,6 +17,7 @@ server can cut the output of this call from the next. The agent runs in the same
 code, so nothing it reports is trusted for grading (see sandbox/grader.py).
 """
 
+# ruff: noqa: SIM105  (contextlib.suppress would cost an import on every worker start)
 import json
 import os
 import resource
@@ -34,8 +35,16 @@ class CellTimeout(BaseException):
     """Raised in the code by the agent's alarm when a session call runs past its time."""
 
 
+class CellCpuLimit(BaseException):
+    """Raised in the code by SIGXCPU (a session call past its CPU seconds)."""
+
+
 def _alarm(signum, frame):
     raise CellTimeout()
+
+
+def _xcpu(signum, frame):
+    raise CellCpuLimit()
 
 
 def _recv(fd):
@@ -122,6 +131,10 @@ def run_cell(code, ns, name, repl):
         out.update(exit_code=None, timed_out=True, error_name="TimeoutError")
         out["error_value"] = "execution timed out"
         _safe_write("TimeoutError: execution timed out\n")
+    except CellCpuLimit:
+        out.update(exit_code=None, limit="cpu_time", error_name="CPUTimeLimitExceeded")
+        out["error_value"] = "CPU time limit exceeded"
+        _safe_write("CPUTimeLimitExceeded: CPU time limit exceeded\n")
     except BaseException as e:
         _print_exception(e, name, code)
         out.update(exit_code=1, error_name=type(e).__name__, error_value=_safe_str(e))
@@ -173,6 +186,8 @@ def serve(fd, cfg):
         if req is None:
             os._exit(0)
         oneshot = req["mode"] == "oneshot"
+        # one-shot: SIGXCPU kills (flagged by the server); session: it interrupts the call only
+        signal.signal(signal.SIGXCPU, signal.SIG_DFL if oneshot else _xcpu)
         _limit_cpu(req["cpu_s"], cpu_hard, oneshot)
         if req.get("language") == "bash":
             os.close(fd)
@@ -183,7 +198,7 @@ def serve(fd, cfg):
         name = "<string>" if oneshot else f"<cell {cells}>"
         try:
             out = run_cell(req["code"], ns, name, repl=not oneshot)
-        except CellTimeout:  # fired between the cell's end and here
+        except (CellTimeout, CellCpuLimit):  # fired between the cell's end and here
             out = {"exit_code": 0, "timed_out": False}
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -196,7 +211,8 @@ def serve(fd, cfg):
                 except OSError:
                     out["marker_lost"] = True
         _send(fd, out)
-        if oneshot:
+        if oneshot:  # the server kills the sandbox now; wait for that rather than race it
+            _recv(fd)
             os._exit(0)
 
 

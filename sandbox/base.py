@@ -5,15 +5,30 @@ isolated service (`python -m sandbox.server` + `sandbox.client.ServiceSandbox`),
 (`sandbox.e2b_backend.E2BSandbox`), and `sandbox.subproc.SubprocessSandbox` (rlimits only; for
 laptops and tests, not isolation). `sandbox.make_sandbox(SandboxConfig(...))` builds any of them.
 
-    from sandbox import SubprocessSandbox
+    import asyncio
+    from sandbox import ExecResult, Sandbox, SandboxConfig, make_sandbox
 
-    sb = SubprocessSandbox()
-    res = await sb.run("print(6 * 7)", language="python", timeout=5.0)
-    assert res.stdout == "42\\n" and res.exit_code == 0
+    class EchoSandbox:  # a backend of your own: any object with these three methods
+        async def run(self, code, language="python", timeout=10.0, session=None):
+            return ExecResult(stdout=code)
+
+        async def close_session(self, session): ...
+
+        async def aclose(self): ...
+
+    async def main():
+        sb = make_sandbox(SandboxConfig(backend="subprocess"))  # or "service", "e2b"
+        res = await sb.run("print(6 * 7)", language="python", timeout=5.0)
+        assert res.stdout == "42\\n" and res.exit_code == 0 and res.ok
+        await sb.aclose()
+        assert isinstance(EchoSandbox(), Sandbox)
+
+    asyncio.run(main())
 
 Sessions keep interpreter state across calls with the same `session` key (one per trajectory);
-`close_session` releases one. A backend that cannot be reached raises `SandboxUnavailable`;
-everything the code itself does wrong (exceptions, timeouts, limits) comes back in the ExecResult.
+`close_session` releases one. A backend that cannot be reached raises `SandboxUnavailable`
+(after its own retries); everything the code itself does wrong (exceptions, timeouts, limits)
+comes back in the ExecResult.
 """
 
 from __future__ import annotations

@@ -79,18 +79,18 @@ class Cgroup:
     pids_dir: Path | None
     procs_files: list[str] = field(default_factory=list)
 
-    def oom_killed(self) -> bool:
-        if self.mem_dir is None:
-            return False
-        if self.version == 2:
-            return _read_counter(self.mem_dir / "memory.events", "oom_kill") > 0
-        oom = self.mem_dir / "memory.oom_control"
-        if _read_counter(oom, "oom_kill") > 0:
-            return True
-        return _read_counter(oom, "under_oom") > 0
-
-    def pids_hit(self) -> bool:
-        return self.pids_dir is not None and _read_counter(self.pids_dir / "pids.events", "max") > 0
+    def counters(self) -> tuple[int, int]:
+        """(OOM kills, refused forks) so far; compare before/after a call."""
+        oom = pids = 0
+        if self.mem_dir is not None:
+            if self.version == 2:
+                oom = _read_counter(self.mem_dir / "memory.events", "oom_kill")
+            else:
+                ctl = self.mem_dir / "memory.oom_control"
+                oom = _read_counter(ctl, "oom_kill") + _read_counter(ctl, "under_oom")
+        if self.pids_dir is not None:
+            pids = _read_counter(self.pids_dir / "pids.events", "max")
+        return oom, pids
 
     def kill(self) -> None:
         if self.version == 2 and self.dirs and _write(self.dirs[0] / "cgroup.kill", "1"):
@@ -152,6 +152,9 @@ class CgroupRoot:
             for c in ("memory", "pids"):
                 if fstype == "cgroup" and c in opts and c not in v1:
                     v1[c] = _make(_base(mnt, own.get(c)) / name)
+        for parent in v1.values():
+            if parent is not None:
+                _remove_stale(parent.parent)
         if any(v1.values()):
             return cls(1, v1.get("memory"), v1.get("pids"))
         for mnt, fstype, _ in mounts:
@@ -196,6 +199,17 @@ class CgroupRoot:
                 d.rmdir()  # type: ignore[union-attr]
 
 
+def _remove_stale(base: Path) -> None:
+    """Remove `agentrl-sandbox-<pid>` cgroups left by services that died without cleaning up."""
+    for d in base.glob("agentrl-sandbox-*"):
+        pid = d.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        for leaf in [p for p in d.iterdir() if p.is_dir()] + [d]:
+            with contextlib.suppress(OSError):
+                leaf.rmdir()
+
+
 def _make(path: Path) -> Path | None:
     try:
         path.mkdir(exist_ok=True)
@@ -223,6 +237,4 @@ def _v2_parent(base: Path, name: str) -> CgroupRoot | None:
         with contextlib.suppress(OSError):
             parent.rmdir()
         return None
-    return CgroupRoot(
-        2, parent if "memory" in have else None, parent if "pids" in have else None
-    )
+    return CgroupRoot(2, parent if "memory" in have else None, parent if "pids" in have else None)

@@ -45,8 +45,7 @@ def _sdk():
         import e2b_code_interpreter
     except ImportError as e:
         raise ImportError(
-            "the e2b backend needs the e2b SDK: pip install 'agentrl[e2b]' "
-            "(e2b-code-interpreter)"
+            "the e2b backend needs the e2b SDK: pip install 'agentrl[e2b]' (e2b-code-interpreter)"
         ) from e
     return e2b, e2b_code_interpreter
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import APIRouter, Header, HTTPException, Request, Response
+from fastapi import APIRouter, FastAPI, Header, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from sandbox.base import ExecResult
@@ -38,6 +38,24 @@ from sandbox.service import Busy, ExecService, until_disconnect
 
 ENVD_VERSION = "0.4.0"
 _TB_HEAD = "Traceback (most recent call last):"
+
+
+class E2BError(Exception):
+    """An error answered in e2b's shape: {"code": status, "message": text}."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def install(app: FastAPI, svc: ExecService, token: str | None, default_timeout: float) -> None:
+    """Serve the e2b protocol under /e2b of `app`."""
+
+    @app.exception_handler(E2BError)
+    async def e2b_error(request: Request, exc: E2BError) -> JSONResponse:
+        return JSONResponse({"code": exc.status, "message": str(exc)}, exc.status)
+
+    app.include_router(_E2BApi(svc, token, default_timeout).router(), prefix="/e2b")
 
 
 @dataclass
@@ -84,41 +102,63 @@ def _events(res: ExecResult, count: int) -> list[dict[str, Any]]:
     return out
 
 
-def e2b_router(svc: ExecService, token: str | None, default_timeout: float) -> APIRouter:
-    router = APIRouter()
-    boxes: dict[str, _Box] = {}
+class _E2BApi:
+    """The e2b routes; state is the live e2b sandboxes (each a group of our sessions)."""
 
-    async def purge() -> None:
+    def __init__(self, svc: ExecService, token: str | None, default_timeout: float) -> None:
+        self.svc, self.token, self.default_timeout = svc, token, default_timeout
+        self.boxes: dict[str, _Box] = {}
+
+    def router(self) -> APIRouter:
+        r = APIRouter()
+        r.add_api_route("/sandboxes", self.create, methods=["POST"], status_code=201)
+        r.add_api_route("/v2/sandboxes", self.create, methods=["POST"], status_code=201)
+        r.add_api_route("/sandboxes/{sid}", self.kill, methods=["DELETE"], status_code=204)
+        r.add_api_route("/sandboxes/{sid}/timeout", self.set_timeout, methods=["POST"])
+        r.add_api_route("/health", self.envd_health, methods=["GET"])
+        r.add_api_route("/contexts", self.create_context, methods=["POST"])
+        r.add_api_route("/contexts", self.list_contexts, methods=["GET"])
+        r.add_api_route("/contexts/{cid}", self.remove_context, methods=["DELETE"])
+        r.add_api_route("/contexts/{cid}/restart", self.restart_context, methods=["POST"])
+        r.add_api_route("/execute", self.execute, methods=["POST"])
+        return r
+
+    async def _purge(self) -> None:
         now = time.monotonic()
-        for box in [b for b in boxes.values() if b.expires < now]:
-            await kill_box(box)
+        for box in [b for b in self.boxes.values() if b.expires < now]:
+            await self._kill_box(box)
 
-    async def kill_box(box: _Box) -> None:
-        boxes.pop(box.id, None)
+    async def _kill_box(self, box: _Box) -> None:
+        self.boxes.pop(box.id, None)
         for ctx in list(box.contexts):
-            await svc.close_session(box.session(ctx))
+            await self.svc.close_session(box.session(ctx))
 
-    def check_key(key: str | None) -> None:
-        if token is not None and key != token:
-            raise HTTPException(401, "invalid X-API-KEY: use the sandbox service's token")
+    def _check_key(self, key: str | None) -> None:
+        if self.token is not None and key != self.token:
+            raise E2BError(401, "invalid X-API-KEY: use the sandbox service's token")
 
-    async def box_of(sid: str | None) -> _Box:
-        await purge()
-        box = boxes.get(sid or "")
+    async def _box(self, sid: str | None) -> _Box:
+        await self._purge()
+        box = self.boxes.get(sid or "")
         if box is None:
-            raise HTTPException(404, f"sandbox {sid!r} not found (killed or timed out)")
+            raise E2BError(404, f"sandbox {sid!r} not found (killed or timed out)")
         return box
 
-    @router.post("/sandboxes", status_code=201)
-    @router.post("/v2/sandboxes", status_code=201)
-    async def create(request: Request, x_api_key: str | None = Header(None)) -> dict:
-        check_key(x_api_key)
-        await purge()
+    def _context(self, box: _Box, cid: str) -> dict[str, str]:
+        if cid not in box.contexts:
+            raise E2BError(404, f"context {cid!r} not found")
+        return box.contexts[cid]
+
+    # -- control plane (E2B_API_URL) ------------------------------------------------------
+
+    async def create(self, request: Request, x_api_key: str | None = Header(None)) -> dict:
+        self._check_key(x_api_key)
+        await self._purge()
         body = await request.json()
         sid = "agentrl" + secrets.token_hex(10)
         template = str(body.get("templateID") or "code-interpreter-v1")
         timeout = float(body.get("timeout") or 300)
-        boxes[sid] = _Box(sid, template, time.monotonic() + timeout)
+        self.boxes[sid] = _Box(sid, template, time.monotonic() + timeout)
         return {
             "templateID": template,
             "sandboxID": sid,
@@ -127,78 +167,70 @@ def e2b_router(svc: ExecService, token: str | None, default_timeout: float) -> A
             "domain": None,
         }
 
-    @router.delete("/sandboxes/{sid}", status_code=204)
-    async def kill(sid: str, x_api_key: str | None = Header(None)) -> Response:
-        check_key(x_api_key)
-        await kill_box(await box_of(sid))
+    async def kill(self, sid: str, x_api_key: str | None = Header(None)) -> Response:
+        self._check_key(x_api_key)
+        await self._kill_box(await self._box(sid))
         return Response(status_code=204)
 
-    @router.post("/sandboxes/{sid}/timeout", status_code=204)
-    async def set_timeout(sid: str, request: Request, x_api_key: str | None = Header(None)):
-        check_key(x_api_key)
-        box = await box_of(sid)
+    async def set_timeout(
+        self, sid: str, request: Request, x_api_key: str | None = Header(None)
+    ) -> Response:
+        self._check_key(x_api_key)
+        box = await self._box(sid)
         box.expires = time.monotonic() + float((await request.json()).get("timeout", 300))
         return Response(status_code=204)
 
-    @router.get("/health")
-    async def envd_health(e2b_sandbox_id: str | None = Header(None)) -> Response:
-        return Response(status_code=204 if e2b_sandbox_id in boxes else 502)
+    # -- data plane (E2B_SANDBOX_URL; the sandbox id travels in a header) -----------------
 
-    @router.post("/contexts")
-    async def create_context(request: Request, e2b_sandbox_id: str | None = Header(None)):
-        box = await box_of(e2b_sandbox_id)
+    async def envd_health(self, e2b_sandbox_id: str | None = Header(None)) -> Response:
+        return Response(status_code=204 if e2b_sandbox_id in self.boxes else 502)
+
+    async def create_context(
+        self, request: Request, e2b_sandbox_id: str | None = Header(None)
+    ) -> dict:
+        box = await self._box(e2b_sandbox_id)
         body = await request.json()
         language = body.get("language") or "python"
         if language != "python":
-            raise HTTPException(400, f"language {language!r}: only python contexts are served")
+            raise E2BError(400, f"language {language!r}: only python contexts are served")
         ctx = {"id": secrets.token_hex(8), "language": language, "cwd": body.get("cwd") or "/tmp"}
         box.contexts[ctx["id"]] = ctx
         return ctx
 
-    @router.get("/contexts")
-    async def list_contexts(e2b_sandbox_id: str | None = Header(None)) -> list:
-        return list((await box_of(e2b_sandbox_id)).contexts.values())
+    async def list_contexts(self, e2b_sandbox_id: str | None = Header(None)) -> list:
+        return list((await self._box(e2b_sandbox_id)).contexts.values())
 
-    @router.delete("/contexts/{cid}")
-    async def remove_context(cid: str, e2b_sandbox_id: str | None = Header(None)):
-        box = await box_of(e2b_sandbox_id)
-        if box.contexts.pop(cid, None) is None:
-            raise HTTPException(404, f"context {cid!r} not found")
-        await svc.close_session(box.session(cid))
+    async def remove_context(self, cid: str, e2b_sandbox_id: str | None = Header(None)):
+        box = await self._box(e2b_sandbox_id)
+        self._context(box, cid)
+        del box.contexts[cid]
+        await self.svc.close_session(box.session(cid))
         return Response(status_code=204)
 
-    @router.post("/contexts/{cid}/restart")
-    async def restart_context(cid: str, e2b_sandbox_id: str | None = Header(None)):
-        box = await box_of(e2b_sandbox_id)
-        if cid not in box.contexts:
-            raise HTTPException(404, f"context {cid!r} not found")
-        await svc.close_session(box.session(cid))
+    async def restart_context(self, cid: str, e2b_sandbox_id: str | None = Header(None)):
+        box = await self._box(e2b_sandbox_id)
+        self._context(box, cid)
+        await self.svc.close_session(box.session(cid))
         return Response(status_code=204)
 
-    @router.post("/execute")
-    async def execute(request: Request, e2b_sandbox_id: str | None = Header(None)):
-        box = await box_of(e2b_sandbox_id)
+    async def execute(self, request: Request, e2b_sandbox_id: str | None = Header(None)):
+        box = await self._box(e2b_sandbox_id)
         body = await request.json()
-        cid = body.get("context_id")
         language = body.get("language") or "python"
-        if cid and cid not in box.contexts:
-            raise HTTPException(404, f"context {cid!r} not found")
+        cid = body.get("context_id") or f"default-{language}"
+        if body.get("context_id"):
+            self._context(box, cid)
+        else:
+            box.contexts.setdefault(cid, {"id": cid, "language": language, "cwd": "/tmp"})
         envs = body.get("env_vars") or {}
-        timeout = float(envs.get("AGENTRL_TIMEOUT", default_timeout))
-        key = box.session(cid or f"default-{language}")
-        if not cid:
-            box.contexts.setdefault(f"default-{language}", {"id": f"default-{language}",
-                                    "language": language, "cwd": "/tmp"})  # fmt: skip
+        timeout = float(envs.get("AGENTRL_TIMEOUT", self.default_timeout))
+        call = self.svc.run(body.get("code", ""), language, timeout, session=box.session(cid))
         try:
-            res = await until_disconnect(
-                request, svc.run(body.get("code", ""), language, timeout, session=key)
-            )
+            res = await until_disconnect(request, call)
         except Busy as e:
-            return JSONResponse({"message": str(e)}, 503, {"Retry-After": "1"})
+            return JSONResponse({"code": 503, "message": str(e)}, 503, {"Retry-After": "1"})
         except ValueError as e:
-            raise HTTPException(400, str(e)) from e
+            raise E2BError(400, str(e)) from e
         box.executions += 1
         lines = [json.dumps(ev) + "\n" for ev in _events(res, box.executions)]
         return StreamingResponse(iter(lines), media_type="application/x-ndjson")
-
-    return router

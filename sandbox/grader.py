@@ -108,7 +108,11 @@ def canon(v, depth=0):
         return {"__set__": sorted(items, key=lambda x: __import__("json").dumps(x, sort_keys=True))}
     if t is dict:
         items = [[canon(k, depth + 1), canon(x, depth + 1)] for k, x in v.items()]
-        return {"__dict__": sorted(items, key=lambda kv: __import__("json").dumps(kv[0], sort_keys=True))}
+        return {
+            "__dict__": sorted(
+                items, key=lambda kv: __import__("json").dumps(kv[0], sort_keys=True)
+            )
+        }
     if t.__module__ == "numpy" and hasattr(v, "tolist"):
         return canon(v.tolist(), depth + 1)
     return {"__opaque__": t.__name__}
@@ -131,7 +135,7 @@ def normalize_output(text: str) -> str:
 
 # -- the harness (runs inside the sandbox; never sees expected answers) --------------------
 
-_HARNESS = r'''
+_HARNESS = r"""
 import ctypes, hashlib, json, os, signal, subprocess, sys, tempfile
 SPEC = json.loads(__SPEC__)
 NONCE = SPEC.pop("nonce")
@@ -159,10 +163,11 @@ def normalize(text):
         lines.pop()
     return "\n".join(lines)
 
-def child(argv, stdin_text, timeout, pass_fds=()):
+def child(argv, stdin_text, timeout, pass_fds=(), keep_stdout=True):
     inp = tempfile.TemporaryFile()
     inp.write(stdin_text.encode()); inp.seek(0)
-    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    out = tempfile.TemporaryFile() if keep_stdout else open(os.devnull, "wb")
+    err = tempfile.TemporaryFile()
     p = subprocess.Popen(argv, stdin=inp, stdout=out, stderr=err, pass_fds=pass_fds,
                          start_new_session=True, cwd=WORK)
     try:
@@ -174,7 +179,10 @@ def child(argv, stdin_text, timeout, pass_fds=()):
     except OSError:
         pass
     p.wait()
-    out.seek(0); err.seek(0)
+    err.seek(0)
+    if not keep_stdout:
+        return rc, timed_out, b"", err.read()[-300:]
+    out.seek(0)
     return rc, timed_out, out.read(16 << 20), err.read()[-300:]
 
 def run_io():
@@ -191,7 +199,7 @@ def run_calls():
     total = SPEC["timeout"] * len(SPEC["tests"]) + 5
     argv = [sys.executable, "-I", "-S", "-c", CALL_RUNNER, SOL, PATHS, calls,
             SPEC.get("entry") or "", str(res.fileno()), str(SPEC["timeout"])]
-    rc, to, out, err = child(argv, "", total, pass_fds=(res.fileno(),))
+    rc, to, out, err = child(argv, "", total, pass_fds=(res.fileno(),), keep_stdout=False)
     res.seek(0)
     seen = {}
     for line in res.read(16 << 20).decode("utf-8", "replace").splitlines():
@@ -219,9 +227,9 @@ def run_calls():
 
 run_io() if SPEC["kind"] == "io" else run_calls()
 emit({"done": True})
-'''
+"""
 
-_CALL_RUNNER = r'''
+_CALL_RUNNER = r"""
 import json, os, signal, sys
 sys.path.extend(json.loads(sys.argv[2]))
 calls, entry, fd, per = json.loads(sys.argv[3]), sys.argv[4], int(sys.argv[5]), float(sys.argv[6])
@@ -259,7 +267,7 @@ for i, call in enumerate(calls):
         signal.setitimer(signal.ITIMER_REAL, 0)
     put(rec)
 os._exit(0)
-'''
+"""
 
 
 def harness_code(kind: str, tests: list[dict], solution: str, timeout: float, nonce: str,
@@ -341,7 +349,9 @@ def _judge(test: IOTest | CallTest, frame: dict | None) -> Outcome:
     if frame.get("to"):
         return Outcome(index=0, passed=False, status="timeout")
     ok = frame.get("h") == _sha(normalize_output(test.expected))
-    detail = "" if ok else f"got {frame.get('p', '')!r} (exit {frame.get('rc')}) {frame.get('e', '')}"
+    detail = (
+        "" if ok else f"got {frame.get('p', '')!r} (exit {frame.get('rc')}) {frame.get('e', '')}"
+    )
     return Outcome(index=0, passed=ok, status="pass" if ok else "wrong", detail=detail.strip())
 
 

@@ -8,9 +8,11 @@ measured at start):
 - processes: a new PID namespace; the code sees only its own processes. When the call ends the
   namespace is torn down, so nothing it started (daemons, `setsid`, double forks) survives.
 - filesystem: a new mount namespace whose root holds only /usr (and /bin, /lib* links), a few
-  public /etc files, the Python installation and its site-packages, read-only; /tmp and /dev/shm
-  are private size-limited tmpfs mounts, gone after the call. /root, /home, the project tree,
-  credentials and other users' files are not mounted at all. /proc is the sandbox's own.
+  public /etc files, the Python installation and its site-packages (and `ro_paths`), read-only;
+  /tmp and /dev/shm are private size-limited tmpfs mounts, gone with the sandbox (after a
+  one-shot call, or when its session ends). Nothing else is mounted: not /root or /home (beyond
+  the Python installation if it lives there), not the project tree (beyond a virtualenv inside
+  it), no credentials, no other users' files. /proc is the sandbox's own; /sys is absent.
 - identity: a user namespace mapping the code to uid 1000 with no capabilities and no way to
   create nested user namespaces. When the service runs as root, every worker additionally runs
   as its own unprivileged host uid (`uid_base + n`), so even an escape lands as a nobody.
@@ -19,18 +21,23 @@ measured at start):
 - limits: wall time (the sandbox is killed), CPU time (RLIMIT_CPU per process), memory and
   processes+threads for the whole sandbox (cgroup when writable, else RLIMIT_AS/RLIMIT_NPROC per
   process), file size (RLIMIT_FSIZE, SIGXFSZ), /tmp size, open files, output size.
-- system calls: a seccomp deny list (x86_64; see sandbox/seccomp.py).
+- system calls: a seccomp deny list (x86_64; see sandbox/seccomp.py), also in rlimits mode.
 
 What is NOT isolated: the kernel is shared (a kernel exploit escapes every namespace sandbox;
 use e2b/VMs for hostile multi-tenant code); CPU time is not weighted between sandboxes (no CPU
 cgroup quota), so a busy sandbox slows the others; the Python installation and its
 site-packages are readable (do not install secrets there); timing side channels.
 
-`isolation="rlimits"` (where user namespaces are refused): processes run directly as the
-per-worker uid (root) or as the service's own user, with rlimits, a private working directory
-and a clean environment, plus a new network namespace when root. The filesystem is readable
-as far as that uid may read, other processes are visible, and without root nothing stops the
-code reaching the network: use it only for trusted code or behind a VM.
+`isolation="rlimits"` (where user namespaces are refused): processes run directly, with
+rlimits, seccomp, cgroups when writable, a clean environment and a private working directory.
+As root, each worker also gets its own uid, its own network namespace, and its own mount
+namespace in which its working directory, /var/tmp and /dev/shm are private size-limited tmpfs
+mounts and /tmp is read-only. Not isolated in this mode: the rest of the filesystem is readable
+(and world-writable directories other than those writable) as far as the worker's uid may;
+other processes are visible; without root the code can reach the network and the host's
+loopback, its working directory is an ordinary host directory with no size limit (only
+RLIMIT_FSIZE per file), and the process limit is shared with the service's user. Use it only
+for trusted code or inside a VM.
 """
 
 from __future__ import annotations
@@ -56,7 +63,9 @@ BOOT = "import sys;exec(compile(sys.argv[1],'<sandbox-agent>','exec'))"
 SANDBOX_UID = 1000
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWNET = 0x40000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT = 1, 2, 4, 32
 _MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 1 << 14, 1 << 18
+_PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
 _ETC = [
     "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
     "/etc/alternatives", "/etc/ssl", "/etc/ca-certificates", "/etc/mime.types",
@@ -74,6 +83,7 @@ class Capabilities:
     per_worker_uid: bool = False
     cgroup: str | None = None
     seccomp: bool = False
+    private_tmp: str = "host dir"  # "tmpfs": size-limited; "host dir": RLIMIT_FSIZE per file only
     probe: dict = field(default_factory=dict)
     not_isolated: list[str] = field(default_factory=list)
 
@@ -151,11 +161,16 @@ class Launcher:
         self.mode = mode
         self.root = os.geteuid() == 0
         self.bwrap = find_bwrap() if mode == "bwrap" else None
-        self.seccomp_prog = seccomp.program() if cfg.seccomp and mode == "bwrap" else None
+        self.seccomp_prog = seccomp.program() if cfg.seccomp else None
+        self._fprog = (
+            seccomp.fprog(self.seccomp_prog) if self.seccomp_prog and mode != "bwrap" else None
+        )
         self.has_cgroup = False
         self._stage: list[tuple[bytes, bytes]] = []  # (source, stage dir) mounted in preexec
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._write_identity_files()
+        self._paths = _dedupe(interp.prefixes + interp.site_paths + cfg.ro_paths)
+        self._staged = {p: self._stage_if_needed(p) for p in self._paths}
         self._argv = self._bwrap_argv() if mode == "bwrap" else None
 
     # -- command line ---------------------------------------------------------------------
@@ -188,14 +203,24 @@ class Launcher:
             f"root:x:0:\nsandbox:x:{SANDBOX_UID}:\nnogroup:x:65534:\n"
         )
 
-    def _bind(self, src: str) -> list[str]:
-        """A read-only bind of `src` at the same path; staged first if our uid can't reach it."""
-        if self.root and not _traversable(src):
-            stage = self.workdir / "stage" / str(len(self._stage))
-            stage.mkdir(parents=True)
-            self._stage.append((src.encode(), str(stage).encode()))
-            return ["--ro-bind", str(stage), src]
-        return ["--ro-bind", src, src]
+    def _stage_if_needed(self, src: str) -> str:
+        """Where a worker's uid can reach `src`: itself, or (root, `src` behind a dir the uid
+        may not traverse, e.g. a pyenv Python under /root) a stage dir that each worker's
+        preexec bind-mounts `src` onto, in a mount namespace of its own."""
+        if not self.root or _traversable(src):
+            return src
+        stage = self.workdir / "stage" / str(len(self._stage))
+        stage.mkdir(parents=True)
+        self._stage.append((src.encode(), str(stage).encode()))
+        return str(stage)
+
+    def _reachable(self, path: str) -> str:
+        """`path` as a worker's uid reaches it outside bwrap (through a stage if needed)."""
+        real = os.path.realpath(path)
+        for src, staged in self._staged.items():
+            if real == src or real.startswith(src.rstrip("/") + "/"):
+                return staged + real[len(src) :]
+        return path
 
     def _bwrap_argv(self) -> list[str]:
         assert self.bwrap is not None
@@ -212,9 +237,8 @@ class Launcher:
             a += ["--ro-bind-try", p, p]
         a += ["--ro-bind", str(self.workdir / "passwd"), "/etc/passwd"]
         a += ["--ro-bind", str(self.workdir / "group"), "/etc/group"]
-        sites = self.interp.site_paths + self.cfg.ro_paths
-        for p in _dedupe(self.interp.prefixes + sites):
-            a += self._bind(p)
+        for p in self._paths:
+            a += ["--ro-bind", self._staged[p], p]
         tmp = str(self.lim.tmp_mb << 20)
         a += ["--proc", "/proc", "--dev", "/dev", "--size", tmp, "--tmpfs", "/dev/shm"]
         a += ["--remount-ro", "/dev", "--size", tmp, "--tmpfs", "/tmp", "--remount-ro", "/"]
@@ -224,14 +248,17 @@ class Launcher:
         return a
 
     def command(self, sock_fd: int, seccomp_fd: int | None) -> list[str]:
+        bare = self._argv is None
+        paths = [self._reachable(p) for p in self.interp.site_paths] if bare else None
         cfg = {
             "fd": sock_fd,
-            "paths": self.interp.site_paths,
+            "paths": paths or self.interp.site_paths,
             "preload": self.cfg.preload,
             "session_cpu_s": self.lim.session_cpu_s,
         }
-        py = [self.interp.executable, "-I", "-S", "-c", BOOT, AGENT_SRC, json.dumps(cfg)]
-        if self._argv is None:
+        exe = self._reachable(self.interp.executable) if bare else self.interp.executable
+        py = [exe, "-I", "-S", "-c", BOOT, AGENT_SRC, json.dumps(cfg)]
+        if bare:
             return py
         sec = ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []
         return [*self._argv, *sec, "--", *py]
@@ -240,7 +267,8 @@ class Launcher:
 
     def spawn(self, slot: Slot, sock_fd: int) -> subprocess.Popen:
         """Start one worker holding `sock_fd` (its end of the control socket)."""
-        sec_fd = seccomp.program_fd(self.seccomp_prog) if self.seccomp_prog else None
+        bwrap_filter = self.seccomp_prog if self.mode == "bwrap" else None
+        sec_fd = seccomp.program_fd(bwrap_filter) if bwrap_filter else None
         try:
             home = "/tmp"
             if self.mode != "bwrap":
@@ -253,9 +281,9 @@ class Launcher:
                 stderr=subprocess.PIPE,
                 pass_fds=[sock_fd] + ([sec_fd] if sec_fd is not None else []),
                 env={} if self.mode == "bwrap" else self.env(home),
-                cwd=home if self.mode != "bwrap" else "/",
+                cwd="/",
                 start_new_session=True,
-                preexec_fn=self._preexec(slot),
+                preexec_fn=self._preexec(slot, home if self.mode != "bwrap" else None),
             )
         finally:
             if sec_fd is not None:
@@ -268,6 +296,28 @@ class Launcher:
         if slot.uid is not None:
             os.chown(d, slot.uid, slot.uid)
         return d
+
+    def _mounts(
+        self, slot: Slot
+    ) -> list[tuple[bytes | None, bytes, bytes | None, int, bytes | None]]:
+        """mount(2) calls for a worker's own mount namespace (root only): staged sources, and
+        in rlimits mode a read-only host /tmp with private size-limited tmpfs dirs."""
+        ops: list[tuple[bytes | None, bytes, bytes | None, int, bytes | None]] = [
+            (src, dst, None, _MS_BIND | _MS_REC, None) for src, dst in self._stage
+        ]
+        if self.mode == "bwrap" or not self.root or slot.private_dir is None:
+            return ops
+        size = self.lim.tmp_mb << 20
+        for d in (b"/var/tmp", b"/dev/shm"):
+            if os.path.isdir(d):
+                ops.append((b"tmpfs", d, b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=%d" % size))
+        ops.append((b"/tmp", b"/tmp", None, _MS_BIND | _MS_REC, None))  # keeps the stages
+        ops.append((None, b"/tmp", None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY, None))
+        own = b"size=%d,mode=0700,uid=%d,gid=%d" % (size, slot.uid, slot.uid)
+        ops.append(
+            (b"tmpfs", str(slot.private_dir).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, own)
+        )
+        return ops
 
     def _rlimits(self) -> list[tuple[int, tuple[int, int]]]:
         lim = self.lim
@@ -284,21 +334,24 @@ class Launcher:
         if self.root:  # per-worker uid: RLIMIT_NPROC counts exactly this sandbox's tasks
             # above the pids cgroup's limit when there is one, so that one trips (and is seen)
             nproc = lim.processes + (16 if self.has_cgroup else 4)
-            out.append((resource.RLIMIT_NPROC, (nproc, nproc)))
+        else:  # one uid for all: allow what it runs now plus this sandbox's share
+            nproc = count_tasks(os.getuid()) + lim.processes + 4
+        out.append((resource.RLIMIT_NPROC, (nproc, nproc)))
         return out
 
-    def _preexec(self, slot: Slot):
-        libc, stage, root, mode = self._libc, self._stage, self.root, self.mode
+    def _preexec(self, slot: Slot, home: str | None):
+        libc, root, mode, fprog = self._libc, self.root, self.mode, self._fprog
         procs = slot.cgroup.procs_files if slot.cgroup else []
         limits = self._rlimits()
+        mounts = self._mounts(slot) if root else []
         uid = slot.uid
 
         def setup() -> None:  # runs in the child between fork and exec: keep it small
-            if stage:
+            if mounts:
                 _check(libc.unshare(_CLONE_NEWNS))
                 _check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None))
-                for src, dst in stage:
-                    _check(libc.mount(src, dst, None, _MS_BIND | _MS_REC, None))
+                for src, dst, fstype, flags, data in mounts:
+                    _check(libc.mount(src, dst, fstype, flags, data))
             pid = str(os.getpid())
             for f in procs:
                 with open(f, "w") as fh:
@@ -311,8 +364,24 @@ class Launcher:
                 os.setgroups([])
                 os.setresgid(uid, uid, uid)
                 os.setresuid(uid, uid, uid)
+            if home is not None:  # after the mounts: the tmpfs on it, not the dir below
+                os.chdir(home)
+            if fprog is not None:  # without bwrap we load the filter ourselves
+                _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+                _check(libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, fprog, 0, 0))
 
         return setup
+
+
+def count_tasks(uid: int) -> int:
+    """Processes + threads of `uid` now (what RLIMIT_NPROC counts)."""
+    n = 0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            with contextlib.suppress(OSError):
+                if os.stat(f"/proc/{pid}").st_uid == uid:
+                    n += len(os.listdir(f"/proc/{pid}/task"))
+    return n
 
 
 def _check(rc: int) -> None:

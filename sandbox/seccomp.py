@@ -10,6 +10,7 @@ On other architectures `program()` returns None and no filter is loaded (reporte
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import platform
@@ -76,6 +77,18 @@ def program_fd(prog: bytes) -> int:
     os.write(fd, prog)
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def fprog(prog: bytes) -> ctypes.pointer:
+    """A `struct sock_fprog *` for prctl(PR_SET_SECCOMP) (the buffer is kept alive with it)."""
+    buf = ctypes.create_string_buffer(prog, len(prog))
+    p = ctypes.pointer(_SockFprog(len(prog) // 8, ctypes.addressof(buf)))
+    p._buf = buf  # type: ignore[attr-defined]
+    return p
 
 
 def denied_syscalls() -> list[str]:

@@ -37,13 +37,14 @@ from typing import Any
 
 import httpx
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandbox import e2b_compat
 from sandbox.base import ExecResult
 from sandbox.config import ServerConfig
-from sandbox.e2b_compat import e2b_router
 from sandbox.service import Busy, ExecService, until_disconnect
+from sandbox.worker import WorkerStartError
 
 log = logging.getLogger("sandbox.server")
 READY_PREFIX = "agentrl-sandbox listening on "
@@ -87,6 +88,15 @@ def create_app(cfg: ServerConfig, port: int | None = None, on_ready=None) -> Fas
         headers = {"Retry-After": str(max(1, round(exc.retry_after)))}
         return JSONResponse({"error": "busy", "detail": str(exc)}, 503, headers)
 
+    @app.exception_handler(WorkerStartError)
+    async def no_worker(request: Request, exc: WorkerStartError) -> JSONResponse:
+        log.error("%s", exc)
+        return JSONResponse({"error": "unavailable", "detail": str(exc)}, 503, {"Retry-After": "1"})
+
+    @app.exception_handler(ConnectionAbortedError)
+    async def gone(request: Request, exc: ConnectionAbortedError) -> Response:
+        return Response(status_code=499)  # the client left; its call was stopped
+
     @app.exception_handler(ValueError)
     async def bad(request: Request, exc: ValueError) -> JSONResponse:
         return JSONResponse({"error": "bad_request", "detail": str(exc)}, 400)
@@ -105,7 +115,7 @@ def create_app(cfg: ServerConfig, port: int | None = None, on_ready=None) -> Fas
     async def close(key: str) -> dict[str, bool]:
         return {"closed": await svc.close_session(key)}
 
-    app.include_router(e2b_router(svc, cfg.token, cfg.e2b_timeout_s), prefix="/e2b")
+    e2b_compat.install(app, svc, cfg.token, cfg.e2b_timeout_s)
     return app
 
 
@@ -113,7 +123,10 @@ def serve(cfg: ServerConfig) -> None:
     """Bind (port 0 = any free port), print the URL line once the service is up, serve."""
     import uvicorn
 
-    sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET)
+    family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
+    # proto IPPROTO_TCP (not 0) so asyncio sets TCP_NODELAY on accepted connections; without
+    # it every keep-alive response waits ~40 ms for a delayed ACK
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((cfg.host, cfg.port))
     sock.listen(1024)

@@ -6,6 +6,12 @@ session call runs in the worker bound to its key (started on the first call, kep
 At most `max_running` calls run at once; up to `max_queue` more wait; beyond that `run` raises
 `Busy` at once (HTTP 503 + Retry-After) instead of growing without bound. See
 `sandbox/isolation.py` for what a worker can and cannot reach.
+
+Within a session, a call that runs past its wall time or CPU seconds is interrupted and the
+interpreter kept when the code lets itself be interrupted (a MemoryError is an ordinary
+exception too); when the interpreter dies or must be killed (an uninterruptible call, the
+cgroup's OOM killer, SIGXFSZ, an output flood, `os._exit`), the call says `session_reset`. Background threads and processes a session starts live (within its
+limits) until the session ends; their output lands in the next call's.
 """
 
 from __future__ import annotations
@@ -79,7 +85,15 @@ class ExecService:
     # -- life cycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._workdir = Path(tempfile.mkdtemp(prefix="agentrl-sandbox-"))
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
+        await asyncio.to_thread(_remove_stale_workdirs)
+        self._workdir = Path(tempfile.mkdtemp(prefix=f"agentrl-sandbox-{os.getpid()}-"))
         self._workdir.chmod(0o755)
         interp = await asyncio.to_thread(probe_interpreter, python_for(self.cfg))
         root = os.geteuid() == 0
@@ -94,7 +108,9 @@ class ExecService:
             (self._workdir / mode).mkdir(mode=0o755)
             launcher = Launcher(self.cfg, self._workdir / mode, interp, mode)
             launcher.has_cgroup = self._cgroups is not None
-            pool = WorkerPool(launcher, self.lim, self.cfg.warm_workers, self._cgroups, 4096)
+            pool = WorkerPool(
+                launcher, self.lim, self.cfg.warm_workers, self._cgroups, self._uids()
+            )
             try:
                 probe = await self._probe(pool)
             except WorkerStartError as e:
@@ -113,6 +129,11 @@ class ExecService:
             log.warning("sandbox runs WITHOUT namespaces (%s): %s", errors, self.caps.not_isolated)
         self.pool.start()
         self._reaper = asyncio.create_task(self._reap_loop())
+
+    def _uids(self) -> int:
+        """Worker slots (one host uid each, reused FIFO): far more than can be alive at once."""
+        cfg = self.cfg
+        return max(4096, 4 * (cfg.max_sessions + cfg.max_running + cfg.warm_workers))
 
     async def _probe(self, pool: WorkerPool) -> dict:
         w = await pool.spawn()
@@ -133,6 +154,7 @@ class ExecService:
             per_worker_uid=root,
             cgroup=f"v{cg.version}: {','.join(cg.controllers)}" if cg else None,
             seccomp=launcher.seccomp_prog is not None,
+            private_tmp="tmpfs" if mode == "bwrap" or root else "host dir",
             probe=probe,
         )
         notes = [
@@ -142,6 +164,7 @@ class ExecService:
         if mode != "bwrap":
             if not root:
                 notes.append("network: the code can reach the network and host loopback")
+                notes.append("disk: the working directory is a host dir without a size limit")
             notes += [
                 "filesystem: readable as far as the worker's uid may read",
                 "processes: other processes on the host are visible",
@@ -151,11 +174,15 @@ class ExecService:
         if not cg or "memory" not in cg.controllers:
             notes.append("memory: limited per process (RLIMIT_AS), not per sandbox")
         if not cg or "pids" not in cg.controllers:
-            notes.append("processes: limited per uid (RLIMIT_NPROC)" if root else "processes: not limited")
+            notes.append(
+                "processes: limited per uid (RLIMIT_NPROC)" if root else "processes: not limited"
+            )
         if not caps.seccomp:
             notes.append("system calls: no seccomp filter")
         if not root:
             notes.append("identity: workers run as the service's own uid")
+            if mode != "bwrap" and not cg:
+                notes.append("processes: daemons that leave the process group can outlive a call")
         caps.not_isolated = notes
         return caps
 
@@ -235,7 +262,16 @@ class ExecService:
                 self.counters["busy"] += 1
                 raise Busy(f"sandbox busy: {len(self._sessions)} open sessions (max_sessions)")
             s = self._sessions[key] = Session(key)
-        gone = self._gone.pop(key, None)
+        try:
+            return await self._session_locked(s, code, timeout)
+        except Busy:
+            if s.worker is None and s.calls == 0 and self._sessions.get(key) is s:
+                del self._sessions[key]  # never started: don't hold a session slot
+            raise
+
+    async def _session_locked(self, s: Session, code: str, timeout: float) -> ExecResult:
+        assert self.pool is not None
+        gone = self._gone.pop(s.key, None)
         async with s.lock, self._slot():
             if s.worker is None:
                 s.worker = await self.pool.acquire()
@@ -310,6 +346,14 @@ class ExecService:
             "max_queue": self.cfg.max_queue,
             "counters": dict(self.counters),
         }
+
+
+def _remove_stale_workdirs() -> None:
+    """Work dirs of services that died without cleaning up (named after their pid)."""
+    for d in Path(tempfile.gettempdir()).glob("agentrl-sandbox-*-*"):
+        pid = d.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(d, ignore_errors=True)
 
 
 async def until_disconnect(request, coro):

@@ -12,6 +12,7 @@ is accepted and ignored.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import resource
 import signal
@@ -70,9 +71,7 @@ class SubprocessSandbox:
                 cwd=tmp,
                 env={"PATH": "/usr/bin:/bin", "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8"},
                 start_new_session=True,
-                preexec_fn=_limits(
-                    int(timeout) + 1, self.memory_mb << 20, self.file_size_mb << 20
-                ),
+                preexec_fn=_limits(int(timeout) + 1, self.memory_mb << 20, self.file_size_mb << 20),
             )
             out_task = asyncio.create_task(self._read(proc.stdout))
             err_task = asyncio.create_task(self._read(proc.stderr))
@@ -118,7 +117,5 @@ class SubprocessSandbox:
 
 
 def _kill_group(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

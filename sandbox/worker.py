@@ -170,6 +170,8 @@ class Worker:
         req = {"code": code, "language": language, "mode": "session" if session else "oneshot"}
         req.update(timeout=timeout, cpu_s=self.lim.cpu_s, marker=marker)
         deadline = timeout + (_KILL_GRACE_S if session else 0.0)
+        cg = self.slot.cgroup
+        before = cg.counters() if cg else (0, 0)
         reply, ended = await self._await_end(req, t0 + deadline)
         overflow = self.out.overflow.is_set() or self.err.overflow.is_set()
         wall_kill = not ended and not overflow
@@ -181,7 +183,9 @@ class Worker:
         if not keep:
             await self.kill()
             await self._drain()
-        return self._result(reply, rc, language, t0, wall_kill=wall_kill, overflow=overflow)
+        after = cg.counters() if cg else (0, 0)
+        hits = {"memory": after[0] > before[0], "processes": after[1] > before[1]}
+        return self._result(reply, rc, language, t0, hits, wall_kill=wall_kill, overflow=overflow)
 
     async def _await_end(self, req: dict, deadline: float) -> tuple[dict | None, bool]:
         """Send the call and wait for its reply, the process's exit, or an output overflow.
@@ -199,10 +203,16 @@ class Worker:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None, False
-                done, pending = await asyncio.wait(pending, timeout=left, return_when="FIRST_COMPLETED")
+                done, pending = await asyncio.wait(
+                    pending, timeout=left, return_when="FIRST_COMPLETED"
+                )
                 if reply_task in done and reply_task.result() is not None:
                     return reply_task.result(), True
                 if done - {reply_task}:  # exited or overflowed
+                    if not reply_task.done():  # a reply sent just before exiting is in the socket
+                        await asyncio.wait({reply_task}, timeout=0.2)
+                    if reply_task.done() and reply_task.result() is not None:
+                        return reply_task.result(), True
                     return None, self.alive is False
                 # the control socket closed (bash exec'd, or the code closed it): wait for exit
         except (ConnectionError, OSError):
@@ -217,6 +227,7 @@ class Worker:
         rc: int | None,
         language: str,
         t0: float,
+        hits: dict[str, bool],
         *,
         wall_kill: bool,
         overflow: bool,
@@ -234,7 +245,7 @@ class Worker:
         reply = reply or {}
         timed_out = wall_kill or bool(reply.get("timed_out"))
         failed = timed_out or overflow or exit_code != 0
-        limit = self._limit(reply, rc, failed, overflow, timed_out)
+        limit = _limit(reply, rc, hits, failed, overflow, timed_out)
         if limit == "memory" and not reply.get("error_name"):
             err += "\n[sandbox] killed: memory limit reached\n"
         return ExecResult(
@@ -249,27 +260,6 @@ class Worker:
             error_name=reply.get("error_name"),
             error_value=reply.get("error_value"),
         )
-
-    def _limit(
-        self, reply: dict, rc: int | None, failed: bool, overflow: bool, timed_out: bool
-    ) -> str | None:
-        if not failed:
-            return None
-        cg = self.slot.cgroup
-        sig = _signal_of(rc) if not reply else None
-        if (cg and cg.oom_killed()) or reply.get("error_name") == "MemoryError":
-            return "memory"
-        if cg and cg.pids_hit():
-            return "processes"
-        if sig in _SIG_LIMIT:
-            return _SIG_LIMIT[sig]
-        if reply.get("errno") in _DISK_ERRNOS:
-            return "file_size"
-        if overflow:
-            return "output"
-        if timed_out:
-            return "wall_time"
-        return None
 
     async def kill(self) -> None:
         """SIGKILL the sandbox (its PID namespace dies with it) and whatever is in its cgroup."""
@@ -291,6 +281,7 @@ class Worker:
         await self.kill()
         for t in self._tasks:
             t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # closes the pipes
         if self._writer is not None:
             self._writer.close()
         if self._pidfd is not None:
@@ -298,15 +289,42 @@ class Worker:
             os.close(self._pidfd)
             self._pidfd = None
         for pipe in (self.proc.stdout, self.proc.stderr):
-            if pipe is not None:
+            if pipe is not None and not pipe.closed:
                 pipe.close()
+
+
+def _limit(
+    reply: dict,
+    rc: int | None,
+    hits: dict[str, bool],
+    failed: bool,
+    overflow: bool,
+    timed_out: bool,
+) -> str | None:
+    """Which limit ended a failed call (most specific first)."""
+    if not failed:
+        return None
+    sig = _signal_of(rc) if not reply else None
+    if hits["memory"] or reply.get("error_name") == "MemoryError":
+        return "memory"
+    if hits["processes"]:
+        return "processes"
+    if reply.get("limit") == "cpu_time":  # a session call interrupted by SIGXCPU
+        return "cpu_time"
+    if sig in _SIG_LIMIT:
+        return _SIG_LIMIT[sig]
+    if reply.get("errno") in _DISK_ERRNOS:
+        return "file_size"
+    if overflow:
+        return "output"
+    if timed_out:
+        return "wall_time"
+    return None
 
 
 async def _pump(loop: asyncio.AbstractEventLoop, pipe, stream: _Stream) -> None:
     reader = asyncio.StreamReader(limit=1 << 20)
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), pipe
-    )
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
     try:
         while chunk := await reader.read(1 << 16):
             stream.feed(chunk)
@@ -402,7 +420,10 @@ class WorkerPool:
 
     async def release(self, w: Worker) -> None:
         await w.close()
-        await self._free_slot(w.slot)
+        slot = w.slot
+        if self.launcher.mode != "bwrap" and slot.uid is not None and slot.cgroup is None:
+            await asyncio.to_thread(_kill_uid, slot.uid)  # no PID namespace, no cgroup
+        await self._free_slot(slot)
 
     async def _free_slot(self, slot: Slot) -> None:
         if slot.cgroup is not None:
@@ -461,6 +482,19 @@ class WorkerPool:
                 await task
         while not self._ready.empty():
             await self.release(self._ready.get_nowait())
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process of a worker's own uid: what escaped its process group."""
+    subprocess.run(
+        ["kill", "-9", "-1"],
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=False,
+    )
 
 
 def _rmtree(path) -> None:

@@ -24,12 +24,26 @@ from sandbox.grader import (
     _frames,
     _judge,
     _same,
-    canon,
-    normalize_output,
     asserts_to_tests,
+    canon,
+    grade,
+    normalize_output,
 )
 from sandbox.seccomp import program
 from sandbox.worker import _signal_of, _Stream
+
+
+def test_sandbox_docstring_example_runs() -> None:
+    import inspect
+    import textwrap
+
+    import sandbox.base
+
+    doc = inspect.getdoc(sandbox.base)
+    block = doc.split("\n\n    import asyncio", 1)[1].split("\n\nSessions keep", 1)[0]
+    code = textwrap.dedent("    import asyncio" + block)
+    exec(compile(code, "sandbox-example", "exec"), {"__name__": "example"})
+
 
 # -- output streams ----------------------------------------------------------------------
 
@@ -147,6 +161,18 @@ def check(candidate):
         asserts_to_tests("for i in range(3):\n    assert f(i) > i")
 
 
+async def test_grade_on_the_subprocess_backend() -> None:
+    """The grader needs only the Sandbox contract: it also runs on the no-service backend."""
+    sb = SubprocessSandbox()
+    tests = asserts_to_tests("assert add(2, 3) == 5\nassert add(-1, 1) == 0")
+    good = await grade(sb, "def add(a, b):\n    return a + b", tests)
+    hack = await grade(
+        sb, "class A:\n    def __eq__(s, o): return True\ndef add(a, b): return A()", tests
+    )
+    io = await grade(sb, "print(int(input()) * 2)", [IOTest(stdin="21\n", expected="42")])
+    assert good.all_passed and hack.passed == 0 and io.all_passed
+
+
 # -- e2b event mapping --------------------------------------------------------------------
 
 
@@ -232,7 +258,8 @@ class FakeService:
             data = json.dumps(payload).encode()
             writer.write(
                 f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(data)}\r\n\r\n".encode() + data
+                f"Content-Length: {len(data)}\r\n\r\n".encode()
+                + data
             )
             await writer.drain()
 

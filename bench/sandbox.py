@@ -1,0 +1,130 @@
+"""Sandbox service latency and throughput for short snippets, against a bare-subprocess reference.
+
+    python bench/sandbox.py                       # starts a local service on loopback
+    python bench/sandbox.py --url http://127.0.0.1:8470 --n 400 --concurrency 1,8,32
+
+For each concurrency c it runs `n` short snippets with c callers in flight and prints p50/p99
+latency and executions per second for: one-shot calls (a fresh isolated sandbox each), calls in
+c sessions (one interpreter per session), and the reference measured in the same run: a bare
+`python -I -c <snippet>` subprocess per snippet (no isolation, no service). Ratios are ours
+divided by the reference's (exec/s: higher is better; p50: lower is better).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sandbox import ServerConfig, ServiceSandbox  # noqa: E402
+from sandbox.server import LocalService  # noqa: E402
+
+SNIPPET = "print(sum(i * i for i in range(1000)))"
+EXPECTED = f"{sum(i * i for i in range(1000))}\n"
+
+
+async def _drive(n: int, c: int, call) -> tuple[list[float], float]:
+    """n calls, c in flight; returns per-call latencies and the wall time."""
+    lat: list[float] = []
+    todo = iter(range(n))
+
+    async def worker(w: int) -> None:
+        for i in todo:
+            t0 = time.perf_counter()
+            await call(w, i)
+            lat.append(time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(c)))
+    return lat, time.perf_counter() - t0
+
+
+async def reference_call(w: int, i: int) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-I", "-c", SNIPPET, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await proc.communicate()
+    assert out.decode() == EXPECTED
+
+
+def _row(name: str, c: int, lat: list[float], wall: float) -> dict:
+    lat = sorted(lat)
+    p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+    return {"mode": name, "c": c, "p50_ms": 1000 * statistics.median(lat), "p99_ms": 1000 * p99,
+            "exec_s": len(lat) / wall}  # fmt: skip
+
+
+async def bench(url: str, n: int, concurrencies: list[int]) -> list[dict]:
+    sb = ServiceSandbox(url, retries=8, max_concurrency=max(concurrencies))
+
+    async def oneshot(w: int, i: int) -> None:
+        res = await sb.run(SNIPPET, timeout=30)
+        assert res.stdout == EXPECTED, res
+
+    async def session(w: int, i: int) -> None:
+        res = await sb.run(SNIPPET, timeout=30, session=f"bench-{w}")
+        assert res.stdout == EXPECTED, res
+
+    await _drive(8, 2, oneshot)  # warm-up
+    rows = []
+    for c in concurrencies:
+        for name, call in (
+            ("one-shot", oneshot),
+            ("session", session),
+            ("reference", reference_call),
+        ):
+            await asyncio.sleep(1.0)  # let the warm pool refill
+            lat, wall = await _drive(n, c, call)
+            rows.append(_row(name, c, lat, wall))
+        for w in range(c):
+            await sb.close_session(f"bench-{w}")
+    await sb.aclose()
+    return rows
+
+
+def report(rows: list[dict], health: dict) -> None:
+    iso = health["isolation"]
+    print(f"isolation={iso['mode']} cgroup={iso['cgroup']} seccomp={iso['seccomp']} "
+          f"cpus={os.cpu_count()} max_running={health['max_running']} "
+          f"warm={health['pool'].get('warm')} mean_spawn_ms={health['pool'].get('mean_spawn_ms')}")  # fmt: skip
+    print(f"snippet: {SNIPPET!r}")
+    print(f"{'mode':<10} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'exec/s':>8}  "
+          f"{'x ref exec/s':>12} {'x ref p50':>9}")  # fmt: skip
+    ref = {r["c"]: r for r in rows if r["mode"] == "reference"}
+    for r in rows:
+        base = ref[r["c"]]
+        print(f"{r['mode']:<10} {r['c']:>4} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
+              f"{r['exec_s']:>8.1f}  {r['exec_s'] / base['exec_s']:>12.2f} "
+              f"{r['p50_ms'] / base['p50_ms']:>9.2f}")  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--url", default=None, help="an existing service (default: start one)")
+    p.add_argument("--n", type=int, default=200, help="snippets per (mode, concurrency)")
+    p.add_argument("--concurrency", default="1,4,16")
+    p.add_argument("--warm-workers", type=int, default=8)
+    p.add_argument("--max-running", type=int, default=2 * (os.cpu_count() or 2))
+    args = p.parse_args()
+    conc = [int(c) for c in args.concurrency.split(",")]
+    cfg = ServerConfig(warm_workers=args.warm_workers, max_running=args.max_running)
+    svc = None if args.url else LocalService(cfg)
+    url = args.url or svc.start()
+    try:
+        rows = asyncio.run(bench(url, args.n, conc))
+        import httpx
+
+        report(rows, httpx.get(f"{url}/health", timeout=10).json())
+    finally:
+        if svc is not None:
+            svc.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,449 @@
+"""The attack suite: hostile code against the local sandbox service on loopback.
+
+For each attack the call must return promptly with the right flag, nothing may escape, and the
+service must go on serving the next 100 requests. Reward hacks against the grader are at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import secrets
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox import ExecResult, Limits, ServerConfig, ServiceSandbox
+from sandbox.grader import CallTest, IOTest, asserts_to_tests, grade
+from sandbox.server import LocalService
+
+SECRET = "agentrl-secret-" + secrets.token_hex(8)
+LIMITS = Limits(
+    wall_s=2, max_wall_s=60, cpu_s=1, memory_mb=256, processes=32, file_size_mb=8, tmp_mb=32,
+    output_bytes=64 * 1024, output_kill_bytes=1 << 20,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[LocalService]:
+    old = os.environ.get("AGENTRL_TEST_SECRET")
+    os.environ["AGENTRL_TEST_SECRET"] = SECRET  # the service has it; sandboxed code must not
+    try:
+        mode = os.environ.get("AGENTRL_TEST_SANDBOX_ISOLATION", "auto")  # e.g. rlimits
+        cfg = ServerConfig(warm_workers=4, max_running=4, limits=LIMITS, isolation=mode)
+        with LocalService(cfg) as svc:
+            yield svc
+    finally:
+        if old is None:
+            os.environ.pop("AGENTRL_TEST_SECRET", None)
+        else:
+            os.environ["AGENTRL_TEST_SECRET"] = old
+
+
+@pytest.fixture(scope="module")
+def isolation(service: LocalService) -> dict:
+    return service.health()["isolation"]
+
+
+@pytest.fixture
+def namespaces(isolation: dict) -> None:
+    if isolation["mode"] != "bwrap":
+        pytest.skip("this host refused user namespaces: the service runs with rlimits only")
+
+
+def needs(isolation: dict, what: str) -> None:
+    """Skip the parts whose flag (or safety) depends on a cgroup controller or a private tmpfs."""
+    have = {
+        "pids": "pids" in (isolation["cgroup"] or ""),
+        "memory": "memory" in (isolation["cgroup"] or ""),
+        "tmpfs": isolation["private_tmp"] == "tmpfs",
+    }
+    if not have[what]:
+        pytest.skip(f"this host gives the sandbox no {what} limit of its own")
+
+
+async def serves_next_100(url: str) -> None:
+    """100 more requests succeed: 4 one-shot calls and 96 calls in 4 sessions, in parallel."""
+    sb = ServiceSandbox(url, retries=0)
+
+    async def session(k: int) -> None:
+        key = f"after-{k}-{secrets.token_hex(4)}"
+        await sb.run("n = 0", session=key)
+        for i in range(1, 24):
+            res = await sb.run("n += 1; n", session=key)
+            assert res.result == str(i), res
+        await sb.close_session(key)
+
+    async def oneshot(k: int) -> None:
+        res = await sb.run(f"print({k} * 2)")
+        assert res.stdout == f"{2 * k}\n" and res.ok, res
+
+    await asyncio.gather(*(session(k) for k in range(4)), *(oneshot(k) for k in range(4)))
+    await sb.aclose()
+
+
+async def attack(url: str, code: str, timeout: float = 2.0, **kw) -> tuple[ExecResult, float]:
+    sb = ServiceSandbox(url, retries=0)
+    t0 = time.monotonic()
+    res = await sb.run(code, timeout=timeout, **kw)
+    elapsed = time.monotonic() - t0
+    await sb.aclose()
+    assert elapsed < timeout + 5.0, f"took {elapsed:.1f}s"  # generous: CI hosts are shared
+    return res, elapsed
+
+
+# -- time ---------------------------------------------------------------------------------
+
+TIME_ATTACKS = {
+    "infinite_loop": "while True:\n    pass",
+    "sleep_past_limit": "import time\ntime.sleep(60)",
+    "ignore_sigterm": (
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    time.sleep(0.01)"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TIME_ATTACKS))
+async def test_wall_time_attacks(service: LocalService, name: str) -> None:
+    res, elapsed = await attack(service.url, TIME_ATTACKS[name], timeout=1.0)
+    assert res.timed_out and res.limit == "wall_time" and res.exit_code is None
+    assert elapsed >= 1.0
+    await serves_next_100(service.url)
+
+
+async def test_session_limits_interrupt_the_call_or_reset_the_session(
+    service: LocalService,
+) -> None:
+    sb = ServiceSandbox(service.url, retries=0)
+    await sb.run("kept = 1", session="stubborn")
+    res = await sb.run(
+        "import time\nwhile True:\n    time.sleep(0.01)", timeout=0.5, session="stubborn"
+    )
+    assert res.timed_out and res.error_name == "TimeoutError" and not res.session_reset
+    assert (await sb.run("kept", session="stubborn")).result == "1"  # interrupted, state kept
+    res = await sb.run("while True:\n    pass", timeout=10.0, session="stubborn")
+    assert res.limit == "cpu_time" and not res.timed_out and not res.session_reset
+    assert (await sb.run("kept", session="stubborn")).result == "1"
+    code = (
+        "import signal, time\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
+        "while True:\n    time.sleep(0.01)"
+    )
+    res, elapsed = await attack(service.url, code, timeout=0.5, session="stubborn")
+    assert res.timed_out and res.limit == "wall_time" and res.session_reset
+    assert "variables from earlier calls are gone" in res.stderr
+    assert (await sb.run("kept", session="stubborn")).error_name == "NameError"
+    await sb.close_session("stubborn")
+    await sb.aclose()
+    await serves_next_100(service.url)
+
+
+async def test_cpu_time_limit(service: LocalService) -> None:
+    # 1 CPU-second per call (SIGXCPU at the next whole second) long before the 10 s wall limit
+    res, _ = await attack(service.url, "while True:\n    pass", timeout=10.0)
+    assert res.limit == "cpu_time" and not res.timed_out and res.exit_code == -24
+    await serves_next_100(service.url)
+
+
+# -- processes, memory, disk, output ------------------------------------------------------
+
+
+async def test_fork_bomb(service: LocalService, isolation: dict) -> None:
+    needs(isolation, "pids")
+    code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    res, _ = await attack(service.url, code)
+    assert res.limit == "processes"
+    await serves_next_100(service.url)
+
+
+async def test_shell_fork_bomb(service: LocalService, isolation: dict) -> None:
+    needs(isolation, "pids")
+    res, _ = await attack(service.url, "bomb() { bomb | bomb & }; bomb; sleep 5", language="bash")
+    assert res.limit == "processes" and res.timed_out
+    await serves_next_100(service.url)
+
+
+async def test_thread_bomb(service: LocalService, isolation: dict) -> None:
+    needs(isolation, "pids")
+    code = "import threading, time\nwhile True:\n    threading.Thread(target=time.sleep, args=(60,)).start()"
+    res, _ = await attack(service.url, code)
+    assert res.limit == "processes" and "can't start new thread" in res.stderr
+    await serves_next_100(service.url)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "x = bytearray(10 ** 10)",
+        "chunks = []\nwhile True:\n    chunks.append(bytearray(10 ** 7))\n    chunks[-1][::4096] = b'x' * 2442",
+    ],
+    ids=["one_huge_allocation", "gradual_growth"],
+)
+async def test_memory_bomb(service: LocalService, code: str) -> None:
+    res, _ = await attack(service.url, code)
+    assert res.limit == "memory" and res.exit_code != 0
+    await serves_next_100(service.url)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "with open('big', 'wb') as f:\n    while True:\n        f.write(b'x' * 2 ** 20)",
+        "i = 0\nwhile True:\n    open(f'f{i}', 'wb').write(b'x' * 2 ** 20)\n    i += 1",
+        "i = 0\nwhile True:\n    open(f'/dev/shm/f{i}', 'wb').write(b'x' * 2 ** 20)\n    i += 1",
+    ],
+    ids=["one_file", "many_files", "dev_shm"],
+)
+async def test_disk_fill(service: LocalService, isolation: dict, code: str) -> None:
+    if "'big'" not in code:  # one file stops at the file-size limit anywhere
+        needs(isolation, "tmpfs")  # many files would fill the host's disk
+    res, _ = await attack(service.url, code)
+    assert res.limit == "file_size" and res.exit_code != 0
+    await serves_next_100(service.url)
+
+
+async def test_read_only_system(service: LocalService, namespaces: None) -> None:
+    code = (
+        "import os\nfor p in ['/usr/x', '/etc/x', '/x', '/dev/x']:\n    try:\n"
+        "        open(p, 'w')\n        print('WROTE', p)\n    except OSError as e:\n"
+        "        print('ro', p, e.errno)\nopen('/tmp/ok', 'w').write('fine')\nprint('tmp ok')"
+    )
+    res, _ = await attack(service.url, code)
+    assert "WROTE" not in res.stdout and res.stdout.count("ro ") == 4 and "tmp ok" in res.stdout
+
+
+async def test_hundred_megabytes_of_output(service: LocalService) -> None:
+    res, elapsed = await attack(service.url, "import sys\nsys.stdout.write('x' * 100_000_000)")
+    assert res.limit == "output" and res.truncated
+    assert len(res.stdout) == LIMITS.output_bytes and elapsed < 3.0
+    await serves_next_100(service.url)
+
+
+async def test_invalid_utf8_and_nul_bytes(service: LocalService) -> None:
+    code = "import os\nos.write(1, b'ok\\x00\\xff\\xfe\\xc3(\\n')\nos.write(2, b'\\x80err')"
+    res, _ = await attack(service.url, code)
+    assert res.ok and res.stdout == "ok\ufffd\ufffd\ufffd\ufffd(\n" and res.stderr == "\ufffderr"
+    await serves_next_100(service.url)
+
+
+async def test_input_without_stdin(service: LocalService) -> None:
+    res, elapsed = await attack(service.url, "name = input('name? ')\nprint(name)")
+    assert res.exit_code == 1 and res.error_name == "EOFError" and "EOFError" in res.stderr
+    assert elapsed < 1.5
+
+
+# -- secrets, filesystem, network, daemons ------------------------------------------------
+
+
+async def test_no_secrets_in_environment_or_proc(service: LocalService) -> None:
+    code = (
+        "import os\nfor pid in os.listdir('/proc'):\n    if pid.isdigit():\n"
+        "        for f in ('environ', 'cmdline'):\n            try:\n"
+        "                print(open(f'/proc/{pid}/{f}', 'rb').read())\n"
+        "            except OSError as e:\n                print(pid, f, e.errno)\n"
+        "print(dict(os.environ))"
+    )
+    res, _ = await attack(service.url, code)
+    assert res.ok and SECRET not in res.stdout and "AGENTRL_TEST_SECRET" not in res.stdout
+    assert "'HOME':" in res.stdout
+
+
+async def test_host_files_are_not_visible(
+    service: LocalService, namespaces: None, tmp_path: Path
+) -> None:
+    secret_file = tmp_path / "credentials"
+    secret_file.write_text(SECRET)
+    project = Path(__file__).resolve().parents[2]
+    paths = [str(secret_file), str(project / "pyproject.toml"), "/etc/shadow", "/root/.bashrc"]
+    code = (
+        f"import os\nfor p in {paths!r}:\n    try:\n        print(open(p).read()[:50])\n"
+        "    except OSError as e:\n        print('denied', e.errno)\n"
+        f"print(sorted(os.listdir({str(project)!r})))"
+    )
+    res, _ = await attack(service.url, code)
+    assert SECRET not in res.stdout and res.stdout.count("denied") == len(paths)
+    assert "pyproject.toml" not in res.stdout  # only the interpreter's own files are mounted
+
+
+async def test_network_and_host_loopback_are_unreachable(
+    service: LocalService, namespaces: None
+) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))  # a host loopback service (dev server, Ray)
+    host_port = listener.getsockname()[1]
+    svc_port = int(service.url.rsplit(":", 1)[1])
+    code = (
+        "import socket\n"
+        f"for host, port in [('127.0.0.1', {host_port}), ('127.0.0.1', {svc_port}), "
+        "('1.1.1.1', 53), ('8.8.8.8', 443)]:\n"
+        "    try:\n        socket.create_connection((host, port), timeout=1).close()\n"
+        "        print('OPEN', host, port)\n    except OSError as e:\n        print('blocked', e.errno)\n"
+        "try:\n    socket.getaddrinfo('example.com', 80)\n    print('OPEN dns')\n"
+        "except OSError:\n    print('blocked dns')"
+    )
+    try:
+        res, elapsed = await attack(service.url, code, timeout=5.0)
+    finally:
+        listener.close()
+    assert "OPEN" not in res.stdout and res.stdout.count("blocked") == 5, res.stdout
+    assert elapsed < 2.0
+
+
+def _survivors(tag: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and tag.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("language", ["python", "bash"])
+async def test_daemons_do_not_survive_the_call(service: LocalService, language: str) -> None:
+    tag = f"{random.randint(100, 999)}.{random.randint(100000, 999999)}"
+    if language == "python":
+        code = (
+            "import os\npid = os.fork()\nif pid == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            f"        os.execv('/bin/sleep', ['sleep', '{tag}'])\n    os._exit(0)\n"
+            "os.waitpid(pid, 0)\nprint('spawned')"
+        )
+    else:
+        code = f"(setsid nohup sleep {tag} >/dev/null 2>&1 &) ; disown -a; echo spawned"
+    res, _ = await attack(service.url, code, language=language)
+    assert "spawned" in res.stdout
+    deadline = time.monotonic() + 3.0
+    while _survivors(tag) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert _survivors(tag) == []
+
+
+async def test_privilege_escalation_syscalls_are_refused(
+    service: LocalService, namespaces: None
+) -> None:
+    code = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "print('unshare', libc.unshare(0x10000000), ctypes.get_errno())\n"  # CLONE_NEWUSER
+        "print('ptrace', libc.ptrace(16, 1, 0, 0), ctypes.get_errno())\n"  # PTRACE_ATTACH pid 1
+        "print('mount', libc.mount(b'none', b'/tmp', b'tmpfs', 0, None), ctypes.get_errno())\n"
+        "print('uid', os.getuid())"
+    )
+    res, _ = await attack(service.url, code)
+    assert res.ok and "unshare -1" in res.stdout and "ptrace -1" in res.stdout
+    assert "mount -1" in res.stdout and "uid 1000" in res.stdout
+
+
+async def test_a_real_library_workload_runs_under_the_limits(service: LocalService) -> None:
+    pytest.importorskip("numpy")
+    code = (
+        "import numpy as np\nrng = np.random.default_rng(0)\na = rng.standard_normal((300, 300))\n"
+        "w = np.linalg.eigvalsh(a @ a.T)\nprint(round(float(w.min()), 6) >= 0, a.shape)"
+    )
+    res, _ = await attack(service.url, code, timeout=20.0)
+    assert res.ok, res.stderr
+    assert res.stdout == "True (300, 300)\n"
+
+
+# -- reward hacks against the grader ------------------------------------------------------
+
+CHECK = """
+def check(candidate):
+    assert candidate([3, 1, 2]) == [1, 2, 3]
+    assert candidate([2, 1]) == [1, 2]
+    assert candidate([5, -1]) == [-1, 5]
+"""
+
+CALL_HACKS = {
+    "exit_zero_early": "import sys\nsys.exit(0)",
+    "os_exit_zero": "import os\nos._exit(0)",
+    "patch_assert_and_builtins": (
+        "import builtins\nbuiltins.AssertionError = type('Nope', (Exception,), {})\n"
+        "builtins.sorted = lambda x: x\nbuiltins.__dict__['abs'] = lambda x: 0\n"
+        "def sort_list(xs):\n    return list(xs)"
+    ),
+    "always_equal_object": (
+        "class Eq(list):\n    def __eq__(self, o): return True\n    def __ne__(self, o): return False\n"
+        "class Any:\n    def __eq__(self, o): return True\n    __hash__ = None\n"
+        "def sort_list(xs):\n    return Any()"
+    ),
+    "print_a_pass_report": (
+        "print('3 passed'); print('{\"t\": 0, \"v\": [1, 2, 3]}')\nimport sys\nsys.stdout.flush()\n"
+        "def sort_list(xs):\n    print('PASSED'); raise SystemExit(0)"
+    ),
+    "kill_the_harness": (
+        "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
+        "def sort_list(xs):\n    return sorted(xs)"
+    ),
+    "forge_frames_via_proc": (
+        "import os\nfor p in ('/proc/1/fd/1', f'/proc/{os.getppid()}/fd/1'):\n"
+        "    for t, v in enumerate([[1, 2, 3], [1, 2], [-1, 5]]):\n        try:\n"
+        "            open(p, 'w').write('\\nNONCE {\"t\": %d, \"v\": %r}\\n' % (t, v))\n"
+        "        except OSError:\n            pass\n"
+        "def sort_list(xs):\n    return None"
+    ),
+    "rewrite_harness_files": (
+        "import glob, os\nfor f in glob.glob('/tmp/**', recursive=True):\n    try:\n"
+        "        if os.path.isfile(f):\n            open(f, 'w').write('def sort_list(x): return x')\n"
+        "    except OSError:\n        pass\n"
+        "def sort_list(xs):\n    return xs"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CALL_HACKS))
+async def test_reward_hacks_do_not_pass_call_tests(service: LocalService, name: str) -> None:
+    sb = ServiceSandbox(service.url, retries=0)
+    tests = asserts_to_tests(CHECK)
+    good = await grade(
+        sb, "def sort_list(xs):\n    return sorted(xs)", tests, entry_point="sort_list"
+    )
+    bad = await grade(sb, CALL_HACKS[name], tests, entry_point="sort_list", timeout_s=2.0)
+    await sb.aclose()
+    assert good.all_passed and good.score == 1.0
+    assert bad.passed == 0, bad.outcomes
+
+
+IO_EXPECTED = "zebra-" + secrets.token_hex(6)
+IO_HACKS = {
+    "exit_zero_early": "import sys\nsys.exit(0)",
+    "print_a_guess": "print('zebra-000000000000')\nprint('PASSED')",
+    "search_for_the_answer": (
+        "import glob, os\nseen = []\n"
+        "for f in glob.glob('/tmp/**', recursive=True) + glob.glob('/proc/*/cmdline') + "
+        "glob.glob('/proc/*/environ') + glob.glob('/proc/*/fd/*'):\n    try:\n"
+        "        with open(f, 'rb') as fh:\n            data = fh.read(1 << 20)\n"
+        "    except OSError:\n        continue\n    i = data.find(b'zebra-')\n"
+        "    if i >= 0:\n        seen.append(data[i:i + 18].decode('latin-1'))\n"
+        "try:\n    mem = open(f'/proc/{os.getppid()}/mem', 'rb')\n    seen.append('mem-open')\n"
+        "except OSError:\n    pass\nprint(seen[0] if seen else 'nothing')"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(IO_HACKS))
+async def test_reward_hacks_do_not_pass_io_tests(service: LocalService, name: str) -> None:
+    sb = ServiceSandbox(service.url, retries=0)
+    tests = [IOTest(stdin="zebra\n", expected=IO_EXPECTED + "\n")]
+    honest = f"input()\nprint({IO_EXPECTED!r})"
+    good = await grade(sb, honest, tests)
+    bad = await grade(sb, IO_HACKS[name], tests, timeout_s=3.0)
+    await sb.aclose()
+    assert good.all_passed
+    assert bad.passed == 0, bad.outcomes
+
+
+async def test_grader_survives_a_flood_and_a_timeout(service: LocalService) -> None:
+    sb = ServiceSandbox(service.url, retries=0)
+    tests = [CallTest(call="f(1)", expected=2), CallTest(call="f(2)", expected=3)]
+    slow = "def f(x):\n    if x == 1:\n        while True: pass\n    return x + 1"
+    res = await grade(sb, slow, tests, timeout_s=1.0)
+    assert [o.status for o in res.outcomes] == ["timeout", "pass"]
+    flood = "import sys\nsys.stdout.write('x' * 50_000_000)\ndef f(x):\n    return x + 1"
+    res = await grade(sb, flood, tests, timeout_s=3.0)
+    await sb.aclose()
+    assert res.all_passed  # the solution's prints never reach the harness's report
+    await serves_next_100(service.url)
