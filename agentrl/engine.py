@@ -124,6 +124,9 @@ class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["dev", "sglang"] = Field("dev", description="dev: agentrl.devserver (CPU)")
+    colocate: bool = Field(
+        False, description="servers share GPUs with the learner (release/resume memory per step)"
+    )
     urls: list[str] = Field(default_factory=list, description="empty: host + base_port + i")
     num_servers: int = Field(1, ge=1, description="servers to launch when urls is empty")
     host: str = "127.0.0.1"

@@ -59,6 +59,10 @@ async def start(tr: Trainer) -> None:
         engine_model = resume / "policy" / "model"
         tr.console.print(f"[green]resumed from {resume} at step {state.step}[/]")
 
+    if cfg.engine.colocate:  # the engine takes the GPU first; the learner waits on the CPU
+        for group in (tr.policy, tr.reference):
+            if group is not None:
+                group.offload()
     urls = tr.stack.enter_context(launch_engines(cfg.engine, engine_model, tr.out))
     tr.engine = EngineClient.from_config(cfg.engine.model_copy(update={"urls": urls}))
     await tr.engine.wait_healthy(cfg.engine.health_timeout_s)

@@ -40,6 +40,16 @@ def server_command(cfg: EngineConfig, model_path: Path, port: int) -> list[str]:
             "--host", cfg.host, "--port", str(port), "--skip-tokenizer-init", *cfg.extra_args]  # fmt: skip
 
 
+def server_env(cfg: EngineConfig, index: int) -> dict[str, str]:
+    """SGLang server i gets GPU i (when several servers share one host and none was pinned)."""
+    env = dict(os.environ)
+    if cfg.kind == "sglang" and cfg.num_servers > 1:
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        gpus = visible.split(",") if visible else [str(g) for g in range(cfg.num_servers)]
+        env["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
+    return env
+
+
 @contextmanager
 def launch_engines(cfg: EngineConfig, model_path: Path, log_dir: Path) -> Iterator[list[str]]:
     if cfg.urls:
@@ -61,6 +71,7 @@ def launch_engines(cfg: EngineConfig, model_path: Path, log_dir: Path) -> Iterat
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         start_new_session=True,
+                        env=server_env(cfg, i),
                     )
                 )
             urls.append(f"http://{cfg.host}:{port}")

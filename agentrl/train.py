@@ -69,12 +69,14 @@ class Trainer:
         self.trainer_logprobs: dict[int, torch.Tensor] = {}
         if batch.num_seqs:
             per_rank = micro_batches(batch, self.policy.world_size, cfg.learner.micro_batch_tokens)
+            with t("to_learner"):
+                await self._hand_gpu(to_learner=True)
             with t("logprobs"):
                 per_rank = self._logprob_pass(per_rank, metrics)
             with t("update"):
                 metrics.update(self._update(per_rank))
             with t("sync"):
-                metrics.update(await self.sync.push(version=str(self.step_idx + 1)))
+                metrics.update(await self._sync(version=str(self.step_idx + 1)))
         self.step_idx += 1
         with t("checkpoint"):
             if self.ckpt.should_save(self.step_idx, cfg.trainer.steps):
@@ -110,6 +112,28 @@ class Trainer:
         if refs is not None:
             metrics["train/kl_ref"] = kl / max(tokens, 1.0)
         return per_rank
+
+    async def _hand_gpu(self, to_learner: bool) -> None:
+        """Colocated mode: the engine frees its GPU memory for the update, the learner moves
+        its state back onto the GPU (and the reverse after the sync). A no-op otherwise."""
+        if not self.cfg.engine.colocate:
+            return
+        groups = [g for g in (self.policy, self.reference) if g is not None]
+        if to_learner:
+            await self.engine.release_memory_occupation()
+            for g in groups:
+                g.onload()
+        else:
+            for g in groups:
+                g.offload()
+            await self.engine.resume_memory_occupation(["kv_cache", "cuda_graph"])
+
+    async def _sync(self, version: str) -> dict[str, float]:
+        if self.cfg.engine.colocate:  # weights first, so the learner's tensors can land there
+            await self.engine.resume_memory_occupation(["weights"])
+        out = await self.sync.push(version=version)
+        await self._hand_gpu(to_learner=False)
+        return out
 
     def _update(self, per_rank: list[list[TrainBatch]]) -> dict[str, float]:
         cfg = self.cfg

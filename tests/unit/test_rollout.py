@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import socket
 
 import pytest
 from pydantic import BaseModel
@@ -34,6 +35,12 @@ class ScriptedEngine:
         if len(ids) > params.max_new_tokens:
             ids, finish = ids[: params.max_new_tokens], FinishReason.LENGTH
         return Completion(ids, [-0.5] * len(ids), finish, weight_version="7")
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the block ends
 
 
 def call(name="python", **args):
@@ -233,3 +240,23 @@ async def test_reward_dict_needs_total(qwen_tokenizer):
 def test_config_rejects_unknown_keys():
     with pytest.raises(ValueError, match="max_turn"):
         RolloutConfig(max_turn=3)
+
+
+async def test_sandbox_down_ends_with_sandbox_unavailable_and_is_not_scored(qwen_tokenizer):
+    """A real service client pointed at a closed loopback port: retries, then the episode stops
+    with sandbox_unavailable, and GRPO leaves it out of the group baseline."""
+    from agentrl.advantage import AdvantageConfig, compute_advantages
+    from sandbox import SandboxConfig, make_sandbox
+
+    sb = make_sandbox(SandboxConfig(backend="service", url=f"http://127.0.0.1:{_closed_port()}",
+                                    retries=2, backoff_s=0.01))  # fmt: skip
+    ok = Rollout(ScriptedEngine(qwen_tokenizer, lambda p, t: "<answer>-39122</answer>"),
+                 qwen_tokenizer, CodeExecEnv, RolloutConfig())  # fmt: skip
+    down = Rollout(ScriptedEngine(qwen_tokenizer, solver), qwen_tokenizer, CodeExecEnv,
+                   RolloutConfig(), sandbox=sb)  # fmt: skip
+    group = [await ok.run_episode(TASK, 0), await down.run_episode(TASK, 1)]
+    await sb.aclose()
+    assert group[1].stop_reason is StopReason.SANDBOX_UNAVAILABLE and "127.0.0.1" in group[1].error
+    adv = compute_advantages([group], AdvantageConfig(name="grpo"))
+    assert float(adv.advantages[1].abs().sum()) == 0.0
+    assert adv.metrics  # the failure is counted, not scored 0
