@@ -41,8 +41,11 @@ def server_command(cfg: EngineConfig, model_path: Path, port: int) -> list[str]:
 
 
 def server_env(cfg: EngineConfig, index: int) -> dict[str, str]:
-    """SGLang server i gets GPU i (when several servers share one host and none was pinned)."""
+    """Loopback-only collectives; SGLang server i gets GPU i (several servers on one host)."""
     env = dict(os.environ)
+    # gloo/NCCL bind their own listening sockets to the hostname's interface unless told otherwise
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.setdefault("NCCL_SOCKET_IFNAME", "lo")
     if cfg.kind == "sglang" and cfg.num_servers > 1:
         visible = env.get("CUDA_VISIBLE_DEVICES")
         gpus = visible.split(",") if visible else [str(g) for g in range(cfg.num_servers)]

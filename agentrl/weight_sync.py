@@ -158,7 +158,7 @@ class DistributedSync(_Base):
         try:
             for i, bucket in enumerate(self.buckets):
                 last = i == len(self.buckets) - 1
-                await self.engine.update_weights_from_distributed(
+                request = self.engine.update_weights_from_distributed(
                     [s.name for s in bucket],
                     [s.dtype for s in bucket],
                     [list(s.shape) for s in bucket],
@@ -166,6 +166,7 @@ class DistributedSync(_Base):
                     weight_version=version if last else None,
                     flush_cache=last,
                 )
+                await asyncio.wait_for(request, timeout=self.cfg.timeout_s)
         except Exception as e:
             raise WeightSyncError(
                 f"weights v{version}: a server failed during the broadcast ({e}); the group is "
@@ -176,13 +177,16 @@ class DistributedSync(_Base):
         return self._metrics(time.perf_counter() - t0)
 
     async def close(self) -> None:
+        """Leave the group on both sides. Best effort, bounded: after a failed push rank 0 may
+        still be blocked in its broadcast (until the group's timeout)."""
         if getattr(self, "_ready", False):
             self._ready = False
+            worker = self.learner.workers[0].destroy_weight_update_group.remote(self.cfg.group_name)
             await asyncio.gather(
-                self.engine.destroy_weights_update_group(self.cfg.group_name),
-                _await_ref(
-                    self.learner.workers[0].destroy_weight_update_group.remote(self.cfg.group_name)
+                asyncio.wait_for(
+                    self.engine.destroy_weights_update_group(self.cfg.group_name), timeout=30
                 ),
+                asyncio.wait_for(_await_ref(worker), timeout=30),
                 return_exceptions=True,
             )
 

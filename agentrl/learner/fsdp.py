@@ -119,10 +119,12 @@ def shard_model(
     for unit in model.modules():
         if isinstance(unit, FSDPModule):  # both setters act on one unit, not its children
             unit.set_gradient_divide_factor(1.0)
-            unit.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+            if hasattr(unit, "set_force_sum_reduction_for_comms"):  # torch >= 2.8
+                unit.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
     # A rank whose micro-batch leaves a parameter unused (a padding micro-batch, an untied head)
     # still joins that parameter's reduce-scatter, with zeros.
-    model.set_reduce_scatter_unused_params(True)
+    if hasattr(model, "set_reduce_scatter_unused_params"):
+        model.set_reduce_scatter_unused_params(True)
     return model
 
 
@@ -298,6 +300,9 @@ def offload(model: nn.Module, opt: torch.optim.Optimizer | None, device: str = "
 
 
 def set_worker_env() -> None:
-    """Bind gloo/NCCL's own sockets to loopback unless the user chose an interface."""
+    """Bind gloo/NCCL's own sockets to loopback unless the user chose an interface. SGLang runs
+    NCCL with NCCL_CUMEM_ENABLE=0; a trainer that joins its weight-update group with cuMem on
+    fails in the P2P transport setup ("Cuda failure 'invalid argument'"), so match it."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")

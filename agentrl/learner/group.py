@@ -21,6 +21,7 @@ import logging
 import os
 import shutil
 import tempfile
+from pathlib import Path
 from typing import Any
 
 from agentrl.learner import LearnerConfig, LearnerError, RayConfig, Role
@@ -54,6 +55,7 @@ def start_ray(cfg: RayConfig | None = None) -> None:
         )
         if cfg.temp_dir:
             kw["_temp_dir"] = cfg.temp_dir
+    before = listening_sockets()
     try:
         ray.init(**kw)
     except Exception as e:  # noqa: BLE001 - one line, whatever Ray raised
@@ -71,6 +73,85 @@ def start_ray(cfg: RayConfig | None = None) -> None:
             "the network. Import agentrl.learner before ray, or set "
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 in the environment"
         )
+    exposed = sorted(
+        addr
+        for key, addr in listening_sockets().items()
+        if key not in before and not _loopback(addr)
+    )
+    if exposed:
+        ray.shutdown()
+        raise LearnerError(
+            f"Ray opened sockets beyond loopback ({', '.join(exposed)}); refusing to run. "
+            "Check RAY_* environment overrides of the node address"
+        )
+
+
+_LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+
+
+def _loopback(addr: str) -> bool:
+    host = addr.rsplit(":", 1)[0].strip("[]")
+    return host in _LOOPBACK or host.startswith("127.")
+
+
+def listening_sockets(root_pid: int | None = None) -> dict[tuple[int, str], str]:
+    """(pid, socket inode) → "host:port" of every listening TCP socket held by `root_pid`
+    (default: this process) or its descendants. Linux /proc only; {} elsewhere."""
+    import ipaddress
+
+    table: dict[str, str] = {}
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(path).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[3] != "0A":  # TCP_LISTEN
+                continue
+            hexip, hexport = f[1].split(":")
+            raw = bytes.fromhex(hexip)
+            # /proc prints each 32-bit word in host (little-endian) order
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            ip = ipaddress.ip_address(raw)
+            if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+                ip = ip.ipv4_mapped
+            table[f[9]] = f"{ip}:{int(hexport, 16)}"
+    out: dict[tuple[int, str], str] = {}
+    for pid in _descendants(root_pid or os.getpid()):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            inode = link[8:-1] if link.startswith("socket:[") else ""
+            if inode in table:
+                out[(pid, inode)] = table[inode]
+    return out
+
+
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    try:
+        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return {root}
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(pid)
+    seen, todo = set(), [root]
+    while todo:
+        p = todo.pop()
+        seen.add(p)
+        todo.extend(c for c in children.get(p, ()) if c not in seen)
+    return seen
 
 
 def stop_ray() -> None:

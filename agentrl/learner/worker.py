@@ -74,7 +74,15 @@ class LearnerWorker:
         else:
             self.opt, self.sched = fsdp.make_optimizer(self.model, self.cfg)
         n = sum(p.numel() for p in self.model.parameters())
-        return {"rank": self.rank, "params": n, "setup_s": time.perf_counter() - t0}
+        return {
+            "rank": self.rank,
+            "params": n,
+            "device": str(self.device),
+            "bf16": self.cfg.use_bf16(self.device_type),
+            "checkpointing": self.cfg.use_checkpointing(self.device_type)
+            and self.role != "reference",
+            "setup_s": time.perf_counter() - t0,
+        }
 
     def ping(self) -> int:
         return os.getpid()
@@ -178,11 +186,22 @@ class LearnerWorker:
         return fsdp.param_specs(self.model, dtype)
 
     def model_dtype(self) -> str:
-        """The dtype the checkpoint was saved in (what the rollout engines serve by default)."""
-        dt = getattr(self.model.config, "dtype", None) or getattr(
-            self.model.config, "torch_dtype", None
-        )
-        return str(dt or "float32").removeprefix("torch.")
+        """The dtype of the source checkpoint (what the rollout engines serve by default); the
+        loaded model's config says float32, the dtype of the master weights."""
+        import json
+
+        cfg = json.loads((Path(self.cfg.model_path) / "config.json").read_text())
+        dt = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
+        return str(dt).removeprefix("torch.")
+
+    def memory_stats(self) -> dict[str, float]:
+        """GPU memory of this rank in GiB (0 on CPU)."""
+        if self.device_type != "cuda":
+            return {"allocated_gib": 0.0, "reserved_gib": 0.0}
+        return {
+            "allocated_gib": torch.cuda.memory_allocated() / 2**30,
+            "reserved_gib": torch.cuda.memory_reserved() / 2**30,
+        }
 
     def full_state(self, dtype: str | None = None) -> dict[str, torch.Tensor]:
         """Collective: the full weights on rank 0 (CPU), {} elsewhere. For tests and small

@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM
 
 from agentrl.batch import TrainBatch, global_norm, micro_batches, token_logprobs
 from agentrl.learner import LearnerConfig, LearnerError, RayConfig
-from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
+from agentrl.learner.fsdp import ParamSpec, lr_factor, plan_buckets
+from agentrl.learner.group import LearnerGroup, listening_sockets, start_ray, stop_ray
 from agentrl.loss import LossConfig
 
 PPO = LossConfig(name="ppo_clip")
@@ -158,67 +159,11 @@ def test_reference_matches_plain_forward_and_critic_learns(ray_up, tiny_model_di
     assert losses[-1] < 0.5 * losses[0]
 
 
-def _listening_inodes() -> dict[str, str]:
-    """inode → 'address' of every TCP socket in LISTEN state (IPv4 and IPv6)."""
-    out = {}
-    for table, v6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
-        if not os.path.exists(table):
-            continue
-        for line in Path(table).read_text().splitlines()[1:]:
-            f = line.split()
-            if f[3] != "0A":  # LISTEN
-                continue
-            addr = f[1].split(":")[0]
-            if v6:
-                ip = bytes.fromhex(addr)
-                words = [ip[i : i + 4][::-1] for i in range(0, 16, 4)]
-                out[f[9]] = ":".join(w.hex() for w in words)
-            else:
-                out[f[9]] = ".".join(str(b) for b in bytes.fromhex(addr)[::-1])
-    return out
-
-
-def _descendants(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                stat = Path(f"/proc/{d}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(d))
-    seen, todo = set(), [root]
-    while todo:
-        p = todo.pop()
-        seen.add(p)
-        todo.extend(c for c in children.get(p, []) if c not in seen)
-    return seen
-
-
-LOOPBACK = ("127.0.0.1", "0000:0000:0000:0000:0000:ffff:7f00:0001", "0000:0000:0000:0000:0000:0000:0000:0001")  # fmt: skip
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs Linux /proc")
 def test_ray_and_learner_listen_on_loopback_only(groups) -> None:
-    listening = _listening_inodes()
-    ours = {}
-    for pid in _descendants(os.getpid()):
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            inode = link[len("socket:[") : -1] if link.startswith("socket:[") else None
-            if inode in listening:
-                ours[(pid, inode)] = listening[inode]
-    assert len(ours) >= 4  # gcs, raylet, workers, … are listening
-    exposed = {k: a for k, a in ours.items() if a.replace(":", "").lower() not in
-               {x.replace(":", "") for x in LOOPBACK}}  # fmt: skip
+    ours = listening_sockets()  # this process and its descendants: gcs, raylet, workers, gloo
+    assert len(ours) >= 4, ours
+    exposed = {k: a for k, a in ours.items() if not a.startswith(("127.0.0.1:", "::1:"))}
     assert not exposed, f"listening beyond loopback: {exposed}"
 
 
@@ -235,3 +180,14 @@ def test_ray_start_failure_is_one_clear_line(tmp_path: Path, monkeypatch) -> Non
     msg = str(e.value)
     assert "\n" not in msg and "could not start Ray on 127.0.0.1" in msg
     assert "Failed to start GCS server" in msg
+
+
+def test_lr_schedule_and_buckets() -> None:
+    assert [lr_factor(s, 2, None, "constant") for s in range(4)] == [0.5, 1.0, 1.0, 1.0]
+    assert lr_factor(2, 2, 12, "linear") == 1.0 and lr_factor(7, 2, 12, "linear") == 0.5
+    assert lr_factor(12, 2, 12, "cosine", min_ratio=0.1) == pytest.approx(0.1)
+    assert lr_factor(7, 2, 12, "cosine") == pytest.approx(0.5)
+    specs = [ParamSpec(n, shape, "float32") for n, shape in
+             [("a", (256,)), ("b", (256,)), ("big", (1024,)), ("c", (10,)), ("d", (200,))]]  # fmt: skip
+    plan = [[s.name for s in b] for b in plan_buckets(specs, bucket_bytes=2048)]
+    assert plan == [["a", "b"], ["big"], ["c", "d"]]  # order kept; a too-big tensor goes alone

@@ -87,3 +87,10 @@ async def test_server_serves_trainer_weights_after_push(
                 await sync.close()
     if method == "disk":
         assert [p.name for p in (tmp_path / "weights").iterdir()] == ["v2"]  # older removed
+
+
+def test_unknown_method_is_rejected_with_the_known_ones() -> None:
+    with pytest.raises(
+        ValueError, match="unknown weight_sync.method 'nccl'; known: disk, distributed"
+    ):
+        WeightSyncConfig(method="nccl")
