@@ -8,6 +8,8 @@ Methods, by name (the key is exactly `weight_sync.method`):
                  the tensors in that order. gloo on CPU, NCCL on GPU.
     disk         rank 0 writes a transformers dir (safetensors, one shard per bucket) under
                  `disk_dir/v<version>`, then every server gets `/update_weights_from_disk`.
+    tensor       colocated GPUs: each bucket is flattened into one CUDA tensor whose IPC handle
+                 goes to `/update_weights_from_tensor` (load_format="flattened_bucket").
 
 Both gather the FSDP shards bucket by bucket (`bucket_mb`), so no process holds more than one
 bucket of full tensors beyond its shard, and both stamp the servers with the new `weight_version`
@@ -232,6 +234,45 @@ class DiskSync(_Base):
     async def close(self) -> None:
         if hasattr(self, "root") and self.cfg.disk_dir is None:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+@register("tensor")
+class TensorSync(_Base):
+    """Colocated GPUs: CUDA-IPC handles of the full weights, one flattened bucket per request
+    (SGLang `/update_weights_from_tensor` with `load_format="flattened_bucket"`). The learner and
+    the servers must share the host (and, for speed, the GPU)."""
+
+    async def setup(self) -> None:
+        if self.learner.cfg.resolved_device() != "cuda":
+            raise WeightSyncError(
+                "weight_sync.method=tensor shares CUDA memory and needs the learner on a GPU; "
+                "use weight_sync.method=distributed (or disk) on CPU"
+            )
+        self._plan()
+
+    async def push(self, version: str) -> dict[str, float]:
+        if not self.buckets:
+            await self.setup()
+        t0 = time.perf_counter()
+        for i, bucket in enumerate(self.buckets):
+            last = i == len(self.buckets) - 1
+            payload = (await asyncio.to_thread(self.learner.call, "ipc_bucket", bucket))[0]
+            try:
+                await self.engine.update_weights_from_tensor(
+                    [payload] * self.cfg.ranks_per_server,
+                    weight_version=version if last else None,
+                    load_format="flattened_bucket",
+                    flush_cache=last,
+                )
+            except Exception as e:
+                raise WeightSyncError(
+                    f"weights v{version}: a server rejected bucket {i} over CUDA IPC ({e}); the "
+                    "servers must run on this host's GPUs (or use weight_sync.method=distributed)"
+                ) from e
+            finally:
+                await asyncio.to_thread(self.learner.call, "release_ipc")
+        self.version = version
+        return self._metrics(time.perf_counter() - t0)
 
 
 async def _await_ref(ref: Any) -> Any:

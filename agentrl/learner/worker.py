@@ -39,6 +39,9 @@ class LearnerWorker:
         self.sched: Any = None
         self._update_groups: dict[str, Any] = {}
         self._listen_socks: dict[str, Any] = {}
+        from agentrl.learner.ipc import IpcHold
+
+        self._ipc = IpcHold()
         self.steps_done = 0
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -291,6 +294,22 @@ class LearnerWorker:
         if on_gpu:
             torch.cuda.synchronize()
         return time.perf_counter() - t0
+
+    def ipc_bucket(self, bucket: list[ParamSpec]) -> str | None:
+        """Collective: gather one bucket's full tensors on the GPU; rank 0 returns SGLang's
+        `flattened_bucket` CUDA-IPC payload and keeps the tensor alive until `release_ipc`."""
+        from agentrl.learner import ipc
+
+        tensors = fsdp.gather_full(self.model, bucket, self.rank, self.device)
+        if self.rank != 0:
+            return None
+        payload, flat = ipc.flattened_payload(list(tensors.items()))
+        self._ipc.keep(flat)
+        torch.cuda.synchronize()  # the server reads the memory as soon as it has the handle
+        return payload
+
+    def release_ipc(self) -> None:
+        self._ipc.release()
 
     def destroy_weight_update_group(self, group_name: str) -> None:
         pg = self._update_groups.pop(group_name, None)

@@ -7,19 +7,14 @@ built here, no tokenizer needed."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
+from gpu_helpers import launch_sglang, make_batch
 
 from agentrl.batch import TrainBatch, global_norm, micro_batches
-from agentrl.learner import LearnerConfig, RayConfig
-from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
+from agentrl.learner import LearnerConfig
+from agentrl.learner.group import LearnerGroup
 from agentrl.loss import LossConfig
 
 pytestmark = [
@@ -28,55 +23,6 @@ pytestmark = [
 ]
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 PPO = LossConfig(name="ppo_clip")
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    out = tmp_path_factory.mktemp("qwen3-small")
-    cfg = Qwen3Config(
-        vocab_size=151936, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
-        tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    Qwen3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
-    return out
-
-
-@pytest.fixture
-def ray_on(monkeypatch):
-    """start(devices): a fresh Ray that sees only these GPUs."""
-
-    def start(devices: str) -> None:
-        stop_ray()
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", devices)
-        start_ray(RayConfig(object_store_mb=512))
-
-    yield start
-    stop_ray()
-
-
-def make_batch(seed: int = 0, n_seqs: int = 8) -> TrainBatch:
-    g = torch.Generator().manual_seed(seed)
-    ids, mask, seq, pos = [], [], [], []
-    for s in range(n_seqs):
-        n = int(torch.randint(40, 200, (1,), generator=g))
-        p = int(torch.randint(10, n - 10, (1,), generator=g))
-        ids.append(torch.randint(0, 50000, (n,), generator=g))
-        m = torch.zeros(n, dtype=torch.bool)
-        m[p:] = True
-        mask.append(m)
-        seq.append(torch.full((n,), s))
-        pos.append(torch.arange(n))
-    mask_N, seq_N = torch.cat(mask), torch.cat(seq)
-    n = mask_N.numel()
-    old = torch.where(mask_N, -torch.rand(n, generator=g) * 3 - 10, 0.0)
-    adv = torch.where(mask_N, torch.randn(n, generator=g), 0.0)
-    return TrainBatch(
-        torch.cat(ids), torch.cat(pos), mask_N, old, adv, seq_N, global_norm(mask_N, seq_N)
-    )
 
 
 def grads_and_loss(group: LearnerGroup, batch: TrainBatch) -> tuple[float, dict]:
@@ -136,44 +82,10 @@ def test_offload_frees_gpu_and_onload_restores(ray_on, model_dir) -> None:
 
 @pytest.fixture(scope="module")
 def sglang_url(model_dir, tmp_path_factory):
-    pytest.importorskip("sglang")
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs (NCCL cannot put the learner and the server on one)")
-    port = 31000 + os.getpid() % 1000
-    log_dir = os.environ.get("AGENTRL_TEST_LOG_DIR") or tmp_path_factory.mktemp("sglang")
-    log = Path(log_dir) / "sglang-server.log"
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
-           "--host", "127.0.0.1", "--port", str(port), "--skip-tokenizer-init",
-           "--attention-backend", "triton", "--sampling-backend", "pytorch",
-           "--grammar-backend", "none", "--mm-feature-transport", "cpu", "--disable-cuda-graph",
-           "--mem-fraction-static", "0.3", "--dtype", "bfloat16"]  # fmt: skip
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "1", "NCCL_SOCKET_IFNAME": "lo"}
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        import httpx
-
-        t0 = time.monotonic()
-        deadline = t0 + 420
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
-        print(f"SGLang healthy after {time.monotonic() - t0:.0f}s", flush=True)
+    with launch_sglang(model_dir, tmp_path_factory.mktemp("sglang"), gpu="1") as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 @two_gpus

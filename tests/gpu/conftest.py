@@ -1,0 +1,40 @@
+"""Shared pieces of the GPU tests: a small random bf16 Qwen3, a fresh Ray per test, a random
+TrainBatch, and a real SGLang server on loopback (SGLang from ../shared/gpu-host on our hosts)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrl.learner import RayConfig
+from agentrl.learner.group import start_ray, stop_ray
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    out = tmp_path_factory.mktemp("qwen3-small")
+    cfg = Qwen3Config(
+        vocab_size=151936, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
+        tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    return out
+
+
+@pytest.fixture
+def ray_on(monkeypatch):
+    """start(devices): a fresh Ray that sees only these GPUs."""
+
+    def start(devices: str) -> None:
+        stop_ray()
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", devices)
+        start_ray(RayConfig(object_store_mb=512))
+
+    yield start
+    stop_ray()
