@@ -26,6 +26,7 @@ from agentrl.learner import LearnerConfig, RayConfig
 from agentrl.loss import LossConfig
 from agentrl.parsers import ConfigError
 from agentrl.rollout import RolloutConfig
+from agentrl.tracking import LoggingConfig
 from agentrl.weight_sync import WeightSyncConfig
 from sandbox.config import SandboxConfig
 
@@ -117,6 +118,7 @@ class Config(BaseModel):
     ray: RayConfig = Field(default_factory=RayConfig)
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
 
 def import_path(path: str, setting: str) -> Any:

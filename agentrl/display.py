@@ -1,6 +1,11 @@
-"""Console views of trajectories and metrics (rich)."""
+"""Console views of trajectories and metrics (rich): the per-step progress line, trajectory panels,
+metric tables."""
 
 from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
 
 from rich.console import Console, Group
 from rich.panel import Panel
@@ -47,3 +52,80 @@ def print_trajectories(trajs: list[Trajectory], console: Console | None = None) 
     console = console or Console()
     for t in trajs:
         console.print(trajectory_panel(t))
+
+
+# -- the per-step progress line -------------------------------------------------------------------
+_PHASES = ("rollout", "logprobs", "update", "sync", "checkpoint")
+_SHORT = {"rollout": "roll", "logprobs": "lp", "update": "upd", "checkpoint": "ckpt"}
+
+
+def _duration(s: float) -> str:
+    if s < 60:
+        return f"{s:.1f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m{int(s % 60):02d}s"
+    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+
+
+def _count(x: float) -> str:
+    return f"{x / 1000:.1f}k" if x >= 1000 else f"{x:.0f}"
+
+
+def progress_text(m: Mapping[str, float], total: int, eta_s: float | None = None) -> Text:
+    """One step's line, e.g.
+
+    step  3/20 ━━────────── reward 0.250 (max 1.00) tool-rate 0.60 turns 1.4 │ stop completed 14
+    max_turns 2 │ 1.2k tok/s │ Δlp 2.1e-04 │ roll 3.8s lp 0.8s upd 3.6s sync 0.1s = 8.4s │ eta 2m23s
+
+    (one line; wrapped here). Infrastructure stop reasons are red.
+    """
+    step = int(m.get("step", 0))
+    width = len(str(total))
+    done = round(12 * step / max(total, 1))
+    line = Text().append(f"step {step:>{width}}/{total} ", style="bold")
+    line.append("━" * done, style="green").append("─" * (12 - done), style="dim").append(" ")
+    reward = m.get("reward/mean", math.nan)
+    line.append("reward ").append(f"{reward:.3f}", style="bold cyan")
+    line.append(f" (max {m.get('reward/max', math.nan):.2f}) ")
+    line.append(f"tool-rate {m.get('rollout/tool_call_rate', 0.0):.2f} ")
+    line.append(f"turns {m.get('rollout/turns', 0.0):.1f}")
+    stops = [(k.removeprefix("stop/"), v) for k, v in m.items() if k.startswith("stop/") and v]
+    if stops:
+        line.append(" │ stop", style="dim")
+        for reason, n in stops:
+            bad = reason in ("sandbox_unavailable", "aborted")
+            line.append(f" {reason} {int(n)}", style="red" if bad else "")
+    tps = m.get("perf/sampled_tokens_per_s")
+    if tps is not None:
+        line.append(f" │ {_count(tps)} tok/s", style="dim")
+    if "train/logprob_diff" in m:
+        line.append(f" │ Δlp {m['train/logprob_diff']:.1e}", style="dim")
+    if "train/kl_ref" in m:
+        line.append(f" kl {m['train/kl_ref']:.1e}", style="dim")
+    times = [(p, m[f"timing_s/{p}"]) for p in _PHASES if m.get(f"timing_s/{p}", 0.0) >= 0.05]
+    if times:
+        phases = " ".join(f"{_SHORT.get(p, p)} {_duration(s)}" for p, s in times)
+        total_s = m.get("timing_s/step", sum(s for _, s in times))
+        line.append(f" │ {phases} = {_duration(total_s)}", style="dim")
+    if eta_s is not None and step < total:
+        line.append(f" │ eta {_duration(eta_s)}", style="dim")
+    return line
+
+
+class ProgressLine:
+    """Prints one `progress_text` line per step, with an ETA from the wall time of past steps."""
+
+    def __init__(self, total: int, start_step: int = 0, console: Console | None = None) -> None:
+        self.total, self.start_step = total, start_step
+        self.console = console or Console()
+        self.t0 = time.monotonic()
+
+    def eta(self, step: int) -> float | None:
+        done = step - self.start_step
+        if done <= 0:
+            return None
+        return (time.monotonic() - self.t0) / done * (self.total - step)
+
+    def __call__(self, m: Mapping[str, float]) -> None:
+        eta = self.eta(int(m.get("step", 0)))
+        self.console.print(progress_text(m, self.total, eta), soft_wrap=True)  # one line in logs

@@ -1,18 +1,67 @@
-"""Metric names and reductions. Names are stable: dashboards and tests key on them.
+"""Metric names and reductions. Names are stable: dashboards, sinks and tests key on them.
 
-    reward/mean, reward/max, reward/<component>        over trajectories (infra failures excluded)
-    rollout/turns, rollout/tool_calls, rollout/tool_call_rate, rollout/parse_errors,
-    rollout/tool_errors, rollout/sampled_tokens, rollout/obs_tokens, rollout/tool_latency_s,
-    rollout/gen_latency_s, rollout/truncated_obs_tokens
-    stop/<reason>                                      count per StopReason
+One step of `python -m agentrl.train` logs one flat dict (metrics.jsonl, W&B history, the console
+line) with these names; `step_metrics` below is the one place that builds the final names.
+
+reward/ — over the step's trajectories, infrastructure failures excluded
+    reward/mean, reward/max, reward/min, reward/std
+    reward/<component>              mean of each named component an env's reward dict returns
+rollout/ — what the rollout produced (per-trajectory means unless the name says otherwise)
+    rollout/trajectories            trajectories this step (count)
+    rollout/turns, rollout/turns_max                    assistant turns per trajectory
+    rollout/tool_calls              valid tool calls per trajectory
+    rollout/tool_call_rate          fraction of assistant turns that tried to call a tool
+    rollout/parse_errors, rollout/tool_errors           per trajectory
+    rollout/sampled_tokens          sampled (loss-mask 1) tokens, total over the step
+    rollout/sampled_tokens_per_traj, rollout/traj_tokens_mean, rollout/traj_tokens_max
+    rollout/obs_tokens, rollout/truncated_obs_tokens    observation tokens, totals
+    rollout/tool_latency_s, rollout/tool_latency_s_max  per turn that called a tool
+    rollout/gen_latency_s           engine latency per assistant turn
+stop/<reason> — trajectories that ended with each StopReason (all reasons, 0 included)
+adv/* — the advantage estimator's own numbers (agentrl/advantage.py): mean, std, max, min, …
+train/ — the learner and the trainer-side logprob pass
+    train/loss, train/pg_loss       the optimized loss and its policy-gradient part
+    train/clipfrac                  fraction of sampled tokens whose ratio was clipped (sum of:)
+    train/clipfrac_low, train/clipfrac_high, train/clipfrac_dual
+    train/approx_kl                 KL(old ‖ new) estimated from the PPO ratio
+    train/kl_ref                    KL(policy ‖ reference) on sampled tokens, before the update (k3)
+    train/kl_ref_loss               the KL term inside the loss (algo.loss.kl_kind), when on
+    train/entropy                   per-token policy entropy: exact from the loss when
+                                    algo.loss.entropy_coef > 0, otherwise the Monte-Carlo estimate
+                                    mean(-log pi_trainer(sampled token)) (unbiased at temperature,
+                                    without top-p/top-k truncation)
+    train/grad_norm, train/lr, train/skipped, train/skipped_steps_in_a_row
+    train/logprob_diff, train/logprob_diff_max   mean / max |rollout - trainer| logprob, sampled
+    train/ratio_mean, train/ratio_max, train/ratio_min, train/tis_* (when TIS is on)
+    train/tokens, train/loss_tokens, train/micro_batches, train/step_s (learner wall time)
+    Any other learner key `policy/<k>` becomes `train/<k>`; other roles keep their prefix
+    (`critic/…`).
+sync/ — weight sync: seconds, mb, s_per_mb, buckets
+timing_s/<phase> — wall seconds of each phase (rollout, advantage, to_learner, logprobs, update,
+    sync, checkpoint); timing_s/step is their sum
+perf/ — throughput
+    perf/sampled_tokens_per_s       sampled tokens / rollout time
+    perf/train_tokens_per_s         all tokens the learner processed / update time
+    perf/step_tokens_per_s          sampled tokens / whole step time
+step — optimizer steps completed (the x axis)
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from statistics import fmean
 
 from agentrl.types import StopReason, Trajectory
+
+# Learner keys (agentrl/loss.py, agentrl/learner/worker.py) → documented names, for role "policy".
+TRAIN_NAMES: dict[str, str] = {
+    "pg_clipfrac_low": "clipfrac_low",
+    "pg_clipfrac_high": "clipfrac_high",
+    "pg_clipfrac_dual": "clipfrac_dual",
+    "kl_ref": "kl_ref_loss",  # train/kl_ref is the pre-update measurement of the trainer
+}
+_CLIPFRACS = ("train/clipfrac_low", "train/clipfrac_high", "train/clipfrac_dual")
 
 
 def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
@@ -29,23 +78,96 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     for reason, n in Counter(t.stop_reason for t in trajs).items():
         out[f"stop/{reason.value}"] = float(n)
     if scored:
-        out["reward/mean"] = fmean(t.reward for t in scored)
-        out["reward/max"] = max(t.reward for t in scored)
-        out["reward/min"] = min(t.reward for t in scored)
+        rewards = [t.reward for t in scored]
+        out["reward/mean"] = mean = fmean(rewards)
+        out["reward/max"] = max(rewards)
+        out["reward/min"] = min(rewards)
+        out["reward/std"] = fmean((r - mean) ** 2 for r in rewards) ** 0.5  # NaN stays NaN
         for key in sorted({k for t in scored for k in t.reward_components} - {"total"}):
             out[f"reward/{key}"] = fmean(t.reward_components.get(key, 0.0) for t in scored)
     n = len(trajs)
+    tool_turns = [t for t in turns if t.num_tool_calls]
     out["rollout/trajectories"] = float(n)
     out["rollout/turns"] = len(turns) / n
+    out["rollout/turns_max"] = float(max(len(t.turns) for t in trajs))
     out["rollout/tool_calls"] = sum(t.num_tool_calls for t in turns) / n
     out["rollout/tool_call_rate"] = (
-        sum(1 for t in turns if t.num_tool_calls or t.num_parse_errors) / len(turns) if turns else 0.0
+        sum(1 for t in turns if t.num_tool_calls or t.num_parse_errors) / len(turns)
+        if turns
+        else 0.0
     )
     out["rollout/parse_errors"] = sum(t.num_parse_errors for t in turns) / n
     out["rollout/tool_errors"] = sum(t.num_tool_errors for t in turns) / n
     out["rollout/sampled_tokens"] = float(sum(t.num_sampled for t in trajs))
+    out["rollout/sampled_tokens_per_traj"] = out["rollout/sampled_tokens"] / n
+    out["rollout/traj_tokens_mean"] = fmean(len(t.token_ids) for t in trajs)
+    out["rollout/traj_tokens_max"] = float(max(len(t.token_ids) for t in trajs))
     out["rollout/obs_tokens"] = float(sum(t.obs_end - t.end for t in turns))
     out["rollout/truncated_obs_tokens"] = float(sum(t.truncated_obs_tokens for t in turns))
-    out["rollout/tool_latency_s"] = fmean(t.tool_latency_s for t in turns) if turns else 0.0
+    out["rollout/tool_latency_s"] = (
+        fmean(t.tool_latency_s for t in tool_turns) if tool_turns else 0.0
+    )
+    out["rollout/tool_latency_s_max"] = max((t.tool_latency_s for t in tool_turns), default=0.0)
     out["rollout/gen_latency_s"] = fmean(t.gen_latency_s for t in turns) if turns else 0.0
+    return out
+
+
+def metric_name(key: str) -> str:
+    """The documented name of a raw metric key: `policy/<k>` (the learner's) → `train/<k'>`."""
+    role, sep, rest = key.partition("/")
+    if role == "policy" and sep:
+        return f"train/{TRAIN_NAMES.get(rest, rest)}"
+    return key
+
+
+def logprob_metrics(
+    trajs: Sequence[Trajectory], trainer_logprobs: Mapping[int, Sequence[float]]
+) -> dict[str, float]:
+    """From the trainer's per-token logprobs (aligned with each trajectory's token_ids, keyed by
+    index into `trajs`): the largest rollout/trainer gap and the sampled-token entropy estimate."""
+    gap_max, neg_lp, n = 0.0, 0.0, 0
+    for i, lps in trainer_logprobs.items():
+        t = trajs[i]
+        for m, ours, theirs in zip(t.loss_mask, _floats(lps), t.logprobs, strict=True):
+            if m:
+                gap_max = max(gap_max, abs(ours - theirs))
+                neg_lp -= ours
+                n += 1
+    if not n:
+        return {}
+    return {"train/logprob_diff_max": gap_max, "train/entropy_estimate": neg_lp / n}
+
+
+def _floats(x: Sequence[float]) -> list[float]:
+    return x.tolist() if hasattr(x, "tolist") else list(x)  # a torch tensor or a list
+
+
+def step_metrics(
+    raw: Mapping[str, float],
+    trajs: Sequence[Trajectory] = (),
+    trainer_logprobs: Mapping[int, Sequence[float]] | None = None,
+) -> dict[str, float]:
+    """The step's final metrics: raw keys renamed (`metric_name`), then the derived numbers
+    (train/clipfrac, train/entropy, timing_s/step, perf/*). Pure; the input is not changed."""
+    out = {metric_name(k): float(v) for k, v in raw.items()}
+    extra = logprob_metrics(trajs, trainer_logprobs or {})
+    estimate = extra.pop("train/entropy_estimate", None)
+    out.update(extra)
+    if "train/entropy" not in out and estimate is not None:
+        out["train/entropy"] = estimate
+    if any(k in out for k in _CLIPFRACS):
+        out["train/clipfrac"] = sum(out.get(k, 0.0) for k in _CLIPFRACS)
+    phases = [v for k, v in out.items() if k.startswith("timing_s/") and k != "timing_s/step"]
+    if phases:
+        out["timing_s/step"] = sum(phases)
+    sampled = out.get("rollout/sampled_tokens")
+    if sampled is not None and out.get("timing_s/step"):
+        out["perf/step_tokens_per_s"] = sampled / out["timing_s/step"]
+    if out.get("timing_s/update") and trajs:
+        processed = sum(
+            len(t.token_ids)
+            for t in trajs
+            if not t.stop_reason.is_infra_failure and t.num_sampled > 0
+        )
+        out["perf/train_tokens_per_s"] = processed / out["timing_s/update"]
     return out

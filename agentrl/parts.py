@@ -25,10 +25,12 @@ async def start(tr: Trainer) -> None:
 
     from agentrl.ckpt import CheckpointManager, load_trainer_state, restore_rng
     from agentrl.data import TaskSampler
+    from agentrl.display import ProgressLine
     from agentrl.engine import EngineClient
     from agentrl.learner import LearnerGroup, start_ray
     from agentrl.rollout import Rollout
     from agentrl.servers import launch_engines
+    from agentrl.tracking import Tracker
     from agentrl.weight_sync import make_weight_sync
     from sandbox import make_sandbox
 
@@ -37,10 +39,12 @@ async def start(tr: Trainer) -> None:
     tr.out.mkdir(parents=True, exist_ok=True)
     model_path = cfg.model.resolve()
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or model_path)
+    tr.tokenizer = tokenizer
     env_cls = cfg.env.load_class()
     tr.sampler = TaskSampler(env_cls.load_tasks(**cfg.env.tasks), seed=cfg.seed)
     tr.ckpt = CheckpointManager(cfg.trainer.checkpoint_config())
     resume = tr.ckpt.resume_path()
+    wandb_run_id = None
 
     start_ray(cfg.ray)
     learner_cfg = cfg.learner
@@ -54,6 +58,7 @@ async def start(tr: Trainer) -> None:
         state = load_trainer_state(resume)
         tr.policy.load_checkpoint(str(resume / "policy"), optimizer=cfg.trainer.save_optimizer)
         tr.step_idx, tr.skipped_in_a_row = state.step, state.consecutive_skips
+        wandb_run_id = state.wandb_run_id  # the resumed run continues the same W&B run
         tr.sampler.load_state_dict(state.data_cursor)
         restore_rng(state.rng)
         engine_model = resume / "policy" / "model"
@@ -71,9 +76,16 @@ async def start(tr: Trainer) -> None:
     tr.rollout = Rollout(tr.engine, tokenizer, env_cls, cfg.rollout, cfg.env.args, tr.sandbox)
     tr.sync = make_weight_sync(cfg.weight_sync, tr.policy, tr.engine)
     await tr.sync.setup()
+    config = cfg.model_dump(mode="json")
+    tr.tracker = Tracker(cfg.logging, tr.out, run_name=cfg.run_name, config=config,
+                         run_id=wandb_run_id, tokenizer=tokenizer, console=tr.console)  # fmt: skip
+    tr.progress = ProgressLine(cfg.trainer.steps, tr.step_idx, tr.console)
 
 
 async def close(tr: Trainer) -> None:
+    tracker = getattr(tr, "tracker", None)
+    if tracker is not None:  # first: W&B marks the run failed if an exception is on its way
+        tracker.close()
     for attr, method in (("sync", "close"), ("sandbox", "aclose"), ("engine", "aclose")):
         part = getattr(tr, attr, None)
         if part is not None:
@@ -106,4 +118,5 @@ def save_checkpoint(tr: Trainer) -> None:
             data_cursor=tr.sampler.state_dict(),
             rng=capture_rng(),
             consecutive_skips=tr.skipped_in_a_row,
+            wandb_run_id=tr.tracker.run_id if getattr(tr, "tracker", None) else None,
         )

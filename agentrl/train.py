@@ -9,7 +9,6 @@ stops them, also after errors.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from contextlib import ExitStack, contextmanager
@@ -21,9 +20,8 @@ import torch
 from agentrl.advantage import compute_advantages
 from agentrl.batch import TrainBatch, micro_batches
 from agentrl.config import Config
-from agentrl.data import TaskSampler
 from agentrl.loss import kl_estimate
-from agentrl.metrics import rollout_metrics
+from agentrl.metrics import rollout_metrics, step_metrics
 from agentrl.types import Trajectory
 
 
@@ -186,26 +184,23 @@ class Trainer:
         parts.save_checkpoint(self)
 
     def _log(self, metrics: dict[str, float], trajs: list[Trajectory]) -> None:
-        with (self.out / "metrics.jsonl").open("a") as f:
-            f.write(json.dumps(metrics) + "\n")
-        with (self.out / "trajectories.jsonl").open("a") as f:
-            for tr in trajs:
-                f.write(json.dumps({"step": self.step_idx, **tr.to_dict()}) + "\n")
+        """Documented names (agentrl/metrics.py) → sinks (metrics/trajectories JSONL, W&B) →
+        the console line. step() returns `metrics`: the history gets the same names."""
+        lps = getattr(self, "trainer_logprobs", {})
+        final = step_metrics(metrics, trajs, lps)
+        metrics.clear()
+        metrics.update(final)
+        self.tracker.log_step(self.step_idx, metrics, trajs, lps)
         self.console_line(metrics)
+        every = self.cfg.logging.console_trajectories_every
+        if every and trajs and self.step_idx % every == 0:
+            from agentrl.display import trajectory_panel
+            from agentrl.trajectory_view import pick
+
+            self.console.print(trajectory_panel(trajs[pick(trajs, lps, 1)[0]]))
 
     def console_line(self, m: dict[str, float]) -> None:
-        stops = " ".join(
-            f"{k.removeprefix('stop/')}={int(v)}" for k, v in m.items() if k.startswith("stop/") and v
-        )
-        phases = " ".join(
-            f"{k.removeprefix('timing_s/')}={v:.1f}s" for k, v in m.items() if k.startswith("timing_s/")
-        )
-        self.console.print(
-            f"[bold]step {int(m['step'])}/{self.cfg.trainer.steps}[/] "
-            f"reward mean={m.get('reward/mean', math.nan):.3f} max={m.get('reward/max', math.nan):.2f} "
-            f"tool_call_rate={m['rollout/tool_call_rate']:.2f} "
-            f"tokens={int(m['rollout/sampled_tokens'])} [dim]stop: {stops}[/] | {phases}"
-        )
+        self.progress(m)
 
 
 async def train(cfg: Config, out_dir: Path) -> list[dict[str, float]]:
@@ -224,9 +219,9 @@ def main() -> None:
 
     @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
     def _run(raw: Any) -> None:
-        from hydra.core.hydra_config import HydraConfig
-
         import logging
+
+        from hydra.core.hydra_config import HydraConfig
 
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
         cfg = load_config(raw)

@@ -41,7 +41,7 @@ def test_train_runs_checkpoints_and_syncs(tmp_path):
     history = asyncio.run(train(cfg, tmp_path / "out"))
     assert [h["step"] for h in history] == [1.0, 2.0]
     for h in history:
-        assert h["policy/skipped"] == 0 and h["sync/seconds"] > 0 and h["timing_s/update"] > 0
+        assert h["train/skipped"] == 0 and h["sync/seconds"] > 0 and h["timing_s/update"] > 0
     rows = [json.loads(x) for x in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()]
     # step 1 sampled the initial weights, step 2 the weights pushed after step 1
     assert {t["weight_version"] for r in rows if r["step"] == 1 for t in r["turns"]} == {"0"}
@@ -85,6 +85,9 @@ def test_killed_run_resumes_with_the_same_data_order(tmp_path):
     rest = steps_of(run_dir / "out2" / "trajectories.jsonl")
     assert len(ref) == 3 and first + rest == ref
     assert (run_dir / "ckpt" / "latest").read_text().strip() == "step_00000003"
+    # the resumed run continues the same (offline) W&B run
+    ids = {p.name.rsplit("-", 1)[1] for p in run_dir.glob("out*/wandb/offline-run-*")}
+    assert len(ids) == 1
 
 
 class NaNRewardEnv(CodeExecEnv):
@@ -101,7 +104,7 @@ def test_nan_loss_skips_steps_then_stops_the_run(tmp_path):
     with pytest.raises(TrainingError, match="2 optimizer steps in a row had a non-finite loss"):
         asyncio.run(train(cfg, tmp_path / "out"))
     rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["policy/skipped"] for r in rows] == [1.0]  # the 2nd skip raised before logging
+    assert [r["train/skipped"] for r in rows] == [1.0]  # the 2nd skip raised before logging
     assert not (tmp_path / "ckpt" / "latest").exists()
     assert base  # weights never changed: nothing was applied (the engine kept serving)
 

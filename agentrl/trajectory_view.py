@@ -1,0 +1,329 @@
+"""Trajectory views for people: one table row per turn, and an HTML page of whole trajectories.
+
+`turn_rows` gives the rows of the W&B turn table (columns `TURN_COLUMNS`); `render_html` draws a
+few trajectories token by token: the prompt and tool observations (loss mask 0) as grey/amber text,
+each sampled token (loss mask 1) as its own box, coloured either by the loss mask or by the
+|rollout - trainer| logprob gap (a switch at the top; hover a token for its id and logprobs).
+
+Also a command line for runs without W&B (reads trajectories.jsonl of a training run):
+
+    python -m agentrl.trajectory_view outputs/2026-01-01/12-00-00 --step 5 -n 4 -o view.html
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from agentrl.types import FinishReason, Message, StopReason, Trajectory, Turn
+
+TURN_COLUMNS = [
+    "step", "task", "sample", "turn", "prompt", "assistant", "tool_calls", "tool_results",
+    "reward", "turn_reward", "stop_reason", "finish_reason", "context_tokens", "sampled_tokens",
+    "obs_tokens", "tool_errors", "parse_errors", "logprob_diff", "tool_latency_s",
+    "gen_latency_s", "weight_version", "error",
+]  # fmt: skip
+
+Logprobs = Mapping[int, Sequence[float]]
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[:n] + f" … [{len(text) - n} more chars]"
+
+
+def _floats(x: Sequence[float]) -> list[float]:
+    return x.tolist() if hasattr(x, "tolist") else list(x)  # a torch tensor or a list
+
+
+def turn_gaps(traj: Trajectory, trainer_lps: Sequence[float] | None) -> list[float | None]:
+    """Per turn: mean |rollout - trainer| logprob over its sampled tokens (None if unknown)."""
+    if trainer_lps is None:
+        return [None] * len(traj.turns)
+    ours = _floats(trainer_lps)
+    out: list[float | None] = []
+    for t in traj.turns:
+        gaps = [abs(ours[i] - traj.logprobs[i]) for i in range(t.start, t.end)]
+        out.append(fmean(gaps) if gaps else None)
+    return out
+
+
+def turn_rows(
+    step: int,
+    trajs: Sequence[Trajectory],
+    trainer_logprobs: Logprobs | None = None,
+    max_chars: int = 4000,
+) -> list[list[Any]]:
+    """One row per assistant turn (a trajectory without any turn still gets one row), in the
+    order of `TURN_COLUMNS`."""
+    rows = []
+    for i, tr in enumerate(trajs):
+        gaps = turn_gaps(tr, (trainer_logprobs or {}).get(i))
+        user = next((m.content for m in tr.messages if m.role == "user"), "")
+        turns: list[Turn | None] = list(tr.turns) or [None]
+        for k, t in enumerate(turns):
+            row = {
+                "step": step,
+                "task": tr.task_id,
+                "sample": tr.sample_index,
+                "turn": k,
+                "prompt": _clip(user, max_chars) if k == 0 else "",
+                "reward": float(tr.reward),
+                "stop_reason": tr.stop_reason.value,
+                "error": (tr.error or "") if k == len(turns) - 1 else "",
+                **_turn_fields(t, gaps[k] if t else None, len(tr.token_ids), max_chars),
+            }
+            rows.append([row[c] for c in TURN_COLUMNS])
+    return rows
+
+
+def _turn_fields(t: Turn | None, gap: float | None, n: int, max_chars: int) -> dict[str, Any]:
+    if t is None:  # the episode ended before its first turn
+        t = Turn(n, n, n, "", FinishReason.ABORT, Message(role="assistant"))
+        finish = ""
+    else:
+        finish = t.finish_reason.value
+    calls = [{"name": c.name, "arguments": c.arguments} for c in t.assistant.tool_calls]
+    results = "\n---\n".join(f"[{m.name or m.role}] {m.content}" for m in t.observations)
+    return {
+        "assistant": _clip(t.text, max_chars),
+        "tool_calls": json.dumps(calls) if calls else "",
+        "tool_results": _clip(results, max_chars),
+        "turn_reward": None if t.reward is None else float(t.reward),
+        "finish_reason": finish,
+        "context_tokens": t.start,
+        "sampled_tokens": t.end - t.start,
+        "obs_tokens": t.obs_end - t.end,
+        "tool_errors": t.num_tool_errors,
+        "parse_errors": t.num_parse_errors,
+        "logprob_diff": gap,
+        "tool_latency_s": float(t.tool_latency_s),
+        "gen_latency_s": float(t.gen_latency_s),
+        "weight_version": t.weight_version,
+    }
+
+
+def pick(trajs: Sequence[Trajectory], trainer_logprobs: Logprobs | None, n: int) -> list[int]:
+    """Up to n trajectory indices worth reading: best and worst reward, most tool calls, largest
+    logprob gap, then the rest in order."""
+    if n <= 0 or not trajs:
+        return []
+    idx = range(len(trajs))
+    gap = {
+        i: max((g for g in turn_gaps(trajs[i], lp) if g is not None), default=0.0)
+        for i, lp in (trainer_logprobs or {}).items()
+    }
+    order = [
+        max(idx, key=lambda i: trajs[i].reward),
+        min(idx, key=lambda i: trajs[i].reward),
+        max(idx, key=lambda i: trajs[i].num_tool_calls),
+        max(gap, key=gap.__getitem__) if gap else 0,
+        *idx,
+    ]
+    return list(dict.fromkeys(order))[:n]
+
+
+# -- HTML ---------------------------------------------------------------------------------------
+_CSS = """
+body{font:13px/1.45 ui-monospace,Menlo,Consolas,monospace;margin:8px;color:#222}
+label{margin-right:14px;cursor:pointer} .legend{color:#555;margin:4px 0 10px}
+.sw{display:inline-block;width:12px;height:12px;vertical-align:middle;border:1px solid #999}
+.tr{border:1px solid #ccd;border-radius:4px;margin:10px 0;padding:6px 8px}
+.tr h3{font-size:13px;margin:0 0 6px} .body{white-space:pre-wrap;word-break:break-word}
+.p{background:#eceef2;color:#666} .o{background:#fff1cc;color:#6b5500}
+.b{display:inline-block;font-size:11px;color:#fff;background:#557;border-radius:3px;padding:0 4px;
+margin:2px 2px 2px 0;white-space:nowrap} .b.o2{background:#a67c00} .el{color:#999;font-style:italic}
+.t{border-right:1px solid rgba(0,0,0,.12)}
+#vm:checked ~ .trajs .t{background:#c8ecd0} #vd:checked ~ .trajs .t{background:var(--d)}
+"""
+_GAP_STOPS = ((0.0, (0xC8, 0xEC, 0xD0)), (0.5, (0xFF, 0xEE, 0x99)), (1.0, (0xF2, 0x9B, 0x9B)))
+
+
+def gap_colour(gap: float | None) -> str:
+    """|rollout - trainer| logprob → colour: ≤1e-3 green, 1e-2 yellow, ≥1e-1 red (log scale);
+    None (no trainer logprob) grey."""
+    if gap is None or math.isnan(gap):
+        return "#dddddd"
+    x = min(max((math.log10(max(gap, 1e-12)) + 3.0) / 2.0, 0.0), 1.0)
+    for (x0, c0), (x1, c1) in zip(_GAP_STOPS, _GAP_STOPS[1:], strict=False):
+        if x <= x1:
+            f = (x - x0) / (x1 - x0)
+            return "#" + "".join(
+                f"{round(a + (b - a) * f):02x}" for a, b in zip(c0, c1, strict=True)
+            )
+    return "#f29b9b"
+
+
+def _segment(tok: Any, ids: list[int], cls: str, label: str, budget: int) -> str:
+    """A loss-mask-0 span (prompt or observation), its middle elided past `budget` tokens."""
+    if not ids:
+        return ""
+    head, tail, hidden = ids, [], 0
+    if len(ids) > budget:
+        keep_head = min(64, budget // 4)
+        head, tail = ids[:keep_head], ids[len(ids) - (budget - keep_head) :]
+        hidden = len(ids) - len(head) - len(tail)
+    text = html.escape(tok.decode(head, skip_special_tokens=False))
+    if hidden:
+        text += f'<span class="el"> … {hidden} tokens not shown … </span>'
+        text += html.escape(tok.decode(tail, skip_special_tokens=False))
+    return f'<span class="{cls}" title="{label}: {len(ids)} tokens, loss mask 0">{text}</span>'
+
+
+def _sampled(tok: Any, traj: Trajectory, lo: int, hi: int, ours: list[float] | None) -> str:
+    ids = traj.token_ids[lo:hi]
+    pieces = tok.batch_decode([[i] for i in ids], skip_special_tokens=False)
+    out = []
+    for pos, tid, piece in zip(range(lo, hi), ids, pieces, strict=True):
+        lp = traj.logprobs[pos]
+        gap = abs(ours[pos] - lp) if ours is not None else None
+        tip = f"#{pos} id={tid} {piece!r} rollout={lp:.4f}"
+        if ours is not None:
+            tip += f" trainer={ours[pos]:.4f} |Δ|={gap:.2e}"
+        out.append(
+            f'<span class="t" style="--d:{gap_colour(gap)}" title="{html.escape(tip, quote=True)}">'
+            f"{html.escape(piece)}</span>"
+        )
+    return "".join(out)
+
+
+def _trajectory(
+    step: int, traj: Trajectory, tok: Any, lps: Sequence[float] | None, max_tokens: int
+) -> str:
+    ours = _floats(lps) if lps is not None else None
+    gaps = [g for g in turn_gaps(traj, ours) if g is not None]
+    gap_txt = f" · |Δlogprob| mean {fmean(gaps):.1e}" if gaps else ""
+    head = (
+        f"step {step} · {html.escape(traj.task_id)} #{traj.sample_index} · reward {traj.reward:g}"
+        f" · stop {traj.stop_reason.value} · {len(traj.turns)} turns · {len(traj.token_ids)} "
+        f"tokens ({traj.num_sampled} sampled){gap_txt}"
+    )
+    budget = max(max_tokens - traj.num_sampled, 128)
+    parts = [_segment(tok, traj.token_ids[: traj.prompt_len], "p", "prompt", budget)]
+    shown = 0
+    for k, t in enumerate(traj.turns):
+        parts.append(f'<span class="b">assistant · turn {k} · {t.finish_reason.value}</span>')
+        hi = min(t.end, t.start + max(max_tokens - shown, 0))
+        parts.append(_sampled(tok, traj, t.start, hi, ours))
+        if hi < t.end:
+            parts.append(f'<span class="el"> … {t.end - hi} sampled tokens not shown</span>')
+        shown += hi - t.start
+        if t.obs_end > t.end:
+            parts.append('<span class="b o2">observation</span>')
+            obs = traj.token_ids[t.end : t.obs_end]
+            parts.append(_segment(tok, obs, "o", "observation", budget))
+    if traj.error:
+        parts.append(f'\n<span class="b">error</span> {html.escape(traj.error)}')
+    return f'<div class="tr"><h3>{head}</h3><div class="body">{"".join(parts)}</div></div>'
+
+
+def render_html(
+    items: Sequence[tuple[int, Trajectory, Sequence[float] | None]],
+    tokenizer: Any,
+    max_tokens: int = 3000,
+    title: str = "trajectories",
+) -> str:
+    """A standalone HTML page of whole trajectories: items are (step, trajectory, the trainer's
+    per-token logprobs aligned with its token_ids, or None). No script: the colour switch is CSS."""
+    body = "".join(_trajectory(s, t, tokenizer, lp, max_tokens) for s, t, lp in items)
+    swatches = "".join(
+        f'<span class="sw" style="background:{gap_colour(g)}"></span> {g:g} '
+        for g in (1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{_CSS}</style></head><body>"
+        '<input type="radio" name="view" id="vm" checked><label for="vm">colour by loss mask'
+        '</label><input type="radio" name="view" id="vd"><label for="vd">colour by |rollout − '
+        "trainer| logprob</label>"
+        '<div class="legend"><span class="sw p"></span> prompt (mask 0) '
+        '<span class="sw o"></span> observation (mask 0) '
+        '<span class="sw" style="background:#c8ecd0"></span> sampled (mask 1) · |Δ|: '
+        f"{swatches}· grey: no trainer logprob · hover a token for its logprobs</div>"
+        f'<div class="trajs">{body}</div></body></html>'
+    )
+
+
+# -- reading trajectories.jsonl -----------------------------------------------------------------
+def trajectory_from_dict(d: dict[str, Any]) -> Trajectory:
+    """Inverse of `Trajectory.to_dict` (extra keys such as step / trainer_logprobs ignored)."""
+    turns = [
+        Turn(
+            **{
+                **t,
+                "finish_reason": FinishReason(t["finish_reason"]),
+                "assistant": Message(**t["assistant"]),
+                "observations": [Message(**m) for m in t.get("observations", [])],
+            }
+        )
+        for t in d["turns"]
+    ]
+    fields = {k: d[k] for k in Trajectory.__dataclass_fields__ if k in d}
+    fields.update(
+        turns=turns,
+        messages=[Message(**m) for m in d["messages"]],
+        stop_reason=StopReason(d["stop_reason"]),
+    )
+    return Trajectory(**fields)
+
+
+def load_jsonl(path: Path, step: int | None = None) -> list[tuple[int, Trajectory, list | None]]:
+    """(step, trajectory, trainer logprobs or None) of one step (default: the last) of a run's
+    trajectories.jsonl."""
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    if not rows:
+        return []
+    want = max(r["step"] for r in rows) if step is None else step
+    return [
+        (r["step"], trajectory_from_dict(r), r.get("trainer_logprobs"))
+        for r in rows
+        if r["step"] == want
+    ]
+
+
+def _tokenizer_for(run: Path, given: str | None) -> Any:
+    from transformers import AutoTokenizer
+
+    if given:
+        return AutoTokenizer.from_pretrained(given)
+    hydra_cfg = run / ".hydra" / "config.yaml"
+    if not hydra_cfg.exists():
+        raise SystemExit(f"{run}: no .hydra/config.yaml to find the model; pass --tokenizer DIR")
+    from omegaconf import OmegaConf
+
+    from agentrl.config import ModelConfig
+
+    raw = OmegaConf.to_container(OmegaConf.load(hydra_cfg), resolve=False)["model"]
+    model = ModelConfig(**raw)
+    return AutoTokenizer.from_pretrained(model.tokenizer or model.resolve())
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Write an HTML view of a run's trajectories.")
+    ap.add_argument("run", type=Path, help="a training output dir, or its trajectories.jsonl")
+    ap.add_argument("--step", type=int, default=None, help="which step (default: the last)")
+    ap.add_argument("-n", type=int, default=4, help="trajectories to show")
+    ap.add_argument("-o", "--out", type=Path, default=None, help="default: <run>/view_<step>.html")
+    ap.add_argument("--tokenizer", default=None, help="default: the run's model (.hydra config)")
+    ap.add_argument("--max-tokens", type=int, default=3000)
+    a = ap.parse_args(argv)
+    path = a.run / "trajectories.jsonl" if a.run.is_dir() else a.run
+    items = load_jsonl(path, a.step)
+    if not items:
+        raise SystemExit(f"{path}: no trajectories for step {a.step}")
+    trajs = [t for _, t, _ in items]
+    lps = {i: lp for i, (_, _, lp) in enumerate(items) if lp is not None}
+    chosen = [items[i] for i in pick(trajs, lps, a.n)]
+    tok = _tokenizer_for(path.parent, a.tokenizer)
+    out = a.out or path.parent / f"view_{items[0][0]}.html"
+    out.write_text(render_html(chosen, tok, a.max_tokens, f"{path.parent.name} step {items[0][0]}"))
+    print(f"wrote {out} ({len(chosen)} trajectories of step {items[0][0]})")
+
+
+if __name__ == "__main__":
+    main()
