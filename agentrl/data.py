@@ -1,9 +1,9 @@
 """Task sampling: seeded, epoch-shuffled, resumable from a two-number cursor.
 
-    sampler = TaskSampler(env_cls.load_tasks(**cfg.env.tasks), seed=0)
-    batch = sampler.next(8)                 # 8 tasks; wraps into a new shuffled epoch when needed
-    state = sampler.state_dict()            # {"epoch": 0, "index": 8} — saved in checkpoints
-    TaskSampler(tasks, seed=0).load_state_dict(state)   # continues with exactly the same tasks
+sampler = TaskSampler(env_cls.load_tasks(**cfg.env.tasks), seed=0)
+batch = sampler.next(8)                 # 8 tasks; wraps into a new shuffled epoch when needed
+state = sampler.state_dict()            # {"epoch": 0, "index": 8} — saved in checkpoints
+TaskSampler(tasks, seed=0).load_state_dict(state)   # continues with exactly the same tasks
 """
 
 from __future__ import annotations

@@ -140,10 +140,14 @@ class Env:
         ]
         results = await asyncio.gather(*(self.call_tool(c) for c in calls))
         for call, res in zip(calls, results, strict=True):
-            obs.append(Message(role="tool", content=res.content, tool_call_id=call.id, name=call.name))
+            obs.append(
+                Message(role="tool", content=res.content, tool_call_id=call.id, name=call.name)
+            )
         errors = sum(r.is_error for r in results)
         self._parse_error_streak = self._parse_error_streak + 1 if not calls else 0
-        self._tool_error_streak = self._tool_error_streak + 1 if calls and errors == len(calls) else 0
+        self._tool_error_streak = (
+            self._tool_error_streak + 1 if calls and errors == len(calls) else 0
+        )
         stop = None
         if self._parse_error_streak >= self.max_parse_errors:
             stop = StopReason.PARSE_ERROR

@@ -14,6 +14,7 @@ silent one-turn episodes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -85,7 +86,9 @@ def register(name: str) -> Callable[[type[Parser]], type[Parser]]:
 
 def get_parser(name: str) -> Parser:
     if name not in _PARSERS:
-        raise ConfigError(f"unknown tool-call parser {name!r}; set rollout.parser to one of {sorted(_PARSERS)}")
+        raise ConfigError(
+            f"unknown tool-call parser {name!r}; set rollout.parser to one of {sorted(_PARSERS)}"
+        )
     return _PARSERS[name]()
 
 
@@ -112,7 +115,11 @@ class HermesParser(Parser):
             if end < 0 or (0 <= nxt < end):
                 stop = len(text) if nxt < 0 else nxt
                 raw = text[body_start:stop]
-                kind = ParseErrorKind.TRUNCATED if truncated and nxt < 0 else ParseErrorKind.UNCLOSED_TAG
+                kind = (
+                    ParseErrorKind.TRUNCATED
+                    if truncated and nxt < 0
+                    else ParseErrorKind.UNCLOSED_TAG
+                )
                 errors.append(
                     ParseError(kind, f"tool call is missing its closing {self.close_tag} tag", raw)
                 )
@@ -147,10 +154,8 @@ def _read_call(
     name = obj["name"]
     args: Any = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):  # some models emit arguments as a JSON string
-        try:
+        with contextlib.suppress(ValueError, RecursionError):
             args = json.loads(args)
-        except (ValueError, RecursionError):
-            pass
     if not isinstance(args, dict):
         return None, ParseError(
             ParseErrorKind.NOT_A_CALL, f"arguments of '{name}' must be a JSON object", raw, name
@@ -200,4 +205,3 @@ def check_template(parser: Parser, tokenizer: Any) -> None:
             f"template writes them (rendered: {tail[:160]!r}); set rollout.parser to the model's "
             f"format (known: {sorted(_PARSERS)})"
         )
-

@@ -90,7 +90,9 @@ class Renderer:
         If the sampled turn did not end with the end-of-turn token (a model that stopped on
         another stop id), the end-of-turn token is supplied here, masked, to keep the format.
         """
-        head = self.separator if sampled and sampled[-1] == self.eot_id else self.eot + self.separator
+        head = (
+            self.separator if sampled and sampled[-1] == self.eot_id else self.eot + self.separator
+        )
         return self.encode(head + self.delta_text(new))
 
     def assistant_text(self, sampled: list[int]) -> str:

@@ -41,7 +41,9 @@ class RolloutConfig(BaseModel):
     max_turns: int | None = Field(None, ge=1, description="overrides the env's max_turns")
     max_new_tokens: int = Field(256, ge=1, description="per assistant turn")
     max_context_tokens: int = Field(2048, ge=16, description="prompt + all turns + observations")
-    max_obs_tokens: int = Field(256, ge=8, description="each tool output is cut to this many tokens")
+    max_obs_tokens: int = Field(
+        256, ge=8, description="each tool output is cut to this many tokens"
+    )
     tool_timeout_s: float = Field(10.0, gt=0)
     episode_timeout_s: float = Field(600.0, gt=0)
     temperature: float = Field(1.0, ge=0)
@@ -231,7 +233,9 @@ class Rollout:
                 else:
                     traj.reward = float(value)
         except Exception as e:
-            log.warning("reward of %s failed: %s: %s", traj.metadata["session"], type(e).__name__, e)
+            log.warning(
+                "reward of %s failed: %s: %s", traj.metadata["session"], type(e).__name__, e
+            )
             traj.stop_reason, traj.error = StopReason.ABORTED, f"reward: {type(e).__name__}: {e}"
         try:
             await env.close()

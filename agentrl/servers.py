@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import httpx
@@ -125,7 +125,5 @@ def stop_processes(procs: list[subprocess.Popen], grace_s: float = 15.0) -> None
 
 
 def _signal_group(p: subprocess.Popen, sig: int) -> None:
-    try:
+    with suppress(ProcessLookupError):
         os.killpg(p.pid, sig)
-    except ProcessLookupError:
-        pass

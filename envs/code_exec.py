@@ -83,7 +83,9 @@ def generate_tasks(n: int, seed: int = 0, kinds: list[str] | None = None) -> lis
     kinds = kinds or sorted(GENERATORS)
     unknown = set(kinds) - set(GENERATORS)
     if unknown:
-        raise ValueError(f"unknown code_exec task kinds {sorted(unknown)}; known: {sorted(GENERATORS)}")
+        raise ValueError(
+            f"unknown code_exec task kinds {sorted(unknown)}; known: {sorted(GENERATORS)}"
+        )
     rng = random.Random(seed)
     tasks = []
     for i in range(n):

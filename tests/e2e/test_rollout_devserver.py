@@ -41,7 +41,9 @@ def test_group_is_multi_turn_and_ends_with_reasons(group):
     trajs, _ = group
     assert len(trajs) == 16
     assert all(isinstance(t.stop_reason, StopReason) and t.error is None for t in trajs)
-    assert max(len(t.turns) for t in trajs) >= 2, "the tool-caller should produce multi-turn episodes"
+    assert max(len(t.turns) for t in trajs) >= 2, (
+        "the tool-caller should produce multi-turn episodes"
+    )
     m = rollout_metrics(trajs)
     assert m["rollout/tool_call_rate"] > 0 and m["rollout/sampled_tokens"] > 0
 

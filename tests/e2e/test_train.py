@@ -42,7 +42,9 @@ def test_train_runs_checkpoints_and_syncs(tmp_path):
     assert [h["step"] for h in history] == [1.0, 2.0]
     for h in history:
         assert h["train/skipped"] == 0 and h["sync/seconds"] > 0 and h["timing_s/update"] > 0
-    rows = [json.loads(x) for x in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(x) for x in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
+    ]
     # step 1 sampled the initial weights, step 2 the weights pushed after step 1
     assert {t["weight_version"] for r in rows if r["step"] == 1 for t in r["turns"]} == {"0"}
     assert {t["weight_version"] for r in rows if r["step"] == 2 for t in r["turns"]} == {"1"}

@@ -109,10 +109,14 @@ def test_template_check_passes_for_our_templates(qwen_tokenizer):
 
 
 def test_template_check_rejects_a_template_in_another_format(qwen_tokenizer, monkeypatch):
-    monkeypatch.setattr(qwen_tokenizer, "chat_template", (
-        "{% for m in messages %}{{ m.role }}: {{ m.content }}"
-        "{% for c in m.tool_calls or [] %}[CALL {{ c.function.name }}]{% endfor %}\n{% endfor %}"
-        "{% if add_generation_prompt %}assistant: {% endif %}"
-    ))
+    monkeypatch.setattr(
+        qwen_tokenizer,
+        "chat_template",
+        (
+            "{% for m in messages %}{{ m.role }}: {{ m.content }}"
+            "{% for c in m.tool_calls or [] %}[CALL {{ c.function.name }}]{% endfor %}\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant: {% endif %}"
+        ),
+    )
     with pytest.raises(ConfigError, match="cannot read tool calls"):
         check_template(P, qwen_tokenizer)
