@@ -30,7 +30,7 @@ from agentrl.tracking import LoggingConfig
 from agentrl.weight_sync import WeightSyncConfig
 from sandbox.config import SandboxConfig
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # -> ../configs in a checkout
 
 
 class EnvConfig(BaseModel):

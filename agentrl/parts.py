@@ -50,8 +50,12 @@ async def start(tr: Trainer) -> None:
     learner_cfg = cfg.learner
     if not learner_cfg.model_path:
         learner_cfg = learner_cfg.model_copy(update={"model_path": str(model_path)})
+    with_ref = cfg.algo.reference or cfg.algo.loss.kl_coef > 0
+    if with_ref and learner_cfg.num_gpus_per_worker >= 1:
+        # policy and reference ranks share each GPU (Ray counts GPUs; memory is ours to manage)
+        learner_cfg = learner_cfg.model_copy(update={"num_gpus_per_worker": 0.5})
     tr.policy = LearnerGroup(learner_cfg, "policy")
-    if cfg.algo.reference or cfg.algo.loss.kl_coef > 0:
+    if with_ref:
         tr.reference = LearnerGroup(learner_cfg, "reference")
     engine_model = model_path
     if resume is not None:
