@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from agentrl.engine import EngineConfig, EngineUnavailable
+from sandbox.base import die_with_parent
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -75,6 +76,7 @@ def launch_engines(cfg: EngineConfig, model_path: Path, log_dir: Path) -> Iterat
                         stderr=subprocess.STDOUT,
                         start_new_session=True,
                         env=server_env(cfg, i),
+                        preexec_fn=die_with_parent,  # a SIGKILLed trainer leaves no server
                     )
                 )
             urls.append(f"http://{cfg.host}:{port}")

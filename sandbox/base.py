@@ -38,6 +38,17 @@ from typing import Protocol, runtime_checkable
 from pydantic import BaseModel
 
 
+def die_with_parent() -> None:
+    """`preexec_fn` for services we spawn: the kernel sends SIGTERM when our process dies, so a
+    SIGKILLed trainer leaves no server behind (Linux prctl PR_SET_PDEATHSIG; no-op elsewhere)."""
+    import ctypes
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
 class SandboxUnavailable(RuntimeError):
     """The backend could not be reached or keeps failing (after its own retries)."""
 

@@ -41,7 +41,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox import e2b_compat
-from sandbox.base import ExecResult
+from sandbox.base import ExecResult, die_with_parent
 from sandbox.config import ServerConfig
 from sandbox.service import Busy, ExecService, until_disconnect
 from sandbox.worker import WorkerStartError
@@ -178,8 +178,9 @@ class LocalService:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, text=True, start_new_session=True, env=env
-        )
+            cmd, stdout=subprocess.PIPE, text=True, start_new_session=True, env=env,
+            preexec_fn=die_with_parent,
+        )  # fmt: skip
         deadline = time.monotonic() + self.startup_timeout_s
         assert self.proc.stdout is not None
         while time.monotonic() < deadline:
