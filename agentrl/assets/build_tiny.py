@@ -1,0 +1,440 @@
+"""Build `agentrl/assets/tiny/`, the small model the quick start trains, deterministically, offline.
+
+    python -m agentrl.assets.build_tiny OUT_DIR [--seed 0] [--steps 1500]
+
+What it makes, in order:
+
+1. **Dialogues**: synthetic code_exec episodes (envs/code_exec.py tasks) of mixed quality. Per
+   task one of three behaviours is drawn: call `python` with the right program and answer with its
+   output (`good`); call it with a plausible wrong program (parentheses dropped, digits counted
+   instead of summed, gcd for lcm, …) and answer with that output (`wrong_code`); or answer at once
+   with a guess of the right length (`no_tool`, almost always wrong). Tool outputs come from
+   running the programs.
+2. **Tokenizer**: byte-level BPE trained with `tokenizers` on those dialogues' text (digits are
+   always single tokens; merges may cross spaces, so the fixed system prompt stays short), the
+   chat / tool special tokens as added tokens, and agentrl's Qwen3 chat template
+   (`templates/qwen3.jinja`): the hermes parser and `agentrl.render` work unchanged.
+3. **Model**: a standard `Qwen3ForCausalLM` (about 3M parameters, tied embeddings), so
+   transformers and SGLang load it as any Qwen3 checkpoint.
+4. **Warm start**: supervised training on the dialogues, loss on the assistant tokens only, ids
+   and masks built with the same `Renderer` calls the rollout makes (prompt ids, sampled turn,
+   observation delta), so the model has seen exactly the token sequences it will be asked to
+   continue. Sampling from it reproduces the mixture: a low, non-zero success rate that RL can
+   raise by preferring the tool and the right program.
+
+Same seed, same torch build and thread count → the same files. `build_info.json` records the
+settings and the final SFT loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import random
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentrl.types import Message, Task, ToolCall
+
+TINY_DIR = Path(__file__).parent / "tiny"
+TEMPLATE = Path(__file__).parent / "templates" / "qwen3.jinja"
+
+# Added tokens, in id order after the BPE vocabulary. The first three are "special" (skipped by
+# decode(skip_special_tokens=True)); the rest are plain added tokens that are never split, as in
+# Qwen3's tokenizer.
+ADDED = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>",
+    "<tool_response>", "</tool_response>", "<think>", "</think>",
+]  # fmt: skip
+VOCAB_SIZE = 1024  # at most: BPE tokens + ADDED (merges of one occurrence are not made)
+MAX_TOKEN_CHARS = 16  # merges may cross spaces, up to this many characters
+MODES = {"good": 0.3, "wrong_code": 0.3, "no_tool": 0.4}  # behaviour mixture of the SFT data
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Everything that determines the built files."""
+
+    seed: int = 0
+    dialogues: int = 6000
+    hidden_size: int = 128
+    num_layers: int = 4
+    steps: int = 1500
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup: int = 50
+
+
+# -- dialogues ---------------------------------------------------------------------------------
+
+
+def _programs(task: Task) -> tuple[str, str]:
+    """(right program, plausible wrong program) for a generated code_exec task."""
+    p, kind = task.data["prompt"], task.id.split("-")[0]
+    nums = [int(x) for x in re.findall(r"-?\d+", p)]
+    if kind == "arith":
+        expr = p.removeprefix("Compute ").removesuffix(".")
+        if expr.startswith("("):  # (a op b) * c  → a op b * c
+            wrong = expr[1:].replace(")", "", 1)
+        else:  # a op b * c  → (a op b) * c
+            a, op, b, _, c = expr.split()
+            wrong = f"({a} {op} {b}) * {c}"
+        return f"print({expr})", f"print({wrong})"
+    if kind == "digit_sum":
+        pw = f"{nums[0]}**{nums[1]}"
+        return f"print(sum(int(d) for d in str({pw})))", f"print(len(str({pw})))"
+    if kind == "primes":
+        prime = "all(k % d for d in range(2, int(k**0.5) + 1))"
+        return f"print(sum({prime} for k in range(2, {nums[0]})))", (
+            f"print(sum({prime} for k in range({nums[0]})))"
+        )
+    if kind == "fib_mod":
+        n, m = nums[-2], nums[-1]
+        loop = f"a, b = 0, 1\nfor _ in range({n}):\n    a, b = b, a + b\n"
+        return f"{loop}print(a % {m})", f"{loop}print(b % {m})"
+    if kind == "sort_kth":
+        k, xs = nums[0], p[p.index("[") : p.index("]") + 1]
+        return f"print(sorted({xs})[{k} - 1])", f"print(sorted({xs})[-{k}])"
+    if kind == "gcd_lcm":
+        a, b = nums
+        right, other = ("gcd", "lcm") if "divisor" in p else ("lcm", "gcd")
+        return (
+            f"import math\nprint(math.{right}({a}, {b}))",
+            f"import math\nprint(math.{other}({a}, {b}))",
+        )
+    raise ValueError(f"no programs for task kind {kind!r}")
+
+
+def run_program(code: str) -> str:
+    """What the `python` tool shows for a program that prints and exits cleanly."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        exec(code, {})  # our own generated programs only
+    return buf.getvalue().rstrip("\n") or "[no output]"
+
+
+def _guess(answer: str, rng: random.Random) -> str:
+    """A wrong answer of the right shape: same sign, same number of digits."""
+    sign, digits = ("-", answer[1:]) if answer.startswith("-") else ("", answer)
+    while True:
+        lo = 10 ** (len(digits) - 1) if len(digits) > 1 else 0
+        guess = str(rng.randint(lo, 10 ** len(digits) - 1))
+        if guess != digits:
+            return sign + guess
+
+
+def dialogue(task: Task, mode: str, rng: random.Random) -> list[tuple[Message, list[Message]]]:
+    """The assistant turns of one episode, each with the observations that answer it."""
+    if mode == "no_tool":
+        answer = _guess(task.data["answer"], rng)
+        return [(Message(role="assistant", content=f"<answer>{answer}</answer>"), [])]
+    right, wrong = _programs(task)
+    code = right if mode == "good" else wrong
+    out = run_program(code)
+    if mode == "good" and out != task.data["answer"]:
+        raise AssertionError(
+            f"{task.id}: program printed {out!r}, expected {task.data['answer']!r}"
+        )
+    call = ToolCall(id="call_0", name="python", arguments={"code": code})
+    return [
+        (
+            Message(role="assistant", content="", tool_calls=[call]),
+            [Message(role="tool", content=out, tool_call_id="call_0", name="python")],
+        ),
+        (Message(role="assistant", content=f"<answer>{out}</answer>"), []),
+    ]
+
+
+def episodes(n: int, seed: int, kinds: list[str] | None = None) -> list[tuple[Task, list]]:
+    """`n` (task, dialogue) pairs; tasks from code_exec's generator with a seed of their own."""
+    from envs.code_exec import generate_tasks
+
+    rng = random.Random(seed)
+    names, weights = list(MODES), list(MODES.values())
+    out = []
+    for task in generate_tasks(n, seed=10_000 + seed, kinds=kinds):
+        mode = rng.choices(names, weights)[0]
+        out.append((task, dialogue(task, mode, rng)))
+    return out
+
+
+def pieces(renderer: Any, task: Task, turns: list) -> list[tuple[str, int]]:
+    """The episode as the rollout tokenizes it: (text, loss mask) pieces, each encoded on its own —
+    the first prompt, every sampled turn (ending with the end-of-turn token), every observation
+    delta. Encoding the pieces gives the rollout's ids exactly (see `encode_episode`)."""
+    from envs.code_exec import SYSTEM_PROMPT
+
+    r = renderer
+    history = [
+        Message(role="system", content=SYSTEM_PROMPT),
+        Message(role="user", content=task.data["prompt"]),
+    ]
+    out = [(r.render(history, add_generation_prompt=True), 0)]
+    for msg, obs in turns:
+        head = r.render(history, add_generation_prompt=True)
+        full = r.render([*history, msg])
+        if not full.startswith(head):
+            raise AssertionError("the chat template re-rendered history")
+        out.append((full[len(head) :].rstrip("\n"), 1))  # the turn, through <|im_end|>
+        history.append(msg)
+        if obs:
+            out.append((r.separator + r.delta_text(obs), 0))
+            history += obs
+    return out
+
+
+def encode_episode(renderer: Any, task: Task, turns: list) -> tuple[list[int], list[int]]:
+    """Token ids and loss mask of one episode, built with the rollout's Renderer calls."""
+    ids: list[int] = []
+    mask: list[int] = []
+    last: list[int] = []
+    for text, m in pieces(renderer, task, turns):
+        if m:
+            part = renderer.encode(text)
+            last = part
+        elif ids:  # an observation: the rollout's own call, after the sampled ids `last`
+            part = renderer.observation_ids(_obs_of(renderer, text), last)
+        else:
+            part = renderer.encode(text)
+        ids += part
+        mask += [m] * len(part)
+    return ids, mask
+
+
+def _obs_of(renderer: Any, text: str) -> list[Message]:
+    # pieces() keeps only text; recover the tool message for observation_ids (one tool result)
+    content = text.split("<tool_response>\n", 1)[1].rsplit("\n</tool_response>", 1)[0]
+    return [Message(role="tool", content=content, tool_call_id="call_0", name="python")]
+
+
+# -- tokenizer ---------------------------------------------------------------------------------
+
+
+def _wrap(tok: Any) -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=TEMPLATE.read_text(),
+        model_max_length=4096,
+        clean_up_tokenization_spaces=False,
+        split_special_tokens=False,
+    )
+
+
+def _empty_tokenizer(bpe: Any = None) -> Any:
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(bpe or models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.add_tokens(
+        [
+            AddedToken(t, special=i < 3, normalized=False, single_word=False)
+            for i, t in enumerate(ADDED)
+        ]
+    )
+    return tok
+
+
+def train_tokenizer(texts: list[str]) -> Any:
+    """Byte-level BPE over `texts` (split at the added tokens first, as encoding does)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    split = re.compile("|".join(re.escape(t) for t in ADDED))
+    chunks = [c for t in texts for c in split.split(t) if c]
+    plain = Tokenizer(models.BPE())
+    plain.pre_tokenizer = _empty_tokenizer().pre_tokenizer
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE - len(ADDED),
+        min_frequency=2,
+        max_token_length=MAX_TOKEN_CHARS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+        show_progress=False,
+    )
+    plain.train_from_iterator(chunks, trainer=trainer)
+    trained = _empty_tokenizer(plain.model)
+    if trained.get_vocab_size() > VOCAB_SIZE:
+        raise AssertionError(f"vocabulary of {trained.get_vocab_size()} tokens, not {VOCAB_SIZE}")
+    return _wrap(trained)
+
+
+# -- model + SFT -------------------------------------------------------------------------------
+
+
+def make_model(tokenizer: Any, spec: TinySpec) -> Any:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    h = spec.hidden_size
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=h,
+        intermediate_size=h * 3,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=h // 4,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        torch_dtype="float32",
+    )
+    torch.manual_seed(spec.seed)
+    return Qwen3ForCausalLM(config)
+
+
+def common_prefix(rows: list[tuple[list[int], list[int]]]) -> int:
+    """Length of the token prefix every row shares (the system prompt with the tools)."""
+    first = rows[0][0]
+    n = min(len(ids) for ids, _ in rows)
+    for ids, _ in rows:
+        n = next((i for i in range(n) if ids[i] != first[i]), n)
+    return n
+
+
+def batches(rows: list, size: int, gen: Any) -> list[list[int]]:
+    """Row indices in batches, in a seeded random order: shuffled, then sorted by length within
+    windows of 8 batches, so a batch pads little yet still mixes task kinds and behaviours."""
+    import torch
+
+    order = torch.randperm(len(rows), generator=gen).tolist()
+    out = []
+    for w in range(0, len(order), 8 * size):
+        window = sorted(order[w : w + 8 * size], key=lambda i: len(rows[i][0]))
+        out += [window[i : i + size] for i in range(0, len(window), size)]
+    return [out[i] for i in torch.randperm(len(out), generator=gen).tolist()]
+
+
+def sft(
+    model: Any, rows: list[tuple[list[int], list[int]]], spec: TinySpec, log: Callable
+) -> float:
+    """Next-token cross-entropy on the mask-1 tokens; AdamW, warm-up then cosine decay.
+
+    Every row starts with the same system prompt, so each batch runs that prefix once and
+    continues all rows from its (repeated) KV cache: the same logits as full rows, a third of
+    the compute."""
+    import torch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01, betas=(0.9, 0.98))
+
+    def lr_at(step: int) -> float:
+        if step < spec.warmup:
+            return spec.lr * (step + 1) / spec.warmup
+        frac = (step - spec.warmup) / max(spec.steps - spec.warmup, 1)
+        return spec.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+    gen = torch.Generator().manual_seed(spec.seed)
+    n_pre = common_prefix(rows)
+    if any(any(m[:n_pre]) for _, m in rows):
+        raise AssertionError("the shared prefix contains trained tokens")
+    prefix = torch.tensor([rows[0][0][:n_pre]])
+    pad = model.config.pad_token_id
+    model.train()
+    queue: list[list[int]] = []
+    ema = math.nan
+    for step in range(spec.steps):
+        queue = queue or batches(rows, spec.batch_size, gen)
+        batch = [rows[i] for i in queue.pop()]
+        width = max(len(ids) for ids, _ in batch) - n_pre
+        ids_BT = torch.tensor(
+            [ids[n_pre:] + [pad] * (width + n_pre - len(ids)) for ids, _ in batch]
+        )
+        mask_BT = torch.tensor(
+            [m[n_pre:] + [0] * (width + n_pre - len(m)) for _, m in batch], dtype=torch.bool
+        )
+        cache = model.model(input_ids=prefix, use_cache=True).past_key_values
+        cache.batch_repeat_interleave(len(batch))
+        logits_BTV = model(input_ids=ids_BT, past_key_values=cache).logits[:, :-1]
+        sel_BT = mask_BT[:, 1:]  # token t+1 is predicted at position t
+        loss = torch.nn.functional.cross_entropy(logits_BTV[sel_BT], ids_BT[:, 1:][sel_BT])
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        ema = loss.item() if math.isnan(ema) else 0.95 * ema + 0.05 * loss.item()
+        if step % 50 == 0 or step == spec.steps - 1:
+            log(f"sft step {step}/{spec.steps} loss {ema:.4f}")
+    model.eval()
+    return float(ema)
+
+
+# -- the build ---------------------------------------------------------------------------------
+
+
+def build(out_dir: str | Path, spec: TinySpec = TinySpec(), log: Callable = print) -> Path:
+    """Write tokenizer + model + generation config + build_info.json to out_dir (replaced)."""
+    import torch
+    from transformers import GenerationConfig
+
+    from agentrl.render import Renderer
+    from envs.code_exec import CodeExecEnv
+
+    tools = [t.schema() for t in CodeExecEnv.tools]
+    data = episodes(spec.dialogues, spec.seed)
+    draft = Renderer(_wrap(_empty_tokenizer()), tools)  # renders text; ids not used
+    texts = [text for task, turns in data for text, _ in pieces(draft, task, turns)]
+    tokenizer = train_tokenizer(texts)
+    r = Renderer(tokenizer, tools)
+    rows = [encode_episode(r, task, turns) for task, turns in data]
+    lengths = [len(ids) for ids, _ in rows]
+    log(
+        f"{len(rows)} dialogues, tokens/dialogue mean {sum(lengths) / len(rows):.0f} max {max(lengths)}"
+    )
+    model = make_model(tokenizer, spec)
+    log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
+    loss = sft(model, rows, spec, log)
+
+    out = Path(out_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=out.parent if out.parent.exists() else None))
+    try:
+        tokenizer.save_pretrained(tmp)
+        model.save_pretrained(tmp, safe_serialization=True)
+        eos = [model.config.eos_token_id, model.config.pad_token_id]
+        GenerationConfig(eos_token_id=eos, pad_token_id=model.config.pad_token_id).save_pretrained(
+            tmp
+        )
+        info = {**spec.__dict__, "modes": MODES, "sft_loss": round(loss, 4),
+                "torch": torch.__version__, "threads": torch.get_num_threads()}  # fmt: skip
+        (tmp / "build_info.json").write_text(json.dumps(info, indent=1) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.move(str(tmp), out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m agentrl.assets.build_tiny", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("out_dir", help=f"where to write the model (shipped copy: {TINY_DIR})")
+    p.add_argument("--seed", type=int, default=TinySpec.seed)
+    p.add_argument("--steps", type=int, default=TinySpec.steps)
+    p.add_argument("--dialogues", type=int, default=TinySpec.dialogues)
+    a = p.parse_args()
+    print(build(a.out_dir, TinySpec(seed=a.seed, steps=a.steps, dialogues=a.dialogues)))
+
+
+if __name__ == "__main__":
+    main()

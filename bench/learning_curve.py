@@ -1,0 +1,127 @@
+"""The quick start's learning curve: reward and tool-call rate per step, and where the time goes.
+
+    python bench/learning_curve.py                         # run the quick start, then report
+    python bench/learning_curve.py trainer.steps=40        # … with Hydra overrides
+    python bench/learning_curve.py --metrics outputs/DATE/TIME/metrics.jsonl   # report a finished run
+    python bench/learning_curve.py --metrics M.jsonl --plot bench/learning_curve.png  # + a PNG
+
+Prints a table (step, elapsed seconds, reward/mean, reward/correct, rollout/tool_call_rate) and
+the ratio of the last five steps' mean reward to the first step's, the reference measured in the
+same run. Elapsed time is the sum of the steps' `timing_s/*` phases (the loop's own time, without
+start-up). `--plot` needs matplotlib (`pip install matplotlib`), which agentrl itself does not use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+from statistics import fmean
+
+
+def read_metrics(path: Path) -> list[dict[str, float]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def elapsed(rows: list[dict[str, float]]) -> list[float]:
+    total, out = 0.0, []
+    for r in rows:
+        total += sum(v for k, v in r.items() if k.startswith("timing_s/"))
+        out.append(total)
+    return out
+
+
+def table(rows: list[dict[str, float]]) -> str:
+    lines = [
+        "| step | elapsed s | reward/mean | reward/correct | tool_call_rate | step s |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    prev = 0.0
+    for r, t in zip(rows, elapsed(rows), strict=True):
+        lines.append(
+            f"| {int(r['step'])} | {t:.0f} | {r.get('reward/mean', float('nan')):.3f} | "
+            f"{r.get('reward/correct', float('nan')):.3f} | {r['rollout/tool_call_rate']:.2f} | "
+            f"{t - prev:.1f} |"
+        )
+        prev = t
+    return "\n".join(lines)
+
+
+def phases(rows: list[dict[str, float]]) -> str:
+    keys = sorted({k for r in rows for k in r if k.startswith("timing_s/")})
+    means = {k.removeprefix("timing_s/"): fmean(r.get(k, 0.0) for r in rows) for k in keys}
+    total = sum(means.values())
+    return "mean step time {:.2f}s: ".format(total) + ", ".join(
+        f"{k} {v:.2f}s ({100 * v / total:.0f}%)" for k, v in sorted(means.items(), key=lambda x: -x[1])
+    )
+
+
+def plot(rows: list[dict[str, float]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [int(r["step"]) for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
+    ax.plot(steps, [r.get("reward/mean", float("nan")) for r in rows], label="reward/mean", lw=2)
+    ax.plot(steps, [r["rollout/tool_call_rate"] for r in rows], label="rollout/tool_call_rate",
+            lw=1.5, ls="--")  # fmt: skip
+    ax.set_xlabel("step")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    top = ax.secondary_xaxis("top", functions=_step_to_minutes(steps, elapsed(rows)))
+    top.set_xlabel("minutes (training loop)")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out)
+
+
+def _step_to_minutes(steps: list[int], secs: list[float]):
+    import numpy as np
+
+    xs, ys = np.array(steps, dtype=float), np.array(secs) / 60
+
+    def fwd(s):
+        return np.interp(s, xs, ys)
+
+    def inv(m):
+        return np.interp(m, ys, xs)
+
+    return fwd, inv
+
+
+def run(overrides: list[str]) -> Path:
+    from agentrl.config import compose
+    from agentrl.train import train
+
+    tmp = Path(tempfile.mkdtemp(prefix="agentrl-curve-"))
+    cfg = compose([f"trainer.dir={tmp}/ckpt", *overrides])
+    t0 = time.monotonic()
+    asyncio.run(train(cfg, tmp / "out"))
+    print(f"wall time, start-up included: {time.monotonic() - t0:.0f}s (run dir {tmp})")
+    return tmp / "out" / "metrics.jsonl"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--metrics", type=Path, help="a finished run's metrics.jsonl (else: run one)")
+    p.add_argument("--plot", type=Path, help="write a PNG of the curve here (needs matplotlib)")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for the run")
+    a = p.parse_args()
+    rows = read_metrics(a.metrics or run(a.overrides))
+    print(table(rows))
+    print(phases(rows))
+    first, last = rows[0].get("reward/mean", 0.0), fmean(r.get("reward/mean", 0.0) for r in rows[-5:])
+    print(f"reward: first step {first:.3f}, last five steps {last:.3f} "
+          f"(x{last / first:.1f} the first step)" if first else f"reward: {first:.3f} → {last:.3f}")  # fmt: skip
+    if a.plot:
+        plot(rows, a.plot)
+        print(f"plot written to {a.plot}")
+
+
+if __name__ == "__main__":
+    main()
