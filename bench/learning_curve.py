@@ -54,7 +54,7 @@ def phases(rows: list[dict[str, float]]) -> str:
     keys = sorted({k for r in rows for k in r if k.startswith("timing_s/")})
     means = {k.removeprefix("timing_s/"): fmean(r.get(k, 0.0) for r in rows) for k in keys}
     total = sum(means.values())
-    return "mean step time {:.2f}s: ".format(total) + ", ".join(
+    return f"mean step time {total:.2f}s: " + ", ".join(
         f"{k} {v:.2f}s ({100 * v / total:.0f}%)" for k, v in sorted(means.items(), key=lambda x: -x[1])
     )
 
