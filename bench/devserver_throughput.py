@@ -14,51 +14,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import signal
-import socket
-import subprocess
-import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
-
-from agentrl.engine import EngineClient, SamplingParams
+from agentrl.engine import EngineClient, EngineConfig, SamplingParams
+from agentrl.servers import launch_engines
 
 
 @contextmanager
 def devserver(model: str, threads: int, *args: str):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [
-        sys.executable,
-        "-m",
-        "agentrl.devserver",
-        "--model",
-        model,
-        "--port",
-        str(port),
-        "--threads",
-        str(threads),
-        *args,
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            if proc.poll() is not None:
-                raise RuntimeError(f"devserver exited with {proc.returncode}: {' '.join(cmd)}")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+    """One dev server on loopback (agentrl.servers does the launch, health wait and stop)."""
+    cfg = EngineConfig(extra_args=["--threads", str(threads), *args])
+    with (
+        tempfile.TemporaryDirectory() as logs,
+        launch_engines(cfg, Path(model), Path(logs)) as urls,
+    ):
+        yield urls[0]
 
 
 def prompt(i: int, n: int) -> list[int]:

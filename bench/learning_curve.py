@@ -55,7 +55,8 @@ def phases(rows: list[dict[str, float]]) -> str:
     means = {k.removeprefix("timing_s/"): fmean(r.get(k, 0.0) for r in rows) for k in keys}
     total = sum(means.values())
     return f"mean step time {total:.2f}s: " + ", ".join(
-        f"{k} {v:.2f}s ({100 * v / total:.0f}%)" for k, v in sorted(means.items(), key=lambda x: -x[1])
+        f"{k} {v:.2f}s ({100 * v / total:.0f}%)"
+        for k, v in sorted(means.items(), key=lambda x: -x[1])
     )
 
 
@@ -115,7 +116,10 @@ def main() -> None:
     rows = read_metrics(a.metrics or run(a.overrides))
     print(table(rows))
     print(phases(rows))
-    first, last = rows[0].get("reward/mean", 0.0), fmean(r.get("reward/mean", 0.0) for r in rows[-5:])
+    first, last = (
+        rows[0].get("reward/mean", 0.0),
+        fmean(r.get("reward/mean", 0.0) for r in rows[-5:]),
+    )
     print(f"reward: first step {first:.3f}, last five steps {last:.3f} "
           f"(x{last / first:.1f} the first step)" if first else f"reward: {first:.3f} → {last:.3f}")  # fmt: skip
     if a.plot:

@@ -17,51 +17,24 @@ import argparse
 import asyncio
 import os
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-import httpx
-
-from agentrl.engine import EngineClient
+from agentrl.engine import EngineClient, EngineConfig
 from agentrl.learner import LearnerConfig, RayConfig
 from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
+from agentrl.servers import launch_engines
 from agentrl.weight_sync import WeightSyncConfig, make_weight_sync
 
 
 @contextmanager
 def devserver(model: str, log_dir: str):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "agentrl.devserver", "--model", model, "--port", str(port)]
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
-    with open(Path(log_dir) / f"devserver-{port}.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            if proc.poll() is not None:
-                raise RuntimeError(f"devserver exited with {proc.returncode}: {' '.join(cmd)}")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    """One dev server on loopback (agentrl.servers does the launch, health wait and stop)."""
+    with launch_engines(EngineConfig(), Path(model), Path(log_dir)) as urls:
+        yield urls[0]
 
 
 async def measure(method: str, args, policy: LearnerGroup, urls: list[str], tmp: str) -> dict:

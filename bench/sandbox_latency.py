@@ -1,7 +1,7 @@
 """Sandbox service latency and throughput for short snippets, against a bare-subprocess reference.
 
-    python bench/sandbox.py                       # starts a local service on loopback
-    python bench/sandbox.py --url http://127.0.0.1:8470 --n 400 --concurrency 1,8,32
+    python bench/sandbox_latency.py                       # starts a local service on loopback
+    python bench/sandbox_latency.py --url http://127.0.0.1:8470 --n 400 --concurrency 1,8,32
 
 For each concurrency c it runs `n` short snippets with c callers in flight and prints p50/p99
 latency and executions per second for: one-shot calls (a fresh isolated sandbox each), calls in
