@@ -237,11 +237,14 @@ class Launcher:
             a += ["--ro-bind-try", p, p]
         a += ["--ro-bind", str(self.workdir / "passwd"), "/etc/passwd"]
         a += ["--ro-bind", str(self.workdir / "group"), "/etc/group"]
+        tmp = str(self.lim.tmp_mb << 20)
+        # /tmp first, then the read-only binds: code that lives under /tmp (a checkout there)
+        # is bound on top of the private tmpfs instead of being hidden by it
+        a += ["--proc", "/proc", "--dev", "/dev", "--size", tmp, "--tmpfs", "/dev/shm"]
+        a += ["--size", tmp, "--tmpfs", "/tmp"]
         for p in self._paths:
             a += ["--ro-bind", self._staged[p], p]
-        tmp = str(self.lim.tmp_mb << 20)
-        a += ["--proc", "/proc", "--dev", "/dev", "--size", tmp, "--tmpfs", "/dev/shm"]
-        a += ["--remount-ro", "/dev", "--size", tmp, "--tmpfs", "/tmp", "--remount-ro", "/"]
+        a += ["--remount-ro", "/dev", "--remount-ro", "/"]
         a += ["--chdir", "/tmp", "--clearenv"]
         for k, v in self.env("/tmp").items():
             a += ["--setenv", k, v]

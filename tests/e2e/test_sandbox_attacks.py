@@ -240,12 +240,11 @@ async def test_input_without_stdin(service: LocalService) -> None:
 
 
 async def test_no_secrets_in_environment_or_proc(service: LocalService) -> None:
-    code = (
-        "import os\nfor pid in os.listdir('/proc'):\n    if pid.isdigit():\n"
-        "        for f in ('environ', 'cmdline'):\n            try:\n"
+    code = (  # our own environment first: the /proc dump may exceed the output limit
+        "import os\nprint(dict(os.environ))\nfor pid in os.listdir('/proc'):\n"
+        "    if pid.isdigit():\n        for f in ('environ', 'cmdline'):\n            try:\n"
         "                print(open(f'/proc/{pid}/{f}', 'rb').read())\n"
         "            except OSError as e:\n                print(pid, f, e.errno)\n"
-        "print(dict(os.environ))"
     )
     res, _ = await attack(service.url, code)
     assert res.ok and SECRET not in res.stdout and "AGENTRL_TEST_SECRET" not in res.stdout
