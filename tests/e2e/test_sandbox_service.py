@@ -43,7 +43,9 @@ async def test_oneshot_calls(service: LocalService) -> None:
     assert (await sb.run("raise SystemExit(3)")).exit_code == 3
     res = await sb.run("print(")
     assert res.exit_code == 1 and res.error_name == "SyntaxError"
-    res = await sb.run("echo $((6 * 7)); ls /tmp | wc -l; exit 4", language="bash")
+    await sb.run("open('/tmp/left-behind', 'w').write('x')")  # private /tmp per one-shot call
+    res = await sb.run("echo $((6 * 7)); test -e /tmp/left-behind && echo 1 || echo 0; exit 4",
+                       language="bash")  # fmt: skip
     assert res.stdout == "42\n0\n" and res.exit_code == 4
     res = await sb.run("x = 1")  # one-shot calls share nothing
     assert (await sb.run("print(x)")).error_name == "NameError"
