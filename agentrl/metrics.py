@@ -34,6 +34,7 @@ train/ — the learner and the trainer-side logprob pass
     train/logprob_diff, train/logprob_diff_max   mean / max |rollout - trainer| logprob, sampled
     train/ratio_mean, train/ratio_max, train/ratio_min, train/tis_* (when TIS is on)
     train/tokens, train/loss_tokens, train/micro_batches, train/step_s (learner wall time)
+    train/batch_tokens              every token the update ran over (prompts, observations too)
     Any other learner key `policy/<k>` becomes `train/<k>`; other roles keep their prefix
     (`critic/…`).
 sync/ — weight sync: seconds, mb, s_per_mb, buckets

@@ -49,6 +49,11 @@ class RolloutConfig(BaseModel):
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = -1
+    ignore_eos: bool = Field(
+        False,
+        description="benchmarks: every turn samples exactly max_new_tokens (no stop token) and "
+        "a turn that ends at that limit does not end the episode",
+    )
     parser: str = "hermes"
     template_kwargs: dict[str, Any] = Field(default_factory=dict)
 
@@ -162,8 +167,10 @@ class Rollout:
             if comp.finish_reason is FinishReason.ABORT:
                 return StopReason.ABORTED
             if comp.finish_reason is FinishReason.LENGTH:
-                cut_by_budget = budget < cfg.max_new_tokens
-                return StopReason.CONTEXT_OVERFLOW if cut_by_budget else StopReason.LENGTH
+                if budget < cfg.max_new_tokens:  # cut by the context budget
+                    return StopReason.CONTEXT_OVERFLOW
+                if not cfg.ignore_eos:  # with ignore_eos every turn ends at the limit: go on
+                    return StopReason.LENGTH
             result = await env.step(said)
             turn.num_tool_calls, turn.num_tool_errors = result.tool_calls, result.tool_errors
             turn.tool_latency_s, turn.reward = result.tool_latency_s, result.reward
@@ -188,6 +195,7 @@ class Rollout:
             temperature=c.temperature,
             top_p=c.top_p,
             top_k=c.top_k,
+            ignore_eos=c.ignore_eos,
         )
 
     def _record_turn(self, st: _State, comp: Completion, index: int) -> tuple[Turn, AssistantTurn]:

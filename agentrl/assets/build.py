@@ -115,6 +115,42 @@ def build_tiny_random(
     return out
 
 
+# Qwen2.5-0.5B / -1.5B / -7B shapes (their config.json), for random-weight GPU benchmarks
+QWEN25_SHAPES = {
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                 num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                 num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
+    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+               num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False),
+}  # fmt: skip
+
+
+def build_random_qwen25(out_dir: str | Path, shape: str = "0.5b", seed: int = 0) -> Path:
+    """A random-init Qwen2ForCausalLM of a released Qwen2.5 shape, bf16, with the Qwen tokenizer
+    and the `qwen` chat template: real sizes for throughput and memory, no hub download. Built
+    on the GPU when there is one (1.5B in seconds)."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    if shape not in QWEN25_SHAPES:
+        raise ValueError(f"unknown Qwen2.5 shape {shape!r}; known: {sorted(QWEN25_SHAPES)}")
+    out = build_tokenizer(out_dir, "qwen")
+    config = Qwen2Config(
+        vocab_size=QWEN_VOCAB_PADDED, max_position_embeddings=32768, rope_theta=1e6,
+        bos_token_id=QWEN_SPECIAL_START, eos_token_id=QWEN_SPECIAL_START + 2,
+        pad_token_id=QWEN_SPECIAL_START, torch_dtype="bfloat16", **QWEN25_SHAPES[shape],
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+    GenerationConfig(
+        eos_token_id=[QWEN_SPECIAL_START + 2, QWEN_SPECIAL_START], pad_token_id=QWEN_SPECIAL_START
+    ).save_pretrained(out)
+    return out
+
+
 def build_tiny_toolcaller(
     out_dir: str | Path, seed: int = 0, steps: int = 300, dialogues: int = 256
 ) -> Path:

@@ -137,12 +137,13 @@ class LearnerWorker:
         loss_fn = get_loss(loss_name)
         self.model.train()
         t0 = time.perf_counter()
-        per_mb, loss_sum, tokens = [], 0.0, 0
+        per_mb, loss_sum, tokens, batch_tokens = [], 0.0, 0, 0
         for mb in micro_batches:
             loss, metrics = self._loss(mb.to(self.device), loss_fn, loss_cfg, temperature)
             loss.backward()
             loss_sum += float(loss.detach())
             tokens += int(mb.loss_mask.sum())
+            batch_tokens += 0 if getattr(mb, "is_padding", False) else int(mb.token_ids.numel())
             per_mb.append(metrics)
         grad_norm = fsdp.grad_norm_and_clip(self.model, self.cfg.grad_clip)
         ok = fsdp.all_ranks_finite(loss_sum, self.device) and math.isfinite(grad_norm)
@@ -153,7 +154,12 @@ class LearnerWorker:
             self.steps_done += 1
         self.opt.zero_grad(set_to_none=True)
         summed = reduce_metrics(per_mb)
-        summed.update(loss=loss_sum, tokens=float(tokens), micro_batches=float(len(micro_batches)))
+        summed.update(
+            loss=loss_sum,
+            tokens=float(tokens),
+            batch_tokens=float(batch_tokens),
+            micro_batches=float(len(micro_batches)),
+        )
         return {
             "sum": summed,
             "global": {

@@ -7,10 +7,10 @@ import socket
 import pytest
 from pydantic import BaseModel
 
-from agentrl.env import ToolEnv
+from agentrl.env import StepResult, ToolEnv
 from agentrl.rollout import Rollout, RolloutConfig
 from agentrl.tool import Tool, ToolResult
-from agentrl.types import Completion, FinishReason, StopReason, Task
+from agentrl.types import Completion, FinishReason, Message, StopReason, Task
 from envs.code_exec import CodeExecEnv
 from sandbox.base import SandboxUnavailable
 
@@ -260,3 +260,29 @@ async def test_sandbox_down_ends_with_sandbox_unavailable_and_is_not_scored(qwen
     adv = compute_advantages([group], AdvantageConfig(name="grpo"))
     assert float(adv.advantages[1].abs().sum()) == 0.0
     assert adv.metrics  # the failure is counted, not scored 0
+
+
+class EchoEnv(ToolEnv):
+    async def step(self, turn):
+        return StepResult(messages=[Message(role="tool", content="ok")])
+
+    async def reward(self, trajectory):
+        return 0.0
+
+
+async def test_ignore_eos_gives_fixed_length_turns_that_do_not_end_the_episode(qwen_tokenizer):
+    """For benchmarks: ignore_eos reaches the engine; a turn cut at max_new_tokens goes on."""
+    ro = make(qwen_tokenizer, lambda p, t: "word " * 50, env=EchoEnv, max_new_tokens=8,
+              max_turns=3, ignore_eos=True)  # fmt: skip
+    seen, generate = [], ro.engine.generate
+
+    async def spy(ids, params, key=None):
+        seen.append(params)
+        return await generate(ids, params, key)
+
+    ro.engine.generate = spy
+    traj = await ro.run_episode(TASK)
+    assert traj.stop_reason is StopReason.MAX_TURNS and traj.error is None
+    assert [t.end - t.start for t in traj.turns] == [8, 8, 8]
+    assert all(t.finish_reason is FinishReason.LENGTH for t in traj.turns)
+    assert [p.ignore_eos for p in seen] == [True] * 3 and sum(traj.loss_mask) == 24

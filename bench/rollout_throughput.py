@@ -1,0 +1,280 @@
+"""Rollout throughput (issue 6): generated tokens/s of agentrl's multi-turn rollout
+(`agentrl.rollout.Rollout` through `agentrl.engine.EngineClient`) against the engine's own batched
+generation of the same prompts and lengths, on the same server, in the same run.
+
+    python bench/rollout_throughput.py --url http://127.0.0.1:30000 --model DIR   # running SGLang
+    python bench/rollout_throughput.py --engine sglang --model DIR [--mode both] [--episodes 256]
+    python bench/rollout_throughput.py --engine dev --episodes 16 --new-tokens 32 --prompt-tokens 32
+
+Modes (--mode single|multi|both):
+- single: one assistant turn of --new-tokens tokens per episode.
+- multi: --turns K assistant turns of --new-tokens // K tokens each; after every turn but the last
+  a zero-latency bench env answers with a fixed short tool message (no sandbox, no parsing).
+
+Both sides sample with ignore_eos, so every turn is exactly its max_new_tokens long, and both use
+the same prompt ids: the ids the Rollout renders from each episode's user message (distinct per
+episode, --prompt-tokens long, chat template included). The reference sends them all in ONE raw
+SGLang `/generate` request (a batch of input_ids, return_logprob on, as the rollout asks for;
+--reference concurrent sends one request per prompt at once instead). In multi mode the reference
+generates each episode's K x per-turn tokens in one request from the first prompt, so the ratio
+includes the whole cost of the turn boundaries (re-prefill of observations, one request per turn,
+rendering, client overhead). The prefix cache is flushed before every measured run; a warm-up
+round of short runs on other prompts comes first. Prints, per mode: episodes, turns, generated
+tokens, wall s and tok/s of each side, and the ratio rollout/reference; --json writes them too.
+--engine launches the server through agentrl.servers.launch_engines (loopback, stopped at the
+end): sglang with configs/engine/sglang.yaml's arguments minus --enable-memory-saver (keep it
+with --memory-saver), CUDA graphs on; dev (CPU) serves the tiny random Qwen3 by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shlex
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agentrl.engine import EngineClient, EngineConfig, SamplingParams, parse_generate_response
+from agentrl.env import AssistantTurn, Env, StepResult
+from agentrl.rollout import Rollout, RolloutConfig
+from agentrl.servers import launch_engines
+from agentrl.types import Message, StopReason, Task, Trajectory
+
+WORDS = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "tree", "house", "water",
+         "light", "green", "blue", "red"]  # fmt: skip
+
+
+class BenchEnv(Env):
+    """`turns` assistant turns; a fixed tool message after each but the last; never parses."""
+
+    turns: int = 1
+    observation: str = "tool output: ok"
+    max_turns = 1 << 20
+
+    async def start(self) -> list[Message]:
+        return [Message(role="user", content=self.task.data["prompt"])]
+
+    async def step(self, turn: AssistantTurn) -> StepResult:
+        if turn.index + 1 >= self.turns:
+            return StepResult(done=True)
+        return StepResult(messages=[Message(role="tool", content=self.observation, name="bench")])
+
+    async def reward(self, trajectory: Trajectory) -> float:
+        return 0.0
+
+
+def make_tasks(rollout: Rollout, n: int, prompt_tokens: int, tag: str, seed: int):
+    """n distinct user messages whose rendered prompts are exactly prompt_tokens long, and those
+    prompt ids (rendered by the Rollout's own renderer, so both sides send the same ids)."""
+    r, rng = rollout.renderer, random.Random(seed)
+    words = [w for w in WORDS if len(r.encode(" " + w)) == 1]  # one token each, additive
+    tasks, prompts = [], []
+    for i in range(n):
+        head = f"{tag} {i}:"
+        need = prompt_tokens - len(r.prompt_ids([Message(role="user", content=head)]))
+        if need < 0:
+            raise SystemExit(f"--prompt-tokens {prompt_tokens} is shorter than the chat template "
+                             f"around the episode header ({prompt_tokens - need} tokens)")  # fmt: skip
+        text = head + "".join(" " + w for w in rng.choices(words, k=need))
+        ids = r.prompt_ids([Message(role="user", content=text)])
+        assert len(ids) == prompt_tokens, (len(ids), prompt_tokens)
+        tasks.append(Task(id=f"{tag}-{i}", data={"prompt": text}))
+        prompts.append(ids)
+    return tasks, prompts
+
+
+def make_rollout(engine: EngineClient, tokenizer: Any, a, turns: int, per_turn: int) -> Rollout:
+    cfg = RolloutConfig(
+        group_size=1,
+        max_turns=turns,
+        max_new_tokens=per_turn,
+        max_context_tokens=a.prompt_tokens + turns * (per_turn + 64) + 64,
+        episode_timeout_s=7200,
+        temperature=a.temperature,
+        ignore_eos=True,
+    )
+    return Rollout(engine, tokenizer, BenchEnv, cfg, env_kwargs={"turns": turns})
+
+
+async def run_rollout(rollout: Rollout, tasks: list[Task], prompts, per_turn: int):
+    """(generated tokens, wall s) of the rollout; checks every turn had exactly per_turn ids."""
+    t0 = time.perf_counter()
+    groups = await rollout.run(tasks)
+    wall = time.perf_counter() - t0
+    turns = rollout.cfg.max_turns
+    for (traj,), ids in zip(groups, prompts, strict=True):
+        lengths = [t.end - t.start for t in traj.turns]
+        if traj.stop_reason is not StopReason.COMPLETED or lengths != [per_turn] * turns:
+            raise SystemExit(f"episode {traj.task_id}: {traj.stop_reason} ({traj.error}), turn "
+                             f"lengths {lengths}, expected {turns} x {per_turn}")  # fmt: skip
+        assert traj.token_ids[: traj.prompt_len] == ids
+    return len(tasks) * turns * per_turn, wall
+
+
+async def run_reference(http: httpx.AsyncClient, url: str, prompts, new_tokens: int, a):
+    """(generated tokens, wall s) of raw /generate: one batched request, or one per prompt."""
+    sp = SamplingParams(
+        max_new_tokens=new_tokens, temperature=a.temperature, ignore_eos=True
+    ).to_sglang()
+
+    async def post(body: dict[str, Any]) -> Any:
+        r = await http.post(url + "/generate", json=body | {"sampling_params": sp,
+                                                             "return_logprob": True})  # fmt: skip
+        if r.status_code != 200:
+            raise SystemExit(f"{url}/generate: HTTP {r.status_code}: {r.text[:500]}")
+        return r.json()
+
+    t0 = time.perf_counter()
+    if a.reference == "batch":
+        outs = await post({"input_ids": prompts})
+    else:
+        outs = await asyncio.gather(*(post({"input_ids": p}) for p in prompts))
+    wall = time.perf_counter() - t0
+    comps = [parse_generate_response(o, url) for o in outs]
+    lengths = {len(c.token_ids) for c in comps}
+    if len(comps) != len(prompts) or lengths != {new_tokens}:
+        raise SystemExit(f"reference: {len(comps)} completions of lengths {sorted(lengths)}, "
+                         f"expected {len(prompts)} x {new_tokens}")  # fmt: skip
+    return len(prompts) * new_tokens, wall
+
+
+async def flush(engine: EngineClient) -> None:
+    """Empty the prefix cache, so the side measured second does not find the prompts cached."""
+    if not all(await engine.flush_cache()):
+        print("warning: /flush_cache refused; the second side may hit cached prompt prefixes")
+
+
+async def measure(url: str, tokenizer: Any, a, mode: str) -> dict[str, Any]:
+    turns = 1 if mode == "single" else a.turns
+    per_turn = a.new_tokens // turns
+    if per_turn < 1:
+        raise SystemExit(f"--new-tokens {a.new_tokens} is less than one token per turn ({turns})")
+    timeout = httpx.Timeout(7200, connect=10)
+    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=1024)
+    async with (
+        EngineClient([url], timeout_s=7200, max_retries=0, max_connections=4096) as engine,
+        httpx.AsyncClient(timeout=timeout, limits=limits) as http,
+    ):
+        rollout = make_rollout(engine, tokenizer, a, turns, per_turn)
+        warm = make_rollout(engine, tokenizer, a, turns, min(per_turn, 8))
+        w_tasks, w_prompts = make_tasks(warm, a.episodes, a.prompt_tokens, "warm-up", a.seed + 1)
+        await run_reference(http, url, w_prompts, turns * min(per_turn, 8), a)
+        await run_rollout(warm, w_tasks, w_prompts, min(per_turn, 8))
+        tasks, prompts = make_tasks(rollout, a.episodes, a.prompt_tokens, "episode", a.seed)
+        ref, ro = [], []
+        for _ in range(a.rounds):
+            await flush(engine)
+            ref.append(await run_reference(http, url, prompts, turns * per_turn, a))
+            await flush(engine)
+            ro.append(await run_rollout(rollout, tasks, prompts, per_turn))
+    (tokens, ref_s), (_, ro_s) = min(ref, key=lambda x: x[1]), min(ro, key=lambda x: x[1])
+    return {
+        "mode": mode,
+        "episodes": a.episodes,
+        "turns": turns,
+        "tokens_per_turn": per_turn,
+        "tokens": tokens,
+        "rollout_s": ro_s,
+        "reference_s": ref_s,
+        "rollout_tok_s": tokens / ro_s,
+        "reference_tok_s": tokens / ref_s,
+        "ratio": ref_s / ro_s,
+    }
+
+
+def engine_config(a) -> EngineConfig:
+    """configs/engine/<kind>.yaml, standalone: no colocation, CUDA graphs on, no memory saver."""
+    from agentrl.config import compose
+
+    cfg = compose([f"engine={a.engine}"]).engine
+    drop = {"--disable-cuda-graph"} | (set() if a.memory_saver else {"--enable-memory-saver"})
+    extra = [x for x in cfg.extra_args if x not in drop]
+    if a.engine == "dev":
+        extra += ["--threads", str(a.threads)]
+    extra += shlex.split(a.server_args)
+    return cfg.model_copy(update={"colocate": False, "extra_args": extra, "urls": []})
+
+
+def resolve_model(a, url: str | None) -> str:
+    if a.model:
+        return a.model
+    if a.engine == "dev" and not url:
+        from agentrl.assets.build import cached_tiny_random
+
+        return str(cached_tiny_random())
+    if url:  # the server's own tokenizer, when it lives on this host
+        info = httpx.get(url + "/model_info", timeout=10)
+        if info.status_code == 404:
+            info = httpx.get(url + "/get_model_info", timeout=10)
+        data = info.json() if info.status_code == 200 else {}
+        path = data.get("tokenizer_path") or data.get("model_path")
+        if path and Path(path).is_dir():
+            return path
+    raise SystemExit("pass --model DIR: the served model (or a dir with its tokenizer)")
+
+
+def report(rows: list[dict[str, Any]], header: str) -> None:
+    print(header)
+    print(f"{'mode':<7} {'episodes':>8} {'turns':>5} {'tokens':>8} {'rollout s':>10} "
+          f"{'rollout tok/s':>13} {'ref s':>8} {'ref tok/s':>10} {'ratio':>6}")  # fmt: skip
+    for r in rows:
+        print(f"{r['mode']:<7} {r['episodes']:>8} {r['turns']:>5} {r['tokens']:>8} "
+              f"{r['rollout_s']:>10.2f} {r['rollout_tok_s']:>13.1f} {r['reference_s']:>8.2f} "
+              f"{r['reference_tok_s']:>10.1f} {r['ratio']:>6.2f}")  # fmt: skip
+    for r in rows:
+        print(f"ratio rollout/reference ({r['mode']}, {r['turns']} x {r['tokens_per_turn']} "
+              f"tokens): {r['ratio']:.2f}")  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--url", help="benchmark this running server (nothing is launched)")
+    p.add_argument("--engine", default="dev", choices=["dev", "sglang"], help="else launch one")
+    p.add_argument("--model", help="model dir (default: tiny random Qwen3 for dev; for --url "
+                   "the server's /model_info path if it is a local dir)")  # fmt: skip
+    p.add_argument("--mode", default="both", choices=["single", "multi", "both"])
+    p.add_argument("--episodes", type=int, help="default 256 (sglang, --url), 16 (dev)")
+    p.add_argument("--prompt-tokens", type=int, default=128, help="rendered prompt length")
+    p.add_argument("--new-tokens", type=int, default=512, help="per episode; multi: split in K")
+    p.add_argument("--turns", type=int, default=4, help="K, assistant turns in multi mode")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--reference", default="batch", choices=["batch", "concurrent"],
+                   help="one /generate with all prompts, or one request per prompt at once")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=1, help="best of N per side")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="dev server torch threads")
+    p.add_argument("--memory-saver", action="store_true", help="sglang: keep the memory saver")
+    p.add_argument("--server-args", default="", help="more launch arguments (one string)")
+    p.add_argument("--json", help="also write the figures to this file")
+    a = p.parse_args()
+    if a.episodes is None:
+        a.episodes = 16 if a.engine == "dev" and not a.url else 256
+    from transformers import AutoTokenizer
+
+    modes = ["single", "multi"] if a.mode == "both" else [a.mode]
+    with ExitStack() as stack:
+        url = a.url.rstrip("/") if a.url else None
+        model = resolve_model(a, url)
+        if url is None:
+            logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="agentrl-bench-")))
+            url = stack.enter_context(launch_engines(engine_config(a), Path(model), logs))[0]
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        rows = [asyncio.run(measure(url, tokenizer, a, m)) for m in modes]
+    server = "external" if a.url else a.engine
+    report(rows, f"server {url} ({server}), model {Path(model).name}, prompt {a.prompt_tokens} "
+                 f"tokens, temperature {a.temperature:g}, reference {a.reference}, "
+                 f"best of {a.rounds}")  # fmt: skip
+    if a.json:
+        out = {"server": server, "url": url, "model": model, "args": vars(a), "results": rows}
+        Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""GRPO step time per phase and learner MFU: the real trainer (`agentrl.train`) on a random model
+of a Qwen2.5 shape, with the synthetic fixed-length env (envs/synthetic.py: the prompts and the
+sampled lengths are the same whatever the weights), SGLang colocated on the same GPU.
+
+    python bench/train_step.py --shape 0.5b [--tasks 32 --group 8 --prompt-words 128 \
+        --new-tokens 512 --steps 4] [-- extra.hydra=overrides]
+    python bench/train_step.py --shape tiny --engine dev --tasks 2 --group 4 --new-tokens 32  # CPU
+
+Prints, per phase, the median seconds over the steps after the first (the first compiles and
+warms up), the tokens per step, and two utilisation figures against the GPU's dense bf16 peak:
+
+- learner MFU = (2·N·T for the logprob pass + 6·N·T for the update) / (logprobs + update time)
+- step MFU    = 6·N·T / whole step time (the issue's definition: what the GPU spends on learning)
+
+N counts every parameter (embeddings included), T every token of the batch (prompt + sampled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "H20": 148.0, "A100": 312.0, "L40S": 362.0}
+PHASES = ["rollout", "advantage", "to_learner", "logprobs", "update", "sync", "checkpoint"]
+
+
+def peak_flops(override: float | None) -> float:
+    if override:
+        return override * 1e12
+    if not torch.cuda.is_available():
+        return float("nan")
+    name = torch.cuda.get_device_name()
+    for key, tflops in PEAK_BF16_TFLOPS.items():
+        if key in name:
+            return tflops * 1e12
+    return float("nan")
+
+
+def count_params(model_dir: Path) -> int:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    return sum(p.numel() for p in model.parameters())
+
+
+def build(shape: str, tmp: Path) -> Path:
+    from agentrl.assets.build import build_random_qwen25, cached_tiny_random
+
+    if shape == "tiny":
+        return cached_tiny_random(template="qwen")
+    return build_random_qwen25(tmp / f"qwen2.5-{shape}-random", shape)
+
+
+def overrides(args: argparse.Namespace, model: Path, tmp: Path) -> list[str]:
+    gpu = args.engine == "sglang"
+    return [
+        "env=custom",
+        "env._target_=envs.synthetic.FixedLengthEnv",
+        f"+env.tasks.n={max(args.tasks * args.steps, 64)}",
+        f"+env.tasks.prompt_words={args.prompt_words}",
+        "model=local",
+        f"model.path={model}",
+        f"engine={args.engine}",
+        *(["weight_sync.method=tensor", "learner.micro_batch_tokens=16384"] if gpu else []),
+        "sandbox=subprocess",
+        "logging=local",
+        f"rollout.group_size={args.group}",
+        f"rollout.max_new_tokens={args.new_tokens}",
+        "rollout.ignore_eos=true",  # exactly new_tokens per episode, whatever the weights
+        f"rollout.max_context_tokens={args.prompt_words * 2 + args.new_tokens + 64}",
+        f"trainer.steps={args.steps}",
+        f"trainer.tasks_per_step={args.tasks}",
+        f"trainer.every={args.steps}",
+        f"trainer.dir={tmp}/ckpt",
+        "trainer.resume=never",
+        *args.hydra,
+    ]
+
+
+def report(history: list[dict[str, float]], n_params: int, peak: float, wall_s: float) -> None:
+    rows = history[1:] or history  # the first step warms up (compiles, allocates)
+    med = {p: statistics.median(h.get(f"timing_s/{p}", 0.0) for h in rows) for p in PHASES}
+    step_s = sum(med.values())
+    tokens = statistics.median(h["train/batch_tokens"] for h in rows)
+    sampled = statistics.median(h["rollout/sampled_tokens"] for h in rows)
+    print(f"\n{n_params / 1e9:.3f}B parameters; per step: {tokens:.0f} tokens "
+          f"({sampled:.0f} sampled); median of steps 2..{len(history)}; wall {wall_s:.0f}s")  # fmt: skip
+    for p in PHASES:
+        print(f"  {p:<11} {med[p]:8.3f} s  {100 * med[p] / step_s:5.1f} %")
+    print(f"  {'step':<11} {step_s:8.3f} s")
+    learner_s = med["logprobs"] + med["update"]
+    learner_mfu = 8 * n_params * tokens / learner_s / peak
+    step_mfu = 6 * n_params * tokens / step_s / peak
+    print(f"rollout {sampled / med['rollout']:.0f} sampled tok/s; learner "
+          f"{tokens / learner_s:.0f} tok/s")  # fmt: skip
+    print(f"learner MFU {100 * learner_mfu:.1f} %  step MFU {100 * step_mfu:.1f} %  "
+          f"(peak {peak / 1e12:.0f} TFLOP/s bf16)")  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--shape", default="0.5b", help="0.5b | 1.5b | 7b | tiny (CPU)")
+    p.add_argument("--engine", default="sglang", choices=["sglang", "dev"])
+    p.add_argument("--tasks", type=int, default=32, help="tasks per step")
+    p.add_argument("--group", type=int, default=8, help="samples per task")
+    p.add_argument("--prompt-words", type=int, default=128, help="about one token each")
+    p.add_argument("--new-tokens", type=int, default=512, help="sampled tokens per episode")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--peak-tflops", type=float, help="dense bf16 peak (default: by GPU name)")
+    p.add_argument("hydra", nargs="*", help="more Hydra overrides, after --")
+    args = p.parse_args()
+
+    from agentrl.config import compose
+    from agentrl.train import train
+
+    with tempfile.TemporaryDirectory(prefix="agentrl-step-") as d:
+        tmp = Path(d)
+        model = build(args.shape, tmp)
+        cfg = compose(overrides(args, model, tmp))
+        t0 = time.perf_counter()
+        history = asyncio.run(train(cfg, tmp / "out"))
+        wall = time.perf_counter() - t0
+        n_params = count_params(model)
+    report(history, n_params, peak_flops(args.peak_tflops), wall)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""Colocated weight sync on ONE GPU: agentrl's `weight_sync.method=tensor` (FSDP2 learner on Ray →
+SGLang on the same GPU, CUDA IPC, one flattened bucket per request) against the naive reference,
+the whole model as per-tensor CUDA-IPC handles in one `/update_weights_from_tensor` request, sent
+by a process that already holds the bf16 weights on the GPU. Both push into the same server in
+the same run.
+
+    python bench/weight_sync_colocated.py --shape 0.5b [--bucket-mb 256 1024] [--repeats 5]
+    python bench/weight_sync_colocated.py --shape 1.5b --url http://127.0.0.1:30000 --model DIR
+
+Shapes are Qwen2.5's (random weights, built here: no hub download). Prints seconds per push and
+seconds per billion parameters for each bucket size and for the reference, and the ratio
+agentrl / reference (below 1: faster than the naive update). The server is started with
+`--enable-memory-saver` and each agentrl push runs as in training: release the engine's memory,
+resume its weights, push, resume the KV cache (release/resume are timed apart). Needs SGLang on
+the GPU host (`source /tmp/site/sgl_env.sh`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+
+from agentrl.assets.build import QWEN25_SHAPES, build_random_qwen25
+from agentrl.engine import EngineClient, EngineConfig
+from agentrl.learner import LearnerConfig, RayConfig
+from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
+from agentrl.servers import launch_engines
+from agentrl.weight_sync import WeightSyncConfig, make_weight_sync
+
+SGLANG_ARGS = ["--attention-backend", "triton", "--enable-memory-saver", "--grammar-backend",
+               "none", "--sampling-backend", "pytorch", "--mm-feature-transport", "cpu",
+               "--dtype", "bfloat16"]  # fmt: skip
+
+
+async def naive_push(engine: EngineClient, named: list[tuple[str, torch.Tensor]], v: str) -> float:
+    """The reference: every tensor its own CUDA-IPC handle, all in one request."""
+    from sglang.srt.utils import MultiprocessingSerializer
+    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+
+    monkey_patch_torch_reductions()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    payload = MultiprocessingSerializer.serialize(named, output_str=True)
+    await engine.update_weights_from_tensor([payload], weight_version=v, flush_cache=True)
+    return time.perf_counter() - t0
+
+
+async def run(args: argparse.Namespace, url: str, model: Path) -> list[dict]:
+    rows: list[dict] = []
+    policy = LearnerGroup(LearnerConfig(model_path=str(model), device="cuda"))
+    policy.offload()
+    try:
+        async with EngineClient([url], timeout_s=600) as engine:
+            n_params = None
+            for bucket_mb in args.bucket_mb:
+                sync = make_weight_sync(WeightSyncConfig(method="tensor", bucket_mb=bucket_mb),
+                                        policy, engine)  # fmt: skip
+                await sync.setup()
+                n_params = sync.total_params
+                times, rel, res = [], [], []
+                for i in range(args.repeats + 1):  # the first push warms up
+                    t0 = time.perf_counter()
+                    await engine.release_memory_occupation()
+                    policy.onload()
+                    t1 = time.perf_counter()
+                    await engine.resume_memory_occupation(["weights"])
+                    t2 = time.perf_counter()
+                    await sync.push(f"b{bucket_mb}-{i}")
+                    t3 = time.perf_counter()
+                    policy.offload()
+                    await engine.resume_memory_occupation(["kv_cache", "cuda_graph"])
+                    t4 = time.perf_counter()
+                    if i:
+                        times.append(t3 - t2)
+                        rel.append(t1 - t0)
+                        res.append(t4 - t3)
+                rows.append({"method": f"agentrl tensor, {bucket_mb:g} MB buckets",
+                             "buckets": len(sync.buckets), "s": statistics.median(times),
+                             "release_onload_s": statistics.median(rel),
+                             "offload_resume_kv_s": statistics.median(res)})  # fmt: skip
+            # the reference holds its own bf16 copy on the GPU (learner offloaded)
+            from transformers import AutoModelForCausalLM
+
+            ref = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).cuda()
+            named = [(n, p.detach()) for n, p in ref.named_parameters()]
+            times = [await naive_push(engine, named, f"naive-{i}") for i in range(args.repeats + 1)]
+            rows.append({"method": "naive: one request, per-tensor IPC", "buckets": 1,
+                         "s": statistics.median(times[1:])})  # fmt: skip
+            del ref, named
+            for r in rows:
+                r["s_per_bparam"] = r["s"] / (n_params / 1e9)
+                r["params_b"] = n_params / 1e9
+    finally:
+        policy.shutdown()
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--shape", choices=sorted(QWEN25_SHAPES), default="0.5b")
+    p.add_argument("--model", help="an existing model dir (default: build a random one)")
+    p.add_argument("--url", help="a running SGLang server started with --enable-memory-saver")
+    p.add_argument("--bucket-mb", type=float, nargs="+", default=[256.0, 1024.0])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--mem-fraction", default="0.3", help="--mem-fraction-static of the server")
+    args = p.parse_args()
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="agentrl-wsync-")))
+        t0 = time.perf_counter()
+        model = Path(args.model) if args.model else build_random_qwen25(tmp / "model", args.shape)
+        print(f"model {model} ready in {time.perf_counter() - t0:.1f}s", flush=True)
+        url = args.url
+        if not url:
+            cfg = EngineConfig(kind="sglang", extra_args=[*SGLANG_ARGS, "--mem-fraction-static",
+                                                          args.mem_fraction])  # fmt: skip
+            t0 = time.perf_counter()
+            url = stack.enter_context(launch_engines(cfg, model, tmp / "logs"))[0]
+            print(f"SGLang up in {time.perf_counter() - t0:.0f}s", flush=True)
+        start_ray(RayConfig(object_store_mb=1024))
+        stack.callback(stop_ray)
+        rows = asyncio.run(run(args, url, model))
+    print(f"\nshape {args.shape}: {rows[0]['params_b']:.3f}B parameters, bf16, one GPU "
+          f"({torch.cuda.get_device_name()})")  # fmt: skip
+    print(f"{'method':<38} {'buckets':>7} {'s/push':>8} {'s/Bparam':>9} {'release+onload s':>17} "
+          f"{'offload+resume s':>17}")  # fmt: skip
+    for r in rows:
+        print(f"{r['method']:<38} {r['buckets']:>7d} {r['s']:>8.4f} {r['s_per_bparam']:>9.4f} "
+              f"{r.get('release_onload_s', float('nan')):>17.3f} "
+              f"{r.get('offload_resume_kv_s', float('nan')):>17.3f}")  # fmt: skip
+    naive = rows[-1]["s_per_bparam"]
+    best = min(rows[:-1], key=lambda r: r["s_per_bparam"])
+    print(
+        f"best agentrl {best['s_per_bparam']:.4f} s/B ({best['method']}); "
+        f"ratio agentrl/naive {best['s_per_bparam'] / naive:.2f} (goal <= 0.02 s/B)"
+    )
+
+
+if __name__ == "__main__":
+    main()
