@@ -191,9 +191,10 @@ async def measure(url: str, tokenizer: Any, a, mode: str) -> dict[str, Any]:
 
 def engine_config(a) -> EngineConfig:
     """configs/engine/<kind>.yaml, standalone: no colocation, CUDA graphs on, no memory saver."""
-    from agentrl.config import compose
+    import yaml  # the yaml alone, not Hydra: GPU hosts may lack it
 
-    cfg = compose([f"engine={a.engine}"]).engine
+    path = Path(__file__).resolve().parents[1] / "configs" / "engine" / f"{a.engine}.yaml"
+    cfg = EngineConfig(**yaml.safe_load(path.read_text()))
     drop = {"--disable-cuda-graph"} | (set() if a.memory_saver else {"--enable-memory-saver"})
     extra = [x for x in cfg.extra_args if x not in drop]
     if a.engine == "dev":

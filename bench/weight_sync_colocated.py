@@ -7,7 +7,8 @@ the same run.
     python bench/weight_sync_colocated.py --shape 0.5b [--bucket-mb 256 1024] [--repeats 5]
     python bench/weight_sync_colocated.py --shape 1.5b --url http://127.0.0.1:30000 --model DIR
 
-Shapes are Qwen2.5's (random weights, built here: no hub download). Prints seconds per push and
+`--formats`: SGLang load formats of the tensor method (`direct`: fused names copied straight
+into the parameters; `flattened_bucket`: the model's load_weights). Shapes are Qwen2.5's (random weights, built here: no hub download). Prints seconds per push and
 seconds per billion parameters for each bucket size and for the reference, and the ratio
 agentrl / reference (below 1: faster than the naive update). The server is started with
 `--enable-memory-saver` and each agentrl push runs as in training: release the engine's memory,
@@ -59,9 +60,9 @@ async def run(args: argparse.Namespace, url: str, model: Path) -> list[dict]:
     try:
         async with EngineClient([url], timeout_s=600) as engine:
             n_params = None
-            for bucket_mb in args.bucket_mb:
-                sync = make_weight_sync(WeightSyncConfig(method="tensor", bucket_mb=bucket_mb),
-                                        policy, engine)  # fmt: skip
+            for fmt, bucket_mb in [(f, b) for f in args.formats for b in args.bucket_mb]:
+                wcfg = WeightSyncConfig(method="tensor", bucket_mb=bucket_mb, load_format=fmt)
+                sync = make_weight_sync(wcfg, policy, engine)
                 await sync.setup()
                 n_params = sync.total_params
                 times, rel, res = [], [], []
@@ -72,7 +73,8 @@ async def run(args: argparse.Namespace, url: str, model: Path) -> list[dict]:
                     t1 = time.perf_counter()
                     await engine.resume_memory_occupation(["weights"])
                     t2 = time.perf_counter()
-                    await sync.push(f"b{bucket_mb}-{i}")
+                    metrics = await sync.push(f"{fmt}-{bucket_mb}-{i}")
+                    assert metrics.get("sync/direct", 0.0) == float(fmt == "direct"), metrics
                     t3 = time.perf_counter()
                     policy.offload()
                     await engine.resume_memory_occupation(["kv_cache", "cuda_graph"])
@@ -81,7 +83,7 @@ async def run(args: argparse.Namespace, url: str, model: Path) -> list[dict]:
                         times.append(t3 - t2)
                         rel.append(t1 - t0)
                         res.append(t4 - t3)
-                rows.append({"method": f"agentrl tensor, {bucket_mb:g} MB buckets",
+                rows.append({"method": f"agentrl {fmt}, {bucket_mb:g} MB buckets",
                              "buckets": len(sync.buckets), "s": statistics.median(times),
                              "release_onload_s": statistics.median(rel),
                              "offload_resume_kv_s": statistics.median(res)})  # fmt: skip
@@ -108,6 +110,7 @@ def main() -> None:
     p.add_argument("--model", help="an existing model dir (default: build a random one)")
     p.add_argument("--url", help="a running SGLang server started with --enable-memory-saver")
     p.add_argument("--bucket-mb", type=float, nargs="+", default=[256.0, 1024.0])
+    p.add_argument("--formats", nargs="+", default=["direct", "flattened_bucket"])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--mem-fraction", default="0.3", help="--mem-fraction-static of the server")
     args = p.parse_args()
@@ -128,10 +131,10 @@ def main() -> None:
         rows = asyncio.run(run(args, url, model))
     print(f"\nshape {args.shape}: {rows[0]['params_b']:.3f}B parameters, bf16, one GPU "
           f"({torch.cuda.get_device_name()})")  # fmt: skip
-    print(f"{'method':<38} {'buckets':>7} {'s/push':>8} {'s/Bparam':>9} {'release+onload s':>17} "
+    print(f"{'method':<42} {'buckets':>7} {'s/push':>8} {'s/Bparam':>9} {'release+onload s':>17} "
           f"{'offload+resume s':>17}")  # fmt: skip
     for r in rows:
-        print(f"{r['method']:<38} {r['buckets']:>7d} {r['s']:>8.4f} {r['s_per_bparam']:>9.4f} "
+        print(f"{r['method']:<42} {r['buckets']:>7d} {r['s']:>8.4f} {r['s_per_bparam']:>9.4f} "
               f"{r.get('release_onload_s', float('nan')):>17.3f} "
               f"{r.get('offload_resume_kv_s', float('nan')):>17.3f}")  # fmt: skip
     naive = rows[-1]["s_per_bparam"]

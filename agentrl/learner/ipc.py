@@ -6,13 +6,81 @@ CUDA-IPC handle instead of one handle per parameter. The payload is what SGLang 
 `MultiprocessingSerializer.serialize({"flattened_tensor", "metadata"}, output_str=True)` with
 SGLang's torch-reduction patch (devices named by UUID, so the server maps them to its own index).
 
+The `direct` layout goes further: SGLang's `load_format="direct"` copies each tensor straight into
+the server parameter of that name, skipping the model's `load_weights` (name mapping, q/k/v and
+gate/up fusing, one Python call per checkpoint tensor), which dominates the naive update. So the
+learner fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj` (the layout of SGLang's
+QKV/merged-column linears at TP 1) while packing them into ONE flat buffer, and sends views of
+it: one CUDA-IPC memory handle per bucket (the receiver opens a storage once and caches it).
+`direct_groups` is a pure plan of that fusing; unknown layouts fall back (weight_sync.py).
+
 The sender must keep the flattened tensor alive until the server has loaded it: `IpcHold` keeps
 the last payload's tensor until `release()`.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import torch
+
+# checkpoint module name -> (SGLang's fused module, position in it): Llama/Qwen2/Qwen3/Mistral
+FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}  # fmt: skip
+FUSED_SIZE = {"qkv_proj": 3, "gate_up_proj": 2}
+
+
+def direct_groups(names: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """[(SGLang parameter name, the checkpoint names concatenated into it along dim 0, in
+    order)], in first-appearance order; unfused names map to themselves. Raises ValueError when
+    a fused group is incomplete (e.g. a bucket split it)."""
+    groups: dict[str, list[tuple[int, str]]] = {}
+    for name in names:
+        parts = name.split(".")
+        if len(parts) >= 2 and parts[-2] in FUSED:
+            fused, pos = FUSED[parts[-2]]
+            target = ".".join([*parts[:-2], fused, parts[-1]])
+        else:
+            target, pos = name, 0
+        groups.setdefault(target, []).append((pos, name))
+    out = []
+    for target, members in groups.items():
+        fused = target.split(".")[-2] if "." in target else ""
+        want = FUSED_SIZE.get(fused, 1)
+        if sorted(p for p, _ in members) != list(range(want)):
+            raise ValueError(f"{target}: needs {want} parts, got {[n for _, n in members]}")
+        out.append((target, [n for _, n in sorted(members)]))
+    return out
+
+
+def pack_direct(
+    tensors: dict[str, torch.Tensor], groups: list[tuple[str, list[str]]]
+) -> tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]:
+    """One flat buffer holding every group's concatenation (cast to the tensors' dtype), and the
+    named views of it SGLang's `direct` loader copies from."""
+    first = next(iter(tensors.values()))
+    total = sum(tensors[n].numel() for _, names in groups for n in names)
+    flat = torch.empty(total, dtype=first.dtype, device=first.device)
+    views, at = [], 0
+    for target, names in groups:
+        rows = sum(tensors[n].shape[0] for n in names)
+        shape = (rows, *tensors[names[0]].shape[1:])
+        n = math.prod(shape)
+        view = flat[at : at + n].view(shape)
+        torch.cat([tensors[k] for k in names], dim=0, out=view)
+        views.append((target, view))
+        at += n
+    return flat, views
+
+
+def direct_payload(named: list[tuple[str, torch.Tensor]]) -> str:
+    """SGLang's payload for per-tensor CUDA-IPC handles (`load_format="direct"` or None)."""
+    from sglang.srt.utils import MultiprocessingSerializer
+    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+
+    monkey_patch_torch_reductions()
+    return MultiprocessingSerializer.serialize(named, output_str=True)
 
 
 def flattened_payload(named: list[tuple[str, torch.Tensor]]) -> tuple[str, torch.Tensor]:

@@ -314,6 +314,21 @@ class LearnerWorker:
         torch.cuda.synchronize()  # the server reads the memory as soon as it has the handle
         return payload
 
+    def ipc_direct_bucket(self, bucket: list[ParamSpec], groups: list) -> str | None:
+        """Collective: like `ipc_bucket`, in SGLang's `direct` layout (ipc.py): q/k/v and
+        gate/up fused per `groups`, packed in one buffer, sent as named views of it."""
+        from agentrl.learner import ipc
+
+        tensors = fsdp.gather_full(self.model, bucket, self.rank, self.device)
+        if self.rank != 0:
+            return None
+        flat, views = ipc.pack_direct(tensors, groups)
+        del tensors
+        payload = ipc.direct_payload(views)
+        self._ipc.keep(flat)
+        torch.cuda.synchronize()
+        return payload
+
     def release_ipc(self) -> None:
         self._ipc.release()
 

@@ -1,0 +1,50 @@
+"""The `direct` CUDA-IPC layout (agentrl/learner/ipc.py): which checkpoint tensors are fused into
+which SGLang parameter, and the packing into one buffer (run here on CPU tensors)."""
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from agentrl.learner.ipc import direct_groups, pack_direct
+
+
+def test_groups_fuse_qkv_and_gate_up_in_sglang_order():
+    attn = "model.layers.0.self_attn"
+    mlp = "model.layers.0.mlp"
+    names = [
+        "model.embed_tokens.weight", f"{attn}.q_proj.weight", f"{attn}.q_proj.bias",
+        f"{attn}.v_proj.weight", f"{attn}.k_proj.weight", f"{attn}.k_proj.bias",
+        f"{attn}.v_proj.bias", f"{attn}.o_proj.weight", f"{mlp}.up_proj.weight",
+        f"{mlp}.gate_proj.weight", f"{mlp}.down_proj.weight",
+    ]  # fmt: skip
+    assert direct_groups(names) == [
+        ("model.embed_tokens.weight", ["model.embed_tokens.weight"]),
+        (f"{attn}.qkv_proj.weight", [f"{attn}.{x}_proj.weight" for x in "qkv"]),
+        (f"{attn}.qkv_proj.bias", [f"{attn}.{x}_proj.bias" for x in "qkv"]),
+        (f"{attn}.o_proj.weight", [f"{attn}.o_proj.weight"]),
+        (f"{mlp}.gate_up_proj.weight", [f"{mlp}.gate_proj.weight", f"{mlp}.up_proj.weight"]),
+        (f"{mlp}.down_proj.weight", [f"{mlp}.down_proj.weight"]),
+    ]
+
+
+def test_incomplete_group_is_an_error():
+    with pytest.raises(ValueError, match="qkv_proj.weight: needs 3 parts"):
+        direct_groups(["l.self_attn.q_proj.weight", "l.self_attn.k_proj.weight"])
+
+
+def test_pack_is_one_buffer_of_concatenations():
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8)  # fmt: skip
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    tensors = {n: p.detach() for n, p in model.named_parameters()}
+    groups = direct_groups(list(tensors))
+    flat, views = pack_direct(tensors, groups)
+    assert flat.numel() == sum(t.numel() for t in tensors.values())
+    assert flat.dtype == torch.bfloat16
+    lo, hi = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
+    for (target, names), (name, view) in zip(groups, views, strict=True):
+        assert name == target and lo <= view.data_ptr() < hi
+        assert torch.equal(view, torch.cat([tensors[n] for n in names]))
+    qkv = dict(views)["model.layers.1.self_attn.qkv_proj.weight"]
+    assert qkv.shape == ((4 + 2 + 2) * 8, 32)  # q heads + k heads + v heads, by head_dim
