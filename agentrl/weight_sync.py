@@ -298,16 +298,24 @@ class TensorSync(_Base):
             self._plan()
             await self._send(version)  # every parameter again: the model's own loader
         self.version = version
-        return {**self._metrics(time.perf_counter() - t0), "sync/direct": float(self.groups != [])}
+        return {
+            **self._metrics(time.perf_counter() - t0),
+            "sync/direct": float(self.groups != []),
+            "sync/learner_s": self.learner_s,  # gather + pack + IPC handles (learner rank 0)
+            "sync/engine_s": self.engine_s,  # the servers' update requests
+        }
 
     async def _send(self, version: str) -> None:
+        self.learner_s = self.engine_s = 0.0
         for i, bucket in enumerate(self.buckets):
             last = i == len(self.buckets) - 1
             if self.format == "direct":
                 call = ("ipc_direct_bucket", bucket, self.groups[i])
             else:
                 call = ("ipc_bucket", bucket)
+            t0 = time.perf_counter()
             payload = (await asyncio.to_thread(self.learner.call, *call))[0]
+            t1 = time.perf_counter()
             try:
                 await self.engine.update_weights_from_tensor(
                     [payload] * self.cfg.ranks_per_server,
@@ -322,7 +330,11 @@ class TensorSync(_Base):
                     "(or use weight_sync.method=distributed)"
                 ) from e
             finally:
-                await asyncio.to_thread(self.learner.call, "release_ipc")
+                # the server has copied the bucket: drop the buffer. Not awaited: the actor runs
+                # calls in order, so it is freed before the next bucket or anything else
+                self.learner.call_async("release_ipc")
+            self.learner_s += t1 - t0
+            self.engine_s += time.perf_counter() - t1
 
 
 async def _await_ref(ref: Any) -> Any:

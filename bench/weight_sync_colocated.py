@@ -65,7 +65,7 @@ async def run(args: argparse.Namespace, url: str, model: Path) -> list[dict]:
                 sync = make_weight_sync(wcfg, policy, engine)
                 await sync.setup()
                 n_params = sync.total_params
-                times, rel, res = [], [], []
+                times, rel, res, split = [], [], [], []
                 for i in range(args.repeats + 1):  # the first push warms up
                     t0 = time.perf_counter()
                     await engine.release_memory_occupation()
@@ -81,11 +81,14 @@ async def run(args: argparse.Namespace, url: str, model: Path) -> list[dict]:
                     t4 = time.perf_counter()
                     if i:
                         times.append(t3 - t2)
+                        split.append((metrics["sync/learner_s"], metrics["sync/engine_s"]))
                         rel.append(t1 - t0)
                         res.append(t4 - t3)
                 rows.append({"method": f"agentrl {fmt}, {bucket_mb:g} MB buckets",
                              "buckets": len(sync.buckets), "s": statistics.median(times),
                              "release_onload_s": statistics.median(rel),
+                             "learner_s": statistics.median(x for x, _ in split),
+                             "engine_s": statistics.median(y for _, y in split),
                              "offload_resume_kv_s": statistics.median(res)})  # fmt: skip
             # the reference holds its own bf16 copy on the GPU (learner offloaded)
             from transformers import AutoModelForCausalLM
@@ -132,11 +135,12 @@ def main() -> None:
     print(f"\nshape {args.shape}: {rows[0]['params_b']:.3f}B parameters, bf16, one GPU "
           f"({torch.cuda.get_device_name()})")  # fmt: skip
     print(f"{'method':<42} {'buckets':>7} {'s/push':>8} {'s/Bparam':>9} {'release+onload s':>17} "
-          f"{'offload+resume s':>17}")  # fmt: skip
+          f"{'offload+resume s':>17} {'learner s':>9} {'engine s':>9}")  # fmt: skip
     for r in rows:
         print(f"{r['method']:<42} {r['buckets']:>7d} {r['s']:>8.4f} {r['s_per_bparam']:>9.4f} "
               f"{r.get('release_onload_s', float('nan')):>17.3f} "
-              f"{r.get('offload_resume_kv_s', float('nan')):>17.3f}")  # fmt: skip
+              f"{r.get('offload_resume_kv_s', float('nan')):>17.3f} "
+              f"{r.get('learner_s', float('nan')):>9.4f} {r.get('engine_s', float('nan')):>9.4f}")  # fmt: skip
     naive = rows[-1]["s_per_bparam"]
     best = min(rows[:-1], key=lambda r: r["s_per_bparam"])
     print(

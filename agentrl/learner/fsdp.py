@@ -199,6 +199,17 @@ def plan_buckets(specs: list[ParamSpec], bucket_bytes: int) -> list[list[ParamSp
     return buckets
 
 
+def full_param(p: torch.Tensor) -> torch.Tensor:
+    """Collective (with >1 shard): the full tensor of a (possibly FSDP-sharded) parameter. One
+    shard is already the whole tensor: no collective, no copy."""
+    p = p.detach()
+    if not isinstance(p, DTensor):
+        return p
+    if p.device_mesh.size() == 1:
+        return p.to_local()
+    return p.full_tensor()
+
+
 def gather_full(
     model: nn.Module, bucket: list[ParamSpec], rank: int, device: torch.device | None = None
 ) -> dict[str, torch.Tensor]:
@@ -207,8 +218,7 @@ def gather_full(
     params = dict(model.named_parameters())
     out: dict[str, torch.Tensor] = {}
     for s in bucket:
-        p = params[s.name].detach()
-        full = p.full_tensor() if isinstance(p, DTensor) else p
+        full = full_param(params[s.name])
         if rank == 0:
             out[s.name] = full.to(device=device or "cpu", dtype=to_dtype(s.dtype)).contiguous()
         del full

@@ -21,7 +21,7 @@ the last payload's tensor until `release()`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -55,22 +55,27 @@ def direct_groups(names: Sequence[str]) -> list[tuple[str, list[str]]]:
 
 
 def pack_direct(
-    tensors: dict[str, torch.Tensor], groups: list[tuple[str, list[str]]]
+    get: Callable[[str], torch.Tensor],
+    groups: list[tuple[str, list[str]]],
+    dtype: torch.dtype,
+    device: torch.device | str,
 ) -> tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]:
-    """One flat buffer holding every group's concatenation (cast to the tensors' dtype), and the
-    named views of it SGLang's `direct` loader copies from."""
-    first = next(iter(tensors.values()))
-    total = sum(tensors[n].numel() for _, names in groups for n in names)
-    flat = torch.empty(total, dtype=first.dtype, device=first.device)
+    """One flat `dtype` buffer on `device` holding every group's concatenation along dim 0, and
+    the named views of it SGLang's `direct` loader copies from. `get(name)` gives the full source
+    tensor; each is cast and copied once, straight into its slot."""
+    parts = [[get(n) for n in names] for _, names in groups]
+    total = sum(t.numel() for ts in parts for t in ts)
+    flat = torch.empty(total, dtype=dtype, device=device)
     views, at = [], 0
-    for target, names in groups:
-        rows = sum(tensors[n].shape[0] for n in names)
-        shape = (rows, *tensors[names[0]].shape[1:])
-        n = math.prod(shape)
-        view = flat[at : at + n].view(shape)
-        torch.cat([tensors[k] for k in names], dim=0, out=view)
+    for (target, _), ts in zip(groups, parts, strict=True):
+        shape = (sum(t.shape[0] for t in ts), *ts[0].shape[1:])
+        view = flat[at : at + math.prod(shape)].view(shape)
+        row = 0
+        for t in ts:
+            view[row : row + t.shape[0]].copy_(t)
+            row += t.shape[0]
         views.append((target, view))
-        at += n
+        at += view.numel()
     return flat, views
 
 

@@ -316,17 +316,22 @@ class LearnerWorker:
 
     def ipc_direct_bucket(self, bucket: list[ParamSpec], groups: list) -> str | None:
         """Collective: like `ipc_bucket`, in SGLang's `direct` layout (ipc.py): q/k/v and
-        gate/up fused per `groups`, packed in one buffer, sent as named views of it."""
+        gate/up fused per `groups`, cast and copied once into one buffer, sent as views of it."""
         from agentrl.learner import ipc
 
-        tensors = fsdp.gather_full(self.model, bucket, self.rank, self.device)
+        params = dict(self.model.named_parameters())
+        if self.world_size > 1:  # gather the shards (a collective: every rank takes part)
+            full = fsdp.gather_full(self.model, bucket, self.rank, self.device)
+            get = full.__getitem__
+        else:  # one shard is the whole tensor: read it in place
+            get = lambda name: fsdp.full_param(params[name])  # noqa: E731
         if self.rank != 0:
             return None
-        flat, views = ipc.pack_direct(tensors, groups)
-        del tensors
+        dtype = fsdp.to_dtype(bucket[0].dtype)
+        flat, views = ipc.pack_direct(get, groups, dtype, self.device)
         payload = ipc.direct_payload(views)
         self._ipc.keep(flat)
-        torch.cuda.synchronize()
+        torch.cuda.synchronize()  # the server reads the memory as soon as it has the handle
         return payload
 
     def release_ipc(self) -> None:

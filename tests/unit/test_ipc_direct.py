@@ -39,7 +39,8 @@ def test_pack_is_one_buffer_of_concatenations():
     model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
     tensors = {n: p.detach() for n, p in model.named_parameters()}
     groups = direct_groups(list(tensors))
-    flat, views = pack_direct(tensors, groups)
+    fp32 = {n: t.float() for n, t in tensors.items()}  # master weights; the engine wants bf16
+    flat, views = pack_direct(fp32.__getitem__, groups, torch.bfloat16, "cpu")
     assert flat.numel() == sum(t.numel() for t in tensors.values())
     assert flat.dtype == torch.bfloat16
     lo, hi = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
