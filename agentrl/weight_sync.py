@@ -268,21 +268,8 @@ class TensorSync(_Base):
             self._plan_direct()
 
     def _plan_direct(self) -> None:
-        """Buckets of whole fused groups (a group is never split across requests)."""
-        from agentrl.learner.ipc import direct_groups
-
-        specs = {s.name: s for b in self.buckets for s in b}
-        limit = self.cfg.bucket_mb * 2**20
-        self.buckets, self.groups, size = [[]], [[]], 0
-        for target, names in direct_groups(list(specs)):
-            nbytes = sum(specs[n].nbytes for n in names)
-            if size + nbytes > limit and self.buckets[-1]:
-                self.buckets.append([])
-                self.groups.append([])
-                size = 0
-            self.buckets[-1] += [specs[n] for n in names]
-            self.groups[-1].append((target, names))
-            size += nbytes
+        specs = [s for b in self.buckets for s in b]
+        self.buckets, self.groups = plan_direct(specs, self.cfg.bucket_mb)
 
     async def push(self, version: str) -> dict[str, float]:
         if not self.buckets:
@@ -309,7 +296,8 @@ class TensorSync(_Base):
         self.learner_s = self.engine_s = 0.0
         for i, bucket in enumerate(self.buckets):
             last = i == len(self.buckets) - 1
-            if self.format == "direct":
+            fmt = "direct" if self.groups and self.groups[i] is not None else "flattened_bucket"
+            if fmt == "direct":
                 call = ("ipc_direct_bucket", bucket, self.groups[i])
             else:
                 call = ("ipc_bucket", bucket)
@@ -320,13 +308,13 @@ class TensorSync(_Base):
                 await self.engine.update_weights_from_tensor(
                     [payload] * self.cfg.ranks_per_server,
                     weight_version=version if last else None,
-                    load_format=self.format,
+                    load_format=fmt,
                     flush_cache=last,
                 )
             except Exception as e:
                 raise WeightSyncError(
                     f"weights v{version}: a server rejected bucket {i} over CUDA IPC "
-                    f"(load_format={self.format}: {e}); the servers must run on this host's GPUs "
+                    f"(load_format={fmt}: {e}); the servers must run on this host's GPUs "
                     "(or use weight_sync.method=distributed)"
                 ) from e
             finally:
@@ -335,6 +323,37 @@ class TensorSync(_Base):
                 self.learner.call_async("release_ipc")
             self.learner_s += t1 - t0
             self.engine_s += time.perf_counter() - t1
+
+
+def plan_direct(specs: list[ParamSpec], bucket_mb: float) -> tuple[list[list], list]:
+    """(buckets of specs, per bucket its fused groups or None) for `TensorSync` in `direct`
+    format. A fused group (agentrl/learner/ipc.py) is never split across requests. Vocabulary-
+    sized tensors (embeddings, lm_head) come first, in a bucket of their own (groups None) that
+    the model's own loader takes: engines pad the vocabulary to a size a direct copy cannot
+    know (SGLang: a multiple of 64), and a shape mismatch there kills the server."""
+    from agentrl.learner.ipc import direct_groups
+
+    by_name = {s.name: s for s in specs}
+    vocab = [n for n in by_name if is_vocab_param(n)]
+    limit = bucket_mb * 2**20
+    buckets: list[list] = [[by_name[n] for n in vocab]] if vocab else []
+    groups: list = [None] if vocab else []
+    size = limit
+    for target, names in direct_groups([n for n in by_name if n not in vocab]):
+        nbytes = sum(by_name[n].nbytes for n in names)
+        if size + nbytes > limit:
+            buckets.append([])
+            groups.append([])
+            size = 0
+        buckets[-1] += [by_name[n] for n in names]
+        groups[-1].append((target, names))
+        size += nbytes
+    return buckets, groups
+
+
+def is_vocab_param(name: str) -> bool:
+    """Embedding and output-head weights, whose first dimension the engines may pad."""
+    return name.endswith(("embed_tokens.weight", "lm_head.weight", "wte.weight"))
 
 
 async def _await_ref(ref: Any) -> Any:

@@ -49,3 +49,21 @@ def test_pack_is_one_buffer_of_concatenations():
         assert torch.equal(view, torch.cat([tensors[n] for n in names]))
     qkv = dict(views)["model.layers.1.self_attn.qkv_proj.weight"]
     assert qkv.shape == ((4 + 2 + 2) * 8, 32)  # q heads + k heads + v heads, by head_dim
+
+
+def test_direct_plan_keeps_groups_whole_and_vocab_apart():
+    from agentrl.learner.fsdp import ParamSpec
+    from agentrl.weight_sync import plan_direct
+
+    cfg = Qwen3Config(vocab_size=779, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8)  # fmt: skip
+    model = Qwen3ForCausalLM(cfg)
+    specs = [ParamSpec(n, tuple(p.shape), "bfloat16") for n, p in model.named_parameters()]
+    layer_bytes = sum(s.nbytes for s in specs if ".layers.0." in s.name)
+    buckets, groups = plan_direct(specs, bucket_mb=1.5 * layer_bytes / 2**20)
+    assert groups[0] is None
+    assert [s.name for s in buckets[0]] == ["model.embed_tokens.weight", "lm_head.weight"]
+    assert sorted(s.name for b in buckets for s in b) == sorted(s.name for s in specs)
+    for bucket, grp in zip(buckets[1:], groups[1:], strict=True):
+        assert [s.name for s in bucket] == [n for _, names in grp for n in names]
+    assert len(buckets) >= 3  # the size limit split the layers, never inside a fused group
