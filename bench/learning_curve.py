@@ -29,7 +29,7 @@ def read_metrics(path: Path) -> list[dict[str, float]]:
 def elapsed(rows: list[dict[str, float]]) -> list[float]:
     total, out = 0.0, []
     for r in rows:
-        total += sum(v for k, v in r.items() if k.startswith("timing_s/"))
+        total += sum(v for k, v in r.items() if k.startswith("timing_s/") and k != "timing_s/step")
         out.append(total)
     return out
 
@@ -51,7 +51,9 @@ def table(rows: list[dict[str, float]]) -> str:
 
 
 def phases(rows: list[dict[str, float]]) -> str:
-    keys = sorted({k for r in rows for k in r if k.startswith("timing_s/")})
+    keys = sorted(
+        {k for r in rows for k in r if k.startswith("timing_s/") and k != "timing_s/step"}
+    )
     means = {k.removeprefix("timing_s/"): fmean(r.get(k, 0.0) for r in rows) for k in keys}
     total = sum(means.values())
     return f"mean step time {total:.2f}s: " + ", ".join(

@@ -70,7 +70,7 @@ class TinySpec:
     dialogues: int = 6000
     hidden_size: int = 128
     num_layers: int = 4
-    steps: int = 3000
+    steps: int = 6000
     batch_size: int = 32
     lr: float = 3e-3
     warmup: int = 50

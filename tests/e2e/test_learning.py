@@ -1,0 +1,40 @@
+"""CI proves learning: a short GRPO run of the shipped tiny model on code_exec (the quick start's
+defaults, fewer steps) must raise the reward by a clear margin, with the whole stack real (dev
+server, sandbox, FSDP2 on Ray, weight sync, frozen reference). Also checked on the same run: the
+policy calls the tool, the step-0 KL to the reference is ~0, trainer and rollout logprobs of the
+sampled tokens agree, and every parameter moved."""
+
+import asyncio
+from statistics import fmean
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from agentrl.config import compose
+from agentrl.train import train
+
+STEPS = 14
+
+
+def test_tiny_model_learns_code_exec(tmp_path):
+    cfg = compose([
+        f"trainer.steps={STEPS}", f"trainer.every={STEPS}", f"trainer.dir={tmp_path}/ckpt",
+        "algo.reference=true", "logging=local",
+    ])  # fmt: skip
+    assert cfg.model.path == "builtin:tiny"
+    history = asyncio.run(train(cfg, tmp_path / "out"))
+    assert len(history) == STEPS
+    rewards = [round(h["reward/mean"], 3) for h in history]
+    start, end = fmean(rewards[:2]), fmean(rewards[-3:])
+    assert end >= start + 0.25, f"reward did not rise: {rewards}"
+    assert all(h["rollout/tool_call_rate"] > 0 for h in history)
+    # the reference is a frozen copy of the initial policy: identical before the first update
+    assert abs(history[0]["train/kl_ref"]) < 1e-6
+    assert history[-1]["train/kl_ref"] > 1e-4
+    # what the learner trains on is what the engine sampled (same weights, same temperature)
+    assert max(h["train/logprob_diff"] for h in history) <= 0.01
+    final = tmp_path / "ckpt" / (tmp_path / "ckpt" / "latest").read_text().strip() / "policy"
+    trained = dict(AutoModelForCausalLM.from_pretrained(final / "model").named_parameters())
+    base = AutoModelForCausalLM.from_pretrained(cfg.model.resolve())
+    unchanged = [n for n, p in base.named_parameters() if torch.equal(p, trained[n])]
+    assert not unchanged, f"parameters never updated: {unchanged}"
