@@ -25,6 +25,7 @@ def test_tiny_model_learns_code_exec(tmp_path):
     history = asyncio.run(train(cfg, tmp_path / "out"))
     assert len(history) == STEPS
     rewards = [round(h["reward/mean"], 3) for h in history]
+    print("reward per step:", rewards)
     start, end = fmean(rewards[:2]), fmean(rewards[-3:])
     assert end >= start + 0.25, f"reward did not rise: {rewards}"
     assert all(h["rollout/tool_call_rate"] > 0 for h in history)
