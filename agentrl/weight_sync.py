@@ -328,13 +328,13 @@ class TensorSync(_Base):
 def plan_direct(specs: list[ParamSpec], bucket_mb: float) -> tuple[list[list], list]:
     """(buckets of specs, per bucket its fused groups or None) for `TensorSync` in `direct`
     format. A fused group (agentrl/learner/ipc.py) is never split across requests. Vocabulary-
-    sized tensors (embeddings, lm_head) come first, in a bucket of their own (groups None) that
-    the model's own loader takes: engines pad the vocabulary to a size a direct copy cannot
-    know (SGLang: a multiple of 64), and a shape mismatch there kills the server."""
+    sized tensors (embeddings, lm_head) whose vocabulary the engine pads (SGLang: up to a multiple
+    of `VOCAB_PAD`) come first, in a bucket of their own (groups None) that the model's own loader
+    takes: a direct copy with a mismatched shape kills the server."""
     from agentrl.learner.ipc import direct_groups
 
     by_name = {s.name: s for s in specs}
-    vocab = [n for n in by_name if is_vocab_param(n)]
+    vocab = [n for n, s in by_name.items() if is_vocab_param(n) and s.shape[0] % VOCAB_PAD]
     limit = bucket_mb * 2**20
     buckets: list[list] = [[by_name[n] for n in vocab]] if vocab else []
     groups: list = [None] if vocab else []
@@ -349,6 +349,11 @@ def plan_direct(specs: list[ParamSpec], bucket_mb: float) -> tuple[list[list], l
         groups[-1].append((target, names))
         size += nbytes
     return buckets, groups
+
+
+# SGLang pads the vocabulary dimension (TP 1) up to a multiple of this; a vocabulary that is
+# already a multiple (Qwen's 151936) keeps its size and can be copied directly
+VOCAB_PAD = 64
 
 
 def is_vocab_param(name: str) -> bool:

@@ -67,3 +67,9 @@ def test_direct_plan_keeps_groups_whole_and_vocab_apart():
     for bucket, grp in zip(buckets[1:], groups[1:], strict=True):
         assert [s.name for s in bucket] == [n for _, names in grp for n in names]
     assert len(buckets) >= 3  # the size limit split the layers, never inside a fused group
+    # a vocabulary the engine does not pad (a multiple of 64, like Qwen's) is copied directly
+    cfg.vocab_size = 832
+    specs = [ParamSpec(n, tuple(p.shape), "bfloat16")
+             for n, p in Qwen3ForCausalLM(cfg).named_parameters()]  # fmt: skip
+    buckets, groups = plan_direct(specs, bucket_mb=1.5 * layer_bytes / 2**20)
+    assert None not in groups
