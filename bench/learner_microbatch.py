@@ -1,0 +1,82 @@
+"""Learner step time against the packed micro-batch size: one FSDP2 rank (gloo, in this process),
+the same GRPO batch (episodes of fixed length, random ids) packed into rows of at most N tokens.
+A packed row's attention mask is dense, so its cost grows with the square of its length.
+
+    python bench/learner_microbatch.py [--model builtin:tiny] [--episodes 64 --length 130] \
+        [--sizes 512 4096] [--repeats 3]
+
+Prints, per size, the median seconds of the logprob pass and of the update, and the ratio of each
+size's update time to the first size's (the reference, measured in the same run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import statistics
+import time
+
+import torch
+
+
+def make_batch(episodes: int, length: int, vocab: int):
+    from agentrl.batch import TrainBatch, global_norm
+
+    g = torch.Generator().manual_seed(0)
+    n = episodes * length
+    seq = torch.arange(episodes).repeat_interleave(length)
+    mask = (torch.arange(length) >= length * 2 // 3).repeat(episodes)  # the last third sampled
+    return TrainBatch(torch.randint(0, vocab, (n,), generator=g),
+                      torch.arange(length).repeat(episodes), mask,
+                      torch.where(mask, -2.0, 0.0), torch.where(mask, torch.randn(n, generator=g), 0.0),
+                      seq, global_norm(mask, seq))  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", default="builtin:tiny")
+    p.add_argument("--episodes", type=int, default=64)
+    p.add_argument("--length", type=int, default=130, help="tokens per episode")
+    p.add_argument("--sizes", type=int, nargs="+", default=[512, 4096])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args()
+
+    from agentrl.batch import micro_batches
+    from agentrl.config import ModelConfig
+    from agentrl.learner import LearnerConfig
+    from agentrl.learner.worker import LearnerWorker
+    from agentrl.loss import LossConfig
+
+    model = str(ModelConfig(path=a.model).resolve())
+    cfg = LearnerConfig(model_path=model, device="cpu", lr=1e-4, threads_per_worker=a.threads)
+    with socket.socket() as sock:  # a free loopback port for the one-rank process group
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    worker = LearnerWorker(cfg, "policy", 0, 1, f"tcp://127.0.0.1:{port}")
+    worker.setup()
+    vocab = worker.model.config.vocab_size
+    batch = make_batch(a.episodes, a.length, vocab)
+    rows = []
+    for size in a.sizes:
+        mbs = micro_batches(batch, 1, size)[0]
+        lp, up = [], []
+        for _ in range(a.repeats + 1):  # the first round warms up
+            t0 = time.perf_counter()
+            worker.compute_logprobs(mbs)
+            t1 = time.perf_counter()
+            worker.train_step(mbs, "ppo_clip", LossConfig(name="ppo_clip"))
+            lp.append(t1 - t0)
+            up.append(time.perf_counter() - t1)
+        rows.append((size, len(mbs), statistics.median(lp[1:]), statistics.median(up[1:])))
+    worker.shutdown()
+    print(f"{a.episodes} episodes x {a.length} tokens, {model}, {a.threads} thread(s)")
+    print(
+        f"{'max tokens':>10} {'micro-batches':>13} {'logprobs s':>10} {'update s':>9} {'ratio':>6}"
+    )
+    for size, n, lp_s, up_s in rows:
+        print(f"{size:>10} {n:>13} {lp_s:>10.2f} {up_s:>9.2f} {up_s / rows[0][3]:>6.2f}")
+
+
+if __name__ == "__main__":
+    main()
