@@ -359,30 +359,60 @@ def _chunk(
     return lp, ent
 
 
+def padded_rows(position_ids_N: Tensor) -> tuple[Tensor, Tensor]:
+    """(row, column) of each token of a packed row when its sequences (each starting at position
+    0) are laid out as the rows of a right-padded [B, T] batch."""
+    n = position_ids_N.numel()
+    starts = torch.nonzero(position_ids_N == 0).flatten()
+    if starts.numel() == 0 or int(starts[0]) != 0:
+        raise ValueError("a packed row must start a sequence at position 0")
+    lengths = torch.diff(torch.cat([starts, starts.new_tensor([n])]))
+    rows = torch.repeat_interleave(torch.arange(len(starts), device=starts.device), lengths)
+    cols = torch.arange(n, device=starts.device) - starts[rows]
+    return rows, cols
+
+
 def last_hidden_state(
-    model: torch.nn.Module, token_ids_N: Tensor, position_ids_N: Tensor
+    model: torch.nn.Module, token_ids_N: Tensor, position_ids_N: Tensor, layout: str = "packed"
 ) -> Tensor:
     """Final hidden states [N, H] of a transformers causal LM on one packed row.
 
+    `layout="packed"` runs the row as is (the model masks attention between its sequences: a
+    dense [N, N] mask unless the attention kernel takes sequence boundaries); `"padded"` runs the
+    sequences as the rows of a right-padded batch under a plain causal mask (cost: rows × the
+    longest sequence², no mask tensor), then gathers the real tokens back into packed order.
     Calls the top-level module (so FSDP2's root hooks run) with `logits_to_keep` empty, so the
     model itself never builds logits, and reads the decoder's output through a forward hook.
     """
+    if layout == "padded":
+        rows, cols = padded_rows(position_ids_N)
+        width = int(cols.max()) + 1
+        ids_BT = token_ids_N.new_zeros((int(rows[-1]) + 1, width))
+        ids_BT[rows, cols] = token_ids_N
+        pos_BT = torch.arange(width, device=ids_BT.device).expand_as(ids_BT)
+        return _decoder_output(model, ids_BT, pos_BT)[rows, cols]
+    if layout != "packed":
+        raise ValueError(f"unknown attention layout {layout!r}; use packed or padded")
+    return _decoder_output(model, token_ids_N[None], position_ids_N[None])[0]
+
+
+def _decoder_output(model: torch.nn.Module, ids_BT: Tensor, pos_BT: Tensor) -> Tensor:
     decoder = model.get_decoder()  # type: ignore[operator]
     seen: list[Tensor] = []
     handle = decoder.register_forward_hook(lambda _m, _i, out: seen.append(out[0]))
     try:
         model(
-            input_ids=token_ids_N[None],
-            position_ids=position_ids_N[None],
+            input_ids=ids_BT,
+            position_ids=pos_BT,
             attention_mask=None,
             use_cache=False,
-            logits_to_keep=torch.zeros(0, dtype=torch.long, device=token_ids_N.device),
+            logits_to_keep=torch.zeros(0, dtype=torch.long, device=ids_BT.device),
         )
     finally:
         handle.remove()
     if len(seen) != 1:
         raise RuntimeError(f"expected one decoder call in the model's forward, saw {len(seen)}")
-    return seen[0][0]
+    return seen[0]
 
 
 def token_logprobs(
@@ -393,13 +423,14 @@ def token_logprobs(
     with_entropy: bool = False,
     chunk_tokens: int = 512,
     all_tokens: bool = False,
+    layout: str = "packed",
 ) -> tuple[Tensor, Tensor | None]:
     """Trainer logprobs [N] (and entropies) of a packed micro-batch, aligned with mb.token_ids.
 
     Only loss_mask 1 tokens are computed (others are 0) unless `all_tokens`. `temperature` must
     match the one the engine's logprobs were computed at.
     """
-    hidden = last_hidden_state(model, mb.token_ids, mb.position_ids)
+    hidden = last_hidden_state(model, mb.token_ids, mb.position_ids, layout)
     weight = model.get_output_embeddings().weight  # type: ignore[operator]
     return logprobs_from_hidden(
         hidden,

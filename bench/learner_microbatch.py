@@ -5,8 +5,9 @@ A packed row's attention mask is dense, so its cost grows with the square of its
     python bench/learner_microbatch.py [--model builtin:tiny] [--episodes 64 --length 130] \
         [--sizes 512 4096] [--repeats 3]
 
-Prints, per size, the median seconds of the logprob pass and of the update, and the ratio of each
-size's update time to the first size's (the reference, measured in the same run).
+Prints, per attention layout (`learner.attention_layout`: packed row with a dense mask, or a
+right-padded batch under a causal mask) and size, the median seconds of the logprob pass and of
+the update, and the ratio of each update time to the first row's (the reference, same run).
 """
 
 from __future__ import annotations
@@ -40,16 +41,32 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[512, 4096])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--layouts", nargs="+", default=["packed", "padded"])
     a = p.parse_args()
 
-    from agentrl.batch import micro_batches
     from agentrl.config import ModelConfig
     from agentrl.learner import LearnerConfig
-    from agentrl.learner.worker import LearnerWorker
-    from agentrl.loss import LossConfig
 
     model = str(ModelConfig(path=a.model).resolve())
     cfg = LearnerConfig(model_path=model, device="cpu", lr=1e-4, threads_per_worker=a.threads)
+    rows = []
+    for layout in a.layouts:
+        cfg = cfg.model_copy(update={"attention_layout": layout})
+        rows += measure(cfg, a)
+    print(f"{a.episodes} episodes x {a.length} tokens, {model}, {a.threads} thread(s)")
+    print(f"{'layout':>7} {'max tokens':>10} {'micro-batches':>13} {'logprobs s':>10} "
+          f"{'update s':>9} {'ratio':>6}")  # fmt: skip
+    for layout, size, n, lp_s, up_s in rows:
+        print(
+            f"{layout:>7} {size:>10} {n:>13} {lp_s:>10.2f} {up_s:>9.2f} {up_s / rows[0][4]:>6.2f}"
+        )
+
+
+def measure(cfg, a) -> list[tuple]:
+    from agentrl.batch import micro_batches
+    from agentrl.learner.worker import LearnerWorker
+    from agentrl.loss import LossConfig
+
     with socket.socket() as sock:  # a free loopback port for the one-rank process group
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -68,14 +85,17 @@ def main() -> None:
             worker.train_step(mbs, "ppo_clip", LossConfig(name="ppo_clip"))
             lp.append(t1 - t0)
             up.append(time.perf_counter() - t1)
-        rows.append((size, len(mbs), statistics.median(lp[1:]), statistics.median(up[1:])))
+        rows.append(
+            (
+                cfg.attention_layout,
+                size,
+                len(mbs),
+                statistics.median(lp[1:]),
+                statistics.median(up[1:]),
+            )
+        )
     worker.shutdown()
-    print(f"{a.episodes} episodes x {a.length} tokens, {model}, {a.threads} thread(s)")
-    print(
-        f"{'max tokens':>10} {'micro-batches':>13} {'logprobs s':>10} {'update s':>9} {'ratio':>6}"
-    )
-    for size, n, lp_s, up_s in rows:
-        print(f"{size:>10} {n:>13} {lp_s:>10.2f} {up_s:>9.2f} {up_s / rows[0][3]:>6.2f}")
+    return rows
 
 
 if __name__ == "__main__":

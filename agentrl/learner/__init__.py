@@ -35,6 +35,11 @@ class LearnerConfig(BaseModel):
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="floor of linear/cosine decay")
     grad_clip: float = Field(1.0, ge=0, description="max global grad norm; 0: no clipping")
     micro_batch_tokens: int = Field(4096, ge=1, description="token budget of one micro-batch")
+    attention_layout: Literal["packed", "padded"] = Field(
+        "padded",
+        description="a micro-batch's sequences run as one packed row (dense mask between them) or "
+        "as the rows of a right-padded batch under a causal mask (agentrl.batch)",
+    )
     mixed_precision: Literal["auto", "bf16", "fp32"] = Field(
         "auto", description="auto: bf16 compute + fp32 master weights on GPU, fp32 on CPU"
     )

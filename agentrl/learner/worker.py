@@ -105,7 +105,12 @@ class LearnerWorker:
         self.model.eval()
         out = []
         for mb in micro_batches:
-            lp, _ = B.token_logprobs(self.model, mb.to(self.device), temperature=temperature)
+            lp, _ = B.token_logprobs(
+                self.model,
+                mb.to(self.device),
+                temperature=temperature,
+                layout=self.cfg.attention_layout,
+            )
             out.append(lp.float().cpu())
         self.model.reshard()  # no backward follows: free the root's gathered weights
         return out
@@ -184,7 +189,13 @@ class LearnerWorker:
                 LossInputs.from_batch(mb, values=fsdp.token_values(self.model, mb)), loss_cfg
             )
         entropy = getattr(loss_cfg, "entropy_coef", 0.0) > 0
-        lp, ent = B.token_logprobs(self.model, mb, with_entropy=entropy, temperature=temperature)
+        lp, ent = B.token_logprobs(
+            self.model,
+            mb,
+            with_entropy=entropy,
+            temperature=temperature,
+            layout=self.cfg.attention_layout,
+        )
         extra = {}
         if getattr(mb, "trainer_old_logprobs", None) is not None:
             extra["trainer_old_logprobs"] = mb.trainer_old_logprobs

@@ -169,12 +169,13 @@ def packed_batch(lens, seed=0) -> TrainBatch:
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("layout", ["packed", "padded"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_packed_logprobs_equal_unpacked_on_tiny_qwen(tiny, attn):
+def test_packed_logprobs_equal_unpacked_on_tiny_qwen(tiny, attn, layout):
     model = tiny(attn).eval()
     b = packed_batch([7, 12, 5, 9])
     with torch.no_grad():
-        packed, _ = token_logprobs(model, b, all_tokens=True)
+        packed, _ = token_logprobs(model, b, all_tokens=True, layout=layout)
         for s, ids in enumerate(b.per_sequence(b.token_ids)):
             logits = model(input_ids=ids[None]).logits[0].float()
             ref = logits[:-1].log_softmax(-1).gather(1, ids[1:, None])[:, 0]
@@ -185,18 +186,19 @@ def test_packed_logprobs_equal_unpacked_on_tiny_qwen(tiny, attn):
         leaky = b.replace(
             seq_ids=torch.zeros_like(b.seq_ids), position_ids=torch.arange(b.num_tokens), source=[]
         )
-        mixed, _ = token_logprobs(model, leaky, all_tokens=True)
+        mixed, _ = token_logprobs(model, leaky, all_tokens=True, layout=layout)
         assert (mixed - packed).abs().max() > 1e-3
 
 
-def test_tiny_qwen_micro_batch_gradients_equal_full_batch(tiny):
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_tiny_qwen_micro_batch_gradients_equal_full_batch(tiny, layout):
     b = packed_batch([6, 14, 3, 9, 4], seed=1)
     cfg = LossConfig(agg="seq-mean-token-mean", clip_high=0.28, entropy_coef=0.01)
 
     def grads(mbs: list[TrainBatch]) -> dict[str, torch.Tensor]:
         model = tiny("sdpa")  # eval mode: dropout off (the tiny config has none anyway)
         for mb in mbs:
-            lp, ent = token_logprobs(model, mb, with_entropy=True, chunk_tokens=8)
+            lp, ent = token_logprobs(model, mb, with_entropy=True, chunk_tokens=8, layout=layout)
             loss, _ = get_loss("ppo_clip")(LossInputs.from_batch(mb, lp, entropy=ent), cfg)
             loss.backward()
         return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
