@@ -260,16 +260,11 @@ class TensorSync(_Base):
                 "use weight_sync.method=distributed (or disk) on CPU"
             )
         self._plan()
-        self.format = self.cfg.load_format
-        if self.format == "auto":
-            self.format = "direct" if self.cfg.ranks_per_server == 1 else "flattened_bucket"
-        self.groups: list[list] = []
-        if self.format == "direct":
-            self._plan_direct()
-
-    def _plan_direct(self) -> None:
-        specs = [s for b in self.buckets for s in b]
-        self.buckets, self.groups = plan_direct(specs, self.cfg.bucket_mb)
+        fmt, self.groups = self.cfg.load_format, []
+        if fmt == "direct" or (fmt == "auto" and self.cfg.ranks_per_server == 1):
+            self.buckets, self.groups = plan_direct(
+                [s for b in self.buckets for s in b], self.cfg.bucket_mb
+            )
 
     async def push(self, version: str) -> dict[str, float]:
         if not self.buckets:
@@ -278,16 +273,16 @@ class TensorSync(_Base):
         try:
             await self._send(version)
         except WeightSyncError as e:
-            if not (self.cfg.load_format == "auto" and self.format == "direct"):
+            if not (self.cfg.load_format == "auto" and self.groups):
                 raise
             log.warning("direct weight load rejected (%s); using flattened_bucket from now on", e)
-            self.format, self.groups = "flattened_bucket", []
+            self.groups = []
             self._plan()
             await self._send(version)  # every parameter again: the model's own loader
         self.version = version
         return {
             **self._metrics(time.perf_counter() - t0),
-            "sync/direct": float(self.groups != []),
+            "sync/direct": float(bool(self.groups)),
             "sync/learner_s": self.learner_s,  # gather + pack + IPC handles (learner rank 0)
             "sync/engine_s": self.engine_s,  # the servers' update requests
         }
@@ -296,8 +291,9 @@ class TensorSync(_Base):
         self.learner_s = self.engine_s = 0.0
         for i, bucket in enumerate(self.buckets):
             last = i == len(self.buckets) - 1
-            fmt = "direct" if self.groups and self.groups[i] is not None else "flattened_bucket"
-            if fmt == "direct":
+            direct = bool(self.groups) and self.groups[i] is not None
+            fmt = "direct" if direct else "flattened_bucket"
+            if direct:
                 call = ("ipc_direct_bucket", bucket, self.groups[i])
             else:
                 call = ("ipc_bucket", bucket)

@@ -9,7 +9,7 @@ generation of the same prompts and lengths, on the same server, in the same run.
 Modes (--mode single|multi|both):
 - single: one assistant turn of --new-tokens tokens per episode.
 - multi: --turns K assistant turns of --new-tokens // K tokens each; after every turn but the last
-  a zero-latency bench env answers with a fixed short tool message (no sandbox, no parsing).
+  a zero-latency env (envs/synthetic.py) answers with a fixed tool message (no sandbox, no parsing).
 
 Both sides sample with ignore_eos, so every turn is exactly its max_new_tokens long, and both use
 the same prompt ids: the ids the Rollout renders from each episode's user message (distinct per
@@ -42,32 +42,13 @@ from typing import Any
 import httpx
 
 from agentrl.engine import EngineClient, EngineConfig, SamplingParams, parse_generate_response
-from agentrl.env import AssistantTurn, Env, StepResult
 from agentrl.rollout import Rollout, RolloutConfig
 from agentrl.servers import launch_engines
-from agentrl.types import Message, StopReason, Task, Trajectory
+from agentrl.types import Message, StopReason, Task
+from envs.synthetic import FixedLengthEnv
 
 WORDS = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "tree", "house", "water",
          "light", "green", "blue", "red"]  # fmt: skip
-
-
-class BenchEnv(Env):
-    """`turns` assistant turns; a fixed tool message after each but the last; never parses."""
-
-    turns: int = 1
-    observation: str = "tool output: ok"
-    max_turns = 1 << 20
-
-    async def start(self) -> list[Message]:
-        return [Message(role="user", content=self.task.data["prompt"])]
-
-    async def step(self, turn: AssistantTurn) -> StepResult:
-        if turn.index + 1 >= self.turns:
-            return StepResult(done=True)
-        return StepResult(messages=[Message(role="tool", content=self.observation, name="bench")])
-
-    async def reward(self, trajectory: Trajectory) -> float:
-        return 0.0
 
 
 def make_tasks(rollout: Rollout, n: int, prompt_tokens: int, tag: str, seed: int):
@@ -100,7 +81,7 @@ def make_rollout(engine: EngineClient, tokenizer: Any, a, turns: int, per_turn: 
         temperature=a.temperature,
         ignore_eos=True,
     )
-    return Rollout(engine, tokenizer, BenchEnv, cfg, env_kwargs={"turns": turns})
+    return Rollout(engine, tokenizer, FixedLengthEnv, cfg, env_kwargs={"turns": turns})
 
 
 async def run_rollout(rollout: Rollout, tasks: list[Task], prompts, per_turn: int):

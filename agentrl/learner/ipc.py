@@ -35,19 +35,17 @@ def direct_groups(names: Sequence[str]) -> list[tuple[str, list[str]]]:
     """[(SGLang parameter name, the checkpoint names concatenated into it along dim 0, in
     order)], in first-appearance order; unfused names map to themselves. Raises ValueError when
     a fused group is incomplete (e.g. a bucket split it)."""
-    groups: dict[str, list[tuple[int, str]]] = {}
+    groups: dict[str, tuple[int, list[tuple[int, str]]]] = {}  # target -> (parts, members)
     for name in names:
         parts = name.split(".")
         if len(parts) >= 2 and parts[-2] in FUSED:
             fused, pos = FUSED[parts[-2]]
-            target = ".".join([*parts[:-2], fused, parts[-1]])
-        else:
-            target, pos = name, 0
-        groups.setdefault(target, []).append((pos, name))
+            target, want = ".".join([*parts[:-2], fused, parts[-1]]), FUSED_SIZE[fused]
+        else:  # copied as is (also a checkpoint that is fused already)
+            target, pos, want = name, 0, 1
+        groups.setdefault(target, (want, []))[1].append((pos, name))
     out = []
-    for target, members in groups.items():
-        fused = target.split(".")[-2] if "." in target else ""
-        want = FUSED_SIZE.get(fused, 1)
+    for target, (want, members) in groups.items():
         if sorted(p for p, _ in members) != list(range(want)):
             raise ValueError(f"{target}: needs {want} parts, got {[n for _, n in members]}")
         out.append((target, [n for _, n in sorted(members)]))
@@ -79,26 +77,23 @@ def pack_direct(
     return flat, views
 
 
-def direct_payload(named: list[tuple[str, torch.Tensor]]) -> str:
-    """SGLang's payload for per-tensor CUDA-IPC handles (`load_format="direct"` or None)."""
+def serialize(data: object) -> str:
+    """SGLang's base64 payload of tensors shared over CUDA IPC (its torch-reduction patch names
+    devices by UUID, so the server maps them to its own index)."""
     from sglang.srt.utils import MultiprocessingSerializer
     from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
 
     monkey_patch_torch_reductions()
-    return MultiprocessingSerializer.serialize(named, output_str=True)
+    return MultiprocessingSerializer.serialize(data, output_str=True)
 
 
 def flattened_payload(named: list[tuple[str, torch.Tensor]]) -> tuple[str, torch.Tensor]:
     """(base64 payload for one server rank, the flattened CUDA tensor it points to)."""
-    from sglang.srt.utils import MultiprocessingSerializer
-    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
 
-    monkey_patch_torch_reductions()
     bucket = FlattenedTensorBucket(named_tensors=named)
     flat = bucket.get_flattened_tensor()
-    data = {"flattened_tensor": flat, "metadata": bucket.get_metadata()}
-    return MultiprocessingSerializer.serialize(data, output_str=True), flat
+    return serialize({"flattened_tensor": flat, "metadata": bucket.get_metadata()}), flat
 
 
 class IpcHold:

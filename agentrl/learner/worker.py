@@ -330,17 +330,16 @@ class LearnerWorker:
         gate/up fused per `groups`, cast and copied once into one buffer, sent as views of it."""
         from agentrl.learner import ipc
 
-        params = dict(self.model.named_parameters())
         if self.world_size > 1:  # gather the shards (a collective: every rank takes part)
-            full = fsdp.gather_full(self.model, bucket, self.rank, self.device)
-            get = full.__getitem__
+            get = fsdp.gather_full(self.model, bucket, self.rank, self.device).__getitem__
         else:  # one shard is the whole tensor: read it in place
+            params = dict(self.model.named_parameters())
             get = lambda name: fsdp.full_param(params[name])  # noqa: E731
         if self.rank != 0:
             return None
         dtype = fsdp.to_dtype(bucket[0].dtype)
         flat, views = ipc.pack_direct(get, groups, dtype, self.device)
-        payload = ipc.direct_payload(views)
+        payload = ipc.serialize(views)
         self._ipc.keep(flat)
         torch.cuda.synchronize()  # the server reads the memory as soon as it has the handle
         return payload

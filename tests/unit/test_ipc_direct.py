@@ -27,6 +27,11 @@ def test_groups_fuse_qkv_and_gate_up_in_sglang_order():
     ]
 
 
+def test_checkpoint_already_fused_is_copied_as_is():
+    name = "model.layers.0.self_attn.qkv_proj.weight"
+    assert direct_groups([name]) == [(name, [name])]
+
+
 def test_incomplete_group_is_an_error():
     with pytest.raises(ValueError, match="qkv_proj.weight: needs 3 parts"):
         direct_groups(["l.self_attn.q_proj.weight", "l.self_attn.k_proj.weight"])
