@@ -1,15 +1,26 @@
-"""The rollout client's own CPU work per assistant turn, without any engine: render the prompt,
-decode the sampled ids, parse tool calls, render the observation delta (agentrl.render,
-agentrl.parsers), against the reference of one plain `tokenizer.encode` of the same prompt text.
+"""The rollout client's own CPU work, without any model.
 
     python bench/rollout_overhead.py [--prompt-words 128] [--new-tokens 128] [--repeats 200]
+    python bench/rollout_overhead.py --http [--episodes 256] [--turns 4]
 
-Prints milliseconds per call of each part, their sum per turn, and the ratio turn / encode.
+Default: per assistant turn, render the prompt, decode the sampled ids, parse tool calls, render
+the observation delta (agentrl.render, agentrl.parsers), against the reference of one plain
+`tokenizer.encode` of the same prompt text. Prints milliseconds per call of each part, their sum
+per turn, and the ratio turn / encode.
+
+--http: the whole client per request, HTTP included. A loopback server in this process answers
+every /generate at once with a canned SGLang body (--new-tokens ids with logprobs), so all time
+is client time. Measures agentrl's Rollout (EngineClient + envs/synthetic.FixedLengthEnv,
+--episodes x --turns, all in flight together), and two references on the same server and
+concurrency: bare aiohttp posts of the same body (the floor), and bare httpx posts (the client
+agentrl used before). Prints ms per request of each and the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import random
 import time
 
@@ -22,12 +33,114 @@ def per_call(fn, repeats: int) -> float:
     return (time.perf_counter() - t0) / repeats * 1e3
 
 
+def canned_body(new_tokens: int) -> bytes:
+    rng = random.Random(0)
+    ids = [rng.randint(1000, 150000) for _ in range(new_tokens)]
+    meta = {
+        "finish_reason": {"type": "length", "length": new_tokens},
+        "prompt_tokens": 100,
+        "weight_version": "0",
+        "output_token_logprobs": [[-rng.random() * 5, t, None] for t in ids],
+    }
+    return json.dumps({"output_ids": ids, "meta_info": meta}).encode()
+
+
+async def instant_server(body: bytes) -> asyncio.Server:
+    """HTTP/1.1 keep-alive server on 127.0.0.1 answering every request with `body`."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    answer = head % len(body) + body
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                lines = (await reader.readuntil(b"\r\n\r\n")).split(b"\r\n")
+                n = next(
+                    int(x.split(b":")[1]) for x in lines if x.lower().startswith(b"content-length:")
+                )
+                await reader.readexactly(n)
+                writer.write(answer)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0, backlog=4096)
+
+
+async def http_overhead(a) -> None:
+    import aiohttp
+    import httpx
+    from transformers import AutoTokenizer
+
+    from agentrl.assets.build import cached_tokenizer
+    from agentrl.engine import EngineClient
+    from agentrl.rollout import Rollout, RolloutConfig
+    from envs.synthetic import FixedLengthEnv
+
+    server = await instant_server(canned_body(a.new_tokens))
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    n, requests = a.episodes, a.episodes * a.turns
+    payload = {"input_ids": list(range(a.prompt_words)), "return_logprob": True,
+               "sampling_params": {"max_new_tokens": a.new_tokens}}  # fmt: skip
+    best: dict[str, float] = {}
+
+    async def measure(name: str, round_fn) -> None:
+        await round_fn()  # connections opened, caches warm
+        for _ in range(a.rounds):
+            t0 = time.perf_counter()
+            await round_fn()
+            ms = (time.perf_counter() - t0) / requests * 1e3
+            best[name] = min(best.get(name, ms), ms)
+
+    tok = AutoTokenizer.from_pretrained(cached_tokenizer("qwen"))
+    cfg = RolloutConfig(group_size=1, max_turns=a.turns, max_new_tokens=a.new_tokens,
+                        max_context_tokens=a.prompt_words * 2 + a.turns * (a.new_tokens + 64),
+                        ignore_eos=True)  # fmt: skip
+    tasks = FixedLengthEnv.load_tasks(n=n, prompt_words=a.prompt_words)
+    async with EngineClient([url], max_connections=4096) as engine:
+        rollout = Rollout(engine, tok, FixedLengthEnv, cfg, env_kwargs={"turns": a.turns})
+        await measure("agentrl Rollout", lambda: rollout.run(tasks))
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def post() -> None:
+            for _ in range(a.turns):
+                async with session.post(url + "/generate", json=payload) as r:
+                    await r.json()
+
+        await measure("bare aiohttp", lambda: asyncio.gather(*(post() for _ in range(n))))
+
+    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=4096)
+    async with httpx.AsyncClient(limits=limits, timeout=600) as client:
+
+        async def post_httpx() -> None:
+            for _ in range(a.turns):
+                (await client.post(url + "/generate", json=payload)).json()
+
+        await measure("bare httpx", lambda: asyncio.gather(*(post_httpx() for _ in range(n))))
+    server.close()
+
+    print(f"{n} episodes x {a.turns} turns in flight, {a.new_tokens} ids per answer")
+    for k, v in best.items():
+        print(f"{k:<16} {v:7.3f} ms/request")
+    ours, floor, old = best["agentrl Rollout"], best["bare aiohttp"], best["bare httpx"]
+    print(f"ratio Rollout / bare aiohttp {ours / floor:.2f}; bare httpx / Rollout {old / ours:.1f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--prompt-words", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=200)
+    p.add_argument("--http", action="store_true", help="whole client per request, HTTP included")
+    p.add_argument("--episodes", type=int, default=256)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
+    if a.http:
+        asyncio.run(http_overhead(a))
+        return
 
     from transformers import AutoTokenizer
 

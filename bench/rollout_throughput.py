@@ -39,7 +39,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
+import orjson
 
 from agentrl.engine import EngineClient, EngineConfig, SamplingParams, parse_generate_response
 from agentrl.rollout import Rollout, RolloutConfig
@@ -99,18 +101,18 @@ async def run_rollout(rollout: Rollout, tasks: list[Task], prompts, per_turn: in
     return len(tasks) * turns * per_turn, wall
 
 
-async def run_reference(http: httpx.AsyncClient, url: str, prompts, new_tokens: int, a):
+async def run_reference(http: aiohttp.ClientSession, url: str, prompts, new_tokens: int, a):
     """(generated tokens, wall s) of raw /generate: one batched request, or one per prompt."""
     sp = SamplingParams(
         max_new_tokens=new_tokens, temperature=a.temperature, ignore_eos=True
     ).to_sglang()
 
     async def post(body: dict[str, Any]) -> Any:
-        r = await http.post(url + "/generate", json=body | {"sampling_params": sp,
-                                                             "return_logprob": True})  # fmt: skip
-        if r.status_code != 200:
-            raise SystemExit(f"{url}/generate: HTTP {r.status_code}: {r.text[:500]}")
-        return r.json()
+        body = body | {"sampling_params": sp, "return_logprob": True}
+        async with http.post(url + "/generate", json=body) as r:
+            if r.status != 200:
+                raise SystemExit(f"{url}/generate: HTTP {r.status}: {(await r.text())[:500]}")
+            return orjson.loads(await r.read())
 
     t0 = time.perf_counter()
     if a.reference == "batch":
@@ -137,11 +139,10 @@ async def measure(url: str, tokenizer: Any, a, mode: str) -> dict[str, Any]:
     per_turn = a.new_tokens // turns
     if per_turn < 1:
         raise SystemExit(f"--new-tokens {a.new_tokens} is less than one token per turn ({turns})")
-    timeout = httpx.Timeout(7200, connect=10)
-    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=1024)
+    timeout = aiohttp.ClientTimeout(total=7200, sock_connect=10)
     async with (
         EngineClient([url], timeout_s=7200, max_retries=0, max_connections=4096) as engine,
-        httpx.AsyncClient(timeout=timeout, limits=limits) as http,
+        aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http,
     ):
         rollout = make_rollout(engine, tokenizer, a, turns, per_turn)
         warm = make_rollout(engine, tokenizer, a, turns, min(per_turn, 8))

@@ -1,4 +1,5 @@
-"""EngineClient against fake SGLang servers (httpx.MockTransport) and closed loopback ports."""
+"""EngineClient against fake SGLang servers (real aiohttp servers on loopback, scripted
+answers) and closed loopback ports."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import json
 import socket
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 
-import httpx
 import pytest
+from aiohttp import web
 
 from agentrl.engine import (
     EngineClient,
@@ -48,54 +50,87 @@ def sglang_body(out: list[int], rid: str = "r", finish=None, version: str = "7")
     }
 
 
-class FakeServers:
-    """Several fake SGLang servers behind one transport, keyed by port.
+Handler = Callable[[int, web.Request], Awaitable[web.StreamResponse]]
 
-    `script[port]` is a list of actions consumed one per /generate call: "ok", an int HTTP status,
-    or an httpx exception class to raise; when empty, "ok". `gate` holds /generate calls open."""
 
-    def __init__(self, ports: list[int], script: dict[int, list] | None = None):
-        self.urls = [f"http://127.0.0.1:{p}" for p in ports]
-        self.script = {p: list((script or {}).get(p, [])) for p in ports}
+class Servers:
+    """Real HTTP servers on 127.0.0.1 (ephemeral ports), all answering through `handler(i,
+    request)`, i the server's index. `async with Servers(n, handler) as srv: srv.urls`."""
+
+    def __init__(self, n: int, handler: Handler):
+        self.n, self.handler, self.urls = n, handler, []
+        self._runners: list[web.AppRunner] = []
+
+    async def __aenter__(self) -> Servers:
+        for i in range(self.n):
+            app = web.Application()
+            app.router.add_route("*", "/{path:.*}", self._route(i))
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            self._runners.append(runner)
+            self.urls.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
+        return self
+
+    def _route(self, i: int) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def route(request: web.Request) -> web.StreamResponse:
+            return await self.handler(i, request)
+
+        return route
+
+    async def __aexit__(self, *exc: object) -> None:
+        for r in self._runners:
+            await r.cleanup()
+
+
+class FakeServers(Servers):
+    """Fake SGLang servers. `script[i]` is a list of actions consumed one per /generate call on
+    server i: "ok", an int HTTP status, "drop" (close the connection without an answer) or
+    "garbage" (answer bytes that are not HTTP); when empty, "ok". `gate` holds /generate calls
+    open. Admin routes answer {"success": true}."""
+
+    def __init__(self, n: int, script: dict[int, list] | None = None):
+        super().__init__(n, self.handle)
+        self.script = {i: list((script or {}).get(i, [])) for i in range(n)}
         self.calls: list[tuple[int, str, dict]] = []
         self.gate: asyncio.Event | None = None
-        self.open_now: dict[int, int] = dict.fromkeys(ports, 0)
+        self.open_now: dict[int, int] = dict.fromkeys(range(n), 0)
 
-    def transport(self) -> httpx.MockTransport:
-        return httpx.MockTransport(self.handle)
+    def called(self, path: str = "/generate") -> list[int]:
+        return [i for i, pa, _ in self.calls if pa == path]
 
-    def ports_called(self, path: str = "/generate") -> list[int]:
-        return [p for p, pa, _ in self.calls if pa == path]
-
-    async def handle(self, request: httpx.Request) -> httpx.Response:
-        port, path = request.url.port, request.url.path
-        body = json.loads(request.content) if request.content else {}
-        self.calls.append((port, path, body))
-        if path != "/generate":
-            return httpx.Response(200, json={"success": True, "path": path})
-        action = self.script[port].pop(0) if self.script[port] else "ok"
-        if isinstance(action, type) and issubclass(action, Exception):
-            raise action("fake failure", request=request)
+    async def handle(self, i: int, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        body = json.loads(raw) if raw else {}
+        self.calls.append((i, request.path, body))
+        if request.path != "/generate":
+            return web.json_response({"success": True, "path": request.path})
+        action = self.script[i].pop(0) if self.script[i] else "ok"
+        if action in ("drop", "garbage"):
+            assert request.transport is not None
+            if action == "garbage":
+                request.transport.write(b"NOT HTTP AT ALL\r\n\r\n")
+            request.transport.close()
+            return web.Response()  # never reaches the closed socket
         if isinstance(action, int):
-            msg = {"error": {"message": f"fake {action}"}}
-            return httpx.Response(action, json=msg)
-        self.open_now[port] += 1
+            return web.json_response({"error": {"message": f"fake {action}"}}, status=action)
+        self.open_now[i] += 1
         try:
             if self.gate is not None:
                 await self.gate.wait()
         finally:
-            self.open_now[port] -= 1
-        return httpx.Response(200, json=sglang_body([11, 12, STOP], body["rid"]))
+            self.open_now[i] -= 1
+        return web.json_response(sglang_body([11, 12, STOP], body["rid"]))
 
 
-def client(fake: FakeServers, **kw) -> EngineClient:
+def client(urls: list[str], **kw) -> EngineClient:
     kw.setdefault("backoff_s", 0.001)
-    return EngineClient(fake.urls, transport=fake.transport(), **kw)
+    return EngineClient(urls, **kw)
 
 
 async def test_generate_sends_sglang_request_and_parses_completion():
-    fake = FakeServers([9001])
-    async with client(fake) as engine:
+    async with FakeServers(1) as fake, client(fake.urls) as engine:
         params = SamplingParams(max_new_tokens=5, temperature=0.7, top_k=20, seed=3)
         comp = await engine.generate([1, 2, 3], params)
     _, path, body = fake.calls[0]
@@ -107,13 +142,12 @@ async def test_generate_sends_sglang_request_and_parses_completion():
     assert comp.token_ids == [11, 12, STOP] and comp.logprobs == [-0.5, -1.5, -2.5]
     assert comp.finish_reason is FinishReason.STOP and comp.matched_stop == STOP
     assert comp.weight_version == "7" and comp.prompt_tokens == 3
-    assert comp.server == "http://127.0.0.1:9001" and comp.latency_s >= 0
+    assert comp.server == fake.urls[0] and comp.latency_s >= 0
 
 
 async def test_least_loaded_routing_spreads_concurrent_requests():
-    fake = FakeServers([9001, 9002, 9003])
-    fake.gate = asyncio.Event()
-    async with client(fake) as engine:
+    async with FakeServers(3) as fake, client(fake.urls) as engine:
+        fake.gate = asyncio.Event()
         tasks = [asyncio.create_task(engine.generate([1], SamplingParams())) for _ in range(6)]
         while sum(fake.open_now.values()) < 6:
             await asyncio.sleep(0.001)
@@ -126,11 +160,10 @@ async def test_least_loaded_routing_spreads_concurrent_requests():
 
 
 async def test_sticky_key_keeps_a_trajectory_on_one_server_until_released():
-    fake = FakeServers([9001, 9002])
-    fake.gate = asyncio.Event()
-    async with client(fake) as engine:
-        first = await asyncio.wait_for(_one_open(engine, fake, "episode-a"), 1)
-        # 9001 is now busy with episode-a's open request; episode-a still goes back to it
+    async with FakeServers(2) as fake, client(fake.urls) as engine:
+        fake.gate = asyncio.Event()
+        first = await asyncio.wait_for(_one_open(engine, fake, "episode-a"), 5)
+        # server 0 is now busy with episode-a's open request; episode-a still goes back to it
         t2 = asyncio.create_task(engine.generate([1], SamplingParams(), key="episode-a"))
         t3 = asyncio.create_task(engine.generate([1], SamplingParams(), key="episode-b"))
         fake.gate.set()
@@ -148,32 +181,47 @@ async def _one_open(engine: EngineClient, fake: FakeServers, key: str) -> asynci
     return task
 
 
-async def test_connection_error_moves_to_another_server():
-    fake = FakeServers([9001, 9002], {9001: [httpx.ConnectError]})
-    async with client(fake) as engine:
-        comp = await engine.generate([1], SamplingParams(), key="k")
-        assert comp.server.endswith(":9002") and engine.server_for("k") == comp.server
-        assert fake.ports_called() == [9001, 9002]
-        # 9001 is cooling down: the next new key is not sent there
-        comp2 = await engine.generate([1], SamplingParams(), key="other")
-        assert comp2.server.endswith(":9002")
+async def test_connection_refused_moves_to_another_server():
+    async with FakeServers(1) as fake:
+        dead = f"http://127.0.0.1:{closed_port()}"
+        async with client([dead, *fake.urls]) as engine:
+            comp = await engine.generate([1], SamplingParams(), key="k")
+            assert comp.server == fake.urls[0] and engine.server_for("k") == comp.server
+            # the dead server is cooling down: the next new key is not sent there
+            comp2 = await engine.generate([1], SamplingParams(), key="other")
+            assert comp2.server == fake.urls[0]
+    assert fake.called() == [0, 0]
 
 
-@pytest.mark.parametrize("failure", [503, 500, httpx.RemoteProtocolError, httpx.ReadError])
+@pytest.mark.parametrize("failure", [503, 500, "drop", "garbage"])
 async def test_5xx_and_dropped_connections_are_retried(failure):
-    fake = FakeServers([9001], {9001: [failure, failure]})
-    async with client(fake, max_retries=3) as engine:
-        comp = await engine.generate([1], SamplingParams())
+    async with FakeServers(1, {0: [failure] * 2}) as fake, client(fake.urls, max_retries=3) as e:
+        comp = await e.generate([1], SamplingParams())
     assert comp.token_ids == [11, 12, STOP]
-    assert fake.ports_called() == [9001, 9001, 9001]
+    assert fake.called() == [0, 0, 0]
 
 
 async def test_retries_run_out_into_engine_unavailable():
-    fake = FakeServers([9001], {9001: [503] * 10})
-    async with client(fake, max_retries=2) as engine:
+    async with FakeServers(1, {0: [503] * 10}) as fake, client(fake.urls, max_retries=2) as e:
         with pytest.raises(EngineUnavailable, match="after 3 attempts"):
-            await engine.generate([1], SamplingParams())
-    assert len(fake.ports_called()) == 3
+            await e.generate([1], SamplingParams())
+    assert len(fake.called()) == 3
+
+
+async def test_timed_out_request_is_aborted_on_the_server_and_retried():
+    async with FakeServers(1) as fake:
+        fake.gate = asyncio.Event()  # never set: every /generate hangs
+        async with client(fake.urls, max_retries=1, timeout_s=0.3) as engine:
+            with pytest.raises(EngineUnavailable, match="timed out"):
+                await engine.generate([1], SamplingParams())
+            for _ in range(100):
+                if len(fake.called("/abort_request")) == 2:
+                    break
+                await asyncio.sleep(0.01)
+        rids = [b["rid"] for _, p, b in fake.calls if p == "/generate"]
+        aborted = [b["rid"] for _, p, b in fake.calls if p == "/abort_request"]
+        assert len(rids) == 2 and sorted(aborted) == sorted(rids)
+        fake.gate.set()
 
 
 async def test_no_server_listening_raises_one_line_engine_unavailable():
@@ -191,25 +239,22 @@ async def test_no_server_listening_raises_one_line_engine_unavailable():
 async def test_prompt_too_long_is_not_retried():
     msg = "The input (5000 tokens) is longer than the model's context length (4096 tokens)."
 
-    async def handler(request: httpx.Request) -> httpx.Response:
-        calls.append(request.url.port)
-        return httpx.Response(400, json={"error": {"message": msg}})
+    async def handler(i: int, request: web.Request) -> web.Response:
+        calls.append(i)
+        return web.json_response({"error": {"message": msg}}, status=400)
 
     calls: list[int] = []
-    urls = ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
-    transport = httpx.MockTransport(handler)
-    async with EngineClient(urls, transport=transport, backoff_s=0.001) as engine:
+    async with Servers(2, handler) as srv, client(srv.urls) as engine:
         with pytest.raises(PromptTooLong, match="context length") as info:
             await engine.generate(list(range(5000)), SamplingParams())
     assert len(calls) == 1 and info.value.status_code == 400
 
 
 async def test_other_4xx_is_a_request_error_not_retried():
-    fake = FakeServers([9001, 9002], {9001: [400], 9002: [400]})
-    async with client(fake) as engine:
+    async with FakeServers(2, {0: [400], 1: [400]}) as fake, client(fake.urls) as engine:
         with pytest.raises(EngineRequestError) as info:
             await engine.generate([1], SamplingParams())
-    assert not isinstance(info.value, PromptTooLong) and len(fake.ports_called()) == 1
+    assert not isinstance(info.value, PromptTooLong) and len(fake.called()) == 1
 
 
 def test_stop_token_trimmed_by_a_server_is_restored_from_logprobs():
@@ -229,13 +274,12 @@ def test_backoff_delay_doubles_and_caps():
 
 
 async def test_init_weights_update_group_gives_each_server_its_rank_offset():
-    fake = FakeServers([9001, 9002, 9003])
-    async with client(fake) as engine:
+    async with FakeServers(3) as fake, client(fake.urls) as engine:
         await engine.init_weights_update_group("127.0.0.1", 29500, backend="gloo")
         await engine.update_weights_from_distributed(
             ["w"], ["torch.float32"], [[2, 3]], weight_version="5"
         )
-    inits = sorted((p, b) for p, path, b in fake.calls if path == "/init_weights_update_group")
+    inits = sorted((i, b) for i, path, b in fake.calls if path == "/init_weights_update_group")
     assert [b["rank_offset"] for _, b in inits] == [1, 2, 3]
     assert {b["world_size"] for _, b in inits} == {4}
     upd = [b for _, path, b in fake.calls if path == "/update_weights_from_distributed"]
@@ -243,22 +287,33 @@ async def test_init_weights_update_group_gives_each_server_its_rank_offset():
 
 
 async def test_admin_failure_names_the_server_and_falls_back_to_old_routes():
-    async def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/model_info":
-            return httpx.Response(404, json={"detail": "Not Found"})
-        if request.url.port == 9002 and request.url.path == "/flush_cache":
-            return httpx.Response(400, text="requests are running")
-        if request.url.port == 9002 and request.url.path == "/update_weights_from_disk":
-            return httpx.Response(400, json={"success": False, "message": "no such dir"})
-        return httpx.Response(200, json={"success": True, "weight_version": "3"})
+    async def handler(i: int, request: web.Request) -> web.Response:
+        if request.path == "/model_info":
+            return web.json_response({"detail": "Not Found"}, status=404)
+        if i == 1 and request.path == "/flush_cache":
+            return web.Response(status=400, text="requests are running")
+        if i == 1 and request.path == "/update_weights_from_disk":
+            return web.json_response({"success": False, "message": "no such dir"}, status=400)
+        return web.json_response({"success": True, "weight_version": "3"})
 
-    urls = ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
-    async with EngineClient(urls, transport=httpx.MockTransport(handler)) as engine:
+    async with Servers(2, handler) as srv, EngineClient(srv.urls) as engine:
         infos = await engine.model_info()  # an older server: /get_model_info
         assert [i["weight_version"] for i in infos] == ["3", "3"]
         assert await engine.flush_cache() == [True, False]
-        with pytest.raises(EngineError, match=r"1/2 servers: http://127.0.0.1:9002.*no such dir"):
+        bad = srv.urls[1].replace("/", r"\/").replace(".", r"\.")
+        with pytest.raises(EngineError, match=rf"1/2 servers: {bad}.*no such dir"):
             await engine.update_weights_from_disk("/ckpt", weight_version="4")
+
+
+async def test_client_survives_a_new_event_loop_and_idle_keepalive():
+    """train.py runs one asyncio.run() per step, and steps can be longer than any keep-alive."""
+    async with FakeServers(1) as fake:
+        engine = client(fake.urls)
+        assert (await engine.generate([1], SamplingParams())).token_ids[-1] == STOP
+        await asyncio.sleep(2.5)  # past the client's 2 s idle close
+        assert (await engine.generate([1], SamplingParams())).token_ids[-1] == STOP
+        await engine.aclose()
+    assert fake.called() == [0, 0]
 
 
 def test_config_urls_and_sampling_params_validation():
