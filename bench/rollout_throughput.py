@@ -236,6 +236,7 @@ def main() -> None:
     p.add_argument("--memory-saver", action="store_true", help="sglang: keep the memory saver")
     p.add_argument("--server-args", default="", help="more launch arguments (one string)")
     p.add_argument("--json", help="also write the figures to this file")
+    p.add_argument("--log-dir", help="keep the launched server's log here (default: a temp dir)")
     a = p.parse_args()
     if a.episodes is None:
         a.episodes = 16 if a.engine == "dev" and not a.url else 256
@@ -246,7 +247,8 @@ def main() -> None:
         url = a.url.rstrip("/") if a.url else None
         model = resolve_model(a, url)
         if url is None:
-            logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="agentrl-bench-")))
+            logs = Path(a.log_dir or stack.enter_context(tempfile.TemporaryDirectory()))
+            logs.mkdir(parents=True, exist_ok=True)
             url = stack.enter_context(launch_engines(engine_config(a), Path(model), logs))[0]
         tokenizer = AutoTokenizer.from_pretrained(model)
         rows = [asyncio.run(measure(url, tokenizer, a, m)) for m in modes]

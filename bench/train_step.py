@@ -5,6 +5,7 @@ sampled lengths are the same whatever the weights), SGLang colocated on the same
     python bench/train_step.py --shape 0.5b [--tasks 32 --group 8 --prompt-words 128 \
         --new-tokens 512 --steps 4] [-- extra.hydra=overrides]
     python bench/train_step.py --shape tiny --engine dev --tasks 2 --group 4 --new-tokens 32  # CPU
+    python bench/train_step.py --shape 0.5b --trl      # then TRL's GRPOTrainer, same model and batch
 
 Prints, per phase, the median seconds over the steps after the first (the first compiles and
 warms up), the tokens per step, and two utilisation figures against the GPU's dense bf16 peak:
@@ -13,6 +14,8 @@ warms up), the tokens per step, and two utilisation figures against the GPU's de
 - step MFU    = 6·N·T / whole step time (the issue's definition: what the GPU spends on learning)
 
 N counts every parameter (embeddings included), T every token of the batch (prompt + sampled).
+--trl then runs TRL's GRPOTrainer on the same model, batch and lengths (bench/trl_grpo.py) and
+prints the ratio of step times, TRL / agentrl.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import time
 from pathlib import Path
 
 import torch
+import trl_grpo  # bench/trl_grpo.py, beside this file
 
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "H20": 148.0, "A100": 312.0, "L40S": 362.0}
 PHASES = ["rollout", "advantage", "to_learner", "logprobs", "update", "sync", "checkpoint"]
@@ -84,7 +88,8 @@ def overrides(args: argparse.Namespace, model: Path, tmp: Path) -> list[str]:
     ]
 
 
-def report(history: list[dict[str, float]], n_params: int, peak: float, wall_s: float) -> None:
+def report(history: list[dict[str, float]], n_params: int, peak: float, wall_s: float) -> float:
+    """Print the phases and MFU; return the step seconds (sum of the phases' medians)."""
     rows = history[1:] or history  # the first step warms up (compiles, allocates)
     med = {p: statistics.median(h.get(f"timing_s/{p}", 0.0) for h in rows) for p in PHASES}
     step_s = sum(med.values())
@@ -102,6 +107,7 @@ def report(history: list[dict[str, float]], n_params: int, peak: float, wall_s: 
           f"{tokens / learner_s:.0f} tok/s")  # fmt: skip
     print(f"learner MFU {100 * learner_mfu:.1f} %  step MFU {100 * step_mfu:.1f} %  "
           f"(peak {peak / 1e12:.0f} TFLOP/s bf16)")  # fmt: skip
+    return step_s
 
 
 def main() -> None:
@@ -114,6 +120,8 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=512, help="sampled tokens per episode")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--peak-tflops", type=float, help="dense bf16 peak (default: by GPU name)")
+    p.add_argument("--trl", action="store_true", help="also TRL's GRPOTrainer (needs trl)")
+    trl_grpo.add_args(p)
     p.add_argument("hydra", nargs="*", help="more Hydra overrides, after --")
     args = p.parse_args()
 
@@ -128,7 +136,13 @@ def main() -> None:
         history = asyncio.run(train(cfg, tmp / "out"))
         wall = time.perf_counter() - t0
         n_params = count_params(model)
-    report(history, n_params, peak_flops(args.peak_tflops), wall)
+        step_s = report(history, n_params, peak_flops(args.peak_tflops), wall)
+        if args.trl:
+            res = trl_grpo.trl_step_times(model, args, tmp / "trl")
+            trl_s = trl_grpo.summary(res, args.tasks * args.group)
+            print(
+                f"ratio TRL step / agentrl step: {trl_s / step_s:.2f} ({trl_s:.2f} s / {step_s:.2f} s)"
+            )
 
 
 if __name__ == "__main__":
