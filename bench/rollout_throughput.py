@@ -18,7 +18,10 @@ SGLang `/generate` request (a batch of input_ids, return_logprob on, as the roll
 --reference concurrent sends one request per prompt at once instead). In multi mode the reference
 generates each episode's K x per-turn tokens in one request from the first prompt, so the ratio
 includes the whole cost of the turn boundaries (re-prefill of observations, one request per turn,
-rendering, client overhead). The prefix cache is flushed before every measured run; a warm-up
+rendering, client overhead); multi mode also times a bare multi-turn client (raw /generate per
+turn, the same observation ids appended, no env or rendering), which splits the gap into what
+the server's turn boundaries cost and what agentrl's client adds. The prefix cache is flushed
+before every measured run; a warm-up
 round of short runs on other prompts comes first. Prints, per mode: episodes, turns, generated
 tokens, wall s and tok/s of each side, and the ratio rollout/reference; --json writes them too.
 --engine launches the server through agentrl.servers.launch_engines (loopback, stopped at the
@@ -128,6 +131,34 @@ async def run_reference(http: aiohttp.ClientSession, url: str, prompts, new_toke
     return len(prompts) * new_tokens, wall
 
 
+async def run_bare_turns(http: aiohttp.ClientSession, url: str, prompts, obs: list[int], a,
+                         turns: int, per_turn: int):  # fmt: skip
+    """(generated tokens, wall s) of a bare multi-turn client: every episode at once, `turns`
+    raw /generate requests each, the next prompt = ids so far + sampled ids + `obs` (the same
+    observation ids the rollout appends). SGLang's own cost of turn boundaries, without
+    agentrl's (no env, no rendering, no parsing)."""
+    sp = SamplingParams(max_new_tokens=per_turn, temperature=a.temperature, ignore_eos=True)
+    body = {"sampling_params": sp.to_sglang(), "return_logprob": True}
+
+    async def episode(ids: list[int]) -> int:
+        n = 0
+        for k in range(turns):
+            async with http.post(url + "/generate", json=body | {"input_ids": ids}) as r:
+                out = orjson.loads(await r.read())["output_ids"]
+            n += len(out)
+            ids = ids + out + (obs if k < turns - 1 else [])
+        return n
+
+    t0 = time.perf_counter()
+    counts = await asyncio.gather(*(episode(list(p)) for p in prompts))
+    wall = time.perf_counter() - t0
+    if set(counts) != {turns * per_turn}:
+        raise SystemExit(
+            f"bare turns: generated {sorted(set(counts))}, expected {turns * per_turn}"
+        )
+    return sum(counts), wall
+
+
 async def flush(engine: EngineClient) -> None:
     """Empty the prefix cache, so the side measured second does not find the prompts cached."""
     if not all(await engine.flush_cache()):
@@ -150,13 +181,18 @@ async def measure(url: str, tokenizer: Any, a, mode: str) -> dict[str, Any]:
         await run_reference(http, url, w_prompts, turns * min(per_turn, 8), a)
         await run_rollout(warm, w_tasks, w_prompts, min(per_turn, 8))
         tasks, prompts = make_tasks(rollout, a.episodes, a.prompt_tokens, "episode", a.seed)
-        ref, ro = [], []
+        obs = rollout.renderer.observation_ids([FixedLengthEnv.observation_message()], [0])
+        ref, ro, bare = [], [], []
         for _ in range(a.rounds):
             await flush(engine)
             ref.append(await run_reference(http, url, prompts, turns * per_turn, a))
             await flush(engine)
             ro.append(await run_rollout(rollout, tasks, prompts, per_turn))
+            if turns > 1:
+                await flush(engine)
+                bare.append(await run_bare_turns(http, url, prompts, obs, a, turns, per_turn))
     (tokens, ref_s), (_, ro_s) = min(ref, key=lambda x: x[1]), min(ro, key=lambda x: x[1])
+    bare_s = min(b[1] for b in bare) if bare else None
     return {
         "mode": mode,
         "episodes": a.episodes,
@@ -168,6 +204,7 @@ async def measure(url: str, tokenizer: Any, a, mode: str) -> dict[str, Any]:
         "rollout_tok_s": tokens / ro_s,
         "reference_tok_s": tokens / ref_s,
         "ratio": ref_s / ro_s,
+        "bare_turns_s": bare_s,  # multi: bare multi-turn client, same server and turns
     }
 
 
@@ -214,6 +251,11 @@ def report(rows: list[dict[str, Any]], header: str) -> None:
     for r in rows:
         print(f"ratio rollout/reference ({r['mode']}, {r['turns']} x {r['tokens_per_turn']} "
               f"tokens): {r['ratio']:.2f}")  # fmt: skip
+        if r.get("bare_turns_s"):
+            b = r["bare_turns_s"]
+            print(f"  bare multi-turn client (raw /generate per turn, no env or rendering): "
+                  f"{b:.2f} s, {r['tokens'] / b:.1f} tok/s, ratio to reference "
+                  f"{r['reference_s'] / b:.2f}; rollout / bare {b / r['rollout_s']:.2f}")  # fmt: skip
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ import torch
 import trl_grpo  # bench/trl_grpo.py, beside this file
 
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "H20": 148.0, "A100": 312.0, "L40S": 362.0}
-PHASES = ["rollout", "advantage", "to_learner", "logprobs", "update", "sync", "checkpoint"]
+PHASES = ["rollout", "advantage", "to_learner", "logprobs", "update", "sync"]
 
 
 def peak_flops(override: float | None) -> float:
@@ -81,7 +81,7 @@ def overrides(args: argparse.Namespace, model: Path, tmp: Path) -> list[str]:
         f"rollout.max_context_tokens={args.prompt_words * 2 + args.new_tokens + 64}",
         f"trainer.steps={args.steps}",
         f"trainer.tasks_per_step={args.tasks}",
-        f"trainer.every={args.steps}",
+        f"trainer.every={args.steps}",  # one checkpoint, after the last step
         f"trainer.dir={tmp}/ckpt",
         "trainer.resume=never",
         *args.hydra,
@@ -93,6 +93,9 @@ def report(history: list[dict[str, float]], n_params: int, peak: float, wall_s: 
     rows = history[1:] or history  # the first step warms up (compiles, allocates)
     med = {p: statistics.median(h.get(f"timing_s/{p}", 0.0) for h in rows) for p in PHASES}
     step_s = sum(med.values())
+    # the trainer checkpoints every trainer.every steps and always after the last one: a cost of
+    # the run, not of a step (TRL's reference saves nothing), so shown apart
+    ckpt = [h["timing_s/checkpoint"] for h in history if h.get("timing_s/checkpoint", 0) >= 0.01]
     tokens = statistics.median(h["train/batch_tokens"] for h in rows)
     sampled = statistics.median(h["rollout/sampled_tokens"] for h in rows)
     print(f"\n{n_params / 1e9:.3f}B parameters; per step: {tokens:.0f} tokens "
@@ -100,6 +103,7 @@ def report(history: list[dict[str, float]], n_params: int, peak: float, wall_s: 
     for p in PHASES:
         print(f"  {p:<11} {med[p]:8.3f} s  {100 * med[p] / step_s:5.1f} %")
     print(f"  {'step':<11} {step_s:8.3f} s")
+    print(f"  (checkpoint, not in the step: {', '.join(f'{c:.1f} s' for c in ckpt) or 'none'})")
     learner_s = med["logprobs"] + med["update"]
     learner_mfu = 8 * n_params * tokens / learner_s / peak
     step_mfu = 6 * n_params * tokens / step_s / peak

@@ -52,12 +52,14 @@ class FixedLengthEnv(Env):
     async def start(self) -> list[Message]:
         return [Message(role="user", content=self.task.data["prompt"])]
 
+    @classmethod
+    def observation_message(cls) -> Message:
+        return Message(role="tool", content=cls.observation, name="noop")
+
     async def step(self, turn: AssistantTurn) -> StepResult:
         if turn.index + 1 >= self.turns:
             return StepResult(done=True)
-        return StepResult(
-            messages=[Message(role="tool", content=self.observation, name="noop")], tool_calls=1
-        )
+        return StepResult(messages=[self.observation_message()], tool_calls=1)
 
     async def reward(self, trajectory: Trajectory) -> float:
         """Uniform in [0, 1), fixed by task and sample (seeded by their ids)."""

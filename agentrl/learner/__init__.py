@@ -44,6 +44,12 @@ class LearnerConfig(BaseModel):
         "auto", description="auto: bf16 compute + fp32 master weights on GPU, fp32 on CPU"
     )
     activation_checkpointing: Literal["auto", "on", "off"] = Field("auto", description="auto: GPU")
+    offload: Literal["all", "optimizer", "none"] = Field(
+        "all",
+        description="colocated mode: what moves to CPU while the engine samples. all: parameters "
+        "and optimizer state (the most room for the engine); optimizer: only the Adam moments "
+        "(2/3 of the state); none: nothing moves (fastest, when both fit on the GPU)",
+    )
     reshard_after_forward: bool = True
     seed: int = 0
     threads_per_worker: int = Field(1, ge=1, description="torch CPU threads of each worker")

@@ -298,10 +298,13 @@ def move_optimizer_state(opt: torch.optim.Optimizer, device: torch.device | str)
                 state[k] = v.to(device, non_blocking=True)
 
 
-def offload(model: nn.Module, opt: torch.optim.Optimizer | None, device: str = "cpu") -> None:
-    """Move the (sharded) parameters, gradients and optimizer state to `device` ("cpu" to free
-    the GPU, "cuda" to bring them back)."""
-    model.to(device)
+def offload(
+    model: nn.Module | None, opt: torch.optim.Optimizer | None, device: str = "cpu"
+) -> None:
+    """Move the (sharded) parameters and gradients, and the optimizer state, to `device` ("cpu"
+    to free the GPU, "cuda" to bring them back). None: leave that part where it is."""
+    if model is not None:
+        model.to(device)
     if opt is not None:
         move_optimizer_state(opt, device)
     if device == "cpu" and torch.cuda.is_available():

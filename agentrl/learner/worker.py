@@ -376,10 +376,15 @@ class LearnerWorker:
 
     # -- offload (colocated mode) ---------------------------------------------------------------
     def offload(self) -> None:
-        fsdp.offload(self.model, self.opt, "cpu")
+        fsdp.offload(*self._movable(), "cpu")
 
     def onload(self) -> None:
-        fsdp.offload(self.model, self.opt, str(self.device))
+        fsdp.offload(*self._movable(), str(self.device))
+
+    def _movable(self) -> tuple[Any, Any]:
+        """(model, optimizer) to move in colocated mode per `learner.offload`; None stays."""
+        what = self.cfg.offload
+        return (self.model if what == "all" else None), (self.opt if what != "none" else None)
 
     def _require(self, role: str, what: str) -> None:
         if self.role != role:
