@@ -110,6 +110,13 @@ class HermesParser(Parser):
                 break
             prose.append(text[pos:start])
             body_start = start + len(self.open_tag)
+            whole = self._json_then_close(text, body_start)
+            if whole is not None:  # the tags may stand inside the JSON's strings (code, prose)
+                raw, pos = text[body_start : whole[0]], whole[1]
+                call, err = _read_call(raw, len(calls) + len(errors), tools)
+                calls += [call] if call is not None else []
+                errors += [err] if err is not None else []
+                continue
             end = text.find(self.close_tag, body_start)
             nxt = text.find(self.open_tag, body_start)
             if end < 0 or (0 <= nxt < end):
@@ -136,6 +143,24 @@ class HermesParser(Parser):
                 errors.append(err)
         content = "".join(prose).strip()
         return ParseResult(content=content, tool_calls=calls, errors=errors)
+
+    def _json_then_close(self, text: str, i: int) -> tuple[int, int] | None:
+        """(end of the JSON object, end of the closing tag) when a JSON object starts at `i`
+        (after white space) and the closing tag follows it; else None."""
+        i += len(text[i:]) - len(text[i:].lstrip())
+        if not text.startswith("{", i):
+            return None
+        try:
+            _, end = _DECODER.raw_decode(text, i)
+        except (ValueError, RecursionError):
+            return None
+        close = end + len(text[end:]) - len(text[end:].lstrip())
+        if not text.startswith(self.close_tag, close):
+            return None
+        return end, close + len(self.close_tag)
+
+
+_DECODER = json.JSONDecoder()
 
 
 def _read_call(

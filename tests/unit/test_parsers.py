@@ -1,7 +1,7 @@
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
@@ -99,6 +99,8 @@ def test_random_text_never_raises(text):
 
 @settings(max_examples=100, deadline=None)
 @given(st.text(max_size=40))
+@example("<tool_call>")
+@example("s = '</tool_call>'; print(s)")
 def test_roundtrip_any_code(code):
     res = P.parse(call(code=code), TOOLS)
     assert res.tool_calls[0].arguments == {"code": code}
