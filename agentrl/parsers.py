@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -110,33 +111,27 @@ class HermesParser(Parser):
                 break
             prose.append(text[pos:start])
             body_start = start + len(self.open_tag)
-            whole = self._json_then_close(text, body_start)
-            if whole is not None:  # the tags may stand inside the JSON's strings (code, prose)
-                raw, pos = text[body_start : whole[0]], whole[1]
-                call, err = _read_call(raw, len(calls) + len(errors), tools)
-                calls += [call] if call is not None else []
-                errors += [err] if err is not None else []
-                continue
-            end = text.find(self.close_tag, body_start)
-            nxt = text.find(self.open_tag, body_start)
-            if end < 0 or (0 <= nxt < end):
-                stop = len(text) if nxt < 0 else nxt
-                raw = text[body_start:stop]
-                kind = (
-                    ParseErrorKind.TRUNCATED
-                    if truncated and nxt < 0
-                    else ParseErrorKind.UNCLOSED_TAG
-                )
-                errors.append(
-                    ParseError(kind, f"tool call is missing its closing {self.close_tag} tag", raw)
-                )
-                pos = stop
-                if nxt < 0:
-                    break
-                continue
-            raw = text[body_start:end]
-            pos = end + len(self.close_tag)
-            call, err = _read_call(raw, len(calls) + len(errors), tools)
+            # a JSON object then the closing tag: the tags may stand inside its strings (code)
+            end, after = self._json_then_close(text, body_start)
+            if end < 0:  # not a whole JSON object: the body runs to the closing tag
+                end = text.find(self.close_tag, body_start)
+                nxt = text.find(self.open_tag, body_start)
+                if end < 0 or 0 <= nxt < end:
+                    stop = len(text) if nxt < 0 else nxt
+                    kind = (
+                        ParseErrorKind.TRUNCATED
+                        if truncated and nxt < 0
+                        else ParseErrorKind.UNCLOSED_TAG
+                    )
+                    msg = f"tool call is missing its closing {self.close_tag} tag"
+                    errors.append(ParseError(kind, msg, text[body_start:stop]))
+                    pos = stop
+                    if nxt < 0:
+                        break
+                    continue
+                after = end + len(self.close_tag)
+            pos = after
+            call, err = _read_call(text[body_start:end], len(calls) + len(errors), tools)
             if call is not None:
                 calls.append(call)
             if err is not None:
@@ -144,23 +139,21 @@ class HermesParser(Parser):
         content = "".join(prose).strip()
         return ParseResult(content=content, tool_calls=calls, errors=errors)
 
-    def _json_then_close(self, text: str, i: int) -> tuple[int, int] | None:
+    def _json_then_close(self, text: str, i: int) -> tuple[int, int]:
         """(end of the JSON object, end of the closing tag) when a JSON object starts at `i`
-        (after white space) and the closing tag follows it; else None."""
-        i += len(text[i:]) - len(text[i:].lstrip())
-        if not text.startswith("{", i):
-            return None
-        try:
-            _, end = _DECODER.raw_decode(text, i)
-        except (ValueError, RecursionError):
-            return None
-        close = end + len(text[end:]) - len(text[end:].lstrip())
-        if not text.startswith(self.close_tag, close):
-            return None
-        return end, close + len(self.close_tag)
+        (after white space) and the closing tag follows it; else (-1, -1)."""
+        i = _SPACE.match(text, i).end()
+        if text.startswith("{", i):
+            with contextlib.suppress(ValueError, RecursionError):
+                _, end = _DECODER.raw_decode(text, i)
+                close = _SPACE.match(text, end).end()
+                if text.startswith(self.close_tag, close):
+                    return end, close + len(self.close_tag)
+        return -1, -1
 
 
 _DECODER = json.JSONDecoder()
+_SPACE = re.compile(r"\s*")
 
 
 def _read_call(
