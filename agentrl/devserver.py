@@ -7,7 +7,7 @@ It behaves like `sglang.launch_server --skip-tokenizer-init`: POST /generate tak
 prompt/completion tokens, weight_version, `output_token_logprobs` = [[logprob, id, null], ...]).
 Logprobs are log_softmax(logits / temperature) of the sampled ids, before top-k/top-p/min-p
 filtering (SGLang's default); temperature 0 is greedy with raw-logit logprobs. Every sampled id
-is returned, the matched stop token included (SGLang does the same: see agentrl/engine.py).
+is returned, the matched stop token included (SGLang does the same: see agentrl/protocol.py).
 
 Scheduling is continuous batching on one KV cache: each step admits waiting requests (a
 left-padded prefill of all of them), merges their caches into the running batch (left-padding

@@ -12,24 +12,14 @@ a `key` (one trajectory) sticks to the server it first landed on, so later turns
 server's prefix cache. Connection errors, dropped connections and 5xx are retried with
 exponential backoff on another healthy server; a 400 is never retried (`PromptTooLong` when the
 prompt does not fit the model's context, `EngineRequestError` otherwise). Admin calls (health,
-weights, memory, pause) fan out to every server at once.
+weights, memory, pause) fan out to every server at once. The wire format (sampling params,
+responses, stop tokens, error bodies) is `agentrl.protocol`.
 
 HTTP is aiohttp, not httpx: a rollout keeps hundreds of /generate requests in flight, and
 httpcore's pool scans every connection on every request, which cost 5-12 ms of client CPU per
 request at 256 in flight against 0.3-0.4 ms for aiohttp (measured against an instant loopback
 server; `python bench/rollout_overhead.py --http`). orjson reads the logprob-heavy bodies.
 
-Stop tokens (SGLang >= 0.5: scheduler_output_processor_mixin.py, detokenizer_manager.py,
-tokenizer_manager.py): the scheduler appends each sampled id to `req.output_ids` before checking
-stop conditions and returns `output_ids_through_stop`, stop position included. `no_stop_trim` is
-read only by the detokenizer's `trim_matched_stop`, which trims the *text* (and the ids it decodes
-it from), never the response's `output_ids`; with `--skip-tokenizer-init` there is no text. So
-`output_ids` ends with the matched stop id (finish_reason {"type": "stop", "matched": id}) and
-`output_token_logprobs` has one entry per output id. We still send `no_stop_trim=True` (the
-rollout trains on the stop token), and should a server drop it from `output_ids`, we restore it
-from the logprob entries, which carry the ids. Also mirrored by the dev server: `max_new_tokens`
-is checked before stop tokens (a stop id sampled as the last allowed token finishes "length"),
-and `ignore_eos=True` turns off every token stop, `stop_token_ids` included.
 """
 
 from __future__ import annotations
@@ -48,7 +38,25 @@ import aiohttp
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentrl.types import Completion, FinishReason
+from agentrl.protocol import (
+    EngineError,
+    EngineProtocolError,
+    EngineRequestError,
+    EngineUnavailable,
+    PromptTooLong,
+    Reply,
+    SamplingParams,
+    error_message,
+    parse_generate_response,
+    request_error,
+)
+from agentrl.types import Completion
+
+__all__ = [  # the wire-format names stay importable from here, as before agentrl.protocol
+    "EngineClient", "EngineConfig", "EngineError", "EngineProtocolError", "EngineRequestError",
+    "EngineUnavailable", "PromptTooLong", "SamplingParams", "backoff_delay",
+    "encode_named_tensors", "parse_generate_response",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -62,67 +70,6 @@ _CLIENT_FIELDS = {
     "unhealthy_cooldown_s", "health_timeout_s", "max_connections",
 }  # fmt: skip
 _JSON_HEADERS = {"Content-Type": "application/json"}
-_CONTEXT_MARKERS = ("context length", "maximum context length", "requested token count exceeds")
-
-
-class EngineError(RuntimeError):
-    """Base class of engine client errors."""
-
-
-class EngineUnavailable(EngineError):
-    """No server answered (connection refused, dropped, timed out or 5xx) after all retries."""
-
-
-class EngineProtocolError(EngineError):
-    """A server answered with a body this client cannot read as an SGLang response."""
-
-
-class EngineRequestError(EngineError):
-    """The server rejected the request (4xx). Not retried: the same request fails anywhere."""
-
-    def __init__(self, message: str, status_code: int = 400, server: str = ""):
-        super().__init__(message)
-        self.status_code = status_code
-        self.server = server
-
-
-class PromptTooLong(EngineRequestError):
-    """prompt (+ max_new_tokens) does not fit the model's context length: HTTP 400 from SGLang."""
-
-
-class SamplingParams(BaseModel):
-    """Per-request sampling settings, sent as SGLang `sampling_params`.
-
-    temperature 0 means greedy. top_k -1 disables top-k. `seed` becomes SGLang's
-    `sampling_seed` (reproducible sampling for one request)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_new_tokens: int = Field(256, ge=0)
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(-1, ge=-1)
-    min_p: float = Field(0.0, ge=0, le=1)
-    stop_token_ids: list[int] = Field(default_factory=list)
-    ignore_eos: bool = False
-    seed: int | None = None
-
-    def to_sglang(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "max_new_tokens": self.max_new_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "min_p": self.min_p,
-            "ignore_eos": self.ignore_eos,
-            "no_stop_trim": True,  # we train on the stop token: keep it (see module docstring)
-            "skip_special_tokens": False,
-        }
-        if self.stop_token_ids:
-            out["stop_token_ids"] = list(self.stop_token_ids)
-        if self.seed is not None:
-            out["sampling_seed"] = self.seed
-        return out
 
 
 class EngineConfig(BaseModel):
@@ -156,10 +103,6 @@ class EngineConfig(BaseModel):
         return [f"http://{self.host}:{self.base_port + i}" for i in range(self.num_servers)]
 
 
-def _dumps(body: Any) -> bytes:
-    return orjson.dumps(body)
-
-
 def backoff_delay(attempt: int, base_s: float, cap_s: float, rand: float) -> float:
     """Delay before retry `attempt` (0-based): base * 2**attempt, capped, scaled by 0.5..1."""
     return min(cap_s, base_s * (2**attempt)) * (0.5 + 0.5 * rand)
@@ -180,76 +123,6 @@ def encode_named_tensors(named_tensors: dict[str, Any]) -> str:
         seen.add(t.data_ptr())
         tensors[k] = t
     return base64.b64encode(save(tensors)).decode("ascii")
-
-
-@dataclass
-class Reply:
-    """One HTTP answer, read whole (status and body bytes)."""
-
-    status: int
-    body: bytes
-
-    @property
-    def text(self) -> str:
-        return self.body.decode("utf-8", "replace")
-
-    def json(self) -> Any:
-        """The body as JSON; ValueError when it is not JSON."""
-        return orjson.loads(self.body)
-
-
-def error_message(response: Reply) -> str:
-    """The message of an SGLang error body ({"error": {"message"}} or {"message"}), else text."""
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text.strip()[:500]
-    if isinstance(body, dict):
-        err = body.get("error")
-        if isinstance(err, dict) and "message" in err:
-            return str(err["message"])
-        for k in ("message", "detail"):
-            if k in body:
-                return str(body[k])
-    return str(body)[:500]
-
-
-def parse_generate_response(data: dict[str, Any], server: str = "", latency_s: float = 0.0):
-    """One SGLang /generate response (return_logprob=True) -> Completion."""
-    try:
-        meta = data["meta_info"]
-        out = [int(t) for t in data["output_ids"]]
-        fr = meta.get("finish_reason") or {}
-        finish = FinishReason(fr.get("type"))
-    except (KeyError, TypeError, ValueError) as e:
-        raise EngineProtocolError(f"{server}: not an SGLang /generate response ({e!r})") from e
-    entries = meta.get("output_token_logprobs")
-    if entries is None:
-        raise EngineProtocolError(f"{server}: no output_token_logprobs; send return_logprob=True")
-    lp_ids = [int(e[1]) for e in entries]
-    logprobs = [float(e[0]) for e in entries]
-    matched = fr.get("matched")
-    matched = matched if isinstance(matched, int) and not isinstance(matched, bool) else None
-    if lp_ids != out:
-        if matched is not None and lp_ids[:-1] == out and lp_ids[-1] == matched:
-            out = lp_ids  # a server trimmed the stop token from output_ids: restore it
-        elif finish is FinishReason.ABORT and lp_ids == out[: len(lp_ids)]:
-            out = out[: len(lp_ids)]
-        else:
-            raise EngineProtocolError(
-                f"{server}: output_ids ({len(out)}) and output_token_logprobs ({len(lp_ids)}) "
-                "disagree"
-            )
-    return Completion(
-        token_ids=out,
-        logprobs=logprobs,
-        finish_reason=finish,
-        weight_version=str(meta.get("weight_version", "")),
-        prompt_tokens=int(meta.get("prompt_tokens", 0)),
-        matched_stop=matched,
-        server=server,
-        latency_s=latency_s,
-    )
 
 
 @dataclass
@@ -341,7 +214,7 @@ class EngineClient:
         """One HTTP exchange, read whole. Raises aiohttp.ClientError / TimeoutError."""
         kw: dict[str, Any] = {}
         if body is not None:
-            kw["data"], kw["headers"] = _dumps(body), _JSON_HEADERS
+            kw["data"], kw["headers"] = orjson.dumps(body), _JSON_HEADERS
         if timeout is not None:
             kw["timeout"] = aiohttp.ClientTimeout(total=timeout, sock_connect=timeout)
         async with self._client().request(method, url, **kw) as r:
@@ -422,7 +295,7 @@ class EngineClient:
         if r.status >= 500:
             return f"HTTP {r.status}: {error_message(r)[:200]}"
         if r.status >= 400:
-            raise _request_error(r, s.url, "/generate")
+            raise request_error(r, s.url, "/generate")
         s.down_until = 0.0
         try:
             data = r.json()
@@ -450,7 +323,7 @@ class EngineClient:
     async def _admin(self, s: _Server, method: str, path: str, body: Any = None) -> Any:
         r = await self._call(s, method, path, body)
         if r.status >= 400:
-            raise _request_error(r, s.url, path)
+            raise request_error(r, s.url, path)
         try:
             data = r.json()
         except ValueError:
@@ -626,11 +499,3 @@ class EngineClient:
         common = {"weight_version": weight_version, **extra}
         bodies = [{"serialized_named_tensors": p, **common} for p in payloads]
         return await self._fanout("POST", "/update_weights_from_tensor", bodies)
-
-
-def _request_error(r: Reply, url: str, path: str) -> EngineRequestError:
-    msg = error_message(r)
-    text = f"{url}{path}: HTTP {r.status}: {msg}"
-    if r.status == 400 and any(m in msg.lower() for m in _CONTEXT_MARKERS):
-        return PromptTooLong(text, r.status, url)
-    return EngineRequestError(text, r.status, url)

@@ -1,0 +1,166 @@
+"""SGLang's HTTP wire format as agentrl uses it: sampling params, /generate responses (with
+logprobs), error bodies, and the errors they become. `agentrl.engine` is the client that sends
+them; `agentrl.devserver` answers in the same format.
+
+Stop tokens (SGLang >= 0.5: scheduler_output_processor_mixin.py, detokenizer_manager.py,
+tokenizer_manager.py): the scheduler appends each sampled id to `req.output_ids` before checking
+stop conditions and returns `output_ids_through_stop`, stop position included. `no_stop_trim` is
+read only by the detokenizer's `trim_matched_stop`, which trims the *text* (and the ids it decodes
+it from), never the response's `output_ids`; with `--skip-tokenizer-init` there is no text. So
+`output_ids` ends with the matched stop id (finish_reason {"type": "stop", "matched": id}) and
+`output_token_logprobs` has one entry per output id. We still send `no_stop_trim=True` (the
+rollout trains on the stop token), and should a server drop it from `output_ids`, we restore it
+from the logprob entries, which carry the ids. Also mirrored by the dev server: `max_new_tokens`
+is checked before stop tokens (a stop id sampled as the last allowed token finishes "length"),
+and `ignore_eos=True` turns off every token stop, `stop_token_ids` included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.types import Completion, FinishReason
+
+_CONTEXT_MARKERS = ("context length", "maximum context length", "requested token count exceeds")
+
+
+class EngineError(RuntimeError):
+    """Base class of engine client errors."""
+
+
+class EngineUnavailable(EngineError):
+    """No server answered (connection refused, dropped, timed out or 5xx) after all retries."""
+
+
+class EngineProtocolError(EngineError):
+    """A server answered with a body this client cannot read as an SGLang response."""
+
+
+class EngineRequestError(EngineError):
+    """The server rejected the request (4xx). Not retried: the same request fails anywhere."""
+
+    def __init__(self, message: str, status_code: int = 400, server: str = ""):
+        super().__init__(message)
+        self.status_code = status_code
+        self.server = server
+
+
+class PromptTooLong(EngineRequestError):
+    """prompt (+ max_new_tokens) does not fit the model's context length: HTTP 400 from SGLang."""
+
+
+class SamplingParams(BaseModel):
+    """Per-request sampling settings, sent as SGLang `sampling_params`.
+
+    temperature 0 means greedy. top_k -1 disables top-k. `seed` becomes SGLang's
+    `sampling_seed` (reproducible sampling for one request)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_new_tokens: int = Field(256, ge=0)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(-1, ge=-1)
+    min_p: float = Field(0.0, ge=0, le=1)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    def to_sglang(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "ignore_eos": self.ignore_eos,
+            "no_stop_trim": True,  # we train on the stop token: keep it (see module docstring)
+            "skip_special_tokens": False,
+        }
+        if self.stop_token_ids:
+            out["stop_token_ids"] = list(self.stop_token_ids)
+        if self.seed is not None:
+            out["sampling_seed"] = self.seed
+        return out
+
+
+@dataclass
+class Reply:
+    """One HTTP answer, read whole (status and body bytes)."""
+
+    status: int
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        """The body as JSON; ValueError when it is not JSON."""
+        return orjson.loads(self.body)
+
+
+def error_message(response: Reply) -> str:
+    """The message of an SGLang error body ({"error": {"message"}} or {"message"}), else text."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip()[:500]
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        for k in ("message", "detail"):
+            if k in body:
+                return str(body[k])
+    return str(body)[:500]
+
+
+def parse_generate_response(data: dict[str, Any], server: str = "", latency_s: float = 0.0):
+    """One SGLang /generate response (return_logprob=True) -> Completion."""
+    try:
+        meta = data["meta_info"]
+        out = [int(t) for t in data["output_ids"]]
+        fr = meta.get("finish_reason") or {}
+        finish = FinishReason(fr.get("type"))
+    except (KeyError, TypeError, ValueError) as e:
+        raise EngineProtocolError(f"{server}: not an SGLang /generate response ({e!r})") from e
+    entries = meta.get("output_token_logprobs")
+    if entries is None:
+        raise EngineProtocolError(f"{server}: no output_token_logprobs; send return_logprob=True")
+    lp_ids = [int(e[1]) for e in entries]
+    logprobs = [float(e[0]) for e in entries]
+    matched = fr.get("matched")
+    matched = matched if isinstance(matched, int) and not isinstance(matched, bool) else None
+    if lp_ids != out:
+        if matched is not None and lp_ids[:-1] == out and lp_ids[-1] == matched:
+            out = lp_ids  # a server trimmed the stop token from output_ids: restore it
+        elif finish is FinishReason.ABORT and lp_ids == out[: len(lp_ids)]:
+            out = out[: len(lp_ids)]
+        else:
+            raise EngineProtocolError(
+                f"{server}: output_ids ({len(out)}) and output_token_logprobs ({len(lp_ids)}) "
+                "disagree"
+            )
+    return Completion(
+        token_ids=out,
+        logprobs=logprobs,
+        finish_reason=finish,
+        weight_version=str(meta.get("weight_version", "")),
+        prompt_tokens=int(meta.get("prompt_tokens", 0)),
+        matched_stop=matched,
+        server=server,
+        latency_s=latency_s,
+    )
+
+
+def request_error(r: Reply, url: str, path: str) -> EngineRequestError:
+    msg = error_message(r)
+    text = f"{url}{path}: HTTP {r.status}: {msg}"
+    if r.status == 400 and any(m in msg.lower() for m in _CONTEXT_MARKERS):
+        return PromptTooLong(text, r.status, url)
+    return EngineRequestError(text, r.status, url)
