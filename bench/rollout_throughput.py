@@ -104,6 +104,14 @@ async def run_rollout(rollout: Rollout, tasks: list[Task], prompts, per_turn: in
     return len(tasks) * turns * per_turn, wall
 
 
+async def post_generate(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> Any:
+    """One raw SGLang /generate, its JSON answer; exits on an HTTP error."""
+    async with http.post(url + "/generate", json=body) as r:
+        if r.status != 200:
+            raise SystemExit(f"{url}/generate: HTTP {r.status}: {(await r.text())[:500]}")
+        return orjson.loads(await r.read())
+
+
 async def run_reference(http: aiohttp.ClientSession, url: str, prompts, new_tokens: int, a):
     """(generated tokens, wall s) of raw /generate: one batched request, or one per prompt."""
     sp = SamplingParams(
@@ -111,11 +119,9 @@ async def run_reference(http: aiohttp.ClientSession, url: str, prompts, new_toke
     ).to_sglang()
 
     async def post(body: dict[str, Any]) -> Any:
-        body = body | {"sampling_params": sp, "return_logprob": True}
-        async with http.post(url + "/generate", json=body) as r:
-            if r.status != 200:
-                raise SystemExit(f"{url}/generate: HTTP {r.status}: {(await r.text())[:500]}")
-            return orjson.loads(await r.read())
+        return await post_generate(
+            http, url, body | {"sampling_params": sp, "return_logprob": True}
+        )
 
     t0 = time.perf_counter()
     if a.reference == "batch":
@@ -143,8 +149,7 @@ async def run_bare_turns(http: aiohttp.ClientSession, url: str, prompts, obs: li
     async def episode(ids: list[int]) -> int:
         n = 0
         for k in range(turns):
-            async with http.post(url + "/generate", json=body | {"input_ids": ids}) as r:
-                out = orjson.loads(await r.read())["output_ids"]
+            out = (await post_generate(http, url, body | {"input_ids": ids}))["output_ids"]
             n += len(out)
             ids = ids + out + (obs if k < turns - 1 else [])
         return n
