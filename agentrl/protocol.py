@@ -78,6 +78,12 @@ class SamplingParams(BaseModel):
             "top_k": self.top_k,
             "min_p": self.min_p,
             "ignore_eos": self.ignore_eos,
+            # Pinned neutral: SGLang fills unset keys from the model's generation_config.json
+            # (`--sampling-defaults model`), and a repetition penalty there would make the engine
+            # sample from a distribution the trainer's logprobs never see.
+            "frequency_penalty": 0.0,
+            "presence_penalty": 0.0,
+            "repetition_penalty": 1.0,
             "no_stop_trim": True,  # we train on the stop token: keep it (see module docstring)
             "skip_special_tokens": False,
         }

@@ -327,6 +327,15 @@ def test_config_urls_and_sampling_params_validation():
     assert "stop_token_ids" not in SamplingParams().to_sglang()
 
 
+def test_sampling_penalties_are_pinned_neutral():
+    # SGLang fills unset keys from the model's generation_config.json; a repetition penalty
+    # there would make engine and trainer logprobs disagree, so every request pins them.
+    sp = SamplingParams().to_sglang()
+    assert sp["repetition_penalty"] == 1.0
+    assert sp["frequency_penalty"] == 0.0 and sp["presence_penalty"] == 0.0
+    assert sp["min_p"] == 0.0 and sp["top_p"] == 1.0 and sp["top_k"] == -1
+
+
 def test_engine_imports_no_torch_ray_or_sglang():
     code = (
         "import sys, agentrl.engine\n"
