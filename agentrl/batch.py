@@ -36,7 +36,7 @@ from torch.utils.checkpoint import checkpoint
 from agentrl.loss import LossNorm
 from agentrl.types import Trajectory
 
-_OPTIONAL = ("ref_logprobs", "values", "returns")
+_OPTIONAL = ("trainer_old_logprobs", "ref_logprobs", "values", "returns")
 
 
 @dataclass
@@ -60,8 +60,9 @@ class TrainBatch:
     logprobs from `token_logprobs` are aligned the same way. Only loss_mask 1 tokens are trained on.
     `norm` is the step's global normaliser; micro-batches keep the one of the batch they came from.
     `source[s]` is the index, in the list given to `from_trajectories`, of sequence s.
-    Optional [N] tensors: ref_logprobs (reference policy), values (critic at rollout time),
-    returns (critic targets).
+    Optional [N] tensors: trainer_old_logprobs (the policy's logprobs recomputed by the trainer
+    before the batch's first optimizer step: the PPO/GSPO denominator, see agentrl/loss.py),
+    ref_logprobs (reference policy), values (critic before the update), returns (critic targets).
     """
 
     token_ids: Tensor  # int64
@@ -72,6 +73,7 @@ class TrainBatch:
     seq_ids: Tensor  # int64, 0..S-1, non-decreasing
     norm: LossNorm
     source: list[int] = field(default_factory=list)
+    trainer_old_logprobs: Tensor | None = None
     ref_logprobs: Tensor | None = None
     values: Tensor | None = None
     returns: Tensor | None = None
@@ -228,6 +230,30 @@ def select(batch: TrainBatch, seqs: Sequence[int]) -> TrainBatch:
     pick["position_ids"] = _positions(new_seq).to(batch.token_ids.device)
     source = [batch.source[s] for s in seqs] if batch.source else []
     return dataclasses.replace(batch, **pick, source=source)
+
+
+def mini_batches(batch: TrainBatch, n: int, seed: int = 0) -> list[TrainBatch]:
+    """Split a step's batch into `n` mini-batches of whole sequences, one optimizer step each.
+
+    Sequences are shuffled with `seed` and dealt round-robin, so every mini-batch gets
+    len // n or len // n + 1 of them. Each mini-batch gets its OWN loss normaliser (its tokens and
+    sequences): its loss is a full mean over what that optimizer step sees. n=1 returns the batch.
+    """
+    if n < 1:
+        raise ValueError(f"mini-batch count must be >= 1, got {n}")
+    if n == 1:
+        return [batch]
+    if n > batch.num_seqs:
+        raise ValueError(
+            f"algo.mini_batches={n} exceeds the {batch.num_seqs} trainable sequences of this step; "
+            "lower algo.mini_batches or raise trainer.tasks_per_step x rollout.group_size"
+        )
+    order = torch.randperm(batch.num_seqs, generator=torch.Generator().manual_seed(seed)).tolist()
+    out = []
+    for k in range(n):
+        mb = select(batch, sorted(order[k::n]))
+        out.append(mb.replace(norm=global_norm(mb.loss_mask, mb.seq_ids)))
+    return out
 
 
 def padding_micro_batch(batch: TrainBatch, pad_id: int = 0) -> TrainBatch:

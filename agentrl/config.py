@@ -16,7 +16,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agentrl.advantage import AdvantageConfig
 from agentrl.ckpt import CheckpointConfig
@@ -70,8 +70,22 @@ class ModelConfig(BaseModel):
         return path
 
 
+class CriticConfig(BaseModel):
+    """The value model of PPO (a learner of its own: same backbone, one-output head)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool | None = Field(
+        None, description="None: on when the advantage estimator needs values (gae)"
+    )
+    model_path: str = Field("", description="backbone to start from; empty: the policy's model")
+    lr: float | None = Field(None, ge=0, description="None: learner.lr")
+    warmup_steps: int | None = Field(None, ge=0, description="None: learner.warmup_steps")
+
+
 class AlgoConfig(BaseModel):
-    """The algorithm is data: an advantage estimator and a loss, each chosen by name."""
+    """The algorithm is data: an advantage estimator and a loss, each chosen by name, and how
+    many optimizer steps a batch gets (ppo_epochs x mini_batches)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -80,6 +94,25 @@ class AlgoConfig(BaseModel):
     reference: bool = Field(
         False, description="keep a frozen reference model (always on when loss.kl_coef > 0)"
     )
+    ppo_epochs: int = Field(1, ge=1, description="passes over each step's batch")
+    mini_batches: int = Field(
+        1, ge=1, description="optimizer steps per pass; the batch's sequences are split evenly"
+    )
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+
+    def uses_critic(self) -> bool:
+        if self.critic.enabled is not None:
+            return self.critic.enabled
+        return self.advantage.name == "gae"
+
+    @model_validator(mode="after")
+    def _critic_for_gae(self) -> AlgoConfig:
+        if self.advantage.name == "gae" and self.critic.enabled is False:
+            raise ValueError(
+                "algo.advantage.name=gae needs a critic; drop algo.critic.enabled=false or pick a "
+                "critic-free estimator (grpo, rloo, drgrpo, reinforce_pp_baseline)"
+            )
+        return self
 
 
 class TrainerConfig(CheckpointConfig):
@@ -89,6 +122,19 @@ class TrainerConfig(CheckpointConfig):
     tasks_per_step: int = Field(4, ge=1, description="tasks per step; x rollout.group_size samples")
     max_skipped_steps: int = Field(
         3, ge=1, description="non-finite steps in a row before the run stops with an error"
+    )
+    max_aborted_frac: float = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description="share of a step's episodes that may crash (aborted, reward_error) before "
+        "the run stops with one of their tracebacks",
+    )
+    max_empty_steps: int = Field(
+        3, ge=1, description="steps in a row with no trainable trajectory before the run stops"
+    )
+    no_signal_steps: int = Field(
+        5, ge=0, description="warn after this many steps in a row without reward variance; 0: off"
     )
 
     def checkpoint_config(self) -> CheckpointConfig:
@@ -119,6 +165,29 @@ class Config(BaseModel):
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+
+def training_checks(cfg: Config) -> list[str]:
+    """Settings that are valid for a preview but wrong for training: errors raise ConfigError,
+    doubtful ones come back as warnings to print."""
+    r = cfg.rollout
+    if r.temperature < 1e-6:
+        raise ConfigError(
+            f"rollout.temperature={r.temperature:g} is greedy decoding: the sampled tokens' "
+            "logprobs are not those of a distribution the trainer can score (its logprobs "
+            "divide by the temperature), so every update would be NaN. Train with a temperature "
+            "> 0 (e.g. rollout.temperature=1.0); greedy is fine for `python -m agentrl.rollout`"
+        )
+    warnings = []
+    if r.top_p < 1.0 or r.top_k > 0:
+        warnings.append(
+            f"rollout.top_p={r.top_p:g} / rollout.top_k={r.top_k}: the engine samples from a "
+            "truncated distribution but both the engine's and the trainer's logprobs are of the "
+            "full one, so the ratio and the rollout correction ignore the truncation (tokens "
+            "outside the nucleus are never sampled, the rest are slightly under-weighted). "
+            "Prefer top_p=1.0 and top_k=-1 for training"
+        )
+    return warnings
 
 
 def import_path(path: str, setting: str) -> Any:

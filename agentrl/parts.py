@@ -24,10 +24,12 @@ async def start(tr: Trainer) -> None:
     from transformers import AutoTokenizer
 
     from agentrl.ckpt import CheckpointManager, load_trainer_state, restore_rng
+    from agentrl.config import training_checks
     from agentrl.data import TaskSampler
     from agentrl.display import ProgressLine
     from agentrl.engine import EngineClient
     from agentrl.learner import LearnerGroup, start_ray
+    from agentrl.parsers import ConfigError
     from agentrl.rollout import Rollout
     from agentrl.servers import launch_engines
     from agentrl.tracking import Tracker
@@ -36,6 +38,8 @@ async def start(tr: Trainer) -> None:
 
     cfg = tr.cfg
     tr.console = Console()
+    for warning in training_checks(cfg):  # raises ConfigError before anything starts
+        tr.console.print(f"[yellow]warning:[/] {warning}")
     tr.out.mkdir(parents=True, exist_ok=True)
     model_path = cfg.model.resolve()
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or model_path)
@@ -51,16 +55,35 @@ async def start(tr: Trainer) -> None:
     if not learner_cfg.model_path:
         learner_cfg = learner_cfg.model_copy(update={"model_path": str(model_path)})
     with_ref = cfg.algo.reference or cfg.algo.loss.kl_coef > 0
-    if with_ref and learner_cfg.num_gpus_per_worker >= 1:
-        # policy and reference ranks share each GPU (Ray counts GPUs; memory is ours to manage)
-        learner_cfg = learner_cfg.model_copy(update={"num_gpus_per_worker": 0.5})
+    with_critic = cfg.algo.uses_critic()
+    roles = 1 + with_ref + with_critic
+    if roles > 1 and learner_cfg.num_gpus_per_worker >= 1:
+        # the roles' ranks share each GPU (Ray counts GPUs; memory is ours to manage)
+        share = learner_cfg.num_gpus_per_worker / roles
+        learner_cfg = learner_cfg.model_copy(update={"num_gpus_per_worker": share})
     tr.policy = LearnerGroup(learner_cfg, "policy")
     if with_ref:
         tr.reference = LearnerGroup(learner_cfg, "reference")
+    if with_critic:
+        c = cfg.algo.critic
+        update = {"model_path": c.model_path or learner_cfg.model_path}
+        if c.lr is not None:
+            update["lr"] = c.lr
+        if c.warmup_steps is not None:
+            update["warmup_steps"] = c.warmup_steps
+        tr.critic = LearnerGroup(learner_cfg.model_copy(update=update), "critic")
     engine_model = model_path
     if resume is not None:
         state = load_trainer_state(resume)
         tr.policy.load_checkpoint(str(resume / "policy"), optimizer=cfg.trainer.save_optimizer)
+        if tr.critic is not None:
+            if not (resume / "critic").exists():
+                raise ConfigError(
+                    f"checkpoint {resume} has no critic (it was trained without one), but "
+                    f"algo.advantage.name={cfg.algo.advantage.name} needs it; resume with the "
+                    "same algo, or start fresh with trainer.resume=never (or another run_name)"
+                )
+            tr.critic.load_checkpoint(str(resume / "critic"), optimizer=cfg.trainer.save_optimizer)
         tr.step_idx, tr.skipped_in_a_row = state.step, state.consecutive_skips
         wandb_run_id = state.wandb_run_id  # the resumed run continues the same W&B run
         tr.sampler.load_state_dict(state.data_cursor)
@@ -69,7 +92,7 @@ async def start(tr: Trainer) -> None:
         tr.console.print(f"[green]resumed from {resume} at step {state.step}[/]")
 
     if cfg.engine.colocate:  # the engine takes the GPU first; the learner waits on the CPU
-        for group in (tr.policy, tr.reference):
+        for group in (tr.policy, tr.reference, tr.critic):
             if group is not None:
                 group.offload()
     urls = tr.stack.enter_context(launch_engines(cfg.engine, engine_model, tr.out))
@@ -98,7 +121,7 @@ async def close(tr: Trainer) -> None:
             except Exception as e:  # keep tearing down
                 log.warning("closing the %s failed: %s", attr, e)
     tr.stack.close()  # rollout servers
-    for group in (getattr(tr, "policy", None), tr.reference):
+    for group in (getattr(tr, "policy", None), tr.reference, tr.critic):
         if group is not None:
             with contextlib.suppress(Exception):
                 group.shutdown()
@@ -116,6 +139,12 @@ def save_checkpoint(tr: Trainer) -> None:
         tr.policy.save_checkpoint(
             str(pending.path / "policy"), optimizer=cfg.save_optimizer, fmt=cfg.optimizer_format
         )
+        if tr.critic is not None:
+            tr.critic.save_checkpoint(
+                str(pending.path / "critic"),
+                optimizer=cfg.save_optimizer,
+                fmt=cfg.optimizer_format,
+            )
         pending.state = TrainerState(
             step=tr.step_idx,
             weight_version=str(tr.step_idx),

@@ -320,6 +320,13 @@ class Tracker:
                 with contextlib.suppress(Exception):
                     sink.close(True)
 
+    def alert(self, title: str, text: str) -> None:
+        """A W&B alert (email/Slack when online; recorded offline), beside the console warning
+        the caller prints. Never raises."""
+        if self.wandb is not None and self.wandb in self.sinks:
+            with contextlib.suppress(Exception):
+                self.wandb.run.alert(title=title, text=text[:1000])
+
     def close(self, failed: bool | None = None) -> None:
         """Finish every sink. failed=None: failed if an exception is being handled."""
         if failed is None:

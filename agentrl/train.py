@@ -9,6 +9,7 @@ stops them, also after errors.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from contextlib import ExitStack, contextmanager
@@ -18,11 +19,14 @@ from typing import Any
 import torch
 
 from agentrl.advantage import compute_advantages
-from agentrl.batch import TrainBatch, micro_batches
+from agentrl.batch import TrainBatch, micro_batches, mini_batches
 from agentrl.config import Config
-from agentrl.loss import kl_estimate
+from agentrl.loss import kl_estimate, kl_reward_penalty
 from agentrl.metrics import rollout_metrics, step_metrics
 from agentrl.types import Trajectory
+
+log = logging.getLogger(__name__)
+_CRASHED = ("aborted", "reward_error")  # StopReason values of episodes whose env code raised
 
 
 class TrainingError(RuntimeError):
@@ -48,8 +52,11 @@ class Trainer:
         self.stack = ExitStack()
         self.step_idx = 0
         self.skipped_in_a_row = 0
+        self.empty_in_a_row = 0  # steps with nothing to train on
+        self.no_signal_in_a_row = 0  # steps where no group had reward variance
         self.history: list[dict[str, float]] = []
         self.reference = None  # a frozen LearnerGroup when the algorithm uses one
+        self.critic = None  # a value-model LearnerGroup when the estimator needs values (gae)
 
     # -- the algorithm -------------------------------------------------------------------------
 
@@ -60,21 +67,40 @@ class Trainer:
             groups = await self.rollout.run(tasks)
             trajs = [tr for g in groups for tr in g]
             await self._check_engines(trajs)
-        with t("advantage"):
-            adv = compute_advantages(groups, cfg.algo.advantage)
-            batch = TrainBatch.from_trajectories(trajs, adv.advantages)
-        metrics = {**rollout_metrics(trajs), **adv.metrics}
+            self._check_failures(trajs)
+        metrics = rollout_metrics(trajs)
+        self._watch_signal(groups, metrics)
         self.trainer_logprobs: dict[int, torch.Tensor] = {}
-        if batch.num_seqs:
-            per_rank = micro_batches(batch, self.policy.world_size, cfg.learner.micro_batch_tokens)
-            with t("to_learner"):
-                await self._hand_gpu(to_learner=True)
-            with t("logprobs"):
-                per_rank = self._logprob_pass(per_rank, metrics)
-            with t("update"):
-                metrics.update(self._update(per_rank))
-            with t("sync"):
-                metrics.update(await self._sync(version=str(self.step_idx + 1)))
+        if not self._any_trainable(trajs, metrics):
+            self.step_idx += 1
+            metrics.update(t.times, step=float(self.step_idx))
+            self._log(metrics, trajs)
+            return metrics
+        # Score the sampled tokens with the weights that are about to be trained: the trainer's
+        # own logprobs (the ratio's denominator), the reference's and the critic's values.
+        scoring = TrainBatch.from_trajectories(trajs, None)
+        per_rank = micro_batches(scoring, self.policy.world_size, cfg.learner.micro_batch_tokens)
+        with t("to_learner"):
+            await self._hand_gpu(to_learner=True)
+        with t("logprobs"):
+            scores = self._score(per_rank, trajs, metrics)
+        with t("advantage"):
+            adv = compute_advantages(
+                groups, cfg.algo.advantage, scores.get("values"), scores.get("penalties")
+            )
+            batch = TrainBatch.from_trajectories(
+                trajs,
+                adv.advantages,
+                trainer_old_logprobs=scores["trainer_old_logprobs"],
+                ref_logprobs=scores.get("ref_logprobs"),
+                values=scores.get("values"),
+                returns=adv.returns,
+            )
+        metrics.update(adv.metrics)
+        with t("update"):
+            metrics.update(self._update(batch))
+        with t("sync"):
+            metrics.update(await self._sync(version=str(self.step_idx + 1)))
         self.step_idx += 1
         with t("checkpoint"):
             if self.ckpt.should_save(self.step_idx, cfg.trainer.steps):
@@ -86,37 +112,59 @@ class Trainer:
         self._log(metrics, trajs)
         return metrics
 
-    def _logprob_pass(
-        self, per_rank: list[list[TrainBatch]], metrics: dict[str, float]
-    ) -> list[list[TrainBatch]]:
-        """Trainer logprobs before the update: their gap to the engine's (train/logprob_diff),
-        the KL to the reference (train/kl_ref, when there is one), ref_logprobs for the loss."""
-        temp = self.cfg.rollout.temperature
-        ours = self.policy.compute_logprobs(per_rank, temp)
-        refs = self.reference.compute_logprobs(per_rank, temp) if self.reference else None
+    def _score(
+        self, per_rank: list[list[TrainBatch]], trajs: list[Trajectory], metrics: dict[str, float]
+    ) -> dict[str, list[torch.Tensor]]:
+        """Per trajectory (aligned with its token_ids; zeros for trajectories left out of the
+        batch): the trainer's logprobs before the update, the reference's, the critic's values,
+        and the KL reward penalty (kl_mode=reward). Metrics: train/logprob_diff (trainer vs
+        engine on sampled tokens), train/kl_ref (k3, before the update)."""
+        cfg = self.cfg
+        temp = cfg.rollout.temperature
+        out_per_mb = {"trainer_old_logprobs": self.policy.compute_logprobs(per_rank, temp)}
+        if self.reference is not None:
+            out_per_mb["ref_logprobs"] = self.reference.compute_logprobs(per_rank, temp)
+        if self.critic is not None:
+            out_per_mb["values"] = self.critic.compute_values(per_rank)
+        scores = {k: [torch.zeros(len(tr.token_ids)) for tr in trajs] for k in out_per_mb}
+        for key, per_mb in out_per_mb.items():
+            for r, mbs in enumerate(per_rank):
+                for mb, x in zip(mbs, per_mb[r], strict=True):
+                    if not mb.is_padding:
+                        for src, x_T in zip(mb.source, mb.per_sequence(x), strict=True):
+                            scores[key][src] = x_T
+        ours = scores["trainer_old_logprobs"]
+        masks = [torch.tensor(tr.loss_mask, dtype=torch.bool) for tr in trajs]
+        kept = sorted({src for mbs in per_rank for mb in mbs for src in mb.source})
+        self.trainer_logprobs = {i: ours[i] for i in kept}
         diff = kl = tokens = 0.0
-        for r, mbs in enumerate(per_rank):
-            for i, mb in enumerate(mbs):
-                m = mb.loss_mask
-                diff += float((mb.old_logprobs - ours[r][i]).abs()[m].sum())
-                tokens += float(m.sum())
-                if refs is not None:
-                    kl += float(kl_estimate(ours[r][i], refs[r][i], "k3")[m].sum())
-                    mbs[i] = mb.replace(ref_logprobs=refs[r][i])
-                if not mb.is_padding:
-                    for src, lp in zip(mb.source, mb.per_sequence(ours[r][i]), strict=True):
-                        self.trainer_logprobs[src] = lp
+        for i in kept:
+            m = masks[i]
+            engine = torch.tensor(trajs[i].logprobs, dtype=torch.float32)
+            diff += float((engine - ours[i]).abs()[m].sum())
+            tokens += float(m.sum())
+            if "ref_logprobs" in scores:
+                kl += float(kl_estimate(ours[i], scores["ref_logprobs"][i], "k3")[m].sum())
         metrics["train/logprob_diff"] = diff / max(tokens, 1.0)
-        if refs is not None:
+        if "ref_logprobs" in scores:
             metrics["train/kl_ref"] = kl / max(tokens, 1.0)
-        return per_rank
+        loss = cfg.algo.loss
+        if loss.kl_mode == "reward" and loss.kl_coef > 0:
+            scores["penalties"] = [
+                kl_reward_penalty(lp, ref, m, loss.kl_coef, loss.kl_kind)
+                for lp, ref, m in zip(ours, scores["ref_logprobs"], masks, strict=True)
+            ]
+            metrics["train/kl_reward_penalty"] = float(
+                sum(float(p.sum()) for p in scores["penalties"])
+            ) / max(len(kept), 1)
+        return scores
 
     async def _hand_gpu(self, to_learner: bool) -> None:
         """Colocated mode: the engine frees its GPU memory for the update, the learner moves
         its state back onto the GPU (and the reverse after the sync). A no-op otherwise."""
         if not self.cfg.engine.colocate:
             return
-        groups = [g for g in (self.policy, self.reference) if g is not None]
+        groups = [g for g in (self.policy, self.reference, self.critic) if g is not None]
         if to_learner:
             await self.engine.release_memory_occupation()
             for g in groups:
@@ -133,21 +181,96 @@ class Trainer:
         await self._hand_gpu(to_learner=False)
         return out
 
-    def _update(self, per_rank: list[list[TrainBatch]]) -> dict[str, float]:
-        cfg = self.cfg
-        out = self.policy.train_step(
-            per_rank, cfg.algo.loss.name, cfg.algo.loss, cfg.rollout.temperature
-        )
-        skipped = out.get("policy/skipped", 0.0) > 0
-        self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
+    def _update(self, batch: TrainBatch) -> dict[str, float]:
+        """`algo.ppo_epochs` passes over the batch, each split into `algo.mini_batches`
+        optimizer steps (shuffled per epoch). Every step's ratio uses the same denominator: the
+        trainer's logprobs from before the first step (or the engine's with ratio=engine)."""
+        cfg, algo = self.cfg, self.cfg.algo
+        steps: list[dict[str, float]] = []
+        for epoch in range(algo.ppo_epochs):
+            seed = self.cfg.seed * 1_000_003 + self.step_idx * 1009 + epoch
+            for mini in mini_batches(batch, algo.mini_batches, seed):
+                per_rank = micro_batches(
+                    mini, self.policy.world_size, cfg.learner.micro_batch_tokens
+                )
+                out = self.policy.train_step(
+                    per_rank, algo.loss.name, algo.loss, cfg.rollout.temperature
+                )
+                if self.critic is not None:
+                    out.update(self.critic.train_step(per_rank, "value_clip", algo.loss))
+                steps.append(out)
+                self._count_skip(out)
+        out = mean_over_steps(steps)
+        out["train/optimizer_steps"] = float(len(steps))
         out["train/skipped_steps_in_a_row"] = float(self.skipped_in_a_row)
-        if self.skipped_in_a_row >= cfg.trainer.max_skipped_steps:
+        return out
+
+    def _count_skip(self, out: dict[str, float]) -> None:
+        skipped = out.get("policy/skipped", 0.0) > 0 or out.get("critic/skipped", 0.0) > 0
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
+        if self.skipped_in_a_row >= self.cfg.trainer.max_skipped_steps:
             raise TrainingError(
                 f"{self.skipped_in_a_row} optimizer steps in a row had a non-finite loss or "
                 f"gradient (last grad_norm={out.get('policy/grad_norm')}); the run diverged. "
                 "Lower learner.lr, check rewards for NaN, then resume with trainer.resume=auto"
             )
-        return out
+
+    # -- failures and signal -------------------------------------------------------------------
+
+    def _check_failures(self, trajs: list[Trajectory]) -> None:
+        """Episodes that crashed (an exception in the env or its reward) are not infrastructure
+        noise past `trainer.max_aborted_frac` of a step: stop and show one of them."""
+        failed = [tr for tr in trajs if tr.stop_reason.value in _CRASHED]
+        if trajs and len(failed) / len(trajs) > self.cfg.trainer.max_aborted_frac:
+            first = failed[0]
+            raise TrainingError(
+                f"{len(failed)} of {len(trajs)} episodes of step {self.step_idx + 1} crashed "
+                f"(stop reasons {sorted({tr.stop_reason.value for tr in failed})}), above "
+                f"trainer.max_aborted_frac={self.cfg.trainer.max_aborted_frac:g}. This is a bug "
+                f"in the env, its tools or its reward, not noise. First one (task "
+                f"{first.task_id!r}, sample {first.sample_index}):\n{first.error}"
+            )
+
+    def _any_trainable(self, trajs: list[Trajectory], metrics: dict[str, float]) -> bool:
+        """False (the step is skipped and counted) when no trajectory has a token to train on;
+        `trainer.max_empty_steps` such steps in a row stop the run."""
+        ok = any(not tr.stop_reason.is_infra_failure and tr.num_sampled > 0 for tr in trajs)
+        self.empty_in_a_row = 0 if ok else self.empty_in_a_row + 1
+        metrics["train/empty_steps_in_a_row"] = float(self.empty_in_a_row)
+        if not ok:
+            reasons = sorted({tr.stop_reason.value for tr in trajs})
+            self.console.print(
+                f"[yellow]step {self.step_idx + 1}: no trajectory to train on (stop reasons "
+                f"{reasons}); skipped[/]"
+            )
+        if self.empty_in_a_row >= self.cfg.trainer.max_empty_steps:
+            raise TrainingError(
+                f"{self.empty_in_a_row} steps in a row had no trajectory to train on (all "
+                f"infrastructure failures or no sampled token; stop reasons {reasons}). Check "
+                "the engine and sandbox logs in the run's output dir"
+            )
+        return ok
+
+    def _watch_signal(self, groups: list[list[Trajectory]], metrics: dict[str, float]) -> None:
+        """Say so, loudly, when no group has reward variance for `trainer.no_signal_steps` steps
+        in a row: every advantage is 0 and the policy gradient is exactly zero."""
+        flat = no_signal(groups)
+        self.no_signal_in_a_row = self.no_signal_in_a_row + 1 if flat else 0
+        metrics["train/no_signal_steps_in_a_row"] = float(self.no_signal_in_a_row)
+        k = self.cfg.trainer.no_signal_steps
+        if k and self.no_signal_in_a_row and self.no_signal_in_a_row % k == 0:
+            rewards = sorted({tr.reward for g in groups for tr in g})[:5]
+            msg = (
+                f"no learning signal for {self.no_signal_in_a_row} steps: every group's rewards "
+                f"are equal (values seen: {rewards}), so every advantage is 0. Likely causes: the "
+                "model never calls the tools or never succeeds (reward always 0: check "
+                "rollout/tool_call_rate, stop/*, a trajectory with `python -m agentrl.rollout`, "
+                "the parser and the reward function), the task is too easy (always 1), or "
+                "rollout.group_size is 1"
+            )
+            log.warning(msg)
+            self.console.print(f"[bold red]warning:[/] {msg}")
+            self.tracker.alert("no learning signal", msg)
 
     async def run(self) -> list[dict[str, float]]:
         while self.step_idx < self.cfg.trainer.steps:
@@ -201,6 +324,33 @@ class Trainer:
 
     def console_line(self, m: dict[str, float]) -> None:
         self.progress(m)
+
+
+def no_signal(groups: list[list[Trajectory]]) -> bool:
+    """True when no group has two scored members with different rewards."""
+    for g in groups:
+        rewards = {tr.reward for tr in g if not tr.stop_reason.is_infra_failure}
+        if len(rewards) > 1:
+            return False
+    return True
+
+
+def mean_over_steps(steps: list[dict[str, float]]) -> dict[str, float]:
+    """Metrics of several optimizer steps of one trainer step: the mean of each key; the max of
+    `*_max`, the min of `*_min`, the sum of `*skipped`."""
+    out: dict[str, float] = {}
+    keys = {k for s in steps for k in s}
+    for k in keys:
+        xs = [s[k] for s in steps if k in s]
+        if k.endswith("_max"):
+            out[k] = max(xs)
+        elif k.endswith("_min"):
+            out[k] = min(xs)
+        elif k.endswith("skipped"):
+            out[k] = sum(xs)
+        else:
+            out[k] = sum(xs) / len(xs)
+    return out
 
 
 async def train(cfg: Config, out_dir: Path) -> list[dict[str, float]]:

@@ -121,7 +121,10 @@ class LearnerWorker:
         self._require("critic", "compute_values")
         self.model.eval()
         out = [
-            fsdp.token_values(self.model, mb.to(self.device)).float().cpu() for mb in micro_batches
+            fsdp.token_values(self.model, mb.to(self.device), self.cfg.attention_layout)
+            .float()
+            .cpu()
+            for mb in micro_batches
         ]
         self.model.reshard()
         return out
@@ -186,7 +189,10 @@ class LearnerWorker:
             return hidden.float().sum() * 0.0, {}
         if self.role == "critic":
             return loss_fn(
-                LossInputs.from_batch(mb, values=fsdp.token_values(self.model, mb)), loss_cfg
+                LossInputs.from_batch(
+                    mb, values=fsdp.token_values(self.model, mb, self.cfg.attention_layout)
+                ),
+                loss_cfg,
             )
         entropy = getattr(loss_cfg, "entropy_coef", 0.0) > 0
         lp, ent = B.token_logprobs(
