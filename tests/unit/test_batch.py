@@ -9,6 +9,7 @@ from agentrl.batch import (
     TrainBatch,
     logprobs_from_hidden,
     micro_batches,
+    mini_batches,
     padding_micro_batch,
     plan_micro_batches,
     token_logprobs,
@@ -213,3 +214,52 @@ def test_tiny_qwen_micro_batch_gradients_equal_full_batch(tiny, layout):
     # a padding micro-batch (a rank with no data left) still backpropagates, with zero gradient
     pad = grads([padding_micro_batch(b)])
     assert pad.keys() == full.keys() and all(g.abs().max() == 0 for g in pad.values())
+
+
+def test_mini_batches_split_whole_sequences_with_their_own_norm():
+    trajs = [
+        traj([(a, 1), (1, 0)], prompt=2, first_id=100 * i) for i, a in enumerate([5, 2, 7, 1, 3])
+    ]
+    b = TrainBatch.from_trajectories(trajs, [torch.randn(len(t.token_ids)) for t in trajs])
+    minis = mini_batches(b, 2, seed=3)
+    assert len(minis) == 2 and sorted(len(m.source) for m in minis) == [2, 3]
+    assert sorted(s for m in minis for s in m.source) == [0, 1, 2, 3, 4]
+    for m in minis:  # each optimizer step's loss is a full mean over its own tokens
+        assert m.norm.num_tokens == int(m.loss_mask.sum()) and m.norm.num_seqs == len(m.source)
+        for s, src in enumerate(m.source):
+            assert torch.equal(m.per_sequence(m.advantages)[s], b.per_sequence(b.advantages)[src])
+    assert sum(m.norm.num_tokens for m in minis) == b.norm.num_tokens
+    assert [m.source for m in mini_batches(b, 2, seed=3)] == [m.source for m in minis]
+    assert mini_batches(b, 1) == [b]
+    with pytest.raises(ValueError, match="algo.mini_batches=6"):
+        mini_batches(b, 6)
+
+
+def test_trainer_old_logprobs_travel_with_the_batch():
+    trajs = [traj([(3, 1), (2, 0)], prompt=2), traj([(2, 0)], prompt=3, first_id=50)]
+    old = [torch.arange(len(t.token_ids), dtype=torch.float32) for t in trajs]
+    b = TrainBatch.from_trajectories(trajs, None, trainer_old_logprobs=old)
+    assert torch.equal(b.trainer_old_logprobs, torch.cat(old))
+    mb = micro_batches(b, 1, 4)[0][0]
+    inp = LossInputs.from_batch(mb, torch.zeros(mb.num_tokens))
+    assert inp.trainer_old_logprobs is not None
+    assert torch.equal(inp.trainer_old_logprobs, mb.trainer_old_logprobs)
+
+
+def test_critic_values_are_the_same_in_both_layouts_and_aligned_like_logprobs():
+    from transformers import AutoModelForTokenClassification
+
+    from agentrl.assets.build import cached_tiny_random
+    from agentrl.learner.fsdp import token_values
+
+    torch.manual_seed(0)
+    critic = AutoModelForTokenClassification.from_pretrained(cached_tiny_random(), num_labels=1)
+    b = packed_batch([7, 12, 5])
+    with torch.no_grad():
+        padded, packed = token_values(critic, b, "padded"), token_values(critic, b, "packed")
+        assert (padded - packed).abs().max() < 1e-5
+        for s, ids in enumerate(b.per_sequence(b.token_ids)):
+            alone = critic(input_ids=ids[None]).logits[0, :, 0]
+            got = b.per_sequence(padded)[s]
+            # values[t]: the state in which token t was chosen, i.e. read after token t-1
+            assert got[0] == 0.0 and (got[1:] - alone[:-1]).abs().max() < 1e-5

@@ -28,3 +28,23 @@ def test_default_config_composes():
 def test_env_target_must_be_an_env():
     with pytest.raises(ConfigError, match="not a subclass of agentrl.Env"):
         compose(["env._target_=agentrl.types.Task"]).env.load_class()
+
+
+def test_greedy_sampling_is_refused_for_training_with_the_fix():
+    from agentrl.config import training_checks
+
+    cfg = compose(["rollout.temperature=0"])  # fine for a preview ...
+    with pytest.raises(ConfigError, match=r"rollout\.temperature=0 .*rollout\.temperature=1\.0"):
+        training_checks(cfg)  # ... not for training
+    assert training_checks(compose()) == []
+    (warning,) = training_checks(compose(["rollout.top_p=0.9"]))
+    assert "rollout.top_p=0.9" in warning and "truncated" in warning
+
+
+def test_algo_presets_compose_and_say_how_many_optimizer_steps():
+    ppo = compose(["algo=ppo"]).algo
+    assert ppo.advantage.name == "gae" and ppo.uses_critic() and ppo.mini_batches == 2
+    grpo = compose().algo
+    assert not grpo.uses_critic() and (grpo.ppo_epochs, grpo.mini_batches) == (1, 1)
+    with pytest.raises(ConfigError, match="algo.advantage.name=gae needs a critic"):
+        compose(["algo=ppo", "algo.critic.enabled=false"])
