@@ -1,0 +1,93 @@
+"""The trainer is loud where a run would otherwise look healthy and learn nothing: crashing envs
+stop the run with a traceback, steps with nothing to train on are skipped and counted, a run with
+no reward variance says so, the KL reward penalty reaches the advantages, and PPO's critic is
+checkpointed and resumed with the policy. Real stack: dev server, sandbox, FSDP2 on Ray."""
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from agentrl.config import compose
+from agentrl.train import TrainingError, train
+from envs.code_exec import CodeExecEnv
+from sandbox.base import SandboxUnavailable
+
+SMALL = ["trainer.tasks_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=48",
+         "rollout.max_turns=2", "ray.num_cpus=2", "logging=local"]  # fmt: skip
+
+
+def cfg_for(tmp: Path, *extra: str, env: str | None = None):
+    target = [f"env._target_={__name__}.{env}"] if env else []
+    return compose([*SMALL, f"trainer.dir={tmp}/ckpt", *target, *extra])
+
+
+def metrics_rows(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+class CrashingEnv(CodeExecEnv):
+    """An env bug: every step raises."""
+
+    async def step(self, turn):
+        raise RuntimeError("boom in CrashingEnv.step")
+
+
+class NoSandboxEnv(CodeExecEnv):
+    """Infrastructure down for every episode: nothing to train on."""
+
+    async def start(self):
+        raise SandboxUnavailable("sandbox down (test)")
+
+
+class ConstantRewardEnv(CodeExecEnv):
+    """Every episode scores 1: no group has reward variance, every advantage is 0."""
+
+    async def reward(self, trajectory):
+        return 1.0
+
+
+def test_crashing_env_stops_the_run_with_its_traceback(tmp_path):
+    cfg = cfg_for(tmp_path, "trainer.steps=3", env="CrashingEnv")
+    with pytest.raises(TrainingError) as err:
+        asyncio.run(train(cfg, tmp_path / "out"))
+    msg = str(err.value)
+    assert "crashed" in msg and "trainer.max_aborted_frac=0.2" in msg
+    assert "boom in CrashingEnv.step" in msg  # one episode's error, shown whole
+
+
+def test_steps_without_trainable_trajectories_are_skipped_then_stop(tmp_path):
+    cfg = cfg_for(tmp_path, "trainer.steps=5", "trainer.max_empty_steps=2", env="NoSandboxEnv")
+    with pytest.raises(TrainingError, match="2 steps in a row had no trajectory to train on"):
+        asyncio.run(train(cfg, tmp_path / "out"))
+    rows = metrics_rows(tmp_path / "out")
+    assert [r["train/empty_steps_in_a_row"] for r in rows] == [1.0]
+    assert rows[0]["stop/sandbox_unavailable"] == 8.0 and "train/loss" not in rows[0]
+
+
+def test_no_reward_variance_is_loud(tmp_path, capsys):
+    cfg = cfg_for(tmp_path, "trainer.steps=2", "trainer.no_signal_steps=2", env="ConstantRewardEnv")
+    history = asyncio.run(train(cfg, tmp_path / "out"))
+    assert [h["train/no_signal_steps_in_a_row"] for h in history] == [1.0, 2.0]
+    assert all(h["adv/std"] == 0.0 for h in history)
+    out = capsys.readouterr().out
+    assert "no learning signal for 2 steps" in out and "tool_call_rate" in out
+
+
+def test_ppo_critic_with_kl_reward_penalty_checkpoints_and_resumes(tmp_path):
+    kl = ["algo=ppo", "algo.loss.kl_mode=reward", "algo.loss.kl_coef=0.5", "trainer.every=1"]
+    first = asyncio.run(train(cfg_for(tmp_path, "trainer.steps=2", *kl), tmp_path / "out1"))
+    # step 1: the policy is the reference, so the penalty is exactly 0; then it is not
+    assert first[0]["train/kl_reward_penalty"] == 0.0
+    assert first[1]["train/kl_reward_penalty"] > 0.0
+    for h in first:  # the critic trains beside the policy, on its own optimizer
+        assert h["critic/vf_loss"] > 0 and h["critic/grad_norm"] > 0 and h["train/skipped"] == 0
+        assert h["train/optimizer_steps"] == 2.0  # algo=ppo: 1 epoch x 2 mini-batches
+    step2 = tmp_path / "ckpt" / "step_00000002"
+    assert (step2 / "critic" / "model" / "config.json").exists()
+    assert (step2 / "critic" / "optim").exists()
+    again = asyncio.run(train(cfg_for(tmp_path, "trainer.steps=3", *kl), tmp_path / "out2"))
+    assert [h["step"] for h in again] == [3.0]
+    # resumed critic: its value loss continues from the trained one, not from a fresh head
+    assert again[0]["critic/vf_loss"] < 10 * first[0]["critic/vf_loss"]
