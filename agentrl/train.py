@@ -1,9 +1,32 @@
 """`python -m agentrl.train env=code_exec …`: the RL loop.
 
-Per step: sample tasks → rollout groups → advantages → update (FSDP2 on Ray) → weight sync →
-log → checkpoint. `Trainer.step` below is the whole algorithm; `Trainer.start` builds the parts
-(Ray on loopback, learner groups, rollout servers, sandbox, weight sync, resume) and `close`
-stops them, also after errors.
+Per step: sample tasks → rollout groups → score the sampled tokens with the current weights →
+advantages → update (FSDP2 on Ray) → weight sync → log → checkpoint. `Trainer.step` below is the
+whole algorithm; `Trainer.start` builds the parts (Ray on loopback, learner groups, rollout
+servers, sandbox, weight sync, resume) and `close` stops them, also after errors.
+
+The algorithm's choices, in the order they happen:
+- What is trained on: every trajectory with at least one sampled token whose StopReason is not an
+  infrastructure failure (aborted, sandbox_unavailable: left out of the batch and of the group
+  baselines, counted as stop/<reason>). Episodes whose env or reward code raised count against
+  `trainer.max_aborted_frac`; above it the run stops and shows one traceback. A step with nothing
+  to train on is skipped (`trainer.max_empty_steps` in a row stop the run).
+- Old logprobs: before any update, the learner recomputes the policy's logprobs of the sampled
+  tokens (`trainer_old_logprobs`). With `algo.loss.ratio=trainer` (default) they are the PPO/GSPO
+  ratio's denominator, so the clip bounds how far the optimizer steps of this batch move the
+  policy; the engine's logprobs enter only through the rollout correction (truncated or masked
+  importance weights, `algo.loss.rollout_correction`), which corrects the engine/trainer mismatch.
+  `algo.loss.ratio=engine` takes the ratio against the engine's logprobs instead.
+- Reference and critic: with a reference model (`algo.reference`, or kl_coef > 0) its logprobs
+  are computed in the same pass; KL goes into the loss (kl_mode=loss, k2/k3/k3+) or is subtracted
+  from the reward per token before the advantages (kl_mode=reward). With a critic (algo=ppo: gae)
+  its values are computed in the same pass, before the update.
+- Advantages: per group, from the rewards (and values), `algo.advantage`.
+- Optimizer steps per batch: `algo.ppo_epochs` passes, each split into `algo.mini_batches` steps of
+  whole sequences (shuffled per epoch, each with its own loss normaliser); default 1 x 1, one
+  step per batch. The critic takes a step on each same mini-batch.
+- The new weights go to the engines after the last optimizer step; every completion records the
+  weight version it was sampled with.
 """
 
 from __future__ import annotations
