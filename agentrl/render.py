@@ -2,14 +2,27 @@
 
 The first prompt is the chat template applied to the env's start messages (with the tools). After
 that nothing is ever re-tokenized: each turn appends the engine's sampled ids unchanged, then the
-ids of the new observation messages computed as the template's *delta*:
+ids of the new observation messages, computed as the template's *delta* after that turn:
 
-    delta(new) = render(BASE + new, add_generation_prompt=True) − render(BASE)
+    A  = render([user, ASSISTANT] + new,             add_generation_prompt=True)
+    B1 = render([user, ASSISTANT] + [new[0] with content "⟦1"], …)      two sentinels: where B1
+    B2 = render([user, ASSISTANT] + [new[0] with content "⟦2"], …)      and B2 part is new[0]'s text
+    cut = end of the last end-of-turn marker in common_prefix(B1, B2)    (the assistant's turn end)
+    delta(new) = A[cut:]          (the separator, the new messages, the next generation prompt)
 
-where BASE is a fixed user/assistant exchange. The delta is tokenized on its own, so tool output
-can never merge with the sampled tokens before it, and templates that rewrite history (Qwen3 drops
-earlier <think> blocks) cannot change ids the model already produced. The template's separator
-after the assistant's end-of-turn token (e.g. "\\n" after <|im_end|>) starts the delta.
+ASSISTANT is the turn the model just produced (its parsed message, tool calls included), so the
+template sees the history a real conversation has: templates that render the *last* assistant
+message differently (Qwen3 adds an empty <think> block), or that refuse tool results not preceded
+by a tool call (GPT-OSS), give the right delta. In A, B1 and B2 the assistant is never last, so it
+renders the same in all three; `A[:cut] == B1[:cut]` is checked, and a template whose history
+rendering depends on later messages in any other way is a RenderError (a configuration problem,
+never an episode failure). The end-of-turn marker is the text of the token the engine stopped on
+(<|im_end|>, <|eot_id|>, <|call|>, …), else the tokenizer's end of turn; when the sampled turn did
+not end with it, it is supplied at the head of the delta, masked.
+
+The delta is tokenized on its own, so tool output can never merge with the sampled tokens before
+it, and templates that rewrite history (Qwen3 drops earlier <think> blocks) cannot change ids the
+model already produced.
 """
 
 from __future__ import annotations
@@ -19,6 +32,8 @@ from typing import Any
 from agentrl.types import Message
 
 _BASE = [Message(role="user", content="x"), Message(role="assistant", content="y")]
+_USER = Message(role="user", content="x")
+_SENTINELS = ("\u27e61", "\u27e72")  # differ at their first character
 
 
 class RenderError(ValueError):
@@ -75,25 +90,57 @@ class Renderer:
         """Ids of the first prompt, ending with the generation prompt."""
         return self.encode(self.render(messages, add_generation_prompt=True))
 
-    def delta_text(self, new: list[Message]) -> str:
-        full = self.render(_BASE + new, add_generation_prompt=True)
-        if not full.startswith(self._base_text):
-            raise RenderError(
-                "the chat template re-renders earlier turns when messages are appended, so an "
-                "observation delta is undefined; use a template whose history rendering is stable"
-            )
-        return full[len(self._base_text) :]
+    def delta_text(self, new: list[Message], assistant: Message | None = None) -> str:
+        """The text the template puts after an assistant turn's end-of-turn marker and its
+        separator, for the messages `new`, up to and including the next generation prompt."""
+        text = self.after_turn(new, assistant, self.eot)
+        return text[len(self.separator) :] if text.startswith(self.separator) else text
 
-    def observation_ids(self, new: list[Message], sampled: list[int]) -> list[int]:
-        """Ids to append after the sampled ids `sampled` so the model can read `new` and answer.
-
-        If the sampled turn did not end with the end-of-turn token (a model that stopped on
-        another stop id), the end-of-turn token is supplied here, masked, to keep the format.
-        """
-        head = (
-            self.separator if sampled and sampled[-1] == self.eot_id else self.eot + self.separator
+    def after_turn(self, new: list[Message], assistant: Message | None, marker: str) -> str:
+        """Everything the template renders after `assistant`'s end marker `marker`: the
+        separator, `new`, the generation prompt (see the module docstring)."""
+        if not new:
+            raise RenderError("an observation delta needs at least one new message")
+        assistant = assistant or _default_assistant(new)
+        base = [_USER, assistant]
+        full = self.render(base + new, add_generation_prompt=True)
+        b1, b2 = (
+            self.render(base + [new[0].model_copy(update={"content": s})]) for s in _SENTINELS
         )
-        return self.encode(head + self.delta_text(new))
+        common = _common_prefix(b1, b2)
+        at = common.rfind(marker)
+        if at < 0 or not full.startswith(b1[: at + len(marker)]):
+            raise RenderError(
+                f"cannot find where the assistant's turn ends (marker {marker!r}) in the chat "
+                f"template's rendering of a {new[0].role!r} message after it, or the template "
+                "renders earlier turns differently once messages follow them; the observation "
+                "delta is undefined. Use a template whose history rendering is stable, or set "
+                "the end-of-turn token the template uses"
+            )
+        return full[at + len(marker) :]
+
+    def observation_ids(
+        self, new: list[Message], sampled: list[int], assistant: Message | None = None
+    ) -> list[int]:
+        """Ids to append after the sampled ids `sampled` (the turn `assistant`, as parsed) so the
+        model can read `new` and answer.
+
+        The end-of-turn marker is the token the engine stopped on when the template ends turns
+        with it, else the tokenizer's; if the sampled turn did not end with the marker (a model
+        that stopped on another id, or a length cut), the marker is supplied here, masked.
+        """
+        last = self.decode(sampled[-1:]) if sampled else ""
+        markers = [m for m in (last, self.eot) if m and m.strip()]
+        error: RenderError | None = None
+        for marker in dict.fromkeys(markers):
+            try:
+                text = self.after_turn(new, assistant, marker)
+            except RenderError as e:
+                error = error or e
+                continue
+            head = "" if marker == last else marker
+            return self.encode(head + text)
+        raise error or RenderError("the sampled turn has no end-of-turn marker to cut at")
 
     def assistant_text(self, sampled: list[int]) -> str:
         """The decoded turn without its final end-of-turn / stop token."""
@@ -110,3 +157,22 @@ class Renderer:
             return content, 0
         cut = len(ids) - max_tokens
         return self.decode(ids[:max_tokens]) + f"\n…[{cut} tokens truncated]", cut
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = min(len(a), len(b))
+    i = next((k for k in range(n) if a[k] != b[k]), n)
+    return a[:i]
+
+
+def _default_assistant(new: list[Message]) -> Message:
+    """An assistant turn that `new` can follow: one that called the tools answered in `new`
+    (templates such as GPT-OSS refuse tool results after a turn without tool calls)."""
+    from agentrl.types import ToolCall
+
+    calls = [
+        ToolCall(id=m.tool_call_id or f"call_{i}", name=m.name or "tool", arguments={})
+        for i, m in enumerate(new)
+        if m.role == "tool"
+    ]
+    return Message(role="assistant", content="y", tool_calls=calls)

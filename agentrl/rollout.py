@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
+import traceback
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -25,8 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.engine import PromptTooLong, SamplingParams
 from agentrl.env import AssistantTurn, Env
-from agentrl.parsers import check_template, get_parser
-from agentrl.render import Renderer
+from agentrl.parsers import ConfigError, check_template, get_parser
+from agentrl.render import Renderer, RenderError
 from agentrl.tool import ToolContext
 from agentrl.types import Completion, FinishReason, Message, StopReason, Task, Trajectory, Turn
 from sandbox.base import Sandbox, SandboxUnavailable
@@ -126,9 +128,11 @@ class Rollout:
             stop, error = StopReason.SANDBOX_UNAVAILABLE, f"{type(e).__name__}: {e}"
         except TimeoutError:
             error = f"episode exceeded rollout.episode_timeout_s={self.cfg.episode_timeout_s:g}"
+        except (RenderError, ConfigError):
+            raise  # the template or the config cannot work: a bug to stop on, not an episode
         except Exception as e:  # the episode boundary: one failure becomes one reason
             log.warning("episode %s aborted: %s: %s", session, type(e).__name__, e)
-            error = f"{type(e).__name__}: {e}"
+            error = traceback.format_exc()
         traj = Trajectory(
             task_id=task.id,
             sample_index=sample_index,
@@ -181,7 +185,7 @@ class Rollout:
             st.messages += obs
             if index == max_turns - 1:
                 break
-            obs_ids = r.observation_ids(obs, comp.token_ids)
+            obs_ids = r.observation_ids(obs, comp.token_ids, turn.assistant)
             if len(st.ids) + len(obs_ids) >= cfg.max_context_tokens:
                 return StopReason.CONTEXT_OVERFLOW
             st.append(obs_ids, None)
@@ -240,11 +244,14 @@ class Rollout:
                     traj.reward = float(value["total"])
                 else:
                     traj.reward = float(value)
-        except Exception as e:
+                if not math.isfinite(traj.reward):  # one NaN would poison its whole group
+                    raise ValueError(f"reward is {traj.reward}; rewards must be finite numbers")
+        except Exception as e:  # the env's scorer failed on this trajectory: scored 0, visible
             log.warning(
                 "reward of %s failed: %s: %s", traj.metadata["session"], type(e).__name__, e
             )
-            traj.stop_reason, traj.error = StopReason.ABORTED, f"reward: {type(e).__name__}: {e}"
+            traj.stop_reason, traj.reward = StopReason.REWARD_ERROR, 0.0
+            traj.error = f"reward: {traceback.format_exc()}"
         try:
             await env.close()
         except Exception as e:

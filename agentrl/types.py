@@ -30,8 +30,12 @@ class StopReason(StrEnum):
     """Why an episode ended. Counted as `stop/<reason>` in metrics.
 
     The first four are normal endings the policy is scored on; the rest are failures. Of those,
-    `parse_error` and `tool_error` are the policy's fault (scored), while `sandbox_unavailable` and
-    `aborted` are infrastructure failures: excluded from the group baseline, never scored 0.
+    `parse_error` and `tool_error` are the policy's fault (scored); `reward_error` (the env's
+    reward raised on this trajectory) is scored 0 and stays in its group, visible, never hidden as
+    infrastructure; `sandbox_unavailable` and `aborted` (the system stopped the episode, or the
+    env's start/step raised) are infrastructure failures: excluded from the group baseline, never
+    scored 0. Episodes whose env code raised (`aborted` with a traceback, `reward_error`) count
+    against `trainer.max_aborted_frac`.
     """
 
     COMPLETED = "completed"
@@ -40,6 +44,7 @@ class StopReason(StrEnum):
     CONTEXT_OVERFLOW = "context_overflow"
     PARSE_ERROR = "parse_error"
     TOOL_ERROR = "tool_error"
+    REWARD_ERROR = "reward_error"
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"
     ABORTED = "aborted"
 

@@ -93,22 +93,37 @@ def test_killed_run_resumes_with_the_same_data_order(tmp_path):
 
 
 class NaNRewardEnv(CodeExecEnv):
-    """A reward bug: NaN. Every step's loss is non-finite, so every step is skipped."""
+    """A reward bug: NaN. Scored as reward_error (0, kept visible), and since every episode has
+    it, the run stops at once with one of them instead of training on a poisoned batch."""
 
     async def reward(self, trajectory):
         return float("nan")
 
 
+def test_nan_reward_stops_the_run_before_any_update(tmp_path):
+    cfg = compose(overrides(tmp_path, "trainer.steps=6", f"env._target_={__name__}.NaNRewardEnv"))
+    with pytest.raises(TrainingError, match=r"stop reasons \['reward_error'\]") as err:
+        asyncio.run(train(cfg, tmp_path / "out"))
+    assert "reward is nan; rewards must be finite" in str(err.value)
+    assert not (tmp_path / "ckpt" / "latest").exists()
+
+
+class NaNLossEnv(CodeExecEnv):
+    """A loss that is non-finite while every reward is finite: without std normalisation
+    (drgrpo) the advantages of rewards this large overflow float32."""
+
+    async def reward(self, trajectory):
+        return 1e39 * (trajectory.sample_index % 2)
+
+
 def test_nan_loss_skips_steps_then_stops_the_run(tmp_path):
-    cfg = compose(overrides(tmp_path, "trainer.steps=6", "trainer.max_skipped_steps=2",
-                            f"env._target_={__name__}.NaNRewardEnv"))  # fmt: skip
-    base = AutoModelForCausalLM.from_pretrained(cfg.model.resolve()).state_dict()
+    cfg = compose(overrides(tmp_path, "trainer.steps=6", "trainer.max_skipped_steps=2", "algo=drgrpo",
+                            f"env._target_={__name__}.NaNLossEnv"))  # fmt: skip
     with pytest.raises(TrainingError, match="2 optimizer steps in a row had a non-finite loss"):
         asyncio.run(train(cfg, tmp_path / "out"))
     rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [r["train/skipped"] for r in rows] == [1.0]  # the 2nd skip raised before logging
     assert not (tmp_path / "ckpt" / "latest").exists()
-    assert base  # weights never changed: nothing was applied (the engine kept serving)
 
 
 def test_dead_engine_is_a_clear_error(tmp_path):

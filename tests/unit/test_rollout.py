@@ -234,7 +234,32 @@ async def test_reward_dict_needs_total(qwen_tokenizer):
             return {"correct": 1.0}
 
     traj = await make(qwen_tokenizer, lambda p, t: "done", NoTotal).run_episode(TASK)
-    assert traj.stop_reason is StopReason.ABORTED and "total" in traj.error
+    assert traj.stop_reason is StopReason.REWARD_ERROR and "total" in traj.error
+
+
+@pytest.mark.parametrize("bad", ["raise", float("nan"), float("inf")])
+async def test_a_failing_reward_is_scored_zero_and_kept_not_infra(qwen_tokenizer, bad):
+    class BadReward(FlakyEnv):
+        async def reward(self, trajectory):
+            if bad == "raise":
+                raise KeyError("answer")
+            return bad
+
+    traj = await make(qwen_tokenizer, lambda p, t: "done", BadReward).run_episode(TASK)
+    assert traj.stop_reason is StopReason.REWARD_ERROR and traj.reward == 0.0
+    assert not traj.stop_reason.is_infra_failure  # stays in its group's baseline, visible
+    assert "Traceback" in traj.error  # the whole traceback, for the trainer to show
+
+
+async def test_a_template_error_during_a_run_stops_it_instead_of_aborting(qwen_tokenizer):
+    from agentrl.render import RenderError
+
+    class BadObservation(FlakyEnv):
+        async def step(self, turn):
+            raise RenderError("template cannot render this")
+
+    with pytest.raises(RenderError, match="template cannot render"):
+        await make(qwen_tokenizer, lambda p, t: "done", BadObservation).run_episode(TASK)
 
 
 def test_config_rejects_unknown_keys():
