@@ -88,9 +88,31 @@ def register(name: str) -> Callable[[type[Parser]], type[Parser]]:
 def get_parser(name: str) -> Parser:
     if name not in _PARSERS:
         raise ConfigError(
-            f"unknown tool-call parser {name!r}; set rollout.parser to one of {sorted(_PARSERS)}"
+            f"unknown tool-call parser {name!r}; set rollout.parser to one of "
+            f"{['auto', *sorted(_PARSERS)]}"
         )
     return _PARSERS[name]()
+
+
+def resolve_parser(name: str, tokenizer: Any) -> Parser:
+    """The parser `rollout.parser` names; `auto`: the one that reads back a tool call the way
+    the tokenizer's chat template writes it (`check_template`), or a ConfigError."""
+    if name != "auto":
+        return get_parser(name)
+    tried = []
+    for candidate in sorted(_PARSERS):
+        parser = get_parser(candidate)
+        try:
+            check_template(parser, tokenizer)
+        except ConfigError as e:
+            tried.append(f"{candidate}: {str(e).split(';')[0]}")
+            continue
+        return parser
+    raise ConfigError(
+        "rollout.parser=auto: no known parser reads tool calls the way this model's chat "
+        "template writes them (" + " | ".join(tried)[:600] + "); register a parser for the "
+        "template's format and set rollout.parser to it"
+    )
 
 
 @register("hermes")
@@ -157,17 +179,21 @@ _SPACE = re.compile(r"\s*")
 
 
 def _read_call(
-    raw: str, index: int, tools: dict[str, type[BaseModel]] | None
+    raw: str, index: int, tools: dict[str, type[BaseModel]] | None, *, raw_text: str | None = None
 ) -> tuple[ToolCall | None, ParseError | None]:
+    """Read one JSON call body; `raw_text` is what errors quote (default: `raw`)."""
+    quote = raw if raw_text is None else raw_text
     try:
         obj = json.loads(raw)
     except (ValueError, RecursionError) as e:
-        return None, ParseError(ParseErrorKind.BAD_JSON, f"tool call is not valid JSON ({e})", raw)
+        return None, ParseError(
+            ParseErrorKind.BAD_JSON, f"tool call is not valid JSON ({e})", quote
+        )
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None, ParseError(
             ParseErrorKind.NOT_A_CALL,
             'tool call must be a JSON object {"name": <tool>, "arguments": {...}}',
-            raw,
+            quote,
         )
     name = obj["name"]
     args: Any = obj.get("arguments", obj.get("parameters", {}))
@@ -176,14 +202,14 @@ def _read_call(
             args = json.loads(args)
     if not isinstance(args, dict):
         return None, ParseError(
-            ParseErrorKind.NOT_A_CALL, f"arguments of '{name}' must be a JSON object", raw, name
+            ParseErrorKind.NOT_A_CALL, f"arguments of '{name}' must be a JSON object", quote, name
         )
     if tools is not None:
         if name not in tools:
             return None, ParseError(
                 ParseErrorKind.UNKNOWN_TOOL,
                 f"unknown tool '{name}'; available tools: {', '.join(sorted(tools)) or 'none'}",
-                raw,
+                quote,
                 name,
             )
         try:
@@ -193,9 +219,136 @@ def _read_call(
                 f"{'.'.join(map(str, x['loc'])) or '<args>'}: {x['msg']}" for x in e.errors()
             )
             return None, ParseError(
-                ParseErrorKind.INVALID_ARGS, f"invalid arguments for '{name}': {detail}", raw, name
+                ParseErrorKind.INVALID_ARGS, f"invalid arguments for '{name}': {detail}", quote, name
             )
     return ToolCall(id=f"call_{index}", name=name, arguments=args), None
+
+
+@register("qwen3_coder")
+class Qwen3CoderParser(Parser):
+    """Qwen3-Coder / Qwen3.5+ XML form, any number of calls:
+
+        <tool_call>
+        <function=python>
+        <parameter=code>
+        print(1)
+        </parameter>
+        </function>
+        </tool_call>
+
+    Parameter values are text (one leading and one trailing newline dropped); a value whose
+    field in the tool's Args is not a string is read as JSON (numbers, booleans, lists, objects),
+    else kept as text for the Args model to judge.
+    """
+
+    open_tag, close_tag = "<tool_call>", "</tool_call>"
+    _FUNC = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*$", re.S)
+    _PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+
+    def parse(self, text, tools=None, truncated=False) -> ParseResult:
+        prose: list[str] = []
+        calls: list[ToolCall] = []
+        errors: list[ParseError] = []
+        pos = 0
+        while True:
+            start = text.find(self.open_tag, pos)
+            if start < 0:
+                prose.append(text[pos:])
+                break
+            prose.append(text[pos:start])
+            body_start = start + len(self.open_tag)
+            end = text.find(self.close_tag, body_start)
+            if end < 0:
+                kind = ParseErrorKind.TRUNCATED if truncated else ParseErrorKind.UNCLOSED_TAG
+                msg = f"tool call is missing its closing {self.close_tag} tag"
+                errors.append(ParseError(kind, msg, text[body_start:]))
+                break
+            pos = end + len(self.close_tag)
+            call, err = self._read(text[body_start:end], len(calls) + len(errors), tools)
+            if call is not None:
+                calls.append(call)
+            if err is not None:
+                errors.append(err)
+        return ParseResult(content="".join(prose).strip(), tool_calls=calls, errors=errors)
+
+    def _read(
+        self, raw: str, index: int, tools: dict[str, type[BaseModel]] | None
+    ) -> tuple[ToolCall | None, ParseError | None]:
+        m = self._FUNC.match(raw)
+        if m is None:
+            return None, ParseError(
+                ParseErrorKind.NOT_A_CALL,
+                "tool call must be <function=NAME> with <parameter=KEY>VALUE</parameter> inside, "
+                "closed by </function>",
+                raw,
+            )
+        name, body = m.group(1).strip(), m.group(2)
+        model = (tools or {}).get(name)
+        args: dict[str, Any] = {}
+        for key, value in self._PARAM.findall(body):
+            key = key.strip()
+            value = value.removeprefix("\n").removesuffix("\n")
+            args[key] = _typed(value, model, key)
+        return _checked_call(name, args, raw, index, tools)
+
+
+@register("llama3_json")
+class Llama3JsonParser(Parser):
+    """Llama 3.1 / 3.2 JSON tool calls: the turn is `{"name": …, "parameters": {…}}` (optionally
+    after <|python_tag|>; several calls separated by ';'). Text that does not start with `{` is a
+    plain answer; a turn that starts with `{` but is not a call is a parse error."""
+
+    tag = "<|python_tag|>"
+
+    def parse(self, text, tools=None, truncated=False) -> ParseResult:
+        body = text.strip()
+        tagged = body.startswith(self.tag)
+        body = body.removeprefix(self.tag).strip()
+        if not body.startswith("{"):
+            return ParseResult(content=text.strip())
+        calls: list[ToolCall] = []
+        errors: list[ParseError] = []
+        pos = 0
+        while pos < len(body):
+            try:
+                _, end = _DECODER.raw_decode(body, pos)
+            except (ValueError, RecursionError) as e:
+                kind = ParseErrorKind.TRUNCATED if truncated else ParseErrorKind.BAD_JSON
+                errors.append(ParseError(kind, f"tool call is not valid JSON ({e})", body[pos:]))
+                break
+            call, err = _read_call(body[pos:end], len(calls) + len(errors), tools)
+            if call is not None:
+                calls.append(call)
+            if err is not None:
+                errors.append(err)
+            pos = _SPACE.match(body, end).end()
+            if body.startswith(";", pos):
+                pos = _SPACE.match(body, pos + 1).end()
+            elif pos < len(body):
+                errors.append(
+                    ParseError(ParseErrorKind.BAD_JSON, "text after the tool call", body[pos:])
+                )
+                break
+        if not calls and not errors and not tagged:
+            return ParseResult(content=text.strip())
+        return ParseResult(content="", tool_calls=calls, errors=errors)
+
+
+def _typed(value: str, model: type[BaseModel] | None, key: str) -> Any:
+    """A parameter's text as the tool's Args field wants it: JSON unless the field is a str."""
+    field_info = model.model_fields.get(key) if model is not None else None
+    if field_info is not None and field_info.annotation is str:
+        return value
+    try:
+        return json.loads(value)
+    except (ValueError, RecursionError):
+        return value
+
+
+def _checked_call(
+    name: str, args: dict[str, Any], raw: str, index: int, tools: dict[str, type[BaseModel]] | None
+) -> tuple[ToolCall | None, ParseError | None]:
+    return _read_call(json.dumps({"name": name, "arguments": args}), index, tools, raw_text=raw)
 
 
 _PROBE_ARGS = {"probe": "x"}
@@ -215,6 +368,10 @@ def check_template(parser: Parser, tokenizer: Any) -> None:
             "use a model/tokenizer whose chat template supports tools"
         ) from e
     tail = rendered[len(prefix) :] if rendered.startswith(prefix) else rendered
+    eos = getattr(tokenizer, "eos_token", None)
+    tail = tail.rstrip()
+    if eos and tail.endswith(eos):  # the turn's end marker is not part of what is parsed
+        tail = tail[: -len(eos)]
     res = parser.parse(tail)
     ok = [c for c in res.tool_calls if c.name == "probe_tool" and c.arguments == _PROBE_ARGS]
     if not ok:

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.engine import PromptTooLong, SamplingParams
 from agentrl.env import AssistantTurn, Env
-from agentrl.parsers import ConfigError, check_template, get_parser
+from agentrl.parsers import ConfigError, Parser, check_template, get_parser, resolve_parser
 from agentrl.render import Renderer, RenderError
 from agentrl.tool import ToolContext
 from agentrl.types import Completion, FinishReason, Message, StopReason, Task, Trajectory, Turn
@@ -56,7 +56,11 @@ class RolloutConfig(BaseModel):
         description="benchmarks: every turn samples exactly max_new_tokens (no stop token) and "
         "a turn that ends at that limit does not end the episode",
     )
-    parser: str = "hermes"
+    parser: str = Field(
+        "auto",
+        description="tool-call parser (hermes, qwen3_coder, llama3_json, …); auto: the one that "
+        "reads the chat template's own tool-call format",
+    )
     template_kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -101,9 +105,12 @@ class Rollout:
         self.renderer = Renderer(
             tokenizer, [t.schema() for t in env_cls.tools], self.cfg.template_kwargs
         )
-        self.parser = get_parser(self.cfg.parser)
         if env_cls.tools:
+            self.parser = resolve_parser(self.cfg.parser, tokenizer)
             check_template(self.parser, tokenizer)
+            check_round_trip(self.renderer, self.parser)
+        else:
+            self.parser = get_parser("hermes" if self.cfg.parser == "auto" else self.cfg.parser)
         self.tool_args = {t.name: t.Args for t in env_cls.tools}
 
     # -- public --------------------------------------------------------------------------------
@@ -256,6 +263,41 @@ class Rollout:
             await env.close()
         except Exception as e:
             log.warning("env.close of %s failed: %s", traj.metadata["session"], e)
+
+
+def check_round_trip(renderer: Renderer, parser: Parser) -> None:
+    """The start-up probe: one whole tool round trip with the configured template and parser —
+    prompt → the assistant turn calling a tool, as the template writes it → parse → the tool
+    result's delta → the next generation prompt. Any failure is a ConfigError naming the setting."""
+    from agentrl.types import ToolCall
+
+    user = [Message(role="user", content="hi")]
+    call = ToolCall(id="call_0", name="probe_tool", arguments={"probe": "x"})
+    asked = Message(role="assistant", content="", tool_calls=[call])
+    where = f"rollout.parser={parser.name!r} with this model's chat template"
+    try:
+        prompt = renderer.render(user, add_generation_prompt=True)
+        written = renderer.render([*user, asked])
+        if not written.startswith(prompt):
+            raise RenderError("the template renders an assistant turn not after its own prompt")
+        turn = written[len(prompt) :]
+        end = turn.find(renderer.eot)
+        sampled = renderer.encode(turn[: end + len(renderer.eot)] if end >= 0 else turn)
+        said = parser.parse(renderer.assistant_text(sampled))
+        if [(c.name, c.arguments) for c in said.tool_calls] != [(call.name, call.arguments)]:
+            raise RenderError(f"the parser read {said.tool_calls} from {turn[:160]!r}")
+        parsed = Message(role="assistant", content=said.content, tool_calls=said.tool_calls)
+        result = Message(role="tool", content="42", tool_call_id=said.tool_calls[0].id,
+                         name="probe_tool")  # fmt: skip
+        obs = renderer.decode(renderer.observation_ids([result], sampled, parsed))
+    except (RenderError, ValueError, TypeError) as e:
+        raise ConfigError(
+            f"tool round trip failed for {where}: {e}. Set rollout.parser to the template's "
+            "tool-call format, fix rollout.template_kwargs, or use a model whose chat template "
+            "supports tool calls (model.path / model.tokenizer)"
+        ) from e
+    if "42" not in obs:
+        raise ConfigError(f"tool round trip failed for {where}: the tool result is not in {obs!r}")
 
 
 # -- `python -m agentrl.rollout`: roll out a few groups and print them ------------------------
