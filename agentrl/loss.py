@@ -18,15 +18,26 @@ Losses:
     gspo        the same clip on GSPO's sequence ratio exp(mean_t log(pi/pi_old)) (token form:
                 sg[s_i] * pi_t / sg[pi_t], so the value is per sequence and the gradient GSPO's)
     value_clip  critic: 0.5 * max((V-R)^2, (clip(V, V_old±value_clip)-R)^2)
-Terms added per token for the policy losses: kl_coef * KL(pi || ref) (k1, k2 or k3, when
-kl_mode="loss") and -entropy_coef * H.
+Terms added per token for the policy losses: kl_coef * KL(pi || ref) (k2, k3 or k3+, when
+kl_mode="loss"; k3+ is k3's value with k2's gradient, an unbiased KL gradient from samples of pi;
+k1 is refused there: its expected gradient is 0) and -entropy_coef * H.
 
-Which logprobs are "old": `rollout_logprobs` come from the engine that sampled. If the learner
-recomputed the policy's logprobs before the update (`trainer_old_logprobs`), the PPO/GSPO ratio is
-pi / trainer_old and, with `tis_cap` set, every token is weighted by the truncated importance weight
-min(trainer_old / rollout, tis_cap) (TIS) that corrects the engine/trainer mismatch. Without
-`trainer_old_logprobs`: with `tis_cap` the current logprobs (detached) stand in for trainer_old
-(exact for one optimizer step per batch); without it the ratio is pi / rollout.
+Which logprobs form the ratio (`ratio`):
+    trainer (default)  pi / pi_old with pi_old = `trainer_old_logprobs`, the policy's logprobs that
+                       the learner recomputed before the batch's first optimizer step. Every
+                       optimizer step of the batch (ppo_epochs x mini_batches) uses them, so the clip
+                       bounds how far the batch moves the policy. Missing: a ValueError, no fallback.
+    engine             pi / rollout_logprobs (what the engine returned while sampling); the clip then
+                       also absorbs the engine/trainer mismatch. An explicit choice.
+Rollout correction (`rollout_correction`, ratio=trainer only), from w = pi_old / pi_engine per token:
+    tis   (default)    the per-token loss is multiplied by min(w, tis_cap)  (truncated IS)
+    mis                tokens with w outside [mis_low, mis_high] get no loss (masked IS); the others
+                       are weighted by w
+    none               no correction
+Metrics: is_weight_mean/_max/_min (w before the cap), is_capped_frac or is_masked_frac,
+rollout_logprob_diff (mean |log pi_old - log pi_engine|), zero_grad_token_frac and
+zero_grad_seq_frac (tokens / sequences whose policy-gradient term is exactly 0: advantage 0,
+clipped on the side that stops the gradient, dual-clipped, or masked by MIS).
 
 Aggregation (`agg`) over per-token losses l_t with mask m_t, using the GLOBAL normaliser `norm`
 (counts over all ranks and micro-batches of one optimizer step, from batch.py):
@@ -58,7 +69,7 @@ if TYPE_CHECKING:
     from agentrl.batch import TrainBatch
 
 Agg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-KLKind = Literal["k1", "k2", "k3"]
+KLKind = Literal["k1", "k2", "k3", "k3+"]
 _MAX_LOG_RATIO = 20.0  # exp() overflow guard; ratios this far from 1 are clipped anyway
 
 
@@ -73,7 +84,11 @@ class LossConfig(BaseModel):
     clip_low: float = 0.2
     clip_high: float = 0.2  # DAPO clip-higher: e.g. 0.28
     clip_c: float | None = None  # dual clip, > 1 (e.g. 3.0); None = off
-    tis_cap: float | None = None  # truncated IS weight cap (e.g. 2.0); None = off
+    ratio: Literal["trainer", "engine"] = "trainer"  # the ratio's denominator (module docstring)
+    rollout_correction: Literal["tis", "mis", "none"] = "tis"  # engine/trainer mismatch
+    tis_cap: float = 2.0  # tis: weights are capped here
+    mis_low: float = 0.5  # mis: tokens with a weight outside [mis_low, mis_high] get no loss
+    mis_high: float = 2.0
     kl_coef: float = 0.0
     kl_kind: KLKind = "k3"
     kl_mode: Literal["loss", "reward"] = "loss"  # reward: see kl_reward_penalty
@@ -95,8 +110,23 @@ class LossConfig(BaseModel):
                 "algo.loss.agg=seq-mean-token-sum-norm needs algo.loss.norm_len (a constant such "
                 "as the rollout's max sampled tokens)"
             )
-        if self.tis_cap is not None and self.tis_cap <= 0:
-            raise ValueError(f"algo.loss.tis_cap={self.tis_cap} must be > 0 (or null to disable)")
+        if self.tis_cap <= 0 or not 0 < self.mis_low < 1 < self.mis_high:
+            raise ValueError(
+                f"algo.loss.tis_cap={self.tis_cap} must be > 0 and algo.loss.mis_low="
+                f"{self.mis_low} < 1 < algo.loss.mis_high={self.mis_high}, mis_low > 0"
+            )
+        if self.kl_coef > 0 and self.kl_mode == "loss" and self.kl_kind == "k1":
+            raise ValueError(
+                "algo.loss.kl_kind=k1 in the loss (kl_mode=loss) does nothing: its expected "
+                "gradient is 0. Use kl_kind=k3+ (or k2, k3), or kl_mode=reward for k1"
+            )
+        if self.name == "gspo" and self.agg != "seq-mean-token-mean":
+            if "agg" in self.model_fields_set:
+                raise ValueError(
+                    f"algo.loss.name=gspo needs agg=seq-mean-token-mean (its ratio is per "
+                    f"sequence), got algo.loss.agg={self.agg}; drop the setting or use algo=gspo"
+                )
+            self.agg = "seq-mean-token-mean"
         return self
 
 
@@ -133,6 +163,7 @@ class LossInputs:
 
         `logprobs` may be left out only for the critic's value_clip loss."""
         lp = logprobs if logprobs is not None else torch.zeros_like(mb.old_logprobs)
+        kw.setdefault("trainer_old_logprobs", getattr(mb, "trainer_old_logprobs", None))
         return cls(
             logprobs=lp,
             rollout_logprobs=mb.old_logprobs,
@@ -203,17 +234,23 @@ def kl_estimate(logprobs_N: Tensor, ref_logprobs_N: Tensor, kind: KLKind) -> Ten
     """Per-token estimate of KL(pi || ref) from samples of pi.
 
     k1 = log pi - log ref;  k2 = 0.5 (log pi - log ref)^2;
-    k3 = ref/pi - 1 - log(ref/pi) (low variance, >= 0; clamped at 10 like the usual low_var_kl).
+    k3 = ref/pi - 1 - log(ref/pi) (low variance, >= 0; clamped at 10 like the usual low_var_kl);
+    k3+ = the value of k3 with the gradient of k2, (log pi - log ref) d log pi: unbiased for the
+    gradient of KL(pi || ref) when the tokens are sampled from pi (k3's own gradient is not).
     """
     d = logprobs_N - ref_logprobs_N
     if kind == "k1":
         return d
     if kind == "k2":
         return 0.5 * d.pow(2)
-    if kind == "k3":
+    if kind in ("k3", "k3+"):
         neg = (-d).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-        return (neg.exp() - 1.0 - neg).clamp(max=10.0)
-    raise ValueError(f"unknown kl_kind {kind!r}; known: k1, k2, k3")
+        k3 = (neg.exp() - 1.0 - neg).clamp(max=10.0)
+        if kind == "k3":
+            return k3
+        k2 = 0.5 * d.pow(2)
+        return k3.detach() + k2 - k2.detach()
+    raise ValueError(f"unknown kl_kind {kind!r}; known: k1, k2, k3, k3+")
 
 
 def kl_reward_penalty(
@@ -272,24 +309,71 @@ def _masked_min(x_N: Tensor, mask_N: Tensor) -> Tensor:
     return torch.where(mask_N, x_N, float("inf")).min() if x_N.numel() else x_N.new_tensor(0.0)
 
 
-def _old_and_tis(inp: LossInputs, cfg: LossConfig) -> tuple[Tensor, Tensor | None]:
-    """The ratio's denominator and the TIS weight (None when off)."""
+@dataclass
+class _Old:
+    """The ratio's denominator and the rollout correction of one micro-batch."""
+
+    logprobs: Tensor
+    weight: Tensor | None = None  # per-token loss weight (tis: capped w; mis: w or 0)
+    metrics: dict[str, Tensor] | None = None
+
+
+def _old_and_correction(inp: LossInputs, cfg: LossConfig) -> _Old:
     rollout = inp.rollout_logprobs.to(inp.logprobs.dtype)
-    if inp.trainer_old_logprobs is not None:
-        old = inp.trainer_old_logprobs.to(inp.logprobs.dtype)
-    elif cfg.tis_cap is not None:
-        old = inp.logprobs.detach()
-    else:
-        return rollout, None
-    if cfg.tis_cap is None:
-        return old, None
+    if cfg.ratio == "engine":
+        return _Old(rollout)
+    if inp.trainer_old_logprobs is None:
+        raise ValueError(
+            "algo.loss.ratio=trainer needs trainer_old_logprobs (the policy's logprobs recomputed "
+            "by the learner before the update; the trainer fills them). Pass them, or set "
+            "algo.loss.ratio=engine to take the ratio against the engine's logprobs"
+        )
+    old = inp.trainer_old_logprobs.to(inp.logprobs.dtype)
+    if cfg.rollout_correction == "none":
+        return _Old(old)
+    mask, n = inp.loss_mask.bool(), inp.norm
     lw = (old - rollout).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-    return old, lw.exp().clamp(max=cfg.tis_cap).detach()
+    w = lw.exp().detach()
+    m = {
+        "is_weight_mean": _masked_mean(w, mask, n),
+        "is_weight_max": _masked_max(w, mask),
+        "is_weight_min": _masked_min(w, mask),
+        "rollout_logprob_diff": _masked_mean(lw.abs().detach(), mask, n),
+    }
+    if cfg.rollout_correction == "tis":
+        m["is_capped_frac"] = _masked_mean((w > cfg.tis_cap).float(), mask, n)
+        return _Old(old, w.clamp(max=cfg.tis_cap), m)
+    keep = (w >= cfg.mis_low) & (w <= cfg.mis_high)
+    m["is_masked_frac"] = _masked_mean((~keep).float(), mask, n)
+    return _Old(old, torch.where(keep, w, 0.0), m)
+
+
+def _zero_grad(adv_N: Tensor, ratio_N: Tensor, weight_N: Tensor | None, cfg: LossConfig) -> Tensor:
+    """Tokens whose policy-gradient term has exactly zero gradient (bool [N])."""
+    clipped = ((adv_N > 0) & (ratio_N > 1 + cfg.clip_high)) | (
+        (adv_N < 0) & (ratio_N < 1 - cfg.clip_low)
+    )
+    if cfg.clip_c is not None:
+        clipped |= (adv_N < 0) & (ratio_N > cfg.clip_c)
+    zero = (adv_N == 0) | clipped
+    if weight_N is not None:
+        zero |= weight_N == 0
+    return zero
+
+
+def _seq_share(flag_N: Tensor, mask_N: Tensor, seq_ids_N: Tensor, norm: LossNorm) -> Tensor:
+    """Sequences (with a loss token) whose every loss token has `flag`, / norm.num_seqs."""
+    size = int(seq_ids_N.max()) + 1 if seq_ids_N.numel() else 0
+    zeros = torch.zeros(size, device=flag_N.device)
+    tokens = zeros.index_add(0, seq_ids_N, mask_N.float())
+    flagged = zeros.index_add(0, seq_ids_N, (mask_N & flag_N).float())
+    return ((tokens > 0) & (flagged == tokens)).float().sum() / max(norm.num_seqs, 1)
 
 
 def _policy_loss(
-    inp: LossInputs, cfg: LossConfig, log_ratio_N: Tensor, tis_N: Tensor | None
+    inp: LossInputs, cfg: LossConfig, log_ratio_N: Tensor, old: _Old
 ) -> tuple[Tensor, dict[str, Tensor]]:
+    tis_N = old.weight
     mask = inp.loss_mask.bool()
     adv = inp.advantages.to(inp.logprobs.dtype)
     ratio = log_ratio_N.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).exp()
@@ -330,11 +414,10 @@ def _policy_loss(
         if cfg.clip_c is not None:
             dual = (adv < 0) & (r > cfg.clip_c)
             metrics["pg_clipfrac_dual"] = _masked_mean(dual.float(), mask, n)
-        if tis_N is not None:
-            metrics["tis_weight_mean"] = _masked_mean(tis_N, mask, n)
-            metrics["tis_weight_max"] = _masked_max(tis_N, mask)
-            capped = (tis_N >= cfg.tis_cap).float()  # type: ignore[operator]
-            metrics["tis_capped_frac"] = _masked_mean(capped, mask, n)
+        metrics.update(old.metrics or {})
+        zero = _zero_grad(adv, r, tis_N, cfg)
+        metrics["zero_grad_token_frac"] = _masked_mean(zero.float(), mask, n)
+        metrics["zero_grad_seq_frac"] = _seq_share(zero, mask, inp.seq_ids, n)
         if kl is not None:
             metrics["kl_ref"] = _masked_mean(kl.detach(), mask, n)
         if inp.entropy is not None:
@@ -344,8 +427,8 @@ def _policy_loss(
 
 @register("ppo_clip")
 def ppo_clip_loss(inp: LossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Tensor]]:
-    old, tis = _old_and_tis(inp, cfg)
-    return _policy_loss(inp, cfg, inp.logprobs - old, tis)
+    old = _old_and_correction(inp, cfg)
+    return _policy_loss(inp, cfg, inp.logprobs - old.logprobs, old)
 
 
 def gspo_log_ratio(logprobs_N: Tensor, old_N: Tensor, mask_N: Tensor, seq_ids_N: Tensor) -> Tensor:
@@ -361,9 +444,9 @@ def gspo_log_ratio(logprobs_N: Tensor, old_N: Tensor, mask_N: Tensor, seq_ids_N:
 
 @register("gspo")
 def gspo_loss(inp: LossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Tensor]]:
-    old, tis = _old_and_tis(inp, cfg)
-    lr = gspo_log_ratio(inp.logprobs, old, inp.loss_mask.bool(), inp.seq_ids)
-    return _policy_loss(inp, cfg, lr, tis)
+    old = _old_and_correction(inp, cfg)
+    lr = gspo_log_ratio(inp.logprobs, old.logprobs, inp.loss_mask.bool(), inp.seq_ids)
+    return _policy_loss(inp, cfg, lr, old)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,7 +32,16 @@ train/ — the learner and the trainer-side logprob pass
                                     without top-p/top-k truncation)
     train/grad_norm, train/lr, train/skipped, train/skipped_steps_in_a_row
     train/logprob_diff, train/logprob_diff_max   mean / max |rollout - trainer| logprob, sampled
-    train/ratio_mean, train/ratio_max, train/ratio_min, train/tis_* (when TIS is on)
+    train/ratio_mean, train/ratio_max, train/ratio_min   pi / pi_old (algo.loss.ratio)
+    train/is_weight_mean, _max, _min, train/is_capped_frac | train/is_masked_frac
+                                    rollout correction weights pi_old / pi_engine (tis | mis)
+    train/rollout_logprob_diff      mean |log pi_old - log pi_engine| seen by the loss
+    train/zero_grad_seq_frac, train/zero_grad_token_frac   share of sequences / tokens whose
+                                    policy-gradient term is exactly 0 (clipped, masked, A = 0)
+    train/optimizer_steps           optimizer steps this step (algo.ppo_epochs x mini_batches)
+    train/kl_reward_penalty         kl_mode=reward: KL penalty summed per trajectory, mean
+    train/empty_steps_in_a_row, train/no_signal_steps_in_a_row   see trainer.max_empty_steps,
+                                    trainer.no_signal_steps
     train/tokens, train/loss_tokens, train/micro_batches, train/step_s (learner wall time)
     train/batch_tokens              every token the update ran over (prompts, observations too)
     Any other learner key `policy/<k>` becomes `train/<k>`; other roles keep their prefix

@@ -162,9 +162,10 @@ def packed_batch(lens, seed=0) -> TrainBatch:
     seq = torch.cat([torch.full((k,), s) for s, k in enumerate(lens)])
     pos = torch.cat([torch.arange(k) for k in lens])
     mask = (torch.rand(n, generator=g) < 0.7) & (pos > 0)
+    old = torch.where(mask, -torch.rand(n, generator=g) * 12, 0.0)
     return TrainBatch(
         token_ids=torch.randint(0, 151000, (n,), generator=g), position_ids=pos, loss_mask=mask,
-        old_logprobs=torch.where(mask, -torch.rand(n, generator=g) * 12, 0.0),
+        old_logprobs=old, trainer_old_logprobs=old + 0.1 * torch.randn(n, generator=g),
         advantages=torch.where(mask, torch.randn(n, generator=g), 0.0), seq_ids=seq,
         norm=LossNorm(int(mask.sum()), len(lens)), source=list(range(len(lens))),
     )  # fmt: skip

@@ -31,6 +31,7 @@ def inputs(ratio, adv, seq=None, mask=None, **kw) -> tuple[LossInputs, torch.Ten
     mask_t = torch.ones(n, dtype=torch.bool) if mask is None else torch.tensor(mask)
     seq_t = torch.zeros(n, dtype=torch.long) if seq is None else torch.tensor(seq)
     norm = kw.pop("norm", LossNorm(int(mask_t.sum()), len(set(seq_t[mask_t].tolist())) if n else 0))
+    kw.setdefault("trainer_old_logprobs", old)  # trainer and engine agree: IS weights are 1
     return LossInputs(lp, old, torch.tensor(adv), mask_t, seq_t, norm, **kw), lp
 
 
@@ -108,16 +109,43 @@ def test_tis_caps_the_rollout_trainer_weight():
     loss.backward()
     assert loss.item() == pytest.approx(-3.5 / 3, abs=1e-6)
     assert lp.grad.tolist() == pytest.approx([-2 / 3, -0.5 / 3, -1 / 3], abs=1e-6)
-    assert m["tis_weight_max"].item() == pytest.approx(2.0)
-    assert m["tis_weight_mean"].item() == pytest.approx(3.5 / 3, abs=1e-6)
-    assert m["tis_capped_frac"].item() == pytest.approx(1 / 3)
-    # without trainer_old the current logprobs (detached) stand in: same numbers here
-    inp.trainer_old_logprobs = None
-    loss2, _ = get_loss("ppo_clip")(inp, LossConfig(tis_cap=2.0))
-    assert loss2.item() == pytest.approx(loss.item())
-    # with TIS off the ratio is against the rollout: r = 3, .5, 1 -> clip: -1.2, -.5, -1
-    loss3, _ = get_loss("ppo_clip")(inp, LossConfig())
+    assert m["is_weight_max"].item() == pytest.approx(3.0)  # before the cap
+    assert m["is_weight_min"].item() == pytest.approx(0.5)
+    assert m["is_weight_mean"].item() == pytest.approx(4.5 / 3, abs=1e-6)
+    assert m["is_capped_frac"].item() == pytest.approx(1 / 3)
+    assert m["rollout_logprob_diff"].item() == pytest.approx((math.log(3) + LN2) / 3, abs=1e-6)
+    # masked IS: w=3 is outside [.4, 2] -> no loss; the others keep weight .5 and 1
+    lp.grad = None
+    loss, m = get_loss("ppo_clip")(inp, LossConfig(rollout_correction="mis", mis_low=0.4))
+    loss.backward()
+    assert loss.item() == pytest.approx(-1.5 / 3, abs=1e-6)
+    assert lp.grad.tolist() == pytest.approx([0.0, -0.5 / 3, -1 / 3], abs=1e-6)
+    assert m["is_masked_frac"].item() == pytest.approx(1 / 3)
+    assert m["zero_grad_token_frac"].item() == pytest.approx(1 / 3)
+    assert m["zero_grad_seq_frac"].item() == 0.0  # the sequence still has gradient
+    # with ratio=engine the ratio is against the rollout: r = 3, .5, 1 -> clip: -1.2, -.5, -1
+    loss3, _ = get_loss("ppo_clip")(inp, LossConfig(ratio="engine"))
     assert loss3.item() == pytest.approx(-(1.2 + 0.5 + 1) / 3, abs=1e-6)
+    # ratio=trainer never falls back silently
+    inp.trainer_old_logprobs = None
+    with pytest.raises(ValueError, match="algo.loss.ratio=engine"):
+        get_loss("ppo_clip")(inp, LossConfig())
+
+
+def test_zero_gradient_share_per_token_and_sequence():
+    # seq 0: A=+1 r=1.5 (clipped high), A=0 r=1        -> every token zero: a zero-gradient sequence
+    # seq 1: A=-1 r=0.5 (clipped low),  A=+1 r=1.1      -> one of two tokens zero
+    # seq 2: A=-1 r=5 with dual clip c=3 (zero)         -> zero sequence
+    inp, lp = inputs([1.5, 1.0, 0.5, 1.1, 5.0], [1.0, 0.0, -1.0, 1.0, -1.0], seq=[0, 0, 1, 1, 2])
+    loss, m = get_loss("ppo_clip")(inp, LossConfig(clip_c=3.0))
+    loss.backward()
+    assert m["zero_grad_token_frac"].item() == pytest.approx(4 / 5)
+    assert m["zero_grad_seq_frac"].item() == pytest.approx(2 / 3)
+    assert lp.grad.tolist() == pytest.approx([0, 0, 0, -1.1 / 5, 0], abs=1e-6)  # consistent
+    # GSPO: the sequence ratio is clipped for the whole sequence
+    inp, _ = inputs([math.exp(0.3), math.exp(0.3), 1.0], [1.0, 1.0, 1.0], seq=[0, 0, 1])
+    _, m = get_loss("gspo")(inp, LossConfig(name="gspo"))
+    assert m["zero_grad_seq_frac"].item() == pytest.approx(1 / 2)
 
 
 def test_kl_k3_loss_term_with_nonzero_coefficient():
@@ -130,18 +158,22 @@ def test_kl_k3_loss_term_with_nonzero_coefficient():
     inp = LossInputs(
         lp, lp.detach().clone(), torch.zeros(2), torch.ones(2, dtype=torch.bool),
         torch.zeros(2, dtype=torch.long), LossNorm(2, 1), ref_logprobs=ref,
+        trainer_old_logprobs=lp.detach().clone(),
     )  # fmt: skip
     loss, m = get_loss("ppo_clip")(inp, LossConfig(kl_coef=0.1, kl_kind="k3"))
     loss.backward()
     assert loss.item() == pytest.approx(0.025, abs=1e-7)
     assert lp.grad.tolist() == pytest.approx([0.025, -0.05], abs=1e-7)
     assert m["kl_ref"].item() == pytest.approx(0.25, abs=1e-6)
-    # k1 = log pi - log ref = ln2, -ln2 -> mean 0; gradient .1/2 on each token
+    # k3+: k3's value, k2's gradient d = log pi - log ref = ln2, -ln2 -> .1 * (ln2, -ln2) / 2
     lp.grad = None
-    loss, _ = get_loss("ppo_clip")(inp, LossConfig(kl_coef=0.1, kl_kind="k1"))
+    loss, m = get_loss("ppo_clip")(inp, LossConfig(kl_coef=0.1, kl_kind="k3+"))
     loss.backward()
-    assert loss.item() == pytest.approx(0.0, abs=1e-7)
-    assert lp.grad.tolist() == pytest.approx([0.05, 0.05])
+    assert loss.item() == pytest.approx(0.025, abs=1e-7)
+    assert lp.grad.tolist() == pytest.approx([0.05 * LN2, -0.05 * LN2], abs=1e-7)
+    # k1 in the loss: its gradient is a constant, zero in expectation -> refused at the door
+    with pytest.raises(ValidationError, match="kl_kind=k1 in the loss"):
+        LossConfig(kl_coef=0.1, kl_kind="k1")
     # kl_mode=reward: no KL in the loss; the penalty is per token, masked, without gradient
     loss, _ = get_loss("ppo_clip")(inp, LossConfig(kl_coef=0.1, kl_mode="reward"))
     assert loss.item() == 0.0
@@ -219,6 +251,7 @@ def test_uneven_micro_batches_accumulate_to_the_full_batch_gradient(name, agg):
     mask[seq == 4] = False  # one sequence with no trainable token
     adv = torch.randn(n)
     rollout = -torch.rand(n) * 3
+    trainer_old = rollout + 0.5 * torch.randn(n)  # IS weights vary, some above the cap
     ref = -torch.rand(n) * 3
     per_seq = torch.zeros(len(lens)).index_add(0, seq, mask.float())
     norm = LossNorm(int(mask.sum()), int((per_seq > 0).sum()))
@@ -234,7 +267,7 @@ def test_uneven_micro_batches_accumulate_to_the_full_batch_gradient(name, agg):
             lp, ent = model.logprobs(ids[idx], pos[idx], mask[idx])
             inp = LossInputs(
                 lp, rollout[idx], adv[idx], mask[idx], local_seq, norm_of(idx, local_seq),
-                ref_logprobs=ref[idx], entropy=ent,
+                ref_logprobs=ref[idx], entropy=ent, trainer_old_logprobs=trainer_old[idx],
             )  # fmt: skip
             loss, _ = get_loss(name)(inp, cfg)
             loss.backward()
@@ -294,3 +327,7 @@ def test_config_errors_are_clear():
         LossConfig(agg="seq-mean-token-sum-norm")
     with pytest.raises(ValidationError, match="extra"):
         LossConfig(clip_hihg=0.3)
+    # GSPO's ratio is per sequence: its aggregation is forced, a contrary explicit one refused
+    assert LossConfig(name="gspo").agg == "seq-mean-token-mean"
+    with pytest.raises(ValidationError, match="algo.loss.name=gspo needs agg=seq-mean-token-mean"):
+        LossConfig(name="gspo", agg="token-mean")
