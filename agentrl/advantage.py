@@ -30,9 +30,12 @@ std 0 and advantage exactly 0, never NaN.
 Reward levels (`reward_level`):
     trajectory  one number per trajectory, R = Trajectory.reward, put on every sampled token.
     turn        r_k = Turn.reward (None -> 0), with Trajectory.reward added to the last turn;
-                turn k's sampled tokens get the return-to-go G_k = sum_{j>=k} gamma^(j-k) r_j.
-                Group baselines come from the episode returns G_0: turn k gets (G_k - b) / s.
-                With gamma=1 and only a final reward this equals `trajectory`.
+                turn k's sampled tokens get the return-to-go G_k = sum_{j>=k} gamma^(j-k) r_j,
+                compared with the G_k of the group's valid members that reached turn k: a
+                baseline b_k (and scale s_k) per turn index, over those members only. Turn k gets
+                (G_k - b_k) / s_k; s_k = 1 when their std is 0 (all equal: advantage exactly 0);
+                a turn index fewer than two valid members reached gets 0 (nothing to compare
+                with). rloo leaves the member itself out of b_k.
 A KL (or other) reward penalty passed as `token_penalties` is summed per turn and subtracted
 from that turn's reward (trajectory level: from R).
 For gae, rewards sit on the last sampled token of each turn and gamma/lam act per sampled token;
@@ -306,16 +309,54 @@ def _group_baseline(
     for i, e in enumerate(eps):
         groups.setdefault(e.group, []).append(i)
     for idx in groups.values():
-        scores = torch.tensor([eps[i].score for i in idx], dtype=torch.float64)
-        valid = torch.tensor([eps[i].valid for i in idx], dtype=torch.bool)
-        base, scale = group_stats(scores, valid, kind, cfg.eps)
-        for j, i in enumerate(idx):
+        per_turn = (
+            _per_turn_index(eps, idx, cfg, kind)
+            if cfg.reward_level == "turn"
+            else _per_episode(eps, idx, cfg, kind)
+        )
+        for i in idx:
             e = eps[i]
-            per_turn = ((e.returns_K - base[j]) / scale[j]).float()
-            if int(valid.sum()) < 2:  # nothing to compare with: no signal, not G_k - G_0
-                per_turn = torch.zeros_like(per_turn)
-            out[i] = spread_turns(per_turn, e.spans, len(e.loss_mask_T))
+            out[i] = spread_turns(per_turn[i].float(), e.spans, len(e.loss_mask_T))
     return out  # type: ignore[return-value]
+
+
+def _per_episode(
+    eps: list[Episode], idx: list[int], cfg: AdvantageConfig, kind: str
+) -> dict[int, Tensor]:
+    """Trajectory level: one baseline over the group's episode scores, on every turn."""
+    scores = torch.tensor([eps[i].score for i in idx], dtype=torch.float64)
+    valid = torch.tensor([eps[i].valid for i in idx], dtype=torch.bool)
+    base, scale = group_stats(scores, valid, kind, cfg.eps)  # type: ignore[arg-type]
+    out = {}
+    for j, i in enumerate(idx):
+        adv = (eps[i].returns_K - base[j]) / scale[j]
+        if int(valid.sum()) < 2:  # nothing to compare with: no signal
+            adv = torch.zeros_like(adv)
+        out[i] = adv
+    return out
+
+
+def _per_turn_index(
+    eps: list[Episode], idx: list[int], cfg: AdvantageConfig, kind: str
+) -> dict[int, Tensor]:
+    """Turn level: turn k's return-to-go G_k is compared with the G_k of the group's valid
+    members that reached a turn k (a baseline per turn index, not the episode's G_0). A turn
+    index that fewer than two valid members reached gets advantage 0; a std of 0 divides by 1."""
+    out = {i: torch.zeros_like(eps[i].returns_K) for i in idx}
+    depth = max((len(eps[i].returns_K) for i in idx), default=0)
+    for k in range(depth):
+        members = [i for i in idx if eps[i].valid and len(eps[i].returns_K) > k]
+        if len(members) < 2:
+            continue
+        g_k = torch.stack([eps[i].returns_K[k] for i in members]).double()
+        valid = torch.ones(len(members), dtype=torch.bool)
+        base, scale = group_stats(g_k, valid, kind, 0.0)  # type: ignore[arg-type]
+        if kind == "mean_std":
+            std = scale[0]
+            scale = torch.ones_like(scale) if std == 0 else scale + cfg.eps
+        for j, i in enumerate(members):
+            out[i][k] = (g_k[j] - base[j]) / scale[j]
+    return out
 
 
 @register("grpo")

@@ -130,18 +130,52 @@ def test_reinforce_pp_baseline_whitens_over_the_batch():
 
 def test_turn_rewards_discounted_onto_turn_tokens():
     # traj a: turn rewards (0, none) + outcome 1 -> r = (0, 1); gamma .5: G = (.5*1, 1) = (.5, 1)
-    # traj b: one turn, outcome 0 -> G = (0).  drgrpo baseline = mean(G_0) = (.5 + 0)/2 = .25
-    # a: turn 0 tokens .5-.25 = .25, turn 1 tokens 1-.25 = .75;  b: -.25
+    # traj b: one turn, outcome 0 -> G = (0).  turn 0 baseline (drgrpo) = mean(.5, 0) = .25
+    # a: turn 0 tokens .5-.25 = .25; turn 1: only a reached it -> no baseline, 0;  b: -.25
     a = traj(1.0, turns=[(2, 1), (1, 0)], turn_rewards=[0.0, None])
     b = traj(0.0, turn_rewards=[None])
     cfg = AdvantageConfig(name="drgrpo", reward_level="turn", gamma=0.5)
     out = compute_advantages([[a, b]], cfg)
-    assert out.advantages[0].tolist() == pytest.approx([0, 0, 0.25, 0.25, 0, 0.75])
+    assert out.advantages[0].tolist() == pytest.approx([0, 0, 0.25, 0.25, 0, 0])
     assert sampled(out.advantages[1], b) == pytest.approx([-0.25, -0.25])
     # per-turn rewards are ignored at reward_level=trajectory: R = Trajectory.reward only
     a2 = traj(1.0, turns=[(2, 1), (1, 0)], turn_rewards=[5.0, None])
     out = compute_advantages([[a2, b]], AdvantageConfig(name="drgrpo"))
     assert sampled(out.advantages[0], a2) == pytest.approx([0.5, 0.5, 0.5])
+
+
+def test_per_turn_baselines_over_the_members_that_reached_the_turn():
+    # gamma 1.  a: 3 turns, r = (.2, 0, 1) -> G = (1.2, 1, 1);  b: 2 turns, r = (.2, 0) -> G = (.2, 0)
+    # c: 1 turn, r = (1) -> G = (1).  d: infra failure (excluded everywhere)
+    # turn 0 over a,b,c: G_0 = 1.2, .2, 1 -> mean .8 -> drgrpo .4, -.6, .2
+    # turn 1 over a,b:   G_1 = 1, 0       -> mean .5 -> .5, -.5
+    # turn 2: only a -> 0
+    a = traj(1.0, turns=[(1, 1), (1, 1), (1, 0)], turn_rewards=[0.2, None, None])
+    b = traj(0.0, turns=[(1, 1), (1, 0)], turn_rewards=[0.2, None])
+    c = traj(1.0, turns=[(1, 0)])
+    d = traj(5.0, turns=[(1, 1), (1, 0)], stop=StopReason.ABORTED)
+    group = [a, b, c, d]
+    out = compute_advantages([group], AdvantageConfig(name="drgrpo", reward_level="turn"))
+    got = [sampled(x, t) for x, t in zip(out.advantages, group, strict=True)]
+    assert got == [pytest.approx(v) for v in ([0.4, 0.5, 0.0], [-0.6, -0.5], [0.2], [0, 0])]
+    # grpo: turn 0 std = sqrt((.16 + .36 + .04) / 2) = .52915; turn 1 std = .70711
+    out = compute_advantages([group], AdvantageConfig(name="grpo", reward_level="turn"))
+    s0, s1 = math.sqrt(0.28), math.sqrt(0.5)
+    assert sampled(out.advantages[0], a) == pytest.approx([0.4 / s0, 0.5 / s1, 0.0], abs=1e-5)
+    assert sampled(out.advantages[1], b) == pytest.approx([-0.6 / s0, -0.5 / s1], abs=1e-5)
+    # rloo: turn 0: a 1.2 - mean(.2, 1) = .6, b .2 - 1.1 = -.9, c 1 - .7 = .3; turn 1: ±1
+    out = compute_advantages([group], AdvantageConfig(name="rloo", reward_level="turn"))
+    got = [sampled(x, t) for x, t in zip(out.advantages[:3], group[:3], strict=True)]
+    assert got == [pytest.approx(v) for v in ([0.6, 1.0, 0.0], [-0.9, -1.0], [0.3])]
+
+
+def test_identical_trajectories_with_turn_rewards_get_exactly_zero():
+    # the old bug: turn 1 compared with the episode baseline b_0 = 1.5 and divided by eps:
+    # (1 - 1.5) / 1e-6 = -500000 on every later turn
+    group = [traj(1.0, turns=[(1, 1), (1, 0)], turn_rewards=[0.5, None]) for _ in range(4)]
+    for name in ("grpo", "drgrpo", "rloo"):
+        out = compute_advantages([group], AdvantageConfig(name=name, reward_level="turn"))
+        assert torch.cat(out.advantages).abs().max() == 0, name
 
 
 def test_discounted_returns_and_turn_mode_reduces_to_trajectory_mode():
