@@ -80,6 +80,7 @@ class Trainer:
         self.history: list[dict[str, float]] = []
         self.reference = None  # a frozen LearnerGroup when the algorithm uses one
         self.critic = None  # a value-model LearnerGroup when the estimator needs values (gae)
+        self.trainer_logprobs: dict[int, torch.Tensor] = {}  # this step's, by trajectory index
 
     # -- the algorithm -------------------------------------------------------------------------
 
@@ -93,7 +94,7 @@ class Trainer:
             self._check_failures(trajs)
         metrics = rollout_metrics(trajs)
         self._watch_signal(groups, metrics)
-        self.trainer_logprobs: dict[int, torch.Tensor] = {}
+        self.trainer_logprobs = {}
         if not self._any_trainable(trajs, metrics):
             self.step_idx += 1
             metrics.update(t.times, step=float(self.step_idx))
@@ -332,7 +333,7 @@ class Trainer:
     def _log(self, metrics: dict[str, float], trajs: list[Trajectory]) -> None:
         """Documented names (agentrl/metrics.py) → sinks (metrics/trajectories JSONL, W&B) →
         the console line. step() returns `metrics`: the history gets the same names."""
-        lps = getattr(self, "trainer_logprobs", {})
+        lps = self.trainer_logprobs
         final = step_metrics(metrics, trajs, lps)
         metrics.clear()
         metrics.update(final)
