@@ -20,7 +20,9 @@ Losses:
     value_clip  critic: 0.5 * max((V-R)^2, (clip(V, V_old±value_clip)-R)^2)
 Terms added per token for the policy losses: kl_coef * KL(pi || ref) (k2, k3 or k3+, when
 kl_mode="loss"; k3+ is k3's value with k2's gradient, an unbiased KL gradient from samples of pi;
-k1 is refused there: its expected gradient is 0) and -entropy_coef * H.
+k1 is refused there: its expected gradient is 0) and -entropy_coef * H. With kl_mode="reward"
+the trainer subtracts `kl_reward_penalty` (coef * KL per token, no gradient; any kind, k3+ gives
+k3's value) from the reward before the advantages, and the loss adds no KL.
 
 Which logprobs form the ratio (`ratio`):
     trainer (default)  pi / pi_old with pi_old = `trainer_old_logprobs`, the policy's logprobs that
@@ -30,14 +32,22 @@ Which logprobs form the ratio (`ratio`):
     engine             pi / rollout_logprobs (what the engine returned while sampling); the clip then
                        also absorbs the engine/trainer mismatch. An explicit choice.
 Rollout correction (`rollout_correction`, ratio=trainer only), from w = pi_old / pi_engine per token:
-    tis   (default)    the per-token loss is multiplied by min(w, tis_cap)  (truncated IS)
+    tis   (default)    the per-token loss is multiplied by min(w, tis_cap)  (truncated IS, cap 2)
     mis                tokens with w outside [mis_low, mis_high] get no loss (masked IS); the others
-                       are weighted by w
+                       are weighted by w (not 1: the kept tokens are still importance-corrected)
     none               no correction
-Metrics: is_weight_mean/_max/_min (w before the cap), is_capped_frac or is_masked_frac,
-rollout_logprob_diff (mean |log pi_old - log pi_engine|), zero_grad_token_frac and
-zero_grad_seq_frac (tokens / sequences whose policy-gradient term is exactly 0: advantage 0,
-clipped on the side that stops the gradient, dual-clipped, or masked by MIS).
+The tokens were sampled from the engine, not from pi_old: without a correction the gradient is
+biased by their mismatch. TIS is on by default because the trainer's logprobs are computed anyway,
+w is ~1 where engine and trainer agree (so it costs nothing there), and cap 2 is the setting of
+Yao et al.'s TIS (fengyao.notion.site/off-policy-rl; slime's --tis-clip and verl's
+rollout_is_threshold default to 2 as well, with the correction off unless asked for). For GSPO the weights stay per token (the sequence ratio is unchanged).
+Metrics: is_weight_mean/_max/_min (w before the cap) and rollout_logprob_diff
+(mean |log pi_old - log pi_engine|), whenever ratio=trainer; is_capped_frac (tis) or
+is_masked_frac (mis); zero_grad_token_frac and zero_grad_seq_frac: the share of loss tokens /
+of sequences with a loss token whose policy-gradient term has exactly zero gradient (advantage
+0, clipped on the side that stops the gradient, dual-clipped, masked by MIS; for GSPO the
+sequence ratio is the one clipped, so a whole sequence goes at once). KL and entropy terms are
+not counted: they move the policy, but not towards the reward.
 
 Aggregation (`agg`) over per-token losses l_t with mask m_t, using the GLOBAL normaliser `norm`
 (counts over all ranks and micro-batches of one optimizer step, from batch.py):
@@ -163,7 +173,8 @@ class LossInputs:
 
         `logprobs` may be left out only for the critic's value_clip loss."""
         lp = logprobs if logprobs is not None else torch.zeros_like(mb.old_logprobs)
-        kw.setdefault("trainer_old_logprobs", getattr(mb, "trainer_old_logprobs", None))
+        if kw.get("trainer_old_logprobs") is None:  # not passed, or None: the batch's own
+            kw["trainer_old_logprobs"] = getattr(mb, "trainer_old_logprobs", None)
         return cls(
             logprobs=lp,
             rollout_logprobs=mb.old_logprobs,
@@ -329,17 +340,17 @@ def _old_and_correction(inp: LossInputs, cfg: LossConfig) -> _Old:
             "algo.loss.ratio=engine to take the ratio against the engine's logprobs"
         )
     old = inp.trainer_old_logprobs.to(inp.logprobs.dtype)
-    if cfg.rollout_correction == "none":
-        return _Old(old)
     mask, n = inp.loss_mask.bool(), inp.norm
-    lw = (old - rollout).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-    w = lw.exp().detach()
-    m = {
+    lw = (old - rollout).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).detach()
+    w = lw.exp()
+    m = {  # reported with rollout_correction=none too: the mismatch is worth seeing
         "is_weight_mean": _masked_mean(w, mask, n),
         "is_weight_max": _masked_max(w, mask),
         "is_weight_min": _masked_min(w, mask),
-        "rollout_logprob_diff": _masked_mean(lw.abs().detach(), mask, n),
+        "rollout_logprob_diff": _masked_mean(lw.abs(), mask, n),
     }
+    if cfg.rollout_correction == "none":
+        return _Old(old, None, m)
     if cfg.rollout_correction == "tis":
         m["is_capped_frac"] = _masked_mean((w > cfg.tis_cap).float(), mask, n)
         return _Old(old, w.clamp(max=cfg.tis_cap), m)
@@ -348,14 +359,19 @@ def _old_and_correction(inp: LossInputs, cfg: LossConfig) -> _Old:
     return _Old(old, torch.where(keep, w, 0.0), m)
 
 
-def _zero_grad(adv_N: Tensor, ratio_N: Tensor, weight_N: Tensor | None, cfg: LossConfig) -> Tensor:
-    """Tokens whose policy-gradient term has exactly zero gradient (bool [N])."""
+def _zero_grad(
+    adv_N: Tensor, log_ratio_N: Tensor, ratio_N: Tensor, weight_N: Tensor | None, cfg: LossConfig
+) -> Tensor:
+    """Tokens whose policy-gradient term has exactly zero gradient (bool [N]).
+
+    Strict inequalities: at the clip boundary itself clamp() still passes the gradient."""
     clipped = ((adv_N > 0) & (ratio_N > 1 + cfg.clip_high)) | (
         (adv_N < 0) & (ratio_N < 1 - cfg.clip_low)
     )
     if cfg.clip_c is not None:
         clipped |= (adv_N < 0) & (ratio_N > cfg.clip_c)
-    zero = (adv_N == 0) | clipped
+    # the exp() overflow guard clamps the log ratio, which stops the gradient beyond it
+    zero = (adv_N == 0) | clipped | (log_ratio_N.abs() > _MAX_LOG_RATIO)
     if weight_N is not None:
         zero |= weight_N == 0
     return zero
@@ -415,7 +431,7 @@ def _policy_loss(
             dual = (adv < 0) & (r > cfg.clip_c)
             metrics["pg_clipfrac_dual"] = _masked_mean(dual.float(), mask, n)
         metrics.update(old.metrics or {})
-        zero = _zero_grad(adv, r, tis_N, cfg)
+        zero = _zero_grad(adv, log_ratio_N.detach(), r, tis_N, cfg)
         metrics["zero_grad_token_frac"] = _masked_mean(zero.float(), mask, n)
         metrics["zero_grad_seq_frac"] = _seq_share(zero, mask, inp.seq_ids, n)
         if kl is not None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from agentrl.batch import logprobs_from_hidden
+from agentrl.batch import TrainBatch, logprobs_from_hidden
 from agentrl.loss import (
     LossConfig,
     LossInputs,
@@ -148,6 +148,75 @@ def test_zero_gradient_share_per_token_and_sequence():
     assert m["zero_grad_seq_frac"].item() == pytest.approx(1 / 2)
 
 
+def test_zero_gradient_share_counts_mis_masked_sequences_and_the_overflow_guard():
+    # trainer_old - rollout = log 3 (outside [.5, 2]: masked) on seq 0's both tokens, 0 on seq 1's
+    # seq 1: A=-1, log ratio 25 > the exp() guard of 20: clamped, so no gradient either (no dual
+    # clip: without the guard its gradient would be e^25). Both sequences have zero gradient.
+    rollout = torch.log(torch.tensor([0.1, 0.1, 0.5]))
+    trainer_old = torch.log(torch.tensor([0.3, 0.3, 0.5]))
+    lp = (trainer_old + torch.tensor([0.0, 0.0, 25.0])).requires_grad_()
+    inp = LossInputs(
+        lp, rollout, torch.tensor([1.0, 1.0, -1.0]), torch.ones(3, dtype=torch.bool),
+        torch.tensor([0, 0, 1]), LossNorm(3, 2), trainer_old_logprobs=trainer_old,
+    )  # fmt: skip
+    loss, m = get_loss("ppo_clip")(inp, LossConfig(rollout_correction="mis"))
+    loss.backward()
+    assert lp.grad.tolist() == [0.0, 0.0, 0.0]
+    assert m["is_masked_frac"].item() == pytest.approx(2 / 3)
+    assert m["zero_grad_token_frac"].item() == pytest.approx(1.0)
+    assert m["zero_grad_seq_frac"].item() == pytest.approx(1.0)
+    # summed over two micro-batches of one step, the shares add up to the batch's share
+    halves = [
+        LossInputs(lp.detach()[i], rollout[i], inp.advantages[i], inp.loss_mask[i],
+                   torch.zeros(len(i), dtype=torch.long), LossNorm(3, 2),
+                   trainer_old_logprobs=trainer_old[i])
+        for i in (torch.tensor([0, 1]), torch.tensor([2]))
+    ]  # fmt: skip
+    cfg = LossConfig(rollout_correction="mis")
+    total = reduce_metrics(get_loss("ppo_clip")(h, cfg)[1] for h in halves)
+    assert total["zero_grad_seq_frac"] == pytest.approx(1.0)
+    assert total["zero_grad_token_frac"] == pytest.approx(1.0)
+    assert total["is_weight_max"] == pytest.approx(3.0) and total["is_weight_min"] == 1.0
+
+
+def test_no_correction_still_reports_the_mismatch():
+    # w = 3, .5, 1 as in the TIS test; correction none: weight 1 everywhere, loss -(1+1+1)/3
+    rollout = torch.log(torch.tensor([0.1, 0.4, 0.3]))
+    trainer_old = torch.log(torch.tensor([0.3, 0.2, 0.3]))
+    lp = trainer_old.clone().requires_grad_()
+    inp = LossInputs(
+        lp, rollout, torch.ones(3), torch.ones(3, dtype=torch.bool),
+        torch.zeros(3, dtype=torch.long), LossNorm(3, 1), trainer_old_logprobs=trainer_old,
+    )  # fmt: skip
+    loss, m = get_loss("ppo_clip")(inp, LossConfig(rollout_correction="none"))
+    assert loss.item() == pytest.approx(-1.0)
+    assert m["is_weight_max"].item() == pytest.approx(3.0)
+    assert m["rollout_logprob_diff"].item() == pytest.approx((math.log(3) + LN2) / 3, abs=1e-6)
+    assert "is_capped_frac" not in m and "is_masked_frac" not in m
+    # ratio=engine needs no trainer logprobs at all and reports no IS metric
+    inp.trainer_old_logprobs = None
+    _, m = get_loss("gspo")(inp, LossConfig(name="gspo", ratio="engine"))
+    assert not any(k.startswith("is_") for k in m) and "zero_grad_seq_frac" in m
+
+
+def test_from_batch_takes_the_trainer_logprobs_from_the_batch():
+    mb = TrainBatch(
+        token_ids=torch.tensor([5, 6, 7]), position_ids=torch.arange(3),
+        loss_mask=torch.tensor([False, True, True]), old_logprobs=torch.tensor([0.0, -1.0, -2.0]),
+        advantages=torch.ones(3), seq_ids=torch.zeros(3, dtype=torch.long), norm=LossNorm(2, 1),
+        trainer_old_logprobs=torch.tensor([0.0, -1.5, -2.5]),
+    )  # fmt: skip
+    lp = torch.tensor([0.0, -1.5, -2.5])
+    assert LossInputs.from_batch(mb, lp).trainer_old_logprobs.tolist() == [0.0, -1.5, -2.5]
+    got = LossInputs.from_batch(mb, lp, trainer_old_logprobs=None).trainer_old_logprobs
+    assert got.tolist() == [0.0, -1.5, -2.5]  # an explicit None does not hide the batch's
+    given = torch.tensor([0.0, -1.0, -2.0])
+    assert LossInputs.from_batch(mb, lp, trainer_old_logprobs=given).trainer_old_logprobs is given
+    mb.trainer_old_logprobs = None
+    with pytest.raises(ValueError, match="algo.loss.ratio=trainer needs trainer_old_logprobs"):
+        get_loss("ppo_clip")(LossInputs.from_batch(mb, lp), LossConfig())
+
+
 def test_kl_k3_loss_term_with_nonzero_coefficient():
     # pi = .5, .25; ref = .25, .5 -> ref/pi = .5, 2
     # k3 = ref/pi - 1 - log(ref/pi) = .5 - 1 + ln2 = .193147;  2 - 1 - ln2 = .306853
@@ -179,6 +248,11 @@ def test_kl_k3_loss_term_with_nonzero_coefficient():
     assert loss.item() == 0.0
     pen = kl_reward_penalty(lp, ref, torch.tensor([True, False]), 0.1, "k1")
     assert pen.tolist() == pytest.approx([0.1 * LN2, 0.0]) and not pen.requires_grad
+    # as a reward penalty only the value counts: k3+ is k3 (.193147, .306853), k1 is allowed
+    pen = kl_reward_penalty(lp, ref, torch.tensor([True, True]), 0.1, "k3+")
+    assert pen.tolist() == pytest.approx([0.1 * (LN2 - 0.5), 0.1 * (1 - LN2)], abs=1e-7)
+    assert not pen.requires_grad
+    assert LossConfig(kl_coef=0.1, kl_kind="k1", kl_mode="reward").kl_kind == "k1"
     inp.ref_logprobs = None
     with pytest.raises(ValueError, match="needs ref_logprobs"):
         get_loss("ppo_clip")(inp, LossConfig(kl_coef=0.1))
@@ -329,5 +403,6 @@ def test_config_errors_are_clear():
         LossConfig(clip_hihg=0.3)
     # GSPO's ratio is per sequence: its aggregation is forced, a contrary explicit one refused
     assert LossConfig(name="gspo").agg == "seq-mean-token-mean"
+    assert LossConfig(name="gspo", agg="seq-mean-token-mean").agg == "seq-mean-token-mean"
     with pytest.raises(ValidationError, match="algo.loss.name=gspo needs agg=seq-mean-token-mean"):
         LossConfig(name="gspo", agg="token-mean")
