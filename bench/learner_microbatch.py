@@ -30,7 +30,8 @@ def make_batch(episodes: int, length: int, vocab: int):
     return TrainBatch(torch.randint(0, vocab, (n,), generator=g),
                       torch.arange(length).repeat(episodes), mask,
                       torch.where(mask, -2.0, 0.0), torch.where(mask, torch.randn(n, generator=g), 0.0),
-                      seq, global_norm(mask, seq))  # fmt: skip
+                      seq, global_norm(mask, seq),
+                      trainer_old_logprobs=torch.where(mask, -2.0, 0.0))  # fmt: skip
 
 
 def main() -> None:

@@ -40,7 +40,9 @@ def make_batch(seed: int = 0, n_seqs: int = 5) -> TrainBatch:
     pos = torch.cat([torch.arange(int((seq_N == s).sum())) for s in range(n_seqs)])
     old = torch.where(mask_N, -torch.rand(n, generator=g) * 5 - 8, 0.0)
     adv = torch.where(mask_N, torch.randn(n, generator=g), 0.0)
-    return TrainBatch(ids_N, pos, mask_N, old, adv, seq_N, global_norm(mask_N, seq_N))
+    # the trainer's recomputed logprobs (the ratio's denominator) agree with the engine's here
+    return TrainBatch(ids_N, pos, mask_N, old, adv, seq_N, global_norm(mask_N, seq_N),
+                      trainer_old_logprobs=old)  # fmt: skip
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

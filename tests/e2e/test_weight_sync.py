@@ -33,6 +33,7 @@ def sequence(prompt: list[int], completion: list[int], adv: float = 0.0) -> Trai
         torch.where(mask, adv, 0.0),
         seq,
         global_norm(mask, seq),
+        trainer_old_logprobs=torch.where(mask, -9.0, 0.0),
     )
 
 

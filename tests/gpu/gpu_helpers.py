@@ -33,7 +33,14 @@ def make_batch(seed: int = 0, n_seqs: int = 8) -> TrainBatch:
     old = torch.where(mask_N, -torch.rand(n, generator=g) * 3 - 10, 0.0)
     adv = torch.where(mask_N, torch.randn(n, generator=g), 0.0)
     return TrainBatch(
-        torch.cat(ids), torch.cat(pos), mask_N, old, adv, seq_N, global_norm(mask_N, seq_N)
+        torch.cat(ids),
+        torch.cat(pos),
+        mask_N,
+        old,
+        adv,
+        seq_N,
+        global_norm(mask_N, seq_N),
+        trainer_old_logprobs=old,
     )
 
 
