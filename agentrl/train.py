@@ -49,7 +49,16 @@ from agentrl.metrics import rollout_metrics, step_metrics
 from agentrl.types import Trajectory
 
 log = logging.getLogger(__name__)
-_CRASHED = ("aborted", "reward_error")  # StopReason values of episodes whose env code raised
+
+
+def _crashed(tr: Trajectory) -> bool:
+    """An episode whose env code raised: a reward error, or an abort that carries a traceback
+    (engine aborts and episode timeouts carry none: those are infrastructure)."""
+    if tr.stop_reason.value == "reward_error":
+        return True
+    return tr.stop_reason.value == "aborted" and "Traceback (most recent call last)" in (
+        tr.error or ""
+    )
 
 
 class TrainingError(RuntimeError):
@@ -244,7 +253,7 @@ class Trainer:
     def _check_failures(self, trajs: list[Trajectory]) -> None:
         """Episodes that crashed (an exception in the env or its reward) are not infrastructure
         noise past `trainer.max_aborted_frac` of a step: stop and show one of them."""
-        failed = [tr for tr in trajs if tr.stop_reason.value in _CRASHED]
+        failed = [tr for tr in trajs if _crashed(tr)]
         if trajs and len(failed) / len(trajs) > self.cfg.trainer.max_aborted_frac:
             first = failed[0]
             raise TrainingError(
