@@ -122,3 +122,67 @@ def test_template_check_rejects_a_template_in_another_format(qwen_tokenizer, mon
     )
     with pytest.raises(ConfigError, match="cannot read tool calls"):
         check_template(P, qwen_tokenizer)
+
+
+class MixedArgs(BaseModel):
+    code: str
+    n: int
+    flags: list[str] = []
+
+
+def test_qwen3_coder_xml_calls_typed_by_the_tool_args():
+    xml = get_parser("qwen3_coder")
+    text = (
+        "First run it.\n<tool_call>\n<function=python>\n<parameter=code>\nprint('a')\nprint(1)\n"
+        '</parameter>\n<parameter=n>\n3\n</parameter>\n<parameter=flags>\n["x", "y"]\n'
+        "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=python>\n"
+        "<parameter=code>\n42\n</parameter>\n<parameter=n>\nthree\n</parameter>\n</function>\n"
+        "</tool_call>"
+    )
+    res = xml.parse(text, {"python": MixedArgs})
+    assert res.content == "First run it."
+    # code stays text (even "42"), n becomes an int, flags a list
+    assert [c.arguments for c in res.tool_calls] == [
+        {"code": "print('a')\nprint(1)", "n": 3, "flags": ["x", "y"]}
+    ]
+    (err,) = res.errors  # "three" is not an int: the model reads why
+    assert err.kind is ParseErrorKind.INVALID_ARGS and "n" in err.message
+    unclosed = xml.parse(
+        "<tool_call>\n<function=python>\n<parameter=code>\n1", TOOLS, truncated=True
+    )
+    assert unclosed.errors[0].kind is ParseErrorKind.TRUNCATED and not unclosed.tool_calls
+    bad = xml.parse('<tool_call>{"name": "python"}</tool_call>', TOOLS)
+    assert bad.errors[0].kind is ParseErrorKind.NOT_A_CALL
+
+
+def test_llama3_json_calls_and_plain_answers():
+    llama = get_parser("llama3_json")
+    one = llama.parse('{"name": "python", "parameters": {"code": "print(1)"}}', TOOLS)
+    assert [c.arguments for c in one.tool_calls] == [{"code": "print(1)"}] and not one.errors
+    two = llama.parse(
+        '<|python_tag|>{"name": "python", "parameters": {"code": "1"}}; '
+        '{"name": "python", "parameters": {"code": "2"}}',
+        TOOLS,
+    )
+    assert [c.arguments["code"] for c in two.tool_calls] == ["1", "2"]
+    assert len({c.id for c in two.tool_calls}) == 2
+    plain = llama.parse("The answer is 4.", TOOLS)
+    assert plain.content == "The answer is 4." and not plain.tool_calls and not plain.errors
+    cut = llama.parse('{"name": "python", "parameters": {"code": "pri', TOOLS, truncated=True)
+    assert cut.errors[0].kind is ParseErrorKind.TRUNCATED
+    unknown = llama.parse('{"name": "shell", "parameters": {}}', TOOLS)
+    assert unknown.errors[0].kind is ParseErrorKind.UNKNOWN_TOOL
+
+
+@given(st.text(max_size=200))
+@settings(max_examples=200, deadline=None)
+def test_new_parsers_never_raise(text):
+    for name in ("qwen3_coder", "llama3_json"):
+        get_parser(name).parse(text, TOOLS)
+        get_parser(name).parse("<tool_call>" + text, TOOLS, truncated=True)
+        get_parser(name).parse("{" + text, TOOLS)
+
+
+def test_unknown_parser_lists_auto():
+    with pytest.raises(ConfigError, match="auto"):
+        get_parser("mistral")
