@@ -219,7 +219,10 @@ def _read_call(
                 f"{'.'.join(map(str, x['loc'])) or '<args>'}: {x['msg']}" for x in e.errors()
             )
             return None, ParseError(
-                ParseErrorKind.INVALID_ARGS, f"invalid arguments for '{name}': {detail}", quote, name
+                ParseErrorKind.INVALID_ARGS,
+                f"invalid arguments for '{name}': {detail}",
+                quote,
+                name,
             )
     return ToolCall(id=f"call_{index}", name=name, arguments=args), None
 
