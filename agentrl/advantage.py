@@ -55,6 +55,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, field_validator
 from torch import Tensor
 
+from agentrl.registry import Registry
 from agentrl.types import Trajectory
 
 
@@ -74,8 +75,7 @@ class AdvantageConfig(BaseModel):
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        get_estimator(v)
-        return v
+        return ESTIMATORS.check(v)
 
 
 @dataclass(frozen=True)
@@ -101,31 +101,30 @@ class AdvantageOutput:
 
 
 EstimatorFn = Callable[[list[Episode], AdvantageConfig], tuple[list[Tensor], list[Tensor] | None]]
-_ESTIMATORS: dict[str, EstimatorFn] = {}
-_WHITEN_DEFAULT: dict[str, bool] = {}
+ESTIMATORS: Registry[EstimatorFn] = Registry("advantage estimator", "algo.advantage.name")
 
 
-def register(name: str, whiten: bool = False) -> Callable[[EstimatorFn], EstimatorFn]:
-    """Register an estimator under `name`; `whiten` is its default for `cfg.whiten=None`."""
-
-    def deco(fn: EstimatorFn) -> EstimatorFn:
-        _ESTIMATORS[name] = fn
-        _WHITEN_DEFAULT[name] = whiten
-        return fn
-
-    return deco
+def register(
+    name: str, whiten: bool = False, needs_values: bool = False
+) -> Callable[[EstimatorFn], EstimatorFn]:
+    """Register an estimator under `name`. `whiten`: its default for `cfg.whiten=None`;
+    `needs_values`: it reads critic values (`Episode.values_T`), so the run trains a critic."""
+    return ESTIMATORS.register(name, whiten=whiten, needs_values=needs_values)
 
 
 def get_estimator(name: str) -> EstimatorFn:
-    if name not in _ESTIMATORS:
-        raise ValueError(
-            f"unknown advantage estimator {name!r}; known: {', '.join(sorted(_ESTIMATORS))}"
-        )
-    return _ESTIMATORS[name]
+    """A registered name or an import path `module:function`."""
+    return ESTIMATORS.get(name)
 
 
 def known_estimators() -> list[str]:
-    return sorted(_ESTIMATORS)
+    return ESTIMATORS.names()
+
+
+def needs_values(name: str) -> bool:
+    """Whether the estimator reads critic values (gae; a user estimator registered with
+    `needs_values=True`)."""
+    return bool(ESTIMATORS.meta(name).get("needs_values", False))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,7 +273,7 @@ def compute_advantages(
     eps = episodes_from(groups, cfg, values, token_penalties)
     adv, ret = fn(eps, cfg)
     masks = [e.loss_mask_T & e.valid for e in eps]
-    if cfg.whiten if cfg.whiten is not None else _WHITEN_DEFAULT[cfg.name]:
+    if cfg.whiten if cfg.whiten is not None else ESTIMATORS.meta(cfg.name).get("whiten", False):
         adv = whiten(adv, masks, cfg.eps)
     adv = [torch.where(m, a.float(), 0.0) for a, m in zip(adv, masks, strict=True)]
     return AdvantageOutput(adv, ret, _metrics(eps, adv, masks))
@@ -381,7 +380,7 @@ def reinforce_pp_baseline_estimator(
     return _group_baseline(eps, cfg, "mean"), None
 
 
-@register("gae", whiten=True)
+@register("gae", whiten=True, needs_values=True)
 def gae_estimator(eps: list[Episode], cfg: AdvantageConfig) -> tuple[list[Tensor], list[Tensor]]:
     advs, rets = [], []
     for n, e in enumerate(eps):

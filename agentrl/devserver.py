@@ -22,15 +22,14 @@ them) unless generation is paused, and run between scheduler steps. What differs
   - no stop strings / regex / penalties / streaming (no tokenizer): such requests get a 400.
   - /health answers from the scheduler's state; /health_generate runs a 1-token generation.
 Distributed weight updates join a gloo group the way SGLang's `init_custom_process_group` does
-(tcp rendezvous, store prefixed with the group name; server rank = rank_offset), so a trainer
-joins with `init_custom_process_group(..., rank=0)` from this module, for a dev server or SGLang.
+(tcp store hosted by rank 0, keys prefixed with the group name; server rank = rank_offset), with
+the code learner rank 0 uses too (`agentrl.learner.update_group`), for a dev server or SGLang.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
 import logging
 import signal
@@ -57,32 +56,9 @@ from agentrl.devbatch import (
     response,
     torch_dtype,
 )
+from agentrl.learner.update_group import init_update_group
 
 log = logging.getLogger("agentrl.devserver")
-
-
-def init_custom_process_group(
-    backend: str, init_method: str, world_size: int, rank: int, group_name: str, timeout_s=1800
-) -> dist.ProcessGroup:
-    """A process group beside (not as) the default one, as SGLang builds its weight-update group:
-    tcp rendezvous, store keys prefixed with `group_name`. Trainer side: rank 0, same arguments."""
-    from torch.distributed.distributed_c10d import (
-        PrefixStore,
-        _new_process_group_helper,
-        _world,
-        rendezvous,
-    )
-
-    timeout = datetime.timedelta(seconds=timeout_s)
-    store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
-    store.set_timeout(timeout)
-    store = PrefixStore(group_name, store)
-    pg = _new_process_group_helper(
-        world_size, rank, [], backend, store, group_name=group_name, timeout=timeout
-    )
-    pg = pg[0] if isinstance(pg, tuple) else pg
-    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
-    return pg
 
 
 @dataclass
@@ -300,12 +276,12 @@ class DevServer:
                 "pass backend='gloo' on both sides"
             )
         try:
-            url = f"tcp://{body['master_address']}:{int(body['master_port'])}"
+            addr, port = str(body["master_address"]), int(body["master_port"])
             rank, world = int(body["rank_offset"]), int(body["world_size"])
         except (KeyError, ValueError) as e:
             raise BadRequest(f"init_weights_update_group needs {e}") from e
         self.groups[name] = await asyncio.to_thread(
-            init_custom_process_group, backend, url, world, rank, name, self.args.dist_timeout_s
+            init_update_group, addr, port, rank, world, name, backend, self.args.dist_timeout_s
         )
         return {"success": True, "message": f"joined {name} as rank {rank} of {world}"}
 

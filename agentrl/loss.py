@@ -69,14 +69,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from agentrl.batch import TrainBatch
+from agentrl.batch import LossNorm, TrainBatch
+from agentrl.registry import Registry
+
+__all__ = ["LossNorm"]  # re-exported: losses read it from their inputs
 
 Agg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KLKind = Literal["k1", "k2", "k3", "k3+"]
@@ -108,8 +110,7 @@ class LossConfig(BaseModel):
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        get_loss(v)
-        return v
+        return LOSSES.check(v)
 
     @model_validator(mode="after")
     def _consistent(self) -> LossConfig:
@@ -138,14 +139,6 @@ class LossConfig(BaseModel):
                 )
             self.agg = "seq-mean-token-mean"
         return self
-
-
-@dataclass(frozen=True)
-class LossNorm:
-    """Global counts over all ranks and micro-batches of one optimizer step."""
-
-    num_tokens: int  # tokens with loss_mask 1
-    num_seqs: int  # sequences with at least one such token
 
 
 @dataclass
@@ -190,25 +183,21 @@ class LossInputs:
 
 
 LossFn = Callable[[LossInputs, LossConfig], tuple[Tensor, dict[str, Tensor]]]
-_LOSSES: dict[str, LossFn] = {}
+LOSSES: Registry[LossFn] = Registry("loss", setting="algo.loss.name")
 
 
 def register(name: str) -> Callable[[LossFn], LossFn]:
-    def deco(fn: LossFn) -> LossFn:
-        _LOSSES[name] = fn
-        return fn
-
-    return deco
+    """Register `fn(inputs: LossInputs, cfg: LossConfig) -> (loss, metrics)` under `name`."""
+    return LOSSES.register(name)
 
 
 def get_loss(name: str) -> LossFn:
-    if name not in _LOSSES:
-        raise ValueError(f"unknown loss {name!r}; known: {', '.join(sorted(_LOSSES))}")
-    return _LOSSES[name]
+    """A registered name or an import path `module:function`."""
+    return LOSSES.get(name)
 
 
 def known_losses() -> list[str]:
-    return sorted(_LOSSES)
+    return LOSSES.names()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from agentrl.types import ToolCall
+from agentrl.registry import Registry, is_import_path
+from agentrl.types import ConfigError, ToolCall
 
 
 class ParseErrorKind(StrEnum):
@@ -55,10 +56,6 @@ class ParseResult:
         return any(e.kind is ParseErrorKind.TRUNCATED for e in self.errors)
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot work; the message names the setting and the fix."""
-
-
 class Parser:
     name: str = ""
 
@@ -73,25 +70,30 @@ class Parser:
         raise NotImplementedError
 
 
-_PARSERS: dict[str, Callable[[], Parser]] = {}
+PARSERS: Registry[type[Parser]] = Registry("tool-call parser", setting="rollout.parser")
 
 
 def register(name: str) -> Callable[[type[Parser]], type[Parser]]:
+    """Class decorator: a Parser subclass under `name` (also sets `cls.name`)."""
+
     def deco(cls: type[Parser]) -> type[Parser]:
         cls.name = name
-        _PARSERS[name] = cls
-        return cls
+        return PARSERS.register(name)(cls)
 
     return deco
 
 
 def get_parser(name: str) -> Parser:
-    if name not in _PARSERS:
+    """A fresh parser: a registered name or an import path `module:ParserClass`."""
+    if name == "auto" or not (name in PARSERS or is_import_path(name)):
         raise ConfigError(
-            f"unknown tool-call parser {name!r}; set rollout.parser to one of "
-            f"{['auto', *sorted(_PARSERS)]}"
+            f"rollout.parser={name!r}: unknown tool-call parser; known: "
+            f"{', '.join(['auto', *PARSERS.names()])}, or an import path `module:ParserClass`"
         )
-    return _PARSERS[name]()
+    cls = PARSERS.get(name)
+    if not (isinstance(cls, type) and issubclass(cls, Parser)):
+        raise ConfigError(f"rollout.parser={name!r} is not a subclass of agentrl.parsers.Parser")
+    return cls()
 
 
 def resolve_parser(name: str, tokenizer: Any) -> Parser:
@@ -100,7 +102,7 @@ def resolve_parser(name: str, tokenizer: Any) -> Parser:
     if name != "auto":
         return get_parser(name)
     tried = []
-    for candidate in sorted(_PARSERS):
+    for candidate in PARSERS.names():
         parser = get_parser(candidate)
         try:
             check_template(parser, tokenizer)
@@ -381,5 +383,5 @@ def check_template(parser: Parser, tokenizer: Any) -> None:
         raise ConfigError(
             f"tool-call parser {parser.name!r} cannot read tool calls the way this model's chat "
             f"template writes them (rendered: {tail[:160]!r}); set rollout.parser to the model's "
-            f"format (known: {sorted(_PARSERS)})"
+            f"format (known: {PARSERS.names()})"
         )

@@ -17,6 +17,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+class ConfigError(ValueError):
+    """A configuration that cannot work; the message names the setting and the fix."""
+
+
 class Task(BaseModel):
     """One problem handed to an Env. `data` holds the env-specific fields (question, answer, …)."""
 

@@ -1,16 +1,21 @@
-"""The learner: FSDP2 workers on Ray. Config models live here (importing them pulls in neither
-ray nor torch.distributed); the machinery is imported on first use:
+"""The learner: everything that runs in a learner process (FSDP2 workers on Ray). The config
+models live here, so importing this package pulls in neither ray nor torch.distributed:
 
-    from agentrl.learner import LearnerConfig, LearnerGroup, RayConfig, start_ray
+    from agentrl.learner import LearnerConfig, RayConfig
+    from agentrl.learner.group import LearnerGroup, start_ray
 
-    fsdp.py    model/optimizer of one rank (build, shard, clip, gather, save, offload)
-    worker.py  `LearnerWorker`, the Ray actor of one rank (algorithm-blind)
-    group.py   `LearnerGroup`, N workers of one role; `start_ray` (loopback only)
+    fsdp.py          model/optimizer of one rank (build, shard, clip, gather, save, offload)
+    forward.py       logprobs, entropies, values of a packed micro-batch (from hidden states)
+    worker.py        `LearnerWorker`, the Ray actor of one rank (algorithm-blind)
+    group.py         `LearnerGroup`, N workers of one role; `start_ray` (loopback only)
+    update_group.py  the trainer→engines process group (shared with the dev server)
+    sync/            weight-sync transports, one module each (driver half + rank half)
+    ipc.py           CUDA-IPC payloads for SGLang (colocated)
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -89,19 +94,3 @@ class RayConfig(BaseModel):
 
 class LearnerError(RuntimeError):
     """The learner cannot start or run; the message says what to do."""
-
-
-_LAZY = {
-    "LearnerGroup": "agentrl.learner.group",
-    "start_ray": "agentrl.learner.group",
-    "stop_ray": "agentrl.learner.group",
-    "LearnerWorker": "agentrl.learner.worker",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'agentrl.learner' has no attribute {name!r}")

@@ -128,33 +128,6 @@ def shard_model(
     return model
 
 
-def token_values(model: nn.Module, mb, layout: str = "padded") -> torch.Tensor:
-    """Critic values [N] of a packed micro-batch, aligned like logprobs: values[t] is the value of
-    the state in which token t was chosen (read at position t-1); 0 at each sequence's start.
-    `layout` as in `agentrl.batch.last_hidden_state` (padded: rows of a right-padded batch under a
-    causal mask; packed: one row, the model masks between sequences)."""
-    from agentrl.batch import padded_rows
-
-    if layout == "padded":
-        rows, cols = padded_rows(mb.position_ids)
-        width = int(cols.max()) + 1
-        ids_BT = mb.token_ids.new_zeros((int(rows[-1]) + 1, width))
-        ids_BT[rows, cols] = mb.token_ids
-        pos_BT = torch.arange(width, device=ids_BT.device).expand_as(ids_BT)
-        out = model(input_ids=ids_BT, position_ids=pos_BT, attention_mask=None, use_cache=False)
-        v = out.logits[rows, cols, 0].float()
-    else:
-        out = model(
-            input_ids=mb.token_ids[None],
-            position_ids=mb.position_ids[None],
-            attention_mask=None,
-            use_cache=False,
-        )
-        v = out.logits[0, :, 0].float()
-    shifted = torch.cat([v.new_zeros(1), v[:-1]])
-    return torch.where(mb.position_ids > 0, shifted, 0.0)
-
-
 def make_optimizer(
     model: nn.Module, cfg: LearnerConfig
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:

@@ -24,8 +24,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import ray
+from ray._private import ray_constants
+
 from agentrl.learner import LearnerConfig, LearnerError, RayConfig, Role
 from agentrl.learner.fsdp import ParamSpec, plan_buckets
+from agentrl.learner.worker import LearnerWorker
+from agentrl.loss import reduce_metrics
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +41,6 @@ def start_ray(cfg: RayConfig | None = None) -> None:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    import ray
-    from ray._private import ray_constants
 
     if ray.is_initialized():
         return
@@ -155,7 +158,6 @@ def _descendants(root: int) -> set[int]:
 
 
 def stop_ray() -> None:
-    import ray
 
     if ray.is_initialized():
         ray.shutdown()
@@ -165,9 +167,6 @@ class LearnerGroup:
     """N FSDP2 ranks of one role. Calls block until every rank answers; errors re-raise here."""
 
     def __init__(self, cfg: LearnerConfig, role: Role = "policy", name: str | None = None):
-        import ray
-
-        from agentrl.learner.worker import LearnerWorker
 
         if not cfg.model_path:
             raise LearnerError(f"{role} learner: model_path is empty; set learner.model_path")
@@ -205,7 +204,6 @@ class LearnerGroup:
         return self._get([getattr(self.workers[0], method).remote(*args, **kw)])[0]
 
     def _get(self, refs: list[Any]) -> list[Any]:
-        import ray
 
         try:
             return ray.get(refs)
@@ -248,8 +246,6 @@ class LearnerGroup:
         """One optimizer step over all ranks' micro-batches; metrics named `<role>/<key>`:
         loss terms summed over ranks (the loss's shares add up to the full-batch value), plus
         grad_norm, lr, skipped (1 when a non-finite loss/grad skipped the step), step_s."""
-        from agentrl.loss import reduce_metrics
-
         results = self.call_per_rank("train_step", per_rank, loss_name, loss_cfg, temperature)
         out = reduce_metrics(r["sum"] for r in results)
         out.update(results[0]["global"])
@@ -293,7 +289,6 @@ class LearnerGroup:
         self.call("onload")
 
     def shutdown(self) -> None:
-        import ray
 
         for w in getattr(self, "workers", []):
             with contextlib.suppress(Exception):  # tearing down; the actor may be gone

@@ -11,6 +11,7 @@ KL), `critic` (token-classification head with one output: values; trains with a 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -20,9 +21,18 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor
 
-from agentrl.learner import LearnerConfig, Role, fsdp
+from agentrl.learner import LearnerConfig, Role, forward, fsdp
 from agentrl.learner.fsdp import ParamSpec
+from agentrl.learner.sync import SYNC_METHODS
+from agentrl.loss import LossInputs, get_loss, reduce_metrics
 
 
 class LearnerWorker:
@@ -37,11 +47,7 @@ class LearnerWorker:
         self.model: Any = None
         self.opt: torch.optim.Optimizer | None = None
         self.sched: Any = None
-        self._update_groups: dict[str, Any] = {}
-        self._listen_socks: dict[str, Any] = {}
-        from agentrl.learner.ipc import IpcHold
-
-        self._ipc = IpcHold()
+        self._transports: dict[str, Any] = {}  # weight-sync rank halves, by transport name
         self.steps_done = 0
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -91,8 +97,9 @@ class LearnerWorker:
         return os.getpid()
 
     def shutdown(self) -> None:
-        for name in list(self._update_groups):
-            self.destroy_weight_update_group(name)
+        for transport in self._transports.values():
+            transport.close()
+        self._transports.clear()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -100,12 +107,10 @@ class LearnerWorker:
     @torch.no_grad()
     def compute_logprobs(self, micro_batches: list[Any], temperature: float = 1.0) -> list[Any]:
         """Per micro-batch: logprobs [N] of each token given its prefix (CPU, fp32)."""
-        from agentrl import batch as B
-
         self.model.eval()
         out = []
         for mb in micro_batches:
-            lp, _ = B.token_logprobs(
+            lp, _ = forward.token_logprobs(
                 self.model,
                 mb.to(self.device),
                 temperature=temperature,
@@ -121,7 +126,7 @@ class LearnerWorker:
         self._require("critic", "compute_values")
         self.model.eval()
         out = [
-            fsdp.token_values(self.model, mb.to(self.device), self.cfg.attention_layout)
+            forward.token_values(self.model, mb.to(self.device), self.cfg.attention_layout)
             .float()
             .cpu()
             for mb in micro_batches
@@ -138,8 +143,6 @@ class LearnerWorker:
         A non-finite loss or gradient norm (on any rank) skips the step: gradients are dropped,
         the lr schedule does not advance, and `skipped` is 1 in the returned metrics.
         Returns {"sum": metrics to add over ranks, "global": metrics equal on every rank}."""
-        from agentrl.loss import get_loss, reduce_metrics
-
         if self.opt is None:
             raise RuntimeError(f"the {self.role} learner has no optimizer; it cannot train")
         loss_fn = get_loss(loss_name)
@@ -181,21 +184,18 @@ class LearnerWorker:
     def _loss(self, mb: Any, loss_fn: Any, loss_cfg: Any, temperature: float) -> tuple[Any, dict]:
         """This micro-batch's loss share and metrics. A padding micro-batch (a rank with no data
         left) still runs forward + backward with a zero loss, so FSDP's collectives line up."""
-        from agentrl import batch as B
-        from agentrl.loss import LossInputs
-
         if getattr(mb, "is_padding", False):
-            hidden = B.last_hidden_state(self.model, mb.token_ids, mb.position_ids)
+            hidden = forward.last_hidden_state(self.model, mb.token_ids, mb.position_ids)
             return hidden.float().sum() * 0.0, {}
         if self.role == "critic":
             return loss_fn(
                 LossInputs.from_batch(
-                    mb, values=fsdp.token_values(self.model, mb, self.cfg.attention_layout)
+                    mb, values=forward.token_values(self.model, mb, self.cfg.attention_layout)
                 ),
                 loss_cfg,
             )
         entropy = getattr(loss_cfg, "entropy_coef", 0.0) > 0
-        lp, ent = B.token_logprobs(
+        lp, ent = forward.token_logprobs(
             self.model,
             mb,
             with_entropy=entropy,
@@ -214,8 +214,6 @@ class LearnerWorker:
     def model_dtype(self) -> str:
         """The dtype of the source checkpoint (what the rollout engines serve by default); the
         loaded model's config says float32, the dtype of the master weights."""
-        import json
-
         cfg = json.loads((Path(self.cfg.model_path) / "config.json").read_text())
         dt = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
         return str(dt).removeprefix("torch.")
@@ -237,8 +235,6 @@ class LearnerWorker:
     def full_grads(self) -> dict[str, torch.Tensor]:
         """Collective, for tests: the full gradients on rank 0 (call between backward and step
         via `accumulate_grads`)."""
-        from torch.distributed.tensor import DTensor
-
         out = {}
         for name, p in self.model.named_parameters():
             g = p.grad
@@ -253,8 +249,6 @@ class LearnerWorker:
         self, micro_batches: list[Any], loss_name: str, loss_cfg: Any, temperature: float = 1.0
     ) -> float:
         """For tests: forward + backward without stepping; returns this rank's loss share."""
-        from agentrl.loss import get_loss
-
         self.model.train()
         total = 0.0
         for mb in micro_batches:
@@ -275,91 +269,13 @@ class LearnerWorker:
         )
         dist.barrier()
 
-    # weight-update group (SGLang protocol; see agentrl/weight_sync.py) ------------------------
-    def prepare_weight_update_group(self, group_name: str, master_address: str) -> int:
-        """Rank 0: bind the group's store socket on `master_address`; returns its port."""
-        from agentrl.weight_sync import bind_listen_socket
-
-        if self.rank != 0:
-            return 0
-        sock = bind_listen_socket(master_address)
-        self._listen_socks[group_name] = sock
-        return sock.getsockname()[1]
-
-    def init_weight_update_group(
-        self, group_name: str, master_address: str, master_port: int, world_size: int,
-        backend: str, timeout_s: float,
-    ) -> None:  # fmt: skip
-        """Rank 0 joins the trainer→engines group as its rank 0 (blocks until all joined)."""
-        from agentrl.weight_sync import init_update_group
-
-        if self.rank != 0:
-            return
-        self._update_groups[group_name] = init_update_group(
-            master_address, master_port, 0, world_size, group_name, backend, timeout_s,
-            listen_sock=self._listen_socks.get(group_name),
-        )  # fmt: skip
-
-    def broadcast_weights(self, buckets: list[list[ParamSpec]], group_name: str) -> float:
-        """Collective over the learner: gather each bucket; rank 0 broadcasts every tensor, in
-        bucket order, to the engines' group. Returns the seconds spent."""
-        t0 = time.perf_counter()
-        pg = self._update_groups.get(group_name)
-        if self.rank == 0 and pg is None:
-            raise RuntimeError(f"weight-update group {group_name!r} is not initialised")
-        on_gpu = self.device_type == "cuda"
-        for bucket in buckets:
-            tensors = fsdp.gather_full(
-                self.model, bucket, self.rank, self.device if on_gpu else None
-            )
-            for spec in bucket if self.rank == 0 else ():
-                dist.broadcast(tensors[spec.name], group=pg, group_src=0)
-        if on_gpu:
-            torch.cuda.synchronize()
-        return time.perf_counter() - t0
-
-    def ipc_bucket(self, bucket: list[ParamSpec]) -> str | None:
-        """Collective: gather one bucket's full tensors on the GPU; rank 0 returns SGLang's
-        `flattened_bucket` CUDA-IPC payload and keeps the tensor alive until `release_ipc`."""
-        from agentrl.learner import ipc
-
-        tensors = fsdp.gather_full(self.model, bucket, self.rank, self.device)
-        if self.rank != 0:
-            return None
-        payload, flat = ipc.flattened_payload(list(tensors.items()))
-        self._ipc.keep(flat)
-        torch.cuda.synchronize()  # the server reads the memory as soon as it has the handle
-        return payload
-
-    def ipc_direct_bucket(self, bucket: list[ParamSpec], groups: list) -> str | None:
-        """Collective: like `ipc_bucket`, in SGLang's `direct` layout (ipc.py): q/k/v and
-        gate/up fused per `groups`, cast and copied once into one buffer, sent as views of it."""
-        from agentrl.learner import ipc
-
-        if self.world_size > 1:  # gather the shards (a collective: every rank takes part)
-            get = fsdp.gather_full(self.model, bucket, self.rank, self.device).__getitem__
-        else:  # one shard is the whole tensor: read it in place
-            params = dict(self.model.named_parameters())
-            get = lambda name: fsdp.full_param(params[name])  # noqa: E731
-        if self.rank != 0:
-            return None
-        dtype = fsdp.to_dtype(bucket[0].dtype)
-        flat, views = ipc.pack_direct(get, groups, dtype, self.device)
-        payload = ipc.serialize(views)
-        self._ipc.keep(flat)
-        torch.cuda.synchronize()  # the server reads the memory as soon as it has the handle
-        return payload
-
-    def release_ipc(self) -> None:
-        self._ipc.release()
-
-    def destroy_weight_update_group(self, group_name: str) -> None:
-        pg = self._update_groups.pop(group_name, None)
-        if pg is not None:
-            dist.destroy_process_group(pg)
-        sock = self._listen_socks.pop(group_name, None)
-        if sock is not None:
-            sock.close()
+    # -- weight sync ----------------------------------------------------------------------------
+    def sync_call(self, transport: str, method: str, *args: Any) -> Any:
+        """Run `method` of the rank half of the weight-sync transport named `transport` (a
+        registered name or an import path, agentrl/learner/sync/); its state lives here."""
+        if transport not in self._transports:
+            self._transports[transport] = SYNC_METHODS.get(transport).Rank(self)
+        return getattr(self._transports[transport], method)(*args)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(
@@ -398,9 +314,6 @@ class LearnerWorker:
 
 
 def _save_optimizer(model, opt, sched, out: Path, fmt: str, rank: int) -> None:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
     dist.barrier()
@@ -416,13 +329,6 @@ def _save_optimizer(model, opt, sched, out: Path, fmt: str, rank: int) -> None:
 
 
 def _load_optimizer(model, opt, sched, src: Path, rank: int) -> None:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_optimizer_state_dict,
-        set_optimizer_state_dict,
-    )
-
     meta = torch.load(src / "schedule.pt", weights_only=True)
     if meta["format"] == "sharded":
         state = {"optim": get_optimizer_state_dict(model, opt)}

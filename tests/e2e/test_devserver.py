@@ -14,8 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agentrl.assets.build import cached_tiny_random
-from agentrl.devserver import init_custom_process_group
 from agentrl.engine import EngineClient, PromptTooLong, SamplingParams, encode_named_tensors
+from agentrl.learner.update_group import bind_listen_socket, init_update_group
 from agentrl.types import FinishReason
 
 TOL = 1e-4
@@ -241,20 +241,19 @@ async def test_update_weights_from_disk(weights_server, tiny_model_dir, model0, 
         assert (await served_logprobs(engine))[:2] == (ids, lps)
 
 
-async def test_update_weights_over_a_gloo_group(weights_server, free_port, model0, model1_dir):
+async def test_update_weights_over_a_gloo_group(weights_server, model0, model1_dir):
     """This process joins as rank 0, broadcasts model1's weights; the server then serves them."""
     model1 = load(model1_dir)
     named = dict(model1.state_dict())
     async with EngineClient([weights_server]) as engine:
         ids, lps, _ = await served_logprobs(engine)
         assert_close(lps, ref_logprobs(model0, PROMPT, ids))
-        url = f"tcp://127.0.0.1:{free_port}"
+        sock = bind_listen_socket("127.0.0.1")
+        port = sock.getsockname()[1]
         pg_task = asyncio.create_task(
-            asyncio.to_thread(init_custom_process_group, "gloo", url, 2, 0, "wu", 60)
+            asyncio.to_thread(init_update_group, "127.0.0.1", port, 0, 2, "wu", "gloo", 60, sock)
         )
-        await engine.init_weights_update_group(
-            "127.0.0.1", free_port, group_name="wu", backend="gloo"
-        )
+        await engine.init_weights_update_group("127.0.0.1", port, group_name="wu", backend="gloo")
         pg = await pg_task
 
         def broadcast() -> None:
@@ -273,6 +272,7 @@ async def test_update_weights_over_a_gloo_group(weights_server, free_port, model
         sender.join(timeout=60)
         await engine.destroy_weights_update_group("wu")
         torch.distributed.destroy_process_group(pg)
+        sock.close()
         ids1, lps1, version = await served_logprobs(engine)
         assert version == "dist-1" and lps1 != lps
         assert_close(lps1, ref_logprobs(model1, PROMPT, ids1))

@@ -11,8 +11,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from agentrl.batch import TrainBatch, global_norm, micro_batches, token_logprobs
+from agentrl.batch import TrainBatch, global_norm, micro_batches
 from agentrl.learner import LearnerConfig, LearnerError, RayConfig
+from agentrl.learner.forward import token_logprobs
 from agentrl.learner.fsdp import ParamSpec, lr_factor, plan_buckets
 from agentrl.learner.group import LearnerGroup, listening_sockets, start_ray, stop_ray
 from agentrl.loss import LossConfig

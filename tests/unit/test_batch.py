@@ -7,13 +7,12 @@ import torch
 
 from agentrl.batch import (
     TrainBatch,
-    logprobs_from_hidden,
     micro_batches,
     mini_batches,
     padding_micro_batch,
     plan_micro_batches,
-    token_logprobs,
 )
+from agentrl.learner.forward import logprobs_from_hidden, token_logprobs
 from agentrl.loss import LossConfig, LossInputs, LossNorm, get_loss
 from agentrl.types import FinishReason, Message, StopReason, Trajectory, Turn
 
@@ -251,7 +250,7 @@ def test_critic_values_are_the_same_in_both_layouts_and_aligned_like_logprobs():
     from transformers import AutoModelForTokenClassification
 
     from agentrl.assets.build import cached_tiny_random
-    from agentrl.learner.fsdp import token_values
+    from agentrl.learner.forward import token_values
 
     torch.manual_seed(0)
     critic = AutoModelForTokenClassification.from_pretrained(cached_tiny_random(), num_labels=1)

@@ -58,7 +58,7 @@ def test_pack_is_one_buffer_of_concatenations():
 
 def test_direct_plan_keeps_groups_whole_and_vocab_apart():
     from agentrl.learner.fsdp import ParamSpec
-    from agentrl.weight_sync import plan_direct
+    from agentrl.learner.sync import plan_direct
 
     cfg = Qwen3Config(vocab_size=779, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=8)  # fmt: skip

@@ -8,7 +8,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from agentrl.batch import TrainBatch, logprobs_from_hidden
+from agentrl.batch import TrainBatch
+from agentrl.learner.forward import logprobs_from_hidden
 from agentrl.loss import (
     LossConfig,
     LossInputs,

@@ -1,0 +1,152 @@
+"""`weight_sync.method=distributed`: broadcast over a trainer+servers process group (SGLang's
+`update_weights_from_distributed`). gloo on CPU, NCCL on GPU.
+
+Learner rank 0 is rank 0 of the group and hosts its store on `master_address` (loopback by
+default); each server joins with `/init_weights_update_group` (once). Per push and bucket, every
+learner rank gathers the bucket's full tensors, rank 0 broadcasts them in order, while the
+servers get `/update_weights_from_distributed` (names, dtypes, shapes) and receive them. The last
+bucket stamps the servers with the new weight version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from agentrl.learner import fsdp
+from agentrl.learner.fsdp import ParamSpec
+from agentrl.learner.sync.base import SYNC_METHODS, Transport, WeightSyncError, await_ref
+from agentrl.learner.update_group import bind_listen_socket, init_update_group
+
+
+@SYNC_METHODS.register("distributed")
+class DistributedSync(Transport):
+    name = "distributed"
+
+    class Rank(Transport.Rank):
+        def __init__(self, worker: Any) -> None:
+            super().__init__(worker)
+            self.groups: dict[str, Any] = {}
+            self.socks: dict[str, Any] = {}
+
+        def prepare(self, group_name: str, master_address: str) -> int:
+            """Rank 0: bind the group's store socket on `master_address`; returns its port."""
+            if self.worker.rank != 0:
+                return 0
+            sock = bind_listen_socket(master_address)
+            self.socks[group_name] = sock
+            return sock.getsockname()[1]
+
+        def join(self, group_name: str, addr: str, port: int, world: int, backend: str,
+                 timeout_s: float) -> None:  # fmt: skip
+            """Rank 0 joins as rank 0 of the trainer→engines group (blocks until all joined)."""
+            if self.worker.rank != 0:
+                return
+            self.groups[group_name] = init_update_group(
+                addr, port, 0, world, group_name, backend, timeout_s, self.socks.get(group_name)
+            )
+
+        def broadcast(self, buckets: list[list[ParamSpec]], group_name: str) -> float:
+            """Collective over the learner: gather each bucket; rank 0 broadcasts every tensor,
+            in bucket order, to the engines' group. Returns the seconds spent."""
+            w = self.worker
+            t0 = time.perf_counter()
+            pg = self.groups.get(group_name)
+            if w.rank == 0 and pg is None:
+                raise RuntimeError(f"weight-update group {group_name!r} is not initialised")
+            on_gpu = w.device_type == "cuda"
+            for bucket in buckets:
+                tensors = fsdp.gather_full(w.model, bucket, w.rank, w.device if on_gpu else None)
+                for spec in bucket if w.rank == 0 else ():
+                    dist.broadcast(tensors[spec.name], group=pg, group_src=0)
+            if on_gpu:
+                torch.cuda.synchronize()
+            return time.perf_counter() - t0
+
+        def leave(self, group_name: str) -> None:
+            pg = self.groups.pop(group_name, None)
+            if pg is not None:
+                dist.destroy_process_group(pg)
+            sock = self.socks.pop(group_name, None)
+            if sock is not None:
+                sock.close()
+
+        def close(self) -> None:
+            for name in list(self.groups) + list(self.socks):
+                self.leave(name)
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.ready = False
+
+    async def setup(self) -> None:
+        self._plan()
+        backend = self.cfg.backend
+        if backend == "auto":
+            backend = "nccl" if self.learner.cfg.resolved_device() == "cuda" else "gloo"
+        name, addr = self.cfg.group_name, self.cfg.master_address
+        port = self.learner.call_rank0("sync_call", self.name, "prepare", name, addr)
+        world = 1 + len(self.engine.urls) * self.cfg.ranks_per_server
+        trainer = self.learner.workers[0].sync_call.remote(
+            self.name, "join", name, addr, port, world, backend, self.cfg.timeout_s
+        )
+        servers = self.engine.init_weights_update_group(
+            addr, port, group_name=name, backend=backend,
+            ranks_per_server=self.cfg.ranks_per_server,
+        )  # fmt: skip
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(await_ref(trainer), servers), timeout=self.cfg.timeout_s
+            )
+        except Exception as e:
+            raise WeightSyncError(
+                f"weight-update group {name!r} did not form at {addr}:{port} with "
+                f"{', '.join(self.engine.urls)} ({type(e).__name__}: {e}); check that the servers "
+                f"can reach {addr} and support backend={backend}, or use weight_sync.method=disk"
+            ) from e
+        self.ready = True
+
+    async def push(self, version: str) -> dict[str, float]:
+        if not self.ready:
+            await self.setup()
+        t0 = time.perf_counter()
+        refs = self.learner.call_async(
+            "sync_call", self.name, "broadcast", self.buckets, self.cfg.group_name
+        )
+        try:
+            for i, bucket in enumerate(self.buckets):
+                last = i == len(self.buckets) - 1
+                request = self.engine.update_weights_from_distributed(
+                    [s.name for s in bucket],
+                    [s.dtype for s in bucket],
+                    [list(s.shape) for s in bucket],
+                    group_name=self.cfg.group_name,
+                    weight_version=version if last else None,
+                    flush_cache=last,
+                )
+                await asyncio.wait_for(request, timeout=self.cfg.timeout_s)
+        except Exception as e:
+            raise WeightSyncError(
+                f"weights v{version}: a server failed during the broadcast ({e}); the group is "
+                "now unusable: restart the servers and the learner, or use weight_sync.method=disk"
+            ) from e
+        await asyncio.gather(*(await_ref(r) for r in refs))
+        self.version = version
+        return self._metrics(time.perf_counter() - t0)
+
+    async def close(self) -> None:
+        """Leave the group on both sides. Best effort, bounded: after a failed push rank 0 may
+        still be blocked in its broadcast (until the group's timeout)."""
+        if self.ready:
+            self.ready = False
+            name = self.cfg.group_name
+            worker = self.learner.workers[0].sync_call.remote(self.name, "leave", name)
+            await asyncio.gather(
+                asyncio.wait_for(self.engine.destroy_weights_update_group(name), timeout=30),
+                asyncio.wait_for(await_ref(worker), timeout=30),
+                return_exceptions=True,
+            )

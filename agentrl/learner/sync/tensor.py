@@ -1,0 +1,168 @@
+"""`weight_sync.method=tensor`: colocated GPUs. Each bucket of full weights goes to the servers as
+CUDA-IPC handles of one buffer (SGLang `/update_weights_from_tensor`). `load_format` picks how the
+server loads them (agentrl/learner/ipc.py): `direct` copies fused tensors straight into its
+parameters, about twice as fast as `flattened_bucket`, which runs the model's `load_weights`.
+The learner and the servers must share the host (and, for speed, the GPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import torch
+
+from agentrl.learner import fsdp, ipc
+from agentrl.learner.fsdp import ParamSpec
+from agentrl.learner.sync.base import SYNC_METHODS, Transport, WeightSyncError
+
+log = logging.getLogger(__name__)
+
+# SGLang pads the vocabulary dimension (TP 1) up to a multiple of this; a vocabulary that is
+# already a multiple (Qwen's 151936) keeps its size and can be copied directly
+VOCAB_PAD = 64
+
+
+@SYNC_METHODS.register("tensor")
+class TensorSync(Transport):
+    name = "tensor"
+
+    class Rank(Transport.Rank):
+        def __init__(self, worker: Any) -> None:
+            super().__init__(worker)
+            self.hold = ipc.IpcHold()
+
+        def bucket(self, bucket: list[ParamSpec]) -> str | None:
+            """Collective: gather one bucket's full tensors on the GPU; rank 0 returns SGLang's
+            `flattened_bucket` CUDA-IPC payload and keeps the tensor alive until `release`."""
+            w = self.worker
+            tensors = fsdp.gather_full(w.model, bucket, w.rank, w.device)
+            if w.rank != 0:
+                return None
+            payload, flat = ipc.flattened_payload(list(tensors.items()))
+            self.hold.keep(flat)
+            torch.cuda.synchronize()  # the server reads the memory as soon as it has the handle
+            return payload
+
+        def direct_bucket(self, bucket: list[ParamSpec], groups: list) -> str | None:
+            """Collective: like `bucket`, in SGLang's `direct` layout (ipc.py): q/k/v and
+            gate/up fused per `groups`, cast and copied once into one buffer, sent as views."""
+            w = self.worker
+            if w.world_size > 1:  # gather the shards (a collective: every rank takes part)
+                get = fsdp.gather_full(w.model, bucket, w.rank, w.device).__getitem__
+            else:  # one shard is the whole tensor: read it in place
+                params = dict(w.model.named_parameters())
+                get = lambda name: fsdp.full_param(params[name])  # noqa: E731
+            if w.rank != 0:
+                return None
+            dtype = fsdp.to_dtype(bucket[0].dtype)
+            flat, views = ipc.pack_direct(get, groups, dtype, w.device)
+            payload = ipc.serialize(views)
+            self.hold.keep(flat)
+            torch.cuda.synchronize()  # the server reads the memory as soon as it has the handle
+            return payload
+
+        def release(self) -> None:
+            self.hold.release()
+
+        def close(self) -> None:
+            self.hold.release()
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.groups: list = []
+        self.learner_s = self.engine_s = 0.0
+
+    async def setup(self) -> None:
+        if self.learner.cfg.resolved_device() != "cuda":
+            raise WeightSyncError(
+                "weight_sync.method=tensor shares CUDA memory and needs the learner on a GPU; "
+                "use weight_sync.method=distributed (or disk) on CPU"
+            )
+        self._plan()
+        fmt, self.groups = self.cfg.load_format, []
+        if fmt == "direct" or (fmt == "auto" and self.cfg.ranks_per_server == 1):
+            self.buckets, self.groups = plan_direct(
+                [s for b in self.buckets for s in b], self.cfg.bucket_mb
+            )
+
+    async def push(self, version: str) -> dict[str, float]:
+        if not self.buckets:
+            await self.setup()
+        t0 = time.perf_counter()
+        try:
+            await self._send(version)
+        except WeightSyncError as e:
+            if not (self.cfg.load_format == "auto" and self.groups):
+                raise
+            log.warning("direct weight load rejected (%s); using flattened_bucket from now on", e)
+            self.groups = []
+            self._plan()
+            await self._send(version)  # every parameter again: the model's own loader
+        self.version = version
+        return {
+            **self._metrics(time.perf_counter() - t0),
+            "sync/direct": float(bool(self.groups)),
+            "sync/learner_s": self.learner_s,  # gather + pack + IPC handles (learner rank 0)
+            "sync/engine_s": self.engine_s,  # the servers' update requests
+        }
+
+    async def _send(self, version: str) -> None:
+        self.learner_s = self.engine_s = 0.0
+        for i, bucket in enumerate(self.buckets):
+            last = i == len(self.buckets) - 1
+            direct = bool(self.groups) and self.groups[i] is not None
+            fmt = "direct" if direct else "flattened_bucket"
+            args = ("direct_bucket", bucket, self.groups[i]) if direct else ("bucket", bucket)
+            t0 = time.perf_counter()
+            payload = (await asyncio.to_thread(self.rank_call, *args))[0]
+            t1 = time.perf_counter()
+            try:
+                await self.engine.update_weights_from_tensor(
+                    [payload] * self.cfg.ranks_per_server,
+                    weight_version=version if last else None,
+                    load_format=fmt,
+                    flush_cache=last,
+                )
+            except Exception as e:
+                raise WeightSyncError(
+                    f"weights v{version}: a server rejected bucket {i} over CUDA IPC "
+                    f"(load_format={fmt}: {e}); the servers must run on this host's GPUs "
+                    "(or use weight_sync.method=distributed)"
+                ) from e
+            finally:
+                # the server has copied the bucket: drop the buffer. Not awaited: the actor runs
+                # calls in order, so it is freed before the next bucket or anything else
+                self.learner.call_async("sync_call", self.name, "release")
+            self.learner_s += t1 - t0
+            self.engine_s += time.perf_counter() - t1
+
+
+def plan_direct(specs: list[ParamSpec], bucket_mb: float) -> tuple[list[list], list]:
+    """(buckets of specs, per bucket its fused groups or None) for the `direct` format. A fused
+    group (agentrl/learner/ipc.py) is never split across requests. Vocabulary-sized tensors
+    (embeddings, lm_head) whose vocabulary the engine pads (SGLang: up to a multiple of
+    `VOCAB_PAD`) come first, in a bucket of their own (groups None) that the model's own loader
+    takes: a direct copy with a mismatched shape kills the server."""
+    by_name = {s.name: s for s in specs}
+    vocab = [n for n, s in by_name.items() if is_vocab_param(n) and s.shape[0] % VOCAB_PAD]
+    limit = bucket_mb * 2**20
+    buckets: list[list] = [[by_name[n] for n in vocab]] if vocab else []
+    groups: list = [None] if vocab else []
+    size = limit
+    for target, names in ipc.direct_groups([n for n in by_name if n not in vocab]):
+        nbytes = sum(by_name[n].nbytes for n in names)
+        if size + nbytes > limit:
+            buckets.append([])
+            groups.append([])
+            size = 0
+        buckets[-1] += [by_name[n] for n in names]
+        groups[-1].append((target, names))
+        size += nbytes
+    return buckets, groups
+
+
+def is_vocab_param(name: str) -> bool:
+    """Embedding and output-head weights, whose first dimension the engines may pad."""
+    return name.endswith(("embed_tokens.weight", "lm_head.weight", "wte.weight"))
