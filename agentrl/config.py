@@ -2,7 +2,7 @@
 
 Every model forbids unknown keys, so a misspelt key fails at start-up with its dotted path:
 
-    $ python -m agentrl.rollout rollout.max_turn=3
+    $ agentrl preview rollout.max_turn=3
     ConfigError: rollout.max_turn: unknown key (Extra inputs are not permitted)
 
 Nothing below the entry points sees OmegaConf. Sections are owned by the module that uses them
@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agentrl.advantage import AdvantageConfig
+from agentrl.advantage import AdvantageConfig, needs_values
 from agentrl.ckpt import CheckpointConfig
 from agentrl.engine import EngineConfig
 from agentrl.env import Env
@@ -103,13 +103,13 @@ class AlgoConfig(BaseModel):
     def uses_critic(self) -> bool:
         if self.critic.enabled is not None:
             return self.critic.enabled
-        return self.advantage.name == "gae"
+        return needs_values(self.advantage.name)
 
     @model_validator(mode="after")
     def _critic_for_gae(self) -> AlgoConfig:
-        if self.advantage.name == "gae" and self.critic.enabled is False:
+        if needs_values(self.advantage.name) and self.critic.enabled is False:
             raise ValueError(
-                "algo.advantage.name=gae needs a critic; drop algo.critic.enabled=false or pick a "
+                f"algo.advantage.name={self.advantage.name} needs a critic; drop algo.critic.enabled=false or pick a "
                 "critic-free estimator (grpo, rloo, drgrpo, reinforce_pp_baseline)"
             )
         return self
@@ -144,7 +144,7 @@ class TrainerConfig(CheckpointConfig):
 class PreviewConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    tasks: int = Field(2, ge=1, description="python -m agentrl.rollout: tasks to roll out")
+    tasks: int = Field(2, ge=1, description="agentrl preview: tasks to roll out")
     show: int = Field(4, ge=0, description="trajectories to print")
 
 
@@ -176,7 +176,7 @@ def training_checks(cfg: Config) -> list[str]:
             f"rollout.temperature={r.temperature:g} is greedy decoding: the sampled tokens' "
             "logprobs are not those of a distribution the trainer can score (its logprobs "
             "divide by the temperature), so every update would be NaN. Train with a temperature "
-            "> 0 (e.g. rollout.temperature=1.0); greedy is fine for `python -m agentrl.rollout`"
+            "> 0 (e.g. rollout.temperature=1.0); greedy is fine for `agentrl preview`"
         )
     warnings = []
     if r.top_p < 1.0 or r.top_k > 0:

@@ -11,7 +11,7 @@ rendering, sampling, parsing tool calls, budgets, masks — and calls, in order:
 
 The common case lists tools and defines `reward`; the default `step` runs the turn's tool calls
 (concurrently) and ends the episode on a turn without calls. A complete env (copy, paste, run
-with `python -m agentrl.rollout env=custom env._target_=my_module.AddEnv`):
+with `agentrl preview env=custom env._target_=my_module.AddEnv`):
 
     from pydantic import BaseModel
     from agentrl.env import ToolEnv

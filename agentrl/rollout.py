@@ -9,7 +9,7 @@ step (tool calls run concurrently), truncate observations in tokens, append the 
 the observations (mask 0). Every episode ends with a StopReason; exceptions are caught here, once,
 and become one (`aborted` / `sandbox_unavailable`), so one broken episode never sinks its group.
 
-Run `python -m agentrl.rollout env=code_exec` to print a few rendered trajectories.
+Run `agentrl preview env=code_exec` to print a few rendered trajectories (agentrl/cli/preview.py).
 """
 
 from __future__ import annotations
@@ -298,66 +298,3 @@ def check_round_trip(renderer: Renderer, parser: Parser) -> None:
         ) from e
     if "42" not in obs:
         raise ConfigError(f"tool round trip failed for {where}: the tool result is not in {obs!r}")
-
-
-# -- `python -m agentrl.rollout`: roll out a few groups and print them ------------------------
-
-
-async def preview(cfg: Any, log_dir: Any) -> list[Trajectory]:
-    """Start what the config asks for, run `cfg.preview.tasks` groups, return the trajectories."""
-    from transformers import AutoTokenizer
-
-    from agentrl.engine import EngineClient
-    from agentrl.servers import launch_engines
-    from sandbox import make_sandbox
-
-    model_path = cfg.model.resolve()
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or model_path)
-    env_cls = cfg.env.load_class()
-    tasks = env_cls.load_tasks(**cfg.env.tasks)[: cfg.preview.tasks]
-    with launch_engines(cfg.engine, model_path, log_dir) as urls:
-        async with EngineClient.from_config(cfg.engine.model_copy(update={"urls": urls})) as engine:
-            sandbox = make_sandbox(cfg.sandbox)
-            try:
-                ro = Rollout(engine, tokenizer, env_cls, cfg.rollout, cfg.env.args, sandbox)
-                groups = await ro.run(tasks)
-            finally:
-                await sandbox.aclose()
-    return [t for g in groups for t in g]
-
-
-def main() -> None:
-    import hydra
-
-    from agentrl.config import CONFIG_DIR, load_config
-
-    @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
-    def _run(raw: Any) -> None:
-        from pathlib import Path
-
-        from hydra.core.hydra_config import HydraConfig
-        from rich.console import Console
-
-        from agentrl.display import metrics_table, print_trajectories
-        from agentrl.metrics import rollout_metrics
-
-        logging.getLogger("httpx").setLevel(logging.WARNING)
-        cfg = load_config(raw)
-        out = Path(HydraConfig.get().runtime.output_dir)
-        console = Console()
-        t0 = time.monotonic()
-        trajs = asyncio.run(preview(cfg, out))
-        print_trajectories(trajs[: cfg.preview.show], console)
-        metrics = rollout_metrics(trajs)
-        metrics["timing_s/rollout"] = time.monotonic() - t0
-        console.print(metrics_table(metrics, f"{len(trajs)} trajectories"))
-        with (out / "trajectories.jsonl").open("w") as f:
-            for t in trajs:
-                f.write(t.to_json() + "\n")
-        console.print(f"trajectories written to {out / 'trajectories.jsonl'}")
-
-    _run()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,11 +1,22 @@
-"""`python -m agentrl.train env=code_exec …`: the RL loop.
+"""The RL loop (`agentrl train env=code_exec …`, or `python -m agentrl.train …`). Its choices:
+
+1. Batch: every trajectory with a sampled token, except infrastructure failures (aborted by the
+   system, sandbox_unavailable: out of the batch AND of the group baselines, counted).
+2. Ratio: new / the trainer's own logprobs from before this step's first update (ratio=trainer);
+   the engine's logprobs only weight it through TIS/MIS (rollout_correction), never the clip.
+3. KL to a frozen reference: off by default; kl_mode=loss (k3 in the loss) or kl_mode=reward
+   (per-token penalty subtracted before the advantages).
+4. Advantages: per group from rewards (grpo, rloo, drgrpo, …) or a critic (gae); zero in an
+   all-equal group, loudly reported after `trainer.no_signal_steps` such steps.
+5. Optimizer steps per batch: ppo_epochs x mini_batches (default 1 x 1, the on-policy case).
+6. Weights go to the engines after the last optimizer step; every token records its version.
 
 Per step: sample tasks → rollout groups → score the sampled tokens with the current weights →
-advantages → update (FSDP2 on Ray) → weight sync → log → checkpoint. `Trainer.step` below is the
-whole algorithm; `Trainer.start` builds the parts (Ray on loopback, learner groups, rollout
-servers, sandbox, weight sync, resume) and `close` stops them, also after errors.
+advantages → update (FSDP2 on Ray) → weight sync → log → checkpoint. `Trainer.step` is the whole
+algorithm; `agentrl.run.open_run` builds the parts (Ray on loopback, learner groups, rollout
+servers, sandbox, weight sync, resume) and closes them in reverse, also after errors.
 
-The algorithm's choices, in the order they happen:
+In more detail, in the order they happen:
 - What is trained on: every trajectory with at least one sampled token whose StopReason is not an
   infrastructure failure (aborted, sandbox_unavailable: left out of the batch and of the group
   baselines, counted as stop/<reason>). Episodes whose env or reward code raised count against
@@ -35,18 +46,31 @@ import asyncio
 import logging
 import math
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import hydra
 import torch
+from hydra.core.hydra_config import HydraConfig
+from rich.console import Console
 
 from agentrl.advantage import compute_advantages
 from agentrl.batch import TrainBatch, micro_batches, mini_batches
-from agentrl.config import Config
+from agentrl.ckpt import CheckpointManager
+from agentrl.config import CONFIG_DIR, Config, load_config
+from agentrl.data import TaskSampler
+from agentrl.display import ProgressLine, trajectory_panel
+from agentrl.engine import EngineClient
+from agentrl.learner.group import LearnerGroup
 from agentrl.loss import kl_estimate, kl_reward_penalty
 from agentrl.metrics import rollout_metrics, step_metrics
+from agentrl.rollout import Rollout
+from agentrl.run import Run, open_run, save_checkpoint
+from agentrl.tracking import Tracker
+from agentrl.trajectory_view import pick
 from agentrl.types import Trajectory
+from agentrl.weight_sync import Transport
 
 log = logging.getLogger(__name__)
 
@@ -79,16 +103,29 @@ class Timer:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, out_dir: Path) -> None:
-        self.cfg, self.out = cfg, Path(out_dir)
-        self.stack = ExitStack()
-        self.step_idx = 0
-        self.skipped_in_a_row = 0
+    """The loop over the parts of a `Run` (agentrl/run.py builds and closes them)."""
+
+    def __init__(self, cfg: Config, run: Run) -> None:
+        if run.policy is None or run.sync is None or run.tracker is None or run.ckpt is None:
+            raise ValueError("Trainer needs a training run: open_run(cfg, out, train=True)")
+        self.cfg, self.parts, self.out = cfg, run, run.out
+        self.console: Console = run.console
+        self.sampler: TaskSampler = run.sampler
+        self.rollout: Rollout = run.rollout
+        self.engine: EngineClient = run.engine
+        self.policy: LearnerGroup = run.policy
+        self.reference: LearnerGroup | None = run.reference  # frozen, when the algorithm uses one
+        self.critic: LearnerGroup | None = run.critic  # when the estimator needs values (gae)
+        self.sync: Transport = run.sync
+        self.ckpt: CheckpointManager = run.ckpt
+        self.tracker: Tracker = run.tracker
+        self.progress: ProgressLine | None = run.progress
+        resumed = run.resumed
+        self.step_idx = resumed.step if resumed else 0
+        self.skipped_in_a_row = resumed.consecutive_skips if resumed else 0
         self.empty_in_a_row = 0  # steps with nothing to train on
         self.no_signal_in_a_row = 0  # steps where no group had reward variance
         self.history: list[dict[str, float]] = []
-        self.reference = None  # a frozen LearnerGroup when the algorithm uses one
-        self.critic = None  # a value-model LearnerGroup when the estimator needs values (gae)
         self.trainer_logprobs: dict[int, torch.Tensor] = {}  # this step's, by trajectory index
 
     # -- the algorithm -------------------------------------------------------------------------
@@ -297,7 +334,7 @@ class Trainer:
                 f"no learning signal for {self.no_signal_in_a_row} steps: every group's rewards "
                 f"are equal (values seen: {rewards}), so every advantage is 0. Likely causes: the "
                 "model never calls the tools or never succeeds (reward always 0: check "
-                "rollout/tool_call_rate, stop/*, a trajectory with `python -m agentrl.rollout`, "
+                "rollout/tool_call_rate, stop/*, a trajectory with `agentrl preview`, "
                 "the parser and the reward function), the task is too easy (always 1), or "
                 "rollout.group_size is 1"
             )
@@ -312,17 +349,6 @@ class Trainer:
 
     # -- parts ---------------------------------------------------------------------------------
 
-    async def start(self) -> Trainer:
-        from agentrl import parts
-
-        await parts.start(self)
-        return self
-
-    async def close(self) -> None:
-        from agentrl import parts
-
-        await parts.close(self)
-
     async def _check_engines(self, trajs: list[Trajectory]) -> None:
         if not any(tr.stop_reason.is_infra_failure for tr in trajs):
             return
@@ -335,9 +361,7 @@ class Trainer:
             )
 
     def _save(self) -> None:
-        from agentrl import parts
-
-        parts.save_checkpoint(self)
+        save_checkpoint(self.parts, self.step_idx, self.skipped_in_a_row)
 
     def _log(self, metrics: dict[str, float], trajs: list[Trajectory]) -> None:
         """Documented names (agentrl/metrics.py) → sinks (metrics/trajectories JSONL, W&B) →
@@ -350,13 +374,11 @@ class Trainer:
         self.console_line(metrics)
         every = self.cfg.logging.console_trajectories_every
         if every and trajs and self.step_idx % every == 0:
-            from agentrl.display import trajectory_panel
-            from agentrl.trajectory_view import pick
-
             self.console.print(trajectory_panel(trajs[pick(trajs, lps, 1)[0]]))
 
     def console_line(self, m: dict[str, float]) -> None:
-        self.progress(m)
+        if self.progress is not None:
+            self.progress(m)
 
 
 def no_signal(groups: list[list[Trajectory]]) -> bool:
@@ -387,25 +409,14 @@ def mean_over_steps(steps: list[dict[str, float]]) -> dict[str, float]:
 
 
 async def train(cfg: Config, out_dir: Path) -> list[dict[str, float]]:
-    trainer = Trainer(cfg, out_dir)
-    try:
-        await trainer.start()
-        return await trainer.run()
-    finally:
-        await trainer.close()
+    """Build the run, train `trainer.steps` steps (from the checkpoint it resumes), close it."""
+    async with open_run(cfg, out_dir) as run:
+        return await Trainer(cfg, run).run()
 
 
 def main() -> None:
-    import hydra
-
-    from agentrl.config import CONFIG_DIR, load_config
-
     @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
     def _run(raw: Any) -> None:
-        import logging
-
-        from hydra.core.hydra_config import HydraConfig
-
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
         cfg = load_config(raw)
         history = asyncio.run(train(cfg, Path(HydraConfig.get().runtime.output_dir)))

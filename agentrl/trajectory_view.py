@@ -5,14 +5,13 @@ few trajectories token by token: the prompt and tool observations (loss mask 0) 
 each sampled token (loss mask 1) as its own box, coloured either by the loss mask or by the
 |rollout - trainer| logprob gap (a switch at the top; hover a token for its id and logprobs).
 
-Also a command line for runs without W&B (reads trajectories.jsonl of a training run):
+The command line for runs without W&B is agentrl/cli/view.py:
 
-    python -m agentrl.trajectory_view outputs/2026-01-01/12-00-00 --step 5 -n 4 -o view.html
+    agentrl view outputs/2026-01-01/12-00-00 --step 5 -n 4 -o view.html
 """
 
 from __future__ import annotations
 
-import argparse
 import html
 import json
 import math
@@ -284,46 +283,3 @@ def load_jsonl(path: Path, step: int | None = None) -> list[tuple[int, Trajector
         for r in rows
         if r["step"] == want
     ]
-
-
-def _tokenizer_for(run: Path, given: str | None) -> Any:
-    from transformers import AutoTokenizer
-
-    if given:
-        return AutoTokenizer.from_pretrained(given)
-    hydra_cfg = run / ".hydra" / "config.yaml"
-    if not hydra_cfg.exists():
-        raise SystemExit(f"{run}: no .hydra/config.yaml to find the model; pass --tokenizer DIR")
-    from omegaconf import OmegaConf
-
-    from agentrl.config import ModelConfig
-
-    raw = OmegaConf.to_container(OmegaConf.load(hydra_cfg), resolve=False)["model"]
-    model = ModelConfig(**raw)
-    return AutoTokenizer.from_pretrained(model.tokenizer or model.resolve())
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="Write an HTML view of a run's trajectories.")
-    ap.add_argument("run", type=Path, help="a training output dir, or its trajectories.jsonl")
-    ap.add_argument("--step", type=int, default=None, help="which step (default: the last)")
-    ap.add_argument("-n", type=int, default=4, help="trajectories to show")
-    ap.add_argument("-o", "--out", type=Path, default=None, help="default: <run>/view_<step>.html")
-    ap.add_argument("--tokenizer", default=None, help="default: the run's model (.hydra config)")
-    ap.add_argument("--max-tokens", type=int, default=3000)
-    a = ap.parse_args(argv)
-    path = a.run / "trajectories.jsonl" if a.run.is_dir() else a.run
-    items = load_jsonl(path, a.step)
-    if not items:
-        raise SystemExit(f"{path}: no trajectories for step {a.step}")
-    trajs = [t for _, t, _ in items]
-    lps = {i: lp for i, (_, _, lp) in enumerate(items) if lp is not None}
-    chosen = [items[i] for i in pick(trajs, lps, a.n)]
-    tok = _tokenizer_for(path.parent, a.tokenizer)
-    out = a.out or path.parent / f"view_{items[0][0]}.html"
-    out.write_text(render_html(chosen, tok, a.max_tokens, f"{path.parent.name} step {items[0][0]}"))
-    print(f"wrote {out} ({len(chosen)} trajectories of step {items[0][0]})")
-
-
-if __name__ == "__main__":
-    main()

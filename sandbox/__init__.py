@@ -8,17 +8,20 @@
 
 Backends: "subprocess" (rlimits only, no service needed), "service" (the isolated local
 service, `python -m sandbox.server`; with no `url` one is started and owned by the client),
-"e2b" (e2b code-interpreter sandboxes; `pip install agentrl[e2b]`).
+"e2b" (e2b code-interpreter sandboxes; `pip install agentrl[e2b]`), or your own: a factory
+registered with `@sandbox.BACKENDS.register("name")` or named by import path (backends.py).
 """
 
 from __future__ import annotations
 
+from sandbox.backends import BACKENDS, make_sandbox
 from sandbox.base import ExecResult, Sandbox, SandboxUnavailable
 from sandbox.client import ServiceSandbox
 from sandbox.config import E2BConfig, Limits, SandboxConfig, ServerConfig
 from sandbox.subproc import SubprocessSandbox
 
 __all__ = [
+    "BACKENDS",
     "E2BConfig",
     "ExecResult",
     "Limits",
@@ -30,41 +33,3 @@ __all__ = [
     "SubprocessSandbox",
     "make_sandbox",
 ]
-
-
-def make_sandbox(cfg: SandboxConfig | None = None) -> Sandbox:
-    """Build the configured backend. For `backend="service"` without `url` this starts a local
-    service (blocking until healthy, a second or two) that `aclose()` stops."""
-    cfg = cfg or SandboxConfig()
-    if cfg.backend == "subprocess":
-        lim = cfg.limits
-        return SubprocessSandbox(
-            memory_mb=lim.memory_mb,
-            max_output_bytes=lim.output_bytes,
-            file_size_mb=lim.file_size_mb,
-            max_concurrency=min(cfg.max_concurrency, 64),
-        )
-    if cfg.backend == "service":
-        owner = None
-        url = cfg.url
-        if url is None:
-            from sandbox.server import LocalService
-
-            owner = LocalService(cfg.server)
-            url = owner.start()
-        return ServiceSandbox(
-            url,
-            token=cfg.token or cfg.server.token,
-            retries=cfg.retries,
-            backoff_s=cfg.backoff_s,
-            backoff_max_s=cfg.backoff_max_s,
-            max_concurrency=cfg.max_concurrency,
-            owner=owner,
-        )
-    if cfg.backend == "e2b":
-        from sandbox.e2b_backend import E2BSandbox
-
-        return E2BSandbox(
-            cfg.e2b, retries=cfg.retries, backoff_s=cfg.backoff_s, backoff_max_s=cfg.backoff_max_s
-        )
-    raise ValueError(f"unknown sandbox backend {cfg.backend!r}; use subprocess, service or e2b")

@@ -82,7 +82,10 @@ class SandboxConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: Literal["subprocess", "service", "e2b"] = "subprocess"
+    backend: str = Field(
+        "subprocess",
+        description="subprocess | service | e2b, or an import path module:factory (backends.py)",
+    )
     url: str | None = Field(None, description="service URL, e.g. http://127.0.0.1:8470")
     token: str | None = None
     retries: int = Field(5, ge=0, description="retries on unreachable / busy / 5xx")

@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agentrl.config import compose
+from agentrl.run import open_run
 from agentrl.train import Trainer, TrainingError, train
 from envs.code_exec import CodeExecEnv
 
@@ -131,9 +132,8 @@ def test_dead_engine_is_a_clear_error(tmp_path):
                             "engine.backoff_s=0.1"))  # fmt: skip
 
     async def go():
-        tr = Trainer(cfg, tmp_path / "out")
-        try:
-            await tr.start()
+        async with open_run(cfg, tmp_path / "out") as run:
+            tr = Trainer(cfg, run)
             await tr.step()
             port = tr.engine.urls[0].rsplit(":", 1)[1]
             for pid in os.listdir("/proc"):
@@ -145,7 +145,5 @@ def test_dead_engine_is_a_clear_error(tmp_path):
                     os.kill(int(pid), signal.SIGKILL)
             with pytest.raises(TrainingError, match="stopped answering during step 2"):
                 await tr.step()
-        finally:
-            await tr.close()
 
     asyncio.run(go())

@@ -83,7 +83,7 @@ def test_checkpoint_keeps_the_run_id_and_a_resumed_tracker_continues_it(trained)
     run_id = offline_run(tmp / "out").name.rsplit("-", 1)[1]
     state = load_trainer_state(tmp / "ckpt" / "step_00000001")
     assert state.wandb_run_id == run_id
-    # what parts.start does on resume, with this run's real trajectories as step 2
+    # what open_run does on resume, with this run's real trajectories as step 2
     items = load_jsonl(tmp / "out" / "trajectories.jsonl")
     trajs = [t for _, t, _ in items]
     lps = {i: lp for i, (_, _, lp) in enumerate(items) if lp is not None}

@@ -92,7 +92,8 @@ async def test_server_serves_trainer_weights_after_push(
 
 def test_unknown_method_is_rejected_with_the_known_ones() -> None:
     with pytest.raises(
-        ValueError, match="unknown weight-sync method 'nccl'; set weight_sync.method to one of: "
-        "disk, distributed, tensor"
+        ValueError,
+        match="unknown weight-sync method 'nccl'; set weight_sync.method to one of: "
+        "disk, distributed, tensor",
     ):
         WeightSyncConfig(method="nccl")

@@ -9,6 +9,7 @@ import pytest
 from rich.console import Console
 
 from agentrl import tracking
+from agentrl.cli.view import main
 from agentrl.display import ProgressLine, progress_text
 from agentrl.metrics import metric_name, rollout_metrics, step_metrics
 from agentrl.tracking import LoggingConfig, Tracker, WandbConfig, resolve_mode
@@ -16,7 +17,6 @@ from agentrl.trajectory_view import (
     TURN_COLUMNS,
     gap_colour,
     load_jsonl,
-    main,
     pick,
     render_html,
     trajectory_from_dict,

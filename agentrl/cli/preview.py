@@ -1,0 +1,53 @@
+"""`agentrl preview env=code_exec …`: start what the config asks for (rollout servers, sandbox,
+no learner), roll out `preview.tasks` groups, print `preview.show` trajectories and the rollout
+metrics, and write every trajectory to `<hydra output dir>/trajectories.jsonl`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from rich.console import Console
+
+from agentrl.config import CONFIG_DIR, Config, load_config
+from agentrl.display import metrics_table, print_trajectories
+from agentrl.metrics import rollout_metrics
+from agentrl.run import open_run
+from agentrl.types import Trajectory
+
+
+async def preview(cfg: Config, out: Path) -> list[Trajectory]:
+    """Run `cfg.preview.tasks` groups with the same assembly as training (no learner parts)."""
+    async with open_run(cfg, out, train=False) as run:
+        groups = await run.rollout.run(run.sampler.tasks[: cfg.preview.tasks])
+    return [t for g in groups for t in g]
+
+
+def main() -> None:
+    @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
+    def _run(raw: Any) -> None:
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        cfg = load_config(raw)
+        out = Path(HydraConfig.get().runtime.output_dir)
+        console = Console()
+        t0 = time.monotonic()
+        trajs = asyncio.run(preview(cfg, out))
+        print_trajectories(trajs[: cfg.preview.show], console)
+        metrics = rollout_metrics(trajs)
+        metrics["timing_s/rollout"] = time.monotonic() - t0
+        console.print(metrics_table(metrics, f"{len(trajs)} trajectories"))
+        with (out / "trajectories.jsonl").open("w") as f:
+            for t in trajs:
+                f.write(t.to_json() + "\n")
+        console.print(f"trajectories written to {out / 'trajectories.jsonl'}")
+
+    _run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""`agentrl view RUN_DIR [--step N] [-n 4] [-o view.html]`: an HTML page of a run's trajectories,
+token by token (agentrl/trajectory_view.py draws it), for runs without W&B. Reads the run's
+trajectories.jsonl; the tokenizer comes from the run's saved Hydra config (or --tokenizer)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from transformers import AutoTokenizer
+
+from agentrl.config import ModelConfig
+from agentrl.trajectory_view import load_jsonl, pick, render_html
+
+
+def _tokenizer_for(run: Path, given: str | None) -> Any:
+    if given:
+        return AutoTokenizer.from_pretrained(given)
+    hydra_cfg = run / ".hydra" / "config.yaml"
+    if not hydra_cfg.exists():
+        raise SystemExit(f"{run}: no .hydra/config.yaml to find the model; pass --tokenizer DIR")
+    raw = OmegaConf.to_container(OmegaConf.load(hydra_cfg), resolve=False)["model"]
+    model = ModelConfig(**raw)
+    return AutoTokenizer.from_pretrained(model.tokenizer or model.resolve())
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Write an HTML view of a run's trajectories.")
+    ap.add_argument("run", type=Path, help="a training output dir, or its trajectories.jsonl")
+    ap.add_argument("--step", type=int, default=None, help="which step (default: the last)")
+    ap.add_argument("-n", type=int, default=4, help="trajectories to show")
+    ap.add_argument("-o", "--out", type=Path, default=None, help="default: <run>/view_<step>.html")
+    ap.add_argument("--tokenizer", default=None, help="default: the run's model (.hydra config)")
+    ap.add_argument("--max-tokens", type=int, default=3000)
+    a = ap.parse_args(argv)
+    path = a.run / "trajectories.jsonl" if a.run.is_dir() else a.run
+    items = load_jsonl(path, a.step)
+    if not items:
+        raise SystemExit(f"{path}: no trajectories for step {a.step}")
+    trajs = [t for _, t, _ in items]
+    lps = {i: lp for i, (_, _, lp) in enumerate(items) if lp is not None}
+    chosen = [items[i] for i in pick(trajs, lps, a.n)]
+    tok = _tokenizer_for(path.parent, a.tokenizer)
+    out = a.out or path.parent / f"view_{items[0][0]}.html"
+    out.write_text(render_html(chosen, tok, a.max_tokens, f"{path.parent.name} step {items[0][0]}"))
+    print(f"wrote {out} ({len(chosen)} trajectories of step {items[0][0]})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""Assembly: build every part of a run from the config, hand them out as one typed `Run`, and take
+them down in reverse order, whatever failed.
+
+    async with open_run(cfg, out_dir) as run:          # training: every part
+        trainer = Trainer(cfg, run)
+    async with open_run(cfg, out_dir, train=False) as run:   # `agentrl preview`: rollout parts only
+        groups = await run.rollout.run(tasks)
+
+Build order (each part's closer is registered as it is built, so teardown is the exact reverse):
+tokenizer and env → tasks and sampler → checkpoint lookup → Ray (loopback) and the learner groups
+(policy; reference when KL is on; critic when the estimator needs values), resumed from the
+checkpoint → rollout servers (from the resumed weights) → engine client → sandbox → rollout →
+weight sync → tracker (closed first, so W&B marks a failed run as failed) → progress line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from transformers import AutoTokenizer
+
+from agentrl.ckpt import (
+    CheckpointManager,
+    TrainerState,
+    capture_rng,
+    load_trainer_state,
+    restore_rng,
+)
+from agentrl.config import Config, training_checks
+from agentrl.data import TaskSampler
+from agentrl.display import ProgressLine
+from agentrl.engine import EngineClient
+from agentrl.env import Env
+from agentrl.learner import LearnerConfig
+from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
+from agentrl.rollout import Rollout
+from agentrl.servers import launch_engines
+from agentrl.tracking import Tracker
+from agentrl.types import ConfigError
+from agentrl.weight_sync import Transport, make_weight_sync
+from sandbox import Sandbox, make_sandbox
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Run:
+    """Every part of one run. The rollout parts are always there; the training parts (learner
+    groups, weight sync, checkpoints, tracker) only for `open_run(..., train=True)`."""
+
+    cfg: Config
+    out: Path
+    console: Console
+    tokenizer: Any  # a transformers tokenizer with the model's chat template
+    env_cls: type[Env]
+    sampler: TaskSampler
+    engine: EngineClient
+    sandbox: Sandbox
+    rollout: Rollout
+    policy: LearnerGroup | None = None
+    reference: LearnerGroup | None = None  # frozen, when the algorithm uses one
+    critic: LearnerGroup | None = None  # when the advantage estimator needs values
+    sync: Transport | None = None
+    ckpt: CheckpointManager | None = None
+    resumed: TrainerState | None = None  # the checkpoint this run continues, if any
+    tracker: Tracker | None = None
+    progress: ProgressLine | None = None
+
+    def learner_groups(self) -> list[LearnerGroup]:
+        return [g for g in (self.policy, self.reference, self.critic) if g is not None]
+
+
+@contextlib.asynccontextmanager
+async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterator[Run]:
+    """Build the parts `cfg` asks for (see the module docstring); yield them; close them in
+    reverse on exit. `train=False` builds only what a rollout needs (no Ray, no learner)."""
+    console = Console()
+    if train:
+        for warning in training_checks(cfg):  # raises ConfigError before anything starts
+            console.print(f"[yellow]warning:[/] {warning}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model_path = cfg.model.resolve()
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or model_path)
+    env_cls = cfg.env.load_class()
+    sampler = TaskSampler(env_cls.load_tasks(**cfg.env.tasks), seed=cfg.seed)
+    async with AsyncExitStack() as stack:
+        groups: dict[str, LearnerGroup] = {}
+        ckpt = resumed = None
+        engine_model = model_path
+        if train:
+            ckpt = CheckpointManager(cfg.trainer.checkpoint_config())
+            start_ray(cfg.ray)
+            stack.callback(_quietly, "Ray", stop_ray)
+            groups = _learner_groups(cfg, str(model_path), stack)
+            resume = ckpt.resume_path()
+            if resume is not None:
+                resumed = _resume(cfg, resume, groups, sampler)
+                engine_model = resume / "policy" / "model"
+                console.print(f"[green]resumed from {resume} at step {resumed.step}[/]")
+            if cfg.engine.colocate:  # the engine takes the GPU first; the learner waits on CPU
+                for group in groups.values():
+                    group.offload()
+        urls = stack.enter_context(launch_engines(cfg.engine, engine_model, out))
+        engine = EngineClient.from_config(cfg.engine.model_copy(update={"urls": urls}))
+        stack.push_async_callback(_aquietly, "engine client", engine.aclose)
+        await engine.wait_healthy(cfg.engine.health_timeout_s)
+        await engine.update_weight_version(str(resumed.step if resumed else 0))
+        sandbox = make_sandbox(cfg.sandbox)
+        stack.push_async_callback(_aquietly, "sandbox", sandbox.aclose)
+        rollout = Rollout(engine, tokenizer, env_cls, cfg.rollout, cfg.env.args, sandbox)
+        run = Run(cfg, out, console, tokenizer, env_cls, sampler, engine, sandbox, rollout,
+                  ckpt=ckpt, resumed=resumed, **groups)  # fmt: skip
+        if train:
+            run.sync = make_weight_sync(cfg.weight_sync, groups["policy"], engine)
+            stack.push_async_callback(_aquietly, "weight sync", run.sync.close)
+            await run.sync.setup()
+            run.tracker = Tracker(
+                cfg.logging, out, run_name=cfg.run_name, config=cfg.model_dump(mode="json"),
+                run_id=resumed.wandb_run_id if resumed else None, tokenizer=tokenizer,
+                console=console,
+            )  # fmt: skip
+            stack.push(_close_tracker(run.tracker))
+            run.progress = ProgressLine(cfg.trainer.steps, resumed.step if resumed else 0, console)
+        yield run
+
+
+def _learner_groups(cfg: Config, model_path: str, stack: AsyncExitStack) -> dict[str, Any]:
+    """The policy, and the reference and critic when the algorithm needs them; the roles' ranks
+    share each GPU (Ray counts GPUs; memory is ours to manage)."""
+    base: LearnerConfig = cfg.learner
+    if not base.model_path:
+        base = base.model_copy(update={"model_path": model_path})
+    with_ref = cfg.algo.reference or cfg.algo.loss.kl_coef > 0
+    with_critic = cfg.algo.uses_critic()
+    roles = 1 + with_ref + with_critic
+    if roles > 1 and base.num_gpus_per_worker >= 1:
+        base = base.model_copy(update={"num_gpus_per_worker": base.num_gpus_per_worker / roles})
+    out: dict[str, Any] = {}
+    for role, wanted in (("policy", True), ("reference", with_ref), ("critic", with_critic)):
+        if not wanted:
+            continue
+        lcfg = base
+        if role == "critic":
+            c = cfg.algo.critic
+            update: dict[str, Any] = {"model_path": c.model_path or base.model_path}
+            if c.lr is not None:
+                update["lr"] = c.lr
+            if c.warmup_steps is not None:
+                update["warmup_steps"] = c.warmup_steps
+            lcfg = base.model_copy(update=update)
+        out[role] = group = LearnerGroup(lcfg, role)  # type: ignore[arg-type]
+        stack.callback(_quietly, f"{role} learner", group.shutdown)
+    return out
+
+
+def _resume(
+    cfg: Config, path: Path, groups: dict[str, LearnerGroup], sampler: TaskSampler
+) -> TrainerState:
+    state = load_trainer_state(path)
+    optimizer = cfg.trainer.save_optimizer
+    groups["policy"].load_checkpoint(str(path / "policy"), optimizer=optimizer)
+    if "critic" in groups:
+        if not (path / "critic").exists():
+            raise ConfigError(
+                f"checkpoint {path} has no critic (it was trained without one), but "
+                f"algo.advantage.name={cfg.algo.advantage.name} needs it; resume with the "
+                "same algo, or start fresh with trainer.resume=never (or another run_name)"
+            )
+        groups["critic"].load_checkpoint(str(path / "critic"), optimizer=optimizer)
+    sampler.load_state_dict(state.data_cursor)
+    restore_rng(state.rng)
+    return state
+
+
+def save_checkpoint(run: Run, step: int, consecutive_skips: int) -> None:
+    """The policy (and critic) weights + optimizer, the sampler's cursor, RNG states, the W&B
+    run id: everything a resumed run needs to continue as if never stopped."""
+    assert run.ckpt is not None and run.policy is not None, "a preview run has no checkpoints"
+    cfg = run.cfg.trainer
+    with run.ckpt.write(step) as pending:
+        for name, group in (("policy", run.policy), ("critic", run.critic)):
+            if group is not None:
+                group.save_checkpoint(
+                    str(pending.path / name), optimizer=cfg.save_optimizer, fmt=cfg.optimizer_format
+                )
+        pending.state = TrainerState(
+            step=step,
+            weight_version=str(step),
+            data_cursor=run.sampler.state_dict(),
+            rng=capture_rng(),
+            consecutive_skips=consecutive_skips,
+            wandb_run_id=run.tracker.run_id if run.tracker else None,
+        )
+
+
+def _close_tracker(tracker: Tracker) -> Callable[..., None]:
+    def close(exc_type: Any, exc: Any, tb: Any) -> None:
+        tracker.close(failed=exc_type is not None)
+
+    return close
+
+
+def _quietly(what: str, fn: Callable[[], Any]) -> None:
+    """Teardown goes on when one part fails to close; say which."""
+    try:
+        fn()
+    except Exception as e:
+        log.warning("closing the %s failed: %s", what, e)
+
+
+async def _aquietly(what: str, fn: Callable[[], Any]) -> None:
+    try:
+        await fn()
+    except Exception as e:
+        log.warning("closing the %s failed: %s", what, e)

@@ -1,0 +1,71 @@
+"""Sandbox backends by name (`sandbox.backend`): subprocess, service, e2b, or an import path to
+a factory `fn(cfg: SandboxConfig) -> Sandbox` of your own (`sandbox.backend=my_pkg.sb:make`).
+
+    @BACKENDS.register("my_cloud")
+    def make_my_cloud(cfg: SandboxConfig) -> Sandbox: ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from agentrl.registry import Registry
+from sandbox.base import Sandbox
+from sandbox.client import ServiceSandbox
+from sandbox.config import SandboxConfig
+from sandbox.subproc import SubprocessSandbox
+
+BackendFactory = Callable[[SandboxConfig], Sandbox]
+BACKENDS: Registry[BackendFactory] = Registry("sandbox backend", setting="sandbox.backend")
+
+
+def make_sandbox(cfg: SandboxConfig | None = None) -> Sandbox:
+    """Build the configured backend. For `backend="service"` without `url` this starts a local
+    service (blocking until healthy, a second or two) that `aclose()` stops."""
+    cfg = cfg or SandboxConfig()
+    sandbox = BACKENDS.get(cfg.backend)(cfg)
+    if not isinstance(sandbox, Sandbox):
+        raise TypeError(
+            f"sandbox.backend={cfg.backend!r} returned {type(sandbox).__name__}, not a "
+            "sandbox.base.Sandbox"
+        )
+    return sandbox
+
+
+@BACKENDS.register("subprocess")
+def _subprocess(cfg: SandboxConfig) -> Sandbox:
+    lim = cfg.limits
+    return SubprocessSandbox(
+        memory_mb=lim.memory_mb,
+        max_output_bytes=lim.output_bytes,
+        file_size_mb=lim.file_size_mb,
+        max_concurrency=min(cfg.max_concurrency, 64),
+    )
+
+
+@BACKENDS.register("service")
+def _service(cfg: SandboxConfig) -> Sandbox:
+    owner, url = None, cfg.url
+    if url is None:
+        from sandbox.server import LocalService  # local: starts the service's machinery
+
+        owner = LocalService(cfg.server)
+        url = owner.start()
+    return ServiceSandbox(
+        url,
+        token=cfg.token or cfg.server.token,
+        retries=cfg.retries,
+        backoff_s=cfg.backoff_s,
+        backoff_max_s=cfg.backoff_max_s,
+        max_concurrency=cfg.max_concurrency,
+        owner=owner,
+    )
+
+
+@BACKENDS.register("e2b")
+def _e2b(cfg: SandboxConfig) -> Sandbox:
+    from sandbox.e2b_backend import E2BSandbox  # local: the e2b extra is optional
+
+    return E2BSandbox(
+        cfg.e2b, retries=cfg.retries, backoff_s=cfg.backoff_s, backoff_max_s=cfg.backoff_max_s
+    )
