@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agentrl.advantage import AdvantageConfig, needs_values
+from agentrl.assets.build import resolve_builtin
 from agentrl.ckpt import CheckpointConfig
 from agentrl.engine import EngineConfig
 from agentrl.env import Env
@@ -57,8 +58,6 @@ class ModelConfig(BaseModel):
     tokenizer: str | None = Field(None, description="tokenizer dir; default: the model's")
 
     def resolve(self) -> Path:
-        from agentrl.assets.build import resolve_builtin
-
         if self.path.startswith("builtin:"):
             return resolve_builtin(self.path.removeprefix("builtin:"))
         path = Path(self.path).expanduser()

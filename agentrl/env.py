@@ -52,14 +52,11 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
+from agentrl.parsers import ParseError
 from agentrl.tool import Tool, ToolContext, ToolResult
-from agentrl.types import FinishReason, Message, StopReason, Task, ToolCall
-
-if TYPE_CHECKING:
-    from agentrl.parsers import ParseError
-    from agentrl.types import Trajectory
+from agentrl.types import FinishReason, Message, StopReason, Task, ToolCall, Trajectory
 
 
 @dataclass

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.types import Message
+from agentrl.types import Message, ToolCall
 
 _BASE = [Message(role="user", content="x"), Message(role="assistant", content="y")]
 _USER = Message(role="user", content="x")
@@ -168,8 +168,6 @@ def _common_prefix(a: str, b: str) -> str:
 def _default_assistant(new: list[Message]) -> Message:
     """An assistant turn that `new` can follow: one that called the tools answered in `new`
     (templates such as GPT-OSS refuse tool results after a turn without tool calls)."""
-    from agentrl.types import ToolCall
-
     calls = [
         ToolCall(id=m.tool_call_id or f"call_{i}", name=m.name or "tool", arguments={})
         for i, m in enumerate(new)

@@ -30,7 +30,16 @@ from agentrl.env import AssistantTurn, Env
 from agentrl.parsers import ConfigError, Parser, check_template, get_parser, resolve_parser
 from agentrl.render import Renderer, RenderError
 from agentrl.tool import ToolContext
-from agentrl.types import Completion, FinishReason, Message, StopReason, Task, Trajectory, Turn
+from agentrl.types import (
+    Completion,
+    FinishReason,
+    Message,
+    StopReason,
+    Task,
+    ToolCall,
+    Trajectory,
+    Turn,
+)
 from sandbox.base import Sandbox, SandboxUnavailable
 
 log = logging.getLogger(__name__)
@@ -269,8 +278,6 @@ def check_round_trip(renderer: Renderer, parser: Parser) -> None:
     """The start-up probe: one whole tool round trip with the configured template and parser —
     prompt → the assistant turn calling a tool, as the template writes it → parse → the tool
     result's delta → the next generation prompt. Any failure is a ConfigError naming the setting."""
-    from agentrl.types import ToolCall
-
     user = [Message(role="user", content="hi")]
     call = ToolCall(id="call_0", name="probe_tool", arguments={"probe": "x"})
     asked = Message(role="assistant", content="", tool_calls=[call])

@@ -23,6 +23,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from agentrl.assets.build_tiny import TINY_DIR
+from agentrl.render import Renderer
+from agentrl.types import Message, ToolCall
+from envs.code_exec import SYSTEM_PROMPT, CodeExecEnv, generate_tasks
+
 TEMPLATES = Path(__file__).parent / "templates"
 BUILD_VERSION = "2"  # bump to invalidate caches when a template or builder changes
 
@@ -161,10 +166,6 @@ def build_tiny_toolcaller(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentrl.render import Renderer
-    from agentrl.types import Message, ToolCall
-    from envs.code_exec import SYSTEM_PROMPT, CodeExecEnv, generate_tasks
-
     out = build_tiny_random(out_dir, "qwen3", seed)
     tok = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out)
@@ -257,8 +258,6 @@ def cached_tiny_toolcaller(seed: int = 0) -> Path:
 
 def shipped_tiny() -> Path:
     """The ~1M-parameter model shipped in agentrl/assets/tiny/ (see agentrl/assets/build_tiny.py)."""
-    from agentrl.assets.build_tiny import TINY_DIR
-
     if not (TINY_DIR / "config.json").exists():
         raise FileNotFoundError(
             f"the shipped tiny model is missing from {TINY_DIR}; rebuild it with "

@@ -42,7 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrl.render import Renderer
 from agentrl.types import Message, Task, ToolCall
+from envs.code_exec import SYSTEM_PROMPT, CodeExecEnv, generate_tasks
 
 TINY_DIR = Path(__file__).parent / "tiny"
 TEMPLATE = Path(__file__).parent / "templates" / "qwen3.jinja"
@@ -158,8 +160,6 @@ def dialogue(task: Task, mode: str, rng: random.Random) -> list[tuple[Message, l
 
 def episodes(n: int, seed: int, kinds: list[str] | None = None) -> list[tuple[Task, list]]:
     """`n` (task, dialogue) pairs; tasks from code_exec's generator with a seed of their own."""
-    from envs.code_exec import generate_tasks
-
     rng = random.Random(seed)
     names, weights = list(MODES), list(MODES.values())
     out = []
@@ -173,8 +173,6 @@ def pieces(renderer: Any, task: Task, turns: list) -> list[tuple[str, int]]:
     """The episode as the rollout tokenizes it: (text, loss mask) pieces, each encoded on its own —
     the first prompt, every sampled turn (ending with the end-of-turn token), every observation
     delta. Encoding the pieces gives the rollout's ids exactly (see `encode_episode`)."""
-    from envs.code_exec import SYSTEM_PROMPT
-
     r = renderer
     history = [
         Message(role="system", content=SYSTEM_PROMPT),
@@ -389,9 +387,6 @@ def build(out_dir: str | Path, spec: TinySpec = TinySpec(), log: Callable = prin
     """Write tokenizer + model + generation config + build_info.json to out_dir (replaced)."""
     import torch
     from transformers import GenerationConfig
-
-    from agentrl.render import Renderer
-    from envs.code_exec import CodeExecEnv
 
     tools = [t.schema() for t in CodeExecEnv.tools]
     data = episodes(spec.dialogues, spec.seed, list(spec.kinds))

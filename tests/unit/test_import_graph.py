@@ -1,0 +1,216 @@
+"""The import boundary of DESIGN.md (Layout), kept by walking the AST of agentrl/, envs/, tools/
+and sandbox/. Every import statement counts: top-level, function-local and `if TYPE_CHECKING:`
+ones alike, so a cycle cannot hide behind a lazy import.
+
+- no import cycles between modules;
+- layers: records (torch-free) ← library ← assembly (run.py) ← entry points (train.py, cli/,
+  config.py); a module imports only its own layer or those below (config.py: entry points and
+  run.py only);
+- ray / torch.distributed / sglang only in agentrl/learner/, weight_sync.py, the dev server and the
+  engine launcher; Hydra / OmegaConf only in the entry points;
+- fewer than 10 function-local imports of our own modules, each with a `# local: why` comment.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("agentrl", "envs", "tools", "sandbox")
+
+RECORDS = {"agentrl", "agentrl.types", "agentrl.env", "agentrl.tool", "agentrl.parsers",
+           "agentrl.render", "agentrl.registry"}  # fmt: skip
+ENTRY = ("agentrl.train", "agentrl.cli", "agentrl.config")
+ASSEMBLY = ("agentrl.run",)
+HEAVY = ("ray", "torch.distributed", "sglang")
+HEAVY_OK = ("agentrl.learner", "agentrl.weight_sync", "agentrl.devserver", "agentrl.devbatch",
+            "agentrl.servers")  # fmt: skip
+CONFIG = ("hydra", "omegaconf", "agentrl.config")
+CONFIG_OK = (*ENTRY, *ASSEMBLY)
+MAX_LOCAL = 10
+
+
+@dataclass
+class Edge:
+    src: str
+    dst: str  # the imported name, resolved to one of our modules when it is one
+    kind: str  # top | local | typecheck
+    line: int
+    text: str  # the source line, for the reason comment
+
+
+@dataclass
+class Graph:
+    modules: dict[str, Path]
+    edges: list[Edge] = field(default_factory=list)
+
+    def ours(self, name: str) -> str | None:
+        """The module of ours that `name` (a module or module.attr) lives in, if any."""
+        while name and name not in self.modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+
+def _under(name: str, prefixes: tuple[str, ...] | set[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def build_graph(root: Path, packages: tuple[str, ...] = PACKAGES) -> Graph:
+    modules: dict[str, Path] = {}
+    for pkg in packages:
+        for path in sorted((root / pkg).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            modules[name] = path
+    g = Graph(modules)
+    for name, path in modules.items():
+        source = path.read_text()
+        lines = source.splitlines()
+        is_pkg = path.name == "__init__.py"
+
+        def visit(node: ast.AST, kind: str, name: str = name, lines=lines, is_pkg=is_pkg) -> None:
+            for child in ast.iter_child_nodes(node):
+                k = kind
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                    k = "local"
+                elif isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                    k = "typecheck" if kind == "top" else kind
+                if isinstance(child, (ast.Import, ast.ImportFrom)):
+                    text = lines[child.lineno - 1]
+                    for dst in _targets(child, name, is_pkg):
+                        g.edges.append(Edge(name, dst, k, child.lineno, text))
+                visit(child, k)
+
+        visit(ast.parse(source), "top")
+    return g
+
+
+def _targets(node: ast.Import | ast.ImportFrom, module: str, is_pkg: bool) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    if node.level:
+        pkg = module.split(".") if is_pkg else module.split(".")[:-1]
+        pkg = pkg[: len(pkg) - (node.level - 1)]
+        base = ".".join([*pkg, *([node.module] if node.module else [])])
+    return [f"{base}.{a.name}" for a in node.names]
+
+
+def cycles(g: Graph) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), plus self-imports."""
+    adj: dict[str, set[str]] = defaultdict(set)
+    for e in g.edges:
+        dst = g.ours(e.dst)
+        if dst is not None and dst != e.src:
+            adj[e.src].add(dst)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(adj[v]):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(g.modules):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def layer(module: str) -> int:
+    if module in RECORDS:
+        return 0
+    if _under(module, ASSEMBLY):
+        return 2
+    if _under(module, ENTRY):
+        return 3
+    return 1  # the library, and envs/, tools/, sandbox/ (checked apart)
+
+
+def violations(g: Graph) -> list[str]:
+    bad = []
+    for e in g.edges:
+        where = f"{e.src}:{e.line} imports {e.dst}"
+        dst = g.ours(e.dst)
+        if _under(e.dst, HEAVY) and not _under(e.src, HEAVY_OK):
+            bad.append(f"{where}: ray/torch.distributed/sglang belong in {HEAVY_OK}")
+        if _under(e.dst, CONFIG) and not _under(e.src, CONFIG_OK):
+            bad.append(f"{where}: the config and Hydra stay in the entry points and run.py")
+        if e.src in RECORDS and _under(e.dst, ("torch",)):
+            bad.append(f"{where}: the records layer is torch-free")
+        if dst is None or dst == e.src:
+            continue
+        if e.src.startswith("agentrl") and dst.startswith("agentrl"):
+            if dst != "agentrl.config" and layer(dst) > layer(e.src):
+                bad.append(f"{where}: a lower layer imports a higher one")
+        elif e.src.split(".")[0] in ("envs", "tools", "sandbox") and dst.startswith("agentrl"):
+            if layer(dst) != 0 and not _under(e.src, ("agentrl.assets",)):
+                bad.append(f"{where}: envs/, tools/ and sandbox/ use only the records layer")
+    return bad
+
+
+def local_imports(g: Graph) -> list[Edge]:
+    """Function-local imports of our own modules."""
+    return [e for e in g.edges if e.kind == "local" and g.ours(e.dst) is not None]
+
+
+# -- the tests ----------------------------------------------------------------------------------
+
+
+def test_no_import_cycles() -> None:
+    assert cycles(build_graph(ROOT)) == []
+
+
+def test_layers_and_heavy_imports_stay_where_they_belong() -> None:
+    assert violations(build_graph(ROOT)) == []
+
+
+def test_few_function_local_imports_each_with_a_reason() -> None:
+    local = local_imports(build_graph(ROOT))
+    assert len(local) < MAX_LOCAL, [f"{e.src}:{e.line}" for e in local]
+    unexplained = [f"{e.src}:{e.line}" for e in local if "# local:" not in e.text]
+    assert unexplained == [], "say why on the line: `# local: <reason>`"
+
+
+def test_the_checks_catch_a_planted_cycle_and_breaches(tmp_path: Path) -> None:
+    pkg = tmp_path / "agentrl"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "batch.py").write_text("from agentrl.loss import LossNorm\n")
+    (pkg / "loss.py").write_text(
+        "def f():\n    from agentrl.batch import TrainBatch  # hidden in a function\n"
+    )
+    (pkg / "rollout.py").write_text(
+        "from typing import TYPE_CHECKING\nimport ray\nif TYPE_CHECKING:\n    import hydra\n"
+    )
+    (pkg / "types.py").write_text("import torch\nfrom agentrl.rollout import x\n")
+    g = build_graph(tmp_path, ("agentrl",))
+    assert cycles(g) == [["agentrl.batch", "agentrl.loss"]]
+    found = "\n".join(violations(g))
+    assert "agentrl.rollout:2 imports ray" in found
+    assert "agentrl.rollout:4 imports hydra" in found
+    assert "agentrl.types:1 imports torch: the records layer is torch-free" in found
+    assert "agentrl.types:2 imports agentrl.rollout.x: a lower layer" in found
+    assert [(e.src, e.kind) for e in local_imports(g)] == [("agentrl.loss", "local")]
