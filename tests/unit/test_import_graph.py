@@ -165,7 +165,11 @@ def violations(g: Graph) -> list[str]:
         if e.src.startswith("agentrl") and dst.startswith("agentrl"):
             if dst != "agentrl.config" and layer(dst) > layer(e.src):
                 bad.append(f"{where}: a lower layer imports a higher one")
-        elif e.src.split(".")[0] in ("envs", "tools", "sandbox") and layer(dst) != 0:
+        elif (
+            e.src.startswith(("envs", "tools", "sandbox"))
+            and dst.startswith("agentrl")
+            and layer(dst)
+        ):
             bad.append(f"{where}: envs/, tools/ and sandbox/ use only the records layer")
     return bad
 
