@@ -12,6 +12,7 @@ are referenced by import path in `_target_`.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,12 @@ from agentrl.engine import EngineConfig
 from agentrl.env import Env
 from agentrl.learner import LearnerConfig, RayConfig
 from agentrl.loss import LossConfig
-from agentrl.parsers import ConfigError
+from agentrl.registry import import_path, is_import_path
 from agentrl.rollout import RolloutConfig
 from agentrl.tracking import LoggingConfig
+from agentrl.types import ConfigError
 from agentrl.weight_sync import WeightSyncConfig
+from sandbox.backends import BACKENDS
 from sandbox.config import SandboxConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # -> ../configs in a checkout
@@ -165,6 +168,25 @@ class Config(BaseModel):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
+    @model_validator(mode="after")
+    def _sandbox_backend(self) -> Config:
+        try:  # here, not in sandbox/config.py: the registry lives above the settings
+            BACKENDS.check(self.sandbox.backend)
+        except ValueError as e:
+            raise ValueError(f"sandbox.backend: {e}") from None
+        return self
+
+
+def import_user_modules(raw: dict[str, Any]) -> None:
+    """Import the env's module before validating, so names it registers (an estimator, a loss,
+    a parser, a sandbox backend: `@ESTIMATORS.register("mine")`) are known to the validators.
+    An env that cannot be imported is reported by `env._target_`'s own check."""
+    target = (raw.get("env") or {}).get("_target_") if isinstance(raw, dict) else None
+    if isinstance(target, str) and is_import_path(target):
+        module = target.partition(":")[0] if ":" in target else target.rpartition(".")[0]
+        with contextlib.suppress(Exception):
+            importlib.import_module(module)
+
 
 def training_checks(cfg: Config) -> list[str]:
     """Settings that are valid for a preview but wrong for training: errors raise ConfigError,
@@ -189,22 +211,19 @@ def training_checks(cfg: Config) -> list[str]:
     return warnings
 
 
-def import_path(path: str, setting: str) -> Any:
-    module, _, name = path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ConfigError(f"{setting}={path!r} cannot be imported ({e}); give module.Name") from e
-
-
 def validate(raw: dict[str, Any]) -> Config:
+    import_user_modules(raw)
     try:
         return Config.model_validate(raw)
     except ValidationError as e:
         lines = []
         for err in e.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "<root>"
             why = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            why = why.removeprefix("Value error, ")
+            if not err["loc"]:  # a check across sections: its message names the setting
+                lines.append(why[:300])
+                continue
+            where = ".".join(str(p) for p in err["loc"])
             lines.append(f"{where}: {why} (got {err.get('input')!r})"[:300])
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
 

@@ -3,6 +3,7 @@
 
 import asyncio
 import json
+import math
 import os
 import signal
 import subprocess
@@ -147,3 +148,37 @@ def test_dead_engine_is_a_clear_error(tmp_path):
                 await tr.step()
 
     asyncio.run(go())
+
+
+USER_ALGO = '''
+import os
+from pathlib import Path
+
+def mean_baseline(episodes, cfg):
+    """A user estimator: reward minus the group mean, on every sampled token."""
+    by_group = {}
+    for e in episodes:
+        by_group.setdefault(e.group, []).append(e.score)
+    return [e.loss_mask_T.float() * (e.score - sum(by_group[e.group]) / len(by_group[e.group]))
+            for e in episodes], None
+
+def reinforce(inp, cfg):
+    """A user loss, run inside the learner workers (another process)."""
+    Path(os.environ["USER_LOSS_MARKER"]).touch()
+    m = inp.loss_mask.float()
+    return -(inp.logprobs * inp.advantages * m).sum() / max(inp.norm.num_tokens, 1), {}
+'''
+
+
+def test_a_user_estimator_and_loss_train_from_their_own_module(tmp_path, monkeypatch):
+    """No edit under agentrl/: the config names them by import path; the learner workers import
+    the module too (it must be importable there: installed, or on PYTHONPATH)."""
+    (tmp_path / "my_algo.py").write_text(USER_ALGO)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("USER_LOSS_MARKER", str(tmp_path / "loss_ran"))
+    cfg = compose(overrides(tmp_path, "trainer.steps=1", "algo.advantage.name=my_algo:mean_baseline",
+                            "algo.loss.name=my_algo:reinforce"))  # fmt: skip
+    history = asyncio.run(train(cfg, tmp_path / "out"))
+    assert (tmp_path / "loss_ran").exists(), "the user's loss never ran in the learner"
+    assert history[0]["train/skipped"] == 0 and math.isfinite(history[0]["train/grad_norm"])
