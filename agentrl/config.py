@@ -17,6 +17,10 @@ import importlib
 from pathlib import Path
 from typing import Any
 
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agentrl.advantage import AdvantageConfig, needs_values
@@ -57,7 +61,7 @@ class EnvConfig(BaseModel):
 class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    path: str = Field("builtin:tiny-random", description="a local HF model dir, or builtin:<name>")
+    path: str = Field("builtin:tiny", description="a local HF model dir, or builtin:<name>")
     tokenizer: str | None = Field(None, description="tokenizer dir; default: the model's")
 
     def resolve(self) -> Path:
@@ -120,8 +124,12 @@ class AlgoConfig(BaseModel):
 class TrainerConfig(CheckpointConfig):
     """The loop: how long, how much per step, when to stop, and checkpointing (resume=auto|never|dir)."""
 
-    steps: int = Field(20, ge=1, description="optimizer steps of the run")
-    tasks_per_step: int = Field(4, ge=1, description="tasks per step; x rollout.group_size samples")
+    dir: str | None = Field(
+        None, description="checkpoints of this run; None: runs/<run_name>/checkpoints"
+    )
+    every: int = Field(5, ge=0, description="save every N steps (and at the end); 0: at the end")
+    steps: int = Field(60, ge=1, description="optimizer steps of the run")
+    tasks_per_step: int = Field(8, ge=1, description="tasks per step; x rollout.group_size samples")
     max_skipped_steps: int = Field(
         3, ge=1, description="non-finite steps in a row before the run stops with an error"
     )
@@ -139,8 +147,10 @@ class TrainerConfig(CheckpointConfig):
         5, ge=0, description="warn after this many steps in a row without reward variance; 0: off"
     )
 
-    def checkpoint_config(self) -> CheckpointConfig:
-        return CheckpointConfig(**{k: getattr(self, k) for k in CheckpointConfig.model_fields})
+    def checkpoint_config(self, run_name: str = "default") -> CheckpointConfig:
+        fields = {k: getattr(self, k) for k in CheckpointConfig.model_fields}
+        fields["dir"] = self.dir or f"runs/{run_name}/checkpoints"
+        return CheckpointConfig(**fields)
 
 
 class PreviewConfig(BaseModel):
@@ -175,6 +185,26 @@ class Config(BaseModel):
         except ValueError as e:
             raise ValueError(f"sandbox.backend: {e}") from None
         return self
+
+
+def defaults_tree() -> dict[str, Any]:
+    """Every setting's default, from the pydantic models above: the one place defaults live.
+    Hydra composes the YAML files over this tree (configs/config.yaml lists it first), so the
+    files carry only what differs, and any key can be overridden without a `+`."""
+    tree: dict[str, Any] = {}
+    for name, field in Config.model_fields.items():
+        if field.is_required():  # env: chosen by the env group
+            continue
+        value = field.get_default(call_default_factory=True)
+        if isinstance(value, BaseModel):
+            value = value.model_dump(mode="json", by_alias=True)
+        tree[name] = value
+    return tree
+
+
+def register_defaults() -> None:
+    """Store `defaults_tree()` as the config `agentrl_defaults` in Hydra's ConfigStore."""
+    ConfigStore.instance().store(name="agentrl_defaults", node=defaults_tree())
 
 
 def import_user_modules(raw: dict[str, Any]) -> None:
@@ -230,17 +260,15 @@ def validate(raw: dict[str, Any]) -> Config:
 
 def load_config(cfg: Any) -> Config:
     """Validate a Hydra DictConfig (or a plain dict)."""
-    from omegaconf import OmegaConf
-
     raw = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
     raw.pop("hydra", None)
     return validate(raw)
 
 
+register_defaults()  # before any Hydra app or compose() reads configs/
+
+
 def compose(overrides: list[str] | None = None, name: str = "config") -> Config:
     """Compose configs/ with Hydra overrides, outside a Hydra app (tests, notebooks)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return load_config(hydra_compose(config_name=name, overrides=overrides or []))

@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 class RolloutConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    group_size: int = Field(4, ge=1, description="samples per task (GRPO group)")
+    group_size: int = Field(8, ge=1, description="samples per task (GRPO group)")
     max_turns: int | None = Field(None, ge=1, description="overrides the env's max_turns")
     max_new_tokens: int = Field(256, ge=1, description="per assistant turn")
     max_context_tokens: int = Field(2048, ge=16, description="prompt + all turns + observations")

@@ -96,7 +96,7 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
         ckpt = resumed = None
         engine_model = model_path
         if train:
-            ckpt = CheckpointManager(cfg.trainer.checkpoint_config())
+            ckpt = CheckpointManager(cfg.trainer.checkpoint_config(cfg.run_name))
             start_ray(cfg.ray)
             stack.callback(_quietly, "Ray", stop_ray)
             groups = _learner_groups(cfg, str(model_path), stack)

@@ -83,8 +83,8 @@ class SandboxConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     backend: str = Field(
-        "subprocess",
-        description="subprocess | service | e2b, or an import path module:factory (backends.py)",
+        "service",
+        description="service (isolated, the default) | subprocess (rlimits only) | e2b, or an import path module:factory (backends.py)",
     )
     url: str | None = Field(None, description="service URL, e.g. http://127.0.0.1:8470")
     token: str | None = None
