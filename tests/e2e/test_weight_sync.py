@@ -3,6 +3,7 @@ server's logprobs equal the trainer's, and before it they do not, for both metho
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -48,16 +49,51 @@ def train_once(policy: LearnerGroup, completion: list[int], adv: float) -> None:
     policy.train_step(micro_batches(batch, policy.world_size, 1000), "ppo_clip", LossConfig())
 
 
+# A transport written outside agentrl/ (one file, named by import path): every rank gathers each
+# bucket, rank 0 hands the full tensors back through Ray's object store, the driver posts them to
+# the servers. Its rank half runs inside the learner workers, so they must import this module.
+USER_TRANSPORT = """
+import time
+from agentrl.engine import encode_named_tensors
+from agentrl.learner import fsdp
+from agentrl.learner.sync import Transport
+
+class ObjectStoreSync(Transport):
+    class Rank(Transport.Rank):
+        def bucket(self, bucket):
+            w = self.worker
+            return fsdp.gather_full(w.model, bucket, w.rank)
+
+    async def push(self, version):
+        if not self.buckets:
+            await self.setup()
+        t0 = time.perf_counter()
+        for i, bucket in enumerate(self.buckets):
+            tensors = self.rank_call("bucket", bucket)[0]
+            last = i == len(self.buckets) - 1
+            await self.engine.update_weights_from_tensor(
+                [encode_named_tensors(tensors)], weight_version=version if last else None,
+                load_format="safetensors", flush_cache=last)
+        self.version = version
+        return self._metrics(time.perf_counter() - t0)
+"""
+
+
 @pytest.fixture(scope="module")
-def policy(tiny_model_dir):
-    start_ray(RayConfig(num_cpus=2, object_store_mb=100))
-    group = LearnerGroup(LearnerConfig(model_path=str(tiny_model_dir), num_workers=2, lr=1e-2))
-    yield group
-    group.shutdown()
-    stop_ray()
+def policy(tiny_model_dir, tmp_path_factory):
+    plugin = tmp_path_factory.mktemp("plugin")
+    (plugin / "user_transport.py").write_text(USER_TRANSPORT)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(plugin))  # the driver, and (through PYTHONPATH) the Ray workers
+        mp.setenv("PYTHONPATH", os.pathsep.join([str(plugin), os.environ.get("PYTHONPATH", "")]))
+        start_ray(RayConfig(num_cpus=2, object_store_mb=100))
+        group = LearnerGroup(LearnerConfig(model_path=str(tiny_model_dir), num_workers=2, lr=1e-2))
+        yield group
+        group.shutdown()
+        stop_ray()
 
 
-@pytest.mark.parametrize("method", ["distributed", "disk"])
+@pytest.mark.parametrize("method", ["distributed", "disk", "user_transport:ObjectStoreSync"])
 async def test_server_serves_trainer_weights_after_push(
     method: str, policy, launch_devserver, tiny_model_dir, tmp_path: Path, monkeypatch
 ) -> None:
