@@ -1,5 +1,6 @@
 """Weight sync, learner (2 FSDP ranks on Ray) → a real dev server on loopback: after a push the
-server's logprobs equal the trainer's, and before it they do not, for both methods."""
+server's logprobs equal the trainer's, and before it they do not, for the built-in
+methods and for one written outside agentrl/ (named by import path)."""
 
 from __future__ import annotations
 
