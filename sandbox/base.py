@@ -61,7 +61,8 @@ class ExecResult(BaseModel):
     exit_code: int | None = 0
     timed_out: bool = False
     # which limit ended the run, if any: "wall_time", "cpu_time", "memory", "output", "processes",
-    # "file_size" (a file past the size limit, or the private /tmp full)
+    # "file_size" (a file past the size limit, or the private /tmp full), "control_channel" (the
+    # code wrote to the agent's socket: killed)
     limit: str | None = None
     duration_s: float = 0.0
     truncated: bool = False

@@ -193,6 +193,30 @@ class CgroupRoot:
         cg.procs_files = [str(d / "cgroup.procs") for d in cg.dirs]
         return cg
 
+    def limit_total(self, memory_bytes: int, pids: int) -> bool:
+        """Cap the memory and tasks of all sandboxes together (the parent's limits bound the
+        children's sum). True when every available controller took its limit."""
+        ok = True
+        if self.mem_parent is not None:
+            if self.version == 1:
+                _write(self.mem_parent / "memory.use_hierarchy", "1")
+                ok &= _write(self.mem_parent / "memory.limit_in_bytes", str(memory_bytes))
+            else:
+                ok &= _write(self.mem_parent / "memory.max", str(memory_bytes))
+        if self.pids_parent is not None:
+            ok &= _write(self.pids_parent / "pids.max", str(pids))
+        return ok
+
+    def memory_used(self) -> int | None:
+        """Bytes charged to all sandboxes now (None without the memory controller)."""
+        if self.mem_parent is None:
+            return None
+        name = "memory.usage_in_bytes" if self.version == 1 else "memory.current"
+        try:
+            return int((self.mem_parent / name).read_text())
+        except (OSError, ValueError):
+            return None
+
     def remove(self) -> None:
         for d in {self.mem_parent, self.pids_parent} - {None}:
             with contextlib.suppress(OSError):

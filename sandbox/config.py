@@ -7,7 +7,6 @@ for a service the trainer starts itself).
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,9 +43,19 @@ class ServerConfig(BaseModel):
     )
     warm_workers: int = Field(4, ge=0, description="pre-started interpreters waiting for code")
     max_running: int = Field(
-        default_factory=lambda: max(2, os.cpu_count() or 2), ge=1, description="concurrent calls"
+        64,
+        ge=1,
+        description="calls running at once. A sleeping call holds one, so keep it far above the "
+        "CPU count: the kernel shares the CPUs, the service cgroup caps memory and processes",
     )
     max_queue: int = Field(256, ge=0, description="calls waiting for a slot; beyond: 503 busy")
+    max_queue_wait_s: float = Field(
+        20.0, gt=0, description="a call that waited this long for a slot gets 503 busy (not run)"
+    )
+    service_memory_mb: int | None = Field(
+        None, gt=64, description="memory of all sandboxes together (cgroup); None: half the host's"
+    )
+    service_processes: int = Field(4096, gt=1, description="tasks of all sandboxes together")
     max_sessions: int = Field(512, ge=0)
     session_ttl_s: float = Field(900.0, gt=0, description="idle lease of a session")
     max_code_bytes: int = Field(1 << 20, gt=0)

@@ -24,6 +24,7 @@ commands and PTY endpoints of e2b's envd are not implemented.
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -68,6 +69,17 @@ class _Box:
 
     def session(self, ctx: str) -> str:
         return f"e2b:{self.id}:{ctx}"
+
+
+def _seconds(value: object, name: str, cap: float) -> float:
+    """A finite, positive number of seconds up to `cap`, else a 400 that says so."""
+    try:
+        x = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise E2BError(400, f"{name} must be a number of seconds, got {value!r}") from None
+    if not (math.isfinite(x) and 0 < x <= cap):
+        raise E2BError(400, f"{name} must be finite, > 0 and <= {cap:g} s, got {value!r}")
+    return x
 
 
 def _now() -> str:
@@ -137,7 +149,11 @@ class _E2BApi:
         if self.token is not None and key != self.token:
             raise E2BError(401, "invalid X-API-KEY: use the sandbox service's token")
 
-    async def _box(self, sid: str | None) -> _Box:
+    async def _box(self, sid: str | None, request: Request | None = None) -> _Box:
+        if self.token is not None and request is not None:  # a data-plane route
+            given = request.headers.get("x-access-token") or request.headers.get("x-api-key")
+            if given != self.token:
+                raise E2BError(401, "missing or wrong X-Access-Token")
         await self._purge()
         box = self.boxes.get(sid or "")
         if box is None:
@@ -157,15 +173,18 @@ class _E2BApi:
         body = await request.json()
         sid = "agentrl" + secrets.token_hex(10)
         template = str(body.get("templateID") or "code-interpreter-v1")
-        timeout = float(body.get("timeout") or 300)
+        timeout = _seconds(body.get("timeout") or 300, "timeout", 86_400)
         self.boxes[sid] = _Box(sid, template, time.monotonic() + timeout)
-        return {
+        out = {
             "templateID": template,
             "sandboxID": sid,
             "clientID": "agentrl",
             "envdVersion": ENVD_VERSION,
             "domain": None,
         }
+        if self.token is not None:  # the SDK sends it back as X-Access-Token on the data plane
+            out["envdAccessToken"] = self.token
+        return out
 
     async def kill(self, sid: str, x_api_key: str | None = Header(None)) -> Response:
         self._check_key(x_api_key)
@@ -177,18 +196,20 @@ class _E2BApi:
     ) -> Response:
         self._check_key(x_api_key)
         box = await self._box(sid)
-        box.expires = time.monotonic() + float((await request.json()).get("timeout", 300))
+        timeout = _seconds((await request.json()).get("timeout", 300), "timeout", 86_400)
+        box.expires = time.monotonic() + timeout
         return Response(status_code=204)
 
     # -- data plane (E2B_SANDBOX_URL; the sandbox id travels in a header) -----------------
 
     async def envd_health(self, e2b_sandbox_id: str | None = Header(None)) -> Response:
+        # says only whether an id is live; ids are 80-bit secrets, no code runs here
         return Response(status_code=204 if e2b_sandbox_id in self.boxes else 502)
 
     async def create_context(
         self, request: Request, e2b_sandbox_id: str | None = Header(None)
     ) -> dict:
-        box = await self._box(e2b_sandbox_id)
+        box = await self._box(e2b_sandbox_id, request)
         body = await request.json()
         language = body.get("language") or "python"
         if language != "python":
@@ -197,24 +218,30 @@ class _E2BApi:
         box.contexts[ctx["id"]] = ctx
         return ctx
 
-    async def list_contexts(self, e2b_sandbox_id: str | None = Header(None)) -> list:
-        return list((await self._box(e2b_sandbox_id)).contexts.values())
+    async def list_contexts(
+        self, request: Request, e2b_sandbox_id: str | None = Header(None)
+    ) -> list:
+        return list((await self._box(e2b_sandbox_id, request)).contexts.values())
 
-    async def remove_context(self, cid: str, e2b_sandbox_id: str | None = Header(None)):
-        box = await self._box(e2b_sandbox_id)
+    async def remove_context(
+        self, cid: str, request: Request, e2b_sandbox_id: str | None = Header(None)
+    ):
+        box = await self._box(e2b_sandbox_id, request)
         self._context(box, cid)
         del box.contexts[cid]
         await self.svc.close_session(box.session(cid))
         return Response(status_code=204)
 
-    async def restart_context(self, cid: str, e2b_sandbox_id: str | None = Header(None)):
-        box = await self._box(e2b_sandbox_id)
+    async def restart_context(
+        self, cid: str, request: Request, e2b_sandbox_id: str | None = Header(None)
+    ):
+        box = await self._box(e2b_sandbox_id, request)
         self._context(box, cid)
         await self.svc.close_session(box.session(cid))
         return Response(status_code=204)
 
     async def execute(self, request: Request, e2b_sandbox_id: str | None = Header(None)):
-        box = await self._box(e2b_sandbox_id)
+        box = await self._box(e2b_sandbox_id, request)
         body = await request.json()
         language = body.get("language") or "python"
         cid = body.get("context_id") or f"default-{language}"
@@ -223,8 +250,14 @@ class _E2BApi:
         else:
             box.contexts.setdefault(cid, {"id": cid, "language": language, "cwd": "/tmp"})
         envs = body.get("env_vars") or {}
-        timeout = float(envs.get("AGENTRL_TIMEOUT", self.default_timeout))
-        call = self.svc.run(body.get("code", ""), language, timeout, session=box.session(cid))
+        if not isinstance(envs, dict):
+            raise E2BError(400, "env_vars must be an object")
+        limit = self.svc.lim.max_wall_s
+        timeout = _seconds(envs.get("AGENTRL_TIMEOUT", self.default_timeout), "timeout", limit)
+        code = body.get("code", "")
+        if not isinstance(code, str) or not isinstance(language, str):
+            raise E2BError(400, "code and language must be strings")
+        call = self.svc.run(code, language, timeout, session=box.session(cid))
         try:
             res = await until_disconnect(request, call)
         except Busy as e:

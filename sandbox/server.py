@@ -50,6 +50,12 @@ log = logging.getLogger("sandbox.server")
 READY_PREFIX = "agentrl-sandbox listening on "
 
 
+class CloseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    session: str = Field(min_length=1, max_length=256)
+
+
 class RunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -57,6 +63,38 @@ class RunRequest(BaseModel):
     language: str = "python"
     timeout: float | None = Field(None, gt=0)
     session: str | None = Field(None, min_length=1, max_length=256)
+
+
+class BodyLimit:
+    """ASGI middleware: refuse a POST whose body is larger than any valid call (code + JSON
+    overhead; JSON may escape a byte as \\uXXXX) before reading it; a chunked body is cut off
+    at the limit."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            size = dict(scope["headers"]).get(b"content-length", b"").decode()
+            if size and (not size.isdigit() or int(size) > self.limit):
+                detail = f"request body over {self.limit} bytes"
+                resp = JSONResponse({"error": "bad_request", "detail": detail}, 413)
+                await resp(scope, receive, send)
+                return
+            if not size:  # chunked: count as it arrives; past the limit the client is "gone"
+                receive = self._counted(receive)
+        await self.app(scope, receive, send)
+
+    def _counted(self, receive: Any) -> Any:
+        seen = 0
+
+        async def counted() -> dict:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            return {"type": "http.disconnect"} if seen > self.limit else message
+
+        return counted
 
 
 def create_app(cfg: ServerConfig, port: int | None = None, on_ready=None) -> FastAPI:
@@ -111,9 +149,16 @@ def create_app(cfg: ServerConfig, port: int | None = None, on_ready=None) -> Fas
             request, svc.run(req.code, req.language, req.timeout, req.session)
         )
 
-    @app.post("/v1/sessions/{key}/close", dependencies=[Depends(auth)])
+    @app.post("/v1/sessions/close", dependencies=[Depends(auth)])
+    async def close_by_body(req: CloseRequest) -> dict[str, bool]:
+        """The session key in the body: any string a task id holds (`gsm8k/train-17?x#1%`)."""
+        return {"closed": await svc.close_session(req.session)}
+
+    @app.post("/v1/sessions/{key:path}/close", dependencies=[Depends(auth)])
     async def close(key: str) -> dict[str, bool]:
         return {"closed": await svc.close_session(key)}
+
+    app.add_middleware(BodyLimit, limit=cfg.max_code_bytes * 6 + 64 * 1024)
 
     e2b_compat.install(app, svc, cfg.token, cfg.e2b_timeout_s)
     return app

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -80,6 +81,7 @@ class ExecService:
         self._reaper: asyncio.Task | None = None
         self._workdir: Path | None = None
         self._cgroups: CgroupRoot | None = None
+        self.total_memory = 0
         self.counters = {"runs": 0, "busy": 0, "session_resets": 0, "expired": 0}
 
     # -- life cycle -----------------------------------------------------------------------
@@ -99,6 +101,11 @@ class ExecService:
         root = os.geteuid() == 0
         if self.cfg.cgroups:
             self._cgroups = await asyncio.to_thread(CgroupRoot.detect)
+        self.total_memory = (self.cfg.service_memory_mb or _host_memory_mb() // 2) << 20
+        if self._cgroups is not None and not self._cgroups.limit_total(
+            self.total_memory, self.cfg.service_processes
+        ):
+            log.warning("could not cap the memory/tasks of all sandboxes together (cgroup)")
         modes = {"auto": ["bwrap", "rlimits"], "bwrap": ["bwrap"], "rlimits": ["rlimits"]}
         errors = []
         for mode in modes[self.cfg.isolation]:
@@ -205,15 +212,30 @@ class ExecService:
 
     @contextlib.asynccontextmanager
     async def _slot(self) -> AsyncIterator[None]:
+        """A running slot. Busy at once when the queue is full or the sandboxes together use
+        90 % of the service's memory; Busy after `max_queue_wait_s` in the queue. The call's
+        wall time starts only once it runs."""
         if self._sem.locked() and self._waiting >= self.cfg.max_queue:
             self.counters["busy"] += 1
             raise Busy(
                 f"sandbox busy: {self.cfg.max_running} running and {self._waiting} waiting "
                 f"(max_queue={self.cfg.max_queue})"
             )
+        used = self._cgroups.memory_used() if self._cgroups is not None else None
+        if used is not None and used > 0.9 * self.total_memory:
+            self.counters["busy"] += 1
+            raise Busy(f"sandbox busy: sandboxes use {used >> 20} MB of {self.total_memory >> 20}")
         self._waiting += 1
         try:
-            await self._sem.acquire()
+            if self._sem.locked():
+                await asyncio.wait_for(self._sem.acquire(), self.cfg.max_queue_wait_s)
+            else:  # take the free slot now, before the next request looks at the count
+                await self._sem.acquire()
+        except TimeoutError:
+            self.counters["busy"] += 1
+            raise Busy(
+                f"sandbox busy: no slot within max_queue_wait_s={self.cfg.max_queue_wait_s:g}"
+            ) from None
         finally:
             self._waiting -= 1
         self._running += 1
@@ -224,6 +246,8 @@ class ExecService:
             self._sem.release()
 
     def _check(self, code: str, language: str) -> None:
+        if not isinstance(code, str) or not isinstance(language, str):
+            raise ValueError("code and language must be strings")
         if language not in LANGUAGES:
             raise ValueError(f"unsupported language {language!r}; use one of {LANGUAGES}")
         if len(code.encode()) > self.cfg.max_code_bytes:
@@ -239,11 +263,26 @@ class ExecService:
         """Run one call (see the module docstring). Raises Busy or ValueError."""
         assert self.pool is not None, "ExecService.start() first"
         self._check(code, language)
-        timeout = min(timeout or self.lim.wall_s, self.lim.max_wall_s)
+        timeout = self._timeout(timeout)
         self.counters["runs"] += 1
         if session is None or language != "python":
             return await self._oneshot(code, language, timeout)
         return await self._session_call(session, code, timeout)
+
+    def _timeout(self, timeout: float | None) -> float:
+        """The call's wall time: the default when None; never silently changed otherwise."""
+        if timeout is None:
+            return self.lim.wall_s
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            raise ValueError(f"timeout must be a number of seconds, got {timeout!r}")
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"timeout must be finite and > 0, got {timeout!r}")
+        if timeout > self.lim.max_wall_s:
+            raise ValueError(
+                f"timeout {timeout:g}s is above this service's max_wall_s="
+                f"{self.lim.max_wall_s:g}s: split the work or raise limits.max_wall_s"
+            )
+        return float(timeout)
 
     async def _oneshot(self, code: str, language: str, timeout: float) -> ExecResult:
         assert self.pool is not None
@@ -343,9 +382,23 @@ class ExecService:
             "waiting": self._waiting,
             "sessions": len(self._sessions),
             "max_running": self.cfg.max_running,
+            "memory_mb": {"used": (u or 0) >> 20, "total": self.total_memory >> 20}
+            if (u := self._cgroups.memory_used() if self._cgroups else None) is not None
+            else None,
             "max_queue": self.cfg.max_queue,
             "counters": dict(self.counters),
         }
+
+
+def _host_memory_mb() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError):
+        pass
+    return 4096
 
 
 def _remove_stale_workdirs() -> None:

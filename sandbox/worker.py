@@ -34,6 +34,45 @@ _MARKER_GRACE_S = 1.0
 _KILL_GRACE_S = 1.0
 
 
+# The control channel is shared with the code (the agent runs in the code's process), so every
+# frame the server reads is untrusted: its length is capped before anything is buffered (frames
+# live outside the sandbox's memory cgroup) and every reply field is type- and size-checked. A
+# violation kills the worker and the call comes back as an ordinary result that says so.
+_MAX_FRAME = 256 * 1024
+_MAX_FIELD = 64 * 1024
+_REPLY_FIELDS: dict[str, tuple[type, ...]] = {
+    "ready": (bool,), "warnings": (list,), "exit_code": (int, type(None)),
+    "error_name": (str, type(None)), "error_value": (str, type(None)),
+    "result": (str, type(None)), "timed_out": (bool,), "marker_lost": (bool,),
+    "limit": (str,), "errno": (int,),
+}  # fmt: skip
+
+
+class ControlViolation(Exception):
+    """The code wrote something on the control channel that the agent would not."""
+
+
+def check_reply(frame: object) -> dict:
+    """The frame as a reply dict, or ControlViolation."""
+    if not isinstance(frame, dict):
+        raise ControlViolation(f"a {type(frame).__name__} frame")
+    for key, value in frame.items():
+        kinds = _REPLY_FIELDS.get(key)
+        if kinds is None:
+            raise ControlViolation(f"unknown field {str(key)[:40]!r}")
+        if not isinstance(value, kinds) or (key == "exit_code" and isinstance(value, bool)):
+            raise ControlViolation(f"field {key!r} of type {type(value).__name__}")
+        if isinstance(value, str) and len(value) > _MAX_FIELD:
+            raise ControlViolation(f"field {key!r} of {len(value)} characters")
+        if key in ("exit_code", "errno") and value is not None and not -(2**31) <= value < 2**31:
+            raise ControlViolation(f"{key} out of range")
+        if key == "limit" and value != "cpu_time":
+            raise ControlViolation(f"limit {str(value)[:40]!r}")
+    if "warnings" in frame:
+        frame["warnings"] = [str(w)[:1000] for w in frame["warnings"][:20]]
+    return frame
+
+
 class WorkerStartError(RuntimeError):
     """A worker could not be started (the sandbox setup failed on this host)."""
 
@@ -109,6 +148,7 @@ class Worker:
         self._writer: asyncio.StreamWriter | None = None
         self._tasks: list[asyncio.Task] = []
         self._pidfd: int | None = None
+        self.violation: str | None = None  # why the control channel was found forged
 
     @property
     def alive(self) -> bool:
@@ -125,7 +165,10 @@ class Worker:
             loop.add_reader(self._pidfd, self._on_exit)
         except (AttributeError, OSError):
             self._tasks.append(asyncio.create_task(self._wait_thread()))
-        ready = await asyncio.wait_for(self._recv(), start_timeout)
+        try:
+            ready = await asyncio.wait_for(self._recv(), start_timeout)
+        except ControlViolation as e:
+            raise WorkerStartError(f"worker's first frame was not `ready`: {e}") from None
         if not ready or not ready.get("ready"):
             raise WorkerStartError("worker exited before it was ready")
         return ready.get("warnings", [])
@@ -145,14 +188,20 @@ class Worker:
             self.exited.set_result(rc)
 
     async def _recv(self) -> dict | None:
+        """The next reply; None when the channel closed; ControlViolation for a forged one."""
         assert self._reader is not None
         try:
             head = await self._reader.readexactly(4)
-            body = await self._reader.readexactly(struct.unpack(">I", head)[0])
-            out = json.loads(body)
-            return out if isinstance(out, dict) else None
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+            size = struct.unpack(">I", head)[0]
+            if size > _MAX_FRAME:
+                raise ControlViolation(f"a frame of {size} bytes (the agent's are < {_MAX_FRAME})")
+            body = await self._reader.readexactly(size)
+        except (asyncio.IncompleteReadError, ConnectionError):
             return None
+        try:
+            return check_reply(json.loads(body))
+        except ValueError as e:  # not JSON, or not UTF-8
+            raise ControlViolation(f"a frame that is not JSON ({e})") from None
 
     async def _send(self, obj: dict) -> None:
         assert self._writer is not None
@@ -172,9 +221,10 @@ class Worker:
         deadline = timeout + (_KILL_GRACE_S if session else 0.0)
         cg = self.slot.cgroup
         before = cg.counters() if cg else (0, 0)
+        self.violation = None
         reply, ended = await self._await_end(req, t0 + deadline)
         overflow = self.out.overflow.is_set() or self.err.overflow.is_set()
-        wall_kill = not ended and not overflow
+        wall_kill = not ended and not overflow and self.violation is None
         keep = session and reply is not None and not overflow and self.alive
         if keep and not reply.get("marker_lost"):
             with contextlib.suppress(TimeoutError):
@@ -206,11 +256,17 @@ class Worker:
                 done, pending = await asyncio.wait(
                     pending, timeout=left, return_when="FIRST_COMPLETED"
                 )
+                if reply_task in done and reply_task.exception() is not None:
+                    self.violation = str(reply_task.exception())
+                    return None, False
                 if reply_task in done and reply_task.result() is not None:
                     return reply_task.result(), True
                 if done - {reply_task}:  # exited or overflowed
                     if not reply_task.done():  # a reply sent just before exiting is in the socket
                         await asyncio.wait({reply_task}, timeout=0.2)
+                    if reply_task.done() and reply_task.exception() is not None:
+                        self.violation = str(reply_task.exception())
+                        return None, False
                     if reply_task.done() and reply_task.result() is not None:
                         return reply_task.result(), True
                     return None, self.alive is False
@@ -246,6 +302,12 @@ class Worker:
         timed_out = wall_kill or bool(reply.get("timed_out"))
         failed = timed_out or overflow or exit_code != 0
         limit = _limit(reply, rc, hits, failed, overflow, timed_out)
+        if self.violation is not None:
+            limit, exit_code = "control_channel", None
+            err += (
+                f"\n[sandbox] killed: the code wrote to the sandbox's control channel "
+                f"({self.violation})\n"
+            )
         if limit == "memory" and not reply.get("error_name"):
             err += "\n[sandbox] killed: memory limit reached\n"
         return ExecResult(

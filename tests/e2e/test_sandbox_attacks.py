@@ -446,3 +446,45 @@ async def test_grader_survives_a_flood_and_a_timeout(service: LocalService) -> N
     await sb.aclose()
     assert res.all_passed  # the solution's prints never reach the harness's report
     await serves_next_100(service.url)
+
+
+# -- the control channel (the agent's socket lives in the code's process) ---------------------
+
+FIND_SOCKET = (
+    "import json, os, stat, time\n"
+    "fd = next(f for f in range(3, 256) if os.path.exists(f'/proc/self/fd/{f}')\n"
+    "          and stat.S_ISSOCK(os.fstat(f).st_mode))\n"
+)
+CHANNEL_ATTACKS = {
+    # a length header of 2 GiB followed by data: the server must not buffer it
+    "huge_frame": FIND_SOCKET + "os.write(fd, (2**31).to_bytes(4, 'big'))\n"
+    "chunk = b'x' * (1 << 20)\nwhile True:\n    os.write(fd, chunk)",
+    # a well-formed frame whose fields have the wrong types: once a 500 the client retried
+    "forged_types": FIND_SOCKET + "d = json.dumps({'exit_code': 'boom', 'result': [1]}).encode()\n"
+    "os.write(fd, len(d).to_bytes(4, 'big') + d)\ntime.sleep(5)",
+    "not_json": FIND_SOCKET + "os.write(fd, (5).to_bytes(4, 'big') + b'\\xff{{{{')\ntime.sleep(5)",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHANNEL_ATTACKS))
+@pytest.mark.parametrize("session", [None, "channel"])
+async def test_control_channel_forgery_is_a_result_never_an_outage(
+    service: LocalService, name: str, session: str | None
+) -> None:
+    """Whatever the code writes on the control socket, the call returns 200 with
+    limit=control_channel (the worker killed, a session reset), at once, and is never retried:
+    a policy cannot turn its failures into `sandbox_unavailable` (left out of training)."""
+    key = None if session is None else f"{session}-{name}-{secrets.token_hex(3)}"
+    sb = ServiceSandbox(service.url, retries=5, backoff_s=0.05)
+    t0 = time.monotonic()
+    res = await sb.run(CHANNEL_ATTACKS[name], timeout=4.0, session=key)
+    assert time.monotonic() - t0 < 3.0, "the violation should end the call at once"
+    assert res.limit == "control_channel" and res.exit_code is None, res
+    assert "control channel" in res.stderr
+    if key is not None:
+        assert res.session_reset
+        after = await sb.run("1 + 1", session=key)
+        assert after.result == "2" and after.ok
+        await sb.close_session(key)
+    await sb.aclose()
+    assert service.health()["counters"]["runs"] > 0

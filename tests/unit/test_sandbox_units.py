@@ -269,11 +269,25 @@ BUSY = {"error": "busy", "detail": "sandbox busy"}
 
 
 async def test_client_retries_busy_then_succeeds() -> None:
-    async with FakeService([(503, BUSY), (502, BUSY), (200, OK)]) as fake:
+    async with FakeService([(503, BUSY), (429, BUSY), (200, OK)]) as fake:
         sb = ServiceSandbox(fake.url, retries=3, backoff_s=0.01, backoff_max_s=0.02)
         res = await sb.run("print('ok')", session="s1")
         await sb.aclose()
     assert res.stdout == "ok\n" and len(fake.requests) == 3
+
+
+@pytest.mark.parametrize("status", [500, 502, 504])
+async def test_a_session_call_is_never_replayed_after_a_server_error(status: int) -> None:
+    """The code may have run: no second run (finding: a forged reply gave a 500, the client ran
+    the code six times, then called the episode sandbox_unavailable)."""
+    async with FakeService([(status, {"error": "x"}), (200, OK)]) as fake:
+        sb = ServiceSandbox(fake.url, retries=5, backoff_s=0.01)
+        with pytest.raises(SandboxUnavailable, match=f"HTTP {status} after the call was sent"):
+            await sb.run("x += 1", session="s1")
+        assert len(fake.requests) == 1
+        res = await sb.run("print('ok')")  # a one-shot call may be replayed
+        await sb.aclose()
+    assert res.stdout == "ok\n"
 
 
 async def test_client_gives_up_with_sandbox_unavailable() -> None:
