@@ -488,3 +488,84 @@ async def test_control_channel_forgery_is_a_result_never_an_outage(
         await sb.close_session(key)
     await sb.aclose()
     assert service.health()["counters"]["runs"] > 0
+
+
+# -- keys, timeouts, request sizes, the e2b routes --------------------------------------------
+
+
+async def test_any_task_id_is_a_session_key_and_closes(service: LocalService) -> None:
+    """Task ids like `gsm8k/train-17` once got a 404 on close and leaked for the lease (900 s)."""
+    sb = ServiceSandbox(service.url, retries=0)
+    for key in ("gsm8k/train-17", "a?b#c%2F d", "../../v1/run", "ü/…/%00"):
+        await sb.run("x = 1", session=key)
+        before = service.health()["sessions"]
+        await sb.close_session(key)
+        assert service.health()["sessions"] == before - 1, key
+    await sb.aclose()
+
+
+async def test_timeouts_are_checked_never_clamped(service: LocalService) -> None:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=service.url, timeout=30) as http:
+        big = await http.post("/v1/run", json={"code": "1", "timeout": 61.0})  # max_wall_s=60
+        assert big.status_code == 400 and "max_wall_s" in big.json()["detail"]
+        for bad in ("NaN", -1.0, 0):
+            r = await http.post("/v1/run", content=f'{{"code": "1", "timeout": {bad}}}',
+                                headers={"content-type": "application/json"})  # fmt: skip
+            assert r.status_code in (400, 422), (bad, r.text)
+        huge = await http.post("/v1/run", json={"code": "x" * (8 << 20)})
+        assert huge.status_code == 413
+        assert (await http.post("/v1/run", json={"code": 12})).status_code in (400, 422)
+
+
+async def test_e2b_routes_want_the_token_and_sane_timeouts() -> None:
+    import httpx
+
+    cfg = ServerConfig(warm_workers=1, limits=LIMITS, token="tok-" + secrets.token_hex(4))
+    with LocalService(cfg) as svc:
+        async with httpx.AsyncClient(base_url=f"{svc.url}/e2b", timeout=30) as http:
+            assert (await http.post("/sandboxes", json={})).status_code == 401
+            made = await http.post("/sandboxes", json={}, headers={"X-API-KEY": cfg.token})
+            sid = made.json()["sandboxID"]
+            assert made.json()["envdAccessToken"] == cfg.token
+            run = {"code": "print(1)"}
+            no_token = await http.post("/execute", json=run, headers={"E2B-Sandbox-Id": sid})
+            assert no_token.status_code == 401  # the id alone once ran code
+            auth = {"E2B-Sandbox-Id": sid, "X-Access-Token": cfg.token}
+            ok = await http.post("/execute", json=run, headers=auth)
+            assert ok.status_code == 200 and '"text": "1\\n"' in ok.text
+            for bad in ("nan", "-1", "1e9"):
+                body = {"code": "1", "env_vars": {"AGENTRL_TIMEOUT": bad}}
+                r = await http.post("/execute", json=body, headers=auth)
+                assert r.status_code == 400 and "timeout" in r.text, (bad, r.text)
+            r = await http.post("/execute", json={"code": ["x"]}, headers=auth)
+            assert r.status_code == 400
+            assert (await http.get("/contexts", headers={"E2B-Sandbox-Id": sid})).status_code == 401
+
+
+# -- an innocent session while others sleep, spin or flood ------------------------------------
+
+
+async def test_sleepers_do_not_starve_an_innocent_session() -> None:
+    """Two `time.sleep(9)` calls once raised an innocent client's p50 from 6.7 ms to 8.8 s (the
+    slots were the CPU count). With them and a CPU spinner running, every innocent call of a
+    session succeeds, and all 20 finish long before the sleepers do."""
+    cfg = ServerConfig(warm_workers=2, limits=LIMITS)  # the default max_running
+    with LocalService(cfg) as svc:
+        sb = ServiceSandbox(svc.url, retries=0)
+        attackers = [
+            asyncio.create_task(sb.run("import time; time.sleep(9)", timeout=20, session=f"s{i}"))
+            for i in range(4)
+        ] + [asyncio.create_task(sb.run("while True: pass", timeout=20))]
+        await asyncio.sleep(1.0)  # the attackers are running
+        await sb.run("x = 41", session="innocent")
+        for _ in range(20):
+            res = await sb.run("x += 1; x", session="innocent", timeout=5)
+            assert res.ok, res
+        assert res.result == "61"
+        assert not any(t.done() for t in attackers[:4]), "the sleepers should still be asleep"
+        for t in attackers:
+            t.cancel()
+        await asyncio.gather(*attackers, return_exceptions=True)
+        await sb.aclose()
