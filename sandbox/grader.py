@@ -141,6 +141,7 @@ SPEC = json.loads(__SPEC__)
 NONCE = SPEC.pop("nonce")
 try:
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: children can't read our memory
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: daemons stay our children
 except Exception:
     pass
 REAL_OUT = os.dup(1)
@@ -163,13 +164,44 @@ def normalize(text):
         lines.pop()
     return "\n".join(lines)
 
+def reap_all():
+    # kill every descendant left (a daemon that left the process group and the session is
+    # re-parented to us, the subreaper), until none is left
+    me = os.getpid()
+    for _ in range(100):
+        kids = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % pid, "rb") as f:
+                    stat = f.read()
+                if int(stat[stat.rindex(b")") + 2:].split()[1]) == me:
+                    kids.append(int(pid))
+            except (OSError, ValueError):
+                pass
+        if not kids:
+            return
+        for pid in kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for pid in kids:
+            try:
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+
 def child(argv, stdin_text, timeout, pass_fds=(), keep_stdout=True):
+    cwd = tempfile.mkdtemp(prefix="t-")  # a fresh directory per test
     inp = tempfile.TemporaryFile()
     inp.write(stdin_text.encode()); inp.seek(0)
     out = tempfile.TemporaryFile() if keep_stdout else open(os.devnull, "wb")
     err = tempfile.TemporaryFile()
+    env = dict(os.environ, TMPDIR=cwd)
     p = subprocess.Popen(argv, stdin=inp, stdout=out, stderr=err, pass_fds=pass_fds,
-                         start_new_session=True, cwd=WORK)
+                         start_new_session=True, cwd=cwd, env=env)
     try:
         rc, timed_out = p.wait(timeout), False
     except subprocess.TimeoutExpired:
@@ -179,6 +211,7 @@ def child(argv, stdin_text, timeout, pass_fds=(), keep_stdout=True):
     except OSError:
         pass
     p.wait()
+    reap_all()
     err.seek(0)
     if not keep_stdout:
         return rc, timed_out, b"", err.read()[-300:]
@@ -362,16 +395,27 @@ async def grade(
     *,
     timeout_s: float = 5.0,
     entry_point: str | None = None,
+    max_call_s: float = 120.0,
 ) -> GradeResult:
     """Run `solution` against `tests` in `sandbox` (one-shot runs) and score it here.
-    Raises SandboxUnavailable if the sandbox is down (an infrastructure failure, not a 0)."""
+    Raises SandboxUnavailable if the sandbox is down (an infrastructure failure, not a 0).
+
+    Tests go in batches whose time budget fits `max_call_s` (the sandbox's longest call: the
+    service's `limits.max_wall_s`); a test that cannot fit is a ValueError, never a silent cut."""
+    per_batch = min(_BATCH, int((max_call_s - 10.0) // timeout_s) - 1)
+    if per_batch < 1:
+        raise ValueError(
+            f"grade(): timeout_s={timeout_s:g} per test does not fit a sandbox call of "
+            f"max_call_s={max_call_s:g} (needs >= {2 * timeout_s + 10:g}); lower timeout_s or "
+            "raise the sandbox's max_wall_s"
+        )
     outcomes: list[Outcome] = []
     notes: list[str] = []
     kinds = {type(t) for t in tests}
     if len(kinds) > 1:
         raise ValueError("grade() takes either IOTest or CallTest items, not both")
-    for start in range(0, len(tests), _BATCH):
-        batch = list(tests[start : start + _BATCH])
+    for start in range(0, len(tests), per_batch):
+        batch = list(tests[start : start + per_batch])
         nonce = secrets.token_hex(16)
         kind = "io" if isinstance(batch[0], IOTest) else "call"
         spec = [

@@ -569,3 +569,52 @@ async def test_sleepers_do_not_starve_an_innocent_session() -> None:
             t.cancel()
         await asyncio.gather(*attackers, return_exceptions=True)
         await sb.aclose()
+
+
+DAEMON_HACK = """
+import os, sys, time
+k = int(input())
+path = '/tmp/agentrl-answers'
+if not os.path.exists(path + '.started'):
+    open(path + '.started', 'w').close()
+    if os.fork() == 0:                      # a daemon: out of the process group and the session
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(1.3)                 # keeps computing after its own test timed out
+            with open(path + '.tmp', 'w') as f:
+                f.write(' '.join(str(i * i) for i in range(10)))
+            os.rename(path + '.tmp', path)
+            time.sleep(60)
+        os._exit(0)
+t0 = time.time()
+while time.time() - t0 < 0.95:
+    if os.path.exists(path):
+        print(open(path).read().split()[k])
+        break
+    time.sleep(0.02)
+"""
+
+
+async def test_a_daemon_from_one_test_cannot_answer_the_next(service: LocalService) -> None:
+    """Each test runs in a fresh directory and every descendant is killed after it (the harness
+    is their subreaper): work a test started cannot go on and answer later tests (this once
+    passed 5 of 6 where the honest, too slow program passed 0)."""
+    sb = ServiceSandbox(service.url, retries=0)
+    tests = [IOTest(stdin=f"{k}\n", expected=f"{k * k}\n") for k in range(1, 7)]
+    slow = "import time\nk = int(input())\ntime.sleep(1.3)\nprint(k * k)"
+    honest = await grade(sb, slow, tests, timeout_s=1.0)
+    hacked = await grade(sb, DAEMON_HACK, tests, timeout_s=1.0)
+    await sb.aclose()
+    assert honest.passed == 0 and hacked.passed == 0, hacked.outcomes
+
+
+async def test_a_grading_budget_that_does_not_fit_is_split_or_refused(
+    service: LocalService,
+) -> None:
+    sb = ServiceSandbox(service.url, retries=0)
+    tests = [IOTest(stdin="", expected="1\n")] * 12
+    res = await grade(sb, "print(1)", tests, timeout_s=4.0, max_call_s=60.0)  # 11 per call
+    assert res.passed == 12, res.outcomes  # none lost as "missing"
+    with pytest.raises(ValueError, match="does not fit a sandbox call"):
+        await grade(sb, "print(1)", tests, timeout_s=30.0, max_call_s=60.0)
+    await sb.aclose()
