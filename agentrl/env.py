@@ -79,7 +79,8 @@ class StepResult:
     reward: float | None = None  # optional per-turn reward (for turn-level credit assignment)
     stop_reason: StopReason | None = None  # when done; default `completed`
     tool_calls: int = 0
-    tool_errors: int = 0
+    tool_errors: int = 0  # calls that failed by the model's fault (bad arguments, its code)
+    tool_exceptions: int = 0  # calls that failed by the tool's fault (its own code raised)
     tool_latency_s: float = 0.0
 
 
@@ -140,7 +141,8 @@ class Env:
             obs.append(
                 Message(role="tool", content=res.content, tool_call_id=call.id, name=call.name)
             )
-        errors = sum(r.is_error for r in results)
+        broken = sum(r.is_tool_fault for r in results)  # not the policy's doing
+        errors = sum(r.is_error for r in results) - broken
         self._parse_error_streak = self._parse_error_streak + 1 if not calls else 0
         self._tool_error_streak = (
             self._tool_error_streak + 1 if calls and errors == len(calls) else 0
@@ -156,6 +158,7 @@ class Env:
             stop_reason=stop,
             tool_calls=len(calls),
             tool_errors=errors,
+            tool_exceptions=broken,
             tool_latency_s=max((r.latency_s for r in results), default=0.0),
         )
 

@@ -11,7 +11,8 @@ rollout/ — what the rollout produced (per-trajectory means unless the name say
     rollout/turns, rollout/turns_max                    assistant turns per trajectory
     rollout/tool_calls              valid tool calls per trajectory
     rollout/tool_call_rate          fraction of assistant turns that tried to call a tool
-    rollout/parse_errors, rollout/tool_errors           per trajectory
+    rollout/parse_errors, rollout/tool_errors           per trajectory (the model's faults)
+    rollout/tool_exceptions                             per trajectory: the tool's own code failed
     rollout/sampled_tokens          sampled (loss-mask 1) tokens, total over the step
     rollout/sampled_tokens_per_traj, rollout/traj_tokens_mean, rollout/traj_tokens_max
     rollout/obs_tokens, rollout/truncated_obs_tokens    observation tokens, totals
@@ -108,6 +109,7 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     )
     out["rollout/parse_errors"] = sum(t.num_parse_errors for t in turns) / n
     out["rollout/tool_errors"] = sum(t.num_tool_errors for t in turns) / n
+    out["rollout/tool_exceptions"] = sum(t.num_tool_exceptions for t in turns) / n
     out["rollout/sampled_tokens"] = float(sum(t.num_sampled for t in trajs))
     out["rollout/sampled_tokens_per_traj"] = out["rollout/sampled_tokens"] / n
     out["rollout/traj_tokens_mean"] = fmean(len(t.token_ids) for t in trajs)

@@ -193,6 +193,7 @@ class Rollout:
                     return StopReason.LENGTH
             result = await env.step(said)
             turn.num_tool_calls, turn.num_tool_errors = result.tool_calls, result.tool_errors
+            turn.num_tool_exceptions = result.tool_exceptions
             turn.tool_latency_s, turn.reward = result.tool_latency_s, result.reward
             if result.done:
                 return result.stop_reason or StopReason.COMPLETED

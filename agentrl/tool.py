@@ -25,18 +25,34 @@ A complete tool (copy, paste, run):
 into an error `ToolResult` the model can read (`is_error=True`). The one exception that escapes is
 `SandboxUnavailable` (infrastructure down): the rollout ends that episode with
 `sandbox_unavailable` instead of blaming the policy.
+
+Whose fault: bad arguments, an unknown tool and a timeout are the model's (`rollout/tool_errors`);
+an exception raised by the tool's own code is the tool's (`rollout/tool_exceptions`, logged once
+per tool class with its traceback, and never counted towards the `tool_error` stop). A plain
+`def __call__` runs in a worker thread (blocking work is fine there); an `async def __call__`
+must not block the event loop: one that holds it past its timeout (a `time.sleep`, a blocking
+request) cannot be interrupted, stalls every episode of its group, and is reported as a tool
+exception naming the fix (`await asyncio.to_thread(...)`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
+import logging
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 
 from sandbox.base import Sandbox, SandboxUnavailable
+
+log = logging.getLogger(__name__)
+TOOL_FAULTS = ("exception", "blocked_event_loop")  # metadata["error"] values: the tool's fault
+_BLOCK_WARN_S = 0.25  # one synchronous stretch this long stalls every episode of the group
 
 
 class ToolResult(BaseModel):
@@ -45,6 +61,11 @@ class ToolResult(BaseModel):
     # machine-readable details (exit code, limit hit, …) for metrics and rewards; not shown to the model
     metadata: dict[str, Any] = {}
     latency_s: float = 0.0
+
+    @property
+    def is_tool_fault(self) -> bool:
+        """The tool's own code failed (not the model's call)."""
+        return self.metadata.get("error") in TOOL_FAULTS
 
 
 @dataclass
@@ -70,6 +91,9 @@ class Tool:
         for attr in ("name", "description", "Args"):
             if not hasattr(cls, attr):
                 raise TypeError(f"Tool subclass {cls.__name__} must define `{attr}`")
+        call = cls.__dict__.get("__call__")
+        if call is not None and not inspect.iscoroutinefunction(call):
+            cls.__call__ = _in_thread(call)  # type: ignore[method-assign]
 
     async def __call__(self, args: Any, ctx: ToolContext) -> ToolResult:
         raise NotImplementedError(f"{type(self).__name__} must implement async __call__")
@@ -98,8 +122,9 @@ class Tool:
                 metadata={"error": "invalid_args"},
             )
         timeout = self.timeout_s if self.timeout_s is not None else ctx.timeout_s
+        timed = _Timed(self(args, ctx))
         try:
-            result = await asyncio.wait_for(self(args, ctx), timeout)
+            result = await asyncio.wait_for(timed, timeout)
         except SandboxUnavailable:
             raise
         except TimeoutError:
@@ -109,10 +134,87 @@ class Tool:
                 metadata={"error": "timeout"},
             )
         except Exception as e:  # a tool bug is an observation, not a crashed rollout
+            _log_once(type(self), "raised", exc_info=e)
             result = ToolResult(
                 content=f"Error: tool '{self.name}' failed: {type(e).__name__}: {e}",
                 is_error=True,
                 metadata={"error": "exception"},
             )
+        if not isinstance(result, ToolResult):
+            _log_once(type(self), f"returned {type(result).__name__}, not a ToolResult")
+            result = ToolResult(
+                content=f"Error: tool '{self.name}' failed (returned no ToolResult)",
+                is_error=True,
+                metadata={"error": "exception"},
+            )
+        if timed.longest_s > timeout:
+            _log_once(type(self), f"blocked the event loop for {timed.longest_s:.1f}s")
+            result = ToolResult(
+                content=f"Error: tool '{self.name}' timed out after {timeout:g}s",
+                is_error=True,
+                metadata={"error": "blocked_event_loop", "blocked_s": timed.longest_s},
+            )
+        elif timed.longest_s > _BLOCK_WARN_S:
+            _log_once(type(self), f"blocked the event loop for {timed.longest_s:.2f}s", warn=True)
         result.latency_s = time.monotonic() - t0
         return result
+
+
+_logged: set[tuple[type, str]] = set()
+
+
+def _log_once(
+    cls: type, what: str, exc_info: BaseException | None = None, warn: bool = False
+) -> None:
+    """One log line per tool class and kind of fault (with the traceback for an exception)."""
+    kind = what.split(" for ")[0]
+    if (cls, kind) in _logged:
+        return
+    _logged.add((cls, kind))
+    hint = ""
+    if "blocked" in what:
+        hint = (
+            ": an async __call__ must not block (time.sleep, blocking I/O); await "
+            "asyncio.to_thread(...) for blocking work, or define a plain `def __call__`"
+        )
+    msg = f"tool {cls.__name__} {what}{hint} (logged once per tool class)"
+    if warn:
+        log.warning(msg)
+    else:
+        log.error(msg, exc_info=exc_info)
+
+
+def _in_thread(call: Any) -> Any:
+    """A plain `def __call__`, run in a worker thread so it cannot block the event loop."""
+
+    @functools.wraps(call)
+    async def run(self: Tool, args: Any, ctx: ToolContext) -> ToolResult:
+        return await asyncio.to_thread(call, self, args, ctx)
+
+    return run
+
+
+class _Timed:
+    """Drives a coroutine step by step and records its longest synchronous stretch (how long
+    it held the event loop at once)."""
+
+    def __init__(self, coro: Any) -> None:
+        self.coro, self.longest_s = coro, 0.0
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        send, throw = self.coro.send, self.coro.throw
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            t0 = time.perf_counter()
+            try:
+                yielded = throw(error) if error is not None else send(value)
+            except StopIteration as stop:
+                self.longest_s = max(self.longest_s, time.perf_counter() - t0)
+                return stop.value
+            finally:
+                self.longest_s = max(self.longest_s, time.perf_counter() - t0)
+            try:
+                value, error = (yield yielded), None
+            except BaseException as e:  # cancellation (the timeout) goes into the coroutine
+                value, error = None, e

@@ -147,6 +147,7 @@ class Turn:
     observations: list[Message] = field(default_factory=list)
     num_tool_calls: int = 0
     num_tool_errors: int = 0
+    num_tool_exceptions: int = 0  # the tool's own code failed (not the model's call)
     num_parse_errors: int = 0
     tool_latency_s: float = 0.0
     gen_latency_s: float = 0.0
