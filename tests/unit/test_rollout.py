@@ -8,6 +8,7 @@ import pytest
 from pydantic import BaseModel
 
 from agentrl.env import StepResult, ToolEnv
+from agentrl.metrics import rollout_metrics
 from agentrl.rollout import Rollout, RolloutConfig
 from agentrl.tool import Tool, ToolResult
 from agentrl.types import Completion, FinishReason, Message, StopReason, Task
@@ -186,13 +187,20 @@ async def test_tool_exception_and_timeout_are_observations(qwen_tokenizer):
     assert traj.stop_reason is StopReason.COMPLETED
     contents = [m.content for m in traj.turns[0].observations]
     assert "RuntimeError: boom" in contents[0] and "timed out after 0.3s" in contents[1]
-    assert traj.turns[0].num_tool_errors == 2 and traj.turns[1].num_tool_errors == 0
+    t0 = traj.turns[0]  # the exception is the tool's fault, the timeout the model's
+    assert (t0.num_tool_errors, t0.num_tool_exceptions) == (1, 1)
+    assert traj.turns[1].num_tool_errors == 0
+    assert rollout_metrics([traj])["rollout/tool_exceptions"] == 1.0
 
 
 async def test_repeated_tool_errors_stop_the_episode(qwen_tokenizer):
-    ro = make(qwen_tokenizer, flaky(["raise"] * 5), FlakyEnv)
+    ro = make(qwen_tokenizer, flaky(["sleep"] * 5), FlakyEnv, tool_timeout_s=0.05)
     traj = await ro.run_episode(TASK)
     assert traj.stop_reason is StopReason.TOOL_ERROR and len(traj.turns) == 2
+    # a tool that raises every time is broken, not the policy: no tool_error stop
+    traj = await make(qwen_tokenizer, flaky(["raise"] * 5), FlakyEnv).run_episode(TASK)
+    assert traj.stop_reason is StopReason.COMPLETED
+    assert sum(t.num_tool_exceptions for t in traj.turns) == 5
 
 
 async def test_tool_output_is_truncated_in_tokens(qwen_tokenizer):
