@@ -4,6 +4,7 @@ metric tables."""
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Mapping
 
@@ -13,6 +14,17 @@ from rich.table import Table
 from rich.text import Text
 
 from agentrl.types import Trajectory
+
+# C0 controls but tab and newline, DEL, C1: what a model or its tool output may hold that a
+# terminal would obey (ESC sequences recolour, retitle, move the cursor, OSC 52 writes the
+# clipboard). Shown as \x1b etc. instead.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def safe_text(s: str) -> str:
+    """`s` with every terminal control character written out (`\\x1b`), never obeyed."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", s)
+
 
 _ROLE_STYLE = {"system": "dim", "user": "bold cyan", "assistant": "green", "tool": "yellow"}
 
@@ -25,11 +37,11 @@ def trajectory_panel(traj: Trajectory, max_chars: int = 600) -> Panel:
         body = next(raw, m.content) if m.role == "assistant" else m.content
         body = body if len(body) <= max_chars else body[:max_chars] + " …"
         line = Text(f"{m.role:>9} │ ", style=_ROLE_STYLE[m.role])
-        line.append(body)
+        line.append(safe_text(body))
         parts.append(line)
     if traj.error:
-        parts.append(Text(f"error: {traj.error}", style="red"))
-    title = (
+        parts.append(Text(f"error: {safe_text(traj.error)}", style="red"))
+    title = safe_text(
         f"{traj.task_id} #{traj.sample_index} · stop={traj.stop_reason.value} · "
         f"reward={traj.reward:g} · turns={len(traj.turns)} · "
         f"tokens={len(traj.token_ids)} (sampled {traj.num_sampled})"

@@ -67,7 +67,11 @@ class ServerConfig(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="extra variables inside")
     seccomp: bool = True
     cgroups: bool = True
-    uid_base: int = Field(200_000, description="first host uid of per-worker users (root only)")
+    uid_base: int | None = Field(
+        None,
+        description="first host uid of per-worker users (root only); None: one range per "
+        "service instance (from its pid), so two services never share per-uid limits",
+    )
     token: str | None = Field(None, description="if set, required as Bearer token / X-API-Key")
     e2b_timeout_s: float = Field(60.0, gt=0, description="default wall time of e2b /execute")
 

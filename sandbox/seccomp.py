@@ -3,7 +3,7 @@
 It refuses (EPERM) the system calls untrusted code has no use for and that widen the kernel
 attack surface: ptrace and cross-process memory access, keyrings, bpf, userfaultfd,
 perf_event_open, module loading, kexec, mounts and namespace changes, io_uring, clock and
-system changes. `clone3` answers ENOSYS so libc falls back to `clone`, which bwrap's
+system changes, modify_ldt, and AF_VSOCK sockets. `clone3` answers ENOSYS so libc falls back to `clone`, which bwrap's
 `--disable-userns` and the missing capabilities already restrict. The x32 ABI is refused whole.
 On other architectures `program()` returns None and no filter is loaded (reported on /health).
 """
@@ -22,7 +22,7 @@ _X32_BIT = 0x40000000
 # x86_64 numbers (arch/x86/entry/syscalls/syscall_64.tbl)
 _DENY_X86_64 = {
     "ptrace": 101, "syslog": 103, "uselib": 134, "ustat": 136, "sysfs": 139, "vhangup": 153,
-    "pivot_root": 155, "_sysctl": 156, "adjtimex": 159, "chroot": 161, "acct": 163,
+    "modify_ldt": 154, "pivot_root": 155, "_sysctl": 156, "adjtimex": 159, "chroot": 161, "acct": 163,
     "settimeofday": 164, "mount": 165, "umount2": 166, "swapon": 167, "swapoff": 168,
     "reboot": 169, "iopl": 172, "ioperm": 173, "init_module": 175, "delete_module": 176,
     "quotactl": 179, "nfsservctl": 180, "lookup_dcookie": 212, "clock_settime": 227,
@@ -35,6 +35,8 @@ _DENY_X86_64 = {
     "pidfd_getfd": 438, "process_madvise": 440, "mount_setattr": 442, "quotactl_fd": 443,
 }  # fmt: skip
 _CLONE3_X86_64 = 435
+_SOCKET_X86_64 = 41
+_AF_VSOCK = 40
 
 # classic BPF opcodes
 _LD_W_ABS = 0x20
@@ -64,6 +66,12 @@ def program() -> bytes | None:
         _insn(_RET_K, deny_eperm),
         _insn(_JEQ_K, _CLONE3_X86_64, jf=1),
         _insn(_RET_K, _RET_ERRNO | errno.ENOSYS),
+        # socket(AF_VSOCK, ...): the host's hypervisor sockets are no business of the code
+        _insn(_JEQ_K, _SOCKET_X86_64, jf=3),
+        _insn(_LD_W_ABS, 16),  # seccomp_data.args[0], low 32 bits
+        _insn(_JEQ_K, _AF_VSOCK, jf=1),
+        _insn(_RET_K, _RET_ERRNO | errno.EAFNOSUPPORT),
+        _insn(_LD_W_ABS, 0),  # the syscall number again
     ]
     for nr in sorted(set(_DENY_X86_64.values())):
         out += [_insn(_JEQ_K, nr, jf=1), _insn(_RET_K, deny_eperm)]

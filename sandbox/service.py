@@ -140,7 +140,7 @@ class ExecService:
     def _uids(self) -> int:
         """Worker slots (one host uid each, reused FIFO): far more than can be alive at once."""
         cfg = self.cfg
-        return max(4096, 4 * (cfg.max_sessions + cfg.max_running + cfg.warm_workers))
+        return min(65_536, max(4096, 4 * (cfg.max_sessions + cfg.max_running + cfg.warm_workers)))
 
     async def _probe(self, pool: WorkerPool) -> dict:
         w = await pool.spawn()

@@ -86,6 +86,7 @@ class _Stream:
     buf: bytearray = field(default_factory=bytearray)
     total: int = 0
     carry: bytearray = field(default_factory=bytearray)
+    between: int = 0  # bytes written after this call's marker (background work of a session)
     marker: bytes | None = None
     tail: bytes = b""
     seen: asyncio.Event = field(default_factory=asyncio.Event)
@@ -94,6 +95,7 @@ class _Stream:
 
     def begin(self, marker: bytes | None) -> None:
         self.buf, self.total, self.marker, self.tail = bytearray(), 0, marker, b""
+        self.between = 0
         self.seen.clear()
         pending, self.carry = bytes(self.carry), bytearray()
         if pending:
@@ -103,6 +105,9 @@ class _Stream:
         if self.seen.is_set():  # after this call's marker: the next call's output
             if len(self.carry) < self.keep:
                 self.carry += chunk[: self.keep - len(self.carry)]
+            self.between += len(chunk)  # counted too: a flood between calls ends the session
+            if self.between > self.kill_at:
+                self.overflow.set()
             return
         if self.marker:
             joined = self.tail + chunk
@@ -420,6 +425,8 @@ class WorkerPool:
         self.launcher, self.lim, self.warm = launcher, lim, warm
         self.cgroups = cgroups
         base = launcher.cfg.uid_base
+        if base is None:  # 65536 uids per instance, above the usual system and user ranges
+            base = 200_000 + (os.getpid() % 30_000) * 65_536
         use_uids = launcher.root
         # FIFO reuse over many uids: a uid comes back only long after its sandbox died
         self._free = [Slot(i, base + i if use_uids else None) for i in range(uids)]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import ExecResult, Limits, ServerConfig, ServiceSandbox
+from sandbox import ExecResult, Limits, SandboxUnavailable, ServerConfig, ServiceSandbox
 from sandbox.grader import CallTest, IOTest, asserts_to_tests, grade
 from sandbox.server import LocalService
 
@@ -618,3 +618,74 @@ async def test_a_grading_budget_that_does_not_fit_is_split_or_refused(
     with pytest.raises(ValueError, match="does not fit a sandbox call"):
         await grade(sb, "print(1)", tests, timeout_s=30.0, max_call_s=60.0)
     await sb.aclose()
+
+
+async def test_vsock_and_modify_ldt_are_refused(service: LocalService, isolation: dict) -> None:
+    if not isolation["seccomp"]:
+        pytest.skip("no seccomp filter on this host")
+    code = (
+        "import ctypes, socket\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "buf = ctypes.create_string_buffer(16)\n"
+        "print('ldt', libc.syscall(154, 0, buf, 16), ctypes.get_errno())\n"
+        "try:\n    socket.socket(40, socket.SOCK_STREAM)\n    print('vsock open')\n"
+        "except OSError as e:\n    print('vsock', e.errno)"
+    )
+    res, _ = await attack(service.url, code)
+    assert "ldt -1 1" in res.stdout and "vsock 97" in res.stdout, res  # EPERM, EAFNOSUPPORT
+
+
+async def test_output_between_session_calls_counts_against_the_session(
+    service: LocalService,
+) -> None:
+    """A background thread flooding stdout between calls once wrote without limit."""
+    sb = ServiceSandbox(service.url, retries=0)
+    key = "flood-" + secrets.token_hex(3)
+    flood = (
+        "import sys, threading, time\nchunk = 'x' * 65536\n"
+        "def spam():\n    time.sleep(0.3)\n    while True:\n        sys.stdout.write(chunk)\n"
+        "threading.Thread(target=spam, daemon=True).start()"
+    )
+    assert (await sb.run(flood, session=key)).ok  # the call itself ends before the flood
+    await asyncio.sleep(1.5)  # the thread writes far past output_kill_bytes (1 MB) meanwhile
+    res = await sb.run("1 + 1", session=key)
+    assert res.limit == "output" and res.session_reset, res
+    await sb.close_session(key)
+    await sb.aclose()
+
+
+def test_terminal_control_characters_are_shown_not_obeyed() -> None:
+    from rich.console import Console
+
+    from agentrl.display import safe_text, trajectory_panel
+    from agentrl.types import Message, StopReason, Trajectory
+
+    evil = "ok\x1b]52;c;cHduZWQ=\x07\x1b[2J\x9b31m\r"
+    assert safe_text(evil) == "ok\\x1b]52;c;cHduZWQ=\\x07\\x1b[2J\\x9b31m\\x0d"
+    traj = Trajectory(task_id="t\x1b[31m", sample_index=0, token_ids=[1], loss_mask=[0],
+                      logprobs=[0.0], prompt_len=1, turns=[], messages=[
+                          Message(role="tool", content=evil)], stop_reason=StopReason.COMPLETED,
+                      error="boom\x1b[0m")  # fmt: skip
+    console = Console(record=True, width=120, force_terminal=True)
+    console.print(trajectory_panel(traj))
+    out = console.export_text(styles=False)
+    assert "\x1b" not in out and "\x07" not in out and "\\x1b]52" in out
+
+
+async def test_all_sandboxes_together_are_capped_and_admission_says_busy(isolation: dict) -> None:
+    """Four idle sessions once held 3.3 GB with no cap over all sandboxes; now the service's
+    cgroup caps their sum and, near the cap, new calls are told "busy" (503) at once."""
+    needs(isolation, "memory")
+    cfg = ServerConfig(warm_workers=1, limits=LIMITS, service_memory_mb=320)
+    with LocalService(cfg) as svc:
+        assert svc.health()["memory_mb"]["total"] == 320
+        sb = ServiceSandbox(svc.url, retries=0)
+        for k in range(2):
+            res = await sb.run("hold = b'x' * (150 << 20)", session=f"hog{k}", timeout=20)
+            assert res.ok or res.limit == "memory", res
+        try:  # the sum never passes the cap: refused at once, or stopped at the limit
+            third = await sb.run("more = b'x' * (150 << 20)", session="hog2", timeout=20)
+            assert not third.ok, third
+        except SandboxUnavailable as e:
+            assert "busy" in str(e) and "MB of 320" in str(e)
+        assert svc.health()["memory_mb"]["used"] <= 320
+        await sb.aclose()
