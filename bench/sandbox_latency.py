@@ -2,23 +2,32 @@
 
     python bench/sandbox_latency.py                       # starts a local service on loopback
     python bench/sandbox_latency.py --url http://127.0.0.1:8470 --n 400 --concurrency 1,8,32
+    python bench/sandbox_latency.py --under-attack        # an innocent session vs each attack
 
 For each concurrency c it runs `n` short snippets with c callers in flight and prints p50/p99
 latency and executions per second for: one-shot calls (a fresh isolated sandbox each), calls in
 c sessions (one interpreter per session), and the reference measured in the same run: a bare
 `python -I -c <snippet>` subprocess per snippet (no isolation, no service). Ratios are ours
 divided by the reference's (exec/s: higher is better; p50: lower is better).
+
+`--under-attack`: one innocent session makes `n` calls in a row (`x += 1; x`) while one class of
+attack runs without pause against the same service (each attack call re-issued as soon as it
+ends); it prints the innocent calls' p50/p99, how many failed, and the p50 ratio to the same
+session with no attack, measured in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
+
+import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -104,22 +113,116 @@ def report(rows: list[dict], health: dict) -> None:
               f"{r['p50_ms'] / base['p50_ms']:>9.2f}")  # fmt: skip
 
 
+ATTACKS: dict[str, tuple[int, str, bool]] = {
+    # name: (concurrent attackers, code, in a session)
+    "sleepers": (4, "import time; time.sleep(30)", True),
+    "cpu_spin": (2, "while True: pass", False),
+    "fork_bomb": (1, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
+                     "        pass", False),
+    "thread_bomb": (1, "import threading, time\nwhile True:\n    threading.Thread("
+                       "target=time.sleep, args=(60,)).start()", False),
+    "memory_hog": (2, "x = []\nwhile True:\n    x.append(b'x' * (16 << 20))", True),
+    "output_flood": (2, "while True: print('x' * 65536)", False),
+    "huge_frame": (2, "import os, stat\nfd = next(f for f in range(3, 256) if os.path.exists("
+                      "f'/proc/self/fd/{f}') and stat.S_ISSOCK(os.fstat(f).st_mode))\n"
+                      "os.write(fd, (2**31).to_bytes(4, 'big'))\nwhile True:\n"
+                      "    os.write(fd, b'x' * (1 << 20))", False),
+    "between_calls_flood": (1, "import sys, threading\ndef f():\n    while True:\n"
+                               "        sys.stdout.write('x' * 65536)\n"
+                               "threading.Thread(target=f, daemon=True).start()", True),
+    "idle_sessions": (64, "hold = b'x' * (8 << 20)  # once, then idle", True),
+}  # fmt: skip
+
+
+async def under_attack(url: str, n: int) -> list[dict]:
+    """Per attack class: the innocent session's latencies (and failures) while it runs."""
+
+    async def innocent(tag: str) -> tuple[list[float], int]:
+        sb = ServiceSandbox(url, retries=0)
+        key = f"innocent-{tag}"
+        lat, failed = [], 0
+        await sb.run("x = 0", session=key, timeout=10)
+        for i in range(1, n + 1):
+            t0 = time.perf_counter()
+            try:
+                res = await sb.run("x += 1; x", session=key, timeout=10)
+                failed += res.result != str(i)
+            except Exception:
+                failed += 1
+            lat.append(time.perf_counter() - t0)
+        await sb.close_session(key)
+        await sb.aclose()
+        return lat, failed
+
+    async def attacker(code: str, key: str | None, stop: asyncio.Event) -> None:
+        sb = ServiceSandbox(url, retries=0)
+        once = "once, then idle" in code or "threading" in code  # holds its session, idle
+        while not stop.is_set():
+            with contextlib.suppress(Exception):
+                await sb.run(code, timeout=30, session=key)
+                if once:
+                    await stop.wait()
+                elif key is not None:
+                    await sb.close_session(key)  # the next attack starts a fresh interpreter
+            await asyncio.sleep(0.05)
+        if key is not None:
+            await sb.close_session(key)
+        await sb.aclose()
+
+    rows = []
+    lat, failed = await innocent("reference")
+    rows.append({"attack": "none (reference)", "lat": lat, "failed": failed})
+    for name, (k, code, in_session) in ATTACKS.items():
+        stop = asyncio.Event()
+        tasks = [
+            asyncio.create_task(attacker(code, f"{name}-{j}" if in_session else None, stop))
+            for j in range(k)
+        ]
+        await asyncio.sleep(1.5)  # the attack is under way
+        lat, failed = await innocent(name)
+        stop.set()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        rows.append({"attack": name, "lat": lat, "failed": failed})
+        await asyncio.sleep(1.0)  # the service cleans up
+    return rows
+
+
+def report_attacks(rows: list[dict], health: dict, n: int) -> None:
+    iso = health["isolation"]
+    print(f"isolation={iso['mode']} cgroup={iso['cgroup']} seccomp={iso['seccomp']} "
+          f"cpus={os.cpu_count()} max_running={health['max_running']} innocent calls={n}")  # fmt: skip
+    print(f"{'attack':<22} {'p50 ms':>8} {'p99 ms':>8} {'failed':>7} {'x ref p50':>9}")
+    ref = statistics.median(rows[0]["lat"])
+    for r in rows:
+        lat = sorted(r["lat"])
+        p50, p99 = statistics.median(lat), lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+        print(f"{r['attack']:<22} {1000 * p50:>8.1f} {1000 * p99:>8.1f} {r['failed']:>7} "
+              f"{p50 / ref:>9.2f}")  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--url", default=None, help="an existing service (default: start one)")
     p.add_argument("--n", type=int, default=200, help="snippets per (mode, concurrency)")
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--warm-workers", type=int, default=8)
-    p.add_argument("--max-running", type=int, default=2 * (os.cpu_count() or 2))
+    p.add_argument("--max-running", type=int, default=None, help="default: the service's")
+    p.add_argument("--under-attack", action="store_true", help="innocent latency per attack")
     args = p.parse_args()
     conc = [int(c) for c in args.concurrency.split(",")]
-    cfg = ServerConfig(warm_workers=args.warm_workers, max_running=args.max_running)
+    cfg = ServerConfig(warm_workers=args.warm_workers)
+    if args.max_running is not None:
+        cfg.max_running = args.max_running
     svc = None if args.url else LocalService(cfg)
     url = args.url or svc.start()
     try:
+        if args.under_attack:
+            rows = asyncio.run(under_attack(url, args.n))
+            report_attacks(rows, httpx.get(f"{url}/health", timeout=10).json(), args.n)
+            return
         rows = asyncio.run(bench(url, args.n, conc))
-        import httpx
-
         report(rows, httpx.get(f"{url}/health", timeout=10).json())
     finally:
         if svc is not None:
