@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -266,6 +269,19 @@ def load_config(cfg: Any) -> Config:
 
 
 register_defaults()  # before any Hydra app or compose() reads configs/
+
+
+@contextlib.contextmanager
+def errors_for_people(*kinds: type[BaseException]) -> Iterator[None]:
+    """At the door of a command: a ConfigError (or one of `kinds`) prints as its message, no
+    traceback, and exits 2; `AGENTRL_DEBUG=1` shows the traceback instead."""
+    try:
+        yield
+    except (ConfigError, *kinds) as e:
+        if os.environ.get("AGENTRL_DEBUG"):
+            raise
+        print(f"error: {e}\n(AGENTRL_DEBUG=1 shows the traceback)", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def compose(overrides: list[str] | None = None, name: str = "config") -> Config:

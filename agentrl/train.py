@@ -58,7 +58,7 @@ from rich.console import Console
 from agentrl.advantage import compute_advantages
 from agentrl.batch import TrainBatch, micro_batches, mini_batches
 from agentrl.ckpt import CheckpointManager
-from agentrl.config import CONFIG_DIR, Config, load_config
+from agentrl.config import CONFIG_DIR, Config, errors_for_people, load_config
 from agentrl.data import TaskSampler
 from agentrl.display import ProgressLine, trajectory_panel
 from agentrl.engine import EngineClient
@@ -418,8 +418,9 @@ def main() -> None:
     @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
     def _run(raw: Any) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
-        cfg = load_config(raw)
-        history = asyncio.run(train(cfg, Path(HydraConfig.get().runtime.output_dir)))
+        with errors_for_people(TrainingError):
+            cfg = load_config(raw)
+            history = asyncio.run(train(cfg, Path(HydraConfig.get().runtime.output_dir)))
         if history:
             first, last = history[0], history[-1]
             print(

@@ -14,7 +14,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from rich.console import Console
 
-from agentrl.config import CONFIG_DIR, Config, load_config
+from agentrl.config import CONFIG_DIR, Config, errors_for_people, load_config
 from agentrl.display import metrics_table, print_trajectories
 from agentrl.metrics import rollout_metrics
 from agentrl.run import open_run
@@ -32,11 +32,12 @@ def main() -> None:
     @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
     def _run(raw: Any) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)
-        cfg = load_config(raw)
         out = Path(HydraConfig.get().runtime.output_dir)
         console = Console()
         t0 = time.monotonic()
-        trajs = asyncio.run(preview(cfg, out))
+        with errors_for_people():
+            cfg = load_config(raw)
+            trajs = asyncio.run(preview(cfg, out))
         print_trajectories(trajs[: cfg.preview.show], console)
         metrics = rollout_metrics(trajs)
         metrics["timing_s/rollout"] = time.monotonic() - t0

@@ -48,3 +48,18 @@ def test_algo_presets_compose_and_say_how_many_optimizer_steps():
     assert not grpo.uses_critic() and (grpo.ppo_epochs, grpo.mini_batches) == (1, 1)
     with pytest.raises(ConfigError, match="algo.advantage.name=gae needs a critic"):
         compose(["algo=ppo", "algo.critic.enabled=false"])
+
+
+def test_a_config_error_prints_for_people_at_the_door():
+    """The message, no traceback, exit 2, before anything starts; AGENTRL_DEBUG=1 shows it all."""
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "agentrl.cli.preview", "algo.advantage.name=nope",
+           "hydra.run.dir=/tmp/agentrl-test-door"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "AGENTRL_DEBUG"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "error: invalid config" in done.stderr and "unknown advantage estimator" in done.stderr
+    assert "Traceback" not in done.stderr
