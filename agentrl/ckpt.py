@@ -73,6 +73,9 @@ class TrainerState(BaseModel):
     rng: dict[str, Any] = Field(default_factory=dict, description="capture_rng() output")
     wandb_run_id: str | None = None
     consecutive_skips: int = 0
+    identity: dict[str, Any] = Field(
+        default_factory=dict, description="what the run trains: env, tasks, model, algorithm"
+    )
     extra: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -167,7 +168,9 @@ class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     seed: int = 0
-    run_name: str = "default"
+    run_name: str = Field(
+        "", description="names runs/<run_name>/checkpoints; empty: from the env class (code_exec)"
+    )
     env: EnvConfig
     model: ModelConfig = Field(default_factory=ModelConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
@@ -180,6 +183,23 @@ class Config(BaseModel):
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="after")
+    def _default_run_name(self) -> Config:
+        if not self.run_name:  # CodeExecEnv -> code_exec: runs of different envs never mix
+            cls = self.env.target.replace(":", ".").rsplit(".", 1)[-1].removesuffix("Env")
+            self.run_name = re.sub(r"(?<!^)(?=[A-Z])", "_", cls).lower() or "default"
+        return self
+
+    def identity(self) -> dict[str, Any]:
+        """What a run trains; a checkpoint of another identity is not resumed by accident."""
+        return {
+            "env": self.env.target,
+            "tasks": self.env.tasks,
+            "model": self.model.path,
+            "advantage": self.algo.advantage.name,
+            "loss": self.algo.loss.name,
+        }
 
     @model_validator(mode="after")
     def _sandbox_backend(self) -> Config:

@@ -97,10 +97,10 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
         engine_model = model_path
         if train:
             ckpt = CheckpointManager(cfg.trainer.checkpoint_config(cfg.run_name))
+            resume = resume_point(cfg, ckpt)  # before anything starts: a wrong one is an error
             start_ray(cfg.ray)
             stack.callback(_quietly, "Ray", stop_ray)
             groups = _learner_groups(cfg, str(model_path), stack)
-            resume = ckpt.resume_path()
             if resume is not None:
                 resumed = _resume(cfg, resume, groups, sampler)
                 engine_model = resume / "policy" / "model"
@@ -130,6 +130,29 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
             stack.push(_close_tracker(run.tracker))
             run.progress = ProgressLine(cfg.trainer.steps, resumed.step if resumed else 0, console)
         yield run
+
+
+def resume_point(cfg: Config, ckpt: CheckpointManager | None = None) -> Path | None:
+    """The checkpoint this run continues from (trainer.resume), or None. A checkpoint of another
+    run (env, tasks, model or algorithm differ) found by `resume=auto` is a ConfigError: resuming
+    it would continue someone else's weights and data cursor without a word."""
+    ckpt = ckpt or CheckpointManager(cfg.trainer.checkpoint_config(cfg.run_name))
+    path = ckpt.resume_path()
+    if path is None or cfg.trainer.resume != "auto":  # an explicit dir: resumed on purpose
+        return path
+    theirs, ours = load_trainer_state(path).identity, cfg.identity()
+    if theirs and theirs != ours:
+        diff = ", ".join(
+            f"{k}: {theirs.get(k)!r} there, {ours.get(k)!r} here"
+            for k in sorted(set(theirs) | set(ours))
+            if theirs.get(k) != ours.get(k)
+        )
+        raise ConfigError(
+            f"{ckpt.root} holds another run ({diff}). Start this one fresh with "
+            f"run_name=<a new name> (or trainer.resume=never), or resume that checkpoint on "
+            f"purpose with trainer.resume={path}"
+        )
+    return path
 
 
 def _learner_groups(cfg: Config, model_path: str, stack: AsyncExitStack) -> dict[str, Any]:
@@ -197,6 +220,7 @@ def save_checkpoint(run: Run, step: int, consecutive_skips: int) -> None:
             data_cursor=run.sampler.state_dict(),
             rng=capture_rng(),
             consecutive_skips=consecutive_skips,
+            identity=run.cfg.identity(),
             wandb_run_id=run.tracker.run_id if run.tracker else None,
         )
 

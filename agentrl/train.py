@@ -57,7 +57,7 @@ from rich.console import Console
 
 from agentrl.advantage import compute_advantages
 from agentrl.batch import TrainBatch, micro_batches, mini_batches
-from agentrl.ckpt import CheckpointManager
+from agentrl.ckpt import CheckpointManager, load_trainer_state
 from agentrl.config import CONFIG_DIR, Config, errors_for_people, load_config
 from agentrl.data import TaskSampler
 from agentrl.display import ProgressLine, trajectory_panel
@@ -66,7 +66,7 @@ from agentrl.learner.group import LearnerGroup
 from agentrl.loss import kl_estimate, kl_reward_penalty
 from agentrl.metrics import rollout_metrics, step_metrics
 from agentrl.rollout import Rollout
-from agentrl.run import Run, open_run, save_checkpoint
+from agentrl.run import Run, open_run, resume_point, save_checkpoint
 from agentrl.tracking import Tracker
 from agentrl.trajectory_view import pick
 from agentrl.types import Trajectory
@@ -409,7 +409,18 @@ def mean_over_steps(steps: list[dict[str, float]]) -> dict[str, float]:
 
 
 async def train(cfg: Config, out_dir: Path) -> list[dict[str, float]]:
-    """Build the run, train `trainer.steps` steps (from the checkpoint it resumes), close it."""
+    """Build the run, train `trainer.steps` steps (from the checkpoint it resumes), close it.
+    A run already at its last step says so and starts nothing."""
+    resume = resume_point(cfg)
+    if resume is not None:
+        done = load_trainer_state(resume).step
+        if done >= cfg.trainer.steps:
+            print(
+                f"run {cfg.run_name!r} is already at step {done} of trainer.steps="
+                f"{cfg.trainer.steps} ({resume}): nothing to train. Raise trainer.steps to go "
+                "on, or start another run with run_name=<a new name>"
+            )
+            return []
     async with open_run(cfg, out_dir) as run:
         return await Trainer(cfg, run).run()
 

@@ -1,0 +1,47 @@
+"""Runs are named and guarded: the default name comes from the env, a checkpoint of another run
+is never resumed by accident, and a finished run says so and starts nothing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agentrl import ConfigError
+from agentrl.ckpt import CheckpointManager, TrainerState
+from agentrl.config import compose
+from agentrl.run import resume_point
+from agentrl.train import train
+
+
+def checkpoint(cfg, step: int, identity: dict) -> str:
+    mgr = CheckpointManager(cfg.trainer.checkpoint_config(cfg.run_name))
+    with mgr.write(step) as pending:
+        pending.state = TrainerState(step=step, identity=identity)
+    return str(mgr.latest())
+
+
+def test_the_default_run_name_comes_from_the_env():
+    assert compose(["env=code_exec"]).run_name == "code_exec"
+    assert compose(["env=code_exec_turns"]).run_name == "code_exec_turns"
+    assert compose(["env=code_exec", "run_name=exp1"]).run_name == "exp1"
+
+
+def test_a_checkpoint_of_another_run_is_not_resumed_by_accident(tmp_path):
+    cfg = compose(["env=code_exec", f"trainer.dir={tmp_path}"])
+    other = {**cfg.identity(), "env": "my_env.AddEnv"}
+    path = checkpoint(cfg, 2, other)
+    with pytest.raises(ConfigError, match=r"holds another run \(env: 'my_env.AddEnv' there"):
+        resume_point(cfg)
+    on_purpose = compose(["env=code_exec", f"trainer.dir={tmp_path}", f"trainer.resume={path}"])
+    assert str(resume_point(on_purpose)) == path
+    assert resume_point(compose(["env=code_exec", f"trainer.dir={tmp_path}",
+                                 "trainer.resume=never"])) is None  # fmt: skip
+
+
+def test_a_finished_run_says_so_and_starts_nothing(tmp_path, capsys):
+    cfg = compose(["env=code_exec", f"trainer.dir={tmp_path}", "trainer.steps=3"])
+    checkpoint(cfg, 3, cfg.identity())
+    assert asyncio.run(train(cfg, tmp_path / "out")) == []
+    assert not (tmp_path / "out").exists()  # nothing was built: no Ray, no servers, no W&B
+    assert "already at step 3 of trainer.steps=3" in capsys.readouterr().out
