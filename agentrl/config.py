@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import os
 import re
 import sys
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from agentrl.advantage import AdvantageConfig, needs_values
 from agentrl.assets.build import resolve_builtin
@@ -37,7 +39,7 @@ from agentrl.loss import LossConfig
 from agentrl.registry import import_path, is_import_path
 from agentrl.rollout import RolloutConfig
 from agentrl.tracking import LoggingConfig
-from agentrl.types import ConfigError
+from agentrl.types import ConfigError, Task
 from agentrl.weight_sync import WeightSyncConfig
 from sandbox.backends import BACKENDS
 from sandbox.config import SandboxConfig
@@ -52,7 +54,48 @@ class EnvConfig(BaseModel):
     args: dict[str, Any] = Field(default_factory=dict, description="Env attributes to override")
     tasks: dict[str, Any] = Field(default_factory=dict, description="kwargs of Env.load_tasks")
 
+    def load_tasks(self, cls: type[Env]) -> list[Task]:
+        """`cls.load_tasks(**env.tasks)`, with the options checked first: a key the function does
+        not take (`env.tasks.pth`) or a value of the wrong type is a ConfigError with its path,
+        also when the function swallows extra keys with `**_`. A None value means "not set"."""
+        fn = cls.load_tasks
+        try:
+            hints = typing.get_type_hints(fn)
+        except Exception:  # annotations that do not resolve here: check the names only
+            hints = {}
+        fields: dict[str, Any] = {}
+        for name, p in inspect.signature(fn).parameters.items():
+            if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+                continue
+            default = ... if p.default is p.empty else p.default
+            fields[name] = (hints.get(name, Any), default)
+        options = create_model(  # type: ignore[call-overload]
+            f"{cls.__name__}Tasks", __config__=ConfigDict(extra="forbid"), **fields
+        )
+        given = {k: v for k, v in self.tasks.items() if v is not None}
+        try:
+            checked = options.model_validate(given)
+        except ValidationError as e:
+            lines = [
+                f"env.tasks.{'.'.join(map(str, err['loc']))}: "
+                + ("unknown option" if err["type"] == "extra_forbidden" else err["msg"])
+                for err in e.errors()
+            ]
+            raise ConfigError(
+                f"{'; '.join(lines)} of {cls.__name__}.load_tasks (it takes: "
+                f"{', '.join(fields) or 'nothing'})"
+            ) from None
+        try:
+            return fn(**{k: getattr(checked, k) for k in given})
+        except FileNotFoundError as e:
+            raise ConfigError(f"env.tasks: {cls.__name__}.load_tasks: {e}") from None
+
     def load_class(self) -> type[Env]:
+        if self.target in ("", "???"):
+            raise ConfigError(
+                "env._target_ is not set: name your Env class, e.g. "
+                "env=custom env._target_=my_module.MyEnv"
+            )
         cls = import_path(self.target, "env._target_")
         if not (isinstance(cls, type) and issubclass(cls, Env)):
             raise ConfigError(f"env._target_={self.target!r} is not a subclass of agentrl.Env")

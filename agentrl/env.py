@@ -32,7 +32,7 @@ with `agentrl preview env=custom env._target_=my_module.AddEnv`):
         system_prompt = "Use the add tool, then reply with the number only."
 
         @classmethod
-        def load_tasks(cls, n: int = 100, seed: int = 0, **_) -> list[Task]:
+        def load_tasks(cls, n: int = 100, seed: int = 0) -> list[Task]:
             return [Task(id=str(i), data={"prompt": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)})
                     for i in range(n)]
 

@@ -90,7 +90,7 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
     model_path = cfg.model.resolve()
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or model_path)
     env_cls = cfg.env.load_class()
-    sampler = TaskSampler(env_cls.load_tasks(**cfg.env.tasks), seed=cfg.seed)
+    sampler = TaskSampler(cfg.env.load_tasks(env_cls), seed=cfg.seed)
     async with AsyncExitStack() as stack:
         groups: dict[str, LearnerGroup] = {}
         ckpt = resumed = None

@@ -63,3 +63,21 @@ def test_a_config_error_prints_for_people_at_the_door():
     assert done.returncode == 2, done.stderr[-2000:]
     assert "error: invalid config" in done.stderr and "unknown advantage estimator" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_env_task_options_are_checked_against_load_tasks(tmp_path):
+    """A misspelt option once fell back to the generated tasks without a word."""
+    cfg = compose(["env=code_exec", "+env.tasks.pth=x.jsonl"])
+    with pytest.raises(ConfigError, match=r"env.tasks.pth: unknown option of CodeExecEnv"):
+        cfg.env.load_tasks(cfg.env.load_class())
+    cfg = compose(["env=code_exec", "env.tasks.n=many"])
+    with pytest.raises(ConfigError, match=r"env.tasks.n: Input should be a valid integer"):
+        cfg.env.load_tasks(cfg.env.load_class())
+    cfg = compose(["env=code_exec", f"env.tasks.path={tmp_path}/none.jsonl"])  # no `+` needed
+    with pytest.raises(ConfigError, match="No such file"):
+        cfg.env.load_tasks(cfg.env.load_class())
+    (tmp_path / "t.jsonl").write_text('{"id": "a", "prompt": "1+1", "answer": "2"}\n')
+    cfg = compose(["env=code_exec", f"env.tasks.path={tmp_path}/t.jsonl"])
+    assert [t.id for t in cfg.env.load_tasks(cfg.env.load_class())] == ["a"]
+    with pytest.raises(ConfigError, match="env._target_ is not set"):
+        compose(["env=custom"]).env.load_class()
