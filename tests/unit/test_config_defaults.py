@@ -60,4 +60,4 @@ def test_any_setting_overrides_without_plus_and_the_schema_default_applies() -> 
     cfg = compose(["ray.num_cpus=2", "weight_sync.bucket_mb=8", "trainer.every=1"])
     assert cfg.ray.num_cpus == 2 and cfg.weight_sync.bucket_mb == 8 and cfg.trainer.every == 1
     assert cfg.sandbox.backend == "service" and cfg.trainer.steps == 60  # from the schema
-    assert cfg.trainer.checkpoint_config(cfg.run_name).dir == "runs/default/checkpoints"
+    assert cfg.trainer.checkpoint_config(cfg.run_name).dir == "runs/code_exec/checkpoints"
