@@ -273,13 +273,19 @@ def trajectory_from_dict(d: dict[str, Any]) -> Trajectory:
 
 def load_jsonl(path: Path, step: int | None = None) -> list[tuple[int, Trajectory, list | None]]:
     """(step, trajectory, trainer logprobs or None) of one step (default: the last) of a run's
-    trajectories.jsonl."""
+    trajectories.jsonl; a preview's file (no steps) is step 0."""
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     if not rows:
         return []
-    want = max(r["step"] for r in rows) if step is None else step
+    want = max(r.get("step", 0) for r in rows) if step is None else step
     return [
-        (r["step"], trajectory_from_dict(r), r.get("trainer_logprobs"))
+        (r.get("step", 0), trajectory_from_dict(r), r.get("trainer_logprobs"))
         for r in rows
-        if r["step"] == want
+        if r.get("step", 0) == want
     ]
+
+
+def steps_in(path: Path) -> list[int]:
+    """The steps a trajectories.jsonl holds (a preview's: [0])."""
+    lines = path.read_text().splitlines()
+    return sorted({json.loads(x).get("step", 0) for x in lines if x.strip()})

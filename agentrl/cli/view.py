@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
 from agentrl.config import ModelConfig
-from agentrl.trajectory_view import load_jsonl, pick, render_html
+from agentrl.trajectory_view import load_jsonl, pick, render_html, steps_in
 
 
 def _tokenizer_for(run: Path, given: str | None) -> Any:
@@ -36,9 +36,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-tokens", type=int, default=3000)
     a = ap.parse_args(argv)
     path = a.run / "trajectories.jsonl" if a.run.is_dir() else a.run
+    if not path.exists():
+        raise SystemExit(
+            f"{path}: no such file (give a run's output dir or its trajectories.jsonl)"
+        )
     items = load_jsonl(path, a.step)
     if not items:
-        raise SystemExit(f"{path}: no trajectories for step {a.step}")
+        raise SystemExit(
+            f"{path}: no trajectories for step {a.step}; it has steps {steps_in(path)}"
+        )
     trajs = [t for _, t, _ in items]
     lps = {i: lp for i, (_, _, lp) in enumerate(items) if lp is not None}
     chosen = [items[i] for i in pick(trajs, lps, a.n)]

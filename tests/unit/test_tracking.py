@@ -186,6 +186,13 @@ def test_jsonl_round_trip_and_cli(tmp_path, qwen_tokenizer, qwen_tokenizer_dir):
     assert len(load_jsonl(tmp_path / "trajectories.jsonl")) == 2  # default: the last step
     main([str(tmp_path), "--step", "1", "--tokenizer", str(qwen_tokenizer_dir)])
     assert 'class="t"' in (tmp_path / "view_1.html").read_text()
+    with pytest.raises(SystemExit, match=r"no trajectories for step 7; it has steps \[1, 2\]"):
+        main([str(tmp_path), "--step", "7", "--tokenizer", str(qwen_tokenizer_dir)])
+    preview = tmp_path / "preview"  # `agentrl preview` writes trajectories without steps
+    preview.mkdir()
+    (preview / "trajectories.jsonl").write_text(t.to_json() + "\n")
+    main([str(preview), "--tokenizer", str(qwen_tokenizer_dir)])
+    assert 'class="t"' in (preview / "view_0.html").read_text()
 
 
 def test_resolve_mode():
