@@ -41,7 +41,9 @@ with `agentrl preview env=custom env._target_=my_module.AddEnv`):
 
 Errors: a tool's bad arguments, timeout or exception is a tool message the model reads (counted);
 a malformed tool call is an error observation (counted); `max_parse_errors` turns in a row of only
-malformed calls end the episode with `parse_error`. An exception raised by `start`, `step` or
+malformed calls end the episode with `parse_error`. A well-formed call with bad arguments (or to
+an unknown tool) is a tool error the model reads; tool argument models refuse extra keys unless
+they say otherwise (`model_config = ConfigDict(extra="allow")`). An exception raised by `start`, `step` or
 `reward` ends that episode with `aborted` (an infrastructure failure, left out of the baseline);
 the rest of its group goes on.
 """
@@ -142,10 +144,12 @@ class Env:
                 Message(role="tool", content=res.content, tool_call_id=call.id, name=call.name)
             )
         broken = sum(r.is_tool_fault for r in results)  # not the policy's doing
-        errors = sum(r.is_error for r in results) - broken
-        self._parse_error_streak = self._parse_error_streak + 1 if not calls else 0
+        refused = sum(e.is_call_error for e in turn.parse_errors)  # bad arguments, unknown tool
+        errors = sum(r.is_error for r in results) - broken + refused
+        attempted = len(calls) + refused
+        self._parse_error_streak = self._parse_error_streak + 1 if not attempted else 0
         self._tool_error_streak = (
-            self._tool_error_streak + 1 if calls and errors == len(calls) else 0
+            self._tool_error_streak + 1 if attempted and errors == attempted else 0
         )
         stop = None
         if self._parse_error_streak >= self.max_parse_errors:
@@ -156,7 +160,7 @@ class Env:
             messages=obs,
             done=stop is not None,
             stop_reason=stop,
-            tool_calls=len(calls),
+            tool_calls=attempted,
             tool_errors=errors,
             tool_exceptions=broken,
             tool_latency_s=max((r.latency_s for r in results), default=0.0),

@@ -44,6 +44,12 @@ class ParseError:
     raw: str = ""
     name: str | None = None  # the tool name, when it could be read
 
+    @property
+    def is_call_error(self) -> bool:
+        """A well-formed call the tool refuses (unknown tool, bad arguments): a tool error the
+        model reads, not a parse error."""
+        return self.kind in (ParseErrorKind.INVALID_ARGS, ParseErrorKind.UNKNOWN_TOOL)
+
 
 @dataclass
 class ParseResult:

@@ -236,7 +236,7 @@ class Rollout:
             finish_reason=comp.finish_reason,
             assistant=msg,
             text=text,
-            num_parse_errors=len(parsed.errors),
+            num_parse_errors=sum(not e.is_call_error for e in parsed.errors),
             gen_latency_s=comp.latency_s,
         )
         st.turns.append(turn)

@@ -112,10 +112,15 @@ class Tool:
         t0 = time.monotonic()
         try:
             args = self.Args.model_validate(raw_args)
+            extra = _unknown_keys(self.Args, raw_args)
         except ValidationError as e:
             msg = "; ".join(
                 f"{'.'.join(map(str, err['loc'])) or '<args>'}: {err['msg']}" for err in e.errors()
             )
+            extra = []
+        else:
+            msg = "; ".join(f"{k}: unknown argument" for k in extra)
+        if msg:
             return ToolResult(
                 content=f"Error: invalid arguments for tool '{self.name}': {msg}",
                 is_error=True,
@@ -158,6 +163,17 @@ class Tool:
             _log_once(type(self), f"blocked the event loop for {timed.longest_s:.2f}s", warn=True)
         result.latency_s = time.monotonic() - t0
         return result
+
+
+def _unknown_keys(model: type[BaseModel], raw: Any) -> list[str]:
+    """Keys an `Args` model that does not choose `extra` would silently drop: a misspelt argument
+    is an error the model reads (the schema it was shown stays as it is)."""
+    if model.model_config.get("extra") is not None or not isinstance(raw, dict):
+        return []
+    known: set[str] = set()
+    for name, f in model.model_fields.items():
+        known |= {name, *(a for a in (f.alias, f.validation_alias) if isinstance(a, str))}
+    return sorted(str(k) for k in raw if k not in known)
 
 
 _logged: set[tuple[type, str]] = set()

@@ -124,9 +124,11 @@ async def test_unknown_tool_and_bad_args_are_readable_errors(qwen_tokenizer):
     def script(p, t):
         return [call(name="shell", cmd="ls"), call(code=5), "<answer>-39122</answer>"][t]
 
-    traj = await make(qwen_tokenizer, script, env_kwargs={"max_parse_errors": 3}).run_episode(TASK)
+    traj = await make(qwen_tokenizer, script).run_episode(TASK)  # max_parse_errors=2: no stop
     assert traj.stop_reason is StopReason.COMPLETED and traj.reward == 1.0
-    assert traj.turns[0].num_parse_errors == traj.turns[1].num_parse_errors == 1
+    # well-formed calls the tool refuses: tool errors the model reads, not parse errors
+    assert traj.turns[0].num_parse_errors == traj.turns[1].num_parse_errors == 0
+    assert traj.turns[0].num_tool_errors == traj.turns[1].num_tool_errors == 1
     assert "unknown tool 'shell'" in traj.turns[0].observations[0].content
     assert "invalid arguments for 'python'" in traj.turns[1].observations[0].content
 

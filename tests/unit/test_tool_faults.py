@@ -96,3 +96,28 @@ def test_tool_exceptions_are_counted_apart_and_never_stop_the_episode_as_tool_er
     results = asyncio.run(turns())
     assert [(r.tool_exceptions, r.tool_errors, r.done) for r in results[:3]] == [(1, 0, False)] * 3
     assert (results[3].tool_exceptions, results[3].tool_errors) == (0, 1)  # the model's fault
+
+
+def test_tool_arguments_refuse_extra_keys_unless_the_tool_allows_them():
+    from pydantic import ConfigDict
+
+    class Strict(Tool):
+        name, description = "strict", "x"
+
+        class Args(BaseModel):
+            a: int
+
+        async def __call__(self, args, ctx):
+            return ToolResult(content=str(args.a))
+
+    class Loose(Strict):
+        name = "loose"
+
+        class Args(BaseModel):
+            model_config = ConfigDict(extra="allow")
+            a: int
+
+    bad = asyncio.run(Strict().invoke({"a": 1, "verbose": True}, ToolContext()))
+    assert bad.is_error and not bad.is_tool_fault and "verbose: unknown argument" in bad.content
+    assert "additionalProperties" not in Strict().schema()["function"]["parameters"]  # as shown
+    assert not asyncio.run(Loose().invoke({"a": 1, "verbose": True}, ToolContext())).is_error
