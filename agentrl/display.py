@@ -13,6 +13,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from agentrl.trajectory_view import scoring
 from agentrl.types import Trajectory
 
 # C0 controls but tab and newline, DEL, C1: what a model or its tool output may hold that a
@@ -39,6 +40,8 @@ def trajectory_panel(traj: Trajectory, max_chars: int = 600) -> Panel:
         line = Text(f"{m.role:>9} │ ", style=_ROLE_STYLE[m.role])
         line.append(safe_text(body))
         parts.append(line)
+    if scoring(traj):
+        parts.append(Text(f"   scored │ {safe_text(scoring(traj))}", style="magenta"))
     if traj.error:
         parts.append(Text(f"error: {safe_text(traj.error)}", style="red"))
     title = safe_text(

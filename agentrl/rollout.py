@@ -96,6 +96,15 @@ class _State:
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
 
 
+def _reference(task: Task) -> dict[str, str]:
+    """The task's reference answer, when its data names one, for people reading trajectories
+    (console panels, the HTML view, the W&B turn table); never shown to the model."""
+    for key in ("answer", "expected", "reference", "solution"):
+        if key in task.data:
+            return {"reference": str(task.data[key])[:500]}
+    return {}
+
+
 class Rollout:
     def __init__(
         self,
@@ -160,7 +169,7 @@ class Rollout:
             messages=st.messages,
             stop_reason=stop,
             error=error,
-            metadata={"session": session},
+            metadata={"session": session, **_reference(task)},
         )
         if env is not None:
             await self._finish(env, traj)

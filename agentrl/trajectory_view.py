@@ -26,8 +26,20 @@ TURN_COLUMNS = [
     "step", "task", "sample", "turn", "prompt", "assistant", "tool_calls", "tool_results",
     "reward", "turn_reward", "stop_reason", "finish_reason", "context_tokens", "sampled_tokens",
     "obs_tokens", "tool_errors", "parse_errors", "logprob_diff", "tool_latency_s",
-    "gen_latency_s", "weight_version", "error",
+    "gen_latency_s", "weight_version", "error", "reward_components", "reference",
 ]  # fmt: skip
+
+
+def scoring(traj: Trajectory) -> str:
+    """How the episode was scored, for people: the reward's components and the task's reference
+    answer (from `Task.data`), when there are any."""
+    parts = []
+    if traj.reward_components:
+        parts.append(", ".join(f"{k}={v:g}" for k, v in traj.reward_components.items()))
+    if traj.metadata.get("reference") is not None:
+        parts.append(f"reference {traj.metadata['reference']!r}")
+    return " · ".join(parts)
+
 
 Logprobs = Mapping[int, Sequence[float]]
 
@@ -75,6 +87,8 @@ def turn_rows(
                 "reward": float(tr.reward),
                 "stop_reason": tr.stop_reason.value,
                 "error": (tr.error or "") if k == len(turns) - 1 else "",
+                "reward_components": json.dumps(tr.reward_components) if k == 0 else "",
+                "reference": str(tr.metadata.get("reference", "")) if k == 0 else "",
                 **_turn_fields(t, gaps[k] if t else None, len(tr.token_ids), max_chars),
             }
             rows.append([row[c] for c in TURN_COLUMNS])
@@ -202,6 +216,8 @@ def _trajectory(
         f" · stop {traj.stop_reason.value} · {len(traj.turns)} turns · {len(traj.token_ids)} "
         f"tokens ({traj.num_sampled} sampled){gap_txt}"
     )
+    if scoring(traj):
+        head += f"<br>{html.escape(scoring(traj))}"
     budget = max(max_tokens - traj.num_sampled, 128)
     parts = [_segment(tok, traj.token_ids[: traj.prompt_len], "p", "prompt", budget)]
     shown = 0

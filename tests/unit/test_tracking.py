@@ -248,3 +248,23 @@ def test_progress_line():
     console = Console(record=True, width=40)
     ProgressLine(20, start_step=2, console=console)(m)
     assert len(console.export_text().splitlines()) == 1  # never wrapped: one line per step in logs
+
+
+def test_reward_components_and_the_reference_answer_are_shown_to_people(qwen_tokenizer):
+    from agentrl.display import trajectory_panel
+
+    t = Trajectory(task_id="t1", sample_index=0, token_ids=[1, 2], loss_mask=[0, 0],
+                   logprobs=[0.0, 0.0], prompt_len=2, turns=[],
+                   messages=[Message(role="user", content="2+2?")],
+                   stop_reason=StopReason.COMPLETED, reward=0.5,
+                   reward_components={"correct": 0.0, "format": 0.5},
+                   metadata={"reference": "4"})  # fmt: skip
+    (row,) = turn_rows(1, [t])
+    cols = dict(zip(TURN_COLUMNS, row, strict=True))
+    assert json.loads(cols["reward_components"]) == {"correct": 0.0, "format": 0.5}
+    assert cols["reference"] == "4"
+    assert "correct=0, format=0.5 · reference &#x27;4&#x27;" in render_html([(1, t, None)],
+                                                                          qwen_tokenizer)  # fmt: skip
+    console = Console(record=True, width=120)
+    console.print(trajectory_panel(t))
+    assert "correct=0, format=0.5 · reference '4'" in console.export_text()
