@@ -152,7 +152,8 @@ label{margin-right:14px;cursor:pointer} .legend{color:#555;margin:4px 0 10px}
 .b{display:inline-block;font-size:11px;color:#fff;background:#557;border-radius:3px;padding:0 4px;
 margin:2px 2px 2px 0;white-space:nowrap} .b.o2{background:#a67c00} .el{color:#999;font-style:italic}
 .t{border-right:1px solid rgba(0,0,0,.12)}
-#vm:checked ~ .trajs .t{background:#c8ecd0} #vd:checked ~ .trajs .t{background:var(--d)}
+#vm:checked ~ .trajs .t{background:#cfe0ff} #vd:checked ~ .trajs .t{background:var(--d)}
+details.pd{display:inline} details.pd summary{display:inline;cursor:pointer;color:#557}
 """
 _GAP_STOPS = ((0.0, (0xC8, 0xEC, 0xD0)), (0.5, (0xFF, 0xEE, 0x99)), (1.0, (0xF2, 0x9B, 0x9B)))
 
@@ -219,7 +220,12 @@ def _trajectory(
     if scoring(traj):
         head += f"<br>{html.escape(scoring(traj))}"
     budget = max(max_tokens - traj.num_sampled, 128)
-    parts = [_segment(tok, traj.token_ids[: traj.prompt_len], "p", "prompt", budget)]
+    prompt = _segment(tok, traj.token_ids[: traj.prompt_len], "p", "prompt", budget)
+    # the system prompt and tool schemas are most of a card: folded, one click away
+    parts = [
+        f'<details class="pd"><summary>prompt ({traj.prompt_len} tokens: system, tools, task)'
+        f"</summary>{prompt}</details>\n"
+    ]
     shown = 0
     for k, t in enumerate(traj.turns):
         parts.append(f'<span class="b">assistant · turn {k} · {t.finish_reason.value}</span>')
@@ -258,7 +264,7 @@ def render_html(
         "trainer| logprob</label>"
         '<div class="legend"><span class="sw p"></span> prompt (mask 0) '
         '<span class="sw o"></span> observation (mask 0) '
-        '<span class="sw" style="background:#c8ecd0"></span> sampled (mask 1) · |Δ|: '
+        '<span class="sw" style="background:#cfe0ff"></span> sampled (mask 1) · |Δ|: '
         f"{swatches}· grey: no trainer logprob · hover a token for its logprobs</div>"
         f'<div class="trajs">{body}</div></body></html>'
     )

@@ -265,6 +265,9 @@ def test_reward_components_and_the_reference_answer_are_shown_to_people(qwen_tok
     assert cols["reference"] == "4"
     assert "correct=0, format=0.5 · reference &#x27;4&#x27;" in render_html([(1, t, None)],
                                                                           qwen_tokenizer)  # fmt: skip
+    page = render_html([(1, t, None)], qwen_tokenizer)
+    assert '<details class="pd"><summary>prompt (2 tokens' in page  # folded prompt
+    assert gap_colour(1e-4) not in page.split("#vm:checked")[1].split("}")[0]  # two colourings
     console = Console(record=True, width=120)
     console.print(trajectory_panel(t))
     assert "correct=0, format=0.5 · reference '4'" in console.export_text()
