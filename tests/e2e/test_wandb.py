@@ -4,6 +4,7 @@ and a tracker started from that checkpoint's id continues the same run."""
 
 import asyncio
 import json
+import time
 
 import pytest
 from transformers import AutoTokenizer
@@ -43,10 +44,21 @@ def offline_run(out):
     return run
 
 
+def wandb_history(run, rows: int = 1, wait_s: float = 20.0):
+    """The offline run's history once it holds `rows` rows: W&B's service process may still be
+    flushing the .wandb file for a moment after `finish()` returned on a loaded machine."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        got = offline_history(run)
+        if len(got) >= rows or time.monotonic() > deadline:
+            return got
+        time.sleep(0.2)
+
+
 def test_offline_run_holds_metrics_turn_table_and_html(trained):
     tmp, _, history = trained
     run = offline_run(tmp / "out")
-    (row,) = offline_history(run)
+    (row,) = wandb_history(run)
     assert row["_step"] == row["step"] == 1
     for name in NAMES:
         assert name in row and row[name] == pytest.approx(history[0][name]), name
@@ -95,6 +107,6 @@ def test_checkpoint_keeps_the_run_id_and_a_resumed_tracker_continues_it(trained)
     tracker.close()
     resumed = offline_run(tmp / "out2")
     assert resumed.name.endswith(f"-{run_id}")
-    (row,) = offline_history(resumed)
+    (row,) = wandb_history(resumed)
     assert row["_step"] == 2 and row["reward/mean"] == 0.5
     assert row["trajectories/turns"]["nrows"] == sum(max(len(t.turns), 1) for t in trajs)
