@@ -229,9 +229,7 @@ class Config(BaseModel):
 
     @model_validator(mode="after")
     def _default_run_name(self) -> Config:
-        if not self.run_name:  # CodeExecEnv -> code_exec: runs of different envs never mix
-            cls = self.env.target.replace(":", ".").rsplit(".", 1)[-1].removesuffix("Env")
-            self.run_name = re.sub(r"(?<!^)(?=[A-Z])", "_", cls).lower() or "default"
+        self.run_name = run_name(self.run_name, self.env.target)
         return self
 
     def identity(self) -> dict[str, Any]:
@@ -253,6 +251,20 @@ class Config(BaseModel):
         return self
 
 
+def run_name(name: str | None, env_target: str | None) -> str:
+    """The run's name: `name`, else the env class's (CodeExecEnv -> code_exec), so runs of
+    different envs never share a directory. Also Hydra's `${agentrl_run_name:…}` resolver, which
+    puts a training run's files in `runs/<run_name>/` (configs/config.yaml)."""
+    if name:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+            raise ValueError(
+                f"run_name={name!r}: use letters, digits, '_', '-' and '.' (it names a directory)"
+            )
+        return name
+    cls = (env_target or "").replace(":", ".").rsplit(".", 1)[-1].removesuffix("Env")
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", cls).lower() or "default"
+
+
 def defaults_tree() -> dict[str, Any]:
     """Every setting's default, from the pydantic models above: the one place defaults live.
     Hydra composes the YAML files over this tree (configs/config.yaml lists it first), so the
@@ -269,8 +281,19 @@ def defaults_tree() -> dict[str, Any]:
 
 
 def register_defaults() -> None:
-    """Store `defaults_tree()` as the config `agentrl_defaults` in Hydra's ConfigStore."""
+    """Store `defaults_tree()` as the config `agentrl_defaults` in Hydra's ConfigStore, and the
+    run-name resolver the run directory is named with."""
     ConfigStore.instance().store(name="agentrl_defaults", node=defaults_tree())
+    OmegaConf.register_new_resolver(
+        "agentrl_run_name", lambda name, target: _safe_run_name(name, target), replace=True
+    )
+
+
+def _safe_run_name(name: Any, target: Any) -> str:
+    try:  # a bad name fails with its path in validation, not here in Hydra's start-up
+        return run_name(str(name or ""), str(target or ""))
+    except ValueError:
+        return "default"
 
 
 def import_user_modules(raw: dict[str, Any]) -> None:

@@ -23,11 +23,18 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentrl.engine import PromptTooLong, SamplingParams
 from agentrl.env import AssistantTurn, Env
-from agentrl.parsers import ConfigError, Parser, check_template, get_parser, resolve_parser
+from agentrl.parsers import (
+    PARSERS,
+    ConfigError,
+    Parser,
+    check_template,
+    get_parser,
+    resolve_parser,
+)
 from agentrl.render import Renderer, RenderError
 from agentrl.tool import ToolContext
 from agentrl.types import (
@@ -71,6 +78,11 @@ class RolloutConfig(BaseModel):
         "reads the chat template's own tool-call format",
     )
     template_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("parser")
+    @classmethod
+    def _known_parser(cls, v: str) -> str:
+        return v if v == "auto" else PARSERS.check(v)
 
 
 class Engine(Protocol):
@@ -120,16 +132,21 @@ class Rollout:
         self.cfg = cfg or RolloutConfig()
         self.env_kwargs = env_kwargs or {}
         self.sandbox = sandbox
-        self.renderer = Renderer(
-            tokenizer, [t.schema() for t in env_cls.tools], self.cfg.template_kwargs
-        )
-        if env_cls.tools:
-            self.parser = resolve_parser(self.cfg.parser, tokenizer)
-            check_template(self.parser, tokenizer)
-            check_round_trip(self.renderer, self.parser)
-        else:
-            self.parser = get_parser("hermes" if self.cfg.parser == "auto" else self.cfg.parser)
+        self.renderer, self.parser = self.prepare(tokenizer, env_cls, self.cfg)
         self.tool_args = {t.name: t.Args for t in env_cls.tools}
+
+    @staticmethod
+    def prepare(tokenizer: Any, env_cls: type[Env], cfg: RolloutConfig) -> tuple[Renderer, Parser]:
+        """The renderer and the tool-call parser, checked against the chat template with one
+        whole tool round trip; `open_run` calls it before any server starts."""
+        renderer = Renderer(tokenizer, [t.schema() for t in env_cls.tools], cfg.template_kwargs)
+        if env_cls.tools:
+            parser = resolve_parser(cfg.parser, tokenizer)
+            check_template(parser, tokenizer)
+            check_round_trip(renderer, parser)
+        else:
+            parser = get_parser("hermes" if cfg.parser == "auto" else cfg.parser)
+        return renderer, parser
 
     # -- public --------------------------------------------------------------------------------
 

@@ -42,7 +42,7 @@ from agentrl.learner import LearnerConfig
 from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
 from agentrl.rollout import Rollout
 from agentrl.servers import launch_engines
-from agentrl.tracking import Tracker
+from agentrl.tracking import JsonlSink, Tracker
 from agentrl.types import ConfigError
 from agentrl.weight_sync import Transport, make_weight_sync
 from sandbox import Sandbox, make_sandbox
@@ -91,6 +91,7 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or model_path)
     env_cls = cfg.env.load_class()
     sampler = TaskSampler(cfg.env.load_tasks(env_cls), seed=cfg.seed)
+    Rollout.prepare(tokenizer, env_cls, cfg.rollout)  # template and parser: before any server
     async with AsyncExitStack() as stack:
         groups: dict[str, LearnerGroup] = {}
         ckpt = resumed = None
@@ -122,6 +123,9 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
             run.sync = make_weight_sync(cfg.weight_sync, groups["policy"], engine)
             stack.push_async_callback(_aquietly, "weight sync", run.sync.close)
             await run.sync.setup()
+            moved = JsonlSink.continue_run(out, resumed.step if resumed else None)
+            if moved:
+                console.print(f"[yellow]note:[/] {moved}")
             run.tracker = Tracker(
                 cfg.logging, out, run_name=cfg.run_name, config=cfg.model_dump(mode="json"),
                 run_id=resumed.wandb_run_id if resumed else None, tokenizer=tokenizer,

@@ -29,6 +29,7 @@ import logging
 import os
 import struct
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,6 +131,53 @@ class JsonlSink:
     def __init__(self, out_dir: Path, metrics: bool = True, trajectories: bool = True) -> None:
         self.out, self.metrics, self.trajectories = Path(out_dir), metrics, trajectories
         self.out.mkdir(parents=True, exist_ok=True)
+
+    FILES = ("metrics.jsonl", "trajectories.jsonl")
+
+    @classmethod
+    def continue_run(cls, out_dir: Path, step: int | None) -> str | None:
+        """Make the run dir's files hold the steps a run continues from: resumed at `step`, drop
+        lines of later steps (written after the checkpoint, they are trained again); starting
+        fresh (`step` None), move the files of an earlier run to `archive/<time>/`. Nothing is
+        deleted: the dropped lines go to the archive too. Returns a note for the console."""
+        out = Path(out_dir)
+        present = [out / n for n in cls.FILES if (out / n).exists()]
+        if not present:
+            return None
+        stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+        archive = out / "archive" / stamp
+        n = 1
+        while archive.exists():  # never overwrite what an earlier move kept
+            archive, n = out / "archive" / f"{stamp}.{n}", n + 1
+        if step is None:
+            archive.mkdir(parents=True, exist_ok=True)
+            for p in present:
+                p.rename(archive / p.name)
+            return f"an earlier run's {', '.join(p.name for p in present)} moved to {archive}"
+        dropped = 0
+        for p in present:
+            keep = out / f".{p.name}.tmp"
+            with p.open() as src, keep.open("w") as kept:
+                late = None
+                for line in src:
+                    try:
+                        row_step = json.loads(line).get("step", 0) if line.endswith("\n") else None
+                    except (ValueError, AttributeError):
+                        row_step = None  # a torn last line of a killed run
+                    if row_step is None or row_step > step:
+                        if late is None:
+                            archive.mkdir(parents=True, exist_ok=True)
+                            late = (archive / p.name).open("w")
+                        late.write(line)
+                        dropped += 1
+                    else:
+                        kept.write(line)
+                if late is not None:
+                    late.close()
+            keep.replace(p)
+        if dropped:
+            return f"{dropped} lines of steps after {step} (trained again now) moved to {archive}"
+        return None
 
     def log(self, rec: StepRecord) -> None:
         if self.metrics:

@@ -7,7 +7,7 @@ each sampled token (loss mask 1) as its own box, coloured either by the loss mas
 
 The command line for runs without W&B is agentrl/cli/view.py:
 
-    agentrl view outputs/2026-01-01/12-00-00 --step 5 -n 4 -o view.html
+    agentrl view runs/code_exec --step 5 -n 4 -o view.html
 """
 
 from __future__ import annotations

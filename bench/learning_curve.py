@@ -2,7 +2,7 @@
 
     python bench/learning_curve.py                         # run the quick start, then report
     python bench/learning_curve.py trainer.steps=40        # … with Hydra overrides
-    python bench/learning_curve.py --metrics outputs/DATE/TIME/metrics.jsonl   # report a finished run
+    python bench/learning_curve.py --metrics runs/code_exec/metrics.jsonl   # report a finished run
     python bench/learning_curve.py --metrics M.jsonl --plot bench/learning_curve.png  # + a PNG
 
 Prints a table (step, elapsed seconds, reward/mean, reward/correct, rollout/tool_call_rate) and

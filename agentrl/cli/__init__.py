@@ -10,7 +10,7 @@ USAGE = """usage: agentrl COMMAND [ARGS]
 
   train    train a policy:                  agentrl train env=code_exec trainer.steps=50
   preview  roll out a few groups, print them: agentrl preview env=code_exec preview.tasks=4
-  view     HTML view of a run's trajectories: agentrl view outputs/<date>/<time> --step 5
+  view     HTML view of a run's trajectories: agentrl view runs/<run_name> --step 5
 
 train and preview take Hydra overrides (group=option, key=value); `--help` shows the config."""
 

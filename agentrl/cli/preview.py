@@ -1,6 +1,7 @@
 """`agentrl preview env=code_exec …`: start what the config asks for (rollout servers, sandbox,
 no learner), roll out `preview.tasks` groups, print `preview.show` trajectories and the rollout
-metrics, and write every trajectory to `<hydra output dir>/trajectories.jsonl`."""
+metrics, and write every trajectory to `runs/<run_name>/preview/<date>_<time>/trajectories.jsonl`
+(`agentrl view` reads it)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,11 @@ def main() -> None:
     @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
     def _run(raw: Any) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)
-        out = Path(HydraConfig.get().runtime.output_dir)
+        out = (
+            Path(HydraConfig.get().runtime.output_dir)
+            / "preview"
+            / time.strftime("%Y-%m-%d_%H-%M-%S")
+        )
         console = Console()
         t0 = time.monotonic()
         with errors_for_people():

@@ -1,6 +1,7 @@
 """`agentrl view RUN_DIR [--step N] [-n 4] [-o view.html]`: an HTML page of a run's trajectories,
 token by token (agentrl/trajectory_view.py draws it), for runs without W&B. Reads the run's
-trajectories.jsonl; the tokenizer comes from the run's saved Hydra config (or --tokenizer)."""
+trajectories.jsonl (runs/<run_name>/, or the newest of its preview/ folders when it has not trained
+yet); the tokenizer comes from the run's saved Hydra config (or --tokenizer)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,34 @@ from agentrl.config import ModelConfig
 from agentrl.trajectory_view import load_jsonl, pick, render_html, steps_in
 
 
+def _saved_config(folder: Path) -> Path | None:
+    """The newest Hydra config saved for the run `folder` belongs to: runs/<name>/.hydra/<time>/
+    (a preview's folder is runs/<name>/preview/<time>/), or an older <dir>/.hydra/config.yaml."""
+    for d in (folder, *folder.parents[:2]):
+        found = sorted((d / ".hydra").glob("*/config.yaml")) or sorted(
+            (d / ".hydra").glob("config.yaml")
+        )
+        if found:
+            return found[-1]
+    return None
+
+
+def _find_trajectories(run: Path) -> Path:
+    """A trajectories.jsonl given, in `run`, or in its newest preview folder."""
+    if not run.is_dir():
+        return run
+    if (run / "trajectories.jsonl").exists():
+        return run / "trajectories.jsonl"
+    previews = sorted((run / "preview").glob("*/trajectories.jsonl"))
+    return previews[-1] if previews else run / "trajectories.jsonl"
+
+
 def _tokenizer_for(run: Path, given: str | None) -> Any:
     if given:
         return AutoTokenizer.from_pretrained(given)
-    hydra_cfg = run / ".hydra" / "config.yaml"
-    if not hydra_cfg.exists():
-        raise SystemExit(f"{run}: no .hydra/config.yaml to find the model; pass --tokenizer DIR")
+    hydra_cfg = _saved_config(run)
+    if hydra_cfg is None:
+        raise SystemExit(f"{run}: no saved .hydra config to find the model; pass --tokenizer DIR")
     raw = OmegaConf.to_container(OmegaConf.load(hydra_cfg), resolve=False)["model"]
     model = ModelConfig(**raw)
     return AutoTokenizer.from_pretrained(model.tokenizer or model.resolve())
@@ -35,10 +58,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokenizer", default=None, help="default: the run's model (.hydra config)")
     ap.add_argument("--max-tokens", type=int, default=3000)
     a = ap.parse_args(argv)
-    path = a.run / "trajectories.jsonl" if a.run.is_dir() else a.run
+    path = _find_trajectories(a.run)
     if not path.exists():
         raise SystemExit(
-            f"{path}: no such file (give a run's output dir or its trajectories.jsonl)"
+            f"{path}: no such file (give a run's dir, runs/<run_name>, a preview's folder or a "
+            "trajectories.jsonl)"
         )
     items = load_jsonl(path, a.step)
     if not items:

@@ -69,7 +69,7 @@ def test_killed_run_resumes_with_the_same_data_order(tmp_path):
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
     subprocess.run(_train_cmd(ref_dir, "out", 3), cwd=ROOT, check=True, capture_output=True)
     # the same run, SIGKILLed (whole process group) once step 1 is checkpointed …
-    proc = subprocess.Popen(_train_cmd(run_dir, "out1", 3), cwd=ROOT, start_new_session=True,
+    proc = subprocess.Popen(_train_cmd(run_dir, "out", 3), cwd=ROOT, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     latest = run_dir / "ckpt" / "latest"
     deadline = time.monotonic() + 300
@@ -78,20 +78,27 @@ def test_killed_run_resumes_with_the_same_data_order(tmp_path):
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    # … then started again: it resumes from its last complete checkpoint
-    done = subprocess.run(_train_cmd(run_dir, "out2", 3), cwd=ROOT, capture_output=True, text=True)
+    # … then started again: it resumes from its last complete checkpoint, in the same run dir
+    done = subprocess.run(_train_cmd(run_dir, "out", 3), cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resumed from" in done.stdout
     resumed_at = int(done.stdout.split("at step ")[1].split()[0])
     assert 1 <= resumed_at < 3
+    # one trajectories.jsonl and one metrics.jsonl hold the whole run, each step once, with the
+    # same data order as the run that was never killed; steps written after the checkpoint (and
+    # trained again) were moved to archive/, not lost
     ref = steps_of(ref_dir / "out" / "trajectories.jsonl")
-    first = steps_of(run_dir / "out1" / "trajectories.jsonl")[:resumed_at]
-    rest = steps_of(run_dir / "out2" / "trajectories.jsonl")
-    assert len(ref) == 3 and first + rest == ref
+    assert len(ref) == 3 and steps_of(run_dir / "out" / "trajectories.jsonl") == ref
+    metrics = [json.loads(x) for x in (run_dir / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1.0, 2.0, 3.0]
+    for archived in (run_dir / "out" / "archive").glob("*/*.jsonl"):
+        assert all(json.loads(x)["step"] > resumed_at for x in archived.read_text().splitlines())
     assert (run_dir / "ckpt" / "latest").read_text().strip() == "step_00000003"
-    # the resumed run continues the same (offline) W&B run
-    ids = {p.name.rsplit("-", 1)[1] for p in run_dir.glob("out*/wandb/offline-run-*")}
+    # the resumed run continues the same (offline) W&B run, under the same dir
+    ids = {p.name.rsplit("-", 1)[1] for p in run_dir.glob("out/wandb/offline-run-*")}
     assert len(ids) == 1
+    # each invocation's composed config is kept
+    assert len(list((run_dir / "out" / ".hydra").glob("*/config.yaml"))) >= 1
 
 
 class NaNRewardEnv(CodeExecEnv):

@@ -12,6 +12,8 @@ from agentrl.parsers import ConfigError
         ("algo.loss.name=nope", "algo.loss.name"),
         ("weight_sync.method=carrier_pigeon", "weight_sync.method"),
         ("rollout.group_size=0", "rollout.group_size"),
+        ("rollout.parser=hermess", "rollout.parser: unknown tool-call parser"),
+        ("run_name=../elsewhere", "run_name"),
     ],
 )
 def test_bad_config_fails_at_the_door_with_its_path(override, needle):

@@ -271,3 +271,46 @@ def test_reward_components_and_the_reference_answer_are_shown_to_people(qwen_tok
     console = Console(record=True, width=120)
     console.print(trajectory_panel(t))
     assert "correct=0, format=0.5 · reference '4'" in console.export_text()
+
+
+def test_a_resumed_run_continues_its_files_and_a_fresh_one_archives_them(tmp_path):
+    from agentrl.tracking import JsonlSink
+
+    def write(name, steps, torn=False):
+        rows = "".join(json.dumps({"step": s, "x": s}) + "\n" for s in steps)
+        (tmp_path / name).write_text(rows + ('{"step": 9, "x' if torn else ""))
+
+    write("metrics.jsonl", [1.0, 2.0, 3.0, 4.0], torn=True)  # killed mid-write after step 4
+    write("trajectories.jsonl", [1, 1, 2, 2, 3, 4])
+    note = JsonlSink.continue_run(tmp_path, 2)  # the last checkpoint is step 2
+    assert "moved to" in note
+    steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1.0, 2.0]
+    traj = (tmp_path / "trajectories.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in traj] == [1, 1, 2, 2]
+    (archive,) = (tmp_path / "archive").iterdir()  # nothing lost: the later lines are kept there
+    assert len((archive / "metrics.jsonl").read_text().splitlines()) == 3  # steps 3, 4, torn
+    assert len((archive / "trajectories.jsonl").read_text().splitlines()) == 2
+    assert JsonlSink.continue_run(tmp_path, 2) is None  # nothing after step 2 any more
+    # a fresh start in the same dir (trainer.resume=never) moves the earlier run aside
+    note = JsonlSink.continue_run(tmp_path, None)
+    assert "moved to" in note
+    assert (
+        not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "trajectories.jsonl").exists()
+    )
+    assert JsonlSink.continue_run(tmp_path / "new", None) is None
+
+
+def test_an_aborted_episode_keeps_its_traceback_in_trajectories_jsonl(tmp_path, qwen_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    from agentrl.tracking import JsonlSink, StepRecord
+
+    tok = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
+    t = two_turns(tok, stop=StopReason.ABORTED)
+    t.error = 'Traceback (most recent call last):\n  File "env.py", line 3\nKeyError: "answer"'
+    JsonlSink(tmp_path).log(StepRecord(step=3, metrics={"step": 3.0}, trajs=[t]))
+    (row,) = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    assert row["step"] == 3 and row["stop_reason"] == "aborted"
+    assert row["error"].startswith("Traceback") and 'KeyError: "answer"' in row["error"]
+    assert trajectory_from_dict(row).error == t.error  # the viewer reads it back
