@@ -56,6 +56,7 @@ from agentrl.devbatch import (
     response,
     torch_dtype,
 )
+from agentrl.engine import ROUTING_KEY_HEADER
 from agentrl.learner.update_group import init_update_group
 
 log = logging.getLogger("agentrl.devserver")
@@ -88,6 +89,7 @@ class DevServer:
         self.weight_version = args.weight_version
         self.waiting: list[Req] = []
         self.inflight: dict[str, Req] = {}
+        self.routing_keys: dict[str, int] = {}
         self.paused = False
         self.groups: dict[str, dist.ProcessGroup] = {}
         self.task: asyncio.Task | None = None
@@ -116,6 +118,11 @@ class DevServer:
     async def generate(self, body: Any, request: Request | None = None) -> tuple[Any, int]:
         limits = Limits(self.engine.vocab_size, self.context_len, self.inflight)
         reqs, single = parse_generate(body, limits)
+        key = request.headers.get(ROUTING_KEY_HEADER) if request is not None else None
+        if key is not None:  # which episodes a router sent here (server_info; bounded)
+            self.routing_keys[key] = self.routing_keys.pop(key, 0) + len(reqs)
+            while len(self.routing_keys) > 4096:
+                del self.routing_keys[next(iter(self.routing_keys))]
         async with self.rw.read():
             for r in reqs:
                 if r.max_new_tokens == 0:
@@ -349,6 +356,7 @@ class DevServer:
             "paused": self.paused,
             "stats": dict(e.stats),
             "decode_batch_sizes": {str(k): v for k, v in sorted(e.decode_batch_sizes.items())},
+            "routing_keys": dict(self.routing_keys),  # requests per router key, most recent 4096
         }
         a = self.args
         return {

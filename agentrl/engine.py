@@ -65,6 +65,7 @@ FIX_HINT = (
     "`python -m sglang.launch_server --model-path PATH --skip-tokenizer-init --port PORT` (GPU), "
     "or fix engine.urls"
 )
+ROUTING_KEY_HEADER = "x-smg-routing-key"  # smg's consistent hashing reads the key from it
 _CLIENT_FIELDS = {
     "timeout_s", "connect_timeout_s", "max_retries", "backoff_s", "max_backoff_s",
     "unhealthy_cooldown_s", "health_timeout_s", "max_connections",
@@ -96,6 +97,17 @@ class EngineConfig(BaseModel):
     unhealthy_cooldown_s: float = Field(5.0, ge=0, description="skip a failed server this long")
     health_timeout_s: float = Field(300.0, gt=0, description="wait_healthy() at start-up")
     max_connections: int = Field(1024, ge=1)
+    router: Literal["auto", "smg", "none"] = Field(
+        "auto",
+        description="several servers: route /generate through SGLang's model gateway (smg), "
+        "each episode pinned to one server by consistent hashing of its key, so its prefix "
+        "stays in that server's cache; auto: smg when there is more than one server and smg "
+        "is installed; none: the client balances (least in-flight, sticky per episode)",
+    )
+    router_policy: str = Field(
+        "consistent_hashing", description="smg --policy (cache_aware, round_robin, …)"
+    )
+    router_args: list[str] = Field(default_factory=list, description="appended to smg launch")
 
     def server_urls(self) -> list[str]:
         if self.urls:
@@ -150,10 +162,14 @@ class EngineClient:
         unhealthy_cooldown_s: float = 5.0,
         health_timeout_s: float = 300.0,
         max_connections: int = 1024,
+        router: str | None = None,
     ):
         if not urls:
             raise ValueError("EngineClient needs at least one server URL (engine.urls)")
         self._servers = [_Server(u.rstrip("/")) for u in urls]
+        # with a router, /generate goes through it (the episode key in ROUTING_KEY_HEADER);
+        # admin calls (weights, memory, pause) still go to every server directly
+        self._router = _Server(router.rstrip("/")) if router else None
         self._sticky: dict[str, _Server] = {}
         self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
         self.max_retries, self.backoff_s, self.max_backoff_s = max_retries, backoff_s, max_backoff_s
@@ -170,6 +186,10 @@ class EngineClient:
     @property
     def urls(self) -> list[str]:
         return [s.url for s in self._servers]
+
+    @property
+    def router(self) -> str | None:
+        return self._router.url if self._router else None
 
     @property
     def inflight(self) -> dict[str, int]:
@@ -209,12 +229,17 @@ class EngineClient:
         return self._http
 
     async def _request(
-        self, method: str, url: str, body: Any = None, timeout: float | None = None
+        self,
+        method: str,
+        url: str,
+        body: Any = None,
+        timeout: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Reply:
         """One HTTP exchange, read whole. Raises aiohttp.ClientError / TimeoutError."""
         kw: dict[str, Any] = {}
         if body is not None:
-            kw["data"], kw["headers"] = orjson.dumps(body), _JSON_HEADERS
+            kw["data"], kw["headers"] = orjson.dumps(body), {**_JSON_HEADERS, **(headers or {})}
         if timeout is not None:
             kw["timeout"] = aiohttp.ClientTimeout(total=timeout, sock_connect=timeout)
         async with self._client().request(method, url, **kw) as r:
@@ -238,6 +263,8 @@ class EngineClient:
         s.keys += 1
 
     def _pick(self, key: str | None, tried: list[_Server]) -> _Server:
+        if self._router is not None:
+            return self._router
         now = time.monotonic()
         fresh = [s for s in self._servers if s not in tried] or self._servers
         healthy = [s for s in fresh if s.down_until <= now] or fresh
@@ -257,12 +284,13 @@ class EngineClient:
         }
         tried: list[_Server] = []
         errors: list[str] = []
+        headers = {ROUTING_KEY_HEADER: key} if key is not None and self._router else None
         for attempt in range(self.max_retries + 1):
             s = self._pick(key, tried)
-            if key is not None:
+            if key is not None and self._router is None:
                 self._stick(key, s)
             payload["rid"] = uuid.uuid4().hex
-            error = await self._try_generate(s, payload)
+            error = await self._try_generate(s, payload, headers)
             if isinstance(error, Completion):
                 return error
             errors.append(f"{s.url}: {error}")
@@ -277,12 +305,14 @@ class EngineClient:
             f"({', '.join(self.urls)}); last error: {errors[-1]}; {FIX_HINT}"
         )
 
-    async def _try_generate(self, s: _Server, payload: dict[str, Any]) -> Completion | str:
+    async def _try_generate(
+        self, s: _Server, payload: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> Completion | str:
         """One attempt: a Completion, or the reason it is worth retrying elsewhere."""
         s.inflight += 1
         t0 = time.monotonic()
         try:
-            r = await self._request("POST", s.url + "/generate", payload)
+            r = await self._request("POST", s.url + "/generate", payload, headers=headers)
         except TimeoutError:
             task = asyncio.create_task(self._abort_quietly(s, payload["rid"]))
             self._background.add(task)
@@ -304,10 +334,13 @@ class EngineClient:
         return parse_generate_response(data, s.url, time.monotonic() - t0)
 
     async def _abort_quietly(self, s: _Server, rid: str) -> None:
-        with suppress(aiohttp.ClientError, TimeoutError):
-            await self._request(
-                "POST", s.url + "/abort_request", {"rid": rid}, timeout=self.connect_timeout_s
-            )
+        # the router does not pass /abort_request on; the rid is unique, so ask every server
+        targets = self._servers if s is self._router else [s]
+        for t in targets:
+            with suppress(aiohttp.ClientError, TimeoutError):
+                await self._request(
+                    "POST", t.url + "/abort_request", {"rid": rid}, timeout=self.connect_timeout_s
+                )
 
     # -- admin fan-out -------------------------------------------------------------------------
 
@@ -361,8 +394,9 @@ class EngineClient:
                 return False
             return r.status == 200
 
-        oks = await asyncio.gather(*(one(s) for s in self._servers))
-        return dict(zip(self.urls, oks, strict=True))
+        every = [*self._servers, *([self._router] if self._router else [])]
+        oks = await asyncio.gather(*(one(s) for s in every))
+        return dict(zip([s.url for s in every], oks, strict=True))
 
     async def wait_healthy(self, timeout_s: float | None = None, poll_s: float = 0.5) -> None:
         """Block until every server answers /health with 200."""

@@ -18,6 +18,12 @@ rollout/ — what the rollout produced (per-trajectory means unless the name say
     rollout/obs_tokens, rollout/truncated_obs_tokens    observation tokens, totals
     rollout/tool_latency_s, rollout/tool_latency_s_max  per turn that called a tool
     rollout/gen_latency_s           engine latency per assistant turn
+    rollout/prefix_cache_hit        prompt tokens the engine's prefix cache held / prompt tokens
+                                    read, over all turns (SGLang's cached_tokens; the dev server
+                                    keeps no prefix cache: 0)
+    rollout/prefix_cache_hit_first, rollout/prefix_cache_hit_later   … first turns only (the
+                                    task's prompt, shared by its group) / later turns only (the
+                                    episode's own history: what turn continuation keeps hot)
 stop/<reason> — trajectories that ended with each StopReason (all reasons, 0 included)
 adv/* — the advantage estimator's own numbers (agentrl/advantage.py): mean, std, max, min, …
 train/ — the learner and the trainer-side logprob pass
@@ -121,6 +127,13 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     )
     out["rollout/tool_latency_s_max"] = max((t.tool_latency_s for t in tool_turns), default=0.0)
     out["rollout/gen_latency_s"] = fmean(t.gen_latency_s for t in turns) if turns else 0.0
+    first = [tr.turns[0] for tr in trajs if tr.turns]
+    later = [t for tr in trajs for t in tr.turns[1:]]
+    for name, ts in (("", turns), ("_first", first), ("_later", later)):
+        read = sum(t.prompt_tokens for t in ts)
+        out[f"rollout/prefix_cache_hit{name}"] = (
+            sum(t.cached_tokens for t in ts) / read if read else 0.0
+        )
     return out
 
 

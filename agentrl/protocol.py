@@ -158,6 +158,7 @@ def parse_generate_response(data: dict[str, Any], server: str = "", latency_s: f
         finish_reason=finish,
         weight_version=str(meta.get("weight_version", "")),
         prompt_tokens=int(meta.get("prompt_tokens", 0)),
+        cached_tokens=int(meta.get("cached_tokens", 0) or 0),
         matched_stop=matched,
         server=server,
         latency_s=latency_s,

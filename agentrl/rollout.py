@@ -264,6 +264,8 @@ class Rollout:
             text=text,
             num_parse_errors=sum(not e.is_call_error for e in parsed.errors),
             gen_latency_s=comp.latency_s,
+            prompt_tokens=comp.prompt_tokens or start,
+            cached_tokens=comp.cached_tokens,
         )
         st.turns.append(turn)
         said = AssistantTurn(msg, text, parsed.errors, comp.finish_reason, index)

@@ -41,7 +41,7 @@ from agentrl.env import Env
 from agentrl.learner import LearnerConfig
 from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
 from agentrl.rollout import Rollout
-from agentrl.servers import launch_engines
+from agentrl.servers import launch_engines, launch_router
 from agentrl.tracking import JsonlSink, Tracker
 from agentrl.types import ConfigError
 from agentrl.weight_sync import Transport, make_weight_sync
@@ -110,7 +110,10 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
                 for group in groups.values():
                     group.offload()
         urls = stack.enter_context(launch_engines(cfg.engine, engine_model, out))
-        engine = EngineClient.from_config(cfg.engine.model_copy(update={"urls": urls}))
+        router = stack.enter_context(launch_router(cfg.engine, urls, out))
+        engine = EngineClient.from_config(
+            cfg.engine.model_copy(update={"urls": urls}), router=router
+        )
         stack.push_async_callback(_aquietly, "engine client", engine.aclose)
         await engine.wait_healthy(cfg.engine.health_timeout_s)
         await engine.update_weight_version(str(resumed.step if resumed else 0))

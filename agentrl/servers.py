@@ -3,14 +3,19 @@
     with launch_engines(cfg.engine, model_path, log_dir) as urls:
         async with EngineClient(urls) as engine: ...
 
-With `engine.urls` set, nothing is started: the servers are the user's, and we only wait for them
-to be healthy. Every process we start gets its own process group and is stopped (SIGTERM, then
+    with launch_router(cfg.engine, urls, log_dir) as router:   # None: no router wanted / needed
+        async with EngineClient(urls, router=router) as engine: ...
+
+With `engine.urls` set, no engine is started: the servers are the user's, and we only wait for
+them to be healthy. The router (SGLang's model gateway, `smg`) fronts several servers: /generate
+goes through it, pinned per episode by consistent hashing of the routing key. Every process we start gets its own process group and is stopped (SIGTERM, then
 SIGKILL) when the block exits, also on errors and Ctrl-C. A server that dies during start-up is
 reported with the tail of its log.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -84,6 +89,80 @@ def launch_engines(cfg: EngineConfig, model_path: Path, log_dir: Path) -> Iterat
         yield urls
     finally:
         stop_processes(procs)
+
+
+def router_wanted(cfg: EngineConfig, n_servers: int) -> bool:
+    """`engine.router`: smg asked for (an error when it is not installed), or auto (smg fronts
+    more than one server when it is installed; one server needs no router)."""
+    installed = importlib.util.find_spec("smg") is not None
+    if cfg.router == "smg" and not installed:
+        raise EngineUnavailable(
+            "engine.router=smg but SGLang's model gateway is not installed: pip install smg "
+            "(or engine.router=none: the client balances the servers itself)"
+        )
+    return cfg.router == "smg" or (cfg.router == "auto" and n_servers > 1 and installed)
+
+
+def router_command(cfg: EngineConfig, urls: list[str], port: int, log_dir: Path) -> list[str]:
+    """smg on loopback in front of `urls`. Its own retries re-send a request whose server died to
+    another one (sampling is stateless: the prompt ids carry the whole episode); the circuit
+    breaker's cool-down is short so a restarted server takes work again within seconds."""
+    return [sys.executable, "-m", "smg.launch_router", "--host", cfg.host, "--port", str(port),
+            "--worker-urls", *urls, "--policy", cfg.router_policy,
+            "--prometheus-host", cfg.host, "--prometheus-port", str(free_port(cfg.host)),
+            "--request-timeout-secs", str(int(cfg.timeout_s)),
+            "--health-check-interval-secs", "2", "--cb-timeout-duration-secs", "5",
+            "--log-dir", str(log_dir), "--log-level", "warn", *cfg.router_args]  # fmt: skip
+
+
+@contextmanager
+def launch_router(cfg: EngineConfig, urls: list[str], log_dir: Path) -> Iterator[str | None]:
+    """Start smg in front of `urls` when `router_wanted`; yield its URL (None without one) once
+    it lists every server as healthy; stop it on exit."""
+    if not router_wanted(cfg, len(urls)):
+        yield None
+        return
+    log_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port(cfg.host)
+    log = log_dir / "router.log"
+    with log.open("w") as f:
+        proc = subprocess.Popen(
+            router_command(cfg, urls, port, log_dir / "router"),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+    url = f"http://{cfg.host}:{port}"
+    try:
+        wait_router(url, len(urls), proc, log, cfg.health_timeout_s)
+        yield url
+    finally:
+        stop_processes([proc])
+
+
+def wait_router(
+    url: str, n_servers: int, proc: subprocess.Popen, log: Path, timeout_s: float
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise EngineUnavailable(
+                f"the router (smg) exited with code {proc.returncode} during start-up; its log "
+                f"({log}) ends with:\n{log.read_text()[-2000:]}"
+            )
+        try:
+            workers = httpx.get(url + "/workers", timeout=2.0).json().get("workers", [])
+            if sum(bool(w.get("is_healthy")) for w in workers) >= n_servers:
+                return
+        except (httpx.HTTPError, ValueError, AttributeError):
+            pass
+        if time.monotonic() > deadline:
+            raise EngineUnavailable(
+                f"the router at {url} did not list {n_servers} healthy servers within "
+                f"{timeout_s:g}s; see {log}"
+            )
+        time.sleep(0.2)
 
 
 def wait_healthy(

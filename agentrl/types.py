@@ -118,6 +118,7 @@ class Completion:
     finish_reason: FinishReason
     weight_version: str = "0"
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the engine's prefix (radix) cache already held
     matched_stop: int | None = None
     server: str = ""
     latency_s: float = 0.0
@@ -151,6 +152,8 @@ class Turn:
     num_parse_errors: int = 0
     tool_latency_s: float = 0.0
     gen_latency_s: float = 0.0
+    prompt_tokens: int = 0  # the prompt the engine read for this turn (all earlier tokens)
+    cached_tokens: int = 0  # … of which its prefix cache held (not recomputed)
     truncated_obs_tokens: int = 0
     reward: float | None = None  # per-turn reward from StepResult, if the env gives one
 

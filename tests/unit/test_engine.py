@@ -268,6 +268,33 @@ def test_stop_token_trimmed_by_a_server_is_restored_from_logprobs():
     assert parse_generate_response(aborted).token_ids == []
 
 
+def test_cached_tokens_are_read_from_meta_info():
+    body = sglang_body([11, 12, STOP])
+    assert parse_generate_response(body).cached_tokens == 0  # a server that does not report it
+    body["meta_info"].update(prompt_tokens=300, cached_tokens=280)
+    comp = parse_generate_response(body)
+    assert (comp.prompt_tokens, comp.cached_tokens) == (300, 280)
+
+
+def test_the_router_is_used_when_asked_or_useful(monkeypatch):
+    from agentrl import servers
+
+    def installed(yes):
+        monkeypatch.setattr(
+            servers.importlib.util, "find_spec", lambda name: object() if yes else None
+        )
+
+    installed(True)
+    assert not servers.router_wanted(EngineConfig(), 1)  # one server needs no router
+    assert servers.router_wanted(EngineConfig(), 2)
+    assert not servers.router_wanted(EngineConfig(router="none"), 2)
+    assert servers.router_wanted(EngineConfig(router="smg"), 1)
+    installed(False)
+    assert not servers.router_wanted(EngineConfig(), 2)  # auto: the client balances instead
+    with pytest.raises(EngineUnavailable, match="pip install smg"):
+        servers.router_wanted(EngineConfig(router="smg"), 2)
+
+
 def test_backoff_delay_doubles_and_caps():
     assert [backoff_delay(a, 0.5, 3.0, 1.0) for a in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
     assert backoff_delay(1, 0.5, 3.0, 0.0) == 0.5  # jitter scales into [0.5, 1] of the delay

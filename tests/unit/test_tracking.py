@@ -79,6 +79,17 @@ def test_rollout_metrics_by_hand(qwen_tokenizer):
     assert math.isnan(nan["reward/mean"]) and math.isnan(nan["reward/std"])
 
 
+def test_prefix_cache_hit_is_cached_over_read_prompt_tokens(qwen_tokenizer):
+    a, b = two_turns(qwen_tokenizer), two_turns(qwen_tokenizer, sample=1)
+    for t, (first, later) in ((a, (0, 90)), (b, (20, 100))):  # (cached tokens per turn)
+        t.turns[0].prompt_tokens, t.turns[0].cached_tokens = 40, first
+        t.turns[1].prompt_tokens, t.turns[1].cached_tokens = 100, later
+    m = rollout_metrics([a, b])
+    assert m["rollout/prefix_cache_hit_first"] == 20 / 80
+    assert m["rollout/prefix_cache_hit_later"] == 190 / 200
+    assert m["rollout/prefix_cache_hit"] == 210 / 280
+
+
 def test_learner_names_map_to_train_names():
     assert metric_name("policy/pg_clipfrac_high") == "train/clipfrac_high"
     assert metric_name("policy/kl_ref") == "train/kl_ref_loss"
