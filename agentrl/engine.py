@@ -108,6 +108,9 @@ class EngineConfig(BaseModel):
         "consistent_hashing", description="smg --policy (cache_aware, round_robin, …)"
     )
     router_args: list[str] = Field(default_factory=list, description="appended to smg launch")
+    max_restarts: int = Field(
+        3, ge=0, description="restarts of one server we started (died or hung) before the run stops"
+    )
 
     def server_urls(self) -> list[str]:
         if self.urls:

@@ -54,6 +54,9 @@ train/ — the learner and the trainer-side logprob pass
     Any other learner key `policy/<k>` becomes `train/<k>`; other roles keep their prefix
     (`critic/…`).
 sync/ — weight sync: seconds, mb, s_per_mb, buckets
+engine/restarts — rollout servers restarted this step (died or hung; engine.max_restarts each)
+rollout/reissued — episodes rolled out again this step because a server failed under them (whole
+    groups, so each group's baseline compares samples of one policy)
 timing_s/<phase> — wall seconds of each phase (rollout, advantage, to_learner, logprobs, update,
     sync, checkpoint); timing_s/step is their sum
 perf/ — throughput

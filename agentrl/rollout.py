@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agentrl.engine import PromptTooLong, SamplingParams
+from agentrl.engine import EngineUnavailable, PromptTooLong, SamplingParams
 from agentrl.env import AssistantTurn, Env
 from agentrl.parsers import (
     PARSERS,
@@ -83,6 +83,9 @@ class RolloutConfig(BaseModel):
     @classmethod
     def _known_parser(cls, v: str) -> str:
         return v if v == "auto" else PARSERS.check(v)
+
+
+ENGINE_DOWN = "EngineUnavailable"  # how an episode that lost its engine begins its error
 
 
 class Engine(Protocol):
@@ -170,6 +173,8 @@ class Rollout:
             stop, error = StopReason.SANDBOX_UNAVAILABLE, f"{type(e).__name__}: {e}"
         except TimeoutError:
             error = f"episode exceeded rollout.episode_timeout_s={self.cfg.episode_timeout_s:g}"
+        except EngineUnavailable as e:  # infrastructure, not the env: no traceback, re-issued
+            error = f"{ENGINE_DOWN}: {e}"
         except (RenderError, ConfigError):
             raise  # the template or the config cannot work: a bug to stop on, not an episode
         except Exception as e:  # the episode boundary: one failure becomes one reason

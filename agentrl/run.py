@@ -41,7 +41,7 @@ from agentrl.env import Env
 from agentrl.learner import LearnerConfig
 from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
 from agentrl.rollout import Rollout
-from agentrl.servers import launch_engines, launch_router
+from agentrl.servers import Fleet, launch_fleet, launch_router
 from agentrl.tracking import JsonlSink, Tracker
 from agentrl.types import ConfigError
 from agentrl.weight_sync import Transport, make_weight_sync
@@ -64,6 +64,7 @@ class Run:
     engine: EngineClient
     sandbox: Sandbox
     rollout: Rollout
+    fleet: Fleet | None = None  # the servers this run started, restarted when they fail
     policy: LearnerGroup | None = None
     reference: LearnerGroup | None = None  # frozen, when the algorithm uses one
     critic: LearnerGroup | None = None  # when the advantage estimator needs values
@@ -109,7 +110,8 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
             if cfg.engine.colocate:  # the engine takes the GPU first; the learner waits on CPU
                 for group in groups.values():
                     group.offload()
-        urls = stack.enter_context(launch_engines(cfg.engine, engine_model, out))
+        fleet = stack.enter_context(launch_fleet(cfg.engine, engine_model, out))
+        urls = fleet.urls
         router = stack.enter_context(launch_router(cfg.engine, urls, out))
         engine = EngineClient.from_config(
             cfg.engine.model_copy(update={"urls": urls}), router=router
@@ -121,7 +123,7 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
         stack.push_async_callback(_aquietly, "sandbox", sandbox.aclose)
         rollout = Rollout(engine, tokenizer, env_cls, cfg.rollout, cfg.env.args, sandbox)
         run = Run(cfg, out, console, tokenizer, env_cls, sampler, engine, sandbox, rollout,
-                  ckpt=ckpt, resumed=resumed, **groups)  # fmt: skip
+                  fleet=fleet, ckpt=ckpt, resumed=resumed, **groups)  # fmt: skip
         if train:
             run.sync = make_weight_sync(cfg.weight_sync, groups["policy"], engine)
             stack.push_async_callback(_aquietly, "weight sync", run.sync.close)

@@ -59,36 +59,108 @@ def server_env(cfg: EngineConfig, index: int) -> dict[str, str]:
     return env
 
 
+class Fleet:
+    """The rollout servers this run started (none when `engine.urls` names the user's own), and
+    their restarts: `down()` finds servers whose process exited or that stopped answering
+    /health; `restart(urls)` starts each again on its own port, with the model it started with
+    (the caller then pushes the current weights), at most `engine.max_restarts` times per server
+    before it gives up with the server's log tail."""
+
+    def __init__(self, cfg: EngineConfig, model_path: Path, log_dir: Path) -> None:
+        self.cfg, self.model_path, self.log_dir = cfg, model_path, log_dir
+        self.urls: list[str] = []
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list[Path] = []
+        self.restarts: dict[str, int] = {}
+
+    @property
+    def owned(self) -> bool:
+        return bool(self.procs)
+
+    def start(self) -> None:
+        if self.cfg.urls:
+            self.urls = list(self.cfg.urls)
+            wait_healthy(self.urls, [], self.cfg.health_timeout_s, [])
+            return
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for i in range(self.cfg.num_servers):
+            port = free_port(self.cfg.host)
+            self.urls.append(f"http://{self.cfg.host}:{port}")
+            self.logs.append(self.log_dir / f"{self.cfg.kind}-server-{i}.log")
+            self.procs.append(self._spawn(i, port, "w"))
+        wait_healthy(self.urls, self.procs, self.cfg.health_timeout_s, self.logs)
+
+    def _spawn(self, i: int, port: int, mode: str) -> subprocess.Popen:
+        with self.logs[i].open(mode) as log:
+            if mode == "a":
+                log.write(f"\n---- restarted by agentrl at {time.strftime('%H:%M:%S')} ----\n")
+                log.flush()
+            return subprocess.Popen(
+                server_command(self.cfg, self.model_path, port),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=server_env(self.cfg, i),
+                preexec_fn=die_with_parent,  # a SIGKILLed trainer leaves no server
+            )
+
+    def down(self, timeout_s: float = 5.0) -> list[str]:
+        """Servers we started whose process exited, or that did not answer /health in time
+        (hung: a live process that makes no progress)."""
+        out = []
+        for url, proc in zip(self.urls, self.procs, strict=False):
+            if proc.poll() is not None:
+                out.append(url)
+                continue
+            try:
+                ok = httpx.get(url + "/health", timeout=timeout_s).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            if not ok:
+                out.append(url)
+        return out
+
+    def restart(self, urls: list[str]) -> None:
+        for url in urls:
+            i = self.urls.index(url)
+            n = self.restarts.get(url, 0) + 1
+            if n > self.cfg.max_restarts:
+                raise EngineUnavailable(
+                    f"rollout server {url} failed again after {self.cfg.max_restarts} restarts "
+                    f"(engine.max_restarts); its log ({self.logs[i]}) ends with:\n"
+                    f"{self.logs[i].read_text()[-2000:]}"
+                )
+            self.restarts[url] = n
+            stop_processes([self.procs[i]], grace_s=5.0)  # a hung one
+            _signal_group(self.procs[i], signal.SIGKILL)  # what is left of a dead one's group
+            self.procs[i] = self._spawn(i, int(url.rsplit(":", 1)[1]), "a")
+        idx = [self.urls.index(u) for u in urls]
+        wait_healthy(
+            [self.urls[i] for i in idx],
+            [self.procs[i] for i in idx],
+            self.cfg.health_timeout_s,
+            [self.logs[i] for i in idx],
+        )
+
+    def stop(self) -> None:
+        stop_processes(self.procs)
+
+
+@contextmanager
+def launch_fleet(cfg: EngineConfig, model_path: Path, log_dir: Path) -> Iterator[Fleet]:
+    fleet = Fleet(cfg, model_path, log_dir)
+    try:
+        fleet.start()
+        yield fleet
+    finally:
+        fleet.stop()
+
+
 @contextmanager
 def launch_engines(cfg: EngineConfig, model_path: Path, log_dir: Path) -> Iterator[list[str]]:
-    if cfg.urls:
-        wait_healthy(list(cfg.urls), [], cfg.health_timeout_s, [])
-        yield list(cfg.urls)
-        return
-    log_dir.mkdir(parents=True, exist_ok=True)
-    procs: list[subprocess.Popen] = []
-    logs: list[Path] = []
-    urls: list[str] = []
-    try:
-        for i in range(cfg.num_servers):
-            port = free_port(cfg.host)
-            logs.append(log_dir / f"{cfg.kind}-server-{i}.log")
-            with logs[-1].open("w") as log:
-                procs.append(
-                    subprocess.Popen(
-                        server_command(cfg, model_path, port),
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                        env=server_env(cfg, i),
-                        preexec_fn=die_with_parent,  # a SIGKILLed trainer leaves no server
-                    )
-                )
-            urls.append(f"http://{cfg.host}:{port}")
-        wait_healthy(urls, procs, cfg.health_timeout_s, logs)
-        yield urls
-    finally:
-        stop_processes(procs)
+    """The servers' URLs, for callers that need no restarts."""
+    with launch_fleet(cfg, model_path, log_dir) as fleet:
+        yield fleet.urls
 
 
 def router_wanted(cfg: EngineConfig, n_servers: int) -> bool:

@@ -61,18 +61,24 @@ from agentrl.ckpt import CheckpointManager, load_trainer_state
 from agentrl.config import CONFIG_DIR, Config, errors_for_people, load_config
 from agentrl.data import TaskSampler
 from agentrl.display import ProgressLine, trajectory_panel
-from agentrl.engine import EngineClient
+from agentrl.engine import EngineClient, EngineUnavailable
 from agentrl.learner.group import LearnerGroup
 from agentrl.loss import kl_estimate, kl_reward_penalty
 from agentrl.metrics import rollout_metrics, step_metrics
-from agentrl.rollout import Rollout
+from agentrl.rollout import ENGINE_DOWN, Rollout
 from agentrl.run import Run, open_run, resume_point, save_checkpoint
+from agentrl.servers import Fleet
 from agentrl.tracking import Tracker
 from agentrl.trajectory_view import pick
-from agentrl.types import Trajectory
+from agentrl.types import Task, Trajectory
 from agentrl.weight_sync import Transport
 
 log = logging.getLogger(__name__)
+
+
+def _engine_lost(tr: Trajectory) -> bool:
+    """An episode ended because no rollout server answered (not the env's fault)."""
+    return tr.stop_reason.value == "aborted" and (tr.error or "").startswith(ENGINE_DOWN)
 
 
 def _crashed(tr: Trajectory) -> bool:
@@ -113,6 +119,7 @@ class Trainer:
         self.sampler: TaskSampler = run.sampler
         self.rollout: Rollout = run.rollout
         self.engine: EngineClient = run.engine
+        self.fleet: Fleet | None = run.fleet  # servers we started and may restart
         self.policy: LearnerGroup = run.policy
         self.reference: LearnerGroup | None = run.reference  # frozen, when the algorithm uses one
         self.critic: LearnerGroup | None = run.critic  # when the estimator needs values (gae)
@@ -135,10 +142,11 @@ class Trainer:
         with t("rollout"):
             tasks = self.sampler.next(cfg.trainer.tasks_per_step)
             groups = await self.rollout.run(tasks)
+            groups, recovery = await self._recover_engines(tasks, groups)
             trajs = [tr for g in groups for tr in g]
-            await self._check_engines(trajs)
             self._check_failures(trajs)
         metrics = rollout_metrics(trajs)
+        metrics.update(recovery)
         self._watch_signal(groups, metrics)
         self.trainer_logprobs = {}
         if not self._any_trainable(trajs, metrics):
@@ -349,16 +357,53 @@ class Trainer:
 
     # -- parts ---------------------------------------------------------------------------------
 
-    async def _check_engines(self, trajs: list[Trajectory]) -> None:
-        if not any(tr.stop_reason.is_infra_failure for tr in trajs):
-            return
-        health = await self.engine.health()
-        dead = [url for url, ok in health.items() if not ok]
-        if dead:
+    async def _recover_engines(
+        self, tasks: list[Task], groups: list[list[Trajectory]]
+    ) -> tuple[list[list[Trajectory]], dict[str, float]]:
+        """After the rollout: servers that died or hung are restarted (`engine.max_restarts`
+        each), get the current weights, and the groups that lost an episode to them are rolled
+        out again, whole, so every group's baseline compares samples of the same policy.
+        Servers we did not start (`engine.urls`) and colocated ones are not restarted: the run
+        stops with their names (resume with trainer.resume=auto)."""
+        lost = [i for i, g in enumerate(groups) if any(_engine_lost(tr) for tr in g)]
+        down = self.fleet.down() if self.fleet is not None and self.fleet.owned else []
+        if not down and not lost:
+            return groups, {"engine/restarts": 0.0, "rollout/reissued": 0.0}
+        if not down:  # episodes failed yet every server we know answers: ask them all
+            down = [url for url, ok in (await self.engine.health()).items() if not ok]
+        can_restart = self.fleet is not None and self.fleet.owned and not self.cfg.engine.colocate
+        if down and not can_restart:
             raise TrainingError(
-                f"rollout server(s) {dead} stopped answering during step {self.step_idx + 1} "
+                f"rollout server(s) {down} stopped answering during step {self.step_idx + 1} "
                 f"(logs in {self.out}); fix the cause and resume with trainer.resume=auto"
             )
+        restarted = [u for u in down if u in (self.fleet.urls if self.fleet else [])]
+        if restarted:
+            self.console.print(
+                f"[yellow]rollout server(s) {restarted} died or hung during step "
+                f"{self.step_idx + 1}: restarting (logs in {self.out})[/]"
+            )
+            try:
+                await asyncio.to_thread(self.fleet.restart, restarted)
+            except EngineUnavailable as e:
+                raise TrainingError(str(e)) from None
+            # the restarted server has the weights it started with: give it the current ones
+            await self.sync.close()
+            await self.sync.setup()
+            await self.sync.push(version=str(self.step_idx))
+        if lost:
+            again = await self.rollout.run([tasks[i] for i in lost])
+            for i, g in zip(lost, again, strict=True):
+                groups[i] = g
+            if any(_engine_lost(tr) for g in again for tr in g):
+                raise TrainingError(
+                    f"step {self.step_idx + 1}: episodes lost their rollout server again after "
+                    f"the restart (logs in {self.out})"
+                )
+        return groups, {
+            "engine/restarts": float(len(restarted)),
+            "rollout/reissued": float(sum(len(groups[i]) for i in lost)),
+        }
 
     def _save(self) -> None:
         save_checkpoint(self.parts, self.step_idx, self.skipped_in_a_row)

@@ -135,23 +135,35 @@ def test_nan_loss_skips_steps_then_stops_the_run(tmp_path):
     assert not (tmp_path / "ckpt" / "latest").exists()
 
 
-def test_dead_engine_is_a_clear_error(tmp_path):
-    cfg = compose(overrides(tmp_path, "trainer.steps=3", "engine.max_retries=1",
-                            "engine.backoff_s=0.1"))  # fmt: skip
+def kill_devserver(url: str) -> None:
+    port = url.rsplit(":", 1)[1]
+    for pid in os.listdir("/proc"):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"agentrl.devserver" in cmd and port.encode() in cmd:
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def test_a_dead_engine_is_restarted_with_the_current_weights_then_gives_up(tmp_path):
+    cfg = compose(overrides(tmp_path, "trainer.steps=4", "engine.max_retries=1",
+                            "engine.backoff_s=0.1", "engine.max_restarts=1"))  # fmt: skip
 
     async def go():
         async with open_run(cfg, tmp_path / "out") as run:
             tr = Trainer(cfg, run)
-            await tr.step()
-            port = tr.engine.urls[0].rsplit(":", 1)[1]
-            for pid in os.listdir("/proc"):
-                try:
-                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                except (OSError, ValueError):
-                    continue
-                if b"agentrl.devserver" in cmd and port.encode() in cmd:
-                    os.kill(int(pid), signal.SIGKILL)
-            with pytest.raises(TrainingError, match="stopped answering during step 2"):
+            first = await tr.step()
+            assert first["engine/restarts"] == 0
+            kill_devserver(tr.engine.urls[0])  # the only server: every episode of step 2 fails
+            m = await tr.step()
+            # restarted on its port, given the weights of step 1, and the whole step re-issued
+            assert m["engine/restarts"] == 1 and m["rollout/reissued"] == 8
+            assert m["stop/aborted"] == 0 and m["rollout/trajectories"] == 8
+            assert m["train/logprob_diff"] < 1e-4, "the restarted server samples old weights"
+            assert await tr.engine.get_weight_version() == ["2"]
+            kill_devserver(tr.engine.urls[0])  # engine.max_restarts=1: the second death stops
+            with pytest.raises(TrainingError, match=r"failed again after 1 restarts[\s\S]*log"):
                 await tr.step()
 
     asyncio.run(go())
