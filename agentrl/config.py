@@ -177,6 +177,13 @@ class TrainerConfig(CheckpointConfig):
     every: int = Field(5, ge=0, description="save every N steps (and at the end); 0: at the end")
     steps: int = Field(60, ge=1, description="optimizer steps of the run")
     tasks_per_step: int = Field(8, ge=1, description="tasks per step; x rollout.group_size samples")
+    oversample_groups: int = Field(
+        0,
+        ge=0,
+        description="roll out this many groups more than tasks_per_step and keep the first "
+        "tasks_per_step to finish (the rest are aborted on the engine): a slow tail never holds "
+        "the step, at the price of a bias towards quickly finished episodes",
+    )
     max_skipped_steps: int = Field(
         3, ge=1, description="non-finite steps in a row before the run stops with an error"
     )

@@ -317,10 +317,11 @@ class EngineClient:
         try:
             r = await self._request("POST", s.url + "/generate", payload, headers=headers)
         except TimeoutError:
-            task = asyncio.create_task(self._abort_quietly(s, payload["rid"]))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._abort_later(s, payload["rid"])
             return f"timed out after {time.monotonic() - t0:.1f}s"
+        except asyncio.CancelledError:  # the caller gave up (an over-sampled group): free the slot
+            self._abort_later(s, payload["rid"])
+            raise
         except aiohttp.ClientError as e:
             return f"{type(e).__name__}: {e}".strip()
         finally:
@@ -335,6 +336,11 @@ class EngineClient:
         except ValueError as e:
             raise EngineProtocolError(f"{s.url}/generate returned non-JSON: {e}") from e
         return parse_generate_response(data, s.url, time.monotonic() - t0)
+
+    def _abort_later(self, s: _Server, rid: str) -> None:
+        task = asyncio.create_task(self._abort_quietly(s, rid))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _abort_quietly(self, s: _Server, rid: str) -> None:
         # the router does not pass /abort_request on; the rid is unique, so ask every server

@@ -55,6 +55,8 @@ train/ — the learner and the trainer-side logprob pass
     (`critic/…`).
 sync/ — weight sync: seconds, mb, s_per_mb, buckets
 engine/restarts — rollout servers restarted this step (died or hung; engine.max_restarts each)
+rollout/oversampled_dropped — groups launched beyond trainer.tasks_per_step and aborted once
+    enough had finished (trainer.oversample_groups)
 rollout/reissued — episodes rolled out again this step because a server failed under them (whole
     groups, so each group's baseline compares samples of one policy)
 timing_s/<phase> — wall seconds of each phase (rollout, advantage, to_learner, logprobs, update,

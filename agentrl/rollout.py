@@ -15,6 +15,7 @@ Run `agentrl preview env=code_exec` to print a few rendered trajectories (agentr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -153,8 +154,25 @@ class Rollout:
 
     # -- public --------------------------------------------------------------------------------
 
-    async def run(self, tasks: list[Task]) -> list[list[Trajectory]]:
-        return list(await asyncio.gather(*(self.run_group(t) for t in tasks)))
+    async def run(self, tasks: list[Task], keep: int | None = None) -> list[list[Trajectory]]:
+        """Every task's group, in task order. With `keep` < len(tasks) (over-sampling), only
+        the first `keep` groups to finish come back (still in task order); the others are
+        cancelled at once: their in-flight generations are aborted on the engine
+        (/abort_request) and their envs closed."""
+        if keep is None or keep >= len(tasks):
+            return list(await asyncio.gather(*(self.run_group(t) for t in tasks)))
+        running = {asyncio.ensure_future(self.run_group(t)): i for i, t in enumerate(tasks)}
+        done: dict[int, list[Trajectory]] = {}
+        try:
+            while len(done) < keep:
+                finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for f in sorted(finished, key=running.__getitem__)[: keep - len(done)]:
+                    done[running.pop(f)] = f.result()  # several at once: launch order decides
+        finally:
+            for f in running:
+                f.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+        return [done[i] for i in sorted(done)]
 
     async def run_group(self, task: Task, n: int | None = None) -> list[Trajectory]:
         n = n or self.cfg.group_size
@@ -175,6 +193,12 @@ class Rollout:
             error = f"episode exceeded rollout.episode_timeout_s={self.cfg.episode_timeout_s:g}"
         except EngineUnavailable as e:  # infrastructure, not the env: no traceback, re-issued
             error = f"{ENGINE_DOWN}: {e}"
+        except asyncio.CancelledError:  # over-sampling dropped this group: close, then go
+            if env is not None:
+                with contextlib.suppress(Exception):
+                    await env.close()
+            self._release(session)
+            raise
         except (RenderError, ConfigError):
             raise  # the template or the config cannot work: a bug to stop on, not an episode
         except Exception as e:  # the episode boundary: one failure becomes one reason
@@ -195,8 +219,15 @@ class Rollout:
         )
         if env is not None:
             await self._finish(env, traj)
+        self._release(session)
         traj.metadata["episode_s"] = time.monotonic() - t0
         return traj
+
+    def _release(self, session: str) -> None:
+        """The episode is over: the engine client forgets which server it stuck to."""
+        release = getattr(self.engine, "release", None)
+        if release is not None:
+            release(session)
 
     # -- internals -----------------------------------------------------------------------------
 

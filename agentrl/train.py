@@ -76,6 +76,15 @@ from agentrl.weight_sync import Transport
 log = logging.getLogger(__name__)
 
 
+def _tasks_of(groups: list[list[Trajectory]], launched: list[Task]) -> list[Task]:
+    """The task of each kept group (groups come back in launch order, a subset when
+    over-sampling)."""
+    by_id: dict[str, list[Task]] = {}
+    for t in launched:
+        by_id.setdefault(t.id, []).append(t)
+    return [by_id[g[0].task_id].pop(0) for g in groups]
+
+
 def _engine_lost(tr: Trajectory) -> bool:
     """An episode ended because no rollout server answered (not the env's fault)."""
     return tr.stop_reason.value == "aborted" and (tr.error or "").startswith(ENGINE_DOWN)
@@ -140,9 +149,12 @@ class Trainer:
     async def step(self) -> dict[str, float]:
         cfg, t = self.cfg, Timer()
         with t("rollout"):
-            tasks = self.sampler.next(cfg.trainer.tasks_per_step)
-            groups = await self.rollout.run(tasks)
+            want = cfg.trainer.tasks_per_step
+            launched = self.sampler.next(want + cfg.trainer.oversample_groups)
+            groups = await self.rollout.run(launched, keep=want)
+            tasks = _tasks_of(groups, launched)
             groups, recovery = await self._recover_engines(tasks, groups)
+            recovery["rollout/oversampled_dropped"] = float(len(launched) - len(groups))
             trajs = [tr for g in groups for tr in g]
             self._check_failures(trajs)
         metrics = rollout_metrics(trajs)

@@ -39,12 +39,15 @@ def steps_of(path: Path) -> list[list[str]]:
 
 
 def test_train_runs_checkpoints_and_syncs(tmp_path):
-    cfg = compose(overrides(tmp_path, "trainer.steps=2", "trainer.every=1"))
+    cfg = compose(overrides(tmp_path, "trainer.steps=2", "trainer.every=1",
+                            "trainer.oversample_groups=1"))  # fmt: skip
     base = AutoModelForCausalLM.from_pretrained(cfg.model.resolve())  # the weights we start from
     history = asyncio.run(train(cfg, tmp_path / "out"))
     assert [h["step"] for h in history] == [1.0, 2.0]
     for h in history:
         assert h["train/skipped"] == 0 and h["sync/seconds"] > 0 and h["timing_s/update"] > 0
+        # 3 groups launched, the first 2 to finish kept (2 x 4 samples), the third aborted
+        assert h["rollout/trajectories"] == 8 and h["rollout/oversampled_dropped"] == 1
     rows = [
         json.loads(x) for x in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
     ]

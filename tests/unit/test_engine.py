@@ -370,3 +370,24 @@ def test_engine_imports_no_torch_ray_or_sglang():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+async def test_a_cancelled_generate_is_aborted_on_its_server():
+    """Over-sampling drops groups by cancelling their episodes: the engine must stop sampling
+    them (SGLang /abort_request with the request's rid), not finish work nobody reads."""
+    async with FakeServers(1) as fake, client(fake.urls) as engine:
+        fake.gate = asyncio.Event()  # /generate hangs until released
+        task = asyncio.ensure_future(engine.generate([1, 2], SamplingParams(), key="ep"))
+        while not fake.called():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(100):
+            if fake.called("/abort_request"):
+                break
+            await asyncio.sleep(0.02)
+        (gen,) = [b for _, p, b in fake.calls if p == "/generate"]
+        (abort,) = [b for _, p, b in fake.calls if p == "/abort_request"]
+        assert abort == {"rid": gen["rid"]}
+        fake.gate.set()

@@ -321,3 +321,30 @@ async def test_ignore_eos_gives_fixed_length_turns_that_do_not_end_the_episode(q
     assert [t.end - t.start for t in traj.turns] == [8, 8, 8]
     assert all(t.finish_reason is FinishReason.LENGTH for t in traj.turns)
     assert [p.ignore_eos for p in seen] == [True] * 3 and sum(traj.loss_mask) == 24
+
+
+class SlowOrFastEnv(CodeExecEnv):
+    """Tasks named slow-* block in their tool turn (a stuck episode); records closes."""
+
+    closed: list[str] = []
+
+    async def step(self, turn):
+        if self.task.id.startswith("slow"):
+            await asyncio.sleep(3600)
+        return await super().step(turn)
+
+    async def close(self):
+        SlowOrFastEnv.closed.append(self.task.id)
+        await super().close()
+
+
+async def test_over_sampling_keeps_the_first_groups_and_cancels_the_rest(qwen_tokenizer):
+    SlowOrFastEnv.closed = []
+    ro = make(qwen_tokenizer, solver, env=SlowOrFastEnv, group_size=3)
+    tasks = [Task(id=i, data=TASK.data) for i in ("slow-a", "fast-b", "slow-c", "fast-d")]
+    groups = await asyncio.wait_for(ro.run(tasks, keep=2), timeout=30)
+    assert [g[0].task_id for g in groups] == ["fast-b", "fast-d"]  # in launch order
+    assert all(t.reward == 1.0 for g in groups for t in g)
+    # every episode of the dropped groups was cancelled and its env closed
+    assert sorted(SlowOrFastEnv.closed) == sorted(["fast-b", "fast-d", "slow-a", "slow-c"] * 3)
+    assert ro.engine.inflight == 0
