@@ -47,6 +47,7 @@ import httpx
 import orjson
 
 from agentrl.engine import EngineClient, EngineConfig, SamplingParams, parse_generate_response
+from agentrl.metrics import rollout_metrics
 from agentrl.rollout import Rollout, RolloutConfig
 from agentrl.servers import launch_engines
 from agentrl.types import Message, StopReason, Task
@@ -101,6 +102,8 @@ async def run_rollout(rollout: Rollout, tasks: list[Task], prompts, per_turn: in
             raise SystemExit(f"episode {traj.task_id}: {traj.stop_reason} ({traj.error}), turn "
                              f"lengths {lengths}, expected {turns} x {per_turn}")  # fmt: skip
         assert traj.token_ids[: traj.prompt_len] == ids
+    m = rollout_metrics([t for g in groups for t in g])
+    rollout.last_cache = {k.removeprefix("rollout/"): m[k] for k in m if "prefix_cache" in k}
     return len(tasks) * turns * per_turn, wall
 
 
@@ -210,6 +213,8 @@ async def measure(url: str, tokenizer: Any, a, mode: str) -> dict[str, Any]:
         "reference_tok_s": tokens / ref_s,
         "ratio": ref_s / ro_s,
         "bare_turns_s": bare_s,  # multi: bare multi-turn client, same server and turns
+        # cached / prompt tokens per turn, of the rollout's last round (SGLang's cached_tokens)
+        **getattr(rollout, "last_cache", {}),
     }
 
 
@@ -218,7 +223,7 @@ def engine_config(a) -> EngineConfig:
     import yaml  # the yaml alone, not Hydra: GPU hosts may lack it
 
     path = Path(__file__).resolve().parents[1] / "configs" / "engine" / f"{a.engine}.yaml"
-    cfg = EngineConfig(**yaml.safe_load(path.read_text()))
+    cfg = EngineConfig(**(yaml.safe_load(path.read_text()) or {}))
     drop = {"--disable-cuda-graph"} | (set() if a.memory_saver else {"--enable-memory-saver"})
     extra = [x for x in cfg.extra_args if x not in drop]
     if a.engine == "dev":
@@ -256,6 +261,10 @@ def report(rows: list[dict[str, Any]], header: str) -> None:
     for r in rows:
         print(f"ratio rollout/reference ({r['mode']}, {r['turns']} x {r['tokens_per_turn']} "
               f"tokens): {r['ratio']:.2f}")  # fmt: skip
+        if "prefix_cache_hit" in r:
+            print(f"  prefix cache hit (cached / prompt tokens): all turns "
+                  f"{r['prefix_cache_hit']:.3f}, first turns {r['prefix_cache_hit_first']:.3f}, "
+                  f"later turns {r['prefix_cache_hit_later']:.3f}")  # fmt: skip
         if r.get("bare_turns_s"):
             b = r["bare_turns_s"]
             print(f"  bare multi-turn client (raw /generate per turn, no env or rendering): "
