@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrl.assets.toolbox import MODES as TOOLBOX_MODES
+from agentrl.assets.toolbox import Example, examples
 from agentrl.render import Renderer
 from agentrl.types import Message, Task, ToolCall
 from envs.code_exec import SYSTEM_PROMPT, CodeExecEnv, generate_tasks
@@ -70,6 +72,8 @@ class TinySpec:
     # short numbers from the question, which a 4-layer model learns to do reliably in minutes
     kinds: tuple[str, ...] = ("digit_sum", "primes", "fib_mod")
     dialogues: int = 6000
+    # tool-use dialogues over the agentrl.assets.toolbox catalogue (varied tools, 1–3 per prompt)
+    toolbox: int = 6000
     hidden_size: int = 128
     num_layers: int = 4
     steps: int = 6000
@@ -158,28 +162,28 @@ def dialogue(task: Task, mode: str, rng: random.Random) -> list[tuple[Message, l
     ]
 
 
-def episodes(n: int, seed: int, kinds: list[str] | None = None) -> list[tuple[Task, list]]:
-    """`n` (task, dialogue) pairs; tasks from code_exec's generator with a seed of their own."""
+def episodes(n: int, seed: int, kinds: list[str] | None = None) -> list[Example]:
+    """`n` code_exec dialogues; tasks from code_exec's generator with a seed of their own."""
     rng = random.Random(seed)
     names, weights = list(MODES), list(MODES.values())
+    tools = [t.schema() for t in CodeExecEnv.tools]
     out = []
     for task in generate_tasks(n, seed=10_000 + seed, kinds=kinds):
         mode = rng.choices(names, weights)[0]
-        out.append((task, dialogue(task, mode, rng)))
+        turns = dialogue(task, mode, rng)
+        out.append(Example(SYSTEM_PROMPT, tools, task.data["prompt"], task.data["answer"], turns))
     return out
 
 
-def pieces(renderer: Any, task: Task, turns: list) -> list[tuple[str, int]]:
+def pieces(renderer: Any, ex: Example) -> list[tuple[str, int]]:
     """The episode as the rollout tokenizes it: (text, loss mask) pieces, each encoded on its own —
     the first prompt, every sampled turn (ending with the end-of-turn token), every observation
     delta. Encoding the pieces gives the rollout's ids exactly (see `encode_episode`)."""
     r = renderer
-    history = [
-        Message(role="system", content=SYSTEM_PROMPT),
-        Message(role="user", content=task.data["prompt"]),
-    ]
+    history = [Message(role="system", content=ex.system)] if ex.system else []
+    history.append(Message(role="user", content=ex.prompt))
     out = [(r.render(history, add_generation_prompt=True), 0)]
-    for msg, obs in turns:
+    for msg, obs in ex.turns:
         head = r.render(history, add_generation_prompt=True)
         full = r.render([*history, msg])
         if not full.startswith(head):
@@ -192,28 +196,23 @@ def pieces(renderer: Any, task: Task, turns: list) -> list[tuple[str, int]]:
     return out
 
 
-def encode_episode(renderer: Any, task: Task, turns: list) -> tuple[list[int], list[int]]:
+def encode_episode(renderer: Any, ex: Example) -> tuple[list[int], list[int]]:
     """Token ids and loss mask of one episode, built with the rollout's Renderer calls."""
     ids: list[int] = []
     mask: list[int] = []
     last: list[int] = []
-    for text, m in pieces(renderer, task, turns):
+    obs = iter([o for _, o in ex.turns if o])
+    for text, m in pieces(renderer, ex):
         if m:
             part = renderer.encode(text)
             last = part
         elif ids:  # an observation: the rollout's own call, after the sampled ids `last`
-            part = renderer.observation_ids(_obs_of(renderer, text), last)
+            part = renderer.observation_ids(next(obs), last)
         else:
             part = renderer.encode(text)
         ids += part
         mask += [m] * len(part)
     return ids, mask
-
-
-def _obs_of(renderer: Any, text: str) -> list[Message]:
-    # pieces() keeps only text; recover the tool message for observation_ids (one tool result)
-    content = text.split("<tool_response>\n", 1)[1].rsplit("\n</tool_response>", 1)[0]
-    return [Message(role="tool", content=content, tool_call_id="call_0", name="python")]
 
 
 # -- tokenizer ---------------------------------------------------------------------------------
@@ -312,27 +311,33 @@ def common_prefix(rows: list[tuple[list[int], list[int]]]) -> int:
     return n
 
 
-def batches(rows: list, size: int, gen: Any) -> list[list[int]]:
-    """Row indices in batches, in a seeded random order: shuffled, then sorted by length within
-    windows of 8 batches, so a batch pads little yet still mixes task kinds and behaviours."""
+def batches(rows: list, families: list[int], size: int, gen: Any) -> list[list[int]]:
+    """Row indices in batches, in a seeded random order: each family (code_exec, toolbox) apart,
+    shuffled, then sorted by length within windows of 8 batches, so a batch pads little and its
+    rows share their system prompt, yet it still mixes task kinds and behaviours."""
     import torch
 
-    order = torch.randperm(len(rows), generator=gen).tolist()
     out = []
-    for w in range(0, len(order), 8 * size):
-        window = sorted(order[w : w + 8 * size], key=lambda i: len(rows[i][0]))
-        out += [window[i : i + size] for i in range(0, len(window), size)]
+    for fam in sorted(set(families)):
+        order = [i for i in torch.randperm(len(rows), generator=gen).tolist() if families[i] == fam]
+        for w in range(0, len(order), 8 * size):
+            window = sorted(order[w : w + 8 * size], key=lambda i: len(rows[i][0]))
+            out += [window[i : i + size] for i in range(0, len(window), size)]
     return [out[i] for i in torch.randperm(len(out), generator=gen).tolist()]
 
 
 def sft(
-    model: Any, rows: list[tuple[list[int], list[int]]], spec: TinySpec, log: Callable
+    model: Any,
+    rows: list[tuple[list[int], list[int]]],
+    families: list[int],
+    spec: TinySpec,
+    log: Callable,
 ) -> float:
     """Next-token cross-entropy on the mask-1 tokens; AdamW, warm-up then cosine decay.
 
-    Every row starts with the same system prompt, so each batch runs that prefix once and
-    continues all rows from its (repeated) KV cache: the same logits as full rows, a third of
-    the compute."""
+    The rows of a batch share a prefix (code_exec's system prompt with its tool), so each batch
+    runs that prefix once and continues all rows from its (repeated) KV cache: the same logits as
+    full rows, a third of the compute for code_exec batches."""
     import torch
 
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01, betas=(0.9, 0.98))
@@ -344,17 +349,17 @@ def sft(
         return spec.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
 
     gen = torch.Generator().manual_seed(spec.seed)
-    n_pre = common_prefix(rows)
-    if any(any(m[:n_pre]) for _, m in rows):
-        raise AssertionError("the shared prefix contains trained tokens")
-    prefix = torch.tensor([rows[0][0][:n_pre]])
     pad = model.config.pad_token_id
     model.train()
     queue: list[list[int]] = []
     ema = math.nan
     for step in range(spec.steps):
-        queue = queue or batches(rows, spec.batch_size, gen)
+        queue = queue or batches(rows, families, spec.batch_size, gen)
         batch = [rows[i] for i in queue.pop()]
+        n_pre = max(common_prefix(batch), 1)
+        if any(any(m[:n_pre]) for _, m in batch):
+            raise AssertionError("the shared prefix contains trained tokens")
+        prefix = torch.tensor([batch[0][0][:n_pre]])
         width = max(len(ids) for ids, _ in batch) - n_pre
         ids_BT = torch.tensor(
             [ids[n_pre:] + [pad] * (width + n_pre - len(ids)) for ids, _ in batch]
@@ -383,25 +388,39 @@ def sft(
 # -- the build ---------------------------------------------------------------------------------
 
 
+def _renderers(tokenizer: Any) -> Callable[[list[dict[str, Any]]], Renderer]:
+    """A Renderer per distinct tool list (made once each)."""
+    made: dict[str, Renderer] = {}
+
+    def get(tools: list[dict[str, Any]]) -> Renderer:
+        key = json.dumps(tools, sort_keys=True)
+        if key not in made:
+            made[key] = Renderer(tokenizer, tools)
+        return made[key]
+
+    return get
+
+
 def build(out_dir: str | Path, spec: TinySpec = TinySpec(), log: Callable = print) -> Path:
     """Write tokenizer + model + generation config + build_info.json to out_dir (replaced)."""
     import torch
     from transformers import GenerationConfig
 
-    tools = [t.schema() for t in CodeExecEnv.tools]
     data = episodes(spec.dialogues, spec.seed, list(spec.kinds))
-    draft = Renderer(_wrap(_empty_tokenizer()), tools)  # renders text; ids not used
-    texts = [text for task, turns in data for text, _ in pieces(draft, task, turns)]
+    data += examples(spec.toolbox, seed=20_000 + spec.seed)
+    draft = _renderers(_wrap(_empty_tokenizer()))  # renders text; ids not used
+    texts = [text for ex in data for text, _ in pieces(draft(ex.tools), ex)]
     tokenizer = train_tokenizer(texts)
-    r = Renderer(tokenizer, tools)
-    rows = [encode_episode(r, task, turns) for task, turns in data]
+    r = _renderers(tokenizer)
+    rows = [encode_episode(r(ex.tools), ex) for ex in data]
     lengths = [len(ids) for ids, _ in rows]
     log(
         f"{len(rows)} dialogues, tokens/dialogue mean {sum(lengths) / len(rows):.0f} max {max(lengths)}"
     )
     model = make_model(tokenizer, spec)
     log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
-    loss = sft(model, rows, spec, log)
+    families = [0] * spec.dialogues + [1] * spec.toolbox
+    loss = sft(model, rows, families, spec, log)
 
     out = Path(out_dir)
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=out.parent if out.parent.exists() else None))
@@ -412,7 +431,7 @@ def build(out_dir: str | Path, spec: TinySpec = TinySpec(), log: Callable = prin
         GenerationConfig(eos_token_id=eos, pad_token_id=model.config.pad_token_id).save_pretrained(
             tmp
         )
-        info = {**spec.__dict__, "modes": MODES, "sft_loss": round(loss, 4),
+        info = {**spec.__dict__, "modes": MODES, "toolbox_modes": TOOLBOX_MODES, "sft_loss": round(loss, 4),
                 "torch": torch.__version__, "threads": torch.get_num_threads()}  # fmt: skip
         (tmp / "build_info.json").write_text(json.dumps(info, indent=1) + "\n")
         if out.exists():
@@ -430,8 +449,10 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=TinySpec.seed)
     p.add_argument("--steps", type=int, default=TinySpec.steps)
     p.add_argument("--dialogues", type=int, default=TinySpec.dialogues)
+    p.add_argument("--toolbox", type=int, default=TinySpec.toolbox)
     a = p.parse_args()
-    print(build(a.out_dir, TinySpec(seed=a.seed, steps=a.steps, dialogues=a.dialogues)))
+    spec = TinySpec(seed=a.seed, steps=a.steps, dialogues=a.dialogues, toolbox=a.toolbox)
+    print(build(a.out_dir, spec))
 
 
 if __name__ == "__main__":
