@@ -4,6 +4,7 @@
     python bench/learning_curve.py trainer.steps=40        # … with Hydra overrides
     python bench/learning_curve.py --metrics runs/code_exec/metrics.jsonl   # report a finished run
     python bench/learning_curve.py --metrics M.jsonl --plot bench/learning_curve.png  # + a PNG
+    python bench/learning_curve.py --metrics A.jsonl B.jsonl --plot both.png   # runs side by side
 
 Prints a table (step, elapsed seconds, reward/mean, reward/correct, rollout/tool_call_rate) and
 the ratio of the last five steps' mean reward to the first step's, the reference measured in the
@@ -83,6 +84,29 @@ def plot(rows: list[dict[str, float]], out: Path) -> None:
     fig.savefig(out)
 
 
+def plot_runs(runs: dict[str, list[dict[str, float]]], out: Path) -> None:
+    """Several runs' reward curves side by side, one panel each (reward and tool-call rate)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.4), dpi=110, sharey=True)
+    for ax, (name, rows) in zip(axes, runs.items(), strict=True):
+        steps = [int(r["step"]) for r in rows]
+        ax.plot(steps, [r.get("reward/mean", float("nan")) for r in rows], label="reward/mean",
+                lw=2)  # fmt: skip
+        ax.plot(steps, [r["rollout/tool_call_rate"] for r in rows],
+                label="rollout/tool_call_rate", lw=1.5, ls="--")  # fmt: skip
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[-1].legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out)
+
+
 def _step_to_minutes(steps: list[int], secs: list[float]):
     import numpy as np
 
@@ -111,11 +135,20 @@ def run(overrides: list[str]) -> Path:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--metrics", type=Path, help="a finished run's metrics.jsonl (else: run one)")
+    p.add_argument("--metrics", type=Path, nargs="+",
+                   help="finished runs' metrics.jsonl (else: run one); several: side by side")  # fmt: skip
     p.add_argument("--plot", type=Path, help="write a PNG of the curve here (needs matplotlib)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for the run")
     a = p.parse_args()
-    rows = read_metrics(a.metrics or run(a.overrides))
+    if a.metrics and len(a.metrics) > 1:
+        runs = {m.parent.name: read_metrics(m) for m in a.metrics}
+        for name, rows in runs.items():
+            print(f"## {name}\n{table(rows)}\n{phases(rows)}")
+        if a.plot:
+            plot_runs(runs, a.plot)
+            print(f"plot written to {a.plot}")
+        return
+    rows = read_metrics(a.metrics[0] if a.metrics else run(a.overrides))
     print(table(rows))
     print(phases(rows))
     first, last = (
