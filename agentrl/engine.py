@@ -31,7 +31,7 @@ import random
 import time
 import uuid
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import aiohttp
@@ -68,7 +68,7 @@ FIX_HINT = (
 ROUTING_KEY_HEADER = "x-smg-routing-key"  # smg's consistent hashing reads the key from it
 _CLIENT_FIELDS = {
     "timeout_s", "connect_timeout_s", "max_retries", "backoff_s", "max_backoff_s",
-    "unhealthy_cooldown_s", "health_timeout_s", "max_connections",
+    "unhealthy_cooldown_s", "health_timeout_s", "max_connections", "batch_window_ms",
 }  # fmt: skip
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
@@ -108,6 +108,14 @@ class EngineConfig(BaseModel):
         "consistent_hashing", description="smg --policy (cache_aware, round_robin, …)"
     )
     router_args: list[str] = Field(default_factory=list, description="appended to smg launch")
+    batch_window_ms: float = Field(
+        0.0,
+        ge=0,
+        description="coalesce the /generate calls that reach one server within this window "
+        "into one batched request (SGLang's list form): one HTTP request and tokenizer-manager "
+        "pass for many turns, at the price that a batch answers when its slowest member is "
+        "done; 0: off. Not used behind a router",
+    )
     max_restarts: int = Field(
         3, ge=0, description="restarts of one server we started (died or hung) before the run stops"
     )
@@ -146,6 +154,8 @@ class _Server:
     inflight: int = 0
     keys: int = 0  # sticky keys currently mapped here
     down_until: float = 0.0
+    # batch_window_ms: /generate calls waiting to go out together, with their futures
+    pending: list[tuple[dict[str, Any], asyncio.Future]] = field(default_factory=list)
 
 
 class EngineClient:
@@ -166,6 +176,7 @@ class EngineClient:
         health_timeout_s: float = 300.0,
         max_connections: int = 1024,
         router: str | None = None,
+        batch_window_ms: float = 0.0,
     ):
         if not urls:
             raise ValueError("EngineClient needs at least one server URL (engine.urls)")
@@ -173,6 +184,7 @@ class EngineClient:
         # with a router, /generate goes through it (the episode key in ROUTING_KEY_HEADER);
         # admin calls (weights, memory, pause) still go to every server directly
         self._router = _Server(router.rstrip("/")) if router else None
+        self.batch_window_s = batch_window_ms / 1000.0
         self._sticky: dict[str, _Server] = {}
         self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
         self.max_retries, self.backoff_s, self.max_backoff_s = max_retries, backoff_s, max_backoff_s
@@ -309,9 +321,15 @@ class EngineClient:
         )
 
     async def _try_generate(
-        self, s: _Server, payload: dict[str, Any], headers: dict[str, str] | None = None
+        self,
+        s: _Server,
+        payload: dict[str, Any],
+        headers: dict[str, str] | None = None,
+        batch: bool = True,
     ) -> Completion | str:
         """One attempt: a Completion, or the reason it is worth retrying elsewhere."""
+        if batch and self.batch_window_s > 0 and s is not self._router:
+            return await self._try_batched(s, payload)
         s.inflight += 1
         t0 = time.monotonic()
         try:
@@ -336,6 +354,87 @@ class EngineClient:
         except ValueError as e:
             raise EngineProtocolError(f"{s.url}/generate returned non-JSON: {e}") from e
         return parse_generate_response(data, s.url, time.monotonic() - t0)
+
+    async def _try_batched(self, s: _Server, payload: dict[str, Any]) -> Completion | str:
+        """Join the server's next batched /generate (sent `batch_window_ms` after its first
+        member arrived); same outcome as one request."""
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        s.pending.append((dict(payload), fut))
+        if len(s.pending) == 1:
+            asyncio.get_running_loop().call_later(self.batch_window_s, self._send_batch, s)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if not any(f is fut for _, f in s.pending):  # already sent: stop sampling it
+                self._abort_later(s, payload["rid"])
+            raise
+
+    def _send_batch(self, s: _Server) -> None:
+        items = [(p, f) for p, f in s.pending if not f.done()]  # cancelled ones never leave
+        s.pending = []
+        if items:
+            task = asyncio.create_task(self._post_batch(s, items))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _post_batch(self, s: _Server, items: list[tuple[dict[str, Any], asyncio.Future]]):
+        def settle(results: list[Any]) -> None:
+            for (_, f), res in zip(items, results, strict=True):
+                if not f.done():
+                    if isinstance(res, BaseException):
+                        f.set_exception(res)
+                    else:
+                        f.set_result(res)
+
+        body = {
+            "input_ids": [p["input_ids"] for p, _ in items],
+            "sampling_params": [p["sampling_params"] for p, _ in items],
+            "rid": [p["rid"] for p, _ in items],
+            "return_logprob": True,
+        }
+        s.inflight += len(items)
+        t0 = time.monotonic()
+        try:
+            r = await self._request("POST", s.url + "/generate", body)
+        except TimeoutError:
+            for p, _ in items:
+                self._abort_later(s, p["rid"])
+            return settle([f"timed out after {time.monotonic() - t0:.1f}s"] * len(items))
+        except aiohttp.ClientError as e:
+            return settle([f"{type(e).__name__}: {e}".strip()] * len(items))
+        except Exception as e:  # noqa: BLE001 - every waiting caller must hear of it
+            return settle([e] * len(items))
+        finally:
+            s.inflight -= len(items)
+        if r.status >= 500:
+            return settle([f"HTTP {r.status}: {error_message(r)[:200]}"] * len(items))
+        if r.status >= 400 and len(items) > 1:
+            # one member was refused (a prompt too long …): the others should not share its
+            # fate; send each alone so every caller gets its own answer
+            results = await asyncio.gather(
+                *(self._try_alone(s, p) for p, _ in items), return_exceptions=True
+            )
+            return settle(list(results))
+        if r.status >= 400:
+            return settle([request_error(r, s.url, "/generate")])
+        s.down_until = 0.0
+        try:
+            data = r.json()
+            if not isinstance(data, list) or len(data) != len(items):
+                raise ValueError(f"expected a list of {len(items)} answers")
+            latency = time.monotonic() - t0
+            results = []
+            for d in data:
+                try:
+                    results.append(parse_generate_response(d, s.url, latency))
+                except EngineProtocolError as e:
+                    results.append(e)
+        except ValueError as e:
+            results = [EngineProtocolError(f"{s.url}/generate (batched): {e}")] * len(items)
+        settle(results)
+
+    async def _try_alone(self, s: _Server, payload: dict[str, Any]) -> Completion | str:
+        return await self._try_generate(s, payload, batch=False)
 
     def _abort_later(self, s: _Server, rid: str) -> None:
         task = asyncio.create_task(self._abort_quietly(s, rid))

@@ -181,21 +181,27 @@ async def measure(url: str, tokenizer: Any, a, mode: str) -> dict[str, Any]:
     timeout = aiohttp.ClientTimeout(total=7200, sock_connect=10)
     async with (
         EngineClient([url], timeout_s=7200, max_retries=0, max_connections=4096) as engine,
+        EngineClient([url], timeout_s=7200, max_retries=0, max_connections=4096,
+                     batch_window_ms=a.batch_window_ms) as coalescing,
         aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http,
-    ):
+    ):  # fmt: skip
         rollout = make_rollout(engine, tokenizer, a, turns, per_turn)
+        coalesced = make_rollout(coalescing, tokenizer, a, turns, per_turn)
         warm = make_rollout(engine, tokenizer, a, turns, min(per_turn, 8))
         w_tasks, w_prompts = make_tasks(warm, a.episodes, a.prompt_tokens, "warm-up", a.seed + 1)
         await run_reference(http, url, w_prompts, turns * min(per_turn, 8), a)
         await run_rollout(warm, w_tasks, w_prompts, min(per_turn, 8))
         tasks, prompts = make_tasks(rollout, a.episodes, a.prompt_tokens, "episode", a.seed)
         obs = rollout.renderer.observation_ids([FixedLengthEnv.observation_message()], [0])
-        ref, ro, bare = [], [], []
+        ref, ro, bare, co = [], [], [], []
         for _ in range(a.rounds):
             await flush(engine)
             ref.append(await run_reference(http, url, prompts, turns * per_turn, a))
             await flush(engine)
             ro.append(await run_rollout(rollout, tasks, prompts, per_turn))
+            if a.batch_window_ms > 0:
+                await flush(engine)
+                co.append(await run_rollout(coalesced, tasks, prompts, per_turn))
             if turns > 1:
                 await flush(engine)
                 bare.append(await run_bare_turns(http, url, prompts, obs, a, turns, per_turn))
@@ -213,6 +219,9 @@ async def measure(url: str, tokenizer: Any, a, mode: str) -> dict[str, Any]:
         "reference_tok_s": tokens / ref_s,
         "ratio": ref_s / ro_s,
         "bare_turns_s": bare_s,  # multi: bare multi-turn client, same server and turns
+        # the same rollout with engine.batch_window_ms (concurrent turns coalesced)
+        "coalesced_s": min(c[1] for c in co) if co else None,
+        "batch_window_ms": a.batch_window_ms,
         # cached / prompt tokens per turn, of the rollout's last round (SGLang's cached_tokens)
         **getattr(rollout, "last_cache", {}),
     }
@@ -265,6 +274,10 @@ def report(rows: list[dict[str, Any]], header: str) -> None:
             print(f"  prefix cache hit (cached / prompt tokens): all turns "
                   f"{r['prefix_cache_hit']:.3f}, first turns {r['prefix_cache_hit_first']:.3f}, "
                   f"later turns {r['prefix_cache_hit_later']:.3f}")  # fmt: skip
+        if r.get("coalesced_s"):
+            c = r["coalesced_s"]
+            print(f"  rollout with engine.batch_window_ms={r['batch_window_ms']:g}: {c:.2f} s, "
+                  f"{r['tokens'] / c:.1f} tok/s, ratio to reference {r['reference_s'] / c:.2f}")  # fmt: skip
         if r.get("bare_turns_s"):
             b = r["bare_turns_s"]
             print(f"  bare multi-turn client (raw /generate per turn, no env or rendering): "
@@ -291,6 +304,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="dev server torch threads")
     p.add_argument("--memory-saver", action="store_true", help="sglang: keep the memory saver")
     p.add_argument("--server-args", default="", help="more launch arguments (one string)")
+    p.add_argument(
+        "--batch-window-ms",
+        type=float,
+        default=0.0,
+        help="also time the rollout with engine.batch_window_ms=this (coalesced turns)",
+    )
     p.add_argument("--json", help="also write the figures to this file")
     p.add_argument("--log-dir", help="keep the launched server's log here (default: a temp dir)")
     a = p.parse_args()

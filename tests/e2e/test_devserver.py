@@ -291,3 +291,24 @@ def test_sigterm_stops_the_server_cleanly(tiny_model_dir, launch_devserver):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
         assert time.monotonic() - t0 < 15
+
+
+async def test_coalesced_generates_answer_as_single_requests_do(devserver):
+    """engine.batch_window_ms: concurrent calls leave as one batched /generate; each caller gets
+    exactly what it would alone (greedy ids and logprobs), and one member the server refuses
+    (a prompt too long) fails alone while the others are answered."""
+    prompts = [PROMPT, PROMPT[:5], PROMPT[3:], [7, 8, 9, 10]]
+    params = SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True)
+    async with EngineClient([devserver]) as engine:
+        alone = [await engine.generate(p, params) for p in prompts]
+    async with EngineClient([devserver], batch_window_ms=50) as engine:
+        together = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+        mixed = await asyncio.gather(
+            engine.generate(PROMPT, params),
+            engine.generate([1] * 4096, SamplingParams(max_new_tokens=1)),
+            return_exceptions=True,
+        )
+    for a, b in zip(alone, together, strict=True):
+        assert a.token_ids == b.token_ids
+        assert_close(a.logprobs, b.logprobs)
+    assert mixed[0].token_ids == alone[0].token_ids and isinstance(mixed[1], PromptTooLong)
