@@ -69,6 +69,7 @@ ROUTING_KEY_HEADER = "x-smg-routing-key"  # smg's consistent hashing reads the k
 _CLIENT_FIELDS = {
     "timeout_s", "connect_timeout_s", "max_retries", "backoff_s", "max_backoff_s",
     "unhealthy_cooldown_s", "health_timeout_s", "max_connections", "batch_window_ms",
+    "batch_max_wait_ms",
 }  # fmt: skip
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
@@ -111,10 +112,14 @@ class EngineConfig(BaseModel):
     batch_window_ms: float = Field(
         0.0,
         ge=0,
-        description="coalesce the /generate calls that reach one server within this window "
-        "into one batched request (SGLang's list form): one HTTP request and tokenizer-manager "
-        "pass for many turns, at the price that a batch answers when its slowest member is "
-        "done; 0: off. Not used behind a router",
+        description="coalesce the /generate calls to one server into one batched request "
+        "(SGLang's list form): a batch leaves once no call joined it for this long (or "
+        "batch_max_wait_ms after its first call). One HTTP request and scheduler admission for "
+        "a wave of turns, at the price that a batch answers when its slowest member is done; "
+        "0: off. Not used behind a router",
+    )
+    batch_max_wait_ms: float = Field(
+        50.0, gt=0, description="the longest a call waits for its batch to leave"
     )
     max_restarts: int = Field(
         3, ge=0, description="restarts of one server we started (died or hung) before the run stops"
@@ -154,8 +159,11 @@ class _Server:
     inflight: int = 0
     keys: int = 0  # sticky keys currently mapped here
     down_until: float = 0.0
-    # batch_window_ms: /generate calls waiting to go out together, with their futures
+    # batch_window_ms: /generate calls waiting to go out together, with their futures; the
+    # timer that sends them and when the first of them arrived
     pending: list[tuple[dict[str, Any], asyncio.Future]] = field(default_factory=list)
+    batch_timer: asyncio.TimerHandle | None = None
+    batch_started: float = 0.0
 
 
 class EngineClient:
@@ -177,6 +185,7 @@ class EngineClient:
         max_connections: int = 1024,
         router: str | None = None,
         batch_window_ms: float = 0.0,
+        batch_max_wait_ms: float = 50.0,
     ):
         if not urls:
             raise ValueError("EngineClient needs at least one server URL (engine.urls)")
@@ -185,6 +194,8 @@ class EngineClient:
         # admin calls (weights, memory, pause) still go to every server directly
         self._router = _Server(router.rstrip("/")) if router else None
         self.batch_window_s = batch_window_ms / 1000.0
+        self.batch_max_wait_s = max(batch_max_wait_ms / 1000.0, self.batch_window_s)
+        self.batches_sent = self.batched_calls = 0  # coalescing at work: calls / batches
         self._sticky: dict[str, _Server] = {}
         self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
         self.max_retries, self.backoff_s, self.max_backoff_s = max_retries, backoff_s, max_backoff_s
@@ -356,12 +367,19 @@ class EngineClient:
         return parse_generate_response(data, s.url, time.monotonic() - t0)
 
     async def _try_batched(self, s: _Server, payload: dict[str, Any]) -> Completion | str:
-        """Join the server's next batched /generate (sent `batch_window_ms` after its first
-        member arrived); same outcome as one request."""
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        """Join the server's next batched /generate; same outcome as one request. The batch
+        leaves `batch_window_ms` after its latest member joined (a wave of turns that the
+        client issues one by one stays together), at most `batch_max_wait_ms` after its first."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
         s.pending.append((dict(payload), fut))
+        now = loop.time()
         if len(s.pending) == 1:
-            asyncio.get_running_loop().call_later(self.batch_window_s, self._send_batch, s)
+            s.batch_started = now
+        if s.batch_timer is not None:
+            s.batch_timer.cancel()
+        when = min(now + self.batch_window_s, s.batch_started + self.batch_max_wait_s)
+        s.batch_timer = loop.call_at(when, self._send_batch, s)
         try:
             return await fut
         except asyncio.CancelledError:
@@ -371,8 +389,10 @@ class EngineClient:
 
     def _send_batch(self, s: _Server) -> None:
         items = [(p, f) for p, f in s.pending if not f.done()]  # cancelled ones never leave
-        s.pending = []
+        s.pending, s.batch_timer = [], None
         if items:
+            self.batches_sent += 1
+            self.batched_calls += len(items)
             task = asyncio.create_task(self._post_batch(s, items))
             self._background.add(task)
             task.add_done_callback(self._background.discard)

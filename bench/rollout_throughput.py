@@ -141,11 +141,18 @@ async def run_reference(http: aiohttp.ClientSession, url: str, prompts, new_toke
 
 
 async def run_bare_turns(http: aiohttp.ClientSession, url: str, prompts, obs: list[int], a,
-                         turns: int, per_turn: int):  # fmt: skip
+                         turns: int, per_turn: int, style: str = "plain"):  # fmt: skip
     """(generated tokens, wall s) of a bare multi-turn client: every episode at once, `turns`
     raw /generate requests each, the next prompt = ids so far + sampled ids + `obs` (the same
     observation ids the rollout appends). SGLang's own cost of turn boundaries, without
-    agentrl's (no env, no rendering, no parsing)."""
+    agentrl's (no env, no rendering, no parsing). Styles:
+    - plain: one request per episode and turn, the whole context each time (radix cache reuse);
+    - batched: each turn of all episodes as ONE batched request (no per-request HTTP cost: the
+      bound of client-side coalescing; the turn boundary is then only the server's scheduling);
+    - session: a streaming SGLang session per episode (/open_session streaming=true, server
+      started with --enable-streaming-session): each later turn sends only the observation
+      ids and continues on the KV the session slot held (no radix match, no re-admission of
+      the prefix)."""
     sp = SamplingParams(max_new_tokens=per_turn, temperature=a.temperature, ignore_eos=True)
     body = {"sampling_params": sp.to_sglang(), "return_logprob": True}
 
@@ -157,12 +164,44 @@ async def run_bare_turns(http: aiohttp.ClientSession, url: str, prompts, obs: li
             ids = ids + out + (obs if k < turns - 1 else [])
         return n
 
+    async def session_episode(ids: list[int]) -> int:
+        async with http.post(url + "/open_session",
+                             json={"capacity_of_str_len": 1 << 20, "streaming": True}) as r:  # fmt: skip
+            if r.status != 200:
+                raise SystemExit(f"/open_session: HTTP {r.status}: {(await r.text())[:300]} "
+                                 "(start the server with --enable-streaming-session)")  # fmt: skip
+            sid = orjson.loads(await r.read())
+        n, send = 0, ids
+        try:
+            for _ in range(turns):
+                req = body | {"input_ids": send, "session_params": {"id": sid}}
+                out = (await post_generate(http, url, req))["output_ids"]
+                n += len(out)
+                send = obs
+        finally:
+            async with http.post(url + "/close_session", json={"session_id": sid}) as r:
+                await r.read()
+        return n
+
+    async def batched() -> list[int]:
+        ids, counts = [list(p) for p in prompts], [0] * len(prompts)
+        for k in range(turns):
+            outs = await post_generate(http, url, body | {"input_ids": ids})
+            for i, o in enumerate(outs):
+                counts[i] += len(o["output_ids"])
+                ids[i] = ids[i] + o["output_ids"] + (obs if k < turns - 1 else [])
+        return counts
+
     t0 = time.perf_counter()
-    counts = await asyncio.gather(*(episode(list(p)) for p in prompts))
+    if style == "batched":
+        counts = await batched()
+    else:
+        one = session_episode if style == "session" else episode
+        counts = await asyncio.gather(*(one(list(p)) for p in prompts))
     wall = time.perf_counter() - t0
     if set(counts) != {turns * per_turn}:
         raise SystemExit(
-            f"bare turns: generated {sorted(set(counts))}, expected {turns * per_turn}"
+            f"bare turns ({style}): generated {sorted(set(counts))}, expected {turns * per_turn}"
         )
     return sum(counts), wall
 
@@ -182,7 +221,8 @@ async def measure(url: str, tokenizer: Any, a, mode: str) -> dict[str, Any]:
     async with (
         EngineClient([url], timeout_s=7200, max_retries=0, max_connections=4096) as engine,
         EngineClient([url], timeout_s=7200, max_retries=0, max_connections=4096,
-                     batch_window_ms=a.batch_window_ms) as coalescing,
+                     batch_window_ms=a.batch_window_ms,
+                     batch_max_wait_ms=a.batch_max_wait_ms) as coalescing,
         aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http,
     ):  # fmt: skip
         rollout = make_rollout(engine, tokenizer, a, turns, per_turn)
@@ -194,6 +234,7 @@ async def measure(url: str, tokenizer: Any, a, mode: str) -> dict[str, Any]:
         tasks, prompts = make_tasks(rollout, a.episodes, a.prompt_tokens, "episode", a.seed)
         obs = rollout.renderer.observation_ids([FixedLengthEnv.observation_message()], [0])
         ref, ro, bare, co = [], [], [], []
+        variants: dict[str, list] = {v: [] for v in a.bare_variants.split(",") if v}
         for _ in range(a.rounds):
             await flush(engine)
             ref.append(await run_reference(http, url, prompts, turns * per_turn, a))
@@ -201,10 +242,16 @@ async def measure(url: str, tokenizer: Any, a, mode: str) -> dict[str, Any]:
             ro.append(await run_rollout(rollout, tasks, prompts, per_turn))
             if a.batch_window_ms > 0:
                 await flush(engine)
+                n0, c0 = coalescing.batches_sent, coalescing.batched_calls
                 co.append(await run_rollout(coalesced, tasks, prompts, per_turn))
+                co_size = (coalescing.batched_calls - c0) / max(coalescing.batches_sent - n0, 1)
             if turns > 1:
                 await flush(engine)
                 bare.append(await run_bare_turns(http, url, prompts, obs, a, turns, per_turn))
+                for style, runs in variants.items():
+                    await flush(engine)
+                    runs.append(await run_bare_turns(http, url, prompts, obs, a, turns, per_turn,
+                                                     style))  # fmt: skip
     (tokens, ref_s), (_, ro_s) = min(ref, key=lambda x: x[1]), min(ro, key=lambda x: x[1])
     bare_s = min(b[1] for b in bare) if bare else None
     return {
@@ -222,6 +269,10 @@ async def measure(url: str, tokenizer: Any, a, mode: str) -> dict[str, Any]:
         # the same rollout with engine.batch_window_ms (concurrent turns coalesced)
         "coalesced_s": min(c[1] for c in co) if co else None,
         "batch_window_ms": a.batch_window_ms,
+        "batch_max_wait_ms": a.batch_max_wait_ms,
+        "coalesced_batch_mean": co_size if co else None,  # calls per batched request
+        # multi: the bare client's other styles (--bare-variants), best wall s of each
+        "bare_variants_s": {k: min(x[1] for x in v) for k, v in variants.items() if v},
         # cached / prompt tokens per turn, of the rollout's last round (SGLang's cached_tokens)
         **getattr(rollout, "last_cache", {}),
     }
@@ -276,13 +327,18 @@ def report(rows: list[dict[str, Any]], header: str) -> None:
                   f"later turns {r['prefix_cache_hit_later']:.3f}")  # fmt: skip
         if r.get("coalesced_s"):
             c = r["coalesced_s"]
-            print(f"  rollout with engine.batch_window_ms={r['batch_window_ms']:g}: {c:.2f} s, "
-                  f"{r['tokens'] / c:.1f} tok/s, ratio to reference {r['reference_s'] / c:.2f}")  # fmt: skip
+            print(f"  rollout with engine.batch_window_ms={r['batch_window_ms']:g} "
+                  f"(max wait {r['batch_max_wait_ms']:g} ms): {c:.2f} s, {r['tokens'] / c:.1f} "
+                  f"tok/s, ratio to reference {r['reference_s'] / c:.2f}, "
+                  f"{r['coalesced_batch_mean']:.1f} turns per request")  # fmt: skip
         if r.get("bare_turns_s"):
             b = r["bare_turns_s"]
             print(f"  bare multi-turn client (raw /generate per turn, no env or rendering): "
                   f"{b:.2f} s, {r['tokens'] / b:.1f} tok/s, ratio to reference "
                   f"{r['reference_s'] / b:.2f}; rollout / bare {b / r['rollout_s']:.2f}")  # fmt: skip
+        for style, b in (r.get("bare_variants_s") or {}).items():
+            print(f"  bare client, {style}: {b:.2f} s, {r['tokens'] / b:.1f} tok/s, ratio to "
+                  f"reference {r['reference_s'] / b:.2f}")  # fmt: skip
 
 
 def main() -> None:
@@ -309,6 +365,15 @@ def main() -> None:
         type=float,
         default=0.0,
         help="also time the rollout with engine.batch_window_ms=this (coalesced turns)",
+    )
+    p.add_argument("--batch-max-wait-ms", type=float, default=50.0,
+                   help="engine.batch_max_wait_ms for the coalesced rollout")  # fmt: skip
+    p.add_argument(
+        "--bare-variants",
+        default="",
+        help="multi: also time the bare client as batched (one request per turn of all "
+        "episodes) and/or session (SGLang streaming sessions; needs --server-args "
+        "--enable-streaming-session), comma-separated",
     )
     p.add_argument("--json", help="also write the figures to this file")
     p.add_argument("--log-dir", help="keep the launched server's log here (default: a temp dir)")

@@ -312,3 +312,24 @@ async def test_coalesced_generates_answer_as_single_requests_do(devserver):
         assert a.token_ids == b.token_ids
         assert_close(a.logprobs, b.logprobs)
     assert mixed[0].token_ids == alone[0].token_ids and isinstance(mixed[1], PromptTooLong)
+
+
+async def test_a_wave_of_calls_one_by_one_leaves_as_one_batch(devserver):
+    """The window restarts with every call that joins (a wave of turns the client issues one by
+    one stays together); batch_max_wait_ms still bounds how long the first call waits."""
+    params = SamplingParams(max_new_tokens=2, temperature=0, ignore_eos=True)
+
+    async def wave(engine: EngineClient, gap_s: float) -> list:
+        calls = []
+        for p in (PROMPT, PROMPT[:5], PROMPT[3:], [7, 8, 9, 10]):
+            calls.append(asyncio.ensure_future(engine.generate(p, params)))
+            await asyncio.sleep(gap_s)
+        return await asyncio.gather(*calls)
+
+    async with EngineClient([devserver], batch_window_ms=100, batch_max_wait_ms=2000) as engine:
+        out = await wave(engine, 0.03)
+        assert (engine.batches_sent, engine.batched_calls) == (1, 4)
+    async with EngineClient([devserver], batch_window_ms=50, batch_max_wait_ms=60) as engine:
+        out2 = await wave(engine, 0.03)
+        assert engine.batches_sent >= 2 and engine.batched_calls == 4
+    assert [c.token_ids for c in out] == [c.token_ids for c in out2]
