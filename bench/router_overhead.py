@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from agentrl.engine import EngineClient, EngineConfig, SamplingParams
@@ -51,10 +52,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
     cfg = EngineConfig(router="smg")
-    with tempfile.TemporaryDirectory() as logs, launch_engines(cfg, TINY, Path(logs)) as urls:
-        with launch_router(cfg, urls, Path(logs)) as router:
-            direct = asyncio.run(timed(urls[0], None, a))
-            routed = asyncio.run(timed(urls[0], router, a))
+    with ExitStack() as stack:
+        logs = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        urls = stack.enter_context(launch_engines(cfg, TINY, logs))
+        router = stack.enter_context(launch_router(cfg, urls, logs))
+        direct = asyncio.run(timed(urls[0], None, a))
+        routed = asyncio.run(timed(urls[0], router, a))
     print(f"{a.requests} /generate calls of {a.new_tokens} token(s), {a.concurrency} in flight, "
           f"one dev server, best of {a.rounds}")  # fmt: skip
     print(f"direct   {direct:7.3f} ms/request")
