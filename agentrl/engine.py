@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 import aiohttp
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentrl.protocol import (
     EngineError,
@@ -124,6 +124,25 @@ class EngineConfig(BaseModel):
     max_restarts: int = Field(
         3, ge=0, description="restarts of one server we started (died or hung) before the run stops"
     )
+
+    @field_validator("extra_args")
+    @classmethod
+    def _one_tokenizer_worker(cls, args: list[str]) -> list[str]:
+        """SGLang 0.5.17 with --tokenizer-worker-num > 1 tags answers with stale weight
+        versions (only one worker hears of a weight update: on one H100 the last step's turns
+        read {'2', '3', 'default'} instead of {'3'}); every token's version is what staleness and
+        the per-turn records rest on, so refuse it rather than record wrong versions quietly."""
+        for i, arg in enumerate(args):
+            name, _, value = arg.partition("=")
+            if name == "--tokenizer-worker-num":
+                value = value or (args[i + 1] if i + 1 < len(args) else "")
+                if value.strip() != "1":
+                    raise ValueError(
+                        f"--tokenizer-worker-num {value}: SGLang's extra tokenizer workers do not "
+                        "learn of weight updates, so completions would carry stale weight "
+                        "versions; leave it at 1"
+                    )
+        return args
 
     def server_urls(self) -> list[str]:
         if self.urls:

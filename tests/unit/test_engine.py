@@ -391,3 +391,10 @@ async def test_a_cancelled_generate_is_aborted_on_its_server():
         (abort,) = [b for _, p, b in fake.calls if p == "/abort_request"]
         assert abort == {"rid": gen["rid"]}
         fake.gate.set()
+
+
+@pytest.mark.parametrize("args", [["--tokenizer-worker-num", "4"], ["--tokenizer-worker-num=2"]])
+def test_extra_tokenizer_workers_are_refused_they_report_stale_weight_versions(args):
+    with pytest.raises(ValueError, match="stale weight versions"):
+        EngineConfig(kind="sglang", extra_args=["--dtype", "bfloat16", *args])
+    EngineConfig(kind="sglang", extra_args=["--tokenizer-worker-num", "1"])
