@@ -4,6 +4,7 @@ overrides (`env=code_exec rollout.group_size=8`); view takes a run directory."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 USAGE = """usage: agentrl COMMAND [ARGS]
@@ -30,4 +31,8 @@ def main(argv: list[str] | None = None) -> None:
     else:
         raise SystemExit(f"agentrl: unknown command {command!r}\n\n{USAGE}")
     sys.argv = [f"agentrl {command}", *rest]  # Hydra reads its overrides from sys.argv
+    # as `python -m` does: the user's own modules in the working directory import
+    # (env._target_=my_env.AddEnv); a console script only has its own bin/ on the path
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     run()

@@ -5,6 +5,7 @@ import asyncio
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -174,6 +175,7 @@ def test_a_dead_engine_is_restarted_with_the_current_weights_then_gives_up(tmp_p
 
 USER_ALGO = '''
 import os
+import re
 from pathlib import Path
 
 def mean_baseline(episodes, cfg):
@@ -204,3 +206,20 @@ def test_a_user_estimator_and_loss_train_from_their_own_module(tmp_path, monkeyp
     history = asyncio.run(train(cfg, tmp_path / "out"))
     assert (tmp_path / "loss_ran").exists(), "the user's loss never ran in the learner"
     assert history[0]["train/skipped"] == 0 and math.isfinite(history[0]["train/grad_norm"])
+
+
+def test_the_agentrl_command_imports_the_users_env_from_the_working_directory(tmp_path):
+    """The README's `agentrl preview env=custom env._target_=my_env.AddEnv`, run where my_env.py
+    lies: a console script has only its bin/ on sys.path, unlike `python -m`."""
+    readme = (ROOT / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+                if "class AddEnv" in b]  # fmt: skip
+    (tmp_path / "my_env.py").write_text(block)
+    agentrl = Path(sys.executable).parent / "agentrl"
+    done = subprocess.run(
+        [str(agentrl), "preview", "env=custom", "env._target_=my_env.AddEnv", "preview.tasks=1",
+         "rollout.group_size=2", "preview.show=1", "rollout.max_new_tokens=16"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "What is" in done.stdout  # an AddEnv task was rolled out and shown
