@@ -21,7 +21,7 @@ import sys
 import typing
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
@@ -184,6 +184,19 @@ class TrainerConfig(CheckpointConfig):
         "tasks_per_step to finish (the rest are aborted on the engine): a slow tail never holds "
         "the step, at the price of a bias towards quickly finished episodes",
     )
+    mode: Literal["sync", "async"] = Field(
+        "sync",
+        description="sync: each step rolls out, then trains; async: rollouts run on in the "
+        "background while the learner trains (agentrl/producer.py), within max_staleness",
+    )
+    max_staleness: int = Field(
+        1, ge=0, description="async: the most weight versions a trained token may lag behind"
+    )
+    stale_policy: Literal["wait", "drop"] = Field(
+        "wait",
+        description="async: wait (launch no more than the staleness bound allows) or drop "
+        "(launch freely, drop groups found too stale)",
+    )
     max_skipped_steps: int = Field(
         3, ge=1, description="non-finite steps in a row before the run stops with an error"
     )
@@ -248,6 +261,22 @@ class Config(BaseModel):
             "advantage": self.algo.advantage.name,
             "loss": self.algo.loss.name,
         }
+
+    @model_validator(mode="after")
+    def _async_needs_separate_devices(self) -> Config:
+        if self.trainer.mode != "async":
+            return self
+        if self.engine.colocate:
+            raise ValueError(
+                "trainer.mode=async needs the engines and the learner on separate devices "
+                "(engine.colocate=false): colocated, they take turns on the GPU"
+            )
+        if self.trainer.oversample_groups:
+            raise ValueError(
+                "trainer.oversample_groups is for trainer.mode=sync; async rollouts already run "
+                "ahead (trainer.max_staleness)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _sandbox_backend(self) -> Config:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import random
 import time
@@ -213,6 +214,9 @@ class EngineClient:
         # admin calls (weights, memory, pause) still go to every server directly
         self._router = _Server(router.rstrip("/")) if router else None
         self.batch_window_s = batch_window_ms / 1000.0
+        self._active = 0  # generate() calls in progress (exclusive() waits for none)
+        self._gate_loop: asyncio.AbstractEventLoop | None = None
+        self._open = self._idle = None
         self.batch_max_wait_s = max(batch_max_wait_ms / 1000.0, self.batch_window_s)
         self.batches_sent = self.batched_calls = 0  # coalescing at work: calls / batches
         self._sticky: dict[str, _Server] = {}
@@ -321,7 +325,46 @@ class EngineClient:
     async def generate(
         self, input_ids: list[int], params: SamplingParams, key: str | None = None
     ) -> Completion:
-        """Sample a completion of `input_ids`. `key` pins one trajectory to one server."""
+        """Sample a completion of `input_ids`. `key` pins one trajectory to one server. Waits
+        while `exclusive()` holds the engines (a weight update in progress)."""
+        opened, idle = self._gate()
+        while not opened.is_set():
+            await opened.wait()
+        self._active += 1
+        idle.clear()
+        try:
+            return await self._generate(input_ids, params, key)
+        finally:
+            self._active -= 1
+            if self._active == 0:
+                idle.set()
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self):
+        """No /generate runs while the body runs: new calls wait, calls in flight finish first.
+        Weight pushes go through here, so no turn is sampled with half-updated weights (a push
+        of several buckets is several requests) and every completion has one weight version."""
+        opened, idle = self._gate()
+        opened.clear()
+        try:
+            await idle.wait()
+            yield
+        finally:
+            opened.set()
+
+    def _gate(self) -> tuple[asyncio.Event, asyncio.Event]:
+        """(open, idle) events of the running loop (train.py may run several loops in turn)."""
+        loop = asyncio.get_running_loop()
+        if self._gate_loop is not loop:
+            self._gate_loop, self._open, self._idle = loop, asyncio.Event(), asyncio.Event()
+            self._open.set()
+            if self._active == 0:
+                self._idle.set()
+        return self._open, self._idle
+
+    async def _generate(
+        self, input_ids: list[int], params: SamplingParams, key: str | None
+    ) -> Completion:
         payload: dict[str, Any] = {
             "input_ids": list(input_ids),
             "sampling_params": params.to_sglang(),

@@ -53,13 +53,20 @@ train/ — the learner and the trainer-side logprob pass
     train/batch_tokens              every token the update ran over (prompts, observations too)
     Any other learner key `policy/<k>` becomes `train/<k>`; other roles keep their prefix
     (`critic/…`).
-sync/ — weight sync: seconds, mb, s_per_mb, buckets
+sync/ — weight sync: seconds, mb, s_per_mb, buckets; drain_s (waiting for the turns in flight
+    to finish before the push: 0 in sync mode)
+async/ — trainer.mode=async (agentrl/producer.py), over the groups this step trains
+    async/staleness_mean, async/staleness_max   versions between the weights that sampled a
+                                    trajectory's oldest turn and the weights this step updates
+    async/dropped                   groups dropped as staler than trainer.max_staleness
+    async/queued, async/in_flight   finished groups waiting / groups being rolled out, when taken
 engine/restarts — rollout servers restarted this step (died or hung; engine.max_restarts each)
 rollout/oversampled_dropped — groups launched beyond trainer.tasks_per_step and aborted once
     enough had finished (trainer.oversample_groups)
 rollout/reissued — episodes rolled out again this step because a server failed under them (whole
     groups, so each group's baseline compares samples of one policy)
-timing_s/<phase> — wall seconds of each phase (rollout, advantage, to_learner, logprobs, update,
+timing_s/<phase> — wall seconds of each phase (rollout — in async mode the wait for finished
+    groups —, advantage, to_learner, logprobs, update,
     sync, checkpoint); timing_s/step is their sum
 perf/ — throughput
     perf/sampled_tokens_per_s       sampled tokens / rollout time

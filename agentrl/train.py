@@ -65,6 +65,7 @@ from agentrl.engine import EngineClient, EngineUnavailable
 from agentrl.learner.group import LearnerGroup
 from agentrl.loss import kl_estimate, kl_reward_penalty
 from agentrl.metrics import rollout_metrics, step_metrics
+from agentrl.producer import GroupProducer, producing
 from agentrl.rollout import ENGINE_DOWN, Rollout
 from agentrl.run import Run, open_run, resume_point, save_checkpoint
 from agentrl.servers import Fleet
@@ -143,18 +144,15 @@ class Trainer:
         self.no_signal_in_a_row = 0  # steps where no group had reward variance
         self.history: list[dict[str, float]] = []
         self.trainer_logprobs: dict[int, torch.Tensor] = {}  # this step's, by trajectory index
+        self.producer: GroupProducer | None = None  # trainer.mode=async: rollouts run ahead
 
     # -- the algorithm -------------------------------------------------------------------------
 
     async def step(self) -> dict[str, float]:
         cfg, t = self.cfg, Timer()
-        with t("rollout"):
-            want = cfg.trainer.tasks_per_step
-            launched = self.sampler.next(want + cfg.trainer.oversample_groups)
-            groups = await self.rollout.run(launched, keep=want)
-            tasks = _tasks_of(groups, launched)
-            groups, recovery = await self._recover_engines(tasks, groups)
-            recovery["rollout/oversampled_dropped"] = float(len(launched) - len(groups))
+        with t("rollout"):  # async: the time the learner waited for finished groups
+            collect = self._collect_async if self.producer is not None else self._collect
+            groups, recovery = await collect()
             trajs = [tr for g in groups for tr in g]
             self._check_failures(trajs)
         metrics = rollout_metrics(trajs)
@@ -173,7 +171,7 @@ class Trainer:
         with t("to_learner"):
             await self._hand_gpu(to_learner=True)
         with t("logprobs"):
-            scores = self._score(per_rank, trajs, metrics)
+            scores = await self._blocking(self._score, per_rank, trajs, metrics)
         with t("advantage"):
             adv = compute_advantages(
                 groups, cfg.algo.advantage, scores.get("values"), scores.get("penalties")
@@ -188,10 +186,12 @@ class Trainer:
             )
         metrics.update(adv.metrics)
         with t("update"):
-            metrics.update(self._update(batch))
+            metrics.update(await self._blocking(self._update, batch))
         with t("sync"):
             metrics.update(await self._sync(version=str(self.step_idx + 1)))
         self.step_idx += 1
+        if self.producer is not None:
+            self.producer.advance(self.step_idx)
         with t("checkpoint"):
             if self.ckpt.should_save(self.step_idx, cfg.trainer.steps):
                 self._save()
@@ -201,6 +201,31 @@ class Trainer:
         )
         self._log(metrics, trajs)
         return metrics
+
+    async def _collect(self) -> tuple[list[list[Trajectory]], dict[str, float]]:
+        """trainer.mode=sync: roll out this step's groups now (over-sampled, first to finish)."""
+        want = self.cfg.trainer.tasks_per_step
+        launched = self.sampler.next(want + self.cfg.trainer.oversample_groups)
+        groups = await self.rollout.run(launched, keep=want)
+        tasks = _tasks_of(groups, launched)
+        groups, recovery = await self._recover_engines(tasks, groups)
+        recovery["rollout/oversampled_dropped"] = float(len(launched) - len(groups))
+        return groups, recovery
+
+    async def _collect_async(self) -> tuple[list[list[Trajectory]], dict[str, float]]:
+        """trainer.mode=async: the next finished groups within the staleness bound."""
+        assert self.producer is not None
+        taken, metrics = await self.producer.take(self.cfg.trainer.tasks_per_step)
+        groups = [g.trajectories for g in taken]
+        groups, recovery = await self._recover_engines([g.task for g in taken], groups)
+        return groups, {**metrics, **recovery, "rollout/oversampled_dropped": 0.0}
+
+    async def _blocking(self, fn, *args):
+        """The learner's blocking calls (Ray round trips): in async mode off the event loop, so
+        the rollouts it drives keep going meanwhile."""
+        if self.producer is None:
+            return fn(*args)
+        return await asyncio.to_thread(fn, *args)
 
     def _score(
         self, per_rank: list[list[TrainBatch]], trajs: list[Trajectory], metrics: dict[str, float]
@@ -267,7 +292,11 @@ class Trainer:
     async def _sync(self, version: str) -> dict[str, float]:
         if self.cfg.engine.colocate:  # weights first, so the learner's tensors can land there
             await self.engine.resume_memory_occupation(["weights"])
-        out = await self.sync.push(version=version)
+        t0 = time.perf_counter()
+        async with self.engine.exclusive():  # async: turns in flight finish first, new ones wait
+            waited = time.perf_counter() - t0
+            out = await self.sync.push(version=version)
+        out["sync/drain_s"] = waited
         await self._hand_gpu(to_learner=False)
         return out
 
@@ -363,8 +392,17 @@ class Trainer:
             self.tracker.alert("no learning signal", msg)
 
     async def run(self) -> list[dict[str, float]]:
-        while self.step_idx < self.cfg.trainer.steps:
-            self.history.append(await self.step())
+        tc = self.cfg.trainer
+        if tc.mode == "sync":
+            while self.step_idx < tc.steps:
+                self.history.append(await self.step())
+            return self.history
+        self.producer = GroupProducer(self.rollout, self.sampler, tc.tasks_per_step,
+                                      tc.max_staleness, tc.stale_policy, self.step_idx)  # fmt: skip
+        async with producing(self.producer):
+            while self.step_idx < tc.steps:
+                self.history.append(await self.step())
+        self.producer = None
         return self.history
 
     # -- parts ---------------------------------------------------------------------------------

@@ -1,0 +1,183 @@
+"""Asynchronous rollouts (`trainer.mode=async`): the engines never wait for the learner.
+
+A `GroupProducer` keeps launching groups (one task x rollout.group_size episodes each) in the
+background while the trainer scores, updates and pushes weights; finished groups wait in a queue
+and each trainer step takes the next `tasks_per_step` of them.
+
+Weight versions: the policy version is the number of updates applied (the version the engines
+report for tokens sampled with those weights, `Turn.weight_version`). A group's staleness, when a
+step takes it, is the current version minus the oldest version any of its turns was sampled with.
+`trainer.max_staleness` bounds it:
+
+- stale_policy=wait (default): the producer launches a group only while
+  launched < (updates + max_staleness + 1) x tasks_per_step (counted from this process's start),
+  so rollouts run at most max_staleness versions ahead of the learner and then wait for it;
+- stale_policy=drop: the producer runs ahead freely (at most (max_staleness + 1) x tasks_per_step
+  groups in flight) and groups found too stale when a step takes them are dropped;
+- in both, a group still too stale when taken (one overtaken by later ones) is dropped, counted
+  in `async/dropped`; nothing older than max_staleness is ever trained.
+
+Weight updates while episodes are in flight: the engines apply an update between requests (SGLang
+and the dev server wait for the requests in flight and hold new ones back), so every turn is
+sampled with one version and a trajectory may mix versions across turns. The learner scores every
+trained token with the weights about to be updated (the proximal policy of decoupled PPO), and the
+engine's own logprobs weight it through the rollout correction (TIS/MIS, `algo.loss`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from agentrl.data import TaskSampler
+from agentrl.rollout import Rollout
+from agentrl.types import Task, Trajectory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FinishedGroup:
+    task: Task
+    trajectories: list[Trajectory]
+    launched_at: int  # the policy version when the group was launched
+
+
+def oldest_version(trajs: list[Trajectory], fallback: int) -> int:
+    """The oldest weight version any turn of these trajectories was sampled with."""
+    versions = []
+    for tr in trajs:
+        for turn in tr.turns:
+            try:
+                versions.append(int(turn.weight_version))
+            except ValueError:
+                raise RuntimeError(
+                    f"episode {tr.task_id}:{tr.sample_index}: the engine reported weight version "
+                    f"{turn.weight_version!r}, not a number; async training needs the versions "
+                    "agentrl sets (is another process updating the server's weights?)"
+                ) from None
+    return min(versions, default=fallback)
+
+
+class GroupProducer:
+    def __init__(
+        self,
+        rollout: Rollout,
+        sampler: TaskSampler,
+        per_step: int,
+        max_staleness: int,
+        policy: str,
+        version: int,
+    ) -> None:
+        self.rollout, self.sampler = rollout, sampler
+        self.per_step, self.max_staleness, self.policy = per_step, max_staleness, policy
+        self.version = self.start_version = version
+        self.launched = self.dropped = 0
+        self.running: set[asyncio.Task] = set()
+        self.done: asyncio.Queue[FinishedGroup] = asyncio.Queue()
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task | None = None
+        self._error: BaseException | None = None
+
+    # -- the trainer's side --------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._loop_task = asyncio.ensure_future(self._launch_loop())
+
+    def advance(self, version: int) -> None:
+        """The learner's weights reached `version` (pushed to the engines)."""
+        self.version = version
+        self._wake.set()
+
+    async def take(self, n: int) -> tuple[list[FinishedGroup], dict[str, float]]:
+        """The next `n` finished groups no staler than max_staleness (in finishing order), and
+        the async metrics of this take."""
+        kept: list[FinishedGroup] = []
+        dropped = 0
+        while len(kept) < n:
+            if self._error is not None:
+                raise self._error
+            if self._loop_task is not None and self._loop_task.done():
+                err = None if self._loop_task.cancelled() else self._loop_task.exception()
+                raise err or RuntimeError("the rollout producer stopped")
+            getter = asyncio.ensure_future(self.done.get())
+            watch = [getter] + ([self._loop_task] if self._loop_task is not None else [])
+            await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                continue  # the launch loop ended: its error is raised above
+            g = getter.result()
+            if self.version - oldest_version(g.trajectories, g.launched_at) > self.max_staleness:
+                dropped += 1
+                self.dropped += 1
+                self._wake.set()  # a dropped group frees a launch slot
+                continue
+            kept.append(g)
+        stale = [
+            self.version - oldest_version([tr], g.launched_at)
+            for g in kept
+            for tr in g.trajectories
+        ]
+        return kept, {
+            "async/staleness_mean": sum(stale) / max(len(stale), 1),
+            "async/staleness_max": float(max(stale, default=0)),
+            "async/dropped": float(dropped),
+            "async/queued": float(self.done.qsize()),
+            "async/in_flight": float(len(self.running)),
+        }
+
+    async def close(self) -> None:
+        """Stop launching; cancel the groups in flight (their generations are aborted on the
+        engine and their envs closed by the Rollout)."""
+        tasks = [t for t in (self._loop_task, *self.running) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.running.clear()
+
+    # -- the background side -------------------------------------------------------------------
+
+    def _may_launch(self) -> bool:
+        if self.policy == "wait":
+            updates = self.version - self.start_version
+            budget = (updates + self.max_staleness + 1) * self.per_step
+            return self.launched - self.dropped < budget
+        in_flight_and_queued = len(self.running) + self.done.qsize()
+        return in_flight_and_queued < (self.max_staleness + 1) * self.per_step
+
+    async def _launch_loop(self) -> None:
+        while True:
+            while self._may_launch():
+                (task,) = self.sampler.next(1)
+                self.launched += 1
+                run = asyncio.ensure_future(self._one(task, self.version))
+                self.running.add(run)
+                run.add_done_callback(self._finished)
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def _one(self, task: Task, version: int) -> None:
+        trajs = await self.rollout.run_group(task)
+        await self.done.put(FinishedGroup(task, trajs, version))
+
+    def _finished(self, run: asyncio.Task) -> None:
+        self.running.discard(run)
+        if run.cancelled():
+            return
+        err = run.exception()
+        if err is not None and self._error is None:
+            self._error = err  # a bug to stop on (a template or config error): take() raises it
+            if self._loop_task is not None:
+                self._loop_task.cancel()
+        self._wake.set()
+
+
+@contextlib.asynccontextmanager
+async def producing(producer: GroupProducer):
+    producer.start()
+    try:
+        yield producer
+    finally:
+        await producer.close()

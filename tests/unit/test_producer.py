@@ -1,0 +1,92 @@
+"""The async producer's bookkeeping (agentrl/producer.py): how far rollouts run ahead of the
+learner (stale_policy=wait), what is dropped as too stale, and that nothing stale is handed on.
+The rollout here is a stand-in whose groups finish when the test says and report the weight
+version the test sets; the real rollout against a dev server is in tests/e2e/test_async.py."""
+
+import asyncio
+
+import pytest
+
+from agentrl.data import TaskSampler
+from agentrl.producer import GroupProducer, producing
+from agentrl.types import FinishReason, Message, StopReason, Task, Trajectory, Turn
+
+
+class Engines:
+    """Groups finish when `release` is called; each turn reports `engine_version`."""
+
+    def __init__(self) -> None:
+        self.engine_version = 0
+        self.started: list[str] = []
+        self.gate = asyncio.Event()
+
+    async def run_group(self, task: Task) -> list[Trajectory]:
+        self.started.append(task.id)
+        version = self.engine_version  # sampled with the weights of its launch
+        await self.gate.wait()
+        turn = Turn(start=1, end=2, obs_end=2, weight_version=str(version),
+                    finish_reason=FinishReason.STOP, assistant=Message(role="assistant", content="x"))  # fmt: skip
+        return [Trajectory(task_id=task.id, sample_index=0, token_ids=[1, 2], loss_mask=[0, 1],
+                           logprobs=[0.0, -1.0], prompt_len=1, turns=[turn], messages=[],
+                           stop_reason=StopReason.COMPLETED)]  # fmt: skip
+
+
+def producer(engines: Engines, policy: str, staleness: int, per_step: int = 2) -> GroupProducer:
+    tasks = [Task(id=str(i), data={"prompt": "p"}) for i in range(100)]
+    sampler = TaskSampler(tasks, shuffle=False)
+    return GroupProducer(engines, sampler, per_step, staleness, policy, version=0)
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_wait_policy_runs_at_most_max_staleness_versions_ahead():
+    engines = Engines()
+    async with producing(producer(engines, "wait", staleness=1)) as p:
+        await settle()
+        assert len(engines.started) == 4  # (0 updates + 1 + 1) x 2 per step
+        engines.gate.set()
+        groups, m = await p.take(2)
+        assert [g.task.id for g in groups] == ["0", "1"] and m["async/staleness_max"] == 0
+        await settle()
+        assert len(engines.started) == 4  # no update yet: still waiting for the learner
+        engines.engine_version = 1
+        p.advance(1)
+        await settle()
+        assert len(engines.started) == 6
+        groups, m = await p.take(2)  # launched at version 0, taken at version 1
+        assert m["async/staleness_max"] == 1 and m["async/dropped"] == 0
+
+
+async def test_groups_staler_than_the_bound_are_dropped_and_counted():
+    engines = Engines()
+    async with producing(producer(engines, "drop", staleness=0, per_step=1)) as p:
+        await settle()
+        assert len(engines.started) == 1
+        p.advance(1)  # the learner moved on while the group was sampled with version 0
+        engines.engine_version = 1
+        engines.gate.set()
+        groups, m = await p.take(1)
+        assert m["async/dropped"] == 1  # the version-0 group; the next one is fresh
+        assert m["async/staleness_max"] == 0 and groups[0].task.id == "1"
+
+
+async def test_an_error_in_a_group_stops_the_take():
+    class Broken(Engines):
+        async def run_group(self, task):
+            raise RuntimeError("template cannot render")
+
+    async with producing(producer(Broken(), "wait", staleness=1)) as p:
+        with pytest.raises(RuntimeError, match="template cannot render"):
+            await asyncio.wait_for(p.take(1), 5)
+
+
+async def test_a_version_that_is_not_ours_is_refused_loudly():
+    engines = Engines()
+    engines.engine_version = "default"
+    engines.gate.set()
+    async with producing(producer(engines, "wait", staleness=1)) as p:
+        with pytest.raises(RuntimeError, match="not a number"):
+            await p.take(1)
