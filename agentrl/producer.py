@@ -1,8 +1,8 @@
 """Asynchronous rollouts (`trainer.mode=async`): the engines never wait for the learner.
 
 A `GroupProducer` keeps launching groups (one task x rollout.group_size episodes each) in the
-background while the trainer scores, updates and pushes weights; finished groups wait in a queue
-and each trainer step takes the next `tasks_per_step` of them.
+background while the trainer scores, updates and pushes weights; each trainer step takes the next
+`tasks_per_step` groups in launch order (waiting only for those still running).
 
 Weight versions: the policy version is the number of updates applied (the version the engines
 report for tokens sampled with those weights, `Turn.weight_version`). A group's staleness, when a
@@ -12,10 +12,10 @@ step takes it, is the current version minus the oldest version any of its turns 
 - stale_policy=wait (default): the producer launches a group only while
   launched < (updates + max_staleness + 1) x tasks_per_step (counted from this process's start),
   so rollouts run at most max_staleness versions ahead of the learner and then wait for it;
-- stale_policy=drop: the producer runs ahead freely (at most (max_staleness + 1) x tasks_per_step
-  groups in flight) and groups found too stale when a step takes them are dropped;
-- in both, a group still too stale when taken (one overtaken by later ones) is dropped, counted
-  in `async/dropped`; nothing older than max_staleness is ever trained.
+- stale_policy=drop: the producer keeps (max_staleness + 1) x tasks_per_step groups launched and
+  not yet taken, whatever the learner's pace, and groups too stale when taken are dropped;
+- in both, a group too stale when taken is dropped, counted in `async/dropped`; nothing older
+  than max_staleness is ever trained.
 
 Weight updates while episodes are in flight: the engines apply an update between requests (SGLang
 and the dev server wait for the requests in flight and hold new ones back), so every turn is
@@ -27,6 +27,7 @@ engine's own logprobs weight it through the rollout correction (TIS/MIS, `algo.l
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from dataclasses import dataclass
@@ -76,7 +77,7 @@ class GroupProducer:
         self.version = self.start_version = version
         self.launched = self.dropped = 0
         self.running: set[asyncio.Task] = set()
-        self.done: asyncio.Queue[FinishedGroup] = asyncio.Queue()
+        self.order: collections.deque[asyncio.Task] = collections.deque()  # launch order
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
         self._error: BaseException | None = None
@@ -92,8 +93,11 @@ class GroupProducer:
         self._wake.set()
 
     async def take(self, n: int) -> tuple[list[FinishedGroup], dict[str, float]]:
-        """The next `n` finished groups no staler than max_staleness (in finishing order), and
-        the async metrics of this take."""
+        """The next `n` groups in launch order, no staler than max_staleness, and the async
+        metrics of this take. Launch order, not finishing order: taking whichever finished first
+        would train the quick episodes (often the ones that skipped the tool) before the slow
+        ones and bias every step towards them; in launch order the learner waits only for the
+        oldest group while the younger ones keep rolling out."""
         kept: list[FinishedGroup] = []
         dropped = 0
         while len(kept) < n:
@@ -102,13 +106,19 @@ class GroupProducer:
             if self._loop_task is not None and self._loop_task.done():
                 err = None if self._loop_task.cancelled() else self._loop_task.exception()
                 raise err or RuntimeError("the rollout producer stopped")
-            getter = asyncio.ensure_future(self.done.get())
-            watch = [getter] + ([self._loop_task] if self._loop_task is not None else [])
+            if not self.order:  # all dropped or not launched yet: let the launch loop run
+                self._wake.set()
+                await asyncio.sleep(0.01)
+                continue
+            oldest = self.order[0]
+            watch = [oldest] + ([self._loop_task] if self._loop_task is not None else [])
             await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
-            if not getter.done():
-                getter.cancel()
+            if not oldest.done():
                 continue  # the launch loop ended: its error is raised above
-            g = getter.result()
+            self.order.popleft()
+            if oldest.cancelled() or oldest.exception() is not None:
+                continue  # recorded by _finished: raised above
+            g = oldest.result()
             if self.version - oldest_version(g.trajectories, g.launched_at) > self.max_staleness:
                 dropped += 1
                 self.dropped += 1
@@ -124,7 +134,7 @@ class GroupProducer:
             "async/staleness_mean": sum(stale) / max(len(stale), 1),
             "async/staleness_max": float(max(stale, default=0)),
             "async/dropped": float(dropped),
-            "async/queued": float(self.done.qsize()),
+            "async/queued": float(sum(t.done() for t in self.order)),
             "async/in_flight": float(len(self.running)),
         }
 
@@ -136,6 +146,7 @@ class GroupProducer:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self.running.clear()
+        self.order.clear()
 
     # -- the background side -------------------------------------------------------------------
 
@@ -144,8 +155,7 @@ class GroupProducer:
             updates = self.version - self.start_version
             budget = (updates + self.max_staleness + 1) * self.per_step
             return self.launched - self.dropped < budget
-        in_flight_and_queued = len(self.running) + self.done.qsize()
-        return in_flight_and_queued < (self.max_staleness + 1) * self.per_step
+        return len(self.order) < (self.max_staleness + 1) * self.per_step
 
     async def _launch_loop(self) -> None:
         while True:
@@ -154,13 +164,13 @@ class GroupProducer:
                 self.launched += 1
                 run = asyncio.ensure_future(self._one(task, self.version))
                 self.running.add(run)
+                self.order.append(run)
                 run.add_done_callback(self._finished)
             self._wake.clear()
             await self._wake.wait()
 
-    async def _one(self, task: Task, version: int) -> None:
-        trajs = await self.rollout.run_group(task)
-        await self.done.put(FinishedGroup(task, trajs, version))
+    async def _one(self, task: Task, version: int) -> FinishedGroup:
+        return FinishedGroup(task, await self.rollout.run_group(task), version)
 
     def _finished(self, run: asyncio.Task) -> None:
         self.running.discard(run)

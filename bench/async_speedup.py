@@ -40,6 +40,9 @@ def summary(name: str, rows: list[dict[str, float]], samples: int) -> dict[str, 
            "reward_last5": fmean(rewards[-5:]), "rewards": rewards}  # fmt: skip
     stale = [r["async/staleness_mean"] for r in rows if "async/staleness_mean" in r]
     extra = f", staleness mean {fmean(stale):.2f}" if stale else ""
+    phases = ("rollout", "logprobs", "update", "sync")
+    extra += "; per step: " + ", ".join(f"{k} {fmean(r[f'timing_s/{k}'] for r in rows):.2f}s"
+                                        for k in phases)  # fmt: skip
     print(f"{name:<10} loop {loop_s:6.1f} s  {out['samples_per_s']:6.2f} samples/s  "
           f"reward last 5 steps {out['reward_last5']:.3f}{extra}")  # fmt: skip
     return out
