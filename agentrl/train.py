@@ -440,7 +440,8 @@ class Trainer:
             # the restarted server has the weights it started with: give it the current ones
             await self.sync.close()
             await self.sync.setup()
-            await self.sync.push(version=str(self.step_idx))
+            async with self.engine.exclusive():  # async mode: other servers may be sampling
+                await self.sync.push(version=str(self.step_idx))
         if lost:
             again = await self.rollout.run([tasks[i] for i in lost])
             for i, g in zip(lost, again, strict=True):
