@@ -1,4 +1,4 @@
-"""Asynchronous rollouts (`trainer.mode=async`): the engines never wait for the learner.
+"""Asynchronous rollouts (`trainer.mode=async`): rollouts run on while the learner trains.
 
 A `GroupProducer` keeps launching groups (one task x rollout.group_size episodes each) in the
 background while the trainer scores, updates and pushes weights; each trainer step takes the next
@@ -17,9 +17,9 @@ step takes it, is the current version minus the oldest version any of its turns 
 - in both, a group too stale when taken is dropped, counted in `async/dropped`; nothing older
   than max_staleness is ever trained.
 
-Weight updates while episodes are in flight: the engines apply an update between requests (SGLang
-and the dev server wait for the requests in flight and hold new ones back), so every turn is
-sampled with one version and a trajectory may mix versions across turns. The learner scores every
+Weight updates while episodes are in flight: a push waits for the turns in flight and holds new
+ones back (`EngineClient.exclusive`, `sync/drain_s`), so every turn is sampled with one version
+and a trajectory may mix versions across turns. The learner scores every
 trained token with the weights about to be updated (the proximal policy of decoupled PPO), and the
 engine's own logprobs weight it through the rollout correction (TIS/MIS, `algo.loss`).
 """
@@ -116,13 +116,13 @@ class GroupProducer:
             if not oldest.done():
                 continue  # the launch loop ended: its error is raised above
             self.order.popleft()
+            self._wake.set()  # stale_policy=drop counts the groups not yet taken
             if oldest.cancelled() or oldest.exception() is not None:
                 continue  # recorded by _finished: raised above
             g = oldest.result()
             if self.version - oldest_version(g.trajectories, g.launched_at) > self.max_staleness:
                 dropped += 1
-                self.dropped += 1
-                self._wake.set()  # a dropped group frees a launch slot
+                self.dropped += 1  # a dropped group frees a launch slot (stale_policy=wait)
                 continue
             kept.append(g)
         stale = [
