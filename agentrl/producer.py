@@ -31,6 +31,7 @@ import collections
 import contextlib
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from agentrl.data import TaskSampler
 from agentrl.rollout import Rollout
@@ -77,7 +78,8 @@ class GroupProducer:
         self.version = self.start_version = version
         self.launched = self.dropped = 0
         self.running: set[asyncio.Task] = set()
-        self.order: collections.deque[asyncio.Task] = collections.deque()  # launch order
+        self.order: collections.deque[asyncio.Future] = collections.deque()  # launch order
+        self._tasks: dict[asyncio.Future, Task] = {}  # each launched group's task
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
         self._error: BaseException | None = None
@@ -116,6 +118,7 @@ class GroupProducer:
             if not oldest.done():
                 continue  # the launch loop ended: its error is raised above
             self.order.popleft()
+            self._tasks.pop(oldest, None)
             self._wake.set()  # stale_policy=drop counts the groups not yet taken
             if oldest.cancelled() or oldest.exception() is not None:
                 continue  # recorded by _finished: raised above
@@ -138,6 +141,40 @@ class GroupProducer:
             "async/in_flight": float(len(self.running)),
         }
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the work in flight: every group launched and not yet
+        taken, in launch order, with its trajectories when it has finished (None: to roll out
+        again on resume). The sampler's cursor is already past all of them."""
+        pending = []
+        for run in self.order:
+            done = run.done() and not run.cancelled() and run.exception() is None
+            g: FinishedGroup | None = run.result() if done else None
+            task = g.task if g is not None else self._tasks[run]
+            pending.append({
+                "task": task.model_dump(),
+                "launched_at": g.launched_at if g is not None else self.version,
+                "trajectories": [t.to_dict() for t in g.trajectories] if g is not None else None,
+            })  # fmt: skip
+        return {"pending": pending}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Before start(): the checkpoint's pending groups come first, in their launch order;
+        finished ones are handed on as they were, unfinished ones are rolled out again."""
+        loop = asyncio.get_running_loop()
+        for item in state.get("pending", []):
+            task = Task.model_validate(item["task"])
+            if item["trajectories"] is not None:
+                run: asyncio.Future = loop.create_future()
+                trajs = [Trajectory.from_dict(t) for t in item["trajectories"]]
+                run.set_result(FinishedGroup(task, trajs, item["launched_at"]))
+            else:
+                run = asyncio.ensure_future(self._one(task, self.version))
+                self.running.add(run)
+                run.add_done_callback(self._finished)
+            self._tasks[run] = task
+            self.order.append(run)
+            self.launched += 1
+
     async def close(self) -> None:
         """Stop launching; cancel the groups in flight (their generations are aborted on the
         engine and their envs closed by the Rollout)."""
@@ -147,6 +184,7 @@ class GroupProducer:
         await asyncio.gather(*tasks, return_exceptions=True)
         self.running.clear()
         self.order.clear()
+        self._tasks.clear()
 
     # -- the background side -------------------------------------------------------------------
 
@@ -164,6 +202,7 @@ class GroupProducer:
                 self.launched += 1
                 run = asyncio.ensure_future(self._one(task, self.version))
                 self.running.add(run)
+                self._tasks[run] = task
                 self.order.append(run)
                 run.add_done_callback(self._finished)
             self._wake.clear()

@@ -212,9 +212,12 @@ def _resume(
     return state
 
 
-def save_checkpoint(run: Run, step: int, consecutive_skips: int) -> None:
+def save_checkpoint(
+    run: Run, step: int, consecutive_skips: int, extra: dict[str, Any] | None = None
+) -> None:
     """The policy (and critic) weights + optimizer, the sampler's cursor, RNG states, the W&B
-    run id: everything a resumed run needs to continue as if never stopped."""
+    run id: everything a resumed run needs to continue as if never stopped. `extra`: the
+    trainer's own state (async mode: the groups in flight, agentrl/producer.py)."""
     assert run.ckpt is not None and run.policy is not None, "a preview run has no checkpoints"
     cfg = run.cfg.trainer
     with run.ckpt.write(step) as pending:
@@ -231,6 +234,7 @@ def save_checkpoint(run: Run, step: int, consecutive_skips: int) -> None:
             consecutive_skips=consecutive_skips,
             identity=run.cfg.identity(),
             wandb_run_id=run.tracker.run_id if run.tracker else None,
+            extra=extra or {},
         )
 
 

@@ -399,6 +399,9 @@ class Trainer:
             return self.history
         self.producer = GroupProducer(self.rollout, self.sampler, tc.tasks_per_step,
                                       tc.max_staleness, tc.stale_policy, self.step_idx)  # fmt: skip
+        resumed = self.parts.resumed
+        if resumed is not None and "async" in resumed.extra:  # the groups it had in flight
+            self.producer.load_state(resumed.extra["async"])
         async with producing(self.producer):
             while self.step_idx < tc.steps:
                 self.history.append(await self.step())
@@ -457,7 +460,8 @@ class Trainer:
         }
 
     def _save(self) -> None:
-        save_checkpoint(self.parts, self.step_idx, self.skipped_in_a_row)
+        extra = {"async": self.producer.state_dict()} if self.producer is not None else {}
+        save_checkpoint(self.parts, self.step_idx, self.skipped_in_a_row, extra)
 
     def _log(self, metrics: dict[str, float], trajs: list[Trajectory]) -> None:
         """Documented names (agentrl/metrics.py) → sinks (metrics/trajectories JSONL, W&B) →

@@ -10,7 +10,7 @@ built only by `agentrl.rollout`; its constructor checks that ids, loss mask and 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -230,3 +230,19 @@ class Trajectory:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
+        """The inverse of `to_dict` (keys it does not know, as trajectories.jsonl's `step`, are
+        ignored)."""
+        names = {f.name for f in fields(cls)}
+        d = {k: v for k, v in d.items() if k in names}
+        turns = []
+        for t in d["turns"]:
+            t = dict(t)
+            t["assistant"] = Message.model_validate(t["assistant"])
+            t["observations"] = [Message.model_validate(m) for m in t.get("observations", [])]
+            t["finish_reason"] = FinishReason(t["finish_reason"])
+            turns.append(Turn(**t))
+        return cls(**{**d, "turns": turns, "stop_reason": StopReason(d["stop_reason"]),
+                      "messages": [Message.model_validate(m) for m in d["messages"]]})  # fmt: skip

@@ -90,3 +90,40 @@ async def test_a_version_that_is_not_ours_is_refused_loudly():
     async with producing(producer(engines, "wait", staleness=1)) as p:
         with pytest.raises(RuntimeError, match="not a number"):
             await p.take(1)
+
+
+async def test_a_checkpoint_keeps_the_groups_in_flight_and_resume_hands_them_on_in_order():
+    engines = Engines()
+    async with producing(producer(engines, "wait", staleness=1)) as p:
+        await settle()
+        unfinished = p.state_dict()  # 4 launched, none finished: all to roll out again
+        engines.gate.set()
+        await p.take(2)
+        await settle()
+        finished = p.state_dict()  # groups 2 and 3 finished, not yet taken
+    assert [g["task"]["id"] for g in unfinished["pending"]] == ["0", "1", "2", "3"]
+    assert all(g["trajectories"] is None for g in unfinished["pending"])
+    assert [g["task"]["id"] for g in finished["pending"]] == ["2", "3"]
+    assert all(len(g["trajectories"]) == 1 for g in finished["pending"])
+
+    again = Engines()
+    again.gate.set()
+    resumed = producer(again, "wait", staleness=1)
+    resumed.sampler.next(4)  # the checkpoint's cursor is past every launched task
+    resumed.load_state(finished)
+    async with producing(resumed) as p:
+        groups, _ = await p.take(2)
+        assert [g.task.id for g in groups] == ["2", "3"]  # as they were: not rolled out again
+        assert "2" not in again.started and "3" not in again.started
+        groups, _ = await p.take(2)
+        assert [g.task.id for g in groups] == ["4", "5"]  # then the sampler goes on
+
+    relaunched = Engines()
+    relaunched.gate.set()
+    resumed = producer(relaunched, "wait", staleness=1)
+    resumed.sampler.next(4)
+    resumed.load_state(unfinished)
+    async with producing(resumed) as p:
+        groups, _ = await p.take(4)
+        assert [g.task.id for g in groups] == ["0", "1", "2", "3"]
+        assert relaunched.started[:4] == ["0", "1", "2", "3"]
