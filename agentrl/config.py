@@ -184,6 +184,15 @@ class TrainerConfig(CheckpointConfig):
         "tasks_per_step to finish (the rest are aborted on the engine): a slow tail never holds "
         "the step, at the price of a bias towards quickly finished episodes",
     )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO's dynamic sampling: groups whose rewards are all equal (no gradient "
+        "under a group baseline) are dropped and more tasks rolled out until tasks_per_step "
+        "groups have signal (rollout/filtered_groups)",
+    )
+    max_refill_rounds: int = Field(
+        3, ge=0, description="sync + dynamic_sampling: extra rollout rounds per step at most"
+    )
     mode: Literal["sync", "async"] = Field(
         "sync",
         description="sync: each step rolls out, then trains; async: rollouts run on in the "

@@ -63,6 +63,8 @@ async/ — trainer.mode=async (agentrl/producer.py), over the groups this step t
 engine/restarts — rollout servers restarted this step (died or hung; engine.max_restarts each)
 rollout/oversampled_dropped — groups launched beyond trainer.tasks_per_step and aborted once
     enough had finished (trainer.oversample_groups)
+rollout/filtered_groups, rollout/refill_rounds — trainer.dynamic_sampling: groups dropped for
+    having no reward variance, and (sync) the extra rollout rounds run to replace them
 rollout/reissued — episodes rolled out again this step because a server failed under them (whole
     groups, so each group's baseline compares samples of one policy)
 timing_s/<phase> — wall seconds of each phase (rollout — in async mode the wait for finished

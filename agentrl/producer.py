@@ -30,6 +30,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,10 +73,12 @@ class GroupProducer:
         max_staleness: int,
         policy: str,
         version: int,
+        keep: Callable[[list[Trajectory]], bool] | None = None,
     ) -> None:
         self.rollout, self.sampler = rollout, sampler
         self.per_step, self.max_staleness, self.policy = per_step, max_staleness, policy
         self.version = self.start_version = version
+        self.keep = keep  # dynamic sampling: groups it refuses are filtered and replaced
         self.launched = self.dropped = 0
         self.running: set[asyncio.Task] = set()
         self.order: collections.deque[asyncio.Future] = collections.deque()  # launch order
@@ -101,7 +104,7 @@ class GroupProducer:
         ones and bias every step towards them; in launch order the learner waits only for the
         oldest group while the younger ones keep rolling out."""
         kept: list[FinishedGroup] = []
-        dropped = 0
+        dropped = filtered = 0
         while len(kept) < n:
             if self._error is not None:
                 raise self._error
@@ -127,6 +130,10 @@ class GroupProducer:
                 dropped += 1
                 self.dropped += 1  # a dropped group frees a launch slot (stale_policy=wait)
                 continue
+            if self.keep is not None and not self.keep(g.trajectories):
+                filtered += 1
+                self.dropped += 1  # … and so does a filtered one
+                continue
             kept.append(g)
         stale = [
             self.version - oldest_version([tr], g.launched_at)
@@ -137,6 +144,7 @@ class GroupProducer:
             "async/staleness_mean": sum(stale) / max(len(stale), 1),
             "async/staleness_max": float(max(stale, default=0)),
             "async/dropped": float(dropped),
+            "rollout/filtered_groups": float(filtered),
             "async/queued": float(sum(t.done() for t in self.order)),
             "async/in_flight": float(len(self.running)),
         }

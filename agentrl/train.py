@@ -204,13 +204,37 @@ class Trainer:
 
     async def _collect(self) -> tuple[list[list[Trajectory]], dict[str, float]]:
         """trainer.mode=sync: roll out this step's groups now (over-sampled, first to finish)."""
-        want = self.cfg.trainer.tasks_per_step
-        launched = self.sampler.next(want + self.cfg.trainer.oversample_groups)
+        tc = self.cfg.trainer
+        want = tc.tasks_per_step
+        launched = self.sampler.next(want + tc.oversample_groups)
         groups = await self.rollout.run(launched, keep=want)
         tasks = _tasks_of(groups, launched)
         groups, recovery = await self._recover_engines(tasks, groups)
         recovery["rollout/oversampled_dropped"] = float(len(launched) - len(groups))
+        if tc.dynamic_sampling:
+            (
+                groups,
+                recovery["rollout/filtered_groups"],
+                recovery["rollout/refill_rounds"],
+            ) = await self._refill(groups, want, tc.max_refill_rounds)
         return groups, recovery
+
+    async def _refill(
+        self, groups: list[list[Trajectory]], want: int, max_rounds: int
+    ) -> tuple[list[list[Trajectory]], float, float]:
+        """Dynamic sampling (sync): keep the groups with reward variance, roll out more tasks
+        until `want` have it or `max_rounds` extra rounds are spent. With none at all, the step
+        keeps what it had (the no-signal warning then counts it)."""
+        kept = [g for g in groups if has_signal(g)]
+        filtered, rounds = len(groups) - len(kept), 0
+        while len(kept) < want and rounds < max_rounds:
+            tasks = self.sampler.next(want - len(kept))
+            more, _ = await self._recover_engines(tasks, await self.rollout.run(tasks))
+            good = [g for g in more if has_signal(g)]
+            kept += good
+            filtered += len(more) - len(good)
+            rounds += 1
+        return (kept or groups), float(filtered), float(rounds)
 
     async def _collect_async(self) -> tuple[list[list[Trajectory]], dict[str, float]]:
         """trainer.mode=async: the next finished groups within the staleness bound."""
@@ -398,7 +422,8 @@ class Trainer:
                 self.history.append(await self.step())
             return self.history
         self.producer = GroupProducer(self.rollout, self.sampler, tc.tasks_per_step,
-                                      tc.max_staleness, tc.stale_policy, self.step_idx)  # fmt: skip
+                                      tc.max_staleness, tc.stale_policy, self.step_idx,
+                                      keep=has_signal if tc.dynamic_sampling else None)  # fmt: skip
         resumed = self.parts.resumed
         if resumed is not None and "async" in resumed.extra:  # the groups it had in flight
             self.producer.load_state(resumed.extra["async"])
@@ -481,13 +506,15 @@ class Trainer:
             self.progress(m)
 
 
+def has_signal(group: list[Trajectory]) -> bool:
+    """Two scored members of the group have different rewards (a group baseline then gives a
+    nonzero advantage)."""
+    return len({tr.reward for tr in group if not tr.stop_reason.is_infra_failure}) > 1
+
+
 def no_signal(groups: list[list[Trajectory]]) -> bool:
     """True when no group has two scored members with different rewards."""
-    for g in groups:
-        rewards = {tr.reward for tr in g if not tr.stop_reason.is_infra_failure}
-        if len(rewards) > 1:
-            return False
-    return True
+    return not any(has_signal(g) for g in groups)
 
 
 def mean_over_steps(steps: list[dict[str, float]]) -> dict[str, float]:

@@ -230,3 +230,18 @@ def test_the_agentrl_command_imports_the_users_env_from_the_working_directory(tm
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "What is" in done.stdout  # an AddEnv task was rolled out and shown
+
+
+def test_dynamic_sampling_trains_only_groups_with_reward_variance(tmp_path):
+    cfg = compose(overrides(tmp_path, "trainer.steps=2", "trainer.every=2",
+                            "trainer.dynamic_sampling=true"))  # fmt: skip
+    history = asyncio.run(train(cfg, tmp_path / "out"))
+    assert all("rollout/filtered_groups" in h and "rollout/refill_rounds" in h for h in history)
+    rewards: dict[tuple, set] = {}
+    for line in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        rewards.setdefault((row["step"], row["task_id"]), set()).add(row["reward"])
+    kept_with_signal = all(len(r) > 1 for r in rewards.values())
+    # every trained group has reward variance, unless the step found none at all and kept
+    # what it had (then the no-signal counter says so)
+    assert kept_with_signal or any(h["train/no_signal_steps_in_a_row"] > 0 for h in history)

@@ -127,3 +127,14 @@ async def test_a_checkpoint_keeps_the_groups_in_flight_and_resume_hands_them_on_
         groups, _ = await p.take(4)
         assert [g.task.id for g in groups] == ["0", "1", "2", "3"]
         assert relaunched.started[:4] == ["0", "1", "2", "3"]
+
+
+async def test_dynamic_sampling_filters_groups_without_signal_and_launches_more():
+    engines = Engines()
+    engines.gate.set()
+    p = producer(engines, "wait", staleness=0, per_step=2)
+    p.keep = lambda trajs: trajs[0].task_id in {"1", "3", "4"}  # the others: "all rewards equal"
+    async with producing(p):
+        groups, m = await p.take(2)
+    assert [g.task.id for g in groups] == ["1", "3"]
+    assert m["rollout/filtered_groups"] == 2  # groups 0 and 2, each replaced by a new launch
