@@ -85,7 +85,7 @@ def decode_named_tensors(payload: str) -> dict[str, torch.Tensor]:
     except Exception as e:
         raise BadRequest(
             "serialized_named_tensors entries must be base64 safetensors bytes on the dev server "
-            f"(agentrl.engine.encode_named_tensors), not CUDA-IPC handles: {e}"
+            f"(agentrl.protocol.encode_named_tensors), not CUDA-IPC handles: {e}"
         ) from e
 
 

@@ -16,7 +16,7 @@ to a common length), decodes one token for every running request, and drops fini
 Admin routes follow SGLang: weight updates wait for requests in flight (new ones wait behind
 them) unless generation is paused, and run between scheduler steps. What differs on CPU:
   - /update_weights_from_tensor takes base64 safetensors bytes per entry
-    (`agentrl.engine.encode_named_tensors`), not pickled CUDA-IPC handles.
+    (`agentrl.protocol.encode_named_tensors`), not pickled CUDA-IPC handles.
   - /release_memory_occupation and /resume_memory_occupation are accepted no-ops.
   - no prefix cache: /flush_cache only checks that nothing is running, as SGLang does.
   - no stop strings / regex / penalties / streaming (no tokenizer): such requests get a 400.

@@ -25,20 +25,20 @@ server; `python bench/rollout_overhead.py --http`). orjson reads the logprob-hea
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import random
 import time
 import uuid
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import aiohttp
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agentrl.coalesce import Coalescer
 from agentrl.protocol import (
     EngineError,
     EngineProtocolError,
@@ -47,6 +47,7 @@ from agentrl.protocol import (
     PromptTooLong,
     Reply,
     SamplingParams,
+    encode_named_tensors,
     error_message,
     parse_generate_response,
     request_error,
@@ -110,18 +111,9 @@ class EngineConfig(BaseModel):
         "consistent_hashing", description="smg --policy (cache_aware, round_robin, …)"
     )
     router_args: list[str] = Field(default_factory=list, description="appended to smg launch")
-    batch_window_ms: float = Field(
-        0.0,
-        ge=0,
-        description="coalesce the /generate calls to one server into one batched request "
-        "(SGLang's list form): a batch leaves once no call joined it for this long (or "
-        "batch_max_wait_ms after its first call). One HTTP request and scheduler admission for "
-        "a wave of turns, at the price that a batch answers when its slowest member is done; "
-        "0: off. Not used behind a router",
-    )
-    batch_max_wait_ms: float = Field(
-        50.0, gt=0, description="the longest a call waits for its batch to leave"
-    )
+    batch_window_ms: float = Field(0.0, ge=0, description="coalesce /generate calls to one "
+                                   "server (agentrl/coalesce.py); 0: off; not behind a router")  # fmt: skip
+    batch_max_wait_ms: float = Field(50.0, gt=0, description="the longest a call waits to leave")
     max_restarts: int = Field(
         3, ge=0, description="restarts of one server we started (died or hung) before the run stops"
     )
@@ -129,20 +121,15 @@ class EngineConfig(BaseModel):
     @field_validator("extra_args")
     @classmethod
     def _one_tokenizer_worker(cls, args: list[str]) -> list[str]:
-        """SGLang 0.5.17 with --tokenizer-worker-num > 1 tags answers with stale weight
-        versions (only one worker hears of a weight update: on one H100 the last step's turns
-        read {'2', '3', 'default'} instead of {'3'}); every token's version is what staleness and
-        the per-turn records rest on, so refuse it rather than record wrong versions quietly."""
+        """SGLang 0.5.17 with --tokenizer-worker-num > 1: only one worker hears of a weight
+        update, so answers carry stale versions (an H100 run read {2, 3, default}, not {3})."""
         for i, arg in enumerate(args):
             name, _, value = arg.partition("=")
-            if name == "--tokenizer-worker-num":
-                value = value or (args[i + 1] if i + 1 < len(args) else "")
-                if value.strip() != "1":
-                    raise ValueError(
-                        f"--tokenizer-worker-num {value}: SGLang's extra tokenizer workers do not "
-                        "learn of weight updates, so completions would carry stale weight "
-                        "versions; leave it at 1"
-                    )
+            value = value or (args[i + 1] if i + 1 < len(args) else "")
+            if name == "--tokenizer-worker-num" and value.strip() != "1":
+                raise ValueError(f"--tokenizer-worker-num {value}: SGLang's extra tokenizer "
+                                 "workers do not learn of weight updates, so completions would "
+                                 "carry stale weight versions; leave it at 1")  # fmt: skip
         return args
 
     def server_urls(self) -> list[str]:
@@ -156,34 +143,12 @@ def backoff_delay(attempt: int, base_s: float, cap_s: float, rand: float) -> flo
     return min(cap_s, base_s * (2**attempt)) * (0.5 + 0.5 * rand)
 
 
-def encode_named_tensors(named_tensors: dict[str, Any]) -> str:
-    """CPU-friendly payload for `update_weights_from_tensor` on the dev server.
-
-    SGLang's own format is a pickled dict of CUDA-IPC handles, which has no meaning on CPU; the
-    dev server takes base64 of safetensors bytes instead (`load_format="safetensors"`)."""
-    from safetensors.torch import save  # lazy: keep torch out of the client import
-
-    tensors, seen = {}, set()
-    for k, v in named_tensors.items():
-        t = v.detach().to("cpu").contiguous()
-        if t.data_ptr() in seen:  # tied weights share storage; safetensors wants copies
-            t = t.clone()
-        seen.add(t.data_ptr())
-        tensors[k] = t
-    return base64.b64encode(save(tensors)).decode("ascii")
-
-
 @dataclass
 class _Server:
     url: str
     inflight: int = 0
     keys: int = 0  # sticky keys currently mapped here
     down_until: float = 0.0
-    # batch_window_ms: /generate calls waiting to go out together, with their futures; the
-    # timer that sends them and when the first of them arrived
-    pending: list[tuple[dict[str, Any], asyncio.Future]] = field(default_factory=list)
-    batch_timer: asyncio.TimerHandle | None = None
-    batch_started: float = 0.0
 
 
 class EngineClient:
@@ -213,12 +178,11 @@ class EngineClient:
         # with a router, /generate goes through it (the episode key in ROUTING_KEY_HEADER);
         # admin calls (weights, memory, pause) still go to every server directly
         self._router = _Server(router.rstrip("/")) if router else None
-        self.batch_window_s = batch_window_ms / 1000.0
+        # engine.batch_window_ms: concurrent /generate calls to one server leave as one request
+        self.coalescer = Coalescer(self, batch_window_ms, batch_max_wait_ms)
         self._active = 0  # generate() calls in progress (exclusive() waits for none)
         self._gate_loop: asyncio.AbstractEventLoop | None = None
         self._open = self._idle = None
-        self.batch_max_wait_s = max(batch_max_wait_ms / 1000.0, self.batch_window_s)
-        self.batches_sent = self.batched_calls = 0  # coalescing at work: calls / batches
         self._sticky: dict[str, _Server] = {}
         self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
         self.max_retries, self.backoff_s, self.max_backoff_s = max_retries, backoff_s, max_backoff_s
@@ -401,8 +365,8 @@ class EngineClient:
         batch: bool = True,
     ) -> Completion | str:
         """One attempt: a Completion, or the reason it is worth retrying elsewhere."""
-        if batch and self.batch_window_s > 0 and s is not self._router:
-            return await self._try_batched(s, payload)
+        if batch and self.coalescer.on and s is not self._router:
+            return await self.coalescer.submit(s, payload)
         s.inflight += 1
         t0 = time.monotonic()
         try:
@@ -427,96 +391,6 @@ class EngineClient:
         except ValueError as e:
             raise EngineProtocolError(f"{s.url}/generate returned non-JSON: {e}") from e
         return parse_generate_response(data, s.url, time.monotonic() - t0)
-
-    async def _try_batched(self, s: _Server, payload: dict[str, Any]) -> Completion | str:
-        """Join the server's next batched /generate; same outcome as one request. The batch
-        leaves `batch_window_ms` after its latest member joined (a wave of turns that the
-        client issues one by one stays together), at most `batch_max_wait_ms` after its first."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future = loop.create_future()
-        s.pending.append((dict(payload), fut))
-        now = loop.time()
-        if len(s.pending) == 1:
-            s.batch_started = now
-        if s.batch_timer is not None:
-            s.batch_timer.cancel()
-        when = min(now + self.batch_window_s, s.batch_started + self.batch_max_wait_s)
-        s.batch_timer = loop.call_at(when, self._send_batch, s)
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            if not any(f is fut for _, f in s.pending):  # already sent: stop sampling it
-                self._abort_later(s, payload["rid"])
-            raise
-
-    def _send_batch(self, s: _Server) -> None:
-        items = [(p, f) for p, f in s.pending if not f.done()]  # cancelled ones never leave
-        s.pending, s.batch_timer = [], None
-        if items:
-            self.batches_sent += 1
-            self.batched_calls += len(items)
-            task = asyncio.create_task(self._post_batch(s, items))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-
-    async def _post_batch(self, s: _Server, items: list[tuple[dict[str, Any], asyncio.Future]]):
-        def settle(results: list[Any]) -> None:
-            for (_, f), res in zip(items, results, strict=True):
-                if not f.done():
-                    if isinstance(res, BaseException):
-                        f.set_exception(res)
-                    else:
-                        f.set_result(res)
-
-        body = {
-            "input_ids": [p["input_ids"] for p, _ in items],
-            "sampling_params": [p["sampling_params"] for p, _ in items],
-            "rid": [p["rid"] for p, _ in items],
-            "return_logprob": True,
-        }
-        s.inflight += len(items)
-        t0 = time.monotonic()
-        try:
-            r = await self._request("POST", s.url + "/generate", body)
-        except TimeoutError:
-            for p, _ in items:
-                self._abort_later(s, p["rid"])
-            return settle([f"timed out after {time.monotonic() - t0:.1f}s"] * len(items))
-        except aiohttp.ClientError as e:
-            return settle([f"{type(e).__name__}: {e}".strip()] * len(items))
-        except Exception as e:  # noqa: BLE001 - every waiting caller must hear of it
-            return settle([e] * len(items))
-        finally:
-            s.inflight -= len(items)
-        if r.status >= 500:
-            return settle([f"HTTP {r.status}: {error_message(r)[:200]}"] * len(items))
-        if r.status >= 400 and len(items) > 1:
-            # one member was refused (a prompt too long …): the others should not share its
-            # fate; send each alone so every caller gets its own answer
-            results = await asyncio.gather(
-                *(self._try_alone(s, p) for p, _ in items), return_exceptions=True
-            )
-            return settle(list(results))
-        if r.status >= 400:
-            return settle([request_error(r, s.url, "/generate")])
-        s.down_until = 0.0
-        try:
-            data = r.json()
-            if not isinstance(data, list) or len(data) != len(items):
-                raise ValueError(f"expected a list of {len(items)} answers")
-            latency = time.monotonic() - t0
-            results = []
-            for d in data:
-                try:
-                    results.append(parse_generate_response(d, s.url, latency))
-                except EngineProtocolError as e:
-                    results.append(e)
-        except ValueError as e:
-            results = [EngineProtocolError(f"{s.url}/generate (batched): {e}")] * len(items)
-        settle(results)
-
-    async def _try_alone(self, s: _Server, payload: dict[str, Any]) -> Completion | str:
-        return await self._try_generate(s, payload, batch=False)
 
     def _abort_later(self, s: _Server, rid: str) -> None:
         task = asyncio.create_task(self._abort_quietly(s, rid))

@@ -17,6 +17,7 @@ and `ignore_eos=True` turns off every token stop, `stop_token_ids` included.
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,3 +172,20 @@ def request_error(r: Reply, url: str, path: str) -> EngineRequestError:
     if r.status == 400 and any(m in msg.lower() for m in _CONTEXT_MARKERS):
         return PromptTooLong(text, r.status, url)
     return EngineRequestError(text, r.status, url)
+
+
+def encode_named_tensors(named_tensors: dict[str, Any]) -> str:
+    """CPU-friendly payload for `update_weights_from_tensor` on the dev server.
+
+    SGLang's own format is a pickled dict of CUDA-IPC handles, which has no meaning on CPU; the
+    dev server takes base64 of safetensors bytes instead (`load_format="safetensors"`)."""
+    from safetensors.torch import save  # lazy: keep torch out of the client import
+
+    tensors, seen = {}, set()
+    for k, v in named_tensors.items():
+        t = v.detach().to("cpu").contiguous()
+        if t.data_ptr() in seen:  # tied weights share storage; safetensors wants copies
+            t = t.clone()
+        seen.add(t.data_ptr())
+        tensors[k] = t
+    return base64.b64encode(save(tensors)).decode("ascii")

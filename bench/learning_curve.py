@@ -63,20 +63,26 @@ def phases(rows: list[dict[str, float]]) -> str:
     )
 
 
-def plot(rows: list[dict[str, float]], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def _draw(ax, rows: list[dict[str, float]]) -> None:
+    """Reward and tool-call rate per step on one axes."""
     steps = [int(r["step"]) for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
     ax.plot(steps, [r.get("reward/mean", float("nan")) for r in rows], label="reward/mean", lw=2)
     ax.plot(steps, [r["rollout/tool_call_rate"] for r in rows], label="rollout/tool_call_rate",
             lw=1.5, ls="--")  # fmt: skip
     ax.set_xlabel("step")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
+
+
+def plot(rows: list[dict[str, float]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
+    _draw(ax, rows)
+    steps = [int(r["step"]) for r in rows]
     top = ax.secondary_xaxis("top", functions=_step_to_minutes(steps, elapsed(rows)))
     top.set_xlabel("minutes (training loop)")
     ax.legend(loc="lower right")
@@ -85,7 +91,7 @@ def plot(rows: list[dict[str, float]], out: Path) -> None:
 
 
 def plot_runs(runs: dict[str, list[dict[str, float]]], out: Path) -> None:
-    """Several runs' reward curves side by side, one panel each (reward and tool-call rate)."""
+    """Several runs' curves side by side, one panel each."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -93,15 +99,8 @@ def plot_runs(runs: dict[str, list[dict[str, float]]], out: Path) -> None:
 
     fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.4), dpi=110, sharey=True)
     for ax, (name, rows) in zip(axes, runs.items(), strict=True):
-        steps = [int(r["step"]) for r in rows]
-        ax.plot(steps, [r.get("reward/mean", float("nan")) for r in rows], label="reward/mean",
-                lw=2)  # fmt: skip
-        ax.plot(steps, [r["rollout/tool_call_rate"] for r in rows],
-                label="rollout/tool_call_rate", lw=1.5, ls="--")  # fmt: skip
+        _draw(ax, rows)
         ax.set_title(name)
-        ax.set_xlabel("step")
-        ax.set_ylim(-0.02, 1.02)
-        ax.grid(alpha=0.3)
     axes[-1].legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(out)

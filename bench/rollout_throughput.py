@@ -242,9 +242,11 @@ async def measure(url: str, tokenizer: Any, a, mode: str) -> dict[str, Any]:
             ro.append(await run_rollout(rollout, tasks, prompts, per_turn))
             if a.batch_window_ms > 0:
                 await flush(engine)
-                n0, c0 = coalescing.batches_sent, coalescing.batched_calls
+                n0, c0 = coalescing.coalescer.batches_sent, coalescing.coalescer.batched_calls
                 co.append(await run_rollout(coalesced, tasks, prompts, per_turn))
-                co_size = (coalescing.batched_calls - c0) / max(coalescing.batches_sent - n0, 1)
+                co_size = (coalescing.coalescer.batched_calls - c0) / max(
+                    coalescing.coalescer.batches_sent - n0, 1
+                )
             if turns > 1:
                 await flush(engine)
                 bare.append(await run_bare_turns(http, url, prompts, obs, a, turns, per_turn))
@@ -331,14 +333,12 @@ def report(rows: list[dict[str, Any]], header: str) -> None:
                   f"(max wait {r['batch_max_wait_ms']:g} ms): {c:.2f} s, {r['tokens'] / c:.1f} "
                   f"tok/s, ratio to reference {r['reference_s'] / c:.2f}, "
                   f"{r['coalesced_batch_mean']:.1f} turns per request")  # fmt: skip
-        if r.get("bare_turns_s"):
-            b = r["bare_turns_s"]
-            print(f"  bare multi-turn client (raw /generate per turn, no env or rendering): "
-                  f"{b:.2f} s, {r['tokens'] / b:.1f} tok/s, ratio to reference "
-                  f"{r['reference_s'] / b:.2f}; rollout / bare {b / r['rollout_s']:.2f}")  # fmt: skip
-        for style, b in (r.get("bare_variants_s") or {}).items():
-            print(f"  bare client, {style}: {b:.2f} s, {r['tokens'] / b:.1f} tok/s, ratio to "
-                  f"reference {r['reference_s'] / b:.2f}")  # fmt: skip
+        bare = {"plain (raw /generate per turn, no env or rendering)": r.get("bare_turns_s")}
+        for style, b in {**bare, **(r.get("bare_variants_s") or {})}.items():
+            if b:
+                print(f"  bare multi-turn client, {style}: {b:.2f} s, {r['tokens'] / b:.1f} "
+                      f"tok/s, ratio to reference {r['reference_s'] / b:.2f}; rollout / bare "
+                      f"{b / r['rollout_s']:.2f}")  # fmt: skip
 
 
 def main() -> None:

@@ -328,8 +328,8 @@ async def test_a_wave_of_calls_one_by_one_leaves_as_one_batch(devserver):
 
     async with EngineClient([devserver], batch_window_ms=100, batch_max_wait_ms=2000) as engine:
         out = await wave(engine, 0.03)
-        assert (engine.batches_sent, engine.batched_calls) == (1, 4)
+        assert (engine.coalescer.batches_sent, engine.coalescer.batched_calls) == (1, 4)
     async with EngineClient([devserver], batch_window_ms=50, batch_max_wait_ms=60) as engine:
         out2 = await wave(engine, 0.03)
-        assert engine.batches_sent >= 2 and engine.batched_calls == 4
+        assert engine.coalescer.batches_sent >= 2 and engine.coalescer.batched_calls == 4
     assert [c.token_ids for c in out] == [c.token_ids for c in out2]
