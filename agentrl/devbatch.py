@@ -63,6 +63,7 @@ class Req:
     logprobs: list[float] = field(default_factory=list)
     finish: dict[str, Any] | None = None
     abort: str | None = None  # set on the event loop; the scheduler drops the row
+    version: str | None = None  # the weight version when it finished (a push may follow)
     t0: float = field(default_factory=time.monotonic)
 
 
@@ -422,7 +423,7 @@ def response(r: Req, weight_version: str) -> dict[str, Any]:
         "id": r.rid,
         "finish_reason": r.finish,
         "prompt_tokens": len(r.prompt),
-        "weight_version": weight_version,
+        "weight_version": r.version or weight_version,
         "completion_tokens": len(r.out),
         "cached_tokens": 0,
         "e2e_latency": time.monotonic() - r.t0,

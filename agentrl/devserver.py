@@ -153,6 +153,7 @@ class DevServer:
 
     def resolve(self, r: Req) -> None:
         self.inflight.pop(r.rid, None)
+        r.version = self.weight_version
         if not r.fut.done():
             r.fut.set_result(None)
 

@@ -39,6 +39,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentrl.coalesce import Coalescer
+from agentrl.gate import Gate, join
 from agentrl.protocol import (
     EngineError,
     EngineProtocolError,
@@ -52,7 +53,7 @@ from agentrl.protocol import (
     parse_generate_response,
     request_error,
 )
-from agentrl.types import Completion
+from agentrl.types import Completion, FinishReason
 
 __all__ = [  # the wire-format names stay importable from here, as before agentrl.protocol
     "EngineClient", "EngineConfig", "EngineError", "EngineProtocolError", "EngineRequestError",
@@ -180,9 +181,7 @@ class EngineClient:
         self._router = _Server(router.rstrip("/")) if router else None
         # engine.batch_window_ms: concurrent /generate calls to one server leave as one request
         self.coalescer = Coalescer(self, batch_window_ms, batch_max_wait_ms)
-        self._active = 0  # generate() calls in progress (exclusive() waits for none)
-        self._gate_loop: asyncio.AbstractEventLoop | None = None
-        self._open = self._idle = None
+        self.gate = Gate()  # holds /generate while exclusive() runs (weight pushes)
         self._sticky: dict[str, _Server] = {}
         self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
         self.max_retries, self.backoff_s, self.max_backoff_s = max_retries, backoff_s, max_backoff_s
@@ -290,41 +289,43 @@ class EngineClient:
         self, input_ids: list[int], params: SamplingParams, key: str | None = None
     ) -> Completion:
         """Sample a completion of `input_ids`. `key` pins one trajectory to one server. Waits
-        while `exclusive()` holds the engines (a weight update in progress)."""
-        opened, idle = self._gate()
-        while not opened.is_set():
-            await opened.wait()
-        self._active += 1
-        idle.clear()
-        try:
-            return await self._generate(input_ids, params, key)
-        finally:
-            self._active -= 1
-            if self._active == 0:
-                idle.set()
+        while `exclusive()` holds the engines (a weight update in progress). A turn that a
+        pausing push cut short goes on after it under the new weights: one Completion comes
+        back, its `segments` saying which tokens which version sampled (agentrl/gate.py)."""
+        parts: list[Completion] = []
+        while True:
+            sofar = [t for p in parts for t in p.token_ids]
+            left = params.max_new_tokens - len(sofar)
+            if parts and left <= 0:  # the cut came with the last token: the turn is whole
+                parts[-1].finish_reason = FinishReason.LENGTH
+                return join(parts)
+            ask = params if not parts else params.model_copy(update={"max_new_tokens": left})
+            async with self.gate.request() as pauses:
+                try:
+                    comp = await self._generate([*input_ids, *sofar], ask, key)
+                except EngineRequestError as e:
+                    # SGLang answers 400 "was aborted" to a request the pause caught before
+                    # it reached the scheduler: nothing was sampled, send it again
+                    if not (self.gate.cut(pauses) and "aborted" in str(e)):
+                        raise
+                    comp = Completion([], [], FinishReason.ABORT)
+            if comp.finish_reason is FinishReason.ABORT and self.gate.cut(pauses):
+                parts.append(comp)
+                continue
+            return join([*parts, comp])
 
     @contextlib.asynccontextmanager
-    async def exclusive(self):
-        """No /generate runs while the body runs: new calls wait, calls in flight finish first.
-        Weight pushes go through here, so no turn is sampled with half-updated weights (a push
-        of several buckets is several requests) and every completion has one weight version."""
-        opened, idle = self._gate()
-        opened.clear()
-        try:
-            await idle.wait()
-            yield
-        finally:
-            opened.set()
-
-    def _gate(self) -> tuple[asyncio.Event, asyncio.Event]:
-        """(open, idle) events of the running loop (train.py may run several loops in turn)."""
-        loop = asyncio.get_running_loop()
-        if self._gate_loop is not loop:
-            self._gate_loop, self._open, self._idle = loop, asyncio.Event(), asyncio.Event()
-            self._open.set()
-            if self._active == 0:
-                self._idle.set()
-        return self._open, self._idle
+    async def exclusive(self, pause: bool = False):
+        """No /generate runs while the body runs: new calls wait. Calls in flight finish first,
+        or with `pause`, are cut at once (/pause_generation, abort mode) and go on under the
+        new weights after the body (/continue_generation). Weight pushes go through here, so no
+        turn is sampled with half-updated weights (a push of several buckets is several
+        requests) and every token's weight version is known. Yields how many calls were in
+        flight."""
+        async with self.gate.closed(
+            (lambda: self.pause_generation("abort")) if pause else None, self.continue_generation
+        ) as inflight:
+            yield inflight
 
     async def _generate(
         self, input_ids: list[int], params: SamplingParams, key: str | None

@@ -53,12 +53,15 @@ train/ — the learner and the trainer-side logprob pass
     train/batch_tokens              every token the update ran over (prompts, observations too)
     Any other learner key `policy/<k>` becomes `train/<k>`; other roles keep their prefix
     (`critic/…`).
-sync/ — weight sync: seconds, mb, s_per_mb, buckets; drain_s (waiting for the turns in flight
-    to finish before the push: 0 in sync mode)
+sync/ — weight sync: seconds, mb, s_per_mb, buckets; drain_s (closing the gate before the push:
+    pausing the servers, or with trainer.partial_rollouts=false waiting for the turns in flight;
+    0 in sync mode); cut_turns (turns the push cut, to go on under the new weights)
 async/ — trainer.mode=async (agentrl/producer.py), over the groups this step trains
     async/staleness_mean, async/staleness_max   versions between the weights that sampled a
                                     trajectory's oldest turn and the weights this step updates
     async/dropped                   groups dropped as staler than trainer.max_staleness
+    async/partial_turns             trained turns sampled under two or more weight versions (cut
+                                    by a push and continued: trainer.partial_rollouts)
     async/queued, async/in_flight   finished groups waiting / groups being rolled out, when taken
 engine/restarts — rollout servers restarted this step (died or hung; engine.max_restarts each)
 rollout/oversampled_dropped — groups launched beyond trainer.tasks_per_step and aborted once

@@ -17,9 +17,11 @@ step takes it, is the current version minus the oldest version any of its turns 
 - in both, a group too stale when taken is dropped, counted in `async/dropped`; nothing older
   than max_staleness is ever trained.
 
-Weight updates while episodes are in flight: a push waits for the turns in flight and holds new
-ones back (`EngineClient.exclusive`, `sync/drain_s`), so every turn is sampled with one version
-and a trajectory may mix versions across turns. The learner scores every
+Weight updates while episodes are in flight (`EngineClient.exclusive`): new turns wait for the
+push; the turns in flight are cut by SGLang's /pause_generation and go on under the new weights
+(`trainer.partial_rollouts`, agentrl/gate.py: each token keeps the version that sampled it,
+`Turn.segments`), or the push waits for them (`sync/drain_s`). A trajectory may mix versions
+within and across turns; its staleness counts from its oldest token. The learner scores every
 trained token with the weights about to be updated (the proximal policy of decoupled PPO), and the
 engine's own logprobs weight it through the rollout correction (TIS/MIS, `algo.loss`).
 """
@@ -145,6 +147,9 @@ class GroupProducer:
             "async/staleness_max": float(max(stale, default=0)),
             "async/dropped": float(dropped),
             "rollout/filtered_groups": float(filtered),
+            "async/partial_turns": float(
+                sum(bool(t.segments) for g in kept for tr in g.trajectories for t in tr.turns)
+            ),
             "async/queued": float(sum(t.done() for t in self.order)),
             "async/in_flight": float(len(self.running)),
         }

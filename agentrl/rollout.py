@@ -302,6 +302,7 @@ class Rollout:
             gen_latency_s=comp.latency_s,
             prompt_tokens=comp.prompt_tokens or start,
             cached_tokens=comp.cached_tokens,
+            segments=list(comp.segments),
         )
         st.turns.append(turn)
         said = AssistantTurn(msg, text, parsed.errors, comp.finish_reason, index)

@@ -316,11 +316,15 @@ class Trainer:
     async def _sync(self, version: str) -> dict[str, float]:
         if self.cfg.engine.colocate:  # weights first, so the learner's tensors can land there
             await self.engine.resume_memory_occupation(["weights"])
+        # async: the turns in flight are cut and go on after the push (trainer.partial_rollouts)
+        # or finish first; new ones wait. Sync: nothing is in flight.
+        cut = self.producer is not None and self.cfg.trainer.partial_rollouts
         t0 = time.perf_counter()
-        async with self.engine.exclusive():  # async: turns in flight finish first, new ones wait
+        async with self.engine.exclusive(pause=cut) as inflight:
             waited = time.perf_counter() - t0
             out = await self.sync.push(version=version)
         out["sync/drain_s"] = waited
+        out["sync/cut_turns"] = float(inflight if cut else 0)
         await self._hand_gpu(to_learner=False)
         return out
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from agentrl.types import FinishReason, Message, StopReason, Trajectory, Turn
+from agentrl.types import FinishReason, Message, Trajectory, Turn
 
 TURN_COLUMNS = [
     "step", "task", "sample", "turn", "prompt", "assistant", "tool_calls", "tool_results",
@@ -273,24 +273,7 @@ def render_html(
 # -- reading trajectories.jsonl -----------------------------------------------------------------
 def trajectory_from_dict(d: dict[str, Any]) -> Trajectory:
     """Inverse of `Trajectory.to_dict` (extra keys such as step / trainer_logprobs ignored)."""
-    turns = [
-        Turn(
-            **{
-                **t,
-                "finish_reason": FinishReason(t["finish_reason"]),
-                "assistant": Message(**t["assistant"]),
-                "observations": [Message(**m) for m in t.get("observations", [])],
-            }
-        )
-        for t in d["turns"]
-    ]
-    fields = {k: d[k] for k in Trajectory.__dataclass_fields__ if k in d}
-    fields.update(
-        turns=turns,
-        messages=[Message(**m) for m in d["messages"]],
-        stop_reason=StopReason(d["stop_reason"]),
-    )
-    return Trajectory(**fields)
+    return Trajectory.from_dict(d)
 
 
 def load_jsonl(path: Path, step: int | None = None) -> list[tuple[int, Trajectory, list | None]]:

@@ -122,6 +122,9 @@ class Completion:
     matched_stop: int | None = None
     server: str = ""
     latency_s: float = 0.0
+    # (tokens, weight_version) per stretch sampled under one version, when a weight push cut
+    # the turn and it went on under new weights (agentrl/gate.py); empty: all weight_version
+    segments: list[tuple[int, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
@@ -156,6 +159,15 @@ class Turn:
     cached_tokens: int = 0  # … of which its prefix cache held (not recomputed)
     truncated_obs_tokens: int = 0
     reward: float | None = None  # per-turn reward from StepResult, if the env gives one
+    # async training: (tokens, weight_version) per stretch when a weight push cut this turn and
+    # it went on under the new weights; `weight_version` is then the first (oldest) stretch's
+    segments: list[tuple[int, str]] = field(default_factory=list)
+
+    def token_versions(self) -> list[str]:
+        """The weight version of each sampled id of this turn."""
+        if not self.segments:
+            return [self.weight_version] * (self.end - self.start)
+        return [v for n, v in self.segments for _ in range(n)]
 
 
 @dataclass
@@ -205,6 +217,8 @@ class Trajectory:
         for t in self.turns:
             if not (t.start == pos and t.start <= t.end <= t.obs_end <= n):
                 raise ValueError(f"turn spans are not contiguous at {t.start}:{t.end}:{t.obs_end}")
+            if t.segments and sum(n for n, _ in t.segments) != t.end - t.start:
+                raise ValueError(f"turn {t.start}:{t.end} has segments {t.segments}")
             expected[t.start : t.end] = [1] * (t.end - t.start)
             pos = t.obs_end
         if pos != n:
@@ -243,6 +257,7 @@ class Trajectory:
             t["assistant"] = Message.model_validate(t["assistant"])
             t["observations"] = [Message.model_validate(m) for m in t.get("observations", [])]
             t["finish_reason"] = FinishReason(t["finish_reason"])
+            t["segments"] = [(int(n), str(v)) for n, v in t.get("segments", [])]
             turns.append(Turn(**t))
         return cls(**{**d, "turns": turns, "stop_reason": StopReason(d["stop_reason"]),
                       "messages": [Message.model_validate(m) for m in d["messages"]]})  # fmt: skip

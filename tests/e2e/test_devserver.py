@@ -284,6 +284,46 @@ async def test_update_weights_over_a_gloo_group(weights_server, model0, model1_d
         assert_close(lps0, lps)
 
 
+async def test_a_push_cuts_turns_in_flight_and_they_go_on_under_the_new_weights(
+    weights_server, model0, model1_dir
+):
+    """trainer.partial_rollouts: `exclusive(pause=True)` cuts two long sampled generations
+    (/pause_generation, abort mode), model1 is loaded, and each generation goes on from where it
+    was cut. Every kept token keeps the logprob model0 gave it and its version; every later token
+    has model1's logprob given everything before it. A call made during the push waits and runs
+    wholly under model1."""
+    model1 = load(model1_dir)
+    n = 1500
+    params = SamplingParams(max_new_tokens=n, temperature=1.0, ignore_eos=True)
+    async with EngineClient([weights_server]) as engine:
+        v0 = (await engine.get_weight_version())[0]
+        long = [asyncio.create_task(engine.generate(p, params)) for p in (PROMPT, PROMPT[2:])]
+        await _wait_running(engine)
+        await asyncio.sleep(0.3)
+        async with engine.exclusive(pause=True) as inflight:
+            assert inflight == 2
+            during = asyncio.create_task(engine.generate(PROMPT[1:], params.model_copy(
+                update={"max_new_tokens": 8})))  # fmt: skip
+            await asyncio.sleep(0.2)
+            assert not during.done()
+            await engine.update_weights_from_disk(str(model1_dir), weight_version="partial-1")
+        cut = await asyncio.wait_for(asyncio.gather(*long), 120)
+        late = await asyncio.wait_for(during, 30)
+        # back to model0 for the tests after this one
+        payload = encode_named_tensors(dict(model0.state_dict()))
+        await engine.update_weights_from_tensor([payload], weight_version=v0)
+    for prompt, comp in zip((PROMPT, PROMPT[2:]), cut, strict=True):
+        assert comp.finish_reason is FinishReason.LENGTH and len(comp.token_ids) == n
+        assert [v for _, v in comp.segments] == [v0, "partial-1"] and comp.weight_version == v0
+        k = comp.segments[0][0]
+        assert 0 < k < n
+        ids = comp.token_ids
+        assert_close(comp.logprobs[:k], ref_logprobs(model0, prompt, ids[:k]))
+        assert_close(comp.logprobs[k:], ref_logprobs(model1, prompt + ids[:k], ids[k:]))
+    assert late.weight_version == "partial-1" and late.segments == []
+    assert_close(late.logprobs, ref_logprobs(model1, PROMPT[1:], late.token_ids))
+
+
 def test_sigterm_stops_the_server_cleanly(tiny_model_dir, launch_devserver):
     with launch_devserver(tiny_model_dir) as (url, proc):
         assert httpx.get(url + "/health").status_code == 200

@@ -398,3 +398,64 @@ def test_extra_tokenizer_workers_are_refused_they_report_stale_weight_versions(a
     with pytest.raises(ValueError, match="stale weight versions"):
         EngineConfig(kind="sglang", extra_args=["--dtype", "bfloat16", *args])
     EngineConfig(kind="sglang", extra_args=["--tokenizer-worker-num", "1"])
+
+
+async def test_a_pausing_push_cuts_a_turn_and_it_goes_on_with_each_tokens_version():
+    """exclusive(pause=True) on a scripted SGLang: the running call comes back aborted with two
+    tokens (version 1), one caught before the scheduler gets SGLang's 400 "was aborted"; after
+    the push both are sent again as prompt + what they had, for the tokens left, and the caller
+    gets one completion whose segments say which version sampled what."""
+    paused = asyncio.Event()
+    seen: list[dict] = []
+
+    async def handle(i: int, request: web.Request) -> web.StreamResponse:
+        body = await request.json() if request.can_read_body else {}
+        if request.path == "/pause_generation":
+            assert body == {"mode": "abort"}
+            paused.set()
+        if request.path != "/generate":
+            return web.json_response({"success": True})
+        seen.append(body)
+        prompt = body["input_ids"]
+        if len(seen) <= 2:  # both wait for the pause, then are cut
+            await paused.wait()
+            if prompt[0] == 2:
+                msg = f"Request {body['rid']} was aborted"
+                return web.json_response({"error": {"message": msg}}, status=400)
+            return web.json_response(sglang_body([11, 12], body["rid"], {"type": "abort"}, "1"))
+        return web.json_response(sglang_body([13, STOP], body["rid"], version="2"))
+
+    async with Servers(1, handle) as srv, client(srv.urls) as engine:
+        params = SamplingParams(max_new_tokens=5)
+        calls = [asyncio.create_task(engine.generate(p, params)) for p in ([1, 1], [2, 2])]
+        while len(seen) < 2:
+            await asyncio.sleep(0.01)
+        async with engine.exclusive(pause=True) as inflight:
+            assert inflight == 2
+            await asyncio.sleep(0.05)
+            assert len(seen) == 2  # nothing is sent again before the push is over
+        first, second = await asyncio.gather(*calls)
+    assert first.token_ids == [11, 12, 13, STOP] and first.finish_reason is FinishReason.STOP
+    assert first.segments == [(2, "1"), (2, "2")] and first.weight_version == "1"
+    assert first.logprobs == [-0.5, -1.5, -0.5, -1.5]
+    assert second.token_ids == [13, STOP] and second.segments == [] and second.weight_version == "2"
+    again = {tuple(b["input_ids"]): b["sampling_params"]["max_new_tokens"] for b in seen[2:]}
+    assert again == {(1, 1, 11, 12): 3, (2, 2): 5}
+
+
+async def test_without_pause_a_push_waits_for_the_turns_in_flight():
+    release = asyncio.Event()
+
+    async def handle(i: int, request: web.Request) -> web.StreamResponse:
+        assert request.path == "/generate", request.path  # no pause, no continue
+        body = await request.json()
+        await release.wait()
+        return web.json_response(sglang_body([11, STOP], body["rid"]))
+
+    async with Servers(1, handle) as srv, client(srv.urls) as engine:
+        call = asyncio.create_task(engine.generate([1], SamplingParams(max_new_tokens=4)))
+        await asyncio.sleep(0.05)
+        asyncio.get_running_loop().call_later(0.1, release.set)
+        async with engine.exclusive() as inflight:
+            assert inflight == 1 and call.done()
+        assert (await call).segments == []

@@ -46,8 +46,8 @@ def two_turns(tok, task="t1", sample=0, reward=1.0, stop=StopReason.COMPLETED) -
              num_tool_calls=1, tool_latency_s=0.25, gen_latency_s=0.5),
         Turn(s2, len(ids), len(ids), "0", FinishReason.STOP,
              Message(role="assistant", content="<answer>4</answer>"), text=ANSWER,
-             gen_latency_s=0.25, reward=0.5),
-    ]  # fmt: skip
+             gen_latency_s=0.25, reward=0.5, segments=[(1, "0"), (len(a2) - 1, "1")]),
+    ]  # a push cut the answer after its first token  # fmt: skip
     msgs = [Message(role="user", content="What is 2+2?")]
     return Trajectory(task, sample, ids, mask, [-0.5 * m for m in mask], len(p), turns, msgs,
                       stop, reward=reward, reward_components={"correct": reward, "total": reward})  # fmt: skip
@@ -325,3 +325,11 @@ def test_an_aborted_episode_keeps_its_traceback_in_trajectories_jsonl(tmp_path, 
     assert row["step"] == 3 and row["stop_reason"] == "aborted"
     assert row["error"].startswith("Traceback") and 'KeyError: "answer"' in row["error"]
     assert trajectory_from_dict(row).error == t.error  # the viewer reads it back
+
+
+def test_segments_must_cover_their_turn(qwen_tokenizer):
+    t = two_turns(qwen_tokenizer)
+    assert t.turns[1].token_versions() == ["0"] + ["1"] * (t.turns[1].end - t.turns[1].start - 1)
+    t.turns[1].segments = [(1, "0")]
+    with pytest.raises(ValueError, match="has segments"):
+        t.check()
