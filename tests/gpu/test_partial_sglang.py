@@ -44,9 +44,11 @@ async def prefill_logprobs(url: str, ids: list[int], start: int) -> list[float]:
         r = await http.post(url + "/generate", json=body)
     r.raise_for_status()
     entries = r.json()["meta_info"]["input_token_logprobs"]
-    got = [(e[0], e[1]) for e in entries[-(len(ids) - start) :]]
-    assert [t for _, t in got] == ids[start:]
-    return [float(lp) for lp, _ in got]
+    got = entries[-(len(ids) - start) :]
+    assert len(got) == len(ids) - start
+    # SGLang reports id 0 for ids past the tokenizer's vocabulary (the padded embedding rows)
+    assert all(int(e[1]) in (t, 0) for e, t in zip(got, ids[start:], strict=True))
+    return [float(e[0]) for e in got]
 
 
 def test_a_push_cuts_generations_and_they_go_on_with_each_tokens_logprob(

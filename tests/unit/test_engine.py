@@ -401,24 +401,29 @@ def test_extra_tokenizer_workers_are_refused_they_report_stale_weight_versions(a
 
 
 async def test_a_pausing_push_cuts_a_turn_and_it_goes_on_with_each_tokens_version():
-    """exclusive(pause=True) on a scripted SGLang: the running call comes back aborted with two
-    tokens (version 1), one caught before the scheduler gets SGLang's 400 "was aborted"; after
-    the push both are sent again as prompt + what they had, for the tokens left, and the caller
-    gets one completion whose segments say which version sampled what."""
-    paused = asyncio.Event()
+    """exclusive(pause=True) on a scripted SGLang: /abort_request (abort_all) returns the running
+    call with two tokens (version 1), and one caught before the scheduler with SGLang's 400 "was
+    aborted"; then /pause_generation, the push, /continue_generation; both are sent again as
+    prompt + what they had, for the tokens left, and each caller gets one completion whose
+    segments say which version sampled what."""
+    aborted = asyncio.Event()
     seen: list[dict] = []
+    admin: list[str] = []
 
     async def handle(i: int, request: web.Request) -> web.StreamResponse:
         body = await request.json() if request.can_read_body else {}
-        if request.path == "/pause_generation":
-            assert body == {"mode": "abort"}
-            paused.set()
         if request.path != "/generate":
+            admin.append(request.path)
+            if request.path == "/abort_request":
+                assert body["abort_all"] is True
+                aborted.set()
+            if request.path == "/pause_generation":
+                assert body == {"mode": "abort"}
             return web.json_response({"success": True})
         seen.append(body)
         prompt = body["input_ids"]
-        if len(seen) <= 2:  # both wait for the pause, then are cut
-            await paused.wait()
+        if len(seen) <= 2:  # both run until aborted
+            await aborted.wait()
             if prompt[0] == 2:
                 msg = f"Request {body['rid']} was aborted"
                 return web.json_response({"error": {"message": msg}}, status=400)
@@ -434,7 +439,9 @@ async def test_a_pausing_push_cuts_a_turn_and_it_goes_on_with_each_tokens_versio
             assert inflight == 2
             await asyncio.sleep(0.05)
             assert len(seen) == 2  # nothing is sent again before the push is over
+            assert admin == ["/abort_request", "/pause_generation"]
         first, second = await asyncio.gather(*calls)
+    assert admin == ["/abort_request", "/pause_generation", "/continue_generation"]
     assert first.token_ids == [11, 12, 13, STOP] and first.finish_reason is FinishReason.STOP
     assert first.segments == [(2, "1"), (2, "2")] and first.weight_version == "1"
     assert first.logprobs == [-0.5, -1.5, -0.5, -1.5]
