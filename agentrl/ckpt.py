@@ -57,6 +57,11 @@ class CheckpointConfig(BaseModel):
     keep_last: int = Field(2, ge=1, description="complete checkpoints kept (oldest removed)")
     resume: str = Field("auto", description="auto | never | a checkpoint directory")
     save_optimizer: bool = True
+    async_save: bool = Field(
+        True,
+        description="training goes on while a checkpoint's files are written (only the copy "
+        "to CPU memory blocks); it becomes `latest` once written, at a later step's end",
+    )
     optimizer_format: Literal["sharded", "full"] = Field(
         "sharded", description="sharded: each rank writes its shard (DCP); full: rank 0, one file"
     )
@@ -183,21 +188,33 @@ class CheckpointManager:
         return step == last_step or (self.cfg.every > 0 and step % self.cfg.every == 0)
 
     @contextlib.contextmanager
-    def write(self, step: int) -> Iterator[_PendingCheckpoint]:
+    def write(self, step: int) -> Iterator[StagedCheckpoint]:
         """Stage a checkpoint of `step`; committed on normal exit, discarded on an exception.
 
         The body writes its pieces under `pending.path` and sets `pending.state`."""
+        pending = self.begin(step)
+        try:
+            yield pending
+            self.finish(pending)
+        finally:
+            self.abandon(pending)
+
+    def begin(self, step: int) -> StagedCheckpoint:
+        """A staging dir for a checkpoint of `step`, written over time (trainer.async_save):
+        `finish` commits it, `abandon` removes it; a kill before `finish` leaves `latest` as
+        it was."""
         self.staging.mkdir(parents=True, exist_ok=True)
         tmp = self.staging / f"{step_dir_name(step)}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
-        pending = _PendingCheckpoint(tmp, step)
-        try:
-            yield pending
-            if pending.state is None:
-                raise CheckpointError(f"checkpoint of step {step}: no TrainerState was set")
-            self.commit(tmp, pending.state)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        return StagedCheckpoint(tmp, step)
+
+    def finish(self, pending: StagedCheckpoint) -> Path:
+        if pending.state is None:
+            raise CheckpointError(f"checkpoint of step {pending.step}: no TrainerState was set")
+        return self.commit(pending.path, pending.state)
+
+    def abandon(self, pending: StagedCheckpoint) -> None:
+        shutil.rmtree(pending.path, ignore_errors=True)
 
     def commit(self, tmp: Path, state: TrainerState) -> Path:
         """Make a fully written staging dir the latest checkpoint (see the module docstring)."""
@@ -243,7 +260,8 @@ class CheckpointManager:
         for p in done[: max(0, len(done) - self.cfg.keep_last)]:
             if p != keep:
                 shutil.rmtree(p, ignore_errors=True)
-        shutil.rmtree(self.staging, ignore_errors=True)
+        for p in self.staging.glob("old-*"):  # re-saved steps moved aside by commit
+            shutil.rmtree(p, ignore_errors=True)
 
     def resume_path(self) -> Path | None:
         """Where to resume from: resume=auto → latest complete (or None, a fresh start);
@@ -262,7 +280,7 @@ class CheckpointManager:
         return path
 
 
-class _PendingCheckpoint:
+class StagedCheckpoint:
     def __init__(self, path: Path, step: int):
         self.path = path
         self.step = step

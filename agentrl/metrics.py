@@ -213,3 +213,21 @@ def step_metrics(
         )
         out["perf/train_tokens_per_s"] = processed / out["timing_s/update"]
     return out
+
+
+def mean_over_steps(steps: list[dict[str, float]]) -> dict[str, float]:
+    """Metrics of several optimizer steps of one trainer step: the mean of each key; the max of
+    `*_max`, the min of `*_min`, the sum of `*skipped`."""
+    out: dict[str, float] = {}
+    keys = {k for s in steps for k in s}
+    for k in keys:
+        xs = [s[k] for s in steps if k in s]
+        if k.endswith("_max"):
+            out[k] = max(xs)
+        elif k.endswith("_min"):
+            out[k] = min(xs)
+        elif k.endswith("skipped"):
+            out[k] = sum(xs)
+        else:
+            out[k] = sum(xs) / len(xs)
+    return out

@@ -28,6 +28,7 @@ from transformers import AutoTokenizer
 
 from agentrl.ckpt import (
     CheckpointManager,
+    StagedCheckpoint,
     TrainerState,
     capture_rng,
     load_trainer_state,
@@ -214,28 +215,63 @@ def _resume(
 
 def save_checkpoint(
     run: Run, step: int, consecutive_skips: int, extra: dict[str, Any] | None = None
-) -> None:
+) -> PendingCheckpoint | None:
     """The policy (and critic) weights + optimizer, the sampler's cursor, RNG states, the W&B
     run id: everything a resumed run needs to continue as if never stopped. `extra`: the
-    trainer's own state (async mode: the groups in flight, agentrl/producer.py)."""
+    trainer's own state (async mode: the groups in flight, agentrl/producer.py).
+
+    trainer.async_save: returns once the learners' state is copied to CPU memory, with the
+    checkpoint still to commit (`finish_checkpoint`, once the background writes are done; the
+    state recorded here is this step's). Otherwise committed before it returns (None)."""
     assert run.ckpt is not None and run.policy is not None, "a preview run has no checkpoints"
     cfg = run.cfg.trainer
-    with run.ckpt.write(step) as pending:
+    pending = run.ckpt.begin(step)
+    groups = [g for g in (run.policy, run.critic) if g is not None]
+    try:
         for name, group in (("policy", run.policy), ("critic", run.critic)):
             if group is not None:
-                group.save_checkpoint(
-                    str(pending.path / name), optimizer=cfg.save_optimizer, fmt=cfg.optimizer_format
-                )
-        pending.state = TrainerState(
-            step=step,
-            weight_version=str(step),
-            data_cursor=run.sampler.state_dict(),
-            rng=capture_rng(),
-            consecutive_skips=consecutive_skips,
-            identity=run.cfg.identity(),
-            wandb_run_id=run.tracker.run_id if run.tracker else None,
-            extra=extra or {},
-        )
+                group.save_checkpoint(str(pending.path / name), optimizer=cfg.save_optimizer,
+                                      fmt=cfg.optimizer_format, background=cfg.async_save)  # fmt: skip
+    except BaseException:
+        run.ckpt.abandon(pending)
+        raise
+    pending.state = TrainerState(
+        step=step,
+        weight_version=str(step),
+        data_cursor=run.sampler.state_dict(),
+        rng=capture_rng(),
+        consecutive_skips=consecutive_skips,
+        identity=run.cfg.identity(),
+        wandb_run_id=run.tracker.run_id if run.tracker else None,
+        extra=extra or {},
+    )
+    save = PendingCheckpoint(pending, groups)
+    if not cfg.async_save:
+        finish_checkpoint(run, save, wait=True)
+        return None
+    return save
+
+
+@dataclass
+class PendingCheckpoint:
+    """A checkpoint whose files the learners are still writing (trainer.async_save)."""
+
+    staged: StagedCheckpoint
+    groups: list[LearnerGroup]
+
+
+def finish_checkpoint(run: Run, save: PendingCheckpoint, wait: bool) -> bool:
+    """Commit `save` once every learner has written its part (`wait`: block until then); True
+    when committed. A failed write abandons it (`latest` stays on the previous checkpoint)."""
+    assert run.ckpt is not None
+    try:
+        if not all(g.finish_checkpoint(wait) for g in save.groups):
+            return False
+        run.ckpt.finish(save.staged)
+    except BaseException:
+        run.ckpt.abandon(save.staged)
+        raise
+    return True
 
 
 def _close_tracker(tracker: Tracker) -> Callable[..., None]:

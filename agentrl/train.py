@@ -43,6 +43,7 @@ In more detail, in the order they happen:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -64,10 +65,17 @@ from agentrl.display import ProgressLine, trajectory_panel
 from agentrl.engine import EngineClient, EngineUnavailable
 from agentrl.learner.group import LearnerGroup
 from agentrl.loss import kl_estimate, kl_reward_penalty
-from agentrl.metrics import rollout_metrics, step_metrics
+from agentrl.metrics import mean_over_steps, rollout_metrics, step_metrics
 from agentrl.producer import GroupProducer, producing
 from agentrl.rollout import ENGINE_DOWN, Rollout
-from agentrl.run import Run, open_run, resume_point, save_checkpoint
+from agentrl.run import (
+    PendingCheckpoint,
+    Run,
+    finish_checkpoint,
+    open_run,
+    resume_point,
+    save_checkpoint,
+)
 from agentrl.servers import Fleet
 from agentrl.tracking import Tracker
 from agentrl.trajectory_view import pick
@@ -145,6 +153,7 @@ class Trainer:
         self.history: list[dict[str, float]] = []
         self.trainer_logprobs: dict[int, torch.Tensor] = {}  # this step's, by trajectory index
         self.producer: GroupProducer | None = None  # trainer.mode=async: rollouts run ahead
+        self.saving: PendingCheckpoint | None = None  # trainer.async_save: files being written
 
     # -- the algorithm -------------------------------------------------------------------------
 
@@ -192,7 +201,8 @@ class Trainer:
         self.step_idx += 1
         if self.producer is not None:
             self.producer.advance(self.step_idx)
-        with t("checkpoint"):
+        with t("checkpoint"):  # what blocks: async_save writes the files behind later steps
+            self._commit_saved(wait=False)
             if self.ckpt.should_save(self.step_idx, cfg.trainer.steps):
                 self._save()
         metrics.update(t.times, step=float(self.step_idx))
@@ -420,11 +430,21 @@ class Trainer:
             self.tracker.alert("no learning signal", msg)
 
     async def run(self) -> list[dict[str, float]]:
+        try:
+            await self._loop()
+            self._commit_saved(wait=True)
+        finally:
+            if self.saving is not None:  # the run failed: a checkpoint fully written still counts
+                with contextlib.suppress(Exception):
+                    self._commit_saved(wait=True)
+        return self.history
+
+    async def _loop(self) -> None:
         tc = self.cfg.trainer
         if tc.mode == "sync":
             while self.step_idx < tc.steps:
                 self.history.append(await self.step())
-            return self.history
+            return
         self.producer = GroupProducer(self.rollout, self.sampler, tc.tasks_per_step,
                                       tc.max_staleness, tc.stale_policy, self.step_idx,
                                       keep=has_signal if tc.dynamic_sampling else None)  # fmt: skip
@@ -435,7 +455,6 @@ class Trainer:
             while self.step_idx < tc.steps:
                 self.history.append(await self.step())
         self.producer = None
-        return self.history
 
     # -- parts ---------------------------------------------------------------------------------
 
@@ -488,9 +507,15 @@ class Trainer:
             "rollout/reissued": float(sum(len(groups[i]) for i in lost)),
         }
 
+    def _commit_saved(self, wait: bool) -> None:
+        """The checkpoint being written becomes `latest` once its files are all written."""
+        if self.saving is not None and finish_checkpoint(self.parts, self.saving, wait):
+            self.saving = None
+
     def _save(self) -> None:
+        self._commit_saved(wait=True)  # one checkpoint in flight at a time
         extra = {"async": self.producer.state_dict()} if self.producer is not None else {}
-        save_checkpoint(self.parts, self.step_idx, self.skipped_in_a_row, extra)
+        self.saving = save_checkpoint(self.parts, self.step_idx, self.skipped_in_a_row, extra)
 
     def _log(self, metrics: dict[str, float], trajs: list[Trajectory]) -> None:
         """Documented names (agentrl/metrics.py) → sinks (metrics/trajectories JSONL, W&B) →
@@ -519,24 +544,6 @@ def has_signal(group: list[Trajectory]) -> bool:
 def no_signal(groups: list[list[Trajectory]]) -> bool:
     """True when no group has two scored members with different rewards."""
     return not any(has_signal(g) for g in groups)
-
-
-def mean_over_steps(steps: list[dict[str, float]]) -> dict[str, float]:
-    """Metrics of several optimizer steps of one trainer step: the mean of each key; the max of
-    `*_max`, the min of `*_min`, the sum of `*skipped`."""
-    out: dict[str, float] = {}
-    keys = {k for s in steps for k in s}
-    for k in keys:
-        xs = [s[k] for s in steps if k in s]
-        if k.endswith("_max"):
-            out[k] = max(xs)
-        elif k.endswith("_min"):
-            out[k] = min(xs)
-        elif k.endswith("skipped"):
-            out[k] = sum(xs)
-        else:
-            out[k] = sum(xs) / len(xs)
-    return out
 
 
 async def train(cfg: Config, out_dir: Path) -> list[dict[str, float]]:

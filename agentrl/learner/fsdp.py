@@ -13,9 +13,10 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -229,28 +230,39 @@ def write_hf_dir(
     """Collective: rank 0 writes a transformers model dir (config, safetensors shards + index,
     and with `copy_aux` the tokenizer files of `src_dir`), one shard per bucket, so memory stays
     one bucket."""
+    shards = iter_full_buckets(model, buckets, rank)
+    if rank != 0:
+        for _ in shards:  # the gathers are collective
+            pass
+        return
+    write_hf_files(shards, len(buckets), out_dir, src_dir, model.config, copy_aux)
+
+
+def write_hf_files(
+    shards: Iterable[dict[str, torch.Tensor]],
+    n: int,
+    out_dir: str | Path,
+    src_dir: str | Path,
+    config: Any,
+    copy_aux: bool = True,
+) -> None:
+    """Rank 0's half of write_hf_dir: `n` shards of full tensors (gathered already) to files."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
-    n = len(buckets)
+    out.mkdir(parents=True, exist_ok=True)
     weight_map: dict[str, str] = {}
     total = 0
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-    for i, tensors in enumerate(iter_full_buckets(model, buckets, rank)):
-        if rank != 0:
-            continue
+    for i, tensors in enumerate(shards):
         fname = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
         for k, t in tensors.items():
             weight_map[k] = fname
             total += t.numel() * t.element_size()
-    if rank != 0:
-        return
     if n > 1:
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    model.config.save_pretrained(out)
+    config.save_pretrained(out)
     for name in _HF_AUX_FILES if copy_aux else ():
         if (Path(src_dir) / name).exists() and not (out / name).exists():
             shutil.copy2(Path(src_dir) / name, out / name)

@@ -273,10 +273,22 @@ class LearnerGroup:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(
-        self, path: str, optimizer: bool = True, fmt: str = "sharded", bucket_mb: float = 512
+        self,
+        path: str,
+        optimizer: bool = True,
+        fmt: str = "sharded",
+        bucket_mb: float = 512,
+        background: bool = False,
     ) -> None:
-        """`path/model` (a transformers dir, fp32 master weights) and `path/optim`."""
-        self.call("save_checkpoint", str(path), self.buckets(bucket_mb), optimizer, fmt)
+        """`path/model` (a transformers dir, fp32 master weights) and `path/optim`. With
+        `background`, returns once the state is copied to CPU memory; the files are written
+        while training goes on, done when `finish_checkpoint` says so."""
+        buckets = self.buckets(bucket_mb)
+        self.call("save_checkpoint", str(path), buckets, optimizer, fmt, background)
+
+    def finish_checkpoint(self, wait: bool = True) -> bool:
+        """True when every rank has written its part of the last checkpoint."""
+        return all(self.call("finish_checkpoint", wait))
 
     def load_checkpoint(self, path: str, optimizer: bool = True) -> None:
         self.call("load_checkpoint", str(path), optimizer)

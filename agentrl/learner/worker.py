@@ -21,15 +21,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
 from torch.distributed.tensor import DTensor
 
 from agentrl.learner import LearnerConfig, Role, forward, fsdp
+from agentrl.learner.checkpoint import CheckpointWriter, load_optimizer
 from agentrl.learner.fsdp import ParamSpec
 from agentrl.learner.sync import SYNC_METHODS
 from agentrl.loss import LossInputs, get_loss, reduce_metrics
@@ -48,6 +43,7 @@ class LearnerWorker:
         self.opt: torch.optim.Optimizer | None = None
         self.sched: Any = None
         self._transports: dict[str, Any] = {}  # weight-sync rank halves, by transport name
+        self._ckpt: CheckpointWriter | None = None  # made at the first save (a collective)
         self.steps_done = 0
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -279,21 +275,30 @@ class LearnerWorker:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(
-        self, path: str, buckets: list[list[ParamSpec]], optimizer: bool, fmt: str
+        self,
+        path: str,
+        buckets: list[list[ParamSpec]],
+        optimizer: bool,
+        fmt: str,
+        background: bool = False,
     ) -> None:
-        """Collective: `path/model` (transformers dir) and `path/optim` (optimizer, schedule)."""
-        root = Path(path)
-        fsdp.write_hf_dir(self.model, root / "model", self.cfg.model_path, buckets, self.rank)
-        if optimizer and self.opt is not None:
-            _save_optimizer(self.model, self.opt, self.sched, root / "optim", fmt, self.rank)
-        dist.barrier()
+        """Collective: `path/model` (transformers dir) and `path/optim` (optimizer, schedule);
+        with `background`, written behind the next steps (finish_checkpoint says when done)."""
+        if self._ckpt is None:
+            self._ckpt = CheckpointWriter(self.rank)
+        opt = self.opt if optimizer else None
+        args = (self.model, opt, self.sched, path, buckets, self.cfg.model_path, fmt, background)
+        self._ckpt.save(*args)
+
+    def finish_checkpoint(self, wait: bool) -> bool:
+        return self._ckpt is None or self._ckpt.finish(wait)
 
     def load_checkpoint(self, path: str, optimizer: bool = True) -> None:
         """Collective: inverse of save_checkpoint (the world size may differ for `sharded`)."""
         root = Path(path)
         fsdp.load_full_state(self.model, root / "model")
         if optimizer and self.opt is not None and (root / "optim").exists():
-            _load_optimizer(self.model, self.opt, self.sched, root / "optim", self.rank)
+            load_optimizer(self.model, self.opt, self.sched, root / "optim", self.rank)
         dist.barrier()
 
     # -- offload (colocated mode) ---------------------------------------------------------------
@@ -311,31 +316,3 @@ class LearnerWorker:
     def _require(self, role: str, what: str) -> None:
         if self.role != role:
             raise RuntimeError(f"{what} needs the {role} role, this learner is {self.role}")
-
-
-def _save_optimizer(model, opt, sched, out: Path, fmt: str, rank: int) -> None:
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
-    if fmt == "sharded":
-        dcp.save({"optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=str(out))
-    else:
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        full = get_optimizer_state_dict(model, opt, options=opts)
-        if rank == 0:
-            torch.save(full, out / "optim.pt")
-    if rank == 0:
-        torch.save({"format": fmt, "scheduler": sched.state_dict()}, out / "schedule.pt")
-
-
-def _load_optimizer(model, opt, sched, src: Path, rank: int) -> None:
-    meta = torch.load(src / "schedule.pt", weights_only=True)
-    if meta["format"] == "sharded":
-        state = {"optim": get_optimizer_state_dict(model, opt)}
-        dcp.load(state, checkpoint_id=str(src))
-        set_optimizer_state_dict(model, opt, state["optim"])
-    else:
-        full = torch.load(src / "optim.pt", weights_only=True) if rank == 0 else {}
-        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        set_optimizer_state_dict(model, opt, full, options=opts)
-    sched.load_state_dict(meta["scheduler"])

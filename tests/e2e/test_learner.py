@@ -121,6 +121,23 @@ def test_two_ranks_match_one_rank_then_skip_nan_then_checkpoint(groups, tmp_path
     two.load_checkpoint(str(tmp_path / "full"))
     assert max_diff(two.full_state(), one.full_state()) == 0.0
 
+    # In the background (trainer.async_save): a step trains while the files are written, and
+    # what was written is the state at the save (weights and optimizer), not after that step.
+    at_save = two.full_state()
+    two.save_checkpoint(str(tmp_path / "bg"), background=True)
+    two.train_step(micro_batches(batch2, 2, 24), "ppo_clip", PPO)
+    moved = two.full_state()
+    assert max_diff(moved, at_save) > 5e-4
+    assert two.finish_checkpoint(wait=True)
+    two.load_checkpoint(str(tmp_path / "bg"))
+    assert max_diff(two.full_state(), at_save) == 0.0
+    two.train_step(micro_batches(batch2, 2, 24), "ppo_clip", PPO)
+    assert max_diff(two.full_state(), moved) == 0.0
+    one.save_checkpoint(str(tmp_path / "bg_full"), fmt="full", background=True)
+    assert one.finish_checkpoint(wait=True)
+    two.load_checkpoint(str(tmp_path / "bg_full"))
+    assert max_diff(two.full_state(), one.full_state()) == 0.0
+
     # The model dir is a plain transformers checkpoint of the trained weights.
     hf = AutoModelForCausalLM.from_pretrained(ckpt / "model", dtype=torch.float32)
     saved = {k: v for k, v in hf.state_dict().items() if k != "lm_head.weight"}

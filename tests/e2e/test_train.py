@@ -69,10 +69,13 @@ def _train_cmd(tmp: Path, out: str, steps: int, *extra: str) -> list[str]:
             "trainer.every=1", f"hydra.run.dir={tmp}/{out}", *extra)]  # fmt: skip
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_killed_run_resumes_with_the_same_data_order(mode, tmp_path):
+@pytest.mark.parametrize("mode,kill", [("sync", "committed"), ("async", "committed"),
+                                       ("sync", "writing")])  # fmt: skip
+def test_killed_run_resumes_with_the_same_data_order(mode, kill, tmp_path):
     """Also in async mode, where a checkpoint holds the groups in flight (finished ones as they
-    were, unfinished ones rolled out again on resume): nothing lost, nothing trained twice."""
+    were, unfinished ones rolled out again on resume): nothing lost, nothing trained twice. And
+    killed while step 2's checkpoint is being written behind step 3 (trainer.async_save): the
+    run resumes from step 1's."""
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
     extra = [f"trainer.mode={mode}"]
     subprocess.run(_train_cmd(ref_dir, "out", 3, *extra), cwd=ROOT, check=True,
@@ -81,13 +84,22 @@ def test_killed_run_resumes_with_the_same_data_order(mode, tmp_path):
     proc = subprocess.Popen(_train_cmd(run_dir, "out", 3, *extra), cwd=ROOT,
                             start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)  # fmt: skip
-    latest = run_dir / "ckpt" / "latest"
+    latest, staging = run_dir / "ckpt" / "latest", run_dir / "ckpt" / ".tmp"
+
+    def ready() -> bool:
+        if kill == "writing":  # … or while step 2's checkpoint is staged, not yet committed
+            return any(staging.glob("step_00000002-*"))
+        return latest.exists() and latest.read_text().strip() >= "step_00000001"
+
     deadline = time.monotonic() + 300
-    while not (latest.exists() and latest.read_text().strip() >= "step_00000001"):
+    while not ready():
         assert proc.poll() is None and time.monotonic() < deadline, "run ended before step 1"
-        time.sleep(0.2)
+        time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    if kill == "writing":
+        assert latest.read_text().strip() == "step_00000001"
+        assert not (run_dir / "ckpt" / "step_00000002").exists()
     # … then started again: it resumes from its last complete checkpoint, in the same run dir
     done = subprocess.run(_train_cmd(run_dir, "out", 3, *extra), cwd=ROOT, capture_output=True,
                           text=True)  # fmt: skip

@@ -1,0 +1,115 @@
+"""One learner rank's half of a checkpoint: `model/` (a transformers dir) and `optim/`.
+
+With `background=True` (trainer.async_save) only the copy to CPU memory blocks training: the
+full weights are gathered onto rank 0's CPU, the optimizer shards staged by
+`torch.distributed.checkpoint.async_save`, and files are written by threads while the next steps
+train. The driver commits the checkpoint (agentrl/ckpt.py: COMPLETE marker, rename, `latest`)
+only once every rank's `finish(wait)` says its writes are done, so a kill during the writes
+leaves `latest` on the previous checkpoint. The writes' collectives (DCP's metadata gather) run
+on a gloo group of their own, never on the training group the main thread uses meanwhile.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+
+from agentrl.learner import fsdp
+from agentrl.learner.fsdp import ParamSpec
+
+
+class CheckpointWriter:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.group = dist.new_group(backend="gloo")  # collective: every rank builds it at setup
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-write")
+        self.pending: list[Future] = []
+
+    def save(
+        self,
+        model: torch.nn.Module,
+        opt: torch.optim.Optimizer | None,
+        sched: Any,
+        path: str,
+        buckets: list[list[ParamSpec]],
+        model_src: str,
+        fmt: str,
+        background: bool,
+    ) -> None:
+        """Collective. Waits for the previous checkpoint's writes first."""
+        self.finish(wait=True)
+        root = Path(path)
+        if not background:
+            fsdp.write_hf_dir(model, root / "model", model_src, buckets, self.rank)
+            if opt is not None:
+                _save_optimizer(model, opt, sched, root / "optim", fmt, self.rank, None)
+            dist.barrier()
+            return
+        # the copy to CPU is the blocking part; the writes go on behind the next steps
+        staged = [fsdp.gather_full(model, b, self.rank) for b in buckets]
+        if self.rank == 0:
+            write = fsdp.write_hf_files
+            args = (staged, len(staged), root / "model", model_src, model.config)
+            self.pending.append(self.pool.submit(write, *args))
+        if opt is not None:
+            fut = _save_optimizer(model, opt, sched, root / "optim", fmt, self.rank, self)
+            if fut is not None:
+                self.pending.append(fut)
+        dist.barrier()
+
+    def finish(self, wait: bool) -> bool:
+        """True when this rank's writes are done (raising their error); `wait` blocks for them."""
+        if not wait and not all(f.done() for f in self.pending):
+            return False
+        for f in self.pending:
+            f.result()
+        self.pending = []
+        return True
+
+
+def _save_optimizer(
+    model, opt, sched, out: Path, fmt: str, rank: int, writer: CheckpointWriter | None
+) -> Future | None:
+    """Writes `out` (now, or with a writer in its thread); returns the write's future."""
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save({"format": fmt, "scheduler": sched.state_dict()}, out / "schedule.pt")
+    dist.barrier()
+    if fmt == "sharded":
+        state = {"optim": get_optimizer_state_dict(model, opt)}
+        if writer is None:
+            dcp.save(state, checkpoint_id=str(out))
+            return None
+        # stages a CPU copy now (blocking), writes in DCP's own thread on the writer's group
+        return dcp.async_save(state, checkpoint_id=str(out), process_group=writer.group)
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    full = get_optimizer_state_dict(model, opt, options=opts)  # CPU copies on rank 0
+    if rank != 0:
+        return None
+    if writer is None:
+        torch.save(full, out / "optim.pt")
+        return None
+    return writer.pool.submit(torch.save, full, out / "optim.pt")
+
+
+def load_optimizer(model, opt, sched, src: Path, rank: int) -> None:
+    meta = torch.load(src / "schedule.pt", weights_only=True)
+    if meta["format"] == "sharded":
+        state = {"optim": get_optimizer_state_dict(model, opt)}
+        dcp.load(state, checkpoint_id=str(src))
+        set_optimizer_state_dict(model, opt, state["optim"])
+    else:
+        full = torch.load(src / "optim.pt", weights_only=True) if rank == 0 else {}
+        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_optimizer_state_dict(model, opt, full, options=opts)
+    sched.load_state_dict(meta["scheduler"])
