@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from agentrl.engine import EngineClient
 from agentrl.env import Env
 from agentrl.learner import LearnerConfig
 from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
+from agentrl.learner.memory import choose_offload, engine_fraction
 from agentrl.rollout import Rollout
 from agentrl.servers import Fleet, launch_fleet, launch_router
 from agentrl.tracking import JsonlSink, Tracker
@@ -109,6 +111,7 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
                 engine_model = resume / "policy" / "model"
                 console.print(f"[green]resumed from {resume} at step {resumed.step}[/]")
             if cfg.engine.colocate:  # the engine takes the GPU first; the learner waits on CPU
+                _resolve_offload(cfg, groups, console)
                 for group in groups.values():
                     group.offload()
         fleet = stack.enter_context(launch_fleet(cfg.engine, engine_model, out))
@@ -163,6 +166,29 @@ def resume_point(cfg: Config, ckpt: CheckpointManager | None = None) -> Path | N
             f"purpose with trainer.resume={path}"
         )
     return path
+
+
+def _resolve_offload(cfg: Config, groups: dict[str, LearnerGroup], console: Console) -> None:
+    """learner.offload=auto (colocated): measure the GPU, choose, tell every rank, say why."""
+    if cfg.learner.offload != "auto":
+        return
+    policy = groups["policy"]
+    mem = policy.call_rank0("memory_stats")
+    if not mem["total_bytes"]:  # CPU: nothing to make room for
+        choice_mode, line = "none", "learner.offload=auto chose none (no GPU)"
+    else:
+        params = [(sum(math.prod(s.shape) for s in g.param_specs()), role != "reference")
+                  for role, g in groups.items()]  # fmt: skip
+        available = mem["free_bytes"] + sum(
+            g.call_rank0("memory_stats")["reserved_gib"] * 2**30 for g in groups.values()
+        )
+        fraction = engine_fraction(cfg.engine.extra_args)
+        choice = choose_offload(params, policy.world_size, available, mem["total_bytes"], fraction)
+        choice_mode, line = choice.mode, choice.describe()
+    for g in groups.values():
+        g.call("set_offload", choice_mode)
+    log.info(line)
+    console.print(f"[dim]{line}[/]")
 
 
 def _learner_groups(cfg: Config, model_path: str, stack: AsyncExitStack) -> dict[str, Any]:

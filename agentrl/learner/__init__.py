@@ -49,11 +49,12 @@ class LearnerConfig(BaseModel):
         "auto", description="auto: bf16 compute + fp32 master weights on GPU, fp32 on CPU"
     )
     activation_checkpointing: Literal["auto", "on", "off"] = Field("auto", description="auto: GPU")
-    offload: Literal["all", "optimizer", "none"] = Field(
-        "all",
+    offload: Literal["auto", "all", "optimizer", "none"] = Field(
+        "auto",
         description="colocated mode: what moves to CPU while the engine samples. all: parameters "
         "and optimizer state (the most room for the engine); optimizer: only the Adam moments "
-        "(2/3 of the state); none: nothing moves (fastest, when both fit on the GPU)",
+        "(2/3 of the state); none: nothing moves (fastest, when both fit on the GPU); auto: the "
+        "least that fits beside the engine's memory fraction (agentrl/learner/memory.py)",
     )
     reshard_after_forward: bool = True
     seed: int = 0

@@ -44,6 +44,7 @@ class LearnerWorker:
         self.sched: Any = None
         self._transports: dict[str, Any] = {}  # weight-sync rank halves, by transport name
         self._ckpt: CheckpointWriter | None = None  # made at the first save (a collective)
+        self.offload_mode = "all" if cfg.offload == "auto" else cfg.offload  # auto: set_offload
         self.steps_done = 0
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -215,12 +216,15 @@ class LearnerWorker:
         return str(dt).removeprefix("torch.")
 
     def memory_stats(self) -> dict[str, float]:
-        """GPU memory of this rank in GiB (0 on CPU)."""
+        """GPU memory of this rank in GiB, and the device's free and total bytes (0 on CPU)."""
         if self.device_type != "cuda":
-            return {"allocated_gib": 0.0, "reserved_gib": 0.0}
+            return {"allocated_gib": 0.0, "reserved_gib": 0.0, "free_bytes": 0, "total_bytes": 0}
+        free, total = torch.cuda.mem_get_info()
         return {
             "allocated_gib": torch.cuda.memory_allocated() / 2**30,
             "reserved_gib": torch.cuda.memory_reserved() / 2**30,
+            "free_bytes": free,
+            "total_bytes": total,
         }
 
     def full_state(self, dtype: str | None = None) -> dict[str, torch.Tensor]:
@@ -308,9 +312,13 @@ class LearnerWorker:
     def onload(self) -> None:
         fsdp.offload(*self._movable(), str(self.device))
 
+    def set_offload(self, mode: str) -> None:
+        """learner.offload=auto: the mode the driver chose (agentrl/learner/memory.py)."""
+        self.offload_mode = mode
+
     def _movable(self) -> tuple[Any, Any]:
         """(model, optimizer) to move in colocated mode per `learner.offload`; None stays."""
-        what = self.cfg.offload
+        what = self.offload_mode
         return (self.model if what == "all" else None), (self.opt if what != "none" else None)
 
     def _require(self, role: str, what: str) -> None:

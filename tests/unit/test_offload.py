@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from agentrl.learner import LearnerConfig
 from agentrl.learner.fsdp import offload
+from agentrl.learner.memory import choose_offload, engine_fraction
 from agentrl.learner.worker import LearnerWorker
 
 
@@ -18,8 +19,44 @@ from agentrl.learner.worker import LearnerWorker
     [("all", ("model", "opt")), ("optimizer", (None, "opt")), ("none", (None, None))],
 )
 def test_offload_setting_picks_what_moves(what, moved):
-    worker = SimpleNamespace(cfg=LearnerConfig(offload=what), model="model", opt="opt")
+    worker = SimpleNamespace(offload_mode=what, model="model", opt="opt")
     assert LearnerWorker._movable(worker) == moved
+
+
+GIB = 1024**3
+H100 = 80 * GIB  # total; ~79 GiB available to a process
+
+
+@pytest.mark.parametrize(
+    ("params", "fraction", "mode", "learner_gib"),
+    [
+        # 1.5B beside SGLang at 0.5: 16 B/param = 23 GiB + 40 + 4 reserve fits in 79 (the H100
+        # run that measured none at 13.6 s/step against all at 20.4 s)
+        ([(1_543_714_304, True)], 0.5, "none", 23.0),
+        # the same with a frozen reference on the GPU too: +5.8 GiB, still fits
+        ([(1_543_714_304, True), (1_543_714_304, False)], 0.5, "none", 28.8),
+        # 7B: 114 GiB of state does not fit; weights + grads (57 GiB) + 40 neither; all moves
+        ([(7_615_616_512, True)], 0.5, "all", 0.0),
+        # 7B beside a small engine (0.2): weights + grads (57) + 16 + 4 = 77 fits, moments move
+        ([(7_615_616_512, True)], 0.2, "optimizer", 56.7),
+    ],
+)
+def test_offload_auto_picks_the_least_that_fits_beside_the_engine(
+    params, fraction, mode, learner_gib
+):
+    choice = choose_offload(params, 1, 79 * GIB, H100, fraction)
+    assert choice.mode == mode
+    assert choice.learner_bytes / GIB == pytest.approx(learner_gib, abs=0.1)
+    line = choice.describe()
+    assert line.startswith(f"learner.offload=auto chose {mode}") and "79.0 GiB" in line
+    # two FSDP ranks (two GPUs) each hold half: 7B at 0.5 then keeps weights and grads
+    assert choose_offload([(7_615_616_512, True)], 2, 79 * GIB, H100, 0.5).mode == "optimizer"
+
+
+def test_engine_fraction_is_read_from_the_sglang_flags():
+    assert engine_fraction(["--attention-backend", "triton", "--mem-fraction-static", "0.5"]) == 0.5
+    assert engine_fraction(["--mem-fraction-static=0.35"]) == 0.35
+    assert engine_fraction([]) == 0.9  # SGLang's own default is up to 0.9: assume the most
 
 
 def test_offload_rejects_unknown_values_and_moves_only_what_it_is_given():
