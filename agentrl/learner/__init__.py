@@ -22,6 +22,19 @@ from pydantic import BaseModel, ConfigDict, Field
 Role = Literal["policy", "reference", "critic"]
 
 
+class LoraConfig(BaseModel):
+    """learner.lora: train low-rank adapters only (agentrl/learner/lora.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(0, ge=0, description="LoRA rank; 0: train every parameter")
+    alpha: float = Field(16.0, gt=0, description="scale alpha / rank of the adapters' update")
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] | str = Field(
+        "all-linear", description="PEFT target_modules: module names, or all-linear"
+    )
+
+
 class LearnerConfig(BaseModel):
     """One role's learner (policy, reference or critic): model, optimizer, devices, sharding."""
 
@@ -57,6 +70,7 @@ class LearnerConfig(BaseModel):
         "least that fits beside the engine's memory fraction (agentrl/learner/memory.py)",
     )
     reshard_after_forward: bool = True
+    lora: LoraConfig = Field(default_factory=LoraConfig)
     seed: int = 0
     threads_per_worker: int = Field(1, ge=1, description="torch CPU threads of each worker")
     num_cpus_per_worker: float = Field(0.0, ge=0, description="Ray CPU resource per worker")

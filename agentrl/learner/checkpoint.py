@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from agentrl.learner import fsdp
+from agentrl.learner import fsdp, lora
 from agentrl.learner.fsdp import ParamSpec
 
 
@@ -49,6 +49,14 @@ class CheckpointWriter:
         """Collective. Waits for the previous checkpoint's writes first."""
         self.finish(wait=True)
         root = Path(path)
+        if lora.is_lora(model):  # the adapters too: resume needs them (merged weights are final)
+            adapters = {n: fsdp.full_param(p).cpu().clone() for n, p in lora.adapter_params(model)}
+            if self.rank == 0:
+                args = (adapters, model, root / "adapter")
+                if background:
+                    self.pending.append(self.pool.submit(lora.save_adapter_files, *args))
+                else:
+                    lora.save_adapter_files(*args)
         if not background:
             fsdp.write_hf_dir(model, root / "model", model_src, buckets, self.rank)
             if opt is not None:

@@ -24,7 +24,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from agentrl.learner import LearnerConfig, Role
+from agentrl.learner import LearnerConfig, Role, lora
 
 # Files copied from the source model dir into every saved HF dir (besides config + weights), so
 # a checkpoint is a complete `from_pretrained` / `--model-path` target on its own.
@@ -165,9 +165,14 @@ def all_ranks_finite(value: float, device: torch.device) -> bool:
 
 # -- gather / save ------------------------------------------------------------------------------
 def param_specs(model: nn.Module, dtype: str | None = None) -> list[ParamSpec]:
-    """Full shapes of the parameters the engine needs (tied weights once), in a fixed order."""
+    """Full shapes of the parameters the engine needs (tied weights once), in a fixed order;
+    with LoRA, the base model's, in its own names (adapters are merged in: lora.py)."""
+    named = list(model.named_parameters())
+    if lora.is_lora(model):
+        params = dict(named)
+        named = [(e, params[src]) for e, (src, *_) in lora.sources(model).items()]
     out = []
-    for name, p in model.named_parameters():
+    for name, p in named:
         shape = tuple(p.shape)  # a DTensor reports its global shape
         out.append(ParamSpec(name, shape, dtype or str(p.dtype).removeprefix("torch.")))
     return out
@@ -203,9 +208,17 @@ def gather_full(
     """Collective: the full tensors of one bucket, cast to each spec's dtype, on rank 0 (on
     `device`, default CPU); an empty dict on other ranks."""
     params = dict(model.named_parameters())
+    srcs = lora.sources(model) if lora.is_lora(model) else None
     out: dict[str, torch.Tensor] = {}
     for s in bucket:
-        full = full_param(params[s.name])
+        if srcs is None:
+            full = full_param(params[s.name])
+        else:  # LoRA: the base weight with its adapter merged in
+            base, a, b, scale = srcs[s.name]
+            full = full_param(params[base])
+            if a is not None and b is not None:
+                la, lb = full_param(params[a]), full_param(params[b])
+                full = lora.merged(full, la, lb, scale) if rank == 0 else full
         if rank == 0:
             out[s.name] = full.to(device=device or "cpu", dtype=to_dtype(s.dtype)).contiguous()
         del full
@@ -276,9 +289,14 @@ def load_full_state(model: nn.Module, hf_dir: str | Path) -> None:
 
     full: dict[str, torch.Tensor] = {}
     if dist.get_rank() == 0:
-        for f in sorted(Path(hf_dir).glob("*.safetensors")):
-            full.update(load_file(str(f)))
-        missing = {n for n, _ in model.named_parameters()} - set(full)
+        if lora.is_lora(model):  # the adapters only; the base stays as loaded (lora.py)
+            full = lora.load_adapter_file(hf_dir)
+            want = {n for n, _ in lora.adapter_params(model)}
+        else:
+            for f in sorted(Path(hf_dir).glob("*.safetensors")):
+                full.update(load_file(str(f)))
+            want = {n for n, _ in model.named_parameters()}
+        missing = want - set(full)
         if missing:
             raise ValueError(f"{hf_dir}: checkpoint lacks {sorted(missing)[:5]}")
     set_model_state_dict(

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from agentrl.learner import LearnerConfig, Role, forward, fsdp
+from agentrl.learner import LearnerConfig, Role, forward, fsdp, lora
 from agentrl.learner.checkpoint import CheckpointWriter, load_optimizer
 from agentrl.learner.fsdp import ParamSpec
 from agentrl.learner.sync import SYNC_METHODS
@@ -67,6 +67,8 @@ class LearnerWorker:
         )
         torch.manual_seed(self.cfg.seed)
         model = fsdp.load_model(self.cfg.model_path, self.role)
+        if self.cfg.lora.rank and self.role == "policy":
+            model = lora.add_lora(model, self.cfg.lora)
         self.model = fsdp.shard_model(
             model,
             self.device,
@@ -300,7 +302,8 @@ class LearnerWorker:
     def load_checkpoint(self, path: str, optimizer: bool = True) -> None:
         """Collective: inverse of save_checkpoint (the world size may differ for `sharded`)."""
         root = Path(path)
-        fsdp.load_full_state(self.model, root / "model")
+        lora_model = lora.is_lora(self.model)  # merged weights cannot be split: the adapters
+        fsdp.load_full_state(self.model, root / ("adapter" if lora_model else "model"))
         if optimizer and self.opt is not None and (root / "optim").exists():
             load_optimizer(self.model, self.opt, self.sched, root / "optim", self.rank)
         dist.barrier()

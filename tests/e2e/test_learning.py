@@ -69,3 +69,31 @@ def test_tiny_model_learns_code_exec_with(algo, tmp_path):
         assert fmean(vf[-3:]) < vf[0], f"critic did not fit the returns: {vf}"
         # the critic follows the rising return (values start near 0 from a fresh head)
         assert history[-1]["critic/value_mean"] > history[0]["critic/value_mean"] + 0.2
+
+
+def test_tiny_model_learns_code_exec_with_lora(tmp_path):
+    """learner.lora.rank=8: only the adapters train (PEFT), the engine samples from the merged
+    weights; the quick start still learns by the same rule. The checkpoint's adapter/ is PEFT's
+    own format: merged onto the base by PEFT it gives the checkpoint's model/ (what the engine
+    served), and every weight the adapters do not touch is the base's, bit for bit."""
+    from peft import PeftModel
+
+    cfg = compose([f"trainer.steps={STEPS}", f"trainer.every={STEPS}",
+                   f"trainer.dir={tmp_path}/ckpt", "logging=local", "learner.lora.rank=8",
+                   "learner.lr=5e-3"])  # fmt: skip
+    history = asyncio.run(train(cfg, tmp_path / "out"))
+    rewards = [round(h["reward/mean"], 3) for h in history]
+    print("lora reward per step:", rewards)
+    start, end = fmean(rewards[:2]), fmean(rewards[-3:])
+    assert end >= start + 0.25, f"reward did not rise: {rewards}"
+    # the engine sampled from exactly the weights the learner trains (adapters merged)
+    assert max(h["train/logprob_diff"] for h in history) <= 0.01
+    final = tmp_path / "ckpt" / (tmp_path / "ckpt" / "latest").read_text().strip() / "policy"
+    served = dict(AutoModelForCausalLM.from_pretrained(final / "model").named_parameters())
+    base = AutoModelForCausalLM.from_pretrained(cfg.model.resolve())
+    peft = PeftModel.from_pretrained(base, final / "adapter").merge_and_unload()
+    merged = dict(peft.named_parameters())
+    assert max((merged[n] - p).abs().max().item() for n, p in served.items()) < 1e-5
+    base = dict(AutoModelForCausalLM.from_pretrained(cfg.model.resolve()).named_parameters())
+    moved = {n for n, p in served.items() if not torch.equal(p, base[n])}
+    assert moved and all(n.endswith("proj.weight") for n in moved), sorted(moved)[:5]
