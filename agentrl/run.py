@@ -177,7 +177,11 @@ def _resolve_offload(cfg: Config, groups: dict[str, LearnerGroup], console: Cons
     if not mem["total_bytes"]:  # CPU: nothing to make room for
         choice_mode, line = "none", "learner.offload=auto chose none (no GPU)"
     else:
-        params = [(sum(math.prod(s.shape) for s in g.param_specs()), role != "reference")
+        # what trains holds gradients and Adam moments; a frozen reference and a LoRA policy's
+        # base weights do not (its adapters are a rounding error)
+        lora_policy = cfg.learner.lora.rank > 0
+        params = [(sum(math.prod(s.shape) for s in g.param_specs()),
+                   role == "critic" or (role == "policy" and not lora_policy))
                   for role, g in groups.items()]  # fmt: skip
         available = mem["free_bytes"] + sum(
             g.call_rank0("memory_stats")["reserved_gib"] * 2**30 for g in groups.values()

@@ -291,7 +291,7 @@ class LearnerWorker:
         """Collective: `path/model` (transformers dir) and `path/optim` (optimizer, schedule);
         with `background`, written behind the next steps (finish_checkpoint says when done)."""
         if self._ckpt is None:
-            self._ckpt = CheckpointWriter(self.rank)
+            self._ckpt = CheckpointWriter(self.rank, self.device)
         opt = self.opt if optimizer else None
         args = (self.model, opt, self.sched, path, buckets, self.cfg.model_path, fmt, background)
         self._ckpt.save(*args)

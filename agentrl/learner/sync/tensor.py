@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from agentrl.learner import fsdp, ipc
+from agentrl.learner import fsdp, ipc, lora
 from agentrl.learner.fsdp import ParamSpec
 from agentrl.learner.sync.base import SYNC_METHODS, Transport, WeightSyncError
 
@@ -49,7 +49,7 @@ class TensorSync(Transport):
             """Collective: like `bucket`, in SGLang's `direct` layout (ipc.py): q/k/v and
             gate/up fused per `groups`, cast and copied once into one buffer, sent as views."""
             w = self.worker
-            if w.world_size > 1:  # gather the shards (a collective: every rank takes part)
+            if w.world_size > 1 or lora.is_lora(w.model):  # gather (and merge LoRA adapters)
                 get = fsdp.gather_full(w.model, bucket, w.rank, w.device).__getitem__
             else:  # one shard is the whole tensor: read it in place
                 params = dict(w.model.named_parameters())
