@@ -18,7 +18,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_optimizer_state_dict,
@@ -36,12 +35,10 @@ class CheckpointWriter:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-write")
         self.pending: list[Future] = []
         # host copies of the weights, kept between checkpoints (pinned on GPU hosts): fresh
-        # pageable memory costs page faults on every save (7.5 s for 1.5B on an H100)
+        # pageable memory costs page faults on every save (7.5 s for 1.5B on an H100). The
+        # optimizer goes through DCP's default staging: its pinned stager (DefaultStager) fails
+        # on FSDP2's DTensor optimizer state in torch 2.11 (KeyError in its deepcopy)
         self.host: dict[str, torch.Tensor] = {}
-        cuda = device.type == "cuda"
-        self.stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
-                                                   use_async_staging=False,
-                                                   use_non_blocking_copy=cuda))  # fmt: skip
 
     def save(
         self,
@@ -122,8 +119,7 @@ def _save_optimizer(
             return None
         # stages a CPU copy now (blocking; pinned and reused on GPU hosts), writes in DCP's own
         # thread on the writer's group
-        res = dcp.async_save(state, checkpoint_id=str(out), process_group=writer.group,
-                             async_stager=writer.stager)  # fmt: skip
+        res = dcp.async_save(state, checkpoint_id=str(out), process_group=writer.group)
         return getattr(res, "upload_completion", res)
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     full = get_optimizer_state_dict(model, opt, options=opts)  # CPU copies on rank 0
