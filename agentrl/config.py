@@ -208,9 +208,9 @@ class TrainerConfig(CheckpointConfig):
     )
     partial_rollouts: bool = Field(
         True,
-        description="async: a weight push cuts the turns in flight (SGLang /pause_generation, "
-        "abort mode) and they go on under the new weights, keeping what they sampled with "
-        "its version (agentrl/gate.py); false: the push waits for them to finish",
+        description="async: a weight push cuts the turns in flight (/abort_request, then "
+        "/pause_generation) and they go on under the new weights, keeping what they sampled "
+        "with its version (agentrl/gate.py); false: the push waits for them to finish",
     )
     max_skipped_steps: int = Field(
         3, ge=1, description="non-finite steps in a row before the run stops with an error"

@@ -317,11 +317,10 @@ class EngineClient:
     @contextlib.asynccontextmanager
     async def exclusive(self, pause: bool = False):
         """No /generate runs while the body runs: new calls wait. Calls in flight finish first,
-        or with `pause`, are cut at once (/abort_request, then /pause_generation) and go on
-        under the new weights after the body (/continue_generation). Weight pushes go through here, so no
-        turn is sampled with half-updated weights (a push of several buckets is several
-        requests) and every token's weight version is known. Yields how many calls were in
-        flight."""
+        or with `pause` are cut at once (/abort_request, then /pause_generation) and go on under
+        the new weights after the body (/continue_generation). Weight pushes go through here, so
+        no turn is sampled with half-updated weights (a push of several buckets is several
+        requests) and every token's version is known. Yields how many calls were in flight."""
         cut = (lambda: self.abort(abort_all=True), lambda: self.pause_generation("abort"),
                self.continue_generation) if pause else ()  # fmt: skip
         async with self.gate.closed(*cut) as inflight:

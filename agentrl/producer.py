@@ -18,12 +18,12 @@ step takes it, is the current version minus the oldest version any of its turns 
   than max_staleness is ever trained.
 
 Weight updates while episodes are in flight (`EngineClient.exclusive`): new turns wait for the
-push; the turns in flight are cut by SGLang's /pause_generation and go on under the new weights
-(`trainer.partial_rollouts`, agentrl/gate.py: each token keeps the version that sampled it,
-`Turn.segments`), or the push waits for them (`sync/drain_s`). A trajectory may mix versions
-within and across turns; its staleness counts from its oldest token. The learner scores every
-trained token with the weights about to be updated (the proximal policy of decoupled PPO), and the
-engine's own logprobs weight it through the rollout correction (TIS/MIS, `algo.loss`).
+push; the turns in flight are cut (/abort_request, then /pause_generation) and go on under the
+new weights (`trainer.partial_rollouts`, agentrl/gate.py: each token keeps the version that
+sampled it, `Turn.segments`), or the push waits for them (`sync/drain_s`). A trajectory may mix
+versions within and across turns; its staleness counts from its oldest token. The learner scores
+every trained token with the weights about to be updated (the proximal policy of decoupled PPO),
+and the engine's own logprobs weight it through the rollout correction (TIS/MIS, `algo.loss`).
 """
 
 from __future__ import annotations
@@ -180,13 +180,11 @@ class GroupProducer:
                 run: asyncio.Future = loop.create_future()
                 trajs = [Trajectory.from_dict(t) for t in item["trajectories"]]
                 run.set_result(FinishedGroup(task, trajs, item["launched_at"]))
+                self._tasks[run] = task
+                self.order.append(run)
+                self.launched += 1
             else:
-                run = asyncio.ensure_future(self._one(task, self.version))
-                self.running.add(run)
-                run.add_done_callback(self._finished)
-            self._tasks[run] = task
-            self.order.append(run)
-            self.launched += 1
+                self._launch(task)
 
     async def close(self) -> None:
         """Stop launching; cancel the groups in flight (their generations are aborted on the
@@ -211,15 +209,18 @@ class GroupProducer:
     async def _launch_loop(self) -> None:
         while True:
             while self._may_launch():
-                (task,) = self.sampler.next(1)
-                self.launched += 1
-                run = asyncio.ensure_future(self._one(task, self.version))
-                self.running.add(run)
-                self._tasks[run] = task
-                self.order.append(run)
-                run.add_done_callback(self._finished)
+                self._launch(*self.sampler.next(1))
             self._wake.clear()
             await self._wake.wait()
+
+    def _launch(self, task: Task) -> None:
+        """Roll out one group of `task` in the background, taken in launch order."""
+        run = asyncio.ensure_future(self._one(task, self.version))
+        self.running.add(run)
+        run.add_done_callback(self._finished)
+        self._tasks[run] = task
+        self.order.append(run)
+        self.launched += 1
 
     async def _one(self, task: Task, version: int) -> FinishedGroup:
         return FinishedGroup(task, await self.rollout.run_group(task), version)

@@ -173,7 +173,8 @@ def _resolve_offload(cfg: Config, groups: dict[str, LearnerGroup], console: Cons
     if cfg.learner.offload != "auto":
         return
     policy = groups["policy"]
-    mem = policy.call_rank0("memory_stats")
+    stats = {role: g.call_rank0("memory_stats") for role, g in groups.items()}
+    mem = stats["policy"]
     if not mem["total_bytes"]:  # CPU: nothing to make room for
         choice_mode, line = "none", "learner.offload=auto chose none (no GPU)"
     else:
@@ -183,9 +184,7 @@ def _resolve_offload(cfg: Config, groups: dict[str, LearnerGroup], console: Cons
         params = [(sum(math.prod(s.shape) for s in g.param_specs()),
                    role == "critic" or (role == "policy" and not lora_policy))
                   for role, g in groups.items()]  # fmt: skip
-        available = mem["free_bytes"] + sum(
-            g.call_rank0("memory_stats")["reserved_gib"] * 2**30 for g in groups.values()
-        )
+        available = mem["free_bytes"] + sum(s["reserved_gib"] * 2**30 for s in stats.values())
         fraction = engine_fraction(cfg.engine.extra_args)
         choice = choose_offload(params, policy.world_size, available, mem["total_bytes"], fraction)
         choice_mode, line = choice.mode, choice.describe()
@@ -256,12 +255,11 @@ def save_checkpoint(
     assert run.ckpt is not None and run.policy is not None, "a preview run has no checkpoints"
     cfg = run.cfg.trainer
     pending = run.ckpt.begin(step)
-    groups = [g for g in (run.policy, run.critic) if g is not None]
+    groups = {n: g for n, g in (("policy", run.policy), ("critic", run.critic)) if g is not None}
     try:
-        for name, group in (("policy", run.policy), ("critic", run.critic)):
-            if group is not None:
-                group.save_checkpoint(str(pending.path / name), optimizer=cfg.save_optimizer,
-                                      fmt=cfg.optimizer_format, background=cfg.async_save)  # fmt: skip
+        for name, group in groups.items():
+            group.save_checkpoint(str(pending.path / name), optimizer=cfg.save_optimizer,
+                                  fmt=cfg.optimizer_format, background=cfg.async_save)  # fmt: skip
     except BaseException:
         run.ckpt.abandon(pending)
         raise
@@ -275,7 +273,7 @@ def save_checkpoint(
         wandb_run_id=run.tracker.run_id if run.tracker else None,
         extra=extra or {},
     )
-    save = PendingCheckpoint(pending, groups)
+    save = PendingCheckpoint(pending, list(groups.values()))
     if not cfg.async_save:
         finish_checkpoint(run, save, wait=True)
         return None

@@ -43,7 +43,6 @@ In more detail, in the order they happen:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -435,8 +434,10 @@ class Trainer:
             self._commit_saved(wait=True)
         finally:
             if self.saving is not None:  # the run failed: a checkpoint fully written still counts
-                with contextlib.suppress(Exception):
+                try:
                     self._commit_saved(wait=True)
+                except Exception as e:  # the run's own error is the one to raise
+                    log.warning("the checkpoint being written was abandoned: %s", e)
         return self.history
 
     async def _loop(self) -> None:

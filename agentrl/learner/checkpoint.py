@@ -57,11 +57,7 @@ class CheckpointWriter:
         if lora.is_lora(model):  # the adapters too: resume needs them (merged weights are final)
             adapters = {n: fsdp.full_param(p).cpu().clone() for n, p in lora.adapter_params(model)}
             if self.rank == 0:
-                args = (adapters, model, root / "adapter")
-                if background:
-                    self.pending.append(self.pool.submit(lora.save_adapter_files, *args))
-                else:
-                    lora.save_adapter_files(*args)
+                self.write(background, lora.save_adapter_files, adapters, model, root / "adapter")
         if not background:
             fsdp.write_hf_dir(model, root / "model", model_src, buckets, self.rank)
             if opt is not None:
@@ -73,14 +69,18 @@ class CheckpointWriter:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         if self.rank == 0:
-            write = fsdp.write_hf_files
             args = (staged, len(staged), root / "model", model_src, model.config)
-            self.pending.append(self.pool.submit(write, *args))
+            self.write(True, fsdp.write_hf_files, *args)
         if opt is not None:
-            fut = _save_optimizer(model, opt, sched, root / "optim", fmt, self.rank, self)
-            if fut is not None:
-                self.pending.append(fut)
+            _save_optimizer(model, opt, sched, root / "optim", fmt, self.rank, self)
         dist.barrier()
+
+    def write(self, background: bool, fn: Any, *args: Any) -> None:
+        """Now, or in the writer's thread (finish() waits for it)."""
+        if background:
+            self.pending.append(self.pool.submit(fn, *args))
+        else:
+            fn(*args)
 
     def _stage(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Copies into this writer's own host buffers: never the live parameters (with one rank
@@ -106,8 +106,8 @@ class CheckpointWriter:
 
 def _save_optimizer(
     model, opt, sched, out: Path, fmt: str, rank: int, writer: CheckpointWriter | None
-) -> Future | None:
-    """Writes `out` (now, or with a writer in its thread); returns the write's future."""
+) -> None:
+    """Writes `out` now, or with a writer behind the next steps (its finish() waits)."""
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         torch.save({"format": fmt, "scheduler": sched.state_dict()}, out / "schedule.pt")
@@ -116,19 +116,18 @@ def _save_optimizer(
         state = {"optim": get_optimizer_state_dict(model, opt)}
         if writer is None:
             dcp.save(state, checkpoint_id=str(out))
-            return None
-        # stages a CPU copy now (blocking; pinned and reused on GPU hosts), writes in DCP's own
-        # thread on the writer's group
+            return
+        # stages a CPU copy now (blocking), writes in DCP's own thread on the writer's group
         res = dcp.async_save(state, checkpoint_id=str(out), process_group=writer.group)
-        return getattr(res, "upload_completion", res)
+        writer.pending.append(getattr(res, "upload_completion", res))
+        return
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     full = get_optimizer_state_dict(model, opt, options=opts)  # CPU copies on rank 0
-    if rank != 0:
-        return None
-    if writer is None:
-        torch.save(full, out / "optim.pt")
-        return None
-    return writer.pool.submit(torch.save, full, out / "optim.pt")
+    if rank == 0:
+        if writer is None:
+            torch.save(full, out / "optim.pt")
+        else:
+            writer.write(True, torch.save, full, out / "optim.pt")
 
 
 def load_optimizer(model, opt, sched, src: Path, rank: int) -> None:

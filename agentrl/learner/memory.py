@@ -51,16 +51,14 @@ def choose_offload(
 ) -> OffloadChoice:
     """`params`: (parameter count, trains?) per learner role on the GPU, sharded over `ranks`."""
     engine = engine_fraction * total_bytes
-    choice = None
     for mode in MODES:
         resident = sum(
             n * RESIDENT_BYTES["trains" if trains else "frozen"][mode] for n, trains in params
         )
         choice = OffloadChoice(mode, resident / ranks, engine, available_bytes)
         if choice.learner_bytes + engine + RESERVE_BYTES <= available_bytes:
-            return choice
-    assert choice is not None
-    return choice  # all: nothing of the learner stays; the engine alone must fit
+            break
+    return choice  # at worst all: nothing of the learner stays; the engine alone must fit
 
 
 def engine_fraction(extra_args: list[str], default: float = 0.9) -> float:
