@@ -10,6 +10,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -61,8 +62,6 @@ def launch_sglang(model_dir: Path, log_dir: Path, gpu: str, *extra: str, timeout
                                 start_new_session=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        import httpx
-
         deadline = time.monotonic() + timeout_s
         while True:
             assert proc.poll() is None, log.read_text()[-3000:]
@@ -301,3 +300,18 @@ def build_qwen3_toolcaller(out_dir: Path, template: str, steps: int = 60, max_st
         "params": n_params, "steps": step, "loss_first": losses[0], "loss_last": losses[-1],
         "checks": checks, "seconds": time.monotonic() - t0, "example": checks[-1]["example"],
     }  # fmt: skip
+
+
+async def prefill_logprobs(url: str, ids: list[int], start: int) -> list[float]:
+    """SGLang's logprobs of ids[start:] given everything before (one prefill, no sampling)."""
+    body = {"input_ids": ids, "return_logprob": True, "logprob_start_len": start - 1,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 1.0}}  # fmt: skip
+    async with httpx.AsyncClient(timeout=120) as http:
+        r = await http.post(url + "/generate", json=body)
+    r.raise_for_status()
+    entries = r.json()["meta_info"]["input_token_logprobs"]
+    got = entries[-(len(ids) - start) :]
+    assert len(got) == len(ids) - start
+    # SGLang reports id 0 for ids past the tokenizer's vocabulary (the padded embedding rows)
+    assert all(int(e[1]) in (t, 0) for e, t in zip(got, ids[start:], strict=True))
+    return [float(e[0]) for e in got]

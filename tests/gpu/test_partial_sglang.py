@@ -9,10 +9,9 @@ from __future__ import annotations
 import asyncio
 from statistics import fmean
 
-import httpx
 import pytest
 import torch
-from gpu_helpers import launch_sglang
+from gpu_helpers import launch_sglang, prefill_logprobs
 
 from agentrl.engine import EngineClient, SamplingParams
 from agentrl.types import FinishReason
@@ -34,21 +33,6 @@ def model1_dir(tmp_path_factory, model_dir):
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
     model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
     return out
-
-
-async def prefill_logprobs(url: str, ids: list[int], start: int) -> list[float]:
-    """SGLang's logprobs of ids[start:] given everything before (one prefill, no sampling)."""
-    body = {"input_ids": ids, "return_logprob": True, "logprob_start_len": start - 1,
-            "sampling_params": {"max_new_tokens": 1, "temperature": 1.0}}  # fmt: skip
-    async with httpx.AsyncClient(timeout=120) as http:
-        r = await http.post(url + "/generate", json=body)
-    r.raise_for_status()
-    entries = r.json()["meta_info"]["input_token_logprobs"]
-    got = entries[-(len(ids) - start) :]
-    assert len(got) == len(ids) - start
-    # SGLang reports id 0 for ids past the tokenizer's vocabulary (the padded embedding rows)
-    assert all(int(e[1]) in (t, 0) for e, t in zip(got, ids[start:], strict=True))
-    return [float(e[0]) for e in got]
 
 
 def test_a_push_cuts_generations_and_they_go_on_with_each_tokens_logprob(
