@@ -197,6 +197,7 @@ class Trainer:
             metrics.update(await self._blocking(self._update, batch))
         with t("sync"):
             metrics.update(await self._sync(version=str(self.step_idx + 1)))
+        metrics.update(self._peak_memory())
         self.step_idx += 1
         if self.producer is not None:
             self.producer.advance(self.step_idx)
@@ -335,6 +336,17 @@ class Trainer:
         out["sync/drain_s"] = waited
         out["sync/cut_turns"] = float(inflight if cut else 0)
         await self._hand_gpu(to_learner=False)
+        return out
+
+    def _peak_memory(self) -> dict[str, float]:
+        """perf/peak_mem_gb/<phase>: the learners' own GPU allocations at most, this step (the
+        engine's memory is the server's; `ref_`/`critic_` prefix the other roles)."""
+        out = {}
+        roles = {"": self.policy, "ref_": self.reference, "critic_": self.critic}
+        for prefix, group in roles.items():
+            if group is not None:
+                for phase, gib in group.peak_memory().items():
+                    out[f"perf/peak_mem_gb/{prefix}{phase}"] = gib
         return out
 
     def _update(self, batch: TrainBatch) -> dict[str, float]:

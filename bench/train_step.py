@@ -78,7 +78,10 @@ def overrides(args: argparse.Namespace, model: Path, tmp: Path) -> list[str]:
         f"rollout.group_size={args.group}",
         f"rollout.max_new_tokens={args.new_tokens}",
         "rollout.ignore_eos=true",  # exactly new_tokens per episode, whatever the weights
-        f"rollout.max_context_tokens={args.prompt_words * 2 + args.new_tokens + 64}",
+        f"+env.args.turns={args.turns}",
+        f"+env.args.observation_words={args.obs_words}",
+        f"rollout.max_context_tokens={context_tokens(args)}",
+        *([f"rollout.max_obs_tokens={int(1.1 * args.obs_words) + 64}"] if args.obs_words else []),
         f"trainer.steps={args.steps}",
         f"trainer.tasks_per_step={args.tasks}",
         f"trainer.every={args.steps}",  # one checkpoint, after the last step
@@ -86,6 +89,13 @@ def overrides(args: argparse.Namespace, model: Path, tmp: Path) -> list[str]:
         "trainer.resume=never",
         *args.hydra,
     ]
+
+
+def context_tokens(args: argparse.Namespace) -> int:
+    """An episode's most tokens: the prompt, every turn's sampled tokens and the observations
+    between them (the Qwen BPE makes 1.08 tokens of a word; +64 per message for the template)."""
+    obs = (args.turns - 1) * (int(1.1 * args.obs_words) + 64)
+    return int(1.1 * args.prompt_words) + 64 + args.turns * (args.new_tokens + 64) + obs
 
 
 def report(history: list[dict[str, float]], n_params: int, peak: float, wall_s: float) -> float:
@@ -113,6 +123,10 @@ def report(history: list[dict[str, float]], n_params: int, peak: float, wall_s: 
           f"(peak {peak / 1e12:.0f} TFLOP/s bf16)")  # fmt: skip
     # the engine sampled with the weights pushed after the step before: its logprobs of the
     # sampled tokens against the learner's, per step (steps 2.. follow a push)
+    peaks = sorted({k for h in history for k in h if k.startswith("perf/peak_mem_gb/")})
+    if peaks:
+        print("learner GPU memory at most (GiB, the allocator's, the most over steps): " + ", ".join(
+            f"{k.rsplit('/', 1)[1]} {max(h.get(k, 0.0) for h in history):.1f}" for k in peaks))  # fmt: skip
     gaps = ", ".join(f"{h.get('train/logprob_diff', float('nan')):.4f}" for h in history)
     print(f"engine vs learner logprob gap per step (mean |diff|): {gaps}")
     return step_s
@@ -125,7 +139,9 @@ def main() -> None:
     p.add_argument("--tasks", type=int, default=32, help="tasks per step")
     p.add_argument("--group", type=int, default=8, help="samples per task")
     p.add_argument("--prompt-words", type=int, default=128, help="about one token each")
-    p.add_argument("--new-tokens", type=int, default=512, help="sampled tokens per episode")
+    p.add_argument("--new-tokens", type=int, default=512, help="sampled tokens per turn")
+    p.add_argument("--turns", type=int, default=1, help="assistant turns per episode")
+    p.add_argument("--obs-words", type=int, default=0, help="words per tool message (0: 'ok')")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--peak-tflops", type=float, help="dense bf16 peak (default: by GPU name)")
     p.add_argument("--trl", action="store_true", help="also TRL's GRPOTrainer (needs trl)")

@@ -5,6 +5,8 @@ number of turns, which makes step time depend only on the shapes.
 
     python -m agentrl.train env=custom env._target_=envs.synthetic.FixedLengthEnv \
         env.tasks.n=64 env.tasks.prompt_words=120 env.args.turns=4 rollout.max_new_tokens=128
+    # a long multi-turn episode: each tool message 5000 words (about one token each)
+    ... env.args.turns=4 +env.args.observation_words=5000
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ _WORDS = [
 class FixedLengthEnv(Env):
     turns: int = 1  # assistant turns per episode
     observation: str = "ok"  # the tool message after each turn but the last
+    observation_words: int = 0  # > 0: the tool message is this many words instead (long contexts)
 
     @classmethod
     def load_tasks(
@@ -52,14 +55,20 @@ class FixedLengthEnv(Env):
     async def start(self) -> list[Message]:
         return [Message(role="user", content=self.task.data["prompt"])]
 
-    @classmethod
-    def observation_message(cls) -> Message:
-        return Message(role="tool", content=cls.observation, name="noop")
+    @staticmethod
+    def observation_message(text: str = "ok", words: int = 0) -> Message:
+        """The tool message: `text`, or with `words` > 0 that many words (about a token each)."""
+        if words > 0:
+            text = " ".join(_WORDS[i % len(_WORDS)] for i in range(words))
+        return Message(role="tool", content=text, name="noop")
 
     async def step(self, turn: AssistantTurn) -> StepResult:
         if turn.index + 1 >= self.turns:
             return StepResult(done=True)
-        return StepResult(messages=[self.observation_message()], tool_calls=1)
+        return StepResult(
+            messages=[self.observation_message(self.observation, self.observation_words)],
+            tool_calls=1,
+        )
 
     async def reward(self, trajectory: Trajectory) -> float:
         """Uniform in [0, 1), fixed by task and sample (seeded by their ids)."""

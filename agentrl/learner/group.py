@@ -294,6 +294,15 @@ class LearnerGroup:
         self.call("load_checkpoint", str(path), optimizer)
 
     # -- colocated mode -------------------------------------------------------------------------
+    def peak_memory(self) -> dict[str, float]:
+        """GiB of GPU memory the learner's allocator held at most per phase (logprobs, update,
+        sync) since the last call, the most over ranks; empty on CPU."""
+        out: dict[str, float] = {}
+        for peaks in self.call("peak_memory"):
+            for phase, gib in peaks.items():
+                out[phase] = max(gib, out.get(phase, 0.0))
+        return out
+
     def offload(self) -> None:
         self.call("offload")
 

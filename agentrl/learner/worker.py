@@ -11,6 +11,7 @@ KL), `critic` (token-classification head with one output: values; trains with a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -46,6 +47,7 @@ class LearnerWorker:
         self._ckpt: CheckpointWriter | None = None  # made at the first save (a collective)
         self.offload_mode = "all" if cfg.offload == "auto" else cfg.offload  # auto: set_offload
         self.steps_done = 0
+        self.peaks: dict[str, float] = {}  # GiB the allocator held at most, per phase (GPU)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def setup(self) -> dict[str, Any]:
@@ -108,15 +110,16 @@ class LearnerWorker:
         """Per micro-batch: logprobs [N] of each token given its prefix (CPU, fp32)."""
         self.model.eval()
         out = []
-        for mb in micro_batches:
-            lp, _ = forward.token_logprobs(
-                self.model,
-                mb.to(self.device),
-                temperature=temperature,
-                layout=self.cfg.attention_layout,
-            )
-            out.append(lp.float().cpu())
-        self.model.reshard()  # no backward follows: free the root's gathered weights
+        with self._peak("logprobs"):
+            for mb in micro_batches:
+                lp, _ = forward.token_logprobs(
+                    self.model,
+                    mb.to(self.device),
+                    temperature=temperature,
+                    layout=self.cfg.attention_layout,
+                )
+                out.append(lp.float().cpu())
+            self.model.reshard()  # no backward follows: free the root's gathered weights
         return out
 
     @torch.no_grad()
@@ -148,21 +151,22 @@ class LearnerWorker:
         self.model.train()
         t0 = time.perf_counter()
         per_mb, loss_sum, tokens, batch_tokens = [], 0.0, 0, 0
-        for mb in micro_batches:
-            loss, metrics = self._loss(mb.to(self.device), loss_fn, loss_cfg, temperature)
-            loss.backward()
-            loss_sum += float(loss.detach())
-            tokens += int(mb.loss_mask.sum())
-            batch_tokens += 0 if getattr(mb, "is_padding", False) else int(mb.token_ids.numel())
-            per_mb.append(metrics)
-        grad_norm = fsdp.grad_norm_and_clip(self.model, self.cfg.grad_clip)
-        ok = fsdp.all_ranks_finite(loss_sum, self.device) and math.isfinite(grad_norm)
-        lr = self.sched.get_last_lr()[0]
-        if ok:
-            self.opt.step()
-            self.sched.step()
-            self.steps_done += 1
-        self.opt.zero_grad(set_to_none=True)
+        with self._peak("update"):
+            for mb in micro_batches:
+                loss, metrics = self._loss(mb.to(self.device), loss_fn, loss_cfg, temperature)
+                loss.backward()
+                loss_sum += float(loss.detach())
+                tokens += int(mb.loss_mask.sum())
+                batch_tokens += 0 if getattr(mb, "is_padding", False) else mb.token_ids.numel()
+                per_mb.append(metrics)
+            grad_norm = fsdp.grad_norm_and_clip(self.model, self.cfg.grad_clip)
+            ok = fsdp.all_ranks_finite(loss_sum, self.device) and math.isfinite(grad_norm)
+            lr = self.sched.get_last_lr()[0]
+            if ok:
+                self.opt.step()
+                self.sched.step()
+                self.steps_done += 1
+            self.opt.zero_grad(set_to_none=True)
         summed = reduce_metrics(per_mb)
         summed.update(
             loss=loss_sum,
@@ -216,6 +220,24 @@ class LearnerWorker:
         cfg = json.loads((Path(self.cfg.model_path) / "config.json").read_text())
         dt = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
         return str(dt).removeprefix("torch.")
+
+    @contextlib.contextmanager
+    def _peak(self, phase: str, keep_max: bool = False):
+        """Record the most GPU memory the allocator held during the block as `phase`."""
+        if self.device_type != "cuda":
+            yield
+            return
+        torch.cuda.reset_peak_memory_stats()
+        try:
+            yield
+        finally:
+            gib = torch.cuda.max_memory_allocated() / 2**30
+            self.peaks[phase] = max(gib, self.peaks.get(phase, 0.0)) if keep_max else gib
+
+    def peak_memory(self) -> dict[str, float]:
+        """GiB per phase (logprobs, update, sync) since the last call; empty on CPU."""
+        out, self.peaks = self.peaks, {}
+        return out
 
     def memory_stats(self) -> dict[str, float]:
         """GPU memory of this rank in GiB, and the device's free and total bytes (0 on CPU)."""
@@ -277,7 +299,8 @@ class LearnerWorker:
         registered name or an import path, agentrl/learner/sync/); its state lives here."""
         if transport not in self._transports:
             self._transports[transport] = SYNC_METHODS.get(transport).Rank(self)
-        return getattr(self._transports[transport], method)(*args)
+        with self._peak("sync", keep_max=True):  # a push is several calls: the most of them
+            return getattr(self._transports[transport], method)(*args)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(
