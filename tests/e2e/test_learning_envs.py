@@ -20,7 +20,9 @@ from agentrl.config import compose
 from agentrl.train import train
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-STEPS = 20
+# AddEnv's reward swings between steps (0.48 0.89 0.61 0.63 0.39 0.72 0.30 0.72 in one run), so
+# it gets the steps to settle; units rises by step 4 (0.20 0.03 0.59 0.75 0.77 0.78 0.69 0.56)
+STEPS = {"readme_add": 20, "units": 10}
 
 
 @pytest.fixture
@@ -41,11 +43,12 @@ ENVS = {
 
 @pytest.mark.parametrize("name", sorted(ENVS))
 def test_users_env_learns_from_the_shipped_tiny_model(name, readme_env, tmp_path):
-    cfg = compose([*ENVS[name], f"trainer.steps={STEPS}", f"trainer.every={STEPS}",
+    cfg = compose([*ENVS[name], f"trainer.steps={STEPS[name]}",
+                   f"trainer.every={STEPS[name]}",
                    f"trainer.dir={tmp_path}/ckpt", "logging=local"])  # fmt: skip
     assert cfg.model.path == "builtin:tiny"
     history = asyncio.run(train(cfg, tmp_path / "out"))
-    assert len(history) == STEPS
+    assert len(history) == STEPS[name]
     rewards = [round(h["reward/mean"], 3) for h in history]
     print(f"{name} reward per step:", rewards)
     start, end = rewards[0], fmean(rewards[-3:])
