@@ -70,8 +70,10 @@ def start_ray(cfg: RayConfig | None = None) -> None:
             "and disk under /tmp/ray (or ray.temp_dir), stop stale `ray` processes, or set "
             "ray.address to a running cluster"
         ) from None
+    if cfg.address:  # a cluster the user started: its nodes' addresses are theirs to choose
+        return
     ip = ray.util.get_node_ip_address()
-    if not cfg.address and ip != "127.0.0.1":
+    if ip != "127.0.0.1":
         ray.shutdown()
         raise LearnerError(
             f"Ray chose node address {ip}, not 127.0.0.1; its servers would be reachable from "
