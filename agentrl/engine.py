@@ -155,6 +155,11 @@ class EngineConfig(BaseModel):
                 "engine.placement=ray starts servers, but engine.urls names running ones; "
                 "drop engine.urls or use engine.placement=local"
             )
+        if self.placement == "ray" and self.kind == "sglang" and not self.ray_num_gpus:
+            raise ValueError(
+                "engine.placement=ray with engine.kind=sglang: Ray hands an actor only the GPUs "
+                "it asks for; set engine.ray_num_gpus to each server's GPU count (its TP size)"
+            )
         if self.placement == "ray" and self.colocate:
             raise ValueError(
                 "engine.colocate=true shares the learner's GPUs on this host; it needs "

@@ -4,6 +4,8 @@ node address), the dev server is started by a Ray actor on the second node (pinn
 custom resource), and one training step pushes its weights to it over gloo."""
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,10 +16,11 @@ from ray._private import ray_constants
 from ray.cluster_utils import Cluster
 
 from agentrl.config import compose
+from agentrl.engine import EngineConfig
 from agentrl.learner import LearnerConfig, LearnerError, RayConfig
 from agentrl.learner.group import LearnerGroup, _loopback, listening_sockets, start_ray, stop_ray
 from agentrl.run import open_run
-from agentrl.servers import RayServer
+from agentrl.servers import RayServer, launch_fleet
 from agentrl.train import Trainer
 
 NODE = {"node_ip_address": "127.0.0.1", "num_cpus": 2, "object_store_memory": 80 * 1024**2}
@@ -94,3 +97,23 @@ def test_learner_spans_nodes_and_engine_runs_on_the_second(cluster: Cluster, tmp
     assert [h["step"] for h in history] == [1.0]
     assert history[0]["sync/seconds"] > 0
     assert version == "1"  # the engine on node 2 serves the weights pushed after step 1
+
+
+def test_a_ray_placed_server_that_dies_is_restarted_on_its_node(cluster: Cluster, tiny_model_dir,
+                                                                tmp_path: Path):  # fmt: skip
+    start_ray(RayConfig(address=cluster.address))
+    cfg = EngineConfig(placement="ray", ray_num_cpus=1, ray_resources={"node2": 1},
+                       health_timeout_s=60, max_restarts=1)  # fmt: skip
+    with launch_fleet(cfg, tiny_model_dir, tmp_path) as fleet:
+        (url,) = fleet.urls
+        port = url.rsplit(":", 1)[1]
+        (pid,) = {p for (p, _), a in listening_sockets().items() if a == f"127.0.0.1:{port}"}
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not fleet.down() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert fleet.down() == [url]
+        fleet.restart([url])  # same node, same port: healthy again
+        assert fleet.down() == [] and fleet.urls == [url]
+        assert "restarted by agentrl" in fleet.procs[0].tail()
+    assert not any(a.endswith(f":{port}") for a in listening_sockets().values())

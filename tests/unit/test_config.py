@@ -97,6 +97,9 @@ def test_ray_placed_engines_refuse_cuda_ipc_and_colocation():
         compose(["engine.placement=ray", "engine.colocate=true"])
     with pytest.raises(ConfigError, match=r"engine\.urls .*engine\.placement=local"):
         compose(["engine.placement=ray", "engine.urls=[http://127.0.0.1:30000]"])
+    with pytest.raises(ConfigError, match=r"engine\.ray_num_gpus"):
+        compose(["engine.placement=ray", "engine.kind=sglang"])
+    compose(["engine.placement=ray", "engine.kind=sglang", "engine.ray_num_gpus=1"])
     compose(["weight_sync.method=tensor"])  # local servers: CUDA IPC stays allowed
 
 
