@@ -294,6 +294,16 @@ class Config(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _engines_placed_by_ray(self) -> Config:
+        if self.engine.placement == "ray" and self.weight_sync.method == "tensor":
+            raise ValueError(
+                "weight_sync.method=tensor hands CUDA-IPC handles to servers on the learner's "
+                "host, but engine.placement=ray may start them on other nodes; use "
+                "weight_sync.method=distributed (NCCL/gloo) or disk (a shared filesystem)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _sandbox_backend(self) -> Config:
         try:  # here, not in sandbox/config.py: the registry lives above the settings
             BACKENDS.check(self.sandbox.backend)
@@ -377,6 +387,15 @@ def training_checks(cfg: Config) -> list[str]:
             "full one, so the ratio and the rollout correction ignore the truncation (tokens "
             "outside the nucleus are never sampled, the rest are slightly under-weighted). "
             "Prefer top_p=1.0 and top_k=-1 for training"
+        )
+    if (
+        cfg.weight_sync.method == "disk"
+        and not cfg.weight_sync.disk_dir
+        and (cfg.engine.placement == "ray" or cfg.ray.address)
+    ):
+        warnings.append(
+            "weight_sync.method=disk writes under learner rank 0's /tmp; servers on other nodes "
+            "will not see it: set weight_sync.disk_dir to a filesystem every node shares"
         )
     return warnings
 

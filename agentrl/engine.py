@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 import aiohttp
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentrl.coalesce import Coalescer
 from agentrl.gate import Gate, join
@@ -118,6 +118,21 @@ class EngineConfig(BaseModel):
     max_restarts: int = Field(
         3, ge=0, description="restarts of one server we started (died or hung) before the run stops"
     )
+    placement: Literal["local", "ray"] = Field(
+        "local",
+        description="where the servers we start run: local = subprocesses of the trainer on "
+        "`host`; ray = each started by a small Ray actor on the node Ray picks (see "
+        "ray_resources), bound to that node's address (docs/ray_cluster.md)",
+    )
+    ray_num_cpus: float = Field(1.0, ge=0, description="placement=ray: CPUs per server actor")
+    ray_num_gpus: float = Field(
+        0.0, ge=0, description="placement=ray: GPUs per server actor (sglang: its TP size)"
+    )
+    ray_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="placement=ray: custom Ray resources per server, to pin servers to nodes "
+        "started with `ray start --resources='{\"rollout\": 1}'` (e.g. {rollout: 1})",
+    )
 
     @field_validator("extra_args")
     @classmethod
@@ -132,6 +147,25 @@ class EngineConfig(BaseModel):
                                  "workers do not learn of weight updates, so completions would "
                                  "carry stale weight versions; leave it at 1")  # fmt: skip
         return args
+
+    @model_validator(mode="after")
+    def _ray_placement(self) -> EngineConfig:
+        if self.placement == "ray" and self.urls:
+            raise ValueError(
+                "engine.placement=ray starts servers, but engine.urls names running ones; "
+                "drop engine.urls or use engine.placement=local"
+            )
+        if self.placement == "ray" and self.kind == "sglang" and not self.ray_num_gpus:
+            raise ValueError(
+                "engine.placement=ray with engine.kind=sglang: Ray hands an actor only the GPUs "
+                "it asks for; set engine.ray_num_gpus to each server's GPU count (its TP size)"
+            )
+        if self.placement == "ray" and self.colocate:
+            raise ValueError(
+                "engine.colocate=true shares the learner's GPUs on this host; it needs "
+                "engine.placement=local"
+            )
+        return self
 
     def server_urls(self) -> list[str]:
         if self.urls:

@@ -11,6 +11,10 @@ them to be healthy. The router (SGLang's model gateway, `smg`) fronts several se
 goes through it, pinned per episode by consistent hashing of the routing key. Every process we start gets its own process group and is stopped (SIGTERM, then
 SIGKILL) when the block exits, also on errors and Ctrl-C. A server that dies during start-up is
 reported with the tail of its log.
+
+With `engine.placement=ray` each server is started instead by a `ServerActor` on the node Ray
+picks (`engine.ray_num_cpus` / `ray_num_gpus` / `ray_resources`), bound to that node's address;
+the actor stops its process group and restarts it on the same port (docs/ray_cluster.md).
 """
 
 from __future__ import annotations
@@ -47,16 +51,154 @@ def server_command(cfg: EngineConfig, model_path: Path, port: int) -> list[str]:
 
 
 def server_env(cfg: EngineConfig, index: int) -> dict[str, str]:
-    """Loopback-only collectives; SGLang server i gets GPU i (several servers on one host)."""
+    """Loopback-only collectives for a server on loopback; SGLang server i gets GPU i (several
+    servers on one host; placed by Ray, the GPUs Ray gave its actor)."""
     env = dict(os.environ)
-    # gloo/NCCL bind their own listening sockets to the hostname's interface unless told otherwise
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    env.setdefault("NCCL_SOCKET_IFNAME", "lo")
-    if cfg.kind == "sglang" and cfg.num_servers > 1:
+    # gloo/NCCL bind their own listening sockets to the hostname's interface unless told
+    # otherwise; on a real node's address `lo` would be wrong: the user's choice (or none) holds
+    if _loopback_host(cfg.host):
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    if cfg.kind == "sglang" and cfg.num_servers > 1 and cfg.placement == "local":
         visible = env.get("CUDA_VISIBLE_DEVICES")
         gpus = visible.split(",") if visible else [str(g) for g in range(cfg.num_servers)]
         env["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
     return env
+
+
+def _loopback_host(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _popen(cfg: EngineConfig, model_path: Path, index: int, port: int, log_path: Path,
+           mode: str) -> subprocess.Popen:  # fmt: skip
+    """Start server `index` on `cfg.host:port`, its output appended to (mode a) or written over
+    (w) `log_path`, in its own process group, dying with this process."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open(mode) as log:
+        if mode == "a":
+            log.write(f"\n---- restarted by agentrl at {time.strftime('%H:%M:%S')} ----\n")
+            log.flush()
+        return subprocess.Popen(
+            server_command(cfg, model_path, port),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=server_env(cfg, index),
+            preexec_fn=die_with_parent,  # a SIGKILLed trainer (or Ray actor) leaves no server
+        )
+
+
+class ServerActor:
+    """engine.placement=ray: a Ray actor that starts one rollout server on its node, bound to
+    the node's address (not loopback unless the node's address is), and stops its process group.
+    Plain class; `RayServer` wraps it with `ray.remote`. The log is written on that node."""
+
+    def __init__(self, cfg: EngineConfig, model_path: str, index: int, log_path: str) -> None:
+        self.cfg, self.model_path, self.index = cfg, Path(model_path), index
+        self.log_path = Path(log_path)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, port: int | None, mode: str) -> str:
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        cfg = self.cfg.model_copy(update={"host": ip})
+        port = port or free_port(ip)
+        self.proc = _popen(cfg, self.model_path, self.index, port, self.log_path, mode)
+        return f"http://{ip}:{port}"
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def poll(self) -> int | None:
+        return self.proc.poll() if self.proc else None
+
+    def tail(self, n: int = 2000) -> str:
+        try:
+            return self.log_path.read_text()[-n:]
+        except OSError as e:
+            return f"(no log: {e})"
+
+    def stop(self, grace_s: float) -> None:
+        if self.proc is not None:
+            stop_processes([self.proc], grace_s)
+            _signal_group(self.proc, signal.SIGKILL)  # what is left of the group
+
+
+class RayServer:
+    """The driver's handle on a `ServerActor`: `poll()` and `returncode` as a Popen's."""
+
+    def __init__(self, cfg: EngineConfig, model_path: Path, index: int, log_path: Path) -> None:
+        import ray
+
+        self._ray = ray
+        self.returncode: int | None = None
+        self.actor = (
+            ray.remote(ServerActor)
+            .options(
+                num_cpus=cfg.ray_num_cpus,
+                num_gpus=cfg.ray_num_gpus,
+                resources=cfg.ray_resources or None,
+                max_restarts=0,
+            )  # fmt: skip
+            .remote(cfg, str(model_path), index, str(log_path))
+        )
+        self.what = (
+            f"a Ray actor for rollout server {index} ({{CPU: {cfg.ray_num_cpus:g}, GPU: "
+            f"{cfg.ray_num_gpus:g}}} + engine.ray_resources={cfg.ray_resources})"
+        )
+
+    def start(self, port: int | None, mode: str, timeout_s: float) -> str:
+        ray = self._ray
+        try:
+            return ray.get(self.actor.start.remote(port, mode), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise EngineUnavailable(
+                f"Ray did not place {self.what} within {timeout_s:g}s; free now: "
+                f"{ray.available_resources()}. Start nodes with those resources (`ray start "
+                "--resources=...`) or change engine.ray_num_cpus / ray_num_gpus / ray_resources"
+            ) from None
+        except ray.exceptions.RayError as e:
+            raise EngineUnavailable(f"{self.what} failed to start its server: {e}") from e
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                self.returncode = self._ray.get(self.actor.poll.remote(), timeout=30)
+            except self._ray.exceptions.RayError:  # the actor (or its node) is gone
+                self.returncode = -1
+        return self.returncode
+
+    def tail(self) -> str:
+        try:
+            return self._ray.get(self.actor.tail.remote(), timeout=30)
+        except self._ray.exceptions.RayError as e:
+            return f"(its actor is gone: {type(e).__name__})"
+
+    def stop(self, grace_s: float = 15.0) -> bool:
+        """Stop the server; False when its actor (or node) is gone."""
+        try:
+            self._ray.get(self.actor.stop.remote(grace_s), timeout=grace_s + 15)
+        except self._ray.exceptions.RayError:
+            return False
+        self.returncode = None
+        return True
+
+    def kill(self) -> None:
+        self.stop()
+        self._ray.kill(self.actor)
+
+
+Server = subprocess.Popen | RayServer
+
+
+def _tail(proc: Server | None, log: Path | None) -> str:
+    if isinstance(proc, RayServer):
+        return proc.tail()
+    return log.read_text()[-2000:] if log else ""
 
 
 class Fleet:
@@ -69,8 +211,8 @@ class Fleet:
     def __init__(self, cfg: EngineConfig, model_path: Path, log_dir: Path) -> None:
         self.cfg, self.model_path, self.log_dir = cfg, model_path, log_dir
         self.urls: list[str] = []
-        self.procs: list[subprocess.Popen] = []
-        self.logs: list[Path] = []
+        self.procs: list[Server] = []  # engine.placement=ray: handles on Ray actors
+        self.logs: list[Path] = []  # placed by Ray: the path on the server's node
         self.restarts: dict[str, int] = {}
 
     @property
@@ -84,25 +226,30 @@ class Fleet:
             return
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for i in range(self.cfg.num_servers):
+            self.logs.append(self.log_dir / f"{self.cfg.kind}-server-{i}.log")
+            if self.cfg.placement == "ray":
+                proc = RayServer(self.cfg, self.model_path, i, self.logs[i])
+                self.procs.append(proc)
+                self.urls.append(proc.start(None, "w", self.cfg.health_timeout_s))
+                continue
             port = free_port(self.cfg.host)
             self.urls.append(f"http://{self.cfg.host}:{port}")
-            self.logs.append(self.log_dir / f"{self.cfg.kind}-server-{i}.log")
-            self.procs.append(self._spawn(i, port, "w"))
+            self.procs.append(_popen(self.cfg, self.model_path, i, port, self.logs[i], "w"))
         wait_healthy(self.urls, self.procs, self.cfg.health_timeout_s, self.logs)
 
-    def _spawn(self, i: int, port: int, mode: str) -> subprocess.Popen:
-        with self.logs[i].open(mode) as log:
-            if mode == "a":
-                log.write(f"\n---- restarted by agentrl at {time.strftime('%H:%M:%S')} ----\n")
-                log.flush()
-            return subprocess.Popen(
-                server_command(self.cfg, self.model_path, port),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=server_env(self.cfg, i),
-                preexec_fn=die_with_parent,  # a SIGKILLed trainer leaves no server
-            )
+    def _respawn(self, i: int, port: int) -> None:
+        proc = self.procs[i]
+        if isinstance(proc, RayServer):  # same node, same port: the URL stays valid
+            if not proc.stop(grace_s=5.0):
+                raise EngineUnavailable(
+                    f"rollout server {self.urls[i]}: its Ray actor (or node) is gone; it cannot "
+                    "be restarted on another node under the same URL. Restart the run"
+                )
+            proc.start(port, "a", self.cfg.health_timeout_s)
+            return
+        stop_processes([proc], grace_s=5.0)  # a hung one
+        _signal_group(proc, signal.SIGKILL)  # what is left of a dead one's group
+        self.procs[i] = _popen(self.cfg, self.model_path, i, port, self.logs[i], "a")
 
     def down(self, timeout_s: float = 5.0) -> list[str]:
         """Servers we started whose process exited, or that did not answer /health in time
@@ -128,12 +275,10 @@ class Fleet:
                 raise EngineUnavailable(
                     f"rollout server {url} failed again after {self.cfg.max_restarts} restarts "
                     f"(engine.max_restarts); its log ({self.logs[i]}) ends with:\n"
-                    f"{self.logs[i].read_text()[-2000:]}"
+                    f"{_tail(self.procs[i], self.logs[i])}"
                 )
             self.restarts[url] = n
-            stop_processes([self.procs[i]], grace_s=5.0)  # a hung one
-            _signal_group(self.procs[i], signal.SIGKILL)  # what is left of a dead one's group
-            self.procs[i] = self._spawn(i, int(url.rsplit(":", 1)[1]), "a")
+            self._respawn(i, int(url.rsplit(":", 1)[1]))
         idx = [self.urls.index(u) for u in urls]
         wait_healthy(
             [self.urls[i] for i in idx],
@@ -143,7 +288,10 @@ class Fleet:
         )
 
     def stop(self) -> None:
-        stop_processes(self.procs)
+        stop_processes([p for p in self.procs if isinstance(p, subprocess.Popen)])
+        for p in self.procs:
+            if isinstance(p, RayServer):
+                p.kill()
 
 
 @contextmanager
@@ -237,15 +385,13 @@ def wait_router(
         time.sleep(0.2)
 
 
-def wait_healthy(
-    urls: list[str], procs: list[subprocess.Popen], timeout_s: float, logs: list[Path]
-) -> None:
+def wait_healthy(urls: list[str], procs: list[Server], timeout_s: float, logs: list[Path]) -> None:
     deadline = time.monotonic() + timeout_s
     pending = set(range(len(urls)))
     while pending:
         for i in sorted(pending):
             if procs and procs[i].poll() is not None:
-                tail = logs[i].read_text()[-2000:] if logs else ""
+                tail = _tail(procs[i], logs[i] if logs else None)
                 raise EngineUnavailable(
                     f"rollout server {urls[i]} exited with code {procs[i].returncode} during "
                     f"start-up; its log ({logs[i] if logs else '-'}) ends with:\n{tail}"

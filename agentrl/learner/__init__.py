@@ -76,6 +76,16 @@ class LearnerConfig(BaseModel):
     num_cpus_per_worker: float = Field(0.0, ge=0, description="Ray CPU resource per worker")
     num_gpus_per_worker: float = Field(1.0, ge=0, description="Ray GPU resource per worker (cuda)")
     dist_timeout_s: float = Field(600.0, gt=0, description="collective timeout")
+    placement: Literal["pack", "spread", "strict_pack", "strict_spread"] = Field(
+        "pack",
+        description="how Ray places the ranks: one placement-group bundle per rank "
+        "({CPU: num_cpus_per_worker, GPU: num_gpus_per_worker}); pack: as few nodes as possible "
+        "(one node, as before); spread: across nodes, best effort; strict_*: or fail to start. "
+        "Ranks on several nodes rendezvous over TCP on rank 0's node address",
+    )
+    placement_timeout_s: float = Field(
+        120.0, gt=0, description="wait this long for Ray to place the ranks, then fail"
+    )
 
     def resolved_device(self) -> str:
         if self.device == "auto":

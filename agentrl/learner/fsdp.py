@@ -328,10 +328,17 @@ def offload(
         torch.cuda.empty_cache()
 
 
-def set_worker_env() -> None:
-    """Bind gloo/NCCL's own sockets to loopback unless the user chose an interface. SGLang runs
-    NCCL with NCCL_CUMEM_ENABLE=0; a trainer that joins its weight-update group with cuMem on
-    fails in the P2P transport setup ("Cuda failure 'invalid argument'"), so match it."""
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+def set_worker_env(master_ip: str = "127.0.0.1") -> None:
+    """With the process group's master on loopback (one node), bind gloo/NCCL's own sockets to
+    `lo` unless the user chose an interface; across nodes leave the choice to the user
+    (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME: `lo` would be wrong there). SGLang runs NCCL with
+    NCCL_CUMEM_ENABLE=0; a trainer that joins its weight-update group with cuMem on fails in
+    the P2P transport setup ("Cuda failure 'invalid argument'"), so match it."""
+    if is_loopback(master_ip):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")

@@ -11,7 +11,9 @@ between them (gloo on CPU, NCCL on GPU) and fans calls out.
 Ray binds every socket it opens to 127.0.0.1: `start_ray` sets RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 (which makes Ray keep 127.0.0.1 as the node address; by default it swaps in the host's routable
 address and its gRPC servers listen on it) and checks the node address afterwards. The learner's
-own process group rendezvous through a file (no TCP store), and gloo/NCCL bind to `lo`.
+own process group rendezvous through a TCP store that rank 0 binds to its node's address only
+(127.0.0.1 here), and gloo/NCCL bind to `lo` when that address is loopback. Joining a cluster
+(`ray.address`), the ranks may span nodes (`learner.placement`); docs/ray_cluster.md.
 """
 
 from __future__ import annotations
@@ -19,13 +21,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import ray
 from ray._private import ray_constants
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from agentrl.learner import LearnerConfig, LearnerError, RayConfig, Role
 from agentrl.learner.fsdp import ParamSpec, plan_buckets
@@ -68,8 +70,10 @@ def start_ray(cfg: RayConfig | None = None) -> None:
             "and disk under /tmp/ray (or ray.temp_dir), stop stale `ray` processes, or set "
             "ray.address to a running cluster"
         ) from None
+    if cfg.address:  # a cluster the user started: its nodes' addresses are theirs to choose
+        return
     ip = ray.util.get_node_ip_address()
-    if not cfg.address and ip != "127.0.0.1":
+    if ip != "127.0.0.1":
         ray.shutdown()
         raise LearnerError(
             f"Ray chose node address {ip}, not 127.0.0.1; its servers would be reachable from "
@@ -164,7 +168,11 @@ def stop_ray() -> None:
 
 
 class LearnerGroup:
-    """N FSDP2 ranks of one role. Calls block until every rank answers; errors re-raise here."""
+    """N FSDP2 ranks of one role. Calls block until every rank answers; errors re-raise here.
+
+    The ranks live in one Ray placement group (a bundle per rank, `learner.placement`), so they
+    may span nodes; they rendezvous through a TCP store on rank 0's node address (127.0.0.1 on
+    the local loopback Ray)."""
 
     def __init__(self, cfg: LearnerConfig, role: Role = "policy", name: str | None = None):
 
@@ -174,23 +182,32 @@ class LearnerGroup:
             start_ray()
         self.cfg, self.role, self.world_size = cfg, role, cfg.num_workers
         self.name = name or role
-        self._dir = tempfile.mkdtemp(prefix=f"agentrl-{self.name}-pg-")
-        init_method = f"file://{os.path.join(self._dir, 'store')}"
-        on_gpu = cfg.resolved_device() == "cuda"
-        actor_cls = ray.remote(LearnerWorker).options(
-            num_cpus=cfg.num_cpus_per_worker,
-            num_gpus=cfg.num_gpus_per_worker if on_gpu else 0,
-        )
-        self.workers = [
-            actor_cls.remote(cfg, role, r, self.world_size, init_method)
-            for r in range(self.world_size)
-        ]
+        self.workers: list[Any] = []
+        self.pg = place_ranks(cfg, self.name)
         try:
-            self.info = self._get([w.setup.remote() for w in self.workers])
+            on_gpu = cfg.resolved_device() == "cuda"
+            self.workers = [
+                ray.remote(LearnerWorker)
+                .options(
+                    num_cpus=cfg.num_cpus_per_worker,
+                    num_gpus=cfg.num_gpus_per_worker if on_gpu else 0,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=self.pg, placement_group_bundle_index=r
+                    ),
+                )
+                .remote(cfg, role, r, self.world_size)
+                for r in range(self.world_size)
+            ]
+            store = self._get([self.workers[0].bind_store.remote()])[0]
+            self.info = self._get([w.setup.remote(store) for w in self.workers])
         except Exception:
             self.shutdown()
             raise
         self._specs: dict[str | None, list[ParamSpec]] = {}
+
+    def nodes(self) -> list[dict[str, str]]:
+        """Per rank: the Ray node id and address it runs on."""
+        return self.call("node")
 
     # -- fan-out ------------------------------------------------------------------------------
     def call_async(self, method: str, *args: Any, **kw: Any) -> list[Any]:
@@ -311,9 +328,46 @@ class LearnerGroup:
 
     def shutdown(self) -> None:
 
-        for w in getattr(self, "workers", []):
+        for w in self.workers:
             with contextlib.suppress(Exception):  # tearing down; the actor may be gone
                 ray.get(w.shutdown.remote(), timeout=30)
             ray.kill(w)
         self.workers = []
-        shutil.rmtree(self._dir, ignore_errors=True)
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+            self.pg = None
+
+
+_STRATEGIES = {"pack": "PACK", "spread": "SPREAD", "strict_pack": "STRICT_PACK",
+               "strict_spread": "STRICT_SPREAD"}  # fmt: skip
+
+
+def place_ranks(cfg: LearnerConfig, name: str) -> PlacementGroup:
+    """A placement group of one bundle per rank, placed within `cfg.placement_timeout_s`, or a
+    LearnerError that names what the cluster lacks."""
+    on_gpu = cfg.resolved_device() == "cuda"
+    # Ray refuses a bundle of only zeros; a hundredth of a CPU reserves nothing that matters
+    bundle = {"CPU": max(cfg.num_cpus_per_worker, 0.01)}
+    if on_gpu and cfg.num_gpus_per_worker:
+        bundle["GPU"] = cfg.num_gpus_per_worker
+    strategy = _STRATEGIES[cfg.placement]
+    pg = placement_group([dict(bundle) for _ in range(cfg.num_workers)], strategy=strategy,
+                         name=f"agentrl-{name}-{os.getpid()}-{id(cfg):x}")  # fmt: skip
+    if pg.wait(timeout_seconds=cfg.placement_timeout_s):
+        return pg
+    remove_placement_group(pg)
+    nodes = [f"{n['NodeManagerAddress']} {_fmt(n['Resources'])}" for n in ray.nodes() if n["Alive"]]
+    raise LearnerError(
+        f"{name} learner: Ray could not place {cfg.num_workers} ranks of {_fmt(bundle)} each "
+        f"(learner.placement={cfg.placement}: {strategy}) within {cfg.placement_timeout_s:g}s; "
+        f"free now: {_fmt(ray.available_resources())}; nodes: {'; '.join(nodes) or 'none'}. "
+        "Add nodes or resources, lower learner.num_workers / num_cpus_per_worker / "
+        "num_gpus_per_worker, or use learner.placement=pack"
+    )
+
+
+def _fmt(resources: dict[str, float]) -> str:
+    keep = {k: v for k, v in resources.items()
+            if k in ("CPU", "GPU") or not (k.startswith("node:") or "memory" in k
+                                           or k.startswith("bundle_group"))}  # fmt: skip
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(keep.items())) + "}"

@@ -15,11 +15,13 @@ import contextlib
 import json
 import math
 import os
+import socket
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import ray
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
@@ -28,6 +30,7 @@ from agentrl.learner import LearnerConfig, Role, forward, fsdp, lora
 from agentrl.learner.checkpoint import CheckpointWriter, load_optimizer
 from agentrl.learner.fsdp import ParamSpec
 from agentrl.learner.sync import SYNC_METHODS
+from agentrl.learner.update_group import bind_listen_socket
 from agentrl.loss import LossInputs, get_loss, reduce_metrics
 
 
@@ -35,10 +38,16 @@ class LearnerWorker:
     """Plain class; group.py wraps it with `ray.remote`. Call `setup()` before anything else."""
 
     def __init__(
-        self, cfg: LearnerConfig, role: Role, rank: int, world_size: int, init_method: str
+        self,
+        cfg: LearnerConfig,
+        role: Role,
+        rank: int,
+        world_size: int,
+        init_method: str | None = None,
     ):
         self.cfg, self.role = cfg, role
         self.rank, self.world_size, self.init_method = rank, world_size, init_method
+        self._store_sock: socket.socket | None = None  # rank 0: the process group's store
         self.device_type = cfg.resolved_device()
         self.model: Any = None
         self.opt: torch.optim.Optimizer | None = None
@@ -50,22 +59,44 @@ class LearnerWorker:
         self.peaks: dict[str, float] = {}  # GiB the allocator held at most, per phase (GPU)
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def setup(self) -> dict[str, Any]:
-        """Join the process group, load + shard the model, build the optimizer."""
+    def node(self) -> dict[str, str]:
+        """Where Ray placed this rank: its node's id and address."""
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address()}
+
+    def bind_store(self) -> tuple[str, int]:
+        """Rank 0: a listening socket on this node's address (only there, never on every
+        interface) for the process group's TCP store; the other ranks connect to it."""
+        ip = ray.util.get_node_ip_address()
+        self._store_sock = bind_listen_socket(ip)
+        return ip, self._store_sock.getsockname()[1]
+
+    def setup(self, store: tuple[str, int] | None = None) -> dict[str, Any]:
+        """Join the process group (through rank 0's TCP store at `store`, from `bind_store`, or
+        this worker's `init_method`), load + shard the model, build the optimizer."""
         t0 = time.perf_counter()
-        fsdp.set_worker_env()
+        fsdp.set_worker_env(store[0] if store else "127.0.0.1")
         torch.set_num_threads(self.cfg.threads_per_worker)
         if self.device_type == "cuda":
             torch.cuda.set_device(0)  # Ray exposes exactly this worker's GPU(s)
             self.device = torch.device("cuda", 0)
         else:
             self.device = torch.device("cpu")
+        timeout = timedelta(seconds=self.cfg.dist_timeout_s)
+        rendezvous: dict[str, Any] = {"init_method": self.init_method}
+        if store is not None:
+            fd = {"master_listen_fd": self._store_sock.fileno()} if self._store_sock else {}
+            rendezvous = {
+                "store": dist.TCPStore(
+                    *store, self.world_size, self.rank == 0, timeout=timeout, **fd
+                )
+            }
         dist.init_process_group(
             backend="nccl" if self.device_type == "cuda" else "gloo",
-            init_method=self.init_method,
             rank=self.rank,
             world_size=self.world_size,
-            timeout=timedelta(seconds=self.cfg.dist_timeout_s),
+            timeout=timeout,
+            **rendezvous,
         )
         torch.manual_seed(self.cfg.seed)
         model = fsdp.load_model(self.cfg.model_path, self.role)
@@ -103,6 +134,9 @@ class LearnerWorker:
         self._transports.clear()
         if dist.is_initialized():
             dist.destroy_process_group()
+        if self._store_sock is not None:
+            self._store_sock.close()
+            self._store_sock = None
 
     # -- forward-only passes --------------------------------------------------------------------
     @torch.no_grad()

@@ -14,6 +14,9 @@ from agentrl.parsers import ConfigError
         ("rollout.group_size=0", "rollout.group_size"),
         ("rollout.parser=hermess", "rollout.parser: unknown tool-call parser"),
         ("run_name=../elsewhere", "run_name"),
+        ("learner.placement=scatter", "learner.placement"),
+        ("engine.placement=k8s", "engine.placement"),
+        ("+engine.ray_resources={rollout: many}", "engine.ray_resources.rollout"),
     ],
 )
 def test_bad_config_fails_at_the_door_with_its_path(override, needle):
@@ -83,3 +86,43 @@ def test_env_task_options_are_checked_against_load_tasks(tmp_path):
     assert [t.id for t in cfg.env.load_tasks(cfg.env.load_class())] == ["a"]
     with pytest.raises(ConfigError, match="env._target_ is not set"):
         compose(["env=custom"]).env.load_class()
+
+
+def test_ray_placed_engines_refuse_cuda_ipc_and_colocation():
+    cfg = compose(["engine.placement=ray", "+engine.ray_resources={rollout: 1}"])
+    assert cfg.engine.ray_resources == {"rollout": 1.0} and cfg.learner.placement == "pack"
+    with pytest.raises(ConfigError, match=r"weight_sync\.method=tensor .*method=distributed"):
+        compose(["engine.placement=ray", "weight_sync.method=tensor"])
+    with pytest.raises(ConfigError, match=r"engine\.colocate=true .*engine\.placement=local"):
+        compose(["engine.placement=ray", "engine.colocate=true"])
+    with pytest.raises(ConfigError, match=r"engine\.urls .*engine\.placement=local"):
+        compose(["engine.placement=ray", "engine.urls=[http://127.0.0.1:30000]"])
+    with pytest.raises(ConfigError, match=r"engine\.ray_num_gpus"):
+        compose(["engine.placement=ray", "engine.kind=sglang"])
+    compose(["engine.placement=ray", "engine.kind=sglang", "engine.ray_num_gpus=1"])
+    compose(["weight_sync.method=tensor"])  # local servers: CUDA IPC stays allowed
+
+
+def test_disk_sync_across_nodes_asks_for_a_shared_dir():
+    from agentrl.config import training_checks
+
+    cfg = compose(["engine.placement=ray", "weight_sync.method=disk"])
+    assert any("weight_sync.disk_dir" in w for w in training_checks(cfg))
+    cfg = compose(
+        ["engine.placement=ray", "weight_sync.method=disk", "weight_sync.disk_dir=/nfs/w"]
+    )
+    assert not any("disk_dir" in w for w in training_checks(cfg))
+
+
+def test_the_ray_cluster_doc_command_composes():
+    import re
+    import shlex
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "ray_cluster.md").read_text()
+    (command,) = [c for c in re.findall(r"```bash\n(.*?)```", doc, flags=re.S)
+                  if "agentrl.train" in c]  # fmt: skip
+    args = shlex.split(command.replace("\\\n", " "))
+    cfg = compose(args[args.index("agentrl.train") + 1 :])
+    assert cfg.ray.address == "HEAD:6379" and cfg.learner.placement == "spread"
+    assert cfg.engine.placement == "ray" and cfg.engine.ray_resources == {"rollout": 1.0}

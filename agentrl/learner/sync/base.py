@@ -42,7 +42,11 @@ class WeightSyncConfig(BaseModel):
         "auto", description="dtype sent to the engines; auto: the model checkpoint's dtype"
     )
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="auto: nccl on GPU")
-    master_address: str = Field("127.0.0.1", description="where learner rank 0 listens")
+    master_address: str = Field(
+        "auto",
+        description="where learner rank 0 listens for the engines; auto: its Ray node's address "
+        "(127.0.0.1 on the local loopback Ray)",
+    )
     group_name: str = "weight_update_group"
     ranks_per_server: int = Field(1, ge=1, description="an SGLang server's TP size")
     disk_dir: str | None = Field(None, description="disk: where versions are written")

@@ -1,8 +1,8 @@
 """`weight_sync.method=distributed`: broadcast over a trainer+servers process group (SGLang's
 `update_weights_from_distributed`). gloo on CPU, NCCL on GPU.
 
-Learner rank 0 is rank 0 of the group and hosts its store on `master_address` (loopback by
-default); each server joins with `/init_weights_update_group` (once). Per push and bucket, every
+Learner rank 0 is rank 0 of the group and hosts its store on `master_address` (by default its
+Ray node's address: loopback on the local Ray, the node's own across a cluster); each server joins with `/init_weights_update_group` (once). Per push and bucket, every
 learner rank gathers the bucket's full tensors, rank 0 broadcasts them in order, while the
 servers get `/update_weights_from_distributed` (names, dtypes, shapes) and receive them. The last
 bucket stamps the servers with the new weight version.
@@ -33,13 +33,16 @@ class DistributedSync(Transport):
             self.groups: dict[str, Any] = {}
             self.socks: dict[str, Any] = {}
 
-        def prepare(self, group_name: str, master_address: str) -> int:
-            """Rank 0: bind the group's store socket on `master_address`; returns its port."""
+        def prepare(self, group_name: str, master_address: str) -> tuple[str, int]:
+            """Rank 0: bind the group's store socket on `master_address` (auto: this node's
+            address); returns the address and port."""
             if self.worker.rank != 0:
-                return 0
+                return "", 0
+            if master_address == "auto":
+                master_address = self.worker.node()["ip"]
             sock = bind_listen_socket(master_address)
             self.socks[group_name] = sock
-            return sock.getsockname()[1]
+            return master_address, sock.getsockname()[1]
 
         def join(self, group_name: str, addr: str, port: int, world: int, backend: str,
                  timeout_s: float) -> None:  # fmt: skip
@@ -88,8 +91,10 @@ class DistributedSync(Transport):
         backend = self.cfg.backend
         if backend == "auto":
             backend = "nccl" if self.learner.cfg.resolved_device() == "cuda" else "gloo"
-        name, addr = self.cfg.group_name, self.cfg.master_address
-        port = self.learner.call_rank0("sync_call", self.name, "prepare", name, addr)
+        name = self.cfg.group_name
+        addr, port = self.learner.call_rank0(
+            "sync_call", self.name, "prepare", name, self.cfg.master_address
+        )
         world = 1 + len(self.engine.urls) * self.cfg.ranks_per_server
         trainer = self.learner.workers[0].sync_call.remote(
             self.name, "join", name, addr, port, world, backend, self.cfg.timeout_s
