@@ -53,6 +53,7 @@ def start_ray(cfg: RayConfig | None = None) -> None:
         kw["address"] = cfg.address
     else:
         kw.update(
+            address="local",  # a new instance, never a cluster `ray start` left running here
             _node_ip_address="127.0.0.1",
             num_cpus=cfg.num_cpus or os.cpu_count(),
             num_gpus=cfg.num_gpus,
