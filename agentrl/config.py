@@ -294,6 +294,19 @@ class Config(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _tp_engines_join_as_tp_ranks(self) -> Config:
+        """Every TP rank of a server receives the weights: the update group counts them."""
+        tp, ranks = self.engine.tp, self.weight_sync.ranks_per_server
+        if tp > 1 and ranks == 1:
+            self.weight_sync.ranks_per_server = tp
+        elif tp > 1 and ranks != tp:
+            raise ValueError(
+                f"weight_sync.ranks_per_server={ranks} but engine.tp={tp}: leave "
+                "ranks_per_server at 1 (it follows engine.tp)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _engines_placed_by_ray(self) -> Config:
         if self.engine.placement == "ray" and self.weight_sync.method == "tensor":
             raise ValueError(

@@ -124,6 +124,12 @@ class EngineConfig(BaseModel):
         "`host`; ray = each started by a small Ray actor on the node Ray picks (see "
         "ray_resources), bound to that node's address (docs/ray_cluster.md)",
     )
+    tp: int = Field(
+        1,
+        ge=1,
+        description="sglang: tensor-parallel GPUs per server (--tp-size); placed locally, "
+        "server i gets the visible GPUs i*tp .. i*tp+tp-1",
+    )
     ray_num_cpus: float = Field(1.0, ge=0, description="placement=ray: CPUs per server actor")
     ray_num_gpus: float = Field(
         0.0, ge=0, description="placement=ray: GPUs per server actor (sglang: its TP size)"
@@ -147,6 +153,25 @@ class EngineConfig(BaseModel):
                                  "workers do not learn of weight updates, so completions would "
                                  "carry stale weight versions; leave it at 1")  # fmt: skip
         return args
+
+    @model_validator(mode="after")
+    def _tensor_parallel(self) -> EngineConfig:
+        if self.tp > 1 and self.kind != "sglang":
+            raise ValueError(f"engine.tp={self.tp}: the dev server has no tensor parallelism")
+        if any(
+            a.split("=")[0] in ("--tp-size", "--tp", "--tensor-parallel-size")
+            for a in self.extra_args
+        ):
+            raise ValueError(
+                "set the servers' tensor parallelism with engine.tp, not --tp-size in "
+                "engine.extra_args: the GPUs per server and the weight-update group follow it"
+            )
+        if self.placement == "ray" and self.tp > 1 and self.ray_num_gpus != self.tp:
+            raise ValueError(
+                f"engine.tp={self.tp} with engine.placement=ray: set engine.ray_num_gpus="
+                f"{self.tp}, the GPUs Ray gives each server's actor"
+            )
+        return self
 
     @model_validator(mode="after")
     def _ray_placement(self) -> EngineConfig:

@@ -46,23 +46,35 @@ def server_command(cfg: EngineConfig, model_path: Path, port: int) -> list[str]:
     if cfg.kind == "dev":
         return [sys.executable, "-m", "agentrl.devserver", "--model", str(model_path),
                 "--host", cfg.host, "--port", str(port), "--device", cfg.device, *cfg.extra_args]  # fmt: skip
+    tp = ["--tp-size", str(cfg.tp)] if cfg.tp > 1 else []
     return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
-            "--host", cfg.host, "--port", str(port), "--skip-tokenizer-init", *cfg.extra_args]  # fmt: skip
+            "--host", cfg.host, "--port", str(port), "--skip-tokenizer-init", *tp,
+            *cfg.extra_args]  # fmt: skip
 
 
 def server_env(cfg: EngineConfig, index: int) -> dict[str, str]:
-    """Loopback-only collectives for a server on loopback; SGLang server i gets GPU i (several
-    servers on one host; placed by Ray, the GPUs Ray gave its actor)."""
+    """Loopback-only collectives for a server on loopback; SGLang server i gets the visible
+    GPUs i*tp .. i*tp+tp-1 (several servers or TP on one host; placed by Ray, the GPUs Ray gave
+    its actor)."""
     env = dict(os.environ)
     # gloo/NCCL bind their own listening sockets to the hostname's interface unless told
     # otherwise; on a real node's address `lo` would be wrong: the user's choice (or none) holds
     if _loopback_host(cfg.host):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.setdefault("NCCL_SOCKET_IFNAME", "lo")
-    if cfg.kind == "sglang" and cfg.num_servers > 1 and cfg.placement == "local":
+    if cfg.kind == "sglang" and (cfg.num_servers > 1 or cfg.tp > 1) and cfg.placement == "local":
         visible = env.get("CUDA_VISIBLE_DEVICES")
-        gpus = visible.split(",") if visible else [str(g) for g in range(cfg.num_servers)]
-        env["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
+        want = cfg.num_servers * cfg.tp
+        gpus = visible.split(",") if visible else [str(g) for g in range(want)]
+        if cfg.tp > 1 and len(gpus) < want:
+            raise EngineUnavailable(
+                f"{cfg.num_servers} server(s) x engine.tp={cfg.tp} need {want} GPUs; "
+                f"CUDA_VISIBLE_DEVICES={visible} has {len(gpus)}"
+            )
+        mine = (
+            gpus[index * cfg.tp : (index + 1) * cfg.tp] if cfg.tp > 1 else [gpus[index % len(gpus)]]
+        )
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
     return env
 
 

@@ -126,3 +126,33 @@ def test_the_ray_cluster_doc_command_composes():
     cfg = compose(args[args.index("agentrl.train") + 1 :])
     assert cfg.ray.address == "HEAD:6379" and cfg.learner.placement == "spread"
     assert cfg.engine.placement == "ray" and cfg.engine.ray_resources == {"rollout": 1.0}
+
+
+def test_tp_engines_get_their_gpus_and_join_the_update_group_per_rank(monkeypatch):
+    from pathlib import Path
+
+    from agentrl.servers import server_command, server_env
+
+    cfg = compose(["engine.kind=sglang", "engine.tp=2", "engine.num_servers=2",
+                   "weight_sync.method=distributed"])  # fmt: skip
+    assert cfg.weight_sync.ranks_per_server == 2  # every TP rank receives the broadcast
+    cmd = server_command(cfg.engine, Path("/m"), 30000)
+    assert cmd[cmd.index("--tp-size") + 1] == "2"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert [server_env(cfg.engine, i)["CUDA_VISIBLE_DEVICES"] for i in (0, 1)] == ["4,5", "6,7"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    with pytest.raises(Exception, match="need 4 GPUs"):
+        server_env(cfg.engine, 0)
+    one = compose(["engine.kind=sglang", "engine.num_servers=2"]).engine
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert [server_env(one, i)["CUDA_VISIBLE_DEVICES"] for i in (0, 1)] == ["2", "3"]
+    assert "--tp-size" not in server_command(one, Path("/m"), 30000)
+    with pytest.raises(ConfigError, match="no tensor parallelism"):
+        compose(["engine.tp=2"])  # the dev server
+    with pytest.raises(ConfigError, match="engine.tp, not --tp-size"):
+        compose(["engine.kind=sglang", 'engine.extra_args=[--tp-size,"2"]'])
+    with pytest.raises(ConfigError, match="ranks_per_server=4 but engine.tp=2"):
+        compose(["engine.kind=sglang", "engine.tp=2", "weight_sync.ranks_per_server=4"])
+    with pytest.raises(ConfigError, match="engine.ray_num_gpus=2"):
+        compose(["engine.kind=sglang", "engine.tp=2", "engine.placement=ray",
+                 "engine.ray_num_gpus=1", "weight_sync.method=distributed"])  # fmt: skip
