@@ -126,6 +126,7 @@ def test_the_ray_cluster_doc_command_composes():
     cfg = compose(args[args.index("agentrl.train") + 1 :])
     assert cfg.ray.address == "HEAD:6379" and cfg.learner.placement == "spread"
     assert cfg.engine.placement == "ray" and cfg.engine.ray_resources == {"rollout": 1.0}
+    assert cfg.engine.tp == 2 and cfg.weight_sync.ranks_per_server == 2
 
 
 def test_tp_engines_get_their_gpus_and_join_the_update_group_per_rank(monkeypatch):
