@@ -17,6 +17,10 @@ session's state); a one-shot call may be replayed. Only evidence the code cannot
 forge makes a call an infrastructure failure: the service refuses the connection, says it is
 busy, or fails itself — whatever the code does (even to the agent's control socket) comes back
 in the ExecResult.
+
+HTTP is aiohttp, as in the engine client: a rollout keeps hundreds of tool calls in flight, and
+httpx's connection pool scans every connection per request (40 % of the trainer process's CPU in
+`bench/async_speedup.py`'s profile, py-spy). One session per event loop.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from typing import Any
 
-import httpx
+import aiohttp
 
 from sandbox.base import ExecResult, SandboxUnavailable
 
@@ -49,19 +54,31 @@ class ServiceSandbox:
         backoff_max_s: float = 4.0,
         max_concurrency: int = 256,
         owner: object | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.retries = retries
         self.backoff_s = backoff_s
         self.backoff_max_s = backoff_max_s
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=64)
-        self._http = httpx.AsyncClient(
-            headers=headers, limits=limits, timeout=30.0, transport=transport
-        )
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._max_concurrency = max_concurrency
+        self._http: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._sem = asyncio.Semaphore(max_concurrency)
         self._owner = owner  # e.g. a LocalService started for us; stopped in aclose()
+
+    def _client(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._loop is not loop:
+            # idle connections close after 2 s, well before the service's keep-alive (30 s), so
+            # a call never lands on a socket the service is closing
+            self._http = aiohttp.ClientSession(
+                headers=self._headers,
+                connector=aiohttp.TCPConnector(
+                    limit=self._max_concurrency, limit_per_host=0, keepalive_timeout=2.0
+                ),
+            )
+            self._loop = loop
+        return self._http
 
     async def run(
         self,
@@ -72,10 +89,10 @@ class ServiceSandbox:
     ) -> ExecResult:
         body = {"code": code, "language": language, "timeout": timeout, "session": session}
         async with self._sem:
-            resp = await self._post(
+            _, text = await self._post(
                 "/v1/run", body, timeout + _CALL_MARGIN_S, replay=session is None
             )
-        return ExecResult.model_validate(resp.json())
+        return ExecResult.model_validate_json(text)
 
     async def close_session(self, session: str) -> None:
         try:
@@ -84,46 +101,54 @@ class ServiceSandbox:
             log.warning("could not close sandbox session %s: %s", session, e)
 
     async def health(self) -> dict:
-        resp = await self._http.get(f"{self.url}/health", timeout=10.0)
-        resp.raise_for_status()
-        return resp.json()
+        timeout = aiohttp.ClientTimeout(total=10.0)
+        async with self._client().get(f"{self.url}/health", timeout=timeout) as resp:
+            resp.raise_for_status()
+            return await resp.json()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        if self._http is not None and self._loop is asyncio.get_running_loop():
+            await self._http.close()
+        self._http = None
         stop = getattr(self._owner, "stop", None)
         if stop is not None:
             await asyncio.to_thread(stop)
 
     async def _post(
         self, path: str, body: dict | None, timeout: float, *, replay: bool
-    ) -> httpx.Response:
-        """POST with retries. `replay`: the call may run twice (one-shot calls, closing), so it
-        is also retried after it was sent (a dropped connection, a 5xx)."""
+    ) -> tuple[int, str]:
+        """POST with retries; returns (status, body text). `replay`: the call may run twice
+        (one-shot calls, closing), so it is also retried after it was sent (a dropped
+        connection, a 5xx)."""
         last = ""
+        limit = aiohttp.ClientTimeout(total=timeout, sock_connect=10.0)
         for attempt in range(self.retries + 1):
             wait = None
             try:
-                resp = await self._http.post(f"{self.url}{path}", json=body, timeout=timeout)
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as e:
+                async with self._client().post(
+                    f"{self.url}{path}", json=body, timeout=limit
+                ) as resp:
+                    status, text = resp.status, await resp.text()
+                    retry_after = _retry_after(resp.headers)
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
                 last = f"{type(e).__name__}: {e}"  # never sent: retry
-            except httpx.TransportError as e:  # sent, maybe ran
+            except (aiohttp.ClientError, TimeoutError) as e:  # sent, maybe ran
                 last = f"{type(e).__name__} after the call was sent: {e}"
                 if not replay:
                     break
             else:
-                if resp.status_code < 400:
-                    return resp
-                if resp.status_code in _FAILED:
-                    last = f"HTTP {resp.status_code} after the call was sent: {resp.text[:200]}"
+                if status < 400:
+                    return status, text
+                if status in _FAILED:
+                    last = f"HTTP {status} after the call was sent: {text[:200]}"
                     if not replay:
                         break
-                elif resp.status_code not in _NOT_RUN:
+                elif status not in _NOT_RUN:
                     raise ValueError(
-                        f"sandbox service at {self.url} rejected the call "
-                        f"({resp.status_code}): {resp.text[:500]}"
+                        f"sandbox service at {self.url} rejected the call ({status}): {text[:500]}"
                     )
-                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
-                wait = _retry_after(resp)
+                last = f"HTTP {status}: {text[:200]}"
+                wait = retry_after
             if attempt < self.retries:
                 await asyncio.sleep(max(wait or 0.0, self._backoff(attempt)))
         raise SandboxUnavailable(
@@ -137,8 +162,8 @@ class ServiceSandbox:
         return random.uniform(cap / 2, cap)
 
 
-def _retry_after(resp: httpx.Response) -> float | None:
+def _retry_after(headers: Any) -> float | None:
     try:
-        return min(float(resp.headers["Retry-After"]), 30.0)
+        return min(float(headers["Retry-After"]), 30.0)
     except (KeyError, ValueError):
         return None
