@@ -315,3 +315,19 @@ async def prefill_logprobs(url: str, ids: list[int], start: int) -> list[float]:
     # SGLang reports id 0 for ids past the tokenizer's vocabulary (the padded embedding rows)
     assert all(int(e[1]) in (t, 0) for e, t in zip(got, ids[start:], strict=True))
     return [float(e[0]) for e in got]
+
+
+def scoring_batch(prompt: list[int], completion: list[int]) -> TrainBatch:
+    """One sequence, prompt + completion, with the completion's tokens in the loss mask."""
+    n = len(prompt) + len(completion)
+    mask = torch.arange(n) >= len(prompt)
+    seq = torch.zeros(n, dtype=torch.long)
+    return TrainBatch(torch.tensor(prompt + completion), torch.arange(n), mask,
+                      torch.where(mask, -10.0, 0.0), torch.where(mask, 1.0, 0.0), seq,
+                      global_norm(mask, seq))  # fmt: skip
+
+
+def trainer_logprobs(group, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """The learner group's logprobs of `completion` after `prompt`."""
+    mb = scoring_batch(prompt, completion)
+    return group.compute_logprobs([[mb]])[0][0][len(prompt) :]

@@ -10,9 +10,9 @@ import asyncio
 
 import pytest
 import torch
-from gpu_helpers import launch_sglang, make_batch
+from gpu_helpers import launch_sglang, make_batch, trainer_logprobs
 
-from agentrl.batch import TrainBatch, global_norm, micro_batches
+from agentrl.batch import micro_batches
 from agentrl.engine import EngineClient, SamplingParams
 from agentrl.learner import LearnerConfig
 from agentrl.learner.group import LearnerGroup
@@ -28,13 +28,7 @@ PROMPT = list(range(1000, 1032))
 
 
 def score(group: LearnerGroup, completion: list[int]) -> torch.Tensor:
-    n = len(PROMPT) + len(completion)
-    mask = torch.arange(n) >= len(PROMPT)
-    seq = torch.zeros(n, dtype=torch.long)
-    mb = TrainBatch(torch.tensor(PROMPT + completion), torch.arange(n), mask,
-                    torch.where(mask, -10.0, 0.0), torch.where(mask, 1.0, 0.0), seq,
-                    global_norm(mask, seq))  # fmt: skip
-    return group.compute_logprobs([[mb]])[0][0][len(PROMPT) :]
+    return trainer_logprobs(group, PROMPT, completion)
 
 
 def test_colocated_cycles_serve_trainer_weights_without_memory_growth(ray_on, model_dir, tmp_path):

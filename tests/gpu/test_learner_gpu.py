@@ -10,9 +10,9 @@ import asyncio
 
 import pytest
 import torch
-from gpu_helpers import launch_sglang, make_batch
+from gpu_helpers import launch_sglang, make_batch, scoring_batch, trainer_logprobs
 
-from agentrl.batch import TrainBatch, global_norm, micro_batches
+from agentrl.batch import TrainBatch, micro_batches
 from agentrl.learner import LearnerConfig
 from agentrl.learner.group import LearnerGroup
 from agentrl.loss import LossConfig
@@ -99,14 +99,8 @@ def test_sglang_serves_trainer_weights_after_push(method, ray_on, model_dir, sgl
     sampling = SamplingParams(max_new_tokens=32, temperature=1.0, seed=3, ignore_eos=True)
     group = LearnerGroup(LearnerConfig(model_path=str(model_dir), device="cuda", lr=2e-2))
 
-    def trainer_lp(completion: list[int]) -> torch.Tensor:
-        n = len(prompt) + len(completion)
-        mask = torch.arange(n) >= len(prompt)
-        seq = torch.zeros(n, dtype=torch.long)
-        mb = TrainBatch(torch.tensor(prompt + completion), torch.arange(n), mask,
-                        torch.where(mask, -10.0, 0.0), torch.where(mask, 1.0, 0.0), seq,
-                        global_norm(mask, seq))  # fmt: skip
-        return mb, group.compute_logprobs([[mb]])[0][0][len(prompt) :]
+    def trainer_lp(completion: list[int]) -> tuple[TrainBatch, torch.Tensor]:
+        return scoring_batch(prompt, completion), trainer_logprobs(group, prompt, completion)
 
     async def run() -> list[float]:
         async with EngineClient([sglang_url]) as engine:

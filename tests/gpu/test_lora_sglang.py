@@ -13,9 +13,9 @@ from statistics import fmean
 
 import pytest
 import torch
-from gpu_helpers import launch_sglang, make_batch, prefill_logprobs
+from gpu_helpers import launch_sglang, make_batch, prefill_logprobs, trainer_logprobs
 
-from agentrl.batch import TrainBatch, global_norm, micro_batches
+from agentrl.batch import micro_batches
 from agentrl.engine import EngineClient, SamplingParams
 from agentrl.learner import LearnerConfig, LoraConfig
 from agentrl.learner.group import LearnerGroup
@@ -37,14 +37,8 @@ def qwen15_dir(tmp_path_factory):
     return build_random_qwen25(tmp_path_factory.mktemp("qwen25-1.5b"), "1.5b")
 
 
-def trainer_logprobs(group: LearnerGroup, completion: list[int]) -> list[float]:
-    n = len(PROMPT) + len(completion)
-    mask = torch.arange(n) >= len(PROMPT)
-    seq = torch.zeros(n, dtype=torch.long)
-    mb = TrainBatch(torch.tensor(PROMPT + completion), torch.arange(n), mask,
-                    torch.where(mask, -10.0, 0.0), torch.where(mask, 1.0, 0.0), seq,
-                    global_norm(mask, seq))  # fmt: skip
-    return group.compute_logprobs([[mb]])[0][0][len(PROMPT) :].tolist()
+def my_logprobs(group: LearnerGroup, completion: list[int]) -> list[float]:
+    return trainer_logprobs(group, PROMPT, completion).tolist()
 
 
 def gap(a: list[float], b: list[float]) -> float:
@@ -66,7 +60,7 @@ def test_lora_adapters_reach_colocated_sglang_after_each_push(ray_on, qwen15_dir
             first = await engine.generate(PROMPT, sampling)
             scored = await prefill_logprobs(url, PROMPT + first.token_ids, len(PROMPT))
             group.onload()
-            mine = trainer_logprobs(group, first.token_ids)
+            mine = my_logprobs(group, first.token_ids)
             floor = {"sampled": gap(mine, first.logprobs), "prefill": gap(mine, scored)}
             group.offload()
             served = first
@@ -76,7 +70,7 @@ def test_lora_adapters_reach_colocated_sglang_after_each_push(ray_on, qwen15_dir
                 for k in range(2):
                     batch = make_batch(10 * cycle + k)
                     group.train_step(micro_batches(batch, 1, 4096), "ppo_clip", PPO)
-                stale = gap(trainer_logprobs(group, served.token_ids), served.logprobs)
+                stale = gap(my_logprobs(group, served.token_ids), served.logprobs)
                 await engine.resume_memory_occupation(["weights"])
                 metrics = await sync.push(f"lora{cycle}")
                 group.offload()
@@ -85,7 +79,7 @@ def test_lora_adapters_reach_colocated_sglang_after_each_push(ray_on, qwen15_dir
                 assert now.weight_version == f"lora{cycle}"
                 scored = await prefill_logprobs(url, PROMPT + now.token_ids, len(PROMPT))
                 group.onload()
-                mine = trainer_logprobs(group, now.token_ids)
+                mine = my_logprobs(group, now.token_ids)
                 group.offload()
                 rows.append({"stale": stale, "fresh": gap(mine, now.logprobs),
                              "fresh_prefill": gap(mine, scored),
