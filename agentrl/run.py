@@ -105,7 +105,7 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
             resume = resume_point(cfg, ckpt)  # before anything starts: a wrong one is an error
             start_ray(cfg.ray)
             stack.callback(_quietly, "Ray", stop_ray)
-            groups = _learner_groups(cfg, str(model_path), stack)
+            groups = _learner_groups(cfg, str(model_path), stack, out)
             if resume is not None:
                 resumed = _resume(cfg, resume, groups, sampler)
                 engine_model = resume / "policy" / "model"
@@ -194,12 +194,18 @@ def _resolve_offload(cfg: Config, groups: dict[str, LearnerGroup], console: Cons
     console.print(f"[dim]{line}[/]")
 
 
-def _learner_groups(cfg: Config, model_path: str, stack: AsyncExitStack) -> dict[str, Any]:
+def _learner_groups(
+    cfg: Config, model_path: str, stack: AsyncExitStack, out_dir: Path
+) -> dict[str, Any]:
     """The policy, and the reference and critic when the algorithm needs them; the roles' ranks
     share each GPU (Ray counts GPUs; memory is ours to manage)."""
     base: LearnerConfig = cfg.learner
     if not base.model_path:
         base = base.model_copy(update={"model_path": model_path})
+    if not Path(base.profile_dir).is_absolute():  # the run's output dir, not the workers' cwd
+        base = base.model_copy(
+            update={"profile_dir": str(Path(out_dir).resolve() / base.profile_dir)}
+        )
     with_ref = cfg.algo.reference or cfg.algo.loss.kl_coef > 0
     with_critic = cfg.algo.uses_critic()
     roles = 1 + with_ref + with_critic

@@ -143,6 +143,12 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=1, help="assistant turns per episode")
     p.add_argument("--obs-words", type=int, default=0, help="words per tool message (0: 'ok')")
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="torch.profiler over step 2's update: the top ops and a "
+        "trace (update_rank0.txt, .json.gz) in DIR",
+    )
     p.add_argument("--peak-tflops", type=float, help="dense bf16 peak (default: by GPU name)")
     p.add_argument("--trl", action="store_true", help="also TRL's GRPOTrainer (needs trl)")
     trl_grpo.add_args(p)
@@ -155,7 +161,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="agentrl-step-") as d:
         tmp = Path(d)
         model = build(args.shape, tmp)
-        cfg = compose(overrides(args, model, tmp))
+        more = ["learner.profile_step=2", f"learner.profile_dir={Path(args.profile).resolve()}"]
+        cfg = compose(overrides(args, model, tmp) + (more if args.profile else []))
         t0 = time.perf_counter()
         history = asyncio.run(train(cfg, tmp / "out"))
         wall = time.perf_counter() - t0

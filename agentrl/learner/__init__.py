@@ -72,6 +72,14 @@ class LearnerConfig(BaseModel):
     reshard_after_forward: bool = True
     lora: LoraConfig = Field(default_factory=LoraConfig)
     seed: int = 0
+    profile_step: int = Field(
+        0, ge=0, description="profile the update of this step (torch.profiler; 0: never)"
+    )
+    profile_dir: str = Field(
+        "profile",
+        description="where the profile goes: update_rank<r>.txt (the top ops) and "
+        "update_rank<r>.json.gz (a Chrome/Perfetto trace)",
+    )
     threads_per_worker: int = Field(1, ge=1, description="torch CPU threads of each worker")
     num_cpus_per_worker: float = Field(0.0, ge=0, description="Ray CPU resource per worker")
     num_gpus_per_worker: float = Field(1.0, ge=0, description="Ray GPU resource per worker (cuda)")

@@ -1,17 +1,20 @@
 """One learner rank's half of a checkpoint: `model/` (a transformers dir) and `optim/`.
 
-With `background=True` (trainer.async_save) only the copy to CPU memory blocks training: the
-full weights are gathered onto rank 0's CPU, the optimizer shards staged by
-`torch.distributed.checkpoint.async_save`, and files are written by threads while the next steps
-train. The driver commits the checkpoint (agentrl/ckpt.py: COMPLETE marker, rename, `latest`)
-only once every rank's `finish(wait)` says its writes are done, so a kill during the writes
-leaves `latest` on the previous checkpoint. The writes' collectives (DCP's metadata gather) run
-on a gloo group of their own, never on the training group the main thread uses meanwhile.
+With `background=True` (trainer.async_save) training does not wait for the files, and on a GPU
+not for the copies either: the weights (gathered on rank 0) and the optimizer shards are copied
+into this writer's own pinned host buffers on a side CUDA stream, and the next step's kernels wait
+for those copies on the GPU (`guard`), so the save returns once the copies are queued. Threads
+then write the files from the host buffers while the next steps train (the optimizer through
+`torch.distributed.checkpoint.save`, on a gloo group of its own, never the training group the
+main thread uses meanwhile). The driver commits the checkpoint (agentrl/ckpt.py: COMPLETE marker,
+rename, `latest`) only once every rank's `finish(wait)` says its writes are done, so a kill
+during the copies or the writes leaves `latest` on the previous checkpoint.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +26,30 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.tensor import DTensor
 
 from agentrl.learner import fsdp, lora
 from agentrl.learner.fsdp import ParamSpec
 
 
 class CheckpointWriter:
+    # gathered weight buckets (rank 0, several ranks) alive on the GPU until their copies are done
+    IN_FLIGHT_BUCKETS = 2
+
     def __init__(self, rank: int, device: torch.device) -> None:
         self.rank, self.device = rank, device
         self.group = dist.new_group(backend="gloo")  # collective: every rank builds it at setup
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-write")
         self.pending: list[Future] = []
-        # host copies of the weights, kept between checkpoints (pinned on GPU hosts): fresh
-        # pageable memory costs page faults on every save (7.5 s for 1.5B on an H100). The
-        # optimizer goes through DCP's default staging: its pinned stager (DefaultStager) fails
-        # on FSDP2's DTensor optimizer state in torch 2.11 (KeyError in its deepcopy)
-        self.host: dict[str, torch.Tensor] = {}
+        # host copies, kept between checkpoints (pinned on GPU hosts): fresh pageable memory
+        # costs page faults on every save (7.5 s for 1.5B on an H100), and only pinned memory
+        # lets the copies run on a side stream. Our own, not DCP's stager: its pinned
+        # DefaultStager fails on FSDP2's DTensor optimizer state in torch 2.11 (KeyError in its
+        # deepcopy)
+        self.host: dict[Any, torch.Tensor] = {}
+        cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if cuda else None
+        self.copied: torch.cuda.Event | None = None  # the last save's copies, recorded on stream
 
     def save(
         self,
@@ -64,35 +75,77 @@ class CheckpointWriter:
                 _save_optimizer(model, opt, sched, root / "optim", fmt, self.rank, None)
             dist.barrier()
             return
-        # the copy to CPU is the blocking part; the writes go on behind the next steps
-        staged = [self._stage(fsdp.gather_full(model, b, self.rank, self.device)) for b in buckets]
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
+        if self.stream is not None:  # the copies read what the update wrote
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        staged, events = [], []
+        for i, b in enumerate(buckets):
+            if len(events) >= self.IN_FLIGHT_BUCKETS:  # bound the gathered weights on the GPU
+                events.pop(0).synchronize()
+            staged.append(self._stage(fsdp.gather_full(model, b, self.rank, self.device), ("w", i)))
+            if self.stream is not None:
+                events.append(self.stream.record_event())
         if self.rank == 0:
             args = (staged, len(staged), root / "model", model_src, model.config)
             self.write(True, fsdp.write_hf_files, *args)
         if opt is not None:
             _save_optimizer(model, opt, sched, root / "optim", fmt, self.rank, self)
+        if self.stream is not None:
+            self.copied = self.stream.record_event()
         dist.barrier()
 
-    def write(self, background: bool, fn: Any, *args: Any) -> None:
-        """Now, or in the writer's thread (finish() waits for it)."""
-        if background:
-            self.pending.append(self.pool.submit(fn, *args))
-        else:
-            fn(*args)
+    def guard(self) -> None:
+        """Before anything changes the weights or the optimizer state in place (the next step):
+        the current stream waits, on the GPU, for the last save's copies to the host."""
+        if self.copied is not None:
+            torch.cuda.current_stream(self.device).wait_event(self.copied)
+            self.copied = None
 
-    def _stage(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Copies into this writer's own host buffers: never the live parameters (with one rank
-        on CPU a gathered tensor *is* the parameter, which the next step changes in place)."""
-        out = {}
-        for name, t in full.items():
-            buf = self.host.get(name)
-            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-                pin = t.is_cuda
-                buf = self.host[name] = torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)
-            out[name] = buf.copy_(t, non_blocking=t.is_cuda)
+    def write(self, background: bool, fn: Any, *args: Any) -> None:
+        """Now, or in the writer's thread once the copies are done (finish() waits for it)."""
+        if not background:
+            fn(*args)
+            return
+        stream = self.stream
+
+        def run() -> Any:
+            if stream is not None:
+                stream.synchronize()  # the host buffers hold the copies
+            return fn(*args)
+
+        self.pending.append(self.pool.submit(run))
+
+    def _stage(self, tensors: dict[Any, Any], key: Any) -> dict[Any, Any]:
+        """Copies of `tensors` (a tree of dicts) in this writer's own host buffers: never the
+        live tensors (with one rank on CPU a gathered tensor *is* the parameter, which the next
+        step changes in place). On a GPU the copies are queued on the side stream; DTensors come
+        back as DTensors over their host shard (what DCP saves)."""
+        out: dict[Any, Any] = {}
+        for name, t in tensors.items():
+            if isinstance(t, dict):
+                out[name] = self._stage(t, (key, name))
+            elif isinstance(t, DTensor):
+                local = self._copy(t.to_local(), (key, name))
+                out[name] = DTensor.from_local(
+                    local, t.device_mesh, t.placements, run_check=False, shape=t.shape,
+                    stride=t.stride(),
+                )  # fmt: skip
+            elif isinstance(t, torch.Tensor):
+                out[name] = self._copy(t, (key, name))
+            else:
+                out[name] = t
         return out
+
+    def _copy(self, t: torch.Tensor, key: Any) -> torch.Tensor:
+        buf = self.host.get(key)
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+            buf = self.host[key] = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+        if t.is_cuda and self.stream is not None:
+            with torch.cuda.stream(self.stream):
+                buf.copy_(t, non_blocking=True)
+            t.record_stream(self.stream)  # its memory is not reused before the copy is done
+        else:
+            buf.copy_(t)
+        return buf
 
     def finish(self, wait: bool) -> bool:
         """True when this rank's writes are done (raising their error); `wait` blocks for them."""
@@ -117,9 +170,10 @@ def _save_optimizer(
         if writer is None:
             dcp.save(state, checkpoint_id=str(out))
             return
-        # stages a CPU copy now (blocking), writes in DCP's own thread on the writer's group
-        res = dcp.async_save(state, checkpoint_id=str(out), process_group=writer.group)
-        writer.pending.append(getattr(res, "upload_completion", res))
+        # host copies queued now; DCP writes them in the writer's thread on the writer's group
+        staged = writer._stage(state, "optim")
+        save = partial(dcp.save, checkpoint_id=str(out), process_group=writer.group)
+        writer.write(True, save, staged)
         return
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     full = get_optimizer_state_dict(model, opt, options=opts)  # CPU copies on rank 0

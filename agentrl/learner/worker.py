@@ -12,11 +12,14 @@ KL), `critic` (token-classification head with one output: values; trains with a 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import math
 import os
+import shutil
 import socket
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -123,6 +126,7 @@ class LearnerWorker:
             "checkpointing": self.cfg.use_checkpointing(self.device_type)
             and self.role != "reference",
             "setup_s": time.perf_counter() - t0,
+            "nice": os.nice(0),
         }
 
     def ping(self) -> int:
@@ -185,7 +189,7 @@ class LearnerWorker:
         self.model.train()
         t0 = time.perf_counter()
         per_mb, loss_sum, tokens, batch_tokens = [], 0.0, 0, 0
-        with self._peak("update"):
+        with self._peak("update"), self._profiled(self.steps_done + 1):
             for mb in micro_batches:
                 loss, metrics = self._loss(mb.to(self.device), loss_fn, loss_cfg, temperature)
                 loss.backward()
@@ -197,6 +201,8 @@ class LearnerWorker:
             ok = fsdp.all_ranks_finite(loss_sum, self.device) and math.isfinite(grad_norm)
             lr = self.sched.get_last_lr()[0]
             if ok:
+                if self._ckpt is not None:  # a background save's copies read these in place
+                    self._ckpt.guard()
                 self.opt.step()
                 self.sched.step()
                 self.steps_done += 1
@@ -217,6 +223,33 @@ class LearnerWorker:
                 "step_s": time.perf_counter() - t0,
             },
         }
+
+    @contextlib.contextmanager
+    def _profiled(self, step: int) -> Iterator[None]:
+        """torch.profiler over the update of step `learner.profile_step` (else nothing): writes
+        the ops by device time and a trace to learner.profile_dir."""
+        if step != self.cfg.profile_step:
+            yield
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU]
+        if self.device_type == "cuda":
+            acts.append(ProfilerActivity.CUDA)
+        with profile(activities=acts) as prof:
+            yield
+            if self.device_type == "cuda":
+                torch.cuda.synchronize()
+        out = Path(self.cfg.profile_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        key = "cuda_time_total" if self.device_type == "cuda" else "cpu_time_total"
+        table = prof.key_averages().table(sort_by=key, row_limit=40)
+        (out / f"update_rank{self.rank}.txt").write_text(table)
+        trace = out / f"update_rank{self.rank}.json"
+        prof.export_chrome_trace(str(trace))
+        with open(trace, "rb") as src, gzip.open(f"{trace}.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        trace.unlink()
 
     def _loss(self, mb: Any, loss_fn: Any, loss_cfg: Any, temperature: float) -> tuple[Any, dict]:
         """This micro-batch's loss share and metrics. A padding micro-batch (a rank with no data
@@ -359,6 +392,8 @@ class LearnerWorker:
     def load_checkpoint(self, path: str, optimizer: bool = True) -> None:
         """Collective: inverse of save_checkpoint (the world size may differ for `sharded`)."""
         root = Path(path)
+        if self._ckpt is not None:
+            self._ckpt.guard()
         lora_model = lora.is_lora(self.model)  # merged weights cannot be split: the adapters
         fsdp.load_full_state(self.model, root / ("adapter" if lora_model else "model"))
         if optimizer and self.opt is not None and (root / "optim").exists():

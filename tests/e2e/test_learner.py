@@ -187,6 +187,13 @@ def test_ray_and_learner_listen_on_loopback_only(groups) -> None:
     assert not exposed, f"listening beyond loopback: {exposed}"
 
 
+def test_learner_ranks_are_not_niced(groups) -> None:
+    """Ray starts workers at nice 15 unless told otherwise; a niced rank loses every core it
+    shares with the dev server and the sandbox (the async loop's update took twice as long)."""
+    for group in groups:
+        assert [i["nice"] for i in group.info] == [0] * group.world_size
+
+
 def test_ray_start_failure_is_one_clear_line(tmp_path: Path, monkeypatch) -> None:
     import ray
 

@@ -80,6 +80,38 @@ def test_offload_frees_gpu_and_onload_restores(ray_on, model_dir) -> None:
     assert m["policy/skipped"] == 0
 
 
+def test_background_save_copies_behind_the_next_step(ray_on, model_dir, tmp_path) -> None:
+    """trainer.async_save on a GPU: the save returns once its copies to pinned host memory are
+    queued on a side stream; the next step trains at once (its optimizer step waits for the
+    copies on the GPU), and what was written is the state at the save, optimizer included."""
+    import time
+
+    ray_on("0")
+    cfg = LearnerConfig(model_path=str(model_dir), device="cuda", lr=1e-3, eps=1e-3)
+    group = LearnerGroup(cfg)
+    a, b = micro_batches(make_batch(), 1, 400), micro_batches(make_batch(seed=1), 1, 400)
+    try:
+        group.train_step(a, "ppo_clip", PPO)  # optimizer state exists now
+        blocked = []
+        for i in range(3):  # the first save allocates the host buffers; later ones reuse them
+            at_save = group.full_state()
+            t0 = time.perf_counter()
+            group.save_checkpoint(str(tmp_path / f"bg{i}"), background=True)
+            blocked.append(time.perf_counter() - t0)
+            group.train_step(b, "ppo_clip", PPO)
+            moved = group.full_state()
+            assert group.finish_checkpoint(wait=True)
+        group.load_checkpoint(str(tmp_path / "bg2"))
+        assert all(torch.equal(at_save[k], v) for k, v in group.full_state().items())
+        group.train_step(b, "ppo_clip", PPO)  # the optimizer state was the one at the save too
+        again = group.full_state()
+    finally:
+        group.shutdown()
+    print("blocking part of each save (s):", ", ".join(f"{x:.3f}" for x in blocked))
+    assert max(abs(moved[k] - at_save[k]).max().item() for k in moved) > 0
+    assert all(torch.equal(moved[k], again[k]) for k in moved)
+
+
 @pytest.fixture(scope="module")
 def sglang_url(model_dir, tmp_path_factory):
     if torch.cuda.device_count() < 2:
