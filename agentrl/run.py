@@ -76,6 +76,7 @@ class Run:
     resumed: TrainerState | None = None  # the checkpoint this run continues, if any
     tracker: Tracker | None = None
     progress: ProgressLine | None = None
+    buffers_ready: bool = False  # prepare_checkpoints ran
 
     def learner_groups(self) -> list[LearnerGroup]:
         return [g for g in (self.policy, self.reference, self.critic) if g is not None]
@@ -246,6 +247,18 @@ def _resume(
     sampler.load_state_dict(state.data_cursor)
     restore_rng(state.rng)
     return state
+
+
+def prepare_checkpoints(run: Run) -> None:
+    """trainer.async_save on GPUs: the learners allocate their pinned host buffers for the
+    checkpoints behind the next steps, so the first save does not stop training for it. Once,
+    after the first update (the optimizer state exists then)."""
+    if run.buffers_ready or not run.cfg.trainer.async_save or run.policy is None:
+        return
+    run.buffers_ready = True
+    for group in (run.policy, run.critic):
+        if group is not None:
+            group.prepare_checkpoint()
 
 
 def save_checkpoint(

@@ -72,6 +72,7 @@ from agentrl.run import (
     Run,
     finish_checkpoint,
     open_run,
+    prepare_checkpoints,
     resume_point,
     save_checkpoint,
 )
@@ -202,6 +203,7 @@ class Trainer:
         if self.producer is not None:
             self.producer.advance(self.step_idx)
         with t("checkpoint"):  # what blocks: async_save writes the files behind later steps
+            prepare_checkpoints(self.parts)
             self._commit_saved(wait=False)
             if self.ckpt.should_save(self.step_idx, cfg.trainer.steps):
                 self._save()

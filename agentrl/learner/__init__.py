@@ -62,6 +62,11 @@ class LearnerConfig(BaseModel):
         "auto", description="auto: bf16 compute + fp32 master weights on GPU, fp32 on CPU"
     )
     activation_checkpointing: Literal["auto", "on", "off"] = Field("auto", description="auto: GPU")
+    fused_kernels: Literal["auto", "liger", "off"] = Field(
+        "auto",
+        description="liger: liger-kernel's fused RMSNorm, RoPE and SwiGLU in the learner's model "
+        "(CUDA; pip install 'agentrl[gpu]'); auto: liger when on CUDA and installed",
+    )
     offload: Literal["auto", "all", "optimizer", "none"] = Field(
         "auto",
         description="colocated mode: what moves to CPU while the engine samples. all: parameters "

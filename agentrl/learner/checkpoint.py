@@ -50,6 +50,7 @@ class CheckpointWriter:
         cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if cuda else None
         self.copied: torch.cuda.Event | None = None  # the last save's copies, recorded on stream
+        self.reserving: Future | None = None  # reserve()'s allocation
 
     def save(
         self,
@@ -64,6 +65,9 @@ class CheckpointWriter:
     ) -> None:
         """Collective. Waits for the previous checkpoint's writes first."""
         self.finish(wait=True)
+        if self.reserving is not None:
+            self.reserving.result()
+            self.reserving = None
         root = Path(path)
         if lora.is_lora(model):  # the adapters too: resume needs them (merged weights are final)
             adapters = {n: fsdp.full_param(p).cpu().clone() for n, p in lora.adapter_params(model)}
@@ -92,6 +96,39 @@ class CheckpointWriter:
         if self.stream is not None:
             self.copied = self.stream.record_event()
         dist.barrier()
+
+    def reserve(self, model: torch.nn.Module, opt: torch.optim.Optimizer | None, buckets) -> None:
+        """Allocate the pinned host buffers of the next background save in a thread now (after
+        the first step, while training goes on): pinning 18 GB of host memory took most of the
+        first save's 15.6 s at 1.5B. `save` joins the thread first."""
+        if self.stream is None:
+            return
+        shapes: dict[Any, tuple[tuple[int, ...], torch.dtype]] = {}
+        if self.rank == 0:
+            for i, bucket in enumerate(buckets):
+                for spec in bucket:
+                    shapes[(("w", i), spec.name)] = (tuple(spec.shape), fsdp.to_dtype(spec.dtype))
+        if opt is not None:
+            self._shapes(get_optimizer_state_dict(model, opt), "optim", shapes)
+
+        def alloc() -> None:
+            for key, (shape, dtype) in shapes.items():
+                buf = self.host.get(key)
+                if buf is None or tuple(buf.shape) != shape or buf.dtype != dtype:
+                    self.host[key] = torch.empty(shape, dtype=dtype, pin_memory=True)
+
+        self.reserving = self.pool.submit(alloc)
+
+    def _shapes(self, tree: dict[Any, Any], key: Any, out: dict[Any, Any]) -> None:
+        """The host buffers `_stage(tree, key)` will use, by key (a dry run of it)."""
+        for name, t in tree.items():
+            if isinstance(t, dict):
+                self._shapes(t, (key, name), out)
+            elif isinstance(t, DTensor):
+                local = t.to_local()
+                out[(key, name)] = (tuple(local.shape), local.dtype)
+            elif isinstance(t, torch.Tensor) and t.is_cuda:
+                out[(key, name)] = (tuple(t.shape), t.dtype)
 
     def guard(self) -> None:
         """Before anything changes the weights or the optimizer state in place (the next step):

@@ -209,6 +209,12 @@ class LearnerGroup:
             self.shutdown()
             raise
         self._specs: dict[str | None, list[ParamSpec]] = {}
+        first = self.info[0]
+        log.info(
+            "%s learner: %d rank(s) on %s, bf16 %s, activation checkpointing %s, fused kernels %s",
+            role, self.world_size, first["device"], first["bf16"], first["checkpointing"],
+            first["fused_kernels"],
+        )  # fmt: skip
         niced = sorted({i["nice"] for i in self.info if i.get("nice", 0) > 0})
         if niced:
             log.warning(
@@ -316,6 +322,11 @@ class LearnerGroup:
         while training goes on, done when `finish_checkpoint` says so."""
         buckets = self.buckets(bucket_mb)
         self.call("save_checkpoint", str(path), buckets, optimizer, fmt, background)
+
+    def prepare_checkpoint(self, bucket_mb: float = 512) -> None:
+        """Before the first background save: its pinned host buffers are allocated behind the
+        next steps instead of in the save (GPU; a no-op on CPU)."""
+        self.call("prepare_checkpoint", self.buckets(bucket_mb))
 
     def finish_checkpoint(self, wait: bool = True) -> bool:
         """True when every rank has written its part of the last checkpoint."""

@@ -103,6 +103,7 @@ class LearnerWorker:
         )
         torch.manual_seed(self.cfg.seed)
         model = fsdp.load_model(self.cfg.model_path, self.role)
+        kernels = fsdp.fuse_kernels(model, self.cfg.fused_kernels, self.device_type)
         if self.cfg.lora.rank and self.role == "policy":
             model = lora.add_lora(model, self.cfg.lora)
         self.model = fsdp.shard_model(
@@ -125,6 +126,7 @@ class LearnerWorker:
             "bf16": self.cfg.use_bf16(self.device_type),
             "checkpointing": self.cfg.use_checkpointing(self.device_type)
             and self.role != "reference",
+            "fused_kernels": kernels,
             "setup_s": time.perf_counter() - t0,
             "nice": os.nice(0),
         }
@@ -385,6 +387,13 @@ class LearnerWorker:
         opt = self.opt if optimizer else None
         args = (self.model, opt, self.sched, path, buckets, self.cfg.model_path, fmt, background)
         self._ckpt.save(*args)
+
+    def prepare_checkpoint(self, buckets: list[list[ParamSpec]]) -> None:
+        """Collective (the writer's group): allocate the next background save's host buffers
+        in a thread (GPU)."""
+        if self._ckpt is None:
+            self._ckpt = CheckpointWriter(self.rank, self.device)
+        self._ckpt.reserve(self.model, self.opt, buckets)
 
     def finish_checkpoint(self, wait: bool) -> bool:
         return self._ckpt is None or self._ckpt.finish(wait)

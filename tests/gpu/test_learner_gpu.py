@@ -92,8 +92,9 @@ def test_background_save_copies_behind_the_next_step(ray_on, model_dir, tmp_path
     a, b = micro_batches(make_batch(), 1, 400), micro_batches(make_batch(seed=1), 1, 400)
     try:
         group.train_step(a, "ppo_clip", PPO)  # optimizer state exists now
+        group.prepare_checkpoint()  # the host buffers, allocated in a thread (the trainer's way)
         blocked = []
-        for i in range(3):  # the first save allocates the host buffers; later ones reuse them
+        for i in range(3):
             at_save = group.full_state()
             t0 = time.perf_counter()
             group.save_checkpoint(str(tmp_path / f"bg{i}"), background=True)
@@ -107,9 +108,13 @@ def test_background_save_copies_behind_the_next_step(ray_on, model_dir, tmp_path
         again = group.full_state()
     finally:
         group.shutdown()
+    # a GPU step is not bit-exact (atomics in the backward): the step from the reloaded state
+    # must land where the step from the live state did, within noise far below the step itself
+    step = max((moved[k] - at_save[k]).abs().max().item() for k in moved)
+    off = max((moved[k] - again[k]).abs().max().item() for k in moved)
     print("blocking part of each save (s):", ", ".join(f"{x:.3f}" for x in blocked))
-    assert max(abs(moved[k] - at_save[k]).max().item() for k in moved) > 0
-    assert all(torch.equal(moved[k], again[k]) for k in moved)
+    print(f"largest weight change of the step {step:.2e}; reloaded step vs live step {off:.2e}")
+    assert step > 0 and off < 0.05 * step
 
 
 @pytest.fixture(scope="module")
