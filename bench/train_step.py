@@ -161,8 +161,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="agentrl-step-") as d:
         tmp = Path(d)
         model = build(args.shape, tmp)
-        more = ["learner.profile_step=2", f"learner.profile_dir={Path(args.profile).resolve()}"]
-        cfg = compose(overrides(args, model, tmp) + (more if args.profile else []))
+        more = []
+        if args.profile:
+            more = ["learner.profile_step=2", f"learner.profile_dir={Path(args.profile).resolve()}"]
+        cfg = compose(overrides(args, model, tmp) + more)
         t0 = time.perf_counter()
         history = asyncio.run(train(cfg, tmp / "out"))
         wall = time.perf_counter() - t0
