@@ -251,8 +251,8 @@ def _resume(
 
 def prepare_checkpoints(run: Run) -> None:
     """trainer.async_save on GPUs: the learners allocate their pinned host buffers for the
-    checkpoints behind the next steps, so the first save does not stop training for it. Once,
-    after the first update (the optimizer state exists then)."""
+    checkpoints in a thread while the first rollout runs, so the first save does not stop
+    training for it. Once."""
     if run.buffers_ready or not run.cfg.trainer.async_save or run.policy is None:
         return
     run.buffers_ready = True

@@ -203,7 +203,6 @@ class Trainer:
         if self.producer is not None:
             self.producer.advance(self.step_idx)
         with t("checkpoint"):  # what blocks: async_save writes the files behind later steps
-            prepare_checkpoints(self.parts)
             self._commit_saved(wait=False)
             if self.ckpt.should_save(self.step_idx, cfg.trainer.steps):
                 self._save()
@@ -444,6 +443,7 @@ class Trainer:
 
     async def run(self) -> list[dict[str, float]]:
         try:
+            prepare_checkpoints(self.parts)  # pinned buffers, allocated behind the first rollout
             await self._loop()
             self._commit_saved(wait=True)
         finally:

@@ -51,6 +51,7 @@ class CheckpointWriter:
         self.stream = torch.cuda.Stream(device) if cuda else None
         self.copied: torch.cuda.Event | None = None  # the last save's copies, recorded on stream
         self.reserving: Future | None = None  # reserve()'s allocation
+        self.pinned_in_save = 0
 
     def save(
         self,
@@ -62,9 +63,11 @@ class CheckpointWriter:
         model_src: str,
         fmt: str,
         background: bool,
-    ) -> None:
-        """Collective. Waits for the previous checkpoint's writes first."""
+    ) -> int:
+        """Collective. Waits for the previous checkpoint's writes first. Returns how many host
+        buffers it had to pin itself (0 once `reserve` made them)."""
         self.finish(wait=True)
+        self.pinned_in_save = 0
         if self.reserving is not None:
             self.reserving.result()
             self.reserving = None
@@ -78,7 +81,7 @@ class CheckpointWriter:
             if opt is not None:
                 _save_optimizer(model, opt, sched, root / "optim", fmt, self.rank, None)
             dist.barrier()
-            return
+            return 0
         if self.stream is not None:  # the copies read what the update wrote
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
         staged, events = [], []
@@ -96,11 +99,12 @@ class CheckpointWriter:
         if self.stream is not None:
             self.copied = self.stream.record_event()
         dist.barrier()
+        return self.pinned_in_save
 
     def reserve(self, model: torch.nn.Module, opt: torch.optim.Optimizer | None, buckets) -> None:
-        """Allocate the pinned host buffers of the next background save in a thread now (after
-        the first step, while training goes on): pinning 18 GB of host memory took most of the
-        first save's 15.6 s at 1.5B. `save` joins the thread first."""
+        """Allocate the pinned host buffers of the next background save in a thread now (at
+        start-up, while the first rollout runs): pinning the 18 GB of a 1.5B model's weights
+        and moments took 15.6 s in its first save. `save` joins the thread first."""
         if self.stream is None:
             return
         shapes: dict[Any, tuple[tuple[int, ...], torch.dtype]] = {}
@@ -108,8 +112,15 @@ class CheckpointWriter:
             for i, bucket in enumerate(buckets):
                 for spec in bucket:
                     shapes[(("w", i), spec.name)] = (tuple(spec.shape), fsdp.to_dtype(spec.dtype))
-        if opt is not None:
+        if opt is not None and opt.state:
             self._shapes(get_optimizer_state_dict(model, opt), "optim", shapes)
+        elif opt is not None:  # before the first step: AdamW's moments, shaped like the shards
+            for name, p in model.named_parameters():
+                if p.requires_grad:
+                    local = p.to_local() if isinstance(p, DTensor) else p
+                    for moment in ("exp_avg", "exp_avg_sq"):
+                        key = ((("optim", "state"), name), moment)
+                        shapes[key] = (tuple(local.shape), local.dtype)
 
         def alloc() -> None:
             for key, (shape, dtype) in shapes.items():
@@ -176,6 +187,7 @@ class CheckpointWriter:
         buf = self.host.get(key)
         if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
             buf = self.host[key] = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+            self.pinned_in_save += t.is_cuda
         if t.is_cuda and self.stream is not None:
             with torch.cuda.stream(self.stream):
                 buf.copy_(t, non_blocking=True)

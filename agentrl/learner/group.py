@@ -316,12 +316,12 @@ class LearnerGroup:
         fmt: str = "sharded",
         bucket_mb: float = 512,
         background: bool = False,
-    ) -> None:
+    ) -> int:
         """`path/model` (a transformers dir, fp32 master weights) and `path/optim`. With
         `background`, returns once the state is copied to CPU memory; the files are written
         while training goes on, done when `finish_checkpoint` says so."""
         buckets = self.buckets(bucket_mb)
-        self.call("save_checkpoint", str(path), buckets, optimizer, fmt, background)
+        return max(self.call("save_checkpoint", str(path), buckets, optimizer, fmt, background))
 
     def prepare_checkpoint(self, bucket_mb: float = 512) -> None:
         """Before the first background save: its pinned host buffers are allocated behind the

@@ -379,14 +379,15 @@ class LearnerWorker:
         optimizer: bool,
         fmt: str,
         background: bool = False,
-    ) -> None:
+    ) -> int:
         """Collective: `path/model` (transformers dir) and `path/optim` (optimizer, schedule);
-        with `background`, written behind the next steps (finish_checkpoint says when done)."""
+        with `background`, written behind the next steps (finish_checkpoint says when done).
+        Returns the host buffers the save had to pin (CheckpointWriter.save)."""
         if self._ckpt is None:
             self._ckpt = CheckpointWriter(self.rank, self.device)
         opt = self.opt if optimizer else None
         args = (self.model, opt, self.sched, path, buckets, self.cfg.model_path, fmt, background)
-        self._ckpt.save(*args)
+        return self._ckpt.save(*args)
 
     def prepare_checkpoint(self, buckets: list[list[ParamSpec]]) -> None:
         """Collective (the writer's group): allocate the next background save's host buffers

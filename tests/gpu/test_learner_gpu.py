@@ -91,14 +91,15 @@ def test_background_save_copies_behind_the_next_step(ray_on, model_dir, tmp_path
     group = LearnerGroup(cfg)
     a, b = micro_batches(make_batch(), 1, 400), micro_batches(make_batch(seed=1), 1, 400)
     try:
-        group.train_step(a, "ppo_clip", PPO)  # optimizer state exists now
         group.prepare_checkpoint()  # the host buffers, allocated in a thread (the trainer's way)
+        group.train_step(a, "ppo_clip", PPO)  # optimizer state exists now
         blocked = []
         for i in range(3):
             at_save = group.full_state()
             t0 = time.perf_counter()
-            group.save_checkpoint(str(tmp_path / f"bg{i}"), background=True)
+            pinned_here = group.save_checkpoint(str(tmp_path / f"bg{i}"), background=True)
             blocked.append(time.perf_counter() - t0)
+            assert pinned_here == 0  # prepare_checkpoint made every buffer the save copies into
             group.train_step(b, "ppo_clip", PPO)
             moved = group.full_state()
             assert group.finish_checkpoint(wait=True)
