@@ -220,7 +220,7 @@ def _save_optimizer(
             dcp.save(state, checkpoint_id=str(out))
             return
         # host copies queued now; DCP writes them in the writer's thread on the writer's group
-        staged = writer._stage(state, "optim")
+        staged = {"optim": writer._stage(state["optim"], "optim")}  # the keys reserve() made
         save = partial(dcp.save, checkpoint_id=str(out), process_group=writer.group)
         writer.write(True, save, staged)
         return
