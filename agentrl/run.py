@@ -41,7 +41,7 @@ from agentrl.display import ProgressLine
 from agentrl.engine import EngineClient
 from agentrl.env import Env
 from agentrl.learner import LearnerConfig
-from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
+from agentrl.learner.group import LearnerGroup, ray_running, start_ray, stop_ray
 from agentrl.learner.memory import choose_offload, engine_fraction
 from agentrl.rollout import Rollout
 from agentrl.servers import Fleet, launch_fleet, launch_router
@@ -104,8 +104,9 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
         if train:
             ckpt = CheckpointManager(cfg.trainer.checkpoint_config(cfg.run_name))
             resume = resume_point(cfg, ckpt)  # before anything starts: a wrong one is an error
-            start_ray(cfg.ray)
-            stack.callback(_quietly, "Ray", stop_ray)
+            if not ray_running():  # a Ray the caller runs (a script, a test session)
+                start_ray(cfg.ray)  # is theirs to stop; one this run starts, it stops
+                stack.callback(_quietly, "Ray", stop_ray)
             groups = _learner_groups(cfg, str(model_path), stack, out)
             if resume is not None:
                 resumed = _resume(cfg, resume, groups, sampler)

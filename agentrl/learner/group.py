@@ -166,6 +166,11 @@ def _descendants(root: int) -> set[int]:
     return seen
 
 
+def ray_running() -> bool:
+    """This process is connected to a Ray (one it started, or the caller's)."""
+    return ray.is_initialized()
+
+
 def stop_ray() -> None:
 
     if ray.is_initialized():

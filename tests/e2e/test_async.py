@@ -11,6 +11,8 @@ import pytest
 from agentrl.config import compose
 from agentrl.train import train
 
+pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's runs (conftest)
+
 STEPS = 14
 
 

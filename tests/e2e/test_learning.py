@@ -15,6 +15,8 @@ from transformers import AutoModelForCausalLM
 from agentrl.config import compose
 from agentrl.train import train
 
+pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's runs (conftest)
+
 STEPS = 14
 
 

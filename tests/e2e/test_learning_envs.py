@@ -19,6 +19,8 @@ import pytest
 from agentrl.config import compose
 from agentrl.train import train
 
+pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's runs (conftest)
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 # AddEnv's reward swings between steps (0.48 0.89 0.61 0.63 0.39 0.72 0.30 0.72 in one run), so
 # it gets the steps to settle; units rises by step 4 (0.20 0.03 0.59 0.75 0.77 0.78 0.69 0.56)

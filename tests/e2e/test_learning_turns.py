@@ -6,8 +6,12 @@ of the same task; the advantages stay bounded (the old episode-baseline bug gave
 import asyncio
 from statistics import fmean
 
+import pytest
+
 from agentrl.config import compose
 from agentrl.train import train
+
+pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's runs (conftest)
 
 STEPS = 12
 

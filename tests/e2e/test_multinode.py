@@ -29,6 +29,7 @@ NODE = {"node_ip_address": "127.0.0.1", "num_cpus": 2, "object_store_memory": 80
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     """A head node and a second node with resource {node2: 10}, both bound to 127.0.0.1."""
+    stop_ray()  # not the tests' shared local Ray (conftest): this module runs a cluster
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         mp.setenv("RAY_USAGE_STATS_ENABLED", "0")

@@ -17,9 +17,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agentrl.config import compose
+from agentrl.learner.group import stop_ray
 from agentrl.run import open_run
 from agentrl.train import Trainer, TrainingError, train
 from envs.code_exec import CodeExecEnv
+
+pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's runs (conftest)
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["trainer.tasks_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=48",
@@ -219,6 +222,7 @@ def test_a_user_estimator_and_loss_train_from_their_own_module(tmp_path, monkeyp
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
     monkeypatch.setenv("USER_LOSS_MARKER", str(tmp_path / "loss_ran"))
+    stop_ray()  # Ray workers inherit the environment of the Ray that starts them: a fresh one
     cfg = compose(overrides(tmp_path, "trainer.steps=1", "algo.advantage.name=my_algo:mean_baseline",
                             "algo.loss.name=my_algo:reinforce"))  # fmt: skip
     history = asyncio.run(train(cfg, tmp_path / "out"))

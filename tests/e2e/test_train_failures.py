@@ -14,6 +14,8 @@ from agentrl.train import TrainingError, train
 from envs.code_exec import CodeExecEnv
 from sandbox.base import SandboxUnavailable
 
+pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's runs (conftest)
+
 SMALL = ["trainer.tasks_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=48",
          "rollout.max_turns=2", "ray.num_cpus=2", "logging=local"]  # fmt: skip
 

@@ -15,6 +15,8 @@ from agentrl.tracking import Tracker, offline_history, wandb_records
 from agentrl.train import train
 from agentrl.trajectory_view import TURN_COLUMNS, load_jsonl
 
+pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's runs (conftest)
+
 SMALL = ["trainer.tasks_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=48",
          "rollout.max_turns=2", "ray.num_cpus=2", "+env.args.format_reward=0.5",
          "trainer.steps=1", "trainer.every=1", "logging.wandb.enabled=true"]  # fmt: skip

@@ -87,6 +87,7 @@ def policy(tiny_model_dir, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(plugin))  # the driver, and (through PYTHONPATH) the Ray workers
         mp.setenv("PYTHONPATH", os.pathsep.join([str(plugin), os.environ.get("PYTHONPATH", "")]))
+        stop_ray()  # the workers need this PYTHONPATH: a Ray of its own, not the shared one
         start_ray(RayConfig(num_cpus=2, object_store_mb=100))
         group = LearnerGroup(LearnerConfig(model_path=str(tiny_model_dir), num_workers=2, lr=1e-2))
         yield group
