@@ -17,7 +17,10 @@ from agentrl.train import train
 
 pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's runs (conftest)
 
-STEPS = 14
+STEPS = 10  # the quick start: 0.24 -> 0.64 by step 10 (14 steps: 0.77); the bar is +0.25
+# per preset and for LoRA (whose adapters learn slower: +0.25 only by step 13-14)
+PRESET_STEPS = {"ppo": 14, "gspo": 10}
+LORA_STEPS = 14
 
 
 def test_tiny_model_learns_code_exec(tmp_path):
@@ -55,7 +58,8 @@ PRESETS = {
 
 @pytest.mark.parametrize("algo", sorted(PRESETS))
 def test_tiny_model_learns_code_exec_with(algo, tmp_path):
-    cfg = compose([f"trainer.steps={STEPS}", f"trainer.every={STEPS}",
+    steps = PRESET_STEPS[algo]
+    cfg = compose([f"trainer.steps={steps}", f"trainer.every={steps}",
                    f"trainer.dir={tmp_path}/ckpt", "logging=local", *PRESETS[algo]])  # fmt: skip
     history = asyncio.run(train(cfg, tmp_path / "out"))
     rewards = [round(h["reward/mean"], 3) for h in history]
@@ -80,7 +84,7 @@ def test_tiny_model_learns_code_exec_with_lora(tmp_path):
     served), and every weight the adapters do not touch is the base's, bit for bit."""
     from peft import PeftModel
 
-    cfg = compose([f"trainer.steps={STEPS}", f"trainer.every={STEPS}",
+    cfg = compose([f"trainer.steps={LORA_STEPS}", f"trainer.every={LORA_STEPS}",
                    f"trainer.dir={tmp_path}/ckpt", "logging=local", "learner.lora.rank=8",
                    "learner.lr=5e-3"])  # fmt: skip
     history = asyncio.run(train(cfg, tmp_path / "out"))
