@@ -51,7 +51,7 @@ class CheckpointWriter:
         self.stream = torch.cuda.Stream(device) if cuda else None
         self.copied: torch.cuda.Event | None = None  # the last save's copies, recorded on stream
         self.reserving: Future | None = None  # reserve()'s allocation
-        self.pinned_in_save = 0
+        self.fresh_in_save = 0
 
     def save(
         self,
@@ -65,9 +65,9 @@ class CheckpointWriter:
         background: bool,
     ) -> int:
         """Collective. Waits for the previous checkpoint's writes first. Returns how many host
-        buffers it had to pin itself (0 once `reserve` made them)."""
+        buffers it had to allocate itself (0 once `reserve` made them)."""
         self.finish(wait=True)
-        self.pinned_in_save = 0
+        self.fresh_in_save = 0
         if self.reserving is not None:
             self.reserving.result()
             self.reserving = None
@@ -99,14 +99,14 @@ class CheckpointWriter:
         if self.stream is not None:
             self.copied = self.stream.record_event()
         dist.barrier()
-        return self.pinned_in_save
+        return self.fresh_in_save
 
     def reserve(self, model: torch.nn.Module, opt: torch.optim.Optimizer | None, buckets) -> None:
         """Allocate the pinned host buffers of the next background save in a thread now (at
         start-up, while the first rollout runs): pinning the 18 GB of a 1.5B model's weights
-        and moments took 15.6 s in its first save. `save` joins the thread first."""
-        if self.stream is None:
-            return
+        and moments took 15.6 s in its first save. `save` joins the thread first. (On CPU the
+        buffers are plain memory, reserved the same way.)"""
+        pin = self.stream is not None
         shapes: dict[Any, tuple[tuple[int, ...], torch.dtype]] = {}
         if self.rank == 0:
             for i, bucket in enumerate(buckets):
@@ -121,12 +121,13 @@ class CheckpointWriter:
                     for moment in ("exp_avg", "exp_avg_sq"):
                         key = ((("optim", "state"), name), moment)
                         shapes[key] = (tuple(local.shape), local.dtype)
+                    shapes[((("optim", "state"), name), "step")] = ((), torch.float32)
 
         def alloc() -> None:
             for key, (shape, dtype) in shapes.items():
                 buf = self.host.get(key)
                 if buf is None or tuple(buf.shape) != shape or buf.dtype != dtype:
-                    self.host[key] = torch.empty(shape, dtype=dtype, pin_memory=True)
+                    self.host[key] = torch.empty(shape, dtype=dtype, pin_memory=pin)
 
         self.reserving = self.pool.submit(alloc)
 
@@ -138,7 +139,7 @@ class CheckpointWriter:
             elif isinstance(t, DTensor):
                 local = t.to_local()
                 out[(key, name)] = (tuple(local.shape), local.dtype)
-            elif isinstance(t, torch.Tensor) and t.is_cuda:
+            elif isinstance(t, torch.Tensor):
                 out[(key, name)] = (tuple(t.shape), t.dtype)
 
     def guard(self) -> None:
@@ -187,7 +188,7 @@ class CheckpointWriter:
         buf = self.host.get(key)
         if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
             buf = self.host[key] = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
-            self.pinned_in_save += t.is_cuda
+            self.fresh_in_save += 1
         if t.is_cuda and self.stream is not None:
             with torch.cuda.stream(self.stream):
                 buf.copy_(t, non_blocking=True)

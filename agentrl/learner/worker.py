@@ -382,7 +382,7 @@ class LearnerWorker:
     ) -> int:
         """Collective: `path/model` (transformers dir) and `path/optim` (optimizer, schedule);
         with `background`, written behind the next steps (finish_checkpoint says when done).
-        Returns the host buffers the save had to pin (CheckpointWriter.save)."""
+        Returns the host buffers the save had to allocate (CheckpointWriter.save)."""
         if self._ckpt is None:
             self._ckpt = CheckpointWriter(self.rank, self.device)
         opt = self.opt if optimizer else None

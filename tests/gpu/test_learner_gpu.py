@@ -97,9 +97,9 @@ def test_background_save_copies_behind_the_next_step(ray_on, model_dir, tmp_path
         for i in range(3):
             at_save = group.full_state()
             t0 = time.perf_counter()
-            pinned_here = group.save_checkpoint(str(tmp_path / f"bg{i}"), background=True)
+            fresh = group.save_checkpoint(str(tmp_path / f"bg{i}"), background=True)
             blocked.append(time.perf_counter() - t0)
-            assert pinned_here == 0  # prepare_checkpoint made every buffer the save copies into
+            assert fresh == 0  # prepare_checkpoint made every buffer the save copies into
             group.train_step(b, "ppo_clip", PPO)
             moved = group.full_state()
             assert group.finish_checkpoint(wait=True)
