@@ -76,7 +76,6 @@ class Run:
     resumed: TrainerState | None = None  # the checkpoint this run continues, if any
     tracker: Tracker | None = None
     progress: ProgressLine | None = None
-    buffers_ready: bool = False  # prepare_checkpoints ran
 
     def learner_groups(self) -> list[LearnerGroup]:
         return [g for g in (self.policy, self.reference, self.critic) if g is not None]
@@ -251,12 +250,11 @@ def _resume(
 
 
 def prepare_checkpoints(run: Run) -> None:
-    """trainer.async_save on GPUs: the learners allocate their pinned host buffers for the
-    checkpoints in a thread while the first rollout runs, so the first save does not stop
-    training for it. Once."""
-    if run.buffers_ready or not run.cfg.trainer.async_save or run.policy is None:
+    """trainer.async_save: the learners allocate their host buffers for the checkpoints
+    (pinned on GPUs) in a thread while the first rollout runs, so the first save does not stop
+    training for it."""
+    if not run.cfg.trainer.async_save or run.policy is None:
         return
-    run.buffers_ready = True
     for group in (run.policy, run.critic):
         if group is not None:
             group.prepare_checkpoint()

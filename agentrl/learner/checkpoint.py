@@ -112,10 +112,8 @@ class CheckpointWriter:
             for i, bucket in enumerate(buckets):
                 for spec in bucket:
                     shapes[(("w", i), spec.name)] = (tuple(spec.shape), fsdp.to_dtype(spec.dtype))
-        if opt is not None and opt.state:
-            self._shapes(get_optimizer_state_dict(model, opt), "optim", shapes)
-        elif opt is not None:  # before the first step: AdamW's moments, shaped like the shards
-            for name, p in model.named_parameters():
+        if opt is not None:  # AdamW's moments and step, shaped like the shards (also before
+            for name, p in model.named_parameters():  # the first step, when it has no state)
                 if p.requires_grad:
                     local = p.to_local() if isinstance(p, DTensor) else p
                     for moment in ("exp_avg", "exp_avg_sq"):
@@ -130,17 +128,6 @@ class CheckpointWriter:
                     self.host[key] = torch.empty(shape, dtype=dtype, pin_memory=pin)
 
         self.reserving = self.pool.submit(alloc)
-
-    def _shapes(self, tree: dict[Any, Any], key: Any, out: dict[Any, Any]) -> None:
-        """The host buffers `_stage(tree, key)` will use, by key (a dry run of it)."""
-        for name, t in tree.items():
-            if isinstance(t, dict):
-                self._shapes(t, (key, name), out)
-            elif isinstance(t, DTensor):
-                local = t.to_local()
-                out[(key, name)] = (tuple(local.shape), local.dtype)
-            elif isinstance(t, torch.Tensor):
-                out[(key, name)] = (tuple(t.shape), t.dtype)
 
     def guard(self) -> None:
         """Before anything changes the weights or the optimizer state in place (the next step):

@@ -92,24 +92,24 @@ def fuse_kernels(model: nn.Module, mode: str, device_type: str) -> str:
     """learner.fused_kernels: liger-kernel's Triton RMSNorm, rotary embedding and SwiGLU in place
     of the model's own (far fewer kernels per block: the learner's update is launch-bound on
     GPUs); `auto` uses them on CUDA when liger-kernel is installed. Returns what was applied."""
-    if mode == "off" or device_type != "cuda":
+
+    def unavailable(why: str) -> str:  # `liger` asked for them: an error; `auto`: without
         if mode == "liger":
-            raise ValueError("learner.fused_kernels=liger needs CUDA; use auto or off on CPU")
+            raise ValueError(f"learner.fused_kernels=liger {why}")
         return "off"
+
+    if mode == "off":
+        return "off"
+    if device_type != "cuda":
+        return unavailable("needs CUDA; use auto or off on CPU")
     try:
         from liger_kernel.transformers import _apply_liger_kernel_to_instance
         from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
     except ImportError:
-        if mode == "liger":
-            raise ValueError(
-                "learner.fused_kernels=liger needs liger-kernel: pip install 'agentrl[gpu]'"
-            ) from None
-        return "off"
+        return unavailable("needs liger-kernel: pip install 'agentrl[gpu]'")
     model_type = getattr(model.config, "model_type", "")
     if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
-        if mode == "liger":
-            raise ValueError(f"liger-kernel has no kernels for model type {model_type!r}")
-        return "off"
+        return unavailable(f"has no kernels for model type {model_type!r}")
     # the logits stay ours (forward.py computes them in chunks from the hidden states)
     _apply_liger_kernel_to_instance(
         model, rope=True, rms_norm=True, swiglu=True, cross_entropy=False,

@@ -323,14 +323,15 @@ class LearnerGroup:
         background: bool = False,
     ) -> int:
         """`path/model` (a transformers dir, fp32 master weights) and `path/optim`. With
-        `background`, returns once the state is copied to CPU memory; the files are written
-        while training goes on, done when `finish_checkpoint` says so."""
+        `background`, returns once the copies to host memory are queued; the files are written
+        while training goes on, done when `finish_checkpoint` says so. Returns the most host
+        buffers a rank had to allocate in the save (0 after `prepare_checkpoint`)."""
         buckets = self.buckets(bucket_mb)
         return max(self.call("save_checkpoint", str(path), buckets, optimizer, fmt, background))
 
     def prepare_checkpoint(self, bucket_mb: float = 512) -> None:
-        """Before the first background save: its pinned host buffers are allocated behind the
-        next steps instead of in the save (GPU; a no-op on CPU)."""
+        """Before the first background save: its host buffers (pinned on GPUs) are allocated
+        in a thread behind the next steps instead of in the save."""
         self.call("prepare_checkpoint", self.buckets(bucket_mb))
 
     def finish_checkpoint(self, wait: bool = True) -> bool:

@@ -391,7 +391,7 @@ class LearnerWorker:
 
     def prepare_checkpoint(self, buckets: list[list[ParamSpec]]) -> None:
         """Collective (the writer's group): allocate the next background save's host buffers
-        in a thread (GPU)."""
+        in a thread (pinned on GPUs)."""
         if self._ckpt is None:
             self._ckpt = CheckpointWriter(self.rank, self.device)
         self._ckpt.reserve(self.model, self.opt, buckets)
