@@ -187,7 +187,10 @@ def _resolve_offload(cfg: Config, groups: dict[str, LearnerGroup], console: Cons
                   for role, g in groups.items()]  # fmt: skip
         available = mem["free_bytes"] + sum(s["reserved_gib"] * 2**30 for s in stats.values())
         fraction = engine_fraction(cfg.engine.extra_args)
-        choice = choose_offload(params, policy.world_size, available, mem["total_bytes"], fraction)
+        frozen_bytes = 2 if cfg.learner.use_bf16("cuda") else 4  # fsdp.store_frozen_in
+        choice = choose_offload(
+            params, policy.world_size, available, mem["total_bytes"], fraction, frozen_bytes
+        )
         choice_mode, line = choice.mode, choice.describe()
     for g in groups.values():
         g.call("set_offload", choice_mode)

@@ -118,6 +118,18 @@ def fuse_kernels(model: nn.Module, mode: str, device_type: str) -> str:
     return "liger"
 
 
+def store_frozen_in(model: nn.Module, dtype: torch.dtype) -> int:
+    """Keep the parameters that never train (a reference model, LoRA's base) in `dtype`: with
+    bf16 compute they are cast to bf16 at every all-gather anyway, so an fp32 copy of them is
+    memory spent on nothing (half a 7B base: 14 GB). Returns how many bytes this saved."""
+    saved = 0
+    for p in model.parameters():
+        if not p.requires_grad and p.dtype != dtype and p.is_floating_point():
+            saved += p.numel() * (p.element_size() - torch.empty((), dtype=dtype).element_size())
+            p.data = p.data.to(dtype)
+    return saved
+
+
 def _blocks(model: nn.Module) -> list[nn.Module]:
     """The repeated transformer blocks (HF lists their class in `_no_split_modules`)."""
     names = set(getattr(model, "_no_split_modules", None) or ())

@@ -5,7 +5,8 @@ While the engine samples, the learner does not compute, so what it keeps on the 
 per parameter, sharded over the FSDP ranks, fp32 master weights (4 bytes), gradients (4, counted
 although they are freed after each step: the allocator's cache often keeps them) and Adam's two
 moments (8). `none` keeps all 16 bytes, `optimizer` moves the moments (8 stay), `all` moves
-everything (0 stay). A frozen reference has weights only (4, 4, 0).
+everything (0 stay). Frozen weights (a reference, LoRA's base) are weights only, kept in bf16
+when the learner computes in bf16 (2, 2, 0; fp32: 4, 4, 0).
 
 The engine takes `--mem-fraction-static` of the GPU's total memory for weights and KV cache, plus
 its own overhead (CUDA context, graphs, activations), counted in `RESERVE_BYTES`. `auto` picks the
@@ -22,7 +23,7 @@ RESERVE_BYTES = 4 * GB  # the engine's memory beyond its static fraction, and CU
 MODES = ("none", "optimizer", "all")
 RESIDENT_BYTES = {  # per parameter, per role, for each offload mode
     "trains": {"none": 16, "optimizer": 8, "all": 0},
-    "frozen": {"none": 4, "optimizer": 4, "all": 0},
+    "frozen": {"none": 1, "optimizer": 1, "all": 0},  # times the frozen weights' element size
 }
 
 
@@ -48,13 +49,17 @@ def choose_offload(
     available_bytes: float,
     total_bytes: float,
     engine_fraction: float,
+    frozen_bytes: int = 2,
 ) -> OffloadChoice:
-    """`params`: (parameter count, trains?) per learner role on the GPU, sharded over `ranks`."""
+    """`params`: (parameter count, trains?) per learner role on the GPU, sharded over `ranks`;
+    `frozen_bytes`: the element size frozen weights are kept in (bf16: 2)."""
     engine = engine_fraction * total_bytes
     for mode in MODES:
         resident = sum(
-            n * RESIDENT_BYTES["trains" if trains else "frozen"][mode] for n, trains in params
-        )
+            n * (RESIDENT_BYTES["trains"][mode] if trains
+                 else RESIDENT_BYTES["frozen"][mode] * frozen_bytes)
+            for n, trains in params
+        )  # fmt: skip
         choice = OffloadChoice(mode, resident / ranks, engine, available_bytes)
         if choice.learner_bytes + engine + RESERVE_BYTES <= available_bytes:
             break

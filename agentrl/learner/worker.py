@@ -106,15 +106,18 @@ class LearnerWorker:
         kernels = fsdp.fuse_kernels(model, self.cfg.fused_kernels, self.device_type)
         if self.cfg.lora.rank and self.role == "policy":
             model = lora.add_lora(model, self.cfg.lora)
+        if self.role == "reference":
+            model.requires_grad_(False)
+        bf16 = self.cfg.use_bf16(self.device_type)
+        frozen_saved = fsdp.store_frozen_in(model, torch.bfloat16) if bf16 else 0
         self.model = fsdp.shard_model(
             model,
             self.device,
-            bf16=self.cfg.use_bf16(self.device_type),
+            bf16=bf16,
             checkpointing=self.cfg.use_checkpointing(self.device_type) and self.role != "reference",
             reshard=self.cfg.reshard_after_forward,
         )
         if self.role == "reference":
-            self.model.requires_grad_(False)
             self.model.eval()
         else:
             self.opt, self.sched = fsdp.make_optimizer(self.model, self.cfg)
@@ -127,6 +130,7 @@ class LearnerWorker:
             "checkpointing": self.cfg.use_checkpointing(self.device_type)
             and self.role != "reference",
             "fused_kernels": kernels,
+            "frozen_bf16_gb": frozen_saved / 2**30,
             "setup_s": time.perf_counter() - t0,
             "nice": os.nice(0),
         }

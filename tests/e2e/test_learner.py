@@ -4,6 +4,7 @@ listens on loopback only."""
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -178,6 +179,43 @@ def test_reference_matches_plain_forward_and_critic_learns(ray_up, tiny_model_di
     finally:
         critic.shutdown()
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_frozen_weights_are_kept_in_bf16_when_the_learner_computes_in_bf16(
+    ray_up, tiny_model_dir
+) -> None:
+    """A reference and LoRA's base never train: with bf16 compute their fp32 copy would be cast
+    at every all-gather anyway, so they are stored in bf16 (half a 7B base: 14 GB). The
+    reference's logprobs are the bf16 model's; a LoRA policy over a bf16 base trains its fp32
+    adapters on two ranks."""
+    batch = make_batch(seed=3)
+    bf16 = dict(mixed_precision="bf16")
+    ref = LearnerGroup(LearnerConfig(model_path=str(tiny_model_dir), **bf16), role="reference")
+    try:
+        assert ref.info[0]["frozen_bf16_gb"] > 0
+        lp = ref.compute_logprobs(micro_batches(batch, 1, 1000))[0][0]
+    finally:
+        ref.shutdown()
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        expected, _ = token_logprobs(plain, batch)
+    assert (lp - expected).abs().max() < 0.05 and (lp[batch.loss_mask] < 0).all()
+
+    lora_cfg = LearnerConfig(model_path=str(tiny_model_dir), num_workers=2, lora={"rank": 4},
+                             **bf16, **CFG)  # fmt: skip
+    policy = LearnerGroup(lora_cfg)
+    try:
+        assert all(i["frozen_bf16_gb"] > 0 for i in policy.info)
+        specs = policy.param_specs()
+        before = policy.full_state("float32")  # merged: the bf16 base + its fp32 adapters
+        metrics = policy.train_step(micro_batches(batch, 2, 24), "ppo_clip", PPO)
+        after = policy.full_state("float32")
+    finally:
+        policy.shutdown()
+    assert math.isfinite(metrics["policy/loss"]) and metrics["policy/grad_norm"] > 0
+    assert {s.dtype for s in specs} == {"bfloat16"}
+    moved = {n for n in before if not torch.equal(before[n], after[n])}
+    assert moved and all(n.endswith("proj.weight") for n in moved), sorted(moved)[:5]
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs Linux /proc")

@@ -33,8 +33,10 @@ H100 = 80 * GIB  # total; ~79 GiB available to a process
         # 1.5B beside SGLang at 0.5: 16 B/param = 23 GiB + 40 + 4 reserve fits in 79 (the H100
         # run that measured none at 13.6 s/step against all at 20.4 s)
         ([(1_543_714_304, True)], 0.5, "none", 23.0),
-        # the same with a frozen reference on the GPU too: +5.8 GiB, still fits
-        ([(1_543_714_304, True), (1_543_714_304, False)], 0.5, "none", 28.8),
+        # the same with a frozen reference on the GPU too (bf16 weights): +2.9 GiB, still fits
+        ([(1_543_714_304, True), (1_543_714_304, False)], 0.5, "none", 25.9),
+        # LoRA on a 7B base: the frozen base in bf16 (14.2 GiB) fits beside the engine at 0.5
+        ([(7_615_616_512, False), (40_370_176, True)], 0.5, "none", 14.8),
         # 7B: 114 GiB of state does not fit; weights + grads (57 GiB) + 40 neither; all moves
         ([(7_615_616_512, True)], 0.5, "all", 0.0),
         # 7B beside a small engine (0.2): weights + grads (57) + 16 + 4 = 77 fits, moments move
@@ -51,6 +53,9 @@ def test_offload_auto_picks_the_least_that_fits_beside_the_engine(
     assert line.startswith(f"learner.offload=auto chose {mode}") and "79.0 GiB" in line
     # two FSDP ranks (two GPUs) each hold half: 7B at 0.5 then keeps weights and grads
     assert choose_offload([(7_615_616_512, True)], 2, 79 * GIB, H100, 0.5).mode == "optimizer"
+    # a learner computing in fp32 keeps frozen weights in fp32: twice the reference's bytes
+    fp32 = choose_offload([(1_543_714_304, False)], 1, 79 * GIB, H100, 0.5, frozen_bytes=4)
+    assert fp32.learner_bytes / GIB == pytest.approx(5.75, abs=0.01)
 
 
 def test_engine_fraction_is_read_from_the_sglang_flags():
