@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Role = Literal["policy", "reference", "critic"]
 
@@ -67,6 +67,11 @@ class LearnerConfig(BaseModel):
         description="liger: liger-kernel's fused RMSNorm, RoPE and SwiGLU in the learner's model "
         "(CUDA; pip install 'agentrl[gpu]'); auto: liger when on CUDA and installed",
     )
+    compile: Literal["auto", "on", "off"] = Field(
+        "off",
+        description="torch.compile each transformer block's forward and the logprob chunk (fewer, "
+        "fused kernels; the first steps pay the compile, per new shape); auto: on CUDA",
+    )
     offload: Literal["auto", "all", "optimizer", "none"] = Field(
         "auto",
         description="colocated mode: what moves to CPU while the engine samples. all: parameters "
@@ -111,6 +116,18 @@ class LearnerConfig(BaseModel):
         return self.mixed_precision == "bf16" or (
             self.mixed_precision == "auto" and device == "cuda"
         )
+
+    @model_validator(mode="after")
+    def _compile_or_liger(self) -> LearnerConfig:
+        if self.compile == "on" and self.fused_kernels == "liger":
+            raise ValueError(
+                "learner.compile=on and learner.fused_kernels=liger exclude each other "
+                "(torch.compile fuses the same ops and cannot trace liger's kernels); keep one"
+            )
+        return self
+
+    def use_compile(self, device: str) -> bool:
+        return self.compile == "on" or (self.compile == "auto" and device == "cuda")
 
     def use_checkpointing(self, device: str) -> bool:
         return self.activation_checkpointing == "on" or (

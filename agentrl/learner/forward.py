@@ -10,6 +10,8 @@ Legend: N tokens (of a packed row), H hidden, V vocab, B rows, T columns of a pa
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -31,6 +33,7 @@ def logprobs_from_hidden(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk_tokens: int = 512,
+    compiled: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token logprobs (and entropies) of `token_ids_N` from the final hidden states.
 
@@ -38,8 +41,11 @@ def logprobs_from_hidden(
     sequence), read from hidden[t-1]; 0 at each sequence's first token, and (with `mask_N`) 0
     wherever the mask is 0 — those positions never reach the vocabulary projection. Logits are
     built `chunk_tokens` rows at a time in float32, and under autograd each chunk is recomputed in
-    backward instead of kept, so memory holds one [chunk, V] block, not [N, V].
+    backward instead of kept, so memory holds one [chunk, V] block, not [N, V]. `compiled`: each
+    chunk's softmax arithmetic is one torch.compile'd kernel instead of a pass over the [chunk, V]
+    fp32 block per op.
     """
+    chunk_fn = _compiled_chunk() if compiled else _chunk
     n = token_ids_N.numel()
     want = position_ids_N > 0
     if mask_N is not None:
@@ -52,9 +58,9 @@ def logprobs_from_hidden(
     for c in range(0, idx.numel(), chunk_tokens):
         args = (h[c : c + chunk_tokens], weight_VH, tgt[c : c + chunk_tokens])
         if grad:
-            lp, ent = checkpoint(_chunk, *args, temperature, with_entropy, use_reentrant=False)
+            lp, ent = checkpoint(chunk_fn, *args, temperature, with_entropy, use_reentrant=False)
         else:
-            lp, ent = _chunk(*args, temperature, with_entropy)
+            lp, ent = chunk_fn(*args, temperature, with_entropy)
         lps.append(lp)
         ents.append(ent)
     zeros = torch.zeros(n, dtype=torch.float32, device=hidden_NH.device)
@@ -82,6 +88,11 @@ def _chunk(
         return lp, lp.new_zeros(())
     ent = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
     return lp, ent
+
+
+@functools.cache
+def _compiled_chunk():
+    return torch.compile(_chunk, dynamic=True)
 
 
 def padded_rows(position_ids_N: Tensor) -> tuple[Tensor, Tensor]:
@@ -149,6 +160,7 @@ def token_logprobs(
     chunk_tokens: int = 512,
     all_tokens: bool = False,
     layout: str = "packed",
+    compiled: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Trainer logprobs [N] (and entropies) of a packed micro-batch, aligned with mb.token_ids.
 
@@ -166,6 +178,7 @@ def token_logprobs(
         temperature=temperature,
         with_entropy=with_entropy,
         chunk_tokens=chunk_tokens,
+        compiled=compiled,
     )
 
 

@@ -59,6 +59,7 @@ class LearnerWorker:
         self._ckpt: CheckpointWriter | None = None  # made at the first save (a collective)
         self.offload_mode = "all" if cfg.offload == "auto" else cfg.offload  # auto: set_offload
         self.steps_done = 0
+        self.compiled = False  # learner.compile, resolved for this rank's device in setup()
         self.peaks: dict[str, float] = {}  # GiB the allocator held at most, per phase (GPU)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -103,11 +104,19 @@ class LearnerWorker:
         )
         torch.manual_seed(self.cfg.seed)
         model = fsdp.load_model(self.cfg.model_path, self.role)
-        kernels = fsdp.fuse_kernels(model, self.cfg.fused_kernels, self.device_type)
+        self.compiled = self.cfg.use_compile(self.device_type)
+        # torch.compile fuses what liger's kernels fuse, and cannot trace them (Triton launchers
+        # inside a compiled graph fail to pickle): one or the other
+        kernels = fsdp.fuse_kernels(
+            model, fsdp.kernels_beside_compile(self.cfg.fused_kernels, self.compiled),
+            self.device_type,
+        )  # fmt: skip
         if self.cfg.lora.rank and self.role == "policy":
             model = lora.add_lora(model, self.cfg.lora)
         if self.role == "reference":
             model.requires_grad_(False)
+        if self.compiled:
+            fsdp.compile_blocks(model)
         bf16 = self.cfg.use_bf16(self.device_type)
         frozen_saved = fsdp.store_frozen_in(model, torch.bfloat16) if bf16 else 0
         self.model = fsdp.shard_model(
@@ -130,6 +139,7 @@ class LearnerWorker:
             "checkpointing": self.cfg.use_checkpointing(self.device_type)
             and self.role != "reference",
             "fused_kernels": kernels,
+            "compiled": self.compiled,
             "frozen_bf16_gb": frozen_saved / 2**30,
             "setup_s": time.perf_counter() - t0,
             "nice": os.nice(0),
@@ -161,6 +171,7 @@ class LearnerWorker:
                     mb.to(self.device),
                     temperature=temperature,
                     layout=self.cfg.attention_layout,
+                    compiled=self.compiled,
                 )
                 out.append(lp.float().cpu())
             self.model.reshard()  # no backward follows: free the root's gathered weights
@@ -277,6 +288,7 @@ class LearnerWorker:
             with_entropy=entropy,
             temperature=temperature,
             layout=self.cfg.attention_layout,
+            compiled=self.compiled,
         )
         extra = {}
         if getattr(mb, "trainer_old_logprobs", None) is not None:

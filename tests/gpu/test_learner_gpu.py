@@ -80,6 +80,31 @@ def test_offload_frees_gpu_and_onload_restores(ray_on, model_dir) -> None:
     assert m["policy/skipped"] == 0
 
 
+def test_compiled_learner_matches_eager(ray_on, model_dir) -> None:
+    """learner.compile=on (torch.compile'd blocks and logprob chunks, FSDP2 and activation
+    checkpointing eager around them): the same logprobs and gradients as eager, within bf16."""
+    ray_on("0")
+    batch = make_batch()
+    per_rank = micro_batches(batch, 1, 400)
+    out = {}
+    for mode in ("off", "on"):
+        cfg = dict(model_path=str(model_dir), device="cuda", compile=mode)
+        group = LearnerGroup(LearnerConfig(**cfg))
+        try:
+            assert group.info[0]["compiled"] == (mode == "on")
+            lp = group.compute_logprobs(per_rank)[0]
+            out[mode] = (torch.cat(lp), *grads_and_loss(group, batch))
+        finally:
+            group.shutdown()
+    (lp0, loss0, g0), (lp1, loss1, g1) = out["off"], out["on"]
+    rel = {k: ((g0[k] - g1[k]).norm() / g0[k].norm().clamp(min=1e-12)).item() for k in g0}
+    print(f"compiled vs eager: logprob max |diff| {(lp0 - lp1).abs().max():.2e}, "
+          f"loss {loss0:.6f} vs {loss1:.6f}, worst grad rel err {max(rel.values()):.4f}")  # fmt: skip
+    assert (lp0 - lp1).abs().max() < 0.05
+    assert loss0 == pytest.approx(loss1, rel=1e-2, abs=1e-3)
+    assert max(rel.values()) < 5e-2
+
+
 def test_background_save_copies_behind_the_next_step(ray_on, model_dir, tmp_path) -> None:
     """trainer.async_save on a GPU: the save returns once its copies to pinned host memory are
     queued on a side stream; the next step trains at once (its optimizer step waits for the
