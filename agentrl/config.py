@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from agentrl.advantage import AdvantageConfig, needs_values
 from agentrl.assets.build import resolve_builtin
 from agentrl.ckpt import CheckpointConfig
-from agentrl.engine import EngineConfig
+from agentrl.engine_config import EngineConfig
 from agentrl.env import Env
 from agentrl.learner import LearnerConfig, RayConfig
 from agentrl.loss import LossConfig

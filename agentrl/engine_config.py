@@ -1,0 +1,130 @@
+"""`engine.*`: which rollout servers a run uses (dev server or SGLang), how many, where, and how
+the client talks to them. `agentrl.engine.EngineClient.from_config` reads the client's part;
+`agentrl.servers` launches what `kind`, `num_servers`, `tp` and `placement` ask for."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class EngineConfig(BaseModel):
+    """Where the rollout engines are and how the client talks to them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["dev", "sglang"] = Field("dev", description="dev: agentrl.devserver (CPU)")
+    colocate: bool = Field(
+        False, description="servers share GPUs with the learner (release/resume memory per step)"
+    )
+    urls: list[str] = Field(default_factory=list, description="empty: host + base_port + i")
+    num_servers: int = Field(1, ge=1, description="servers to launch when urls is empty")
+    host: str = "127.0.0.1"
+    base_port: int = Field(30000, ge=1, le=65535)
+    model_path: str | None = Field(None, description="served model; None: the trained model")
+    device: str = Field("cpu", description="dev server device")
+    extra_args: list[str] = Field(default_factory=list, description="appended to the launch")
+    timeout_s: float = Field(600.0, gt=0, description="one /generate or weight-update call")
+    connect_timeout_s: float = Field(5.0, gt=0)
+    max_retries: int = Field(3, ge=0, description="extra attempts after the first")
+    backoff_s: float = Field(0.5, ge=0, description="first retry delay; doubles each retry")
+    max_backoff_s: float = Field(8.0, ge=0)
+    unhealthy_cooldown_s: float = Field(5.0, ge=0, description="skip a failed server this long")
+    health_timeout_s: float = Field(300.0, gt=0, description="wait_healthy() at start-up")
+    max_connections: int = Field(1024, ge=1)
+    router: Literal["auto", "smg", "none"] = Field(
+        "auto",
+        description="several servers: route /generate through SGLang's model gateway (smg), "
+        "each episode pinned to one server by consistent hashing of its key, so its prefix "
+        "stays in that server's cache; auto: smg when there is more than one server and smg "
+        "is installed; none: the client balances (least in-flight, sticky per episode)",
+    )
+    router_policy: str = Field(
+        "consistent_hashing", description="smg --policy (cache_aware, round_robin, …)"
+    )
+    router_args: list[str] = Field(default_factory=list, description="appended to smg launch")
+    batch_window_ms: float = Field(0.0, ge=0, description="coalesce /generate calls to one "
+                                   "server (agentrl/coalesce.py); 0: off; not behind a router")  # fmt: skip
+    batch_max_wait_ms: float = Field(50.0, gt=0, description="the longest a call waits to leave")
+    max_restarts: int = Field(
+        3, ge=0, description="restarts of one server we started (died or hung) before the run stops"
+    )
+    placement: Literal["local", "ray"] = Field(
+        "local",
+        description="where the servers we start run: local = subprocesses of the trainer on "
+        "`host`; ray = each started by a small Ray actor on the node Ray picks (see "
+        "ray_resources), bound to that node's address (docs/ray_cluster.md)",
+    )
+    tp: int = Field(
+        1,
+        ge=1,
+        description="sglang: tensor-parallel GPUs per server (--tp-size); placed locally, "
+        "server i gets the visible GPUs i*tp .. i*tp+tp-1",
+    )
+    ray_num_cpus: float = Field(1.0, ge=0, description="placement=ray: CPUs per server actor")
+    ray_num_gpus: float = Field(
+        0.0, ge=0, description="placement=ray: GPUs per server actor (sglang: its TP size)"
+    )
+    ray_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="placement=ray: custom Ray resources per server, to pin servers to nodes "
+        "started with `ray start --resources='{\"rollout\": 1}'` (e.g. {rollout: 1})",
+    )
+
+    @field_validator("extra_args")
+    @classmethod
+    def _one_tokenizer_worker(cls, args: list[str]) -> list[str]:
+        """SGLang 0.5.17 with --tokenizer-worker-num > 1: only one worker hears of a weight
+        update, so answers carry stale versions (an H100 run read {2, 3, default}, not {3})."""
+        for i, arg in enumerate(args):
+            name, _, value = arg.partition("=")
+            value = value or (args[i + 1] if i + 1 < len(args) else "")
+            if name == "--tokenizer-worker-num" and value.strip() != "1":
+                raise ValueError(f"--tokenizer-worker-num {value}: SGLang's extra tokenizer "
+                                 "workers do not learn of weight updates, so completions would "
+                                 "carry stale weight versions; leave it at 1")  # fmt: skip
+        return args
+
+    @model_validator(mode="after")
+    def _tensor_parallel(self) -> EngineConfig:
+        if self.tp > 1 and self.kind != "sglang":
+            raise ValueError(f"engine.tp={self.tp}: the dev server has no tensor parallelism")
+        if any(
+            a.split("=")[0] in ("--tp-size", "--tp", "--tensor-parallel-size")
+            for a in self.extra_args
+        ):
+            raise ValueError(
+                "set the servers' tensor parallelism with engine.tp, not --tp-size in "
+                "engine.extra_args: the GPUs per server and the weight-update group follow it"
+            )
+        if self.placement == "ray" and self.tp > 1 and self.ray_num_gpus != self.tp:
+            raise ValueError(
+                f"engine.tp={self.tp} with engine.placement=ray: set engine.ray_num_gpus="
+                f"{self.tp}, the GPUs Ray gives each server's actor"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _ray_placement(self) -> EngineConfig:
+        if self.placement == "ray" and self.urls:
+            raise ValueError(
+                "engine.placement=ray starts servers, but engine.urls names running ones; "
+                "drop engine.urls or use engine.placement=local"
+            )
+        if self.placement == "ray" and self.kind == "sglang" and not self.ray_num_gpus:
+            raise ValueError(
+                "engine.placement=ray with engine.kind=sglang: Ray hands an actor only the GPUs "
+                "it asks for; set engine.ray_num_gpus to each server's GPU count (its TP size)"
+            )
+        if self.placement == "ray" and self.colocate:
+            raise ValueError(
+                "engine.colocate=true shares the learner's GPUs on this host; it needs "
+                "engine.placement=local"
+            )
+        return self
+
+    def server_urls(self) -> list[str]:
+        if self.urls:
+            return list(self.urls)
+        return [f"http://{self.host}:{self.base_port + i}" for i in range(self.num_servers)]
