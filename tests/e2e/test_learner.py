@@ -149,18 +149,21 @@ def test_two_ranks_match_one_rank_then_skip_nan_then_checkpoint(groups, tmp_path
 
 def test_reference_matches_plain_forward_and_critic_learns(ray_up, tiny_model_dir) -> None:
     batch = make_batch(seed=2)
-    ref = LearnerGroup(LearnerConfig(model_path=str(tiny_model_dir)), role="reference")
+    cfg = LearnerConfig(model_path=str(tiny_model_dir), mixed_precision="bf16")  # a GPU's
+    ref = LearnerGroup(cfg, role="reference")
     try:
+        # it never trains: its weights are kept in bf16, what FSDP2 casts them to anyway
+        assert ref.info[0]["frozen_bf16_gb"] > 0
         lp = ref.compute_logprobs(micro_batches(batch, 1, 1000))[0][0]
         with pytest.raises(RuntimeError, match="no optimizer"):
             ref.train_step(micro_batches(batch, 1, 1000), "ppo_clip", PPO)
     finally:
         ref.shutdown()
-    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).eval()
     with torch.no_grad():
         expected, _ = token_logprobs(plain, batch)
     assert lp.shape == batch.token_ids.shape
-    assert torch.allclose(lp, expected, atol=1e-5) and (lp[batch.loss_mask] < 0).all()
+    assert (lp - expected).abs().max() < 0.05 and (lp[batch.loss_mask] < 0).all()
 
     returns = torch.where(batch.loss_mask, 1.0, 0.0)
     vbatch = batch.replace(values=torch.zeros_like(returns), returns=returns)
@@ -181,26 +184,12 @@ def test_reference_matches_plain_forward_and_critic_learns(ray_up, tiny_model_di
     assert losses[-1] < 0.5 * losses[0]
 
 
-def test_frozen_weights_are_kept_in_bf16_when_the_learner_computes_in_bf16(
-    ray_up, tiny_model_dir
-) -> None:
-    """A reference and LoRA's base never train: with bf16 compute their fp32 copy would be cast
-    at every all-gather anyway, so they are stored in bf16 (half a 7B base: 14 GB). The
-    reference's logprobs are the bf16 model's; a LoRA policy over a bf16 base trains its fp32
-    adapters on two ranks."""
+def test_lora_over_a_bf16_base_trains_its_fp32_adapters(ray_up, tiny_model_dir) -> None:
+    """LoRA's base never trains: with bf16 compute it is stored in bf16 (half a 7B base: 14 GB),
+    beside fp32 adapters in the same FSDP2 units; two ranks train them and the merged weights
+    move only where adapters are."""
     batch = make_batch(seed=3)
     bf16 = dict(mixed_precision="bf16")
-    ref = LearnerGroup(LearnerConfig(model_path=str(tiny_model_dir), **bf16), role="reference")
-    try:
-        assert ref.info[0]["frozen_bf16_gb"] > 0
-        lp = ref.compute_logprobs(micro_batches(batch, 1, 1000))[0][0]
-    finally:
-        ref.shutdown()
-    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).eval()
-    with torch.no_grad():
-        expected, _ = token_logprobs(plain, batch)
-    assert (lp - expected).abs().max() < 0.05 and (lp[batch.loss_mask] < 0).all()
-
     lora_cfg = LearnerConfig(model_path=str(tiny_model_dir), num_workers=2, lora={"rank": 4},
                              **bf16, **CFG)  # fmt: skip
     policy = LearnerGroup(lora_cfg)
