@@ -152,6 +152,21 @@ class AlgoConfig(BaseModel):
         1, ge=1, description="optimizer steps per pass; the batch's sequences are split evenly"
     )
     critic: CriticConfig = Field(default_factory=CriticConfig)
+    old_logprobs: Literal["auto", "recompute"] = Field(
+        "auto",
+        description="pi_old, the trainer's logprobs of the sampled tokens before the update. "
+        "recompute: a forward pass of its own before the update; auto: with one optimizer step "
+        "per batch they are the update's own forward (same weights, same tokens; detached), so "
+        "that pass is skipped, unless kl_mode=reward needs them before the advantages",
+    )
+
+    def old_logprobs_from_update(self) -> bool:
+        """algo.old_logprobs=auto and nothing needs pi_old before the (single) optimizer step."""
+        reward_kl = self.loss.kl_mode == "reward" and self.loss.kl_coef > 0
+        return (
+            self.old_logprobs == "auto" and self.ppo_epochs * self.mini_batches == 1
+            and not reward_kl
+        )  # fmt: skip
 
     def uses_critic(self) -> bool:
         if self.critic.enabled is not None:

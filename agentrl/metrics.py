@@ -86,6 +86,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from statistics import fmean
 
+import torch
+
+from agentrl.loss import kl_estimate
 from agentrl.types import StopReason, Trajectory
 
 # Learner keys (agentrl/loss.py, agentrl/learner/worker.py) → documented names, for role "policy".
@@ -231,3 +234,36 @@ def mean_over_steps(steps: list[dict[str, float]]) -> dict[str, float]:
         else:
             out[k] = sum(xs) / len(xs)
     return out
+
+
+def gap_and_kl_metrics(
+    ours: Mapping[int, torch.Tensor],
+    trajs: Sequence[Trajectory],
+    ref: Sequence[torch.Tensor] | None = None,
+) -> dict[str, float]:
+    """train/logprob_diff: mean |engine - trainer| logprob over the sampled tokens of the
+    trajectories in `ours` (trainer logprobs before the update, by trajectory index);
+    train/kl_ref: the k3 KL to the reference over the same tokens, when `ref` is given."""
+    diff = kl = tokens = 0.0
+    for i, lp in ours.items():
+        m = torch.tensor(trajs[i].loss_mask, dtype=torch.bool)
+        engine = torch.tensor(trajs[i].logprobs, dtype=torch.float32)
+        diff += float((engine - lp).abs()[m].sum())
+        tokens += float(m.sum())
+        if ref is not None:
+            kl += float(kl_estimate(lp, ref[i], "k3")[m].sum())
+    out = {"train/logprob_diff": diff / max(tokens, 1.0)}
+    if ref is not None:
+        out["train/kl_ref"] = kl / max(tokens, 1.0)
+    return out
+
+
+def has_signal(group: list[Trajectory]) -> bool:
+    """Two scored members of the group have different rewards (a group baseline then gives a
+    nonzero advantage)."""
+    return len({tr.reward for tr in group if not tr.stop_reason.is_infra_failure}) > 1
+
+
+def no_signal(groups: list[list[Trajectory]]) -> bool:
+    """True when no group has two scored members with different rewards."""
+    return not any(has_signal(g) for g in groups)

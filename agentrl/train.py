@@ -22,12 +22,10 @@ In more detail, in the order they happen:
   baselines, counted as stop/<reason>). Episodes whose env or reward code raised count against
   `trainer.max_aborted_frac`; above it the run stops and shows one traceback. A step with nothing
   to train on is skipped (`trainer.max_empty_steps` in a row stop the run).
-- Old logprobs: before any update, the learner recomputes the policy's logprobs of the sampled
-  tokens (`trainer_old_logprobs`). With `algo.loss.ratio=trainer` (default) they are the PPO/GSPO
-  ratio's denominator, so the clip bounds how far the optimizer steps of this batch move the
-  policy; the engine's logprobs enter only through the rollout correction (truncated or masked
-  importance weights, `algo.loss.rollout_correction`), which corrects the engine/trainer mismatch.
-  `algo.loss.ratio=engine` takes the ratio against the engine's logprobs instead.
+- Old logprobs (`trainer_old_logprobs`): the policy's logprobs of the sampled tokens before any
+  update; a pass of their own, or with one optimizer step per batch that step's own forward
+  (`algo.old_logprobs=auto`). With `algo.loss.ratio=trainer` they are the ratio's denominator;
+  the engine's logprobs enter through the rollout correction (`algo.loss.rollout_correction`).
 - Reference and critic: with a reference model (`algo.reference`, or kl_coef > 0) its logprobs
   are computed in the same pass; KL goes into the loss (kl_mode=loss, k2/k3/k3+) or is subtracted
   from the reward per token before the advantages (kl_mode=reward). With a critic (algo=ppo: gae)
@@ -56,15 +54,22 @@ from hydra.core.hydra_config import HydraConfig
 from rich.console import Console
 
 from agentrl.advantage import compute_advantages
-from agentrl.batch import TrainBatch, micro_batches, mini_batches
+from agentrl.batch import TrainBatch, micro_batches, mini_batches, per_trajectory
 from agentrl.ckpt import CheckpointManager, load_trainer_state
 from agentrl.config import CONFIG_DIR, Config, errors_for_people, load_config
 from agentrl.data import TaskSampler
 from agentrl.display import ProgressLine, trajectory_panel
 from agentrl.engine import EngineClient, EngineUnavailable
 from agentrl.learner.group import LearnerGroup
-from agentrl.loss import kl_estimate, kl_reward_penalty
-from agentrl.metrics import mean_over_steps, rollout_metrics, step_metrics
+from agentrl.loss import kl_reward_penalty
+from agentrl.metrics import (
+    gap_and_kl_metrics,
+    has_signal,
+    mean_over_steps,
+    no_signal,
+    rollout_metrics,
+    step_metrics,
+)
 from agentrl.producer import GroupProducer, producing
 from agentrl.rollout import ENGINE_DOWN, Rollout
 from agentrl.run import (
@@ -173,8 +178,7 @@ class Trainer:
             metrics.update(t.times, step=float(self.step_idx))
             self._log(metrics, trajs)
             return metrics
-        # Score the sampled tokens with the weights that are about to be trained: the trainer's
-        # own logprobs (the ratio's denominator), the reference's and the critic's values.
+        # Score the sampled tokens with the weights about to be trained (_score says with what)
         scoring = TrainBatch.from_trajectories(trajs, None)
         per_rank = micro_batches(scoring, self.policy.world_size, cfg.learner.micro_batch_tokens)
         with t("to_learner"):
@@ -188,14 +192,15 @@ class Trainer:
             batch = TrainBatch.from_trajectories(
                 trajs,
                 adv.advantages,
-                trainer_old_logprobs=scores["trainer_old_logprobs"],
+                trainer_old_logprobs=scores.get("trainer_old_logprobs"),
                 ref_logprobs=scores.get("ref_logprobs"),
                 values=scores.get("values"),
                 returns=adv.returns,
             )
         metrics.update(adv.metrics)
         with t("update"):
-            metrics.update(await self._blocking(self._update, batch))
+            ref = scores.get("ref_logprobs")
+            metrics.update(await self._blocking(self._update, batch, trajs, ref))
         with t("sync"):
             metrics.update(await self._sync(version=str(self.step_idx + 1)))
         metrics.update(self._peak_memory())
@@ -266,48 +271,47 @@ class Trainer:
         self, per_rank: list[list[TrainBatch]], trajs: list[Trajectory], metrics: dict[str, float]
     ) -> dict[str, list[torch.Tensor]]:
         """Per trajectory (aligned with its token_ids; zeros for trajectories left out of the
-        batch): the trainer's logprobs before the update, the reference's, the critic's values,
-        and the KL reward penalty (kl_mode=reward). Metrics: train/logprob_diff (trainer vs
-        engine on sampled tokens), train/kl_ref (k3, before the update)."""
-        cfg = self.cfg
+        batch): the trainer's logprobs before the update (unless the update's own forward gives
+        them: algo.old_logprobs), the reference's, the critic's values, and the KL reward
+        penalty (kl_mode=reward). Metrics: train/logprob_diff, train/kl_ref (before the update)."""
+        cfg, out_per_mb = self.cfg, {}
         temp = cfg.rollout.temperature
-        out_per_mb = {"trainer_old_logprobs": self.policy.compute_logprobs(per_rank, temp)}
+        if not cfg.algo.old_logprobs_from_update():
+            out_per_mb["trainer_old_logprobs"] = self.policy.compute_logprobs(per_rank, temp)
         if self.reference is not None:
             out_per_mb["ref_logprobs"] = self.reference.compute_logprobs(per_rank, temp)
         if self.critic is not None:
             out_per_mb["values"] = self.critic.compute_values(per_rank)
-        scores = {k: [torch.zeros(len(tr.token_ids)) for tr in trajs] for k in out_per_mb}
-        for key, per_mb in out_per_mb.items():
-            for r, mbs in enumerate(per_rank):
-                for mb, x in zip(mbs, per_mb[r], strict=True):
-                    if not mb.is_padding:
-                        for src, x_T in zip(mb.source, mb.per_sequence(x), strict=True):
-                            scores[key][src] = x_T
-        ours = scores["trainer_old_logprobs"]
-        masks = [torch.tensor(tr.loss_mask, dtype=torch.bool) for tr in trajs]
-        kept = sorted({src for mbs in per_rank for mb in mbs for src in mb.source})
-        self.trainer_logprobs = {i: ours[i] for i in kept}
-        diff = kl = tokens = 0.0
-        for i in kept:
-            m = masks[i]
-            engine = torch.tensor(trajs[i].logprobs, dtype=torch.float32)
-            diff += float((engine - ours[i]).abs()[m].sum())
-            tokens += float(m.sum())
-            if "ref_logprobs" in scores:
-                kl += float(kl_estimate(ours[i], scores["ref_logprobs"][i], "k3")[m].sum())
-        metrics["train/logprob_diff"] = diff / max(tokens, 1.0)
-        if "ref_logprobs" in scores:
-            metrics["train/kl_ref"] = kl / max(tokens, 1.0)
+        lengths = [len(tr.token_ids) for tr in trajs]
+        scores = {k: per_trajectory(per_rank, v, lengths)[0] for k, v in out_per_mb.items()}
+        if "trainer_old_logprobs" in scores:
+            ours, ref = scores["trainer_old_logprobs"], scores.get("ref_logprobs")
+            metrics.update(self._record_trainer_logprobs(per_rank, ours, trajs, ref))
         loss = cfg.algo.loss
         if loss.kl_mode == "reward" and loss.kl_coef > 0:
+            masks = [torch.tensor(tr.loss_mask, dtype=torch.bool) for tr in trajs]
             scores["penalties"] = [
                 kl_reward_penalty(lp, ref, m, loss.kl_coef, loss.kl_kind)
-                for lp, ref, m in zip(ours, scores["ref_logprobs"], masks, strict=True)
+                for lp, ref, m in zip(
+                    scores["trainer_old_logprobs"], scores["ref_logprobs"], masks, strict=True
+                )
             ]
             metrics["train/kl_reward_penalty"] = float(
                 sum(float(p.sum()) for p in scores["penalties"])
-            ) / max(len(kept), 1)
+            ) / max(len(self.trainer_logprobs), 1)
         return scores
+
+    def _record_trainer_logprobs(
+        self,
+        per_rank: list[list[TrainBatch]],
+        ours: list[torch.Tensor],
+        trajs: list[Trajectory],
+        ref: list[torch.Tensor] | None,
+    ) -> dict[str, float]:
+        """Keep this step's pi_old per trajectory (logged with it); their gap and KL metrics."""
+        kept = sorted({src for mbs in per_rank for mb in mbs for src in mb.source})
+        self.trainer_logprobs = {i: ours[i] for i in kept}
+        return gap_and_kl_metrics(self.trainer_logprobs, trajs, ref)
 
     async def _hand_gpu(self, to_learner: bool) -> None:
         """Colocated mode: the engine frees its GPU memory for the update, the learner moves
@@ -350,7 +354,9 @@ class Trainer:
                     out[f"perf/peak_mem_gb/{prefix}{phase}"] = gib
         return out
 
-    def _update(self, batch: TrainBatch) -> dict[str, float]:
+    def _update(
+        self, batch: TrainBatch, trajs: list[Trajectory], ref: list[torch.Tensor] | None
+    ) -> dict[str, float]:
         """`algo.ppo_epochs` passes over the batch, each split into `algo.mini_batches`
         optimizer steps (shuffled per epoch). Every step's ratio uses the same denominator: the
         trainer's logprobs from before the first step (or the engine's with ratio=engine)."""
@@ -362,9 +368,14 @@ class Trainer:
                 per_rank = micro_batches(
                     mini, self.policy.world_size, cfg.learner.micro_batch_tokens
                 )
+                from_update = algo.old_logprobs_from_update()
                 out = self.policy.train_step(
-                    per_rank, algo.loss.name, algo.loss, cfg.rollout.temperature
+                    per_rank, algo.loss.name, algo.loss, cfg.rollout.temperature, from_update
                 )
+                if from_update:  # pi_old came from this (only) step's forward: record it now
+                    lengths = [len(tr.token_ids) for tr in trajs]
+                    ours, _ = per_trajectory(per_rank, self.policy.update_logprobs(), lengths)
+                    out.update(self._record_trainer_logprobs(per_rank, ours, trajs, ref))
                 if self.critic is not None:
                     out.update(self.critic.train_step(per_rank, "value_clip", algo.loss))
                 steps.append(out)
@@ -548,17 +559,6 @@ class Trainer:
     def console_line(self, m: dict[str, float]) -> None:
         if self.progress is not None:
             self.progress(m)
-
-
-def has_signal(group: list[Trajectory]) -> bool:
-    """Two scored members of the group have different rewards (a group baseline then gives a
-    nonzero advantage)."""
-    return len({tr.reward for tr in group if not tr.stop_reason.is_infra_failure}) > 1
-
-
-def no_signal(groups: list[list[Trajectory]]) -> bool:
-    """True when no group has two scored members with different rewards."""
-    return not any(has_signal(g) for g in groups)
 
 
 async def train(cfg: Config, out_dir: Path) -> list[dict[str, float]]:

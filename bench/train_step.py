@@ -115,7 +115,11 @@ def report(history: list[dict[str, float]], n_params: int, peak: float, wall_s: 
     print(f"  {'step':<11} {step_s:8.3f} s")
     print(f"  (checkpoint, not in the step: {', '.join(f'{c:.1f} s' for c in ckpt) or 'none'})")
     learner_s = med["logprobs"] + med["update"]
-    learner_mfu = 8 * n_params * tokens / learner_s / peak
+    # model FLOPs: 6N per token for the update's forward + backward, 2N for a separate pi_old
+    # pass when one ran (algo.old_logprobs=auto skips it with one optimizer step per batch);
+    # activation checkpointing's recompute is hardware work, not counted
+    passes = 6 + (2 if med["logprobs"] > 0.01 else 0)
+    learner_mfu = passes * n_params * tokens / learner_s / peak
     step_mfu = 6 * n_params * tokens / step_s / peak
     print(f"rollout {sampled / med['rollout']:.0f} sampled tok/s; learner "
           f"{tokens / learner_s:.0f} tok/s")  # fmt: skip

@@ -279,16 +279,28 @@ class LearnerGroup:
         """[rank][micro-batch] → logprobs [N] (CPU), for old/reference logprobs."""
         return self.call_per_rank("compute_logprobs", per_rank, temperature)
 
+    def update_logprobs(self) -> list[Any]:
+        return self.call("update_logprobs")
+
     def compute_values(self, per_rank: list[list[Any]]) -> list[Any]:
         return self.call_per_rank("compute_values", per_rank)
 
     def train_step(
-        self, per_rank: list[list[Any]], loss_name: str, loss_cfg: Any, temperature: float = 1.0
+        self,
+        per_rank: list[list[Any]],
+        loss_name: str,
+        loss_cfg: Any,
+        temperature: float = 1.0,
+        old_from_forward: bool = False,
     ) -> dict:
         """One optimizer step over all ranks' micro-batches; metrics named `<role>/<key>`:
         loss terms summed over ranks (the loss's shares add up to the full-batch value), plus
-        grad_norm, lr, skipped (1 when a non-finite loss/grad skipped the step), step_s."""
-        results = self.call_per_rank("train_step", per_rank, loss_name, loss_cfg, temperature)
+        grad_norm, lr, skipped (1 when a non-finite loss/grad skipped the step), step_s.
+        `old_from_forward`: pi_old from the step's own forward (worker.train_step); then
+        `update_logprobs()` gives them per rank and micro-batch, like `compute_logprobs`."""
+        results = self.call_per_rank(
+            "train_step", per_rank, loss_name, loss_cfg, temperature, old_from_forward
+        )
         out = reduce_metrics(r["sum"] for r in results)
         out.update(results[0]["global"])
         out["step_s"] = max(r["global"]["step_s"] for r in results)

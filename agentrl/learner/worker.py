@@ -60,6 +60,8 @@ class LearnerWorker:
         self.offload_mode = "all" if cfg.offload == "auto" else cfg.offload  # auto: set_offload
         self.steps_done = 0
         self.compiled = False  # learner.compile, resolved for this rank's device in setup()
+        self._old_from_forward = False  # this train_step takes pi_old from its own forward
+        self._update_lps: list[torch.Tensor] = []  # ... and keeps them, per micro-batch
         self.peaks: dict[str, float] = {}  # GiB the allocator held at most, per phase (GPU)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -193,15 +195,25 @@ class LearnerWorker:
 
     # -- training -------------------------------------------------------------------------------
     def train_step(
-        self, micro_batches: list[Any], loss_name: str, loss_cfg: Any, temperature: float = 1.0
+        self,
+        micro_batches: list[Any],
+        loss_name: str,
+        loss_cfg: Any,
+        temperature: float = 1.0,
+        old_from_forward: bool = False,
     ) -> dict[str, Any]:
         """Forward + backward every micro-batch with `loss_name`, then one optimizer step.
 
+        `old_from_forward`: a micro-batch without `trainer_old_logprobs` takes this forward's
+        own logprobs, detached, as pi_old (right when this is the batch's only optimizer step:
+        a separate pass before it would compute the same numbers); `update_logprobs` returns
+        them afterwards.
         A non-finite loss or gradient norm (on any rank) skips the step: gradients are dropped,
         the lr schedule does not advance, and `skipped` is 1 in the returned metrics.
         Returns {"sum": metrics to add over ranks, "global": metrics equal on every rank}."""
         if self.opt is None:
             raise RuntimeError(f"the {self.role} learner has no optimizer; it cannot train")
+        self._old_from_forward, self._update_lps = old_from_forward, []
         loss_fn = get_loss(loss_name)
         self.model.train()
         t0 = time.perf_counter()
@@ -272,6 +284,7 @@ class LearnerWorker:
         """This micro-batch's loss share and metrics. A padding micro-batch (a rank with no data
         left) still runs forward + backward with a zero loss, so FSDP's collectives line up."""
         if getattr(mb, "is_padding", False):
+            self._update_lps.append(torch.zeros(0))
             hidden = forward.last_hidden_state(self.model, mb.token_ids, mb.position_ids)
             return hidden.float().sum() * 0.0, {}
         if self.role == "critic":
@@ -293,7 +306,15 @@ class LearnerWorker:
         extra = {}
         if getattr(mb, "trainer_old_logprobs", None) is not None:
             extra["trainer_old_logprobs"] = mb.trainer_old_logprobs
+        elif self._old_from_forward:
+            extra["trainer_old_logprobs"] = lp.detach()
+            self._update_lps.append(lp.detach().float().cpu())
         return loss_fn(LossInputs.from_batch(mb, lp, entropy=ent, **extra), loss_cfg)
+
+    def update_logprobs(self) -> list[Any]:
+        """The last train_step's pi_old per micro-batch, when it took them from its own forward
+        (`old_from_forward`): the logprobs before that step, as `compute_logprobs` gives them."""
+        return list(self._update_lps)
 
     # -- weights out ----------------------------------------------------------------------------
     def param_specs(self, dtype: str | None = None) -> list[ParamSpec]:

@@ -147,6 +147,39 @@ def test_two_ranks_match_one_rank_then_skip_nan_then_checkpoint(groups, tmp_path
     assert (ckpt / "model" / "tokenizer.json").exists()
 
 
+def test_old_logprobs_from_the_update_are_the_scoring_pass(ray_up, tiny_model_dir) -> None:
+    """algo.old_logprobs=auto with one optimizer step per batch: the step takes pi_old from its
+    own forward instead of a scoring pass before it. Same numbers: the logprobs it reports are
+    the scoring pass's, and the step lands on the same weights."""
+    batch = make_batch(seed=4)
+    no_old = batch.replace(trainer_old_logprobs=None)
+    state, lps, metrics = [], [], []
+    for from_update in (False, True):
+        group = LearnerGroup(LearnerConfig(model_path=str(tiny_model_dir), num_workers=2, **CFG))
+        try:
+            per_rank = micro_batches(batch if not from_update else no_old, 2, 24)
+            if from_update:
+                metrics.append(group.train_step(per_rank, "ppo_clip", PPO, 1.0, True))
+                lps.append(group.update_logprobs())
+            else:
+                old = group.compute_logprobs(per_rank)
+                lps.append(old)
+                scored = [
+                    [mb.replace(trainer_old_logprobs=lp) for mb, lp in zip(mbs, r, strict=True)]
+                    for mbs, r in zip(per_rank, old, strict=True)
+                ]
+                metrics.append(group.train_step(scored, "ppo_clip", PPO))
+            state.append(group.full_state())
+        finally:
+            group.shutdown()
+    for r in range(2):
+        for a, b in zip(lps[0][r], lps[1][r], strict=True):
+            assert torch.allclose(a, b, atol=1e-6)
+    assert metrics[0]["policy/loss"] == pytest.approx(metrics[1]["policy/loss"], abs=1e-6)
+    assert metrics[1]["policy/ratio_max"] == pytest.approx(1.0, abs=1e-6)
+    assert max_diff(state[0], state[1]) < 1e-6
+
+
 def test_reference_matches_plain_forward_and_critic_learns(ray_up, tiny_model_dir) -> None:
     batch = make_batch(seed=2)
     cfg = LearnerConfig(model_path=str(tiny_model_dir), mixed_precision="bf16")  # a GPU's

@@ -55,6 +55,20 @@ def test_algo_presets_compose_and_say_how_many_optimizer_steps():
         compose(["algo=ppo", "algo.critic.enabled=false"])
 
 
+def test_old_logprobs_come_from_the_update_only_when_it_is_the_batchs_one_step():
+    """algo.old_logprobs=auto skips the scoring pass only where the update's own forward sees
+    the same weights: one optimizer step per batch, and no KL-in-reward (it needs pi_old
+    before the advantages)."""
+    assert compose().algo.old_logprobs_from_update()  # grpo: 1 x 1
+    assert not compose(["algo=ppo"]).algo.old_logprobs_from_update()  # 2 mini-batches
+    assert not compose(["algo=gspo"]).algo.old_logprobs_from_update()
+    assert not compose(["algo.ppo_epochs=2"]).algo.old_logprobs_from_update()
+    reward_kl = ["algo.loss.kl_coef=0.01", "algo.loss.kl_mode=reward"]
+    assert not compose(reward_kl).algo.old_logprobs_from_update()
+    assert compose(["algo.loss.kl_coef=0.01"]).algo.old_logprobs_from_update()  # kl in the loss
+    assert not compose(["algo.old_logprobs=recompute"]).algo.old_logprobs_from_update()
+
+
 def test_a_config_error_prints_for_people_at_the_door():
     """The message, no traceback, exit 2, before anything starts; AGENTRL_DEBUG=1 shows it all."""
     import os
