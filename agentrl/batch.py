@@ -329,16 +329,14 @@ def micro_batches(
 
 def per_trajectory(
     per_rank: list[list[TrainBatch]], outputs: list[list[Tensor]], lengths: Sequence[int]
-) -> tuple[list[Tensor], list[int]]:
+) -> list[Tensor]:
     """Scatter per-micro-batch outputs ([N] each, aligned with that micro-batch's tokens, as the
     learner returns them per rank) back to one [T] tensor per trajectory (`lengths[i]` tokens;
-    zeros for trajectories in no micro-batch). Also returns the indices that were in one."""
+    zeros for trajectories in no micro-batch)."""
     out = [torch.zeros(n) for n in lengths]
-    kept: set[int] = set()
     for mbs, xs in zip(per_rank, outputs, strict=True):
         for mb, x in zip(mbs, xs, strict=True):
             if not mb.is_padding:
                 for src, x_T in zip(mb.source, mb.per_sequence(x), strict=True):
                     out[src] = x_T
-                    kept.add(src)
-    return out, sorted(kept)
+    return out

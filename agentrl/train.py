@@ -283,7 +283,7 @@ class Trainer:
         if self.critic is not None:
             out_per_mb["values"] = self.critic.compute_values(per_rank)
         lengths = [len(tr.token_ids) for tr in trajs]
-        scores = {k: per_trajectory(per_rank, v, lengths)[0] for k, v in out_per_mb.items()}
+        scores = {k: per_trajectory(per_rank, v, lengths) for k, v in out_per_mb.items()}
         if "trainer_old_logprobs" in scores:
             ours, ref = scores["trainer_old_logprobs"], scores.get("ref_logprobs")
             metrics.update(self._record_trainer_logprobs(per_rank, ours, trajs, ref))
@@ -374,7 +374,7 @@ class Trainer:
                 )
                 if from_update:  # pi_old came from this (only) step's forward: record it now
                     lengths = [len(tr.token_ids) for tr in trajs]
-                    ours, _ = per_trajectory(per_rank, self.policy.update_logprobs(), lengths)
+                    ours = per_trajectory(per_rank, self.policy.update_logprobs(), lengths)
                     out.update(self._record_trainer_logprobs(per_rank, ours, trajs, ref))
                 if self.critic is not None:
                     out.update(self.critic.train_step(per_rank, "value_clip", algo.loss))

@@ -54,9 +54,11 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sandbox import seccomp
 from sandbox.cgroups import Cgroup
 from sandbox.config import ServerConfig
+from sandbox.seccomp import fprog as seccomp_fprog
+from sandbox.seccomp import program as seccomp_program
+from sandbox.seccomp import program_fd as seccomp_program_fd
 
 AGENT_SRC = (Path(__file__).parent / "_agent.py").read_text()
 BOOT = "import sys;exec(compile(sys.argv[1],'<sandbox-agent>','exec'))"
@@ -161,9 +163,9 @@ class Launcher:
         self.mode = mode
         self.root = os.geteuid() == 0
         self.bwrap = find_bwrap() if mode == "bwrap" else None
-        self.seccomp_prog = seccomp.program() if cfg.seccomp else None
+        self.seccomp_prog = seccomp_program() if cfg.seccomp else None
         self._fprog = (
-            seccomp.fprog(self.seccomp_prog) if self.seccomp_prog and mode != "bwrap" else None
+            seccomp_fprog(self.seccomp_prog) if self.seccomp_prog and mode != "bwrap" else None
         )
         self.has_cgroup = False
         self._stage: list[tuple[bytes, bytes]] = []  # (source, stage dir) mounted in preexec
@@ -271,7 +273,7 @@ class Launcher:
     def spawn(self, slot: Slot, sock_fd: int) -> subprocess.Popen:
         """Start one worker holding `sock_fd` (its end of the control socket)."""
         bwrap_filter = self.seccomp_prog if self.mode == "bwrap" else None
-        sec_fd = seccomp.program_fd(bwrap_filter) if bwrap_filter else None
+        sec_fd = seccomp_program_fd(bwrap_filter) if bwrap_filter else None
         try:
             home = "/tmp"
             if self.mode != "bwrap":

@@ -40,9 +40,9 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox import e2b_compat
 from sandbox.base import ExecResult, die_with_parent
 from sandbox.config import ServerConfig
+from sandbox.e2b_compat import install as install_e2b_routes
 from sandbox.service import Busy, ExecService, until_disconnect
 from sandbox.worker import WorkerStartError
 
@@ -160,7 +160,7 @@ def create_app(cfg: ServerConfig, port: int | None = None, on_ready=None) -> Fas
 
     app.add_middleware(BodyLimit, limit=cfg.max_code_bytes * 6 + 64 * 1024)
 
-    e2b_compat.install(app, svc, cfg.token, cfg.e2b_timeout_s)
+    install_e2b_routes(app, svc, cfg.token, cfg.e2b_timeout_s)
     return app
 
 

@@ -119,10 +119,11 @@ class LearnerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _compile_or_liger(self) -> LearnerConfig:
-        if self.compile == "on" and self.fused_kernels == "liger":
+        if self.compile != "off" and self.fused_kernels == "liger":
             raise ValueError(
-                "learner.compile=on and learner.fused_kernels=liger exclude each other "
-                "(torch.compile fuses the same ops and cannot trace liger's kernels); keep one"
+                f"learner.compile={self.compile} and learner.fused_kernels=liger exclude each "
+                "other (torch.compile fuses the same ops and cannot trace liger's kernels); "
+                "keep one"
             )
         return self
 

@@ -118,19 +118,6 @@ def fuse_kernels(model: nn.Module, mode: str, device_type: str) -> str:
     return "liger"
 
 
-def kernels_beside_compile(mode: str, compiled: bool) -> str:
-    """learner.fused_kernels when learner.compile is on: auto gives way to the compiler, an
-    explicit liger is refused (the compiled blocks cannot trace liger's Triton launchers)."""
-    if not compiled:
-        return mode
-    if mode == "liger":
-        raise ValueError(
-            "learner.fused_kernels=liger and learner.compile=on exclude each other (torch.compile "
-            "fuses the same ops and cannot trace liger's kernels); set one of them to off/auto"
-        )
-    return "off"
-
-
 def compile_blocks(model: nn.Module) -> int:
     """learner.compile: torch.compile each transformer block's `forward` (dynamic shapes: the
     micro-batches' lengths vary). Only the block's math is compiled; FSDP2's hooks and the

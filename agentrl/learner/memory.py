@@ -21,10 +21,7 @@ from dataclasses import dataclass
 GB = 1024**3
 RESERVE_BYTES = 4 * GB  # the engine's memory beyond its static fraction, and CUDA contexts
 MODES = ("none", "optimizer", "all")
-RESIDENT_BYTES = {  # per parameter, per role, for each offload mode
-    "trains": {"none": 16, "optimizer": 8, "all": 0},
-    "frozen": {"none": 1, "optimizer": 1, "all": 0},  # times the frozen weights' element size
-}
+RESIDENT_BYTES = {"none": 16, "optimizer": 8, "all": 0}  # per trained parameter, by mode
 
 
 @dataclass(frozen=True)
@@ -55,11 +52,8 @@ def choose_offload(
     `frozen_bytes`: the element size frozen weights are kept in (bf16: 2)."""
     engine = engine_fraction * total_bytes
     for mode in MODES:
-        resident = sum(
-            n * (RESIDENT_BYTES["trains"][mode] if trains
-                 else RESIDENT_BYTES["frozen"][mode] * frozen_bytes)
-            for n, trains in params
-        )  # fmt: skip
+        frozen = 0 if mode == "all" else frozen_bytes  # weights only; `all` moves them too
+        resident = sum(n * (RESIDENT_BYTES[mode] if trains else frozen) for n, trains in params)
         choice = OffloadChoice(mode, resident / ranks, engine, available_bytes)
         if choice.learner_bytes + engine + RESERVE_BYTES <= available_bytes:
             break

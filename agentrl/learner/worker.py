@@ -60,8 +60,7 @@ class LearnerWorker:
         self.offload_mode = "all" if cfg.offload == "auto" else cfg.offload  # auto: set_offload
         self.steps_done = 0
         self.compiled = False  # learner.compile, resolved for this rank's device in setup()
-        self._old_from_forward = False  # this train_step takes pi_old from its own forward
-        self._update_lps: list[torch.Tensor] = []  # ... and keeps them, per micro-batch
+        self._update_lps: list[torch.Tensor] = []  # pi_old of the last train_step, per micro-batch
         self.peaks: dict[str, float] = {}  # GiB the allocator held at most, per phase (GPU)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -107,12 +106,10 @@ class LearnerWorker:
         torch.manual_seed(self.cfg.seed)
         model = fsdp.load_model(self.cfg.model_path, self.role)
         self.compiled = self.cfg.use_compile(self.device_type)
-        # torch.compile fuses what liger's kernels fuse, and cannot trace them (Triton launchers
-        # inside a compiled graph fail to pickle): one or the other
-        kernels = fsdp.fuse_kernels(
-            model, fsdp.kernels_beside_compile(self.cfg.fused_kernels, self.compiled),
-            self.device_type,
-        )  # fmt: skip
+        # the compiler fuses what liger's kernels fuse and cannot trace them: auto gives way
+        # (an explicit liger beside compile is refused by the config)
+        fused = "off" if self.compiled else self.cfg.fused_kernels
+        kernels = fsdp.fuse_kernels(model, fused, self.device_type)
         if self.cfg.lora.rank and self.role == "policy":
             model = lora.add_lora(model, self.cfg.lora)
         if self.role == "reference":
@@ -213,14 +210,16 @@ class LearnerWorker:
         Returns {"sum": metrics to add over ranks, "global": metrics equal on every rank}."""
         if self.opt is None:
             raise RuntimeError(f"the {self.role} learner has no optimizer; it cannot train")
-        self._old_from_forward, self._update_lps = old_from_forward, []
+        self._update_lps = []
         loss_fn = get_loss(loss_name)
         self.model.train()
         t0 = time.perf_counter()
         per_mb, loss_sum, tokens, batch_tokens = [], 0.0, 0, 0
         with self._peak("update"), self._profiled(self.steps_done + 1):
             for mb in micro_batches:
-                loss, metrics = self._loss(mb.to(self.device), loss_fn, loss_cfg, temperature)
+                loss, metrics = self._loss(
+                    mb.to(self.device), loss_fn, loss_cfg, temperature, old_from_forward
+                )
                 loss.backward()
                 loss_sum += float(loss.detach())
                 tokens += int(mb.loss_mask.sum())
@@ -280,11 +279,19 @@ class LearnerWorker:
             shutil.copyfileobj(src, dst)
         trace.unlink()
 
-    def _loss(self, mb: Any, loss_fn: Any, loss_cfg: Any, temperature: float) -> tuple[Any, dict]:
+    def _loss(
+        self,
+        mb: Any,
+        loss_fn: Any,
+        loss_cfg: Any,
+        temperature: float,
+        old_from_forward: bool = False,
+    ) -> tuple[Any, dict]:
         """This micro-batch's loss share and metrics. A padding micro-batch (a rank with no data
         left) still runs forward + backward with a zero loss, so FSDP's collectives line up."""
         if getattr(mb, "is_padding", False):
-            self._update_lps.append(torch.zeros(0))
+            if old_from_forward:
+                self._update_lps.append(torch.zeros(0))
             hidden = forward.last_hidden_state(self.model, mb.token_ids, mb.position_ids)
             return hidden.float().sum() * 0.0, {}
         if self.role == "critic":
@@ -306,7 +313,7 @@ class LearnerWorker:
         extra = {}
         if getattr(mb, "trainer_old_logprobs", None) is not None:
             extra["trainer_old_logprobs"] = mb.trainer_old_logprobs
-        elif self._old_from_forward:
+        elif old_from_forward:
             extra["trainer_old_logprobs"] = lp.detach()
             self._update_lps.append(lp.detach().float().cpu())
         return loss_fn(LossInputs.from_batch(mb, lp, entropy=ent, **extra), loss_cfg)
