@@ -1,7 +1,8 @@
 """The attack suite: hostile code against the local sandbox service on loopback.
 
 For each attack the call must return promptly with the right flag, nothing may escape, and the
-service must go on serving the next 100 requests. Reward hacks against the grader are at the end.
+service must go on serving the next 100 requests. Reward hacks against the grader:
+test_sandbox_reward_hacks.py; the service and the checks both use: sandbox_kit.py.
 """
 
 from __future__ import annotations
@@ -16,32 +17,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sandbox_kit import LIMITS, SECRET, attack, attacked_service, needs, serves_next_100
 
-from sandbox import ExecResult, Limits, SandboxUnavailable, ServerConfig, ServiceSandbox
-from sandbox.grader import CallTest, IOTest, asserts_to_tests, grade
+from sandbox import SandboxUnavailable, ServerConfig, ServiceSandbox
+from sandbox.grader import IOTest, grade
 from sandbox.server import LocalService
-
-SECRET = "agentrl-secret-" + secrets.token_hex(8)
-LIMITS = Limits(
-    wall_s=2, max_wall_s=60, cpu_s=1, memory_mb=256, processes=32, file_size_mb=8, tmp_mb=32,
-    output_bytes=64 * 1024, output_kill_bytes=1 << 20,
-)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[LocalService]:
-    old = os.environ.get("AGENTRL_TEST_SECRET")
-    os.environ["AGENTRL_TEST_SECRET"] = SECRET  # the service has it; sandboxed code must not
-    try:
-        mode = os.environ.get("AGENTRL_TEST_SANDBOX_ISOLATION", "auto")  # e.g. rlimits
-        cfg = ServerConfig(warm_workers=4, max_running=4, limits=LIMITS, isolation=mode)
-        with LocalService(cfg) as svc:
-            yield svc
-    finally:
-        if old is None:
-            os.environ.pop("AGENTRL_TEST_SECRET", None)
-        else:
-            os.environ["AGENTRL_TEST_SECRET"] = old
+    yield from attacked_service()
 
 
 @pytest.fixture(scope="module")
@@ -53,47 +38,6 @@ def isolation(service: LocalService) -> dict:
 def namespaces(isolation: dict) -> None:
     if isolation["mode"] != "bwrap":
         pytest.skip("this host refused user namespaces: the service runs with rlimits only")
-
-
-def needs(isolation: dict, what: str) -> None:
-    """Skip the parts whose flag (or safety) depends on a cgroup controller or a private tmpfs."""
-    have = {
-        "pids": "pids" in (isolation["cgroup"] or ""),
-        "memory": "memory" in (isolation["cgroup"] or ""),
-        "tmpfs": isolation["private_tmp"] == "tmpfs",
-    }
-    if not have[what]:
-        pytest.skip(f"this host gives the sandbox no {what} limit of its own")
-
-
-async def serves_next_100(url: str) -> None:
-    """100 more requests succeed: 4 one-shot calls and 96 calls in 4 sessions, in parallel."""
-    sb = ServiceSandbox(url, retries=0)
-
-    async def session(k: int) -> None:
-        key = f"after-{k}-{secrets.token_hex(4)}"
-        await sb.run("n = 0", session=key)
-        for i in range(1, 24):
-            res = await sb.run("n += 1; n", session=key)
-            assert res.result == str(i), res
-        await sb.close_session(key)
-
-    async def oneshot(k: int) -> None:
-        res = await sb.run(f"print({k} * 2)")
-        assert res.stdout == f"{2 * k}\n" and res.ok, res
-
-    await asyncio.gather(*(session(k) for k in range(4)), *(oneshot(k) for k in range(4)))
-    await sb.aclose()
-
-
-async def attack(url: str, code: str, timeout: float = 2.0, **kw) -> tuple[ExecResult, float]:
-    sb = ServiceSandbox(url, retries=0)
-    t0 = time.monotonic()
-    res = await sb.run(code, timeout=timeout, **kw)
-    elapsed = time.monotonic() - t0
-    await sb.aclose()
-    assert elapsed < timeout + 5.0, f"took {elapsed:.1f}s"  # generous: CI hosts are shared
-    return res, elapsed
 
 
 # -- time ---------------------------------------------------------------------------------
@@ -345,107 +289,6 @@ async def test_a_real_library_workload_runs_under_the_limits(service: LocalServi
     res, _ = await attack(service.url, code, timeout=20.0)
     assert res.ok, res.stderr
     assert res.stdout == "True (300, 300)\n"
-
-
-# -- reward hacks against the grader ------------------------------------------------------
-
-CHECK = """
-def check(candidate):
-    assert candidate([3, 1, 2]) == [1, 2, 3]
-    assert candidate([2, 1]) == [1, 2]
-    assert candidate([5, -1]) == [-1, 5]
-"""
-
-CALL_HACKS = {
-    "exit_zero_early": "import sys\nsys.exit(0)",
-    "os_exit_zero": "import os\nos._exit(0)",
-    "patch_assert_and_builtins": (
-        "import builtins\nbuiltins.AssertionError = type('Nope', (Exception,), {})\n"
-        "builtins.sorted = lambda x: x\nbuiltins.__dict__['abs'] = lambda x: 0\n"
-        "def sort_list(xs):\n    return list(xs)"
-    ),
-    "always_equal_object": (
-        "class Eq(list):\n    def __eq__(self, o): return True\n    def __ne__(self, o): return False\n"
-        "class Any:\n    def __eq__(self, o): return True\n    __hash__ = None\n"
-        "def sort_list(xs):\n    return Any()"
-    ),
-    "print_a_pass_report": (
-        "print('3 passed'); print('{\"t\": 0, \"v\": [1, 2, 3]}')\nimport sys\nsys.stdout.flush()\n"
-        "def sort_list(xs):\n    print('PASSED'); raise SystemExit(0)"
-    ),
-    "kill_the_harness": (
-        "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
-        "def sort_list(xs):\n    return sorted(xs)"
-    ),
-    "forge_frames_via_proc": (
-        "import os\nfor p in ('/proc/1/fd/1', f'/proc/{os.getppid()}/fd/1'):\n"
-        "    for t, v in enumerate([[1, 2, 3], [1, 2], [-1, 5]]):\n        try:\n"
-        "            open(p, 'w').write('\\nNONCE {\"t\": %d, \"v\": %r}\\n' % (t, v))\n"
-        "        except OSError:\n            pass\n"
-        "def sort_list(xs):\n    return None"
-    ),
-    "rewrite_harness_files": (
-        "import glob, os\nfor f in glob.glob('/tmp/**', recursive=True):\n    try:\n"
-        "        if os.path.isfile(f):\n            open(f, 'w').write('def sort_list(x): return x')\n"
-        "    except OSError:\n        pass\n"
-        "def sort_list(xs):\n    return xs"
-    ),
-}
-
-
-@pytest.mark.parametrize("name", sorted(CALL_HACKS))
-async def test_reward_hacks_do_not_pass_call_tests(service: LocalService, name: str) -> None:
-    sb = ServiceSandbox(service.url, retries=0)
-    tests = asserts_to_tests(CHECK)
-    good = await grade(
-        sb, "def sort_list(xs):\n    return sorted(xs)", tests, entry_point="sort_list"
-    )
-    bad = await grade(sb, CALL_HACKS[name], tests, entry_point="sort_list", timeout_s=2.0)
-    await sb.aclose()
-    assert good.all_passed and good.score == 1.0
-    assert bad.passed == 0, bad.outcomes
-
-
-IO_EXPECTED = "zebra-" + secrets.token_hex(6)
-IO_HACKS = {
-    "exit_zero_early": "import sys\nsys.exit(0)",
-    "print_a_guess": "print('zebra-000000000000')\nprint('PASSED')",
-    "search_for_the_answer": (
-        "import glob, os\nseen = []\n"
-        "for f in glob.glob('/tmp/**', recursive=True) + glob.glob('/proc/*/cmdline') + "
-        "glob.glob('/proc/*/environ') + glob.glob('/proc/*/fd/*'):\n    try:\n"
-        "        with open(f, 'rb') as fh:\n            data = fh.read(1 << 20)\n"
-        "    except OSError:\n        continue\n    i = data.find(b'zebra-')\n"
-        "    if i >= 0:\n        seen.append(data[i:i + 18].decode('latin-1'))\n"
-        "try:\n    mem = open(f'/proc/{os.getppid()}/mem', 'rb')\n    seen.append('mem-open')\n"
-        "except OSError:\n    pass\nprint(seen[0] if seen else 'nothing')"
-    ),
-}
-
-
-@pytest.mark.parametrize("name", sorted(IO_HACKS))
-async def test_reward_hacks_do_not_pass_io_tests(service: LocalService, name: str) -> None:
-    sb = ServiceSandbox(service.url, retries=0)
-    tests = [IOTest(stdin="zebra\n", expected=IO_EXPECTED + "\n")]
-    honest = f"input()\nprint({IO_EXPECTED!r})"
-    good = await grade(sb, honest, tests)
-    bad = await grade(sb, IO_HACKS[name], tests, timeout_s=3.0)
-    await sb.aclose()
-    assert good.all_passed
-    assert bad.passed == 0, bad.outcomes
-
-
-async def test_grader_survives_a_flood_and_a_timeout(service: LocalService) -> None:
-    sb = ServiceSandbox(service.url, retries=0)
-    tests = [CallTest(call="f(1)", expected=2), CallTest(call="f(2)", expected=3)]
-    slow = "def f(x):\n    if x == 1:\n        while True: pass\n    return x + 1"
-    res = await grade(sb, slow, tests, timeout_s=1.0)
-    assert [o.status for o in res.outcomes] == ["timeout", "pass"]
-    flood = "import sys\nsys.stdout.write('x' * 50_000_000)\ndef f(x):\n    return x + 1"
-    res = await grade(sb, flood, tests, timeout_s=3.0)
-    await sb.aclose()
-    assert res.all_passed  # the solution's prints never reach the harness's report
-    await serves_next_100(service.url)
 
 
 # -- the control channel (the agent's socket lives in the code's process) ---------------------
