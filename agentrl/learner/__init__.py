@@ -6,6 +6,7 @@ models live here, so importing this package pulls in neither ray nor torch.distr
 
     fsdp.py          model/optimizer of one rank (build, shard, clip, gather, save, offload)
     forward.py       logprobs, entropies, values of a packed micro-batch (from hidden states)
+    vocab_head.py    the vocabulary head's logprobs/entropies: fused Triton or torch kernels
     worker.py        `LearnerWorker`, the Ray actor of one rank (algorithm-blind)
     group.py         `LearnerGroup`, N workers of one role; `start_ray` (loopback only)
     update_group.py  the trainer→engines process group (shared with the dev server)
@@ -61,11 +62,22 @@ class LearnerConfig(BaseModel):
     mixed_precision: Literal["auto", "bf16", "fp32"] = Field(
         "auto", description="auto: bf16 compute + fp32 master weights on GPU, fp32 on CPU"
     )
-    activation_checkpointing: Literal["auto", "on", "off"] = Field("auto", description="auto: GPU")
+    activation_checkpointing: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="recompute transformer blocks in backward instead of keeping their "
+        "activations. on: every block; auto (CUDA): at each step, the fewest blocks that let the "
+        "largest micro-batch fit the free GPU memory (policy/checkpointed_blocks); off on CPU",
+    )
     fused_kernels: Literal["auto", "liger", "off"] = Field(
         "auto",
         description="liger: liger-kernel's fused RMSNorm, RoPE and SwiGLU in the learner's model "
         "(CUDA; pip install 'agentrl[gpu]'); auto: liger when on CUDA and installed",
+    )
+    head_kernel: Literal["auto", "triton", "torch"] = Field(
+        "auto",
+        description="the vocabulary head's softmax arithmetic (learner/vocab_head.py): triton "
+        "(one streaming pass per chunk forward, one fused gradient pass backward; CUDA) or torch "
+        "(the same math in torch ops); auto: triton on CUDA when importable",
     )
     compile: Literal["auto", "on", "off"] = Field(
         "off",
@@ -129,6 +141,22 @@ class LearnerConfig(BaseModel):
 
     def use_compile(self, device: str) -> bool:
         return self.compile == "on" or (self.compile == "auto" and device == "cuda")
+
+    def head_kernel_for(self, device: str) -> str:
+        """learner.head_kernel resolved for a device; triton off CUDA is an error."""
+        from agentrl.learner.vocab_head import triton_available  # local: configs import no torch
+
+        if self.head_kernel == "torch" or (self.head_kernel == "auto" and device != "cuda"):
+            return "torch"
+        if device != "cuda":
+            raise ValueError("learner.head_kernel=triton needs CUDA; use auto or torch")
+        if not triton_available():
+            if self.head_kernel == "triton":
+                raise ValueError(
+                    "learner.head_kernel=triton needs triton (it ships with CUDA torch)"
+                )
+            return "torch"
+        return "triton"
 
     def use_checkpointing(self, device: str) -> bool:
         return self.activation_checkpointing == "on" or (

@@ -10,14 +10,11 @@ Legend: N tokens (of a packed row), H hidden, V vocab, B rows, T columns of a pa
 
 from __future__ import annotations
 
-import functools
-
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from agentrl.batch import TrainBatch
+from agentrl.learner.vocab_head import head_logprobs
 
 # ---------------------------------------------------------------------------------------------
 # Logprobs from a model
@@ -32,7 +29,8 @@ def logprobs_from_hidden(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
-    chunk_tokens: int = 512,
+    chunk_tokens: int | None = None,
+    kernel: str = "torch",
     compiled: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token logprobs (and entropies) of `token_ids_N` from the final hidden states.
@@ -40,59 +38,36 @@ def logprobs_from_hidden(
     Output [N] aligned with the ids: out[t] = log p(token_t | the tokens before it in its
     sequence), read from hidden[t-1]; 0 at each sequence's first token, and (with `mask_N`) 0
     wherever the mask is 0 — those positions never reach the vocabulary projection. Logits are
-    built `chunk_tokens` rows at a time in float32, and under autograd each chunk is recomputed in
-    backward instead of kept, so memory holds one [chunk, V] block, not [N, V]. `compiled`: each
-    chunk's softmax arithmetic is one torch.compile'd kernel instead of a pass over the [chunk, V]
-    fp32 block per op.
+    built `chunk_tokens` rows at a time and never kept: backward recomputes each chunk's
+    (vocab_head.py), so memory holds one [chunk, V] block, not [N, V]. `kernel`: "triton" (CUDA)
+    or "torch" for the softmax arithmetic; `compiled`: the torch one through torch.compile.
     """
-    chunk_fn = _compiled_chunk() if compiled else _chunk
     n = token_ids_N.numel()
     want = position_ids_N > 0
     if mask_N is not None:
         want = want & mask_N.bool()
     idx = want.nonzero().squeeze(-1)
-    h = hidden_NH[idx - 1]
-    tgt = token_ids_N[idx]
-    grad = torch.is_grad_enabled() and (h.requires_grad or weight_VH.requires_grad)
-    lps, ents = [], []
-    for c in range(0, idx.numel(), chunk_tokens):
-        args = (h[c : c + chunk_tokens], weight_VH, tgt[c : c + chunk_tokens])
-        if grad:
-            lp, ent = checkpoint(chunk_fn, *args, temperature, with_entropy, use_reentrant=False)
-        else:
-            lp, ent = chunk_fn(*args, temperature, with_entropy)
-        lps.append(lp)
-        ents.append(ent)
     zeros = torch.zeros(n, dtype=torch.float32, device=hidden_NH.device)
-    if grad and not lps:
-        # Nothing to score (a padding micro-batch): stay connected to the model with an exact
-        # zero, so backward still runs and FSDP's gradient collectives stay in step across ranks.
-        zeros = zeros + (hidden_NH[:0].sum() + weight_VH[:0].sum()).float()
-    cat = torch.cat(lps) if lps else zeros[:0]
-    logprobs = zeros.index_copy(0, idx, cat)
-    entropy = None
-    if with_entropy:
-        entropy = zeros.index_copy(0, idx, torch.cat(ents) if ents else zeros[:0])
+    if idx.numel() == 0:
+        if torch.is_grad_enabled() and (hidden_NH.requires_grad or weight_VH.requires_grad):
+            # Nothing to score (a padding micro-batch): stay connected to the model with an exact
+            # zero, so backward still runs and FSDP's gradient collectives stay in step across
+            # ranks.
+            zeros = zeros + (hidden_NH[:0].sum() + weight_VH[:0].sum()).float()
+        return zeros, (zeros if with_entropy else None)
+    lp, ent = head_logprobs(
+        hidden_NH[idx - 1],
+        weight_VH,
+        token_ids_N[idx],
+        temperature=temperature,
+        with_entropy=with_entropy,
+        kernel=kernel,
+        chunk_tokens=chunk_tokens,
+        compiled=compiled,
+    )
+    logprobs = zeros.index_copy(0, idx, lp)
+    entropy = zeros.index_copy(0, idx, ent) if ent is not None else None
     return logprobs, entropy
-
-
-def _chunk(
-    h: Tensor, w: Tensor, tgt: Tensor, temperature: float, with_entropy: bool
-) -> tuple[Tensor, Tensor]:
-    logits = F.linear(h, w).float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    lse = torch.logsumexp(logits, dim=-1)
-    lp = logits.gather(-1, tgt[:, None]).squeeze(-1) - lse
-    if not with_entropy:
-        return lp, lp.new_zeros(())
-    ent = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-    return lp, ent
-
-
-@functools.cache
-def _compiled_chunk():
-    return torch.compile(_chunk, dynamic=True)
 
 
 def padded_rows(position_ids_N: Tensor) -> tuple[Tensor, Tensor]:
@@ -157,9 +132,10 @@ def token_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
-    chunk_tokens: int = 512,
+    chunk_tokens: int | None = None,
     all_tokens: bool = False,
     layout: str = "packed",
+    kernel: str = "torch",
     compiled: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Trainer logprobs [N] (and entropies) of a packed micro-batch, aligned with mb.token_ids.
@@ -178,6 +154,7 @@ def token_logprobs(
         temperature=temperature,
         with_entropy=with_entropy,
         chunk_tokens=chunk_tokens,
+        kernel=kernel,
         compiled=compiled,
     )
 

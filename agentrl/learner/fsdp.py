@@ -140,6 +140,27 @@ def store_frozen_in(model: nn.Module, dtype: torch.dtype) -> int:
     return saved
 
 
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's transformer blocks, in order; call before `shard_model` (FSDP2 renames their
+    classes, which is how they are found)."""
+    return _blocks(model)
+
+
+def set_checkpointed(blocks: list[nn.Module], count: int) -> None:
+    """Recompute the first `count` blocks in backward, keep the others' activations (the blocks
+    of a model on which `shard_model(checkpointing=True)` enabled checkpointing)."""
+    for i, block in enumerate(blocks):
+        block.gradient_checkpointing = i < count
+
+
+def max_over_ranks(value: int, device: torch.device) -> int:
+    """The largest `value` of all ranks (every rank then takes the same decision)."""
+    t = torch.tensor([value], device=device, dtype=torch.int64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def _blocks(model: nn.Module) -> list[nn.Module]:
     """The repeated transformer blocks (HF lists their class in `_no_split_modules`)."""
     names = set(getattr(model, "_no_split_modules", None) or ())

@@ -216,9 +216,10 @@ class LearnerGroup:
         self._specs: dict[str | None, list[ParamSpec]] = {}
         first = self.info[0]
         log.info(
-            "%s learner: %d rank(s) on %s, bf16 %s, activation checkpointing %s, fused kernels %s",
+            "%s learner: %d rank(s) on %s, bf16 %s, activation checkpointing %s, fused kernels %s, "
+            "head kernel %s",
             role, self.world_size, first["device"], first["bf16"], first["checkpointing"],
-            first["fused_kernels"],
+            first["fused_kernels"], first["head_kernel"],
         )  # fmt: skip
         niced = sorted({i["nice"] for i in self.info if i.get("nice", 0) > 0})
         if niced:

@@ -69,3 +69,40 @@ def engine_fraction(extra_args: list[str], default: float = 0.9) -> float:
         if a.startswith("--mem-fraction-static="):
             return float(a.split("=", 1)[1])
     return default
+
+
+# ---------------------------------------------------------------------------------------------
+# learner.activation_checkpointing=auto: how many transformer blocks to recompute in backward
+
+
+def block_activation_bytes(config: object, elem_bytes: int = 2) -> int:
+    """Activations one token keeps through one transformer block for backward, estimated from the
+    model's shape: about 8 hidden-wide tensors (norm inputs/outputs, q, attention out, residuals),
+    the keys and values, and 3 MLP-wide ones (gate, up, their product). Measured at Qwen2.5-1.5B
+    on an H100 (16k-token micro-batches, all blocks kept vs all recomputed): 68 KB; this gives 79."""
+    hidden = int(config.hidden_size)  # type: ignore[attr-defined]
+    inter = int(getattr(config, "intermediate_size", 4 * hidden))
+    heads = int(getattr(config, "num_attention_heads", 1))
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+    return elem_bytes * (8 * hidden + 2 * kv_heads * head_dim + 3 * inter)
+
+
+def blocks_to_checkpoint(
+    n_blocks: int,
+    tokens: int,
+    per_block_bytes: int,
+    input_bytes: int,
+    budget_bytes: float,
+) -> int:
+    """The fewest of `n_blocks` to recompute in backward so that a micro-batch of `tokens` fits
+    `budget_bytes` of activations: a kept block holds `per_block_bytes` per token, a recomputed one
+    only its input (`input_bytes` per token), and one block's activations are rebuilt at a time
+    during backward. All of them when even that does not fit (the budget is an estimate)."""
+    if tokens <= 0 or n_blocks <= 0:
+        return 0
+    rebuilt = tokens * per_block_bytes
+    kept_extra = tokens * max(per_block_bytes - input_bytes, 1)
+    room = budget_bytes - rebuilt - n_blocks * tokens * input_bytes
+    keep = int(max(room, 0) // kept_extra)
+    return n_blocks - min(keep, n_blocks)

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from agentrl.learner import LearnerConfig, Role, forward, fsdp, lora
+from agentrl.learner import LearnerConfig, Role, forward, fsdp, lora, memory
 from agentrl.learner.checkpoint import CheckpointWriter, load_optimizer
 from agentrl.learner.fsdp import ParamSpec
 from agentrl.learner.sync import SYNC_METHODS
@@ -60,6 +60,12 @@ class LearnerWorker:
         self.offload_mode = "all" if cfg.offload == "auto" else cfg.offload  # auto: set_offload
         self.steps_done = 0
         self.compiled = False  # learner.compile, resolved for this rank's device in setup()
+        self.head_kernel = "torch"  # learner.head_kernel, resolved likewise
+        # activation_checkpointing=auto on CUDA: the blocks, and activation bytes per token of
+        # one kept block and of one recomputed one (its input); the count recomputed last step
+        self._ckpt_blocks: list[Any] = []
+        self._block_bytes = self._block_input_bytes = 0
+        self.checkpointed_blocks = 0
         self._update_lps: list[torch.Tensor] = []  # pi_old of the last train_step, per micro-batch
         self.peaks: dict[str, float] = {}  # GiB the allocator held at most, per phase (GPU)
 
@@ -106,6 +112,7 @@ class LearnerWorker:
         torch.manual_seed(self.cfg.seed)
         model = fsdp.load_model(self.cfg.model_path, self.role)
         self.compiled = self.cfg.use_compile(self.device_type)
+        self.head_kernel = self.cfg.head_kernel_for(self.device_type)
         # the compiler fuses what liger's kernels fuse and cannot trace them: auto gives way
         # (an explicit liger beside compile is refused by the config)
         fused = "off" if self.compiled else self.cfg.fused_kernels
@@ -117,12 +124,18 @@ class LearnerWorker:
         if self.compiled:
             fsdp.compile_blocks(model)
         bf16 = self.cfg.use_bf16(self.device_type)
+        checkpointing = self.cfg.use_checkpointing(self.device_type) and self.role != "reference"
+        if checkpointing and self.cfg.activation_checkpointing == "auto":
+            # as few blocks recomputed as each step's memory allows (_plan_checkpointing)
+            self._ckpt_blocks = fsdp.blocks(model)
+            self._block_bytes = memory.block_activation_bytes(model.config, 2 if bf16 else 4)
+            self._block_input_bytes = (2 if bf16 else 4) * int(model.config.hidden_size)
         frozen_saved = fsdp.store_frozen_in(model, torch.bfloat16) if bf16 else 0
         self.model = fsdp.shard_model(
             model,
             self.device,
             bf16=bf16,
-            checkpointing=self.cfg.use_checkpointing(self.device_type) and self.role != "reference",
+            checkpointing=checkpointing,
             reshard=self.cfg.reshard_after_forward,
         )
         if self.role == "reference":
@@ -135,10 +148,10 @@ class LearnerWorker:
             "params": n,
             "device": str(self.device),
             "bf16": self.cfg.use_bf16(self.device_type),
-            "checkpointing": self.cfg.use_checkpointing(self.device_type)
-            and self.role != "reference",
+            "checkpointing": ("auto" if self._ckpt_blocks else True) if checkpointing else False,
             "fused_kernels": kernels,
             "compiled": self.compiled,
+            "head_kernel": self.head_kernel,
             "frozen_bf16_gb": frozen_saved / 2**30,
             "setup_s": time.perf_counter() - t0,
             "nice": os.nice(0),
@@ -170,6 +183,7 @@ class LearnerWorker:
                     mb.to(self.device),
                     temperature=temperature,
                     layout=self.cfg.attention_layout,
+                    kernel=self.head_kernel,
                     compiled=self.compiled,
                 )
                 out.append(lp.float().cpu())
@@ -213,6 +227,8 @@ class LearnerWorker:
         self._update_lps = []
         loss_fn = get_loss(loss_name)
         self.model.train()
+        if self._ckpt_blocks:
+            self._plan_checkpointing(micro_batches)
         t0 = time.perf_counter()
         per_mb, loss_sum, tokens, batch_tokens = [], 0.0, 0, 0
         with self._peak("update"), self._profiled(self.steps_done + 1):
@@ -248,9 +264,34 @@ class LearnerWorker:
                 "grad_norm": grad_norm if math.isfinite(grad_norm) else float("nan"),
                 "lr": lr,
                 "skipped": 0.0 if ok else 1.0,
+                "checkpointed_blocks": float(self.checkpointed_blocks),
                 "step_s": time.perf_counter() - t0,
             },
         }
+
+    def _plan_checkpointing(self, micro_batches: list[Any]) -> None:
+        """activation_checkpointing=auto: recompute the fewest blocks that let this step's largest
+        micro-batch keep its activations in the GPU memory free now (the engine has released its
+        own), beside the gradients the backward will allocate and the head's logits chunks. The
+        largest count over the ranks, so their collectives stay in the same order."""
+        tokens = max(
+            (_activation_tokens(mb, self.cfg.attention_layout) for mb in micro_batches), default=0
+        )
+        free, _ = torch.cuda.mem_get_info(self.device)
+        cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        grads = sum(
+            4 * (p.to_local() if isinstance(p, DTensor) else p).numel()
+            for p in self.model.parameters()
+            if p.requires_grad and p.grad is None
+        )
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        head = 3 * 2048 * vocab * 4  # logits chunks and their fp32 temporaries
+        budget = 0.9 * (free + cached - grads - head) - memory.RESERVE_BYTES
+        count = memory.blocks_to_checkpoint(
+            len(self._ckpt_blocks), tokens, self._block_bytes, self._block_input_bytes, budget
+        )
+        self.checkpointed_blocks = fsdp.max_over_ranks(count, self.device)
+        fsdp.set_checkpointed(self._ckpt_blocks, self.checkpointed_blocks)
 
     @contextlib.contextmanager
     def _profiled(self, step: int) -> Iterator[None]:
@@ -308,6 +349,7 @@ class LearnerWorker:
             with_entropy=entropy,
             temperature=temperature,
             layout=self.cfg.attention_layout,
+            kernel=self.head_kernel,
             compiled=self.compiled,
         )
         extra = {}
@@ -473,3 +515,12 @@ class LearnerWorker:
     def _require(self, role: str, what: str) -> None:
         if self.role != role:
             raise RuntimeError(f"{what} needs the {role} role, this learner is {self.role}")
+
+
+def _activation_tokens(mb: Any, layout: str) -> int:
+    """Token positions a micro-batch's forward holds activations for: its tokens when packed,
+    rows x the longest sequence when right-padded."""
+    n = int(mb.token_ids.numel())
+    if layout != "padded" or n == 0:
+        return n
+    return int((mb.position_ids == 0).sum()) * (int(mb.position_ids.max()) + 1)

@@ -1,0 +1,78 @@
+"""learner.activation_checkpointing=auto: how many blocks are recomputed for the memory at hand
+(agentrl/learner/memory.py), and that recomputing only some blocks changes nothing but memory."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from agentrl.learner import fsdp
+from agentrl.learner.memory import block_activation_bytes, blocks_to_checkpoint
+
+GIB = 1024**3
+QWEN_1_5B = SimpleNamespace(
+    hidden_size=1536, intermediate_size=8960, num_attention_heads=12, num_key_value_heads=2
+)
+
+
+def test_block_bytes_estimate_covers_the_measured_qwen_block():
+    # measured on an H100: 68 KB per token per kept block at 1.5B (bf16); the estimate is above it
+    est = block_activation_bytes(QWEN_1_5B)
+    assert 68_000 <= est <= 1.3 * 68_000
+    assert block_activation_bytes(QWEN_1_5B, elem_bytes=4) == 2 * est
+
+
+@pytest.mark.parametrize(
+    ("tokens", "budget_gib", "expected"),
+    [
+        (16384, 45, 0),  # an H100 with the engine released: everything kept
+        (16384, 20, "some"),  # half the room: part recomputed
+        (32768, 30, "some"),
+        (32768, 2, 28),  # a 32k episode in little room: all recomputed
+        (16384, -5, 28),  # no room at all (the estimate went negative): all
+        (0, 1, 0),  # an empty step
+    ],
+)
+def test_blocks_to_checkpoint_fits_the_budget(tokens, budget_gib, expected):
+    per, inp = block_activation_bytes(QWEN_1_5B), 2 * 1536
+    k = blocks_to_checkpoint(28, tokens, per, inp, budget_gib * GIB)
+    if expected == "some":
+        assert 0 < k < 28
+    else:
+        assert k == expected
+    if 0 < k < 28:  # the fewest that fit: one block fewer would not
+        used = lambda k: tokens * per + (28 - k) * tokens * per + k * tokens * inp  # noqa: E731
+        assert used(k) <= budget_gib * GIB + tokens * per
+        assert used(k - 1) > budget_gib * GIB
+
+
+def test_recomputing_some_blocks_gives_the_same_gradients():
+    """On the installed transformers: set_checkpointed recomputes exactly the first k blocks (their
+    forward runs again in backward) and the gradients are the same for k = 0, 1, all."""
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.assets.build import cached_tiny_random
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(cached_tiny_random(), dtype=torch.float32)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    blocks = fsdp.blocks(model)
+    calls = [0] * len(blocks)
+    for i, b in enumerate(blocks):  # the block's MLP runs once per forward of the block's body
+        b.mlp.register_forward_pre_hook(lambda *_a, i=i: calls.__setitem__(i, calls[i] + 1))
+    ids = torch.randint(0, model.config.vocab_size, (2, 12))
+    grads = {}
+    for k in (0, 1, len(blocks)):
+        fsdp.set_checkpointed(blocks, k)
+        calls[:] = [0] * len(blocks)
+        model.zero_grad()
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        # a recomputed block runs its forward a second time in backward
+        assert calls == [2 if i < k else 1 for i in range(len(blocks))], (k, calls)
+        grads[k] = [p.grad.clone() for p in model.parameters()]
+    for k in (1, len(blocks)):
+        for a, b in zip(grads[0], grads[k], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
