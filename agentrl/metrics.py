@@ -51,6 +51,8 @@ train/ — the learner and the trainer-side logprob pass
                                     trainer.no_signal_steps
     train/tokens, train/loss_tokens, train/micro_batches, train/step_s (learner wall time)
     train/batch_tokens              every token the update ran over (prompts, observations too)
+    train/checkpointed_blocks       transformer blocks recomputed in backward this step
+                                    (learner.activation_checkpointing=auto picks them per step)
     Any other learner key `policy/<k>` becomes `train/<k>`; other roles keep their prefix
     (`critic/…`).
 sync/ — weight sync: seconds, mb, s_per_mb, buckets; drain_s (closing the gate before the push:

@@ -131,7 +131,7 @@ def report(history: list[dict[str, float]], n_params: int, peak: float, wall_s: 
     if peaks:
         print("learner GPU memory at most (GiB, the allocator's, the most over steps): " + ", ".join(
             f"{k.rsplit('/', 1)[1]} {max(h.get(k, 0.0) for h in history):.1f}" for k in peaks))  # fmt: skip
-    blocks = [h["policy/checkpointed_blocks"] for h in history if "policy/checkpointed_blocks" in h]
+    blocks = [h["train/checkpointed_blocks"] for h in history if "train/checkpointed_blocks" in h]
     if blocks:
         print(f"blocks recomputed in backward per step: {', '.join(f'{b:.0f}' for b in blocks)}")
     gaps = ", ".join(f"{h.get('train/logprob_diff', float('nan')):.4f}" for h in history)

@@ -66,7 +66,7 @@ class LearnerConfig(BaseModel):
         "auto",
         description="recompute transformer blocks in backward instead of keeping their "
         "activations. on: every block; auto (CUDA): at each step, the fewest blocks that let the "
-        "largest micro-batch fit the free GPU memory (policy/checkpointed_blocks); off on CPU",
+        "largest micro-batch fit the free GPU memory (train/checkpointed_blocks); off on CPU",
     )
     fused_kernels: Literal["auto", "liger", "off"] = Field(
         "auto",
