@@ -130,6 +130,15 @@ class LearnerConfig(BaseModel):
         )
 
     @model_validator(mode="after")
+    def _triton_head_on_cuda(self) -> LearnerConfig:
+        if self.head_kernel == "triton" and self.device == "cpu":
+            raise ValueError(
+                "learner.head_kernel=triton runs on CUDA only, and learner.device=cpu; "
+                "use head_kernel=auto or torch"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _compile_or_liger(self) -> LearnerConfig:
         if self.compile != "off" and self.fused_kernels == "liger":
             raise ValueError(

@@ -284,8 +284,8 @@ class LearnerWorker:
             for p in self.model.parameters()
             if p.requires_grad and p.grad is None
         )
-        vocab = self.model.get_output_embeddings().weight.shape[0]
-        head = 3 * 2048 * vocab * 4  # logits chunks and their fp32 temporaries
+        out_emb = self.model.get_output_embeddings()  # None for a critic (a value head)
+        head = 3 * 2048 * out_emb.weight.shape[0] * 4 if out_emb is not None else 0  # logit chunks
         budget = 0.9 * (free + cached - grads - head) - memory.RESERVE_BYTES
         count = memory.blocks_to_checkpoint(
             len(self._ckpt_blocks), tokens, self._block_bytes, self._block_input_bytes, budget

@@ -76,3 +76,35 @@ def test_recomputing_some_blocks_gives_the_same_gradients():
     for k in (1, len(blocks)):
         for a, b in zip(grads[0], grads[k], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("head", ["causal_lm", "value_head"])
+def test_the_workers_plan_reads_the_gpu_memory_it_is_given(head, monkeypatch):
+    """The worker's per-step plan for a policy and for a critic (which has no vocabulary head),
+    with the CUDA memory queries answering as a GPU would: all kept with room, all recomputed
+    without."""
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    from agentrl.assets.build import cached_tiny_random
+    from agentrl.learner import LearnerConfig
+    from agentrl.learner.worker import LearnerWorker
+
+    cls = AutoModelForCausalLM if head == "causal_lm" else AutoModelForTokenClassification
+    extra = {} if head == "causal_lm" else {"num_labels": 1}
+    model = cls.from_pretrained(cached_tiny_random(), dtype=torch.float32, **extra)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    blocks = fsdp.blocks(model)
+    worker = SimpleNamespace(
+        model=model, cfg=LearnerConfig(attention_layout="padded"), device=torch.device("cpu"),
+        _ckpt_blocks=blocks, _block_bytes=block_activation_bytes(model.config),
+        _block_input_bytes=2 * model.config.hidden_size, checkpointed_blocks=-1,
+    )  # fmt: skip
+    mb = SimpleNamespace(token_ids=torch.zeros(9, dtype=torch.long),
+                         position_ids=torch.tensor([0, 1, 2, 3, 4, 0, 1, 2, 3]))  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
+    for free, expected in ((60 * GIB, 0), (0, len(blocks))):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None, f=free: (f, 80 * GIB))
+        LearnerWorker._plan_checkpointing(worker, [mb])
+        assert worker.checkpointed_blocks == expected
+        assert [b.gradient_checkpointing for b in blocks] == [expected > 0] * len(blocks)

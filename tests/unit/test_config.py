@@ -171,3 +171,15 @@ def test_tp_engines_get_their_gpus_and_join_the_update_group_per_rank(monkeypatc
     with pytest.raises(ConfigError, match="engine.ray_num_gpus=2"):
         compose(["engine.kind=sglang", "engine.tp=2", "engine.placement=ray",
                  "engine.ray_num_gpus=1", "weight_sync.method=distributed"])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (["learner.head_kernel=triton", "learner.device=cpu"], "head_kernel=triton runs on CUDA"),
+        (["learner.compile=on", "learner.fused_kernels=liger"], "exclude each other"),
+    ],
+)
+def test_learner_kernel_choices_that_cannot_run_are_refused(overrides, needle):
+    with pytest.raises(ConfigError, match=needle):
+        compose(overrides)
