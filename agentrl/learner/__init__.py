@@ -81,7 +81,7 @@ class LearnerConfig(BaseModel):
     )
     compile: Literal["auto", "on", "off"] = Field(
         "off",
-        description="torch.compile each transformer block's forward and the logprob chunk (fewer, "
+        description="torch.compile each transformer block's forward and the torch head kernel (fewer, "
         "fused kernels; the first steps pay the compile, per new shape); auto: on CUDA",
     )
     offload: Literal["auto", "all", "optimizer", "none"] = Field(
