@@ -276,10 +276,16 @@ def full_param(p: torch.Tensor) -> torch.Tensor:
 
 
 def gather_full(
-    model: nn.Module, bucket: list[ParamSpec], rank: int, device: torch.device | None = None
+    model: nn.Module,
+    bucket: list[ParamSpec],
+    rank: int,
+    device: torch.device | None = None,
+    every_rank: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Collective: the full tensors of one bucket, cast to each spec's dtype, on rank 0 (on
-    `device`, default CPU); an empty dict on other ranks."""
+    `device`, default CPU); an empty dict on other ranks, unless `every_rank` keeps them there
+    too (each rank then cuts its own slices, e.g. for a tensor-parallel engine)."""
+    keep = every_rank or rank == 0
     params = dict(model.named_parameters())
     srcs = lora.sources(model) if lora.is_lora(model) else None
     out: dict[str, torch.Tensor] = {}
@@ -291,8 +297,8 @@ def gather_full(
             full = full_param(params[base])
             if a is not None and b is not None:
                 la, lb = full_param(params[a]), full_param(params[b])
-                full = lora.merged(full, la, lb, scale) if rank == 0 else full
-        if rank == 0:
+                full = lora.merged(full, la, lb, scale) if keep else full
+        if keep:
             out[s.name] = full.to(device=device or "cpu", dtype=to_dtype(s.dtype)).contiguous()
         del full
     return out

@@ -1,7 +1,8 @@
 """Which slice of each trained parameter each rank of a tensor-parallel SGLang engine holds
 (`engine.tp`): the plan a push follows to hand every TP rank its own slices, from the learner
 rank on the same GPU, without gathering the model on one GPU. Pure: names and shapes in, slices
-out (`plan_tp`); `shard` cuts full tensors by a plan (tests, and the gather-free push's check).
+out (`plan_tp`); `pack` cuts one rank's tensors into one flat buffer (what the colocated push sends
+that rank, agentrl/learner/sync/tensor.py); `shard` cuts them one tensor each (the tests' check).
 
 SGLang's layout (sglang/srt/layers/linear.py, vocab_parallel_embedding.py), tp ranks, H query
 heads, K key/value heads of size d, intermediate size I, vocabulary V:
@@ -18,7 +19,8 @@ heads, K key/value heads of size d, intermediate size I, vocabulary V:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +37,14 @@ class Heads:
     num_heads: int  # H: query heads
     num_kv_heads: int  # K
     head_dim: int  # d
+
+
+def heads_of(config: object) -> Heads:
+    """The attention heads of a transformers config (Llama/Qwen/Mistral names)."""
+    h = int(config.num_attention_heads)  # type: ignore[attr-defined]
+    k = int(getattr(config, "num_key_value_heads", None) or h)
+    d = getattr(config, "head_dim", None) or config.hidden_size // h  # type: ignore[attr-defined]
+    return Heads(h, k, int(d))
 
 
 @dataclass(frozen=True)
@@ -127,3 +137,42 @@ def shard(full: dict[str, torch.Tensor], pieces: list[Piece]) -> dict[str, torch
         n = p.stop - p.start
         out[p.target].narrow(p.dim, p.offset, n).copy_(src.narrow(p.dim, p.start, n))
     return out
+
+
+def pack(
+    get: Callable[[str], torch.Tensor],
+    pieces: Sequence[Piece],
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]:
+    """One TP rank's tensors (SGLang's names and per-rank shapes) as named views of ONE flat
+    `dtype` buffer on `device`: one allocation and one IPC handle per bucket. `get(name)` gives a
+    full source tensor; each piece is cast and copied once, straight into its slot; rows past the
+    last piece (the vocabulary's padding) are zeros."""
+    sources = {p.source: get(p.source) for p in pieces}
+    shapes: dict[str, list[int]] = {}
+    filled: dict[str, int] = {}
+    dims: dict[str, int] = {}
+    for p in pieces:
+        if p.target not in shapes:
+            shape = list(sources[p.source].shape)
+            shape[p.dim] = p.target_size
+            shapes[p.target], filled[p.target], dims[p.target] = shape, 0, p.dim
+        if p.offset != filled[p.target]:
+            raise ValueError(f"{p.target}: pieces must fill it in order, got {p}")
+        filled[p.target] += p.stop - p.start
+    flat = torch.empty(sum(math.prod(s) for s in shapes.values()), dtype=dtype, device=device)
+    views: dict[str, torch.Tensor] = {}
+    at = 0
+    for target, shape in shapes.items():
+        views[target] = flat[at : at + math.prod(shape)].view(shape)
+        at += math.prod(shape)
+    for p in pieces:
+        n = p.stop - p.start
+        views[p.target].narrow(p.dim, p.offset, n).copy_(
+            sources[p.source].narrow(p.dim, p.start, n)
+        )
+    for target, view in views.items():
+        dim = dims[target]
+        view.narrow(dim, filled[target], view.shape[dim] - filled[target]).zero_()
+    return flat, list(views.items())

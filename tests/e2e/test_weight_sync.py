@@ -9,11 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoConfig
 
 from agentrl.batch import TrainBatch, global_norm, micro_batches
 from agentrl.engine import EngineClient, SamplingParams
 from agentrl.learner import LearnerConfig, RayConfig
 from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
+from agentrl.learner.sync.tensor import plan_direct
+from agentrl.learner.tp import Heads, heads_of, plan_tp, shard
 from agentrl.loss import LossConfig
 from agentrl.weight_sync import WeightSyncConfig, make_weight_sync
 
@@ -126,6 +129,33 @@ async def test_server_serves_trainer_weights_after_push(
                 await sync.close()
     if method == "disk":
         assert [p.name for p in (tmp_path / "weights").iterdir()] == ["v2"]  # older removed
+
+
+@pytest.mark.parametrize("tp_size", [2, 4])
+def test_each_learner_rank_cuts_its_tp_ranks_slices(policy, tiny_model_dir, tp_size: int) -> None:
+    """The colocated push to a tensor-parallel engine (`method=tensor`, `engine.tp` > 1): each of
+    the two FSDP ranks packs the slices of the TP ranks it serves (t mod 2), from the bucket it
+    gathered, and they are the shard plan's cut of the full weights. The CUDA-IPC hand-off itself
+    needs GPUs; this is everything before it, on the real sharded learner."""
+    specs = [s for b in policy.buckets(0.1, "float32") for s in b]
+    buckets, groups = plan_direct(specs, 0.1)
+    assert sum(g is not None for g in groups) > 2  # several direct buckets
+    heads = heads_of(AutoConfig.from_pretrained(tiny_model_dir))
+    assert heads == Heads(4, 2, 16)
+    for bucket, fused in zip(buckets, groups, strict=True):
+        if fused is None:  # a vocabulary the engine pads: full tensors, the server's loader
+            continue
+        per_rank = policy.call("sync_call", "tensor", "tp_views", bucket, tp_size)
+        full = policy.call("sync_call", "user_transport:ObjectStoreSync", "bucket", bucket)[0]
+        plan = plan_tp([(s.name, s.shape) for s in bucket], tp_size, heads)
+        for rank, got in enumerate(per_rank):
+            assert sorted(got) == [t for t in range(tp_size) if t % 2 == rank]
+            for t, (flat, views) in got.items():
+                want = shard(full, plan[t])
+                assert [n for n, _ in views] == list(want)
+                assert flat.numel() == sum(v.numel() for _, v in views)
+                for name, view in views:
+                    assert torch.equal(view, want[name]), (t, name)
 
 
 def test_unknown_method_is_rejected_with_the_known_ones() -> None:

@@ -47,7 +47,8 @@ def make_batch(seed: int = 0, n_seqs: int = 8) -> TrainBatch:
 
 @contextmanager
 def launch_sglang(model_dir: Path, log_dir: Path, gpu: str, *extra: str, timeout_s: float = 420):
-    """`python -m sglang.launch_server` on 127.0.0.1 and one GPU; yields its URL."""
+    """`python -m sglang.launch_server` on 127.0.0.1 and the GPUs `gpu` names ("0" or "0,1"); yields
+    its URL."""
     pytest.importorskip("sglang")
     port = 31000 + os.getpid() % 1000
     log = Path(log_dir) / "server.log"
@@ -330,4 +331,4 @@ def scoring_batch(prompt: list[int], completion: list[int]) -> TrainBatch:
 def trainer_logprobs(group, prompt: list[int], completion: list[int]) -> torch.Tensor:
     """The learner group's logprobs of `completion` after `prompt`."""
     mb = scoring_batch(prompt, completion)
-    return group.compute_logprobs([[mb]])[0][0][len(prompt) :]
+    return group.compute_logprobs([[mb]] * group.world_size)[0][0][len(prompt) :]

@@ -2,7 +2,11 @@
 share the device; per cycle the engine releases its memory, the learner onloads and trains, the
 engine resumes its weights and receives the new ones over CUDA IPC (`weight_sync.method=tensor`),
 the learner offloads, the engine resumes its KV cache and serves. SGLang then serves the trainer's
-weights, and GPU memory does not grow from cycle to cycle."""
+weights, and GPU memory does not grow from cycle to cycle.
+
+With two GPUs the same cycles run with the learner as two FSDP2 ranks and ONE SGLang server at
+tp=2 over both GPUs: each learner rank hands the TP rank on its GPU only that rank's slices
+(agentrl/learner/tp.py), in SGLang's `direct` format."""
 
 from __future__ import annotations
 
@@ -31,17 +35,24 @@ def score(group: LearnerGroup, completion: list[int]) -> torch.Tensor:
     return trainer_logprobs(group, PROMPT, completion)
 
 
-def test_colocated_cycles_serve_trainer_weights_without_memory_growth(ray_on, model_dir, tmp_path):
-    ray_on("0")
-    cfg = LearnerConfig(model_path=str(model_dir), device="cuda", lr=2e-2)
+@pytest.mark.parametrize("tp", [1, 2])
+def test_colocated_cycles_serve_trainer_weights_without_memory_growth(
+    tp, ray_on, model_dir, tmp_path
+):
+    if torch.cuda.device_count() < tp:
+        pytest.skip(f"needs {tp} GPUs")
+    gpus = ",".join(str(i) for i in range(tp))
+    ray_on(gpus)
+    cfg = LearnerConfig(model_path=str(model_dir), device="cuda", lr=2e-2, num_workers=tp)
     group = LearnerGroup(cfg)
     group.offload()
     sampling = SamplingParams(max_new_tokens=32, temperature=1.0, seed=3, ignore_eos=True)
     free_after: list[float] = []
+    wcfg = WeightSyncConfig(method="tensor", bucket_mb=32, ranks_per_server=tp)
 
     async def cycles(url: str) -> tuple[float, float, dict]:
         async with EngineClient([url]) as engine:
-            sync = make_weight_sync(WeightSyncConfig(method="tensor", bucket_mb=32), group, engine)
+            sync = make_weight_sync(wcfg, group, engine)
             await sync.setup()
             stale = fresh = float("nan")
             metrics: dict = {}
@@ -49,7 +60,7 @@ def test_colocated_cycles_serve_trainer_weights_without_memory_growth(ray_on, mo
                 served = await engine.generate(PROMPT, sampling)
                 await engine.release_memory_occupation()
                 group.onload()
-                group.train_step(micro_batches(make_batch(cycle), 1, 400), "ppo_clip", PPO)
+                group.train_step(micro_batches(make_batch(cycle), tp, 400), "ppo_clip", PPO)
                 if cycle == 0:
                     stale = score(group, served.token_ids) - torch.tensor(served.logprobs)
                     stale = stale.abs().mean().item()
@@ -65,15 +76,17 @@ def test_colocated_cycles_serve_trainer_weights_without_memory_growth(ray_on, mo
                     fresh = fresh.abs().mean().item()
                     group.offload()
                 torch.cuda.synchronize()
-                free_after.append(torch.cuda.mem_get_info()[0] / 2**30)
+                free_after.append(min(torch.cuda.mem_get_info(i)[0] for i in range(tp)) / 2**30)
             return stale, fresh, metrics
 
     try:
-        with launch_sglang(model_dir, tmp_path, "0", "--enable-memory-saver") as url:
+        extra = ["--enable-memory-saver", *(["--tp-size", str(tp)] if tp > 1 else [])]
+        with launch_sglang(model_dir, tmp_path, gpus, *extra) as url:
             stale, fresh, metrics = asyncio.run(cycles(url))
     finally:
         group.shutdown()
     print(f"mean |logprob diff| before sync {stale:.4f}, after {fresh:.4f}; {metrics}")
     print("free GiB after each cycle:", [f"{x:.2f}" for x in free_after])
     assert stale > 0.2 and fresh < 0.05
+    assert metrics["sync/direct"] == 1.0  # each TP rank took its slices straight in
     assert free_after[-1] > free_after[1] - 0.5, "GPU memory grows from cycle to cycle"

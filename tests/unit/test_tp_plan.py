@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrl.learner.tp import Heads, plan_tp, shard
+from agentrl.learner.tp import Heads, Piece, pack, plan_tp, shard
 
 # Qwen2.5-1.5B's shapes (12 query heads, 2 key/value heads of 128, intermediate 8960), two layers,
 # a vocabulary that is not a multiple of 64 (151,936 is; 151,900 exercises the padding)
@@ -125,3 +125,35 @@ def test_a_tp_that_does_not_divide_the_heads_is_refused():
         plan_tp(shapes(), 3, HEADS)
     with pytest.raises(ValueError, match="needs"):
         plan_tp([("model.layers.0.mlp.gate_proj.weight", (8, 6))], 2, HEADS)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_pack_is_the_shards_in_one_buffer(tp):
+    """What the colocated push sends a TP rank: the rank's shards as views of one flat buffer,
+    cast once, the vocabulary's padding rows zeroed even where the buffer held garbage."""
+    heads = Heads(4, 2, 3)
+    small = [("model.embed_tokens.weight", (10, 6)), ("model.norm.weight", (6,)),
+             ("model.layers.0.self_attn.q_proj.weight", (12, 6)),
+             ("model.layers.0.self_attn.k_proj.weight", (6, 6)),
+             ("model.layers.0.self_attn.v_proj.weight", (6, 6)),
+             ("model.layers.0.self_attn.o_proj.weight", (6, 12)),
+             ("model.layers.0.mlp.gate_proj.weight", (8, 6)),
+             ("model.layers.0.mlp.up_proj.weight", (8, 6)),
+             ("model.layers.0.mlp.down_proj.weight", (6, 8))]  # fmt: skip
+    g = torch.Generator().manual_seed(1)
+    full = {n: torch.randn(s, generator=g) for n, s in small}
+    torch.full((4096,), float("nan")).sum()  # leave garbage around for torch.empty to find
+    for pieces in plan_tp(small, tp, heads):
+        flat, views = pack(full.__getitem__, pieces, torch.bfloat16, "cpu")
+        want = shard(full, pieces)
+        assert [n for n, _ in views] == list(want)
+        assert flat.numel() == sum(v.numel() for _, v in views)
+        for name, view in views:
+            assert view.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+            assert torch.equal(view, want[name].to(torch.bfloat16)), name
+
+
+def test_pack_refuses_pieces_that_leave_a_hole():
+    piece = Piece("a", "a", 0, 0, 2, 1, 3)  # rows land at 1, leaving row 0 unwritten
+    with pytest.raises(ValueError, match="in order"):
+        pack({"a": torch.zeros(4, 2)}.__getitem__, [piece], torch.float32, "cpu")

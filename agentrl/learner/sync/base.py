@@ -53,8 +53,9 @@ class WeightSyncConfig(BaseModel):
     load_format: Literal["auto", "direct", "flattened_bucket"] = Field(
         "auto",
         description="tensor: direct = fused SGLang names, copied straight into the parameters "
-        "(Llama/Qwen layouts, TP 1); flattened_bucket = the model's own load_weights; auto: "
-        "direct, falling back to flattened_bucket if the server rejects it",
+        "(Llama/Qwen layouts; at TP > 1 each TP rank gets only its own slices); "
+        "flattened_bucket = the model's own load_weights; auto: direct, falling back to "
+        "flattened_bucket if the server rejects it",
     )
     timeout_s: float = Field(600.0, gt=0, description="forming the group; one broadcast")
 

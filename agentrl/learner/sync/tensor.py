@@ -2,7 +2,14 @@
 CUDA-IPC handles of one buffer (SGLang `/update_weights_from_tensor`). `load_format` picks how the
 server loads them (agentrl/learner/ipc.py): `direct` copies fused tensors straight into its
 parameters, about twice as fast as `flattened_bucket`, which runs the model's `load_weights`.
-The learner and the servers must share the host (and, for speed, the GPU)."""
+The learner and the servers must share the host (and, for speed, the GPU).
+
+A tensor-parallel server (`engine.tp` = N, `ranks_per_server`) gets one payload per TP rank: in
+the `direct` format each TP rank t receives only its own slices of every parameter (q/k/v heads,
+gate/up rows, o/down columns, vocabulary rows; agentrl/learner/tp.py), packed by the learner rank
+that serves it (t mod the learner's world size: the same GPU when they are colocated one to one).
+Every learner rank gathers the bucket and cuts its slices, so no GPU ever holds more than one
+bucket of full weights, and no TP rank reads the whole model from GPU 0."""
 
 from __future__ import annotations
 
@@ -13,7 +20,7 @@ from typing import Any
 
 import torch
 
-from agentrl.learner import fsdp, ipc, lora
+from agentrl.learner import fsdp, ipc, lora, tp
 from agentrl.learner.fsdp import ParamSpec
 from agentrl.learner.sync.base import SYNC_METHODS, Transport, WeightSyncError
 
@@ -63,6 +70,36 @@ class TensorSync(Transport):
             torch.cuda.synchronize()  # the server reads the memory as soon as it has the handle
             return payload
 
+        def tp_views(
+            self, bucket: list[ParamSpec], tp_size: int
+        ) -> dict[int, tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]]:
+            """Collective: for every TP rank t this learner rank serves (t % world_size == rank),
+            t's slices of the bucket in SGLang's names and per-rank shapes, as views of one flat
+            buffer on this rank's device: {t: (flat, [(name, view)])}."""
+            w = self.worker
+            full = fsdp.gather_full(w.model, bucket, w.rank, w.device, every_rank=True)
+            plan = tp.plan_tp([(s.name, s.shape) for s in bucket], tp_size, self.heads())
+            dtype = fsdp.to_dtype(bucket[0].dtype)
+            mine = [t for t in range(tp_size) if t % w.world_size == w.rank]
+            out = {t: tp.pack(full.__getitem__, plan[t], dtype, w.device) for t in mine}
+            del full
+            return out
+
+        def tp_bucket(self, bucket: list[ParamSpec], tp_size: int) -> dict[int, str]:
+            """Collective: `tp_views` as SGLang `direct` CUDA-IPC payloads, one per TP rank this
+            learner rank serves; their buffers are kept until `release`."""
+            out = {}
+            for t, (flat, views) in self.tp_views(bucket, tp_size).items():
+                self.hold.keep(flat)
+                out[t] = ipc.serialize(views)
+            torch.cuda.synchronize()  # the server reads the memory as soon as it has the handle
+            return out
+
+        def heads(self) -> tp.Heads:
+            model = self.worker.model
+            config = getattr(model, "config", None) or model.get_base_model().config
+            return tp.heads_of(config)
+
         def release(self) -> None:
             self.hold.release()
 
@@ -82,7 +119,7 @@ class TensorSync(Transport):
             )
         self._plan()
         fmt, self.groups = self.cfg.load_format, []
-        if fmt == "direct" or (fmt == "auto" and self.cfg.ranks_per_server == 1):
+        if fmt in ("direct", "auto"):
             self.buckets, self.groups = plan_direct(
                 [s for b in self.buckets for s in b], self.cfg.bucket_mb
             )
@@ -114,13 +151,12 @@ class TensorSync(Transport):
             last = i == len(self.buckets) - 1
             direct = bool(self.groups) and self.groups[i] is not None
             fmt = "direct" if direct else "flattened_bucket"
-            args = ("direct_bucket", bucket, self.groups[i]) if direct else ("bucket", bucket)
             t0 = time.perf_counter()
-            payload = (await asyncio.to_thread(self.rank_call, *args))[0]
+            payloads = await asyncio.to_thread(self._payloads, bucket, direct, i)
             t1 = time.perf_counter()
             try:
                 await self.engine.update_weights_from_tensor(
-                    [payload] * self.cfg.ranks_per_server,
+                    payloads,
                     weight_version=version if last else None,
                     load_format=fmt,
                     flush_cache=last,
@@ -137,6 +173,18 @@ class TensorSync(Transport):
                 self.learner.call_async("sync_call", self.name, "release")
             self.learner_s += t1 - t0
             self.engine_s += time.perf_counter() - t1
+
+    def _payloads(self, bucket: list[ParamSpec], direct: bool, i: int) -> list[str]:
+        """One payload per TP rank of a server: the TP ranks' own slices (direct, TP > 1), or
+        the same full tensors for every rank, whose loader cuts its slices itself."""
+        n = self.cfg.ranks_per_server
+        if direct and n > 1:
+            per_rank: dict[int, str] = {}
+            for got in self.rank_call("tp_bucket", bucket, n):
+                per_rank.update(got)
+            return [per_rank[t] for t in range(n)]
+        args = ("direct_bucket", bucket, self.groups[i]) if direct else ("bucket", bucket)
+        return [self.rank_call(*args)[0]] * n
 
 
 def plan_direct(specs: list[ParamSpec], bucket_mb: float) -> tuple[list[list], list]:
