@@ -1,4 +1,5 @@
-"""Colocated weight sync on ONE GPU: agentrl's `weight_sync.method=tensor` (FSDP2 learner on Ray →
+"""Colocated weight sync on one GPU (or --tp N: N GPUs, N learner ranks, one SGLang server at tp=N):
+agentrl's `weight_sync.method=tensor` (FSDP2 learner on Ray →
 SGLang on the same GPU, CUDA IPC, one flattened bucket per request) against the naive reference,
 the whole model as per-tensor CUDA-IPC handles in one `/update_weights_from_tensor` request, sent
 by a process that already holds the bf16 weights on the GPU. Both push into the same server in
@@ -6,6 +7,7 @@ the same run.
 
     python bench/weight_sync_colocated.py --shape 0.5b [--bucket-mb 256 1024] [--repeats 5]
     python bench/weight_sync_colocated.py --shape 1.5b --url http://127.0.0.1:30000 --model DIR
+    python bench/weight_sync_colocated.py --shape 1.5b --tp 2 --formats direct   # two GPUs
 
 `--formats`: SGLang load formats of the tensor method (`direct`: fused names copied straight
 into the parameters; `flattened_bucket`: the model's load_weights). Shapes are Qwen2.5's (random weights, built here: no hub download). Prints seconds per push and
@@ -40,8 +42,11 @@ SGLANG_ARGS = ["--attention-backend", "triton", "--enable-memory-saver", "--gram
                "--dtype", "bfloat16"]  # fmt: skip
 
 
-async def naive_push(engine: EngineClient, named: list[tuple[str, torch.Tensor]], v: str) -> float:
-    """The reference: every tensor its own CUDA-IPC handle, all in one request."""
+async def naive_push(
+    engine: EngineClient, named: list[tuple[str, torch.Tensor]], v: str, tp: int = 1
+) -> float:
+    """The reference: every tensor its own CUDA-IPC handle, all in one request (the same full
+    tensors for every TP rank, whose loader cuts its slices)."""
     from sglang.srt.utils import MultiprocessingSerializer
     from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
 
@@ -49,19 +54,20 @@ async def naive_push(engine: EngineClient, named: list[tuple[str, torch.Tensor]]
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     payload = MultiprocessingSerializer.serialize(named, output_str=True)
-    await engine.update_weights_from_tensor([payload], weight_version=v, flush_cache=True)
+    await engine.update_weights_from_tensor([payload] * tp, weight_version=v, flush_cache=True)
     return time.perf_counter() - t0
 
 
 async def run(args: argparse.Namespace, url: str, model: Path) -> list[dict]:
     rows: list[dict] = []
-    policy = LearnerGroup(LearnerConfig(model_path=str(model), device="cuda"))
+    policy = LearnerGroup(LearnerConfig(model_path=str(model), device="cuda", num_workers=args.tp))
     policy.offload()
     try:
         async with EngineClient([url], timeout_s=600) as engine:
             n_params = None
             for fmt, bucket_mb in [(f, b) for f in args.formats for b in args.bucket_mb]:
-                wcfg = WeightSyncConfig(method="tensor", bucket_mb=bucket_mb, load_format=fmt)
+                wcfg = WeightSyncConfig(method="tensor", bucket_mb=bucket_mb, load_format=fmt,
+                                        ranks_per_server=args.tp)  # fmt: skip
                 sync = make_weight_sync(wcfg, policy, engine)
                 await sync.setup()
                 n_params = sync.total_params
@@ -95,7 +101,8 @@ async def run(args: argparse.Namespace, url: str, model: Path) -> list[dict]:
 
             ref = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).cuda()
             named = [(n, p.detach()) for n, p in ref.named_parameters()]
-            times = [await naive_push(engine, named, f"naive-{i}") for i in range(args.repeats + 1)]
+            times = [await naive_push(engine, named, f"naive-{i}", args.tp)
+                     for i in range(args.repeats + 1)]  # fmt: skip
             rows.append({"method": "naive: one request, per-tensor IPC", "buckets": 1,
                          "s": statistics.median(times[1:])})  # fmt: skip
             del ref, named
@@ -116,6 +123,7 @@ def main() -> None:
     p.add_argument("--formats", nargs="+", default=["direct", "flattened_bucket"])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--mem-fraction", default="0.3", help="--mem-fraction-static of the server")
+    p.add_argument("--tp", type=int, default=1, help="GPUs: learner ranks and the server's TP size")
     args = p.parse_args()
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="agentrl-wsync-")))
@@ -124,16 +132,16 @@ def main() -> None:
         print(f"model {model} ready in {time.perf_counter() - t0:.1f}s", flush=True)
         url = args.url
         if not url:
-            cfg = EngineConfig(kind="sglang", extra_args=[*SGLANG_ARGS, "--mem-fraction-static",
-                                                          args.mem_fraction])  # fmt: skip
+            cfg = EngineConfig(kind="sglang", tp=args.tp, extra_args=[
+                *SGLANG_ARGS, "--mem-fraction-static", args.mem_fraction])  # fmt: skip
             t0 = time.perf_counter()
             url = stack.enter_context(launch_engines(cfg, model, tmp / "logs"))[0]
             print(f"SGLang up in {time.perf_counter() - t0:.0f}s", flush=True)
         start_ray(RayConfig(object_store_mb=1024))
         stack.callback(stop_ray)
         rows = asyncio.run(run(args, url, model))
-    print(f"\nshape {args.shape}: {rows[0]['params_b']:.3f}B parameters, bf16, one GPU "
-          f"({torch.cuda.get_device_name()})")  # fmt: skip
+    print(f"\nshape {args.shape}: {rows[0]['params_b']:.3f}B parameters, bf16, {args.tp} GPU(s), "
+          f"server tp={args.tp} ({torch.cuda.get_device_name()})")  # fmt: skip
     print(f"{'method':<42} {'buckets':>7} {'s/push':>8} {'s/Bparam':>9} {'release+onload s':>17} "
           f"{'offload+resume s':>17} {'learner s':>9} {'engine s':>9}")  # fmt: skip
     for r in rows:
