@@ -5,6 +5,10 @@ one left-padded batch, merge their KV caches into the running batch (left-paddin
 length), decode one token for every running row, drop finished rows and trim columns that are
 padding in every row. Positions are tracked per row, so padding never shifts RoPE positions and
 each row's logprobs equal a plain forward over its own ids (tests/e2e/test_devserver.py).
+
+Prefill computes only what the prefix cache (agentrl/devcache.py) does not hold: a row's cached
+keys/values sit right-aligned before its new tokens (the padding between them is masked), and
+identical prompts admitted together are computed once and their cache rows copied.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.cache_utils import DynamicCache, DynamicLayer
+
+from agentrl.devcache import PrefixCache
 
 GREEDY_EPS = 1e-6  # SGLang treats temperature below this as greedy (top_k=1, temperature=1)
 UNSUPPORTED = {  # SGLang sampling params that need a tokenizer or penalties: key -> neutral value
@@ -65,6 +71,8 @@ class Req:
     abort: str | None = None  # set on the event loop; the scheduler drops the row
     version: str | None = None  # the weight version when it finished (a push may follow)
     t0: float = field(default_factory=time.monotonic)
+    cached: int = 0  # prompt tokens the prefix cache held at its prefill
+    epoch: int = -1  # the engine's weights epoch when its KV was computed
 
 
 @dataclass
@@ -124,9 +132,19 @@ class BatchEngine:
     """Model, batch state and the work of one scheduler step. Runs in a worker thread; the
     event loop only touches it between steps (under DevServer.model_lock)."""
 
-    def __init__(self, model_path: str, device: str, dtype: torch.dtype, attn: str, seed: int):
+    def __init__(
+        self,
+        model_path: str,
+        device: str,
+        dtype: torch.dtype,
+        attn: str,
+        seed: int,
+        prefix_cache_mb: float = 0.0,
+    ):
         self.device, self.dtype, self.attn = torch.device(device), dtype, attn
         self.model = self.load(model_path)
+        self.prefix = PrefixCache(int(prefix_cache_mb * 2**20))
+        self.epoch = 0  # counts weight changes: KV from an older epoch is never cached
         cfg = self.model.config
         eos = set(_as_list(cfg.eos_token_id))
         with suppress(OSError):
@@ -180,11 +198,19 @@ class BatchEngine:
 
     def prefill(self, reqs: list[Req]) -> Batch:
         seqs = [r.prompt + r.out for r in reqs]  # out is non-empty only for retracted requests
-        n = max(len(s) for s in seqs)
-        ids = torch.tensor([[0] * (n - len(s)) + s for s in seqs], device=self.device)
-        mask = torch.tensor([[0] * (n - len(s)) + [1] * len(s) for s in seqs], device=self.device)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        unique: dict[tuple[int, ...], int] = {}
+        row_of = [unique.setdefault(tuple(s), len(unique)) for s in seqs]
+        useqs = [list(u) for u in unique]
+        hits = [self.prefix.get(s) for s in useqs]
+        past = [h.tokens if h else 0 for h in hits]
+        news = [s[p:] for s, p in zip(useqs, past, strict=True)]
+        n = max(len(x) for x in news)
+        ids = torch.tensor([[0] * (n - len(x)) + x for x in news], device=self.device)
+        mask = torch.tensor([[0] * (n - len(x)) + [1] * len(x) for x in news], device=self.device)
+        pos = torch.tensor(past, device=self.device)[:, None] + (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
+        if max(past):
+            mask = self.cached_past(cache, hits, mask)
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -193,12 +219,59 @@ class BatchEngine:
             use_cache=True,
             logits_to_keep=1,
         )
-        self.sample(out.logits[:, -1, :], reqs)
         for layer in cache.layers:
             if type(layer) is not DynamicLayer:
                 raise RuntimeError("devserver supports full-attention models only")
+        for row, s in enumerate(useqs):
+            self.prefix.put(s, self.row_kv(cache, mask, row))
+        logits = out.logits[:, -1, :]
+        if len(useqs) < len(seqs):  # identical prompts: one computed row each, copied
+            idx = torch.tensor(row_of, device=self.device)
+            logits, mask = logits[idx], mask[idx]
+            for layer in cache.layers:
+                layer.keys, layer.values = layer.keys[idx], layer.values[idx]
+        for r, row in zip(reqs, row_of, strict=True):
+            r.cached, r.epoch = past[row], self.epoch
+        self.stats["prefill_tokens"] += sum(len(x) for x in news)
+        self.stats["cached_tokens"] += sum(past[row] for row in row_of)
+        self.sample(logits, reqs)
         lens = torch.tensor([len(s) for s in seqs], device=self.device)
         return Batch(list(reqs), cache, mask, lens)
+
+    def cached_past(self, cache: DynamicCache, hits: list, new_mask: torch.Tensor) -> torch.Tensor:
+        """Fill `cache` with the rows' cached keys/values, right-aligned in as many columns as
+        the longest hit (left-padded); the attention mask over those columns + the new ones."""
+        c = max(h.tokens if h else 0 for h in hits)
+        longest = next(h for h in hits if h is not None and h.tokens == c)
+        for i, (k0, _) in enumerate(longest.kv):
+            keys = k0.new_zeros(len(hits), k0.shape[0], c, k0.shape[2])
+            values = torch.zeros_like(keys)
+            for row, h in enumerate(hits):
+                if h is not None:
+                    keys[row, :, c - h.tokens :] = h.kv[i][0]
+                    values[row, :, c - h.tokens :] = h.kv[i][1]
+            cache.update(keys, values, i)
+        past = [[0] * (c - t) + [1] * t for t in (h.tokens if h else 0 for h in hits)]
+        return torch.cat([torch.tensor(past, device=self.device), new_mask], dim=1)
+
+    @staticmethod
+    def row_kv(
+        cache: DynamicCache, mask: torch.Tensor, row: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """One row's keys/values over its real columns, in order: [kv_heads, tokens, d]."""
+        cols = mask[row].nonzero()[:, 0]
+        return [(la.keys[row][:, cols], la.values[row][:, cols]) for la in cache.layers]
+
+    def remember(self, b: Batch) -> None:
+        """Put finished rows' KV (prompt + output but its last token) in the prefix cache,
+        unless the weights changed since it was computed."""
+        for i, r in enumerate(b.reqs):
+            if r.finish is not None and r.abort is None and r.epoch == self.epoch:
+                self.prefix.put(r.prompt + r.out[:-1], self.row_kv(b.cache, b.mask, i))
+
+    def weights_changed(self) -> None:
+        self.epoch += 1
+        self.prefix.clear()
 
     def sample(self, logits: torch.Tensor, reqs: list[Req]) -> None:
         """Append one sampled id (and its logprob) to every request; mark finished ones.
@@ -242,6 +315,8 @@ class BatchEngine:
     def remove_finished(self, b: Batch) -> list[Req]:
         done = [r for r in b.reqs if r.finish is not None]
         if done:
+            if self.prefix.max_bytes > 0:
+                self.remember(b)
             self.select(b, [i for i, r in enumerate(b.reqs) if r.finish is None])
         return done
 
@@ -288,6 +363,7 @@ class BatchEngine:
                 raise BadRequest(f"unknown parameter {name!r}: names follow model.state_dict()")
             if tuple(sd[name].shape) != tuple(t.shape):
                 raise BadRequest(f"{name}: shape {list(t.shape)} != {list(sd[name].shape)}")
+        self.weights_changed()
         for name, t in tensors.items():
             sd[name].copy_(t.to(device=sd[name].device, dtype=sd[name].dtype))
 
@@ -425,7 +501,7 @@ def response(r: Req, weight_version: str) -> dict[str, Any]:
         "prompt_tokens": len(r.prompt),
         "weight_version": r.version or weight_version,
         "completion_tokens": len(r.out),
-        "cached_tokens": 0,
+        "cached_tokens": r.cached,
         "e2e_latency": time.monotonic() - r.t0,
     }
     if r.return_logprob:

@@ -18,7 +18,9 @@ them) unless generation is paused, and run between scheduler steps. What differs
   - /update_weights_from_tensor takes base64 safetensors bytes per entry
     (`agentrl.protocol.encode_named_tensors`), not pickled CUDA-IPC handles.
   - /release_memory_occupation and /resume_memory_occupation are accepted no-ops.
-  - no prefix cache: /flush_cache only checks that nothing is running, as SGLang does.
+  - the prefix cache (`--prefix-cache-mb`, agentrl/devcache.py) keeps whole sequences, not a
+    radix tree of pages; `cached_tokens` counts what it held, and /flush_cache empties it (refused
+    while requests run, as SGLang does). Weight updates empty it too.
   - no stop strings / regex / penalties / streaming (no tokenizer): such requests get a 400.
   - /health answers from the scheduler's state; /health_generate runs a 1-token generation.
 Distributed weight updates join a gloo group the way SGLang's `init_custom_process_group` does
@@ -75,6 +77,7 @@ class ServerArgs:
     weight_version: str = "default"
     seed: int = 0
     dist_timeout_s: float = 1800.0
+    prefix_cache_mb: float = 256.0
 
 
 class DevServer:
@@ -83,7 +86,12 @@ class DevServer:
     def __init__(self, args: ServerArgs):
         self.args = args
         self.engine = BatchEngine(
-            args.model, args.device, torch_dtype(args.dtype), args.attn_implementation, args.seed
+            args.model,
+            args.device,
+            torch_dtype(args.dtype),
+            args.attn_implementation,
+            args.seed,
+            args.prefix_cache_mb,
         )
         self.context_len = args.context_length or self.engine.context_len
         self.weight_version = args.weight_version
@@ -265,6 +273,7 @@ class DevServer:
                 raise BadRequest(f"{path} is not the served architecture (vocab/layers differ)")
             async with self.model_lock:
                 self.engine.model = model
+                self.engine.weights_changed()
         return self.set_version(body.get("weight_version"), f"Loaded weights from {path}.")
 
     def set_version(self, version: str | None, message: str) -> dict[str, Any]:
@@ -357,6 +366,7 @@ class DevServer:
             "paused": self.paused,
             "stats": dict(e.stats),
             "decode_batch_sizes": {str(k): v for k, v in sorted(e.decode_batch_sizes.items())},
+            "prefix_cache": {"entries": len(e.prefix), "mb": e.prefix.nbytes / 2**20},
             "routing_keys": dict(self.routing_keys),  # requests per router key, most recent 4096
         }
         a = self.args
@@ -461,9 +471,11 @@ def _add_admin_routes(app: FastAPI, server: DevServer) -> None:
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> PlainTextResponse:
         busy = bool(server.inflight)
-        text = "Cache flushed (the dev server keeps no prefix cache).\n"
         if busy:
             text = "Cache not flushed: requests are running or waiting.\n"
+        else:
+            server.engine.prefix.clear()
+            text = "Cache flushed.\n"
         return PlainTextResponse(text, status_code=400 if busy else 200)
 
     @app.post("/abort_request")
@@ -539,6 +551,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weight-version", default="default")
     p.add_argument("--seed", type=int, default=0, help="sampling seed of unseeded requests")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument(
+        "--prefix-cache-mb", type=float, default=256.0, help="KV of past sequences kept; 0: off"
+    )
     p.add_argument("--log-level", default="warning")
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s %(message)s")

@@ -7,14 +7,22 @@ The env is code_exec with slow tools (envs/examples/slow_tools.py: every tool ca
 log-uniform, 5 % of calls 2 s), the model the shipped tiny one, learner and dev server on this
 machine. Each mode trains --steps steps of the same tasks_per_step x group_size samples (the same
 token budget); the figure is samples per second of the training loop (the steps' own time, start-up
-excluded) and the ratio async / sync, measured in the same run. Also printed: both reward curves
-per step (reward per sample), the mean of the last five steps, and async's staleness.
+excluded) and the ratio async / sync, measured in the same run. Also printed: the reward curves
+and async's staleness. Two curves per mode, from the run's trajectories.jsonl:
+- per step: the mean reward of the samples each step trained on (x = samples drawn so far);
+- per policy version: the mean reward of the episodes each policy version generated (x = samples
+  that policy had been trained on). An episode's version is the oldest its tokens were sampled
+  with. In sync mode the two are the same curve; in async mode a step trains on episodes from
+  older versions (staleness), so its per-step curve lags by about the mean staleness while the
+  per-version curve shows what each update learned.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import json
 import tempfile
 from pathlib import Path
 from statistics import fmean
@@ -22,7 +30,7 @@ from statistics import fmean
 ENV = ["env=code_exec", "env._target_=envs.examples.slow_tools.SlowToolsEnv"]
 
 
-def run(mode: list[str], steps: int, overrides: list[str]) -> list[dict[str, float]]:
+def run(mode: list[str], steps: int, overrides: list[str]) -> tuple[list[dict], list[float]]:
     from agentrl.config import compose
     from agentrl.train import train
 
@@ -30,21 +38,35 @@ def run(mode: list[str], steps: int, overrides: list[str]) -> list[dict[str, flo
     cfg = compose([*ENV, f"trainer.steps={steps}", f"trainer.every={steps}",
                    f"trainer.dir={tmp}/ckpt", "trainer.resume=never", "logging=local",
                    *mode, *overrides])  # fmt: skip
-    return asyncio.run(train(cfg, tmp / "out"))
+    rows = asyncio.run(train(cfg, tmp / "out"))
+    return rows, by_version(tmp / "out" / "trajectories.jsonl")
 
 
-def summary(name: str, rows: list[dict[str, float]], samples: int) -> dict[str, float]:
+def by_version(path: Path) -> list[float]:
+    """Mean reward of the episodes each policy version generated (its oldest token's version)."""
+    rewards: dict[int, list[float]] = collections.defaultdict(list)
+    with path.open() as f:
+        for line in f:
+            tr = json.loads(line)
+            rewards[min(int(t["weight_version"]) for t in tr["turns"])].append(tr["reward"])
+    return [fmean(rewards[v]) for v in sorted(rewards)]
+
+
+def summary(name: str, result: tuple[list[dict], list[float]], samples: int) -> dict:
+    rows, versions = result
     loop_s = sum(r["timing_s/step"] for r in rows)
     rewards = [r["reward/mean"] for r in rows]
     out = {"loop_s": loop_s, "samples_per_s": samples * len(rows) / loop_s,
-           "reward_last5": fmean(rewards[-5:]), "rewards": rewards}  # fmt: skip
+           "reward_last5": fmean(rewards[-5:]), "rewards": rewards, "versions": versions,
+           "version_last5": fmean(versions[-5:])}  # fmt: skip
     stale = [r["async/staleness_mean"] for r in rows if "async/staleness_mean" in r]
     extra = f", staleness mean {fmean(stale):.2f}" if stale else ""
     phases = ("rollout", "logprobs", "update", "sync")
     extra += "; per step: " + ", ".join(f"{k} {fmean(r[f'timing_s/{k}'] for r in rows):.2f}s"
                                         for k in phases)  # fmt: skip
     print(f"{name:<10} loop {loop_s:6.1f} s  {out['samples_per_s']:6.2f} samples/s  "
-          f"reward last 5 steps {out['reward_last5']:.3f}{extra}")  # fmt: skip
+          f"reward last 5 steps {out['reward_last5']:.3f}, last 5 versions "
+          f"{out['version_last5']:.3f}{extra}")  # fmt: skip
     return out
 
 
@@ -69,9 +91,12 @@ def main() -> None:
             print(
                 f"throughput {k} / sync: {res[k]['samples_per_s'] / res['sync']['samples_per_s']:.2f}x"
             )
-    print("\nreward per step")
+    print("\nreward per step (the samples each step trained on)")
     for k, r in res.items():
         print(f"{k:<10} " + " ".join(f"{x:.2f}" for x in r["rewards"]))
+    print("reward per policy version (the episodes each version generated)")
+    for k, r in res.items():
+        print(f"{k:<10} " + " ".join(f"{x:.2f}" for x in r["versions"]))
 
 
 if __name__ == "__main__":
