@@ -19,8 +19,8 @@ rollout/ — what the rollout produced (per-trajectory means unless the name say
     rollout/tool_latency_s, rollout/tool_latency_s_max  per turn that called a tool
     rollout/gen_latency_s           engine latency per assistant turn
     rollout/prefix_cache_hit        prompt tokens the engine's prefix cache held / prompt tokens
-                                    read, over all turns (SGLang's cached_tokens; the dev server
-                                    keeps no prefix cache: 0)
+                                    read, over all turns (SGLang's cached_tokens; the dev
+                                    server's prefix cache counts the same way)
     rollout/prefix_cache_hit_first, rollout/prefix_cache_hit_later   … first turns only (the
                                     task's prompt, shared by its group) / later turns only (the
                                     episode's own history: what turn continuation keeps hot)

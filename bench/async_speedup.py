@@ -97,6 +97,12 @@ def main() -> None:
     print("reward per policy version (the episodes each version generated)")
     for k, r in res.items():
         print(f"{k:<10} " + " ".join(f"{x:.2f}" for x in r["versions"]))
+    # per training sample: the same policy versions in every mode (async's last versions
+    # generated episodes no step trained on before the run ended)
+    last = min(len(r["versions"]) for r in res.values())
+    span = f"versions {max(0, last - 5)}-{last - 1}"
+    print(f"mean reward of {span}: " + ", ".join(
+        f"{k} {fmean(r['versions'][max(0, last - 5) : last]):.3f}" for k, r in res.items()))  # fmt: skip
 
 
 if __name__ == "__main__":
