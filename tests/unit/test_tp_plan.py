@@ -38,6 +38,18 @@ def shapes(bias: bool = True) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
+# small real tensors: 4 query heads and 2 key/value heads of 3, a 10-row vocabulary (padded to 64)
+SMALL_HEADS = Heads(4, 2, 3)
+SMALL = [("model.embed_tokens.weight", (10, 6)),
+         ("model.layers.0.self_attn.q_proj.weight", (12, 6)),
+         ("model.layers.0.self_attn.k_proj.weight", (6, 6)),
+         ("model.layers.0.self_attn.v_proj.weight", (6, 6)),
+         ("model.layers.0.self_attn.o_proj.weight", (6, 12)),
+         ("model.layers.0.mlp.gate_proj.weight", (8, 6)),
+         ("model.layers.0.mlp.up_proj.weight", (8, 6)),
+         ("model.layers.0.mlp.down_proj.weight", (6, 8))]  # fmt: skip
+
+
 def copies(name: str, tp: int) -> int:
     """How many ranks SGLang keeps each element of `name` on."""
     module = name.split(".")[-2]
@@ -92,15 +104,7 @@ def test_each_rank_has_sglangs_per_rank_shapes_without_gaps(tp):
 def test_shards_put_together_give_the_full_fused_weights(tp):
     """Small shapes, real tensors: rank shards concatenated along their split dim equal the TP=1
     fused tensors (q|k|v per rank becomes q|k|v whole once the head groups are put back)."""
-    heads = Heads(4, 2, 3)
-    small = [("model.embed_tokens.weight", (10, 6)),
-             ("model.layers.0.self_attn.q_proj.weight", (12, 6)),
-             ("model.layers.0.self_attn.k_proj.weight", (6, 6)),
-             ("model.layers.0.self_attn.v_proj.weight", (6, 6)),
-             ("model.layers.0.self_attn.o_proj.weight", (6, 12)),
-             ("model.layers.0.mlp.gate_proj.weight", (8, 6)),
-             ("model.layers.0.mlp.up_proj.weight", (8, 6)),
-             ("model.layers.0.mlp.down_proj.weight", (6, 8))]  # fmt: skip
+    heads, small = SMALL_HEADS, SMALL
     g = torch.Generator().manual_seed(0)
     full = {n: torch.randn(s, generator=g) for n, s in small}
     shards = [shard(full, pieces) for pieces in plan_tp(small, tp, heads)]
@@ -131,15 +135,7 @@ def test_a_tp_that_does_not_divide_the_heads_is_refused():
 def test_pack_is_the_shards_in_one_buffer(tp):
     """What the colocated push sends a TP rank: the rank's shards as views of one flat buffer,
     cast once, the vocabulary's padding rows zeroed even where the buffer held garbage."""
-    heads = Heads(4, 2, 3)
-    small = [("model.embed_tokens.weight", (10, 6)), ("model.norm.weight", (6,)),
-             ("model.layers.0.self_attn.q_proj.weight", (12, 6)),
-             ("model.layers.0.self_attn.k_proj.weight", (6, 6)),
-             ("model.layers.0.self_attn.v_proj.weight", (6, 6)),
-             ("model.layers.0.self_attn.o_proj.weight", (6, 12)),
-             ("model.layers.0.mlp.gate_proj.weight", (8, 6)),
-             ("model.layers.0.mlp.up_proj.weight", (8, 6)),
-             ("model.layers.0.mlp.down_proj.weight", (6, 8))]  # fmt: skip
+    heads, small = SMALL_HEADS, [*SMALL, ("model.norm.weight", (6,))]
     g = torch.Generator().manual_seed(1)
     full = {n: torch.randn(s, generator=g) for n, s in small}
     torch.full((4096,), float("nan")).sum()  # leave garbage around for torch.empty to find
