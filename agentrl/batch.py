@@ -277,13 +277,21 @@ def padding_micro_batch(batch: TrainBatch, pad_id: int = 0) -> TrainBatch:
     return dataclasses.replace(batch, **one, source=[], is_padding=True)
 
 
-def plan_micro_batches(lens: Sequence[int], dp_size: int, max_tokens: int) -> list[list[list[int]]]:
+def plan_micro_batches(
+    lens: Sequence[int], dp_size: int, max_tokens: int, padded: bool = False
+) -> list[list[list[int]]]:
     """Sequence indices per rank per micro-batch. -> [rank][micro-batch][seq].
 
-    Sequences go to ranks longest first, each to the rank with the fewest tokens so far; then
-    every rank splits its share into the same number m of micro-batches (longest first into the
-    lightest), the smallest m for which every micro-batch fits `max_tokens`. A sequence longer than
-    `max_tokens` gets a micro-batch of its own. Empty slots become padding micro-batches.
+    Sequences go to ranks longest first, each to the rank with the fewest tokens so far. Then
+    every rank splits its share into the same number m of micro-batches:
+    - packed rows (default): longest first into the lightest, the smallest m for which every
+      micro-batch fits `max_tokens`;
+    - `padded` (the rows of a right-padded batch, `learner.attention_layout=padded`): runs of
+      similar length, longest first, each within `max_tokens` counted as rows x its longest
+      sequence (what the padded batch computes), so little of it is padding; ranks with fewer
+      runs split their largest until every rank has m.
+    A sequence longer than `max_tokens` gets a micro-batch of its own. Empty slots become padding
+    micro-batches.
     """
     if dp_size < 1 or max_tokens < 1:
         raise ValueError(f"dp_size={dp_size} and max_tokens={max_tokens} must be >= 1")
@@ -294,6 +302,10 @@ def plan_micro_batches(lens: Sequence[int], dp_size: int, max_tokens: int) -> li
         r = min(range(dp_size), key=lambda r: (load[r], len(ranks[r]), r))
         ranks[r].append(s)
         load[r] += lens[s]
+    if padded:
+        runs = [_runs(share, lens, max_tokens) for share in ranks]
+        m = max(len(r) for r in runs)
+        return [[sorted(b) for b in _split_to(r, m, lens)] for r in runs]
     m = 1
     while True:
         plan = [_pack(share, lens, m, max_tokens) for share in ranks]
@@ -314,13 +326,44 @@ def _pack(share: list[int], lens: Sequence[int], m: int, max_tokens: int) -> lis
     return bins
 
 
+def _runs(share: list[int], lens: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """`share` (longest first) cut into consecutive runs of at most `max_tokens` padded tokens."""
+    runs: list[list[int]] = []
+    for s in share:
+        if runs and (len(runs[-1]) + 1) * lens[runs[-1][0]] <= max_tokens:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    return runs
+
+
+def _split_to(runs: list[list[int]], m: int, lens: Sequence[int]) -> list[list[int]]:
+    """`runs` made m: the one with the most padded tokens split in halves while any has two
+    sequences (halves never pad more), then empty runs (padding micro-batches)."""
+    runs = list(runs)
+    while len(runs) < m:
+        many = [i for i, r in enumerate(runs) if len(r) > 1]
+        if not many:
+            break
+        i = max(many, key=lambda i: len(runs[i]) * lens[runs[i][0]])
+        half = len(runs[i]) // 2
+        runs[i : i + 1] = [runs[i][:half], runs[i][half:]]
+    return runs + [[] for _ in range(m - len(runs))]
+
+
+def padded_tokens(plan: list[list[list[int]]], lens: Sequence[int]) -> int:
+    """What a plan's micro-batches compute as right-padded batches: rows x longest, summed."""
+    return sum(len(b) * max(lens[s] for s in b) for rank in plan for b in rank if b)
+
+
 def micro_batches(
-    batch: TrainBatch, dp_size: int, max_tokens: int, pad_id: int = 0
+    batch: TrainBatch, dp_size: int, max_tokens: int, pad_id: int = 0, padded: bool = False
 ) -> list[list[TrainBatch]]:
     """Split a step's batch for `dp_size` ranks: [rank][micro-batch], the same count per rank,
-    tokens balanced, each micro-batch one packed row of at most `max_tokens` tokens (see
-    `plan_micro_batches`), all carrying `batch.norm`."""
-    plan = plan_micro_batches(batch.seq_lens, dp_size, max_tokens)
+    tokens balanced, each micro-batch one packed row of at most `max_tokens` tokens (`padded`:
+    runs of similar length, at most `max_tokens` once right-padded; see `plan_micro_batches`),
+    all carrying `batch.norm`."""
+    plan = plan_micro_batches(batch.seq_lens, dp_size, max_tokens, padded)
     return [
         [select(batch, b) if b else padding_micro_batch(batch, pad_id) for b in rank]
         for rank in plan

@@ -54,7 +54,7 @@ from hydra.core.hydra_config import HydraConfig
 from rich.console import Console
 
 from agentrl.advantage import compute_advantages
-from agentrl.batch import TrainBatch, micro_batches, mini_batches, per_trajectory
+from agentrl.batch import TrainBatch, mini_batches, per_trajectory
 from agentrl.ckpt import CheckpointManager, load_trainer_state
 from agentrl.config import CONFIG_DIR, Config, errors_for_people, load_config
 from agentrl.data import TaskSampler
@@ -180,7 +180,7 @@ class Trainer:
             return metrics
         # Score the sampled tokens with the weights about to be trained (_score says with what)
         scoring = TrainBatch.from_trajectories(trajs, None)
-        per_rank = micro_batches(scoring, self.policy.world_size, cfg.learner.micro_batch_tokens)
+        per_rank = self.policy.micro_batches(scoring)
         with t("to_learner"):
             await self._hand_gpu(to_learner=True)
         with t("logprobs"):
@@ -365,9 +365,7 @@ class Trainer:
         for epoch in range(algo.ppo_epochs):
             seed = self.cfg.seed * 1_000_003 + self.step_idx * 1009 + epoch
             for mini in mini_batches(batch, algo.mini_batches, seed):
-                per_rank = micro_batches(
-                    mini, self.policy.world_size, cfg.learner.micro_batch_tokens
-                )
+                per_rank = self.policy.micro_batches(mini)
                 from_update = algo.old_logprobs_from_update()
                 out = self.policy.train_step(
                     per_rank, algo.loss.name, algo.loss, cfg.rollout.temperature, from_update

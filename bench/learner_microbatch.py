@@ -1,13 +1,18 @@
 """Learner step time against the packed micro-batch size: one FSDP2 rank (gloo, in this process),
-the same GRPO batch (episodes of fixed length, random ids) packed into rows of at most N tokens.
-A packed row's attention mask is dense, so its cost grows with the square of its length.
+the same GRPO batch (episodes of random ids, of one length or, with --spread, of lengths drawn
+uniformly in length ± spread) packed into rows of at most N tokens. A packed row's attention mask
+is dense, so its cost grows with the square of its length.
 
     python bench/learner_microbatch.py [--model builtin:tiny] [--episodes 64 --length 130] \
         [--sizes 512 4096] [--repeats 3]
+    python bench/learner_microbatch.py --length 400 --spread 300 --layouts padded --sizes 4096
 
 Prints, per attention layout (`learner.attention_layout`: packed row with a dense mask, or a
-right-padded batch under a causal mask) and size, the median seconds of the logprob pass and of
-the update, and the ratio of each update time to the first row's (the reference, same run).
+right-padded batch under a causal mask), micro-batch plan and size, the median seconds of the
+logprob pass and of the update, the tokens the padded rows compute per real token, and the ratio
+of each update time to the first row's (the reference, same run). Plans: `mixed`, longest first
+into the lightest micro-batch (what the packed layout uses); `runs`, runs of similar length
+within the budget counted with padding (what the padded layout uses).
 """
 
 from __future__ import annotations
@@ -20,15 +25,16 @@ import time
 import torch
 
 
-def make_batch(episodes: int, length: int, vocab: int):
+def make_batch(episodes: int, length: int, vocab: int, spread: int = 0):
     from agentrl.batch import TrainBatch, global_norm
 
     g = torch.Generator().manual_seed(0)
-    n = episodes * length
-    seq = torch.arange(episodes).repeat_interleave(length)
-    mask = (torch.arange(length) >= length * 2 // 3).repeat(episodes)  # the last third sampled
-    return TrainBatch(torch.randint(0, vocab, (n,), generator=g),
-                      torch.arange(length).repeat(episodes), mask,
+    lens = (torch.randint(-spread, spread + 1, (episodes,), generator=g) + length).tolist()
+    n = sum(lens)
+    seq = torch.cat([torch.full((k,), i) for i, k in enumerate(lens)])
+    pos = torch.cat([torch.arange(k) for k in lens])
+    mask = torch.cat([torch.arange(k) >= k * 2 // 3 for k in lens])  # the last third sampled
+    return TrainBatch(torch.randint(0, vocab, (n,), generator=g), pos, mask,
                       torch.where(mask, -2.0, 0.0), torch.where(mask, torch.randn(n, generator=g), 0.0),
                       seq, global_norm(mask, seq),
                       trainer_old_logprobs=torch.where(mask, -2.0, 0.0))  # fmt: skip
@@ -43,6 +49,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--layouts", nargs="+", default=["packed", "padded"])
+    p.add_argument("--spread", type=int, default=0, help="episode lengths: length ± spread")
+    p.add_argument("--plans", nargs="+", default=["mixed", "runs"], help="padded layout's plans")
     a = p.parse_args()
 
     from agentrl.config import ModelConfig
@@ -54,17 +62,16 @@ def main() -> None:
     for layout in a.layouts:
         cfg = cfg.model_copy(update={"attention_layout": layout})
         rows += measure(cfg, a)
-    print(f"{a.episodes} episodes x {a.length} tokens, {model}, {a.threads} thread(s)")
-    print(f"{'layout':>7} {'max tokens':>10} {'micro-batches':>13} {'logprobs s':>10} "
-          f"{'update s':>9} {'ratio':>6}")  # fmt: skip
-    for layout, size, n, lp_s, up_s in rows:
-        print(
-            f"{layout:>7} {size:>10} {n:>13} {lp_s:>10.2f} {up_s:>9.2f} {up_s / rows[0][4]:>6.2f}"
-        )
+    print(f"{a.episodes} episodes x {a.length} ± {a.spread} tokens, {model}, {a.threads} thread(s)")
+    print(f"{'layout':>7} {'plan':>6} {'max tokens':>10} {'micro-batches':>13} {'padded/real':>11} "
+          f"{'logprobs s':>10} {'update s':>9} {'ratio':>6}")  # fmt: skip
+    for layout, plan, size, n, pad, lp_s, up_s in rows:
+        print(f"{layout:>7} {plan:>6} {size:>10} {n:>13} {pad:>11.2f} {lp_s:>10.2f} "
+              f"{up_s:>9.2f} {up_s / rows[0][-1]:>6.2f}")  # fmt: skip
 
 
 def measure(cfg, a) -> list[tuple]:
-    from agentrl.batch import micro_batches
+    from agentrl.batch import micro_batches, padded_tokens, plan_micro_batches
     from agentrl.learner.worker import LearnerWorker
     from agentrl.loss import LossConfig
 
@@ -74,10 +81,14 @@ def measure(cfg, a) -> list[tuple]:
     worker = LearnerWorker(cfg, "policy", 0, 1, f"tcp://127.0.0.1:{port}")
     worker.setup()
     vocab = worker.model.config.vocab_size
-    batch = make_batch(a.episodes, a.length, vocab)
+    batch = make_batch(a.episodes, a.length, vocab, a.spread)
+    lens = batch.seq_lens
     rows = []
-    for size in a.sizes:
-        mbs = micro_batches(batch, 1, size)[0]
+    plans = a.plans if cfg.attention_layout == "padded" else ["mixed"]
+    for plan, size in [(p, s) for p in plans for s in a.sizes]:
+        runs = plan == "runs"
+        mbs = micro_batches(batch, 1, size, padded=runs)[0]
+        pad = padded_tokens(plan_micro_batches(lens, 1, size, runs), lens) / sum(lens)
         lp, up = [], []
         for _ in range(a.repeats + 1):  # the first round warms up
             t0 = time.perf_counter()
@@ -89,8 +100,10 @@ def measure(cfg, a) -> list[tuple]:
         rows.append(
             (
                 cfg.attention_layout,
+                plan,
                 size,
                 len(mbs),
+                pad,
                 statistics.median(lp[1:]),
                 statistics.median(up[1:]),
             )

@@ -29,6 +29,7 @@ from ray._private import ray_constants
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from agentrl.batch import TrainBatch, micro_batches
 from agentrl.learner import LearnerConfig, LearnerError, RayConfig, Role
 from agentrl.learner.fsdp import ParamSpec, plan_buckets
 from agentrl.learner.worker import LearnerWorker
@@ -276,6 +277,12 @@ class LearnerGroup:
         )
 
     # -- compute --------------------------------------------------------------------------------
+    def micro_batches(self, batch: TrainBatch) -> list[list[TrainBatch]]:
+        """`batch` split for this group's ranks by `learner.micro_batch_tokens`, planned for its
+        `attention_layout` (padded: runs of similar length; agentrl.batch.plan_micro_batches)."""
+        padded = self.cfg.attention_layout == "padded"
+        return micro_batches(batch, self.world_size, self.cfg.micro_batch_tokens, padded=padded)
+
     def compute_logprobs(self, per_rank: list[list[Any]], temperature: float = 1.0) -> list[Any]:
         """[rank][micro-batch] → logprobs [N] (CPU), for old/reference logprobs."""
         return self.call_per_rank("compute_logprobs", per_rank, temperature)

@@ -9,6 +9,7 @@ from agentrl.batch import (
     TrainBatch,
     micro_batches,
     mini_batches,
+    padded_tokens,
     padding_micro_batch,
     plan_micro_batches,
 )
@@ -87,6 +88,30 @@ def test_plan_balances_ranks_with_equal_micro_batch_counts():
     assert plan == [[[0]], [[1, 2]]]
     plan = plan_micro_batches([5, 4], dp_size=3, max_tokens=8)
     assert plan == [[[0]], [[1]], [[]]]
+
+
+def test_padded_plan_groups_similar_lengths_within_the_padded_budget():
+    """`learner.attention_layout=padded`: a micro-batch costs rows x its longest sequence, so
+    the plan runs similar lengths together; against the packed plan (longest first into the
+    lightest, which mixes lengths) it pads far less, on every rank with the same count."""
+    g = torch.Generator().manual_seed(0)
+    lens = [int(x) for x in torch.randint(100, 700, (64,), generator=g)]
+    for dp in (1, 2, 3):
+        plan = plan_micro_batches(lens, dp, 4096, padded=True)
+        assert len({len(r) for r in plan}) == 1
+        assert sorted(s for r in plan for mb in r for s in mb) == list(range(64))
+        for mb in (mb for r in plan for mb in r if len(mb) > 1):
+            assert len(mb) * max(lens[s] for s in mb) <= 4096
+        packed = plan_micro_batches(lens, dp, 4096)
+        assert padded_tokens(plan, lens) < 0.9 * padded_tokens(packed, lens)
+        assert padded_tokens(plan, lens) < 1.2 * sum(lens)
+    # one sequence over the budget stands alone; a rank with fewer runs splits its largest (two
+    # 90s + a 60 pad to 3 x 90 > 200: runs [90, 60] and [60]; rank 0's lone 300 gets a padding)
+    assert plan_micro_batches([300, 90, 60, 60], 2, 200, padded=True) == [[[0], []], [[1, 2], [3]]]
+    assert plan_micro_batches([300, 90, 60, 60], 2, 10_000, padded=True) == [[[0]], [[1, 2, 3]]]
+    assert plan_micro_batches([90, 90, 80, 80, 10], 1, 400, padded=True) == [[[0, 1, 2, 3], [4]]]
+    assert plan_micro_batches([90, 90, 80, 80, 10, 300], 2, 400, padded=True) == [
+        [[5], [4]], [[0, 1], [2, 3]]]  # fmt: skip
 
 
 def test_micro_batches_keep_the_global_norm_and_content():
