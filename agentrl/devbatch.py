@@ -222,7 +222,7 @@ class BatchEngine:
         for layer in cache.layers:
             if type(layer) is not DynamicLayer:
                 raise RuntimeError("devserver supports full-attention models only")
-        for row, s in enumerate(useqs):
+        for row, s in enumerate(useqs if self.prefix.max_bytes > 0 else ()):
             self.prefix.put(s, self.row_kv(cache, mask, row))
         logits = out.logits[:, -1, :]
         if len(useqs) < len(seqs):  # identical prompts: one computed row each, copied
