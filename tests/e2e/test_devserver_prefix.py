@@ -49,9 +49,7 @@ def sampling(seed: int, n: int = 12) -> SamplingParams:
     return SamplingParams(max_new_tokens=n, temperature=1.0, seed=seed, ignore_eos=True)
 
 
-async def test_next_turn_reuses_the_last_and_rows_of_mixed_hits_stay_exact(
-    server, tiny_model_dir
-):
+async def test_next_turn_reuses_the_last_and_rows_of_mixed_hits_stay_exact(server, tiny_model_dir):
     model = load(tiny_model_dir)
     async with EngineClient([server]) as engine:
         await engine.flush_cache()
