@@ -21,6 +21,9 @@ rollout/ — what the rollout produced (per-trajectory means unless the name say
     rollout/prefix_cache_hit        prompt tokens the engine's prefix cache held / prompt tokens
                                     read, over all turns (SGLang's cached_tokens; the dev
                                     server's prefix cache counts the same way)
+    rollout/off_version_turns       trainer.mode=sync: turns an engine sampled with other weights
+                                    than the trainer's current version (a push that did not
+                                    reach it; warned loudly); always 0 when pushes land
     rollout/prefix_cache_hit_first, rollout/prefix_cache_hit_later   … first turns only (the
                                     task's prompt, shared by its group) / later turns only (the
                                     episode's own history: what turn continuation keeps hot)
@@ -260,6 +263,16 @@ def gap_and_kl_metrics(
     return out
 
 
+def crashed(tr: Trajectory) -> bool:
+    """An episode whose env code raised: a reward error, or an abort that carries a traceback
+    (engine aborts and episode timeouts carry none: those are infrastructure)."""
+    if tr.stop_reason.value == "reward_error":
+        return True
+    return tr.stop_reason.value == "aborted" and "Traceback (most recent call last)" in (
+        tr.error or ""
+    )
+
+
 def has_signal(group: list[Trajectory]) -> bool:
     """Two scored members of the group have different rewards (a group baseline then gives a
     nonzero advantage)."""
@@ -269,3 +282,19 @@ def has_signal(group: list[Trajectory]) -> bool:
 def no_signal(groups: list[list[Trajectory]]) -> bool:
     """True when no group has two scored members with different rewards."""
     return not any(has_signal(g) for g in groups)
+
+
+def off_version(trajs: list[Trajectory], want: str) -> tuple[int, str | None]:
+    """Synchronous training: every turn was sampled with the weights the last push set (version
+    `want`). The turns an engine says it sampled with other weights, and the warning to give
+    (None when there are none; engines that report no version are not counted)."""
+    off = [t.weight_version for tr in trajs for t in tr.turns if t.weight_version not in (want, "")]
+    if not off:
+        return 0, None
+    seen = sorted(set(off))[:3]
+    return len(off), (
+        f"{len(off)} turns were sampled with weight version(s) {seen}, not the trainer's {want!r}: "
+        "a weight push did not reach an engine, so it samples an old policy and the updates "
+        "train on off-policy tokens. Check the sync/* metrics and the engine logs; a "
+        "weight_sync transport of your own must pass weight_version to the engine's update call"
+    )

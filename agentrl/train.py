@@ -63,10 +63,12 @@ from agentrl.engine import EngineClient, EngineUnavailable
 from agentrl.learner.group import LearnerGroup
 from agentrl.loss import kl_reward_penalty
 from agentrl.metrics import (
+    crashed,
     gap_and_kl_metrics,
     has_signal,
     mean_over_steps,
     no_signal,
+    off_version,
     rollout_metrics,
     step_metrics,
 )
@@ -102,16 +104,6 @@ def _tasks_of(groups: list[list[Trajectory]], launched: list[Task]) -> list[Task
 def _engine_lost(tr: Trajectory) -> bool:
     """An episode ended because no rollout server answered (not the env's fault)."""
     return tr.stop_reason.value == "aborted" and (tr.error or "").startswith(ENGINE_DOWN)
-
-
-def _crashed(tr: Trajectory) -> bool:
-    """An episode whose env code raised: a reward error, or an abort that carries a traceback
-    (engine aborts and episode timeouts carry none: those are infrastructure)."""
-    if tr.stop_reason.value == "reward_error":
-        return True
-    return tr.stop_reason.value == "aborted" and "Traceback (most recent call last)" in (
-        tr.error or ""
-    )
 
 
 class TrainingError(RuntimeError):
@@ -171,6 +163,10 @@ class Trainer:
             self._check_failures(trajs)
         metrics = rollout_metrics(trajs)
         metrics.update(recovery)
+        if self.producer is None:  # sync: every turn must come from the weights just pushed
+            metrics["rollout/off_version_turns"], msg = off_version(trajs, str(self.step_idx))
+            if msg:
+                self._warn("engine serves old weights", msg)
         self._watch_signal(groups, metrics)
         self.trainer_logprobs = {}
         if not self._any_trainable(trajs, metrics):
@@ -398,7 +394,7 @@ class Trainer:
     def _check_failures(self, trajs: list[Trajectory]) -> None:
         """Episodes that crashed (an exception in the env or its reward) are not infrastructure
         noise past `trainer.max_aborted_frac` of a step: stop and show one of them."""
-        failed = [tr for tr in trajs if _crashed(tr)]
+        failed = [tr for tr in trajs if crashed(tr)]
         if trajs and len(failed) / len(trajs) > self.cfg.trainer.max_aborted_frac:
             first = failed[0]
             raise TrainingError(
@@ -446,9 +442,12 @@ class Trainer:
                 "the parser and the reward function), the task is too easy (always 1), or "
                 "rollout.group_size is 1"
             )
-            log.warning(msg)
-            self.console.print(f"[bold red]warning:[/] {msg}")
-            self.tracker.alert("no learning signal", msg)
+            self._warn("no learning signal", msg)
+
+    def _warn(self, title: str, msg: str) -> None:
+        log.warning(msg)
+        self.console.print(f"[bold red]warning:[/] {msg}")
+        self.tracker.alert(title, msg)
 
     async def run(self) -> list[dict[str, float]]:
         try:

@@ -52,6 +52,7 @@ def test_train_runs_checkpoints_and_syncs(tmp_path):
         assert h["train/skipped"] == 0 and h["sync/seconds"] > 0 and h["timing_s/update"] > 0
         # 3 groups launched, the first 2 to finish kept (2 x 4 samples), the third aborted
         assert h["rollout/trajectories"] == 8 and h["rollout/oversampled_dropped"] == 1
+        assert h["rollout/off_version_turns"] == 0  # every turn from the weights just pushed
     rows = [
         json.loads(x) for x in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
     ]

@@ -1,7 +1,8 @@
 """The trainer is loud where a run would otherwise look healthy and learn nothing: crashing envs
 stop the run with a traceback, steps with nothing to train on are skipped and counted, a run with
-no reward variance says so, the KL reward penalty reaches the advantages, and PPO's critic is
-checkpointed and resumed with the policy. Real stack: dev server, sandbox, FSDP2 on Ray."""
+no reward variance says so, an engine that still serves old weights after a push is named, the
+KL reward penalty reaches the advantages, and PPO's critic is checkpointed and resumed with the
+policy. Real stack: dev server, sandbox, FSDP2 on Ray."""
 
 import asyncio
 import json
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.config import compose
+from agentrl.learner.sync import Transport
 from agentrl.train import TrainingError, train
 from envs.code_exec import CodeExecEnv
 from sandbox.base import SandboxUnavailable
@@ -75,6 +77,22 @@ def test_no_reward_variance_is_loud(tmp_path, capsys):
     assert all(h["adv/std"] == 0.0 for h in history)
     out = capsys.readouterr().out
     assert "no learning signal for 2 steps" in out and "tool_call_rate" in out
+
+
+class NoPushSync(Transport):
+    """A user's transport with a bug: its push never reaches the engine."""
+
+    async def push(self, version: str) -> dict[str, float]:
+        return {}
+
+
+def test_an_engine_left_on_old_weights_is_loud(tmp_path, capsys):
+    method = f"weight_sync.method={__name__}:NoPushSync"
+    history = asyncio.run(train(cfg_for(tmp_path, "trainer.steps=2", method), tmp_path / "out"))
+    assert history[0]["rollout/off_version_turns"] == 0  # step 1: nothing pushed yet
+    assert history[1]["rollout/off_version_turns"] >= 8  # every turn of step 2 sampled v0
+    out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert "not the trainer's '1'" in out and "weight push did not reach an engine" in out
 
 
 def test_ppo_critic_with_kl_reward_penalty_checkpoints_and_resumes(tmp_path):
