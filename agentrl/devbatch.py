@@ -222,7 +222,7 @@ class BatchEngine:
         for layer in cache.layers:
             if type(layer) is not DynamicLayer:
                 raise RuntimeError("devserver supports full-attention models only")
-        for row, s in enumerate(useqs if self.prefix.max_bytes > 0 else ()):
+        for row, s in enumerate(useqs if self.prefix.on else ()):
             self.prefix.put(s, self.row_kv(cache, mask, row))
         logits = out.logits[:, -1, :]
         if len(useqs) < len(seqs):  # identical prompts: one computed row each, copied
@@ -315,7 +315,7 @@ class BatchEngine:
     def remove_finished(self, b: Batch) -> list[Req]:
         done = [r for r in b.reqs if r.finish is not None]
         if done:
-            if self.prefix.max_bytes > 0:
+            if self.prefix.on:
                 self.remember(b)
             self.select(b, [i for i, r in enumerate(b.reqs) if r.finish is None])
         return done

@@ -50,15 +50,17 @@ class PrefixCache:
         self.index: dict[int, int] = {}  # block hash -> the id of the newest entry holding it
         self.nbytes = 0
         self._next = 0
-        self.hit_tokens = self.lookup_tokens = 0
 
     def __len__(self) -> int:
         return len(self.entries)
 
+    @property
+    def on(self) -> bool:
+        return self.max_bytes > 0
+
     def get(self, tokens: list[int]) -> Hit | None:
         """The longest cached prefix of `tokens`, leaving at least its last token to compute (the
         forward that follows needs one position to produce the next token's logits)."""
-        self.lookup_tokens += len(tokens)
         best: tuple[int, int] | None = None  # (entry id, blocks)
         for i, h in enumerate(block_hashes(tokens[:-1])):
             eid = self.index.get(h)
@@ -77,13 +79,12 @@ class PrefixCache:
         while n < limit and entry.tokens[n] == tokens[n]:
             n += 1
         self.entries.move_to_end(eid)
-        self.hit_tokens += n
         return Hit(n, [(k[:, :n], v[:, :n]) for k, v in entry.kv])
 
     def put(self, tokens: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Keep the KV of `tokens` (copied: the batch's tensors are not held). Sequences shorter
         than one block are not worth an entry."""
-        if len(tokens) < BLOCK or self.max_bytes <= 0:
+        if len(tokens) < BLOCK or not self.on:
             return
         kv = [(k.contiguous().clone(), v.contiguous().clone()) for k, v in kv]
         nbytes = sum(k.nbytes + v.nbytes for k, v in kv)

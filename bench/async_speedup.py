@@ -57,16 +57,14 @@ def summary(name: str, result: tuple[list[dict], list[float]], samples: int) -> 
     loop_s = sum(r["timing_s/step"] for r in rows)
     rewards = [r["reward/mean"] for r in rows]
     out = {"loop_s": loop_s, "samples_per_s": samples * len(rows) / loop_s,
-           "reward_last5": fmean(rewards[-5:]), "rewards": rewards, "versions": versions,
-           "version_last5": fmean(versions[-5:])}  # fmt: skip
+           "reward_last5": fmean(rewards[-5:]), "rewards": rewards, "versions": versions}  # fmt: skip
     stale = [r["async/staleness_mean"] for r in rows if "async/staleness_mean" in r]
     extra = f", staleness mean {fmean(stale):.2f}" if stale else ""
     phases = ("rollout", "logprobs", "update", "sync")
     extra += "; per step: " + ", ".join(f"{k} {fmean(r[f'timing_s/{k}'] for r in rows):.2f}s"
                                         for k in phases)  # fmt: skip
     print(f"{name:<10} loop {loop_s:6.1f} s  {out['samples_per_s']:6.2f} samples/s  "
-          f"reward last 5 steps {out['reward_last5']:.3f}, last 5 versions "
-          f"{out['version_last5']:.3f}{extra}")  # fmt: skip
+          f"reward last 5 steps {out['reward_last5']:.3f}{extra}")  # fmt: skip
     return out
 
 

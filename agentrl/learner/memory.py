@@ -82,10 +82,23 @@ def block_activation_bytes(config: object, elem_bytes: int = 2) -> int:
     on an H100 (16k-token micro-batches, all blocks kept vs all recomputed): 68 KB; this gives 79."""
     hidden = int(config.hidden_size)  # type: ignore[attr-defined]
     inter = int(getattr(config, "intermediate_size", 4 * hidden))
-    heads = int(getattr(config, "num_attention_heads", 1))
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
-    return elem_bytes * (8 * hidden + 2 * kv_heads * head_dim + 3 * inter)
+    h = heads_of(config)
+    return elem_bytes * (8 * hidden + 2 * h.num_kv_heads * h.head_dim + 3 * inter)
+
+
+@dataclass(frozen=True)
+class Heads:
+    num_heads: int  # H: query heads
+    num_kv_heads: int  # K
+    head_dim: int  # d
+
+
+def heads_of(config: object) -> Heads:
+    """The attention heads of a transformers config (Llama/Qwen/Mistral names)."""
+    h = int(config.num_attention_heads)  # type: ignore[attr-defined]
+    k = int(getattr(config, "num_key_value_heads", None) or h)
+    d = getattr(config, "head_dim", None) or config.hidden_size // h  # type: ignore[attr-defined]
+    return Heads(h, k, int(d))
 
 
 def blocks_to_checkpoint(

@@ -26,25 +26,11 @@ from dataclasses import dataclass
 import torch
 
 from agentrl.learner.ipc import FUSED
+from agentrl.learner.memory import Heads
 
 VOCAB_PAD = 64  # SGLang's DEFAULT_VOCAB_PADDING_SIZE
 ROW_PARALLEL = ("o_proj", "down_proj")
 VOCAB_PARALLEL = ("embed_tokens", "lm_head")
-
-
-@dataclass(frozen=True)
-class Heads:
-    num_heads: int  # H: query heads
-    num_kv_heads: int  # K
-    head_dim: int  # d
-
-
-def heads_of(config: object) -> Heads:
-    """The attention heads of a transformers config (Llama/Qwen/Mistral names)."""
-    h = int(config.num_attention_heads)  # type: ignore[attr-defined]
-    k = int(getattr(config, "num_key_value_heads", None) or h)
-    d = getattr(config, "head_dim", None) or config.hidden_size // h  # type: ignore[attr-defined]
-    return Heads(h, k, int(d))
 
 
 @dataclass(frozen=True)

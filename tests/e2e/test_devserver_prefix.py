@@ -8,26 +8,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
+from test_devserver import TOL, load, ref_logprobs  # the dev server tests' plain-forward check
 
 from agentrl.assets.build import cached_tiny_random
 from agentrl.engine import EngineClient, SamplingParams
 
-TOL = 1e-4
 P = [(31 * j + 7) % 150000 for j in range(40)]  # 2.5 blocks of 16
 OBS = [101, 102, 103, 104, 105, 106, 107, 108]
-
-
-def load(path) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-
-def ref_logprobs(model, prompt: list[int], out: list[int]) -> list[float]:
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + out])).logits[0].float()
-    lp = torch.log_softmax(logits[len(prompt) - 1 : -1], -1)
-    return lp[torch.arange(len(out)), torch.tensor(out)].tolist()
 
 
 def assert_exact(model, prompt: list[int], comp) -> None:

@@ -15,8 +15,9 @@ from agentrl.batch import TrainBatch, global_norm, micro_batches
 from agentrl.engine import EngineClient, SamplingParams
 from agentrl.learner import LearnerConfig, RayConfig
 from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
+from agentrl.learner.memory import heads_of
 from agentrl.learner.sync.tensor import plan_direct
-from agentrl.learner.tp import Heads, heads_of, plan_tp, shard
+from agentrl.learner.tp import Heads, plan_tp, shard
 from agentrl.loss import LossConfig
 from agentrl.weight_sync import WeightSyncConfig, make_weight_sync
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from agentrl.learner import fsdp, ipc, lora, tp
+from agentrl.learner import fsdp, ipc, lora, memory, tp
 from agentrl.learner.fsdp import ParamSpec
 from agentrl.learner.sync.base import SYNC_METHODS, Transport, WeightSyncError
 
@@ -78,7 +78,8 @@ class TensorSync(Transport):
             buffer on this rank's device: {t: (flat, [(name, view)])}."""
             w = self.worker
             full = fsdp.gather_full(w.model, bucket, w.rank, w.device, every_rank=True)
-            plan = tp.plan_tp([(s.name, s.shape) for s in bucket], tp_size, self.heads())
+            heads = memory.heads_of(w.model.config)
+            plan = tp.plan_tp([(s.name, s.shape) for s in bucket], tp_size, heads)
             dtype = fsdp.to_dtype(bucket[0].dtype)
             mine = [t for t in range(tp_size) if t % w.world_size == w.rank]
             out = {t: tp.pack(full.__getitem__, plan[t], dtype, w.device) for t in mine}
@@ -94,11 +95,6 @@ class TensorSync(Transport):
                 out[t] = ipc.serialize(views)
             torch.cuda.synchronize()  # the server reads the memory as soon as it has the handle
             return out
-
-        def heads(self) -> tp.Heads:
-            model = self.worker.model
-            config = getattr(model, "config", None) or model.get_base_model().config
-            return tp.heads_of(config)
 
         def release(self) -> None:
             self.hold.release()
