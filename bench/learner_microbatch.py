@@ -6,6 +6,14 @@ is dense, so its cost grows with the square of its length.
     python bench/learner_microbatch.py [--model builtin:tiny] [--episodes 64 --length 130] \
         [--sizes 512 4096] [--repeats 3]
     python bench/learner_microbatch.py --length 400 --spread 300 --layouts padded --sizes 4096
+    python bench/learner_microbatch.py --shape 1.5b --device cuda --episodes 256 --length 655 \
+        --layouts padded --plans runs --sizes 16384 32768 --update-only \
+        --variants attention_kernel=auto attention_kernel=flash     # GPU: learner settings, same run
+
+`--variants` measures each listed set of learner settings (`key=value,key=value`, LearnerConfig
+fields; `default` for none) on the same batch in the same process, one after the other. On CUDA
+it also prints the update's MFU: 6·N·T / update seconds / the GPU's dense bf16 peak (N every
+parameter, T every real token), train_step.py's learner figure without a separate logprob pass.
 
 Prints, per attention layout (`learner.attention_layout`: packed row with a dense mask, or a
 right-padded batch under a causal mask), micro-batch plan and size, the median seconds of the
@@ -21,6 +29,7 @@ import argparse
 import socket
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -51,23 +60,55 @@ def main() -> None:
     p.add_argument("--layouts", nargs="+", default=["packed", "padded"])
     p.add_argument("--spread", type=int, default=0, help="episode lengths: length ± spread")
     p.add_argument("--plans", nargs="+", default=["mixed", "runs"], help="padded layout's plans")
+    p.add_argument("--shape", help="a random Qwen2.5 shape (0.5b | 1.5b | 7b) instead of --model")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--variants", nargs="+", default=["default"], help="learner settings to compare")
+    p.add_argument("--update-only", action="store_true", help="skip the separate logprob pass")
     a = p.parse_args()
+
+    import tempfile
 
     from agentrl.config import ModelConfig
     from agentrl.learner import LearnerConfig
 
-    model = str(ModelConfig(path=a.model).resolve())
-    cfg = LearnerConfig(model_path=model, device="cpu", lr=1e-4, threads_per_worker=a.threads)
+    tmp = tempfile.TemporaryDirectory()
+    if a.shape:
+        from agentrl.assets.build import build_random_qwen25
+
+        model = str(build_random_qwen25(Path(tmp.name) / f"qwen2.5-{a.shape}", a.shape))
+    else:
+        model = str(ModelConfig(path=a.model).resolve())
+    base = LearnerConfig(model_path=model, device=a.device, lr=1e-4, threads_per_worker=a.threads)
     rows = []
-    for layout in a.layouts:
-        cfg = cfg.model_copy(update={"attention_layout": layout})
-        rows += measure(cfg, a)
-    print(f"{a.episodes} episodes x {a.length} ± {a.spread} tokens, {model}, {a.threads} thread(s)")
-    print(f"{'layout':>7} {'plan':>6} {'max tokens':>10} {'micro-batches':>13} {'padded/real':>11} "
-          f"{'logprobs s':>10} {'update s':>9} {'ratio':>6}")  # fmt: skip
-    for layout, plan, size, n, pad, lp_s, up_s in rows:
-        print(f"{layout:>7} {plan:>6} {size:>10} {n:>13} {pad:>11.2f} {lp_s:>10.2f} "
-              f"{up_s:>9.2f} {up_s / rows[0][-1]:>6.2f}")  # fmt: skip
+    for variant in a.variants:
+        sets = dict(kv.split("=", 1) for kv in variant.split(",")) if variant != "default" else {}
+        for layout in a.layouts:
+            cfg = LearnerConfig.model_validate(
+                {**base.model_dump(), **sets, "attention_layout": layout}
+            )
+            rows += [(variant, *r) for r in measure(cfg, a)]
+    print(f"{a.episodes} episodes x {a.length} ± {a.spread} tokens, {model}, {a.device}, "
+          f"{a.threads} thread(s)")  # fmt: skip
+    mfu = a.device == "cuda"
+    if mfu:
+        from train_step import count_params, peak_flops  # bench/, beside this file
+
+        n_params, peak = count_params(Path(model)), peak_flops(None)
+    print(f"{'variant':>28} {'layout':>7} {'plan':>6} {'max tokens':>10} {'micro-batches':>13} "
+          f"{'padded/real':>11} {'logprobs s':>10} {'update s':>9} {'ratio':>6}"
+          + (f" {'update MFU':>10}" if mfu else ""))  # fmt: skip
+    for variant, layout, plan, size, n, pad, lp_s, up_s, real in rows:
+        line = (f"{variant:>28} {layout:>7} {plan:>6} {size:>10} {n:>13} {pad:>11.2f} "
+                f"{lp_s:>10.2f} {up_s:>9.2f} {up_s / rows[0][-2]:>6.2f}")  # fmt: skip
+        if mfu:
+            line += f" {100 * 6 * n_params * real / up_s / peak:>9.1f}%"
+        print(line)
+    tmp.cleanup()
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def measure(cfg, a) -> list[tuple]:
@@ -83,6 +124,7 @@ def measure(cfg, a) -> list[tuple]:
     vocab = worker.model.config.vocab_size
     batch = make_batch(a.episodes, a.length, vocab, a.spread)
     lens = batch.seq_lens
+    real = sum(lens)
     rows = []
     plans = a.plans if cfg.attention_layout == "padded" else ["mixed"]
     for plan, size in [(p, s) for p in plans for s in a.sizes]:
@@ -91,10 +133,14 @@ def measure(cfg, a) -> list[tuple]:
         pad = padded_tokens(plan_micro_batches(lens, 1, size, runs), lens) / sum(lens)
         lp, up = [], []
         for _ in range(a.repeats + 1):  # the first round warms up
+            sync()
             t0 = time.perf_counter()
-            worker.compute_logprobs(mbs)
+            if not a.update_only:
+                worker.compute_logprobs(mbs)
+            sync()
             t1 = time.perf_counter()
             worker.train_step(mbs, "ppo_clip", LossConfig(name="ppo_clip"))
+            sync()
             lp.append(t1 - t0)
             up.append(time.perf_counter() - t1)
         rows.append(
@@ -106,6 +152,7 @@ def measure(cfg, a) -> list[tuple]:
                 pad,
                 statistics.median(lp[1:]),
                 statistics.median(up[1:]),
+                real,
             )
         )
     worker.shutdown()

@@ -72,7 +72,7 @@ def overrides(args: argparse.Namespace, model: Path, tmp: Path) -> list[str]:
         "model=local",
         f"model.path={model}",
         f"engine={args.engine}",
-        *(["weight_sync.method=tensor", "learner.micro_batch_tokens=16384"] if gpu else []),
+        *(["weight_sync.method=tensor"] if gpu else []),
         "sandbox=subprocess",
         "logging=local",
         f"rollout.group_size={args.group}",

@@ -53,7 +53,13 @@ class LearnerConfig(BaseModel):
     total_steps: int | None = Field(None, ge=1, description="decay horizon for linear/cosine")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="floor of linear/cosine decay")
     grad_clip: float = Field(1.0, ge=0, description="max global grad norm; 0: no clipping")
-    micro_batch_tokens: int = Field(4096, ge=1, description="token budget of one micro-batch")
+    micro_batch_tokens: int | Literal["auto"] = Field(
+        "auto",
+        description="token budget of one micro-batch. auto (CUDA): the most tokens whose "
+        "activations fit the GPU beside the learner's state without recomputing a block "
+        "(learner/memory.py: fewer, larger micro-batches keep a host-bound update busy), between "
+        "4096 and 65536; 4096 on CPU",
+    )
     attention_layout: Literal["packed", "padded"] = Field(
         "padded",
         description="a micro-batch's sequences run as one packed row (dense mask between them) or "
@@ -128,6 +134,15 @@ class LearnerConfig(BaseModel):
         return self.mixed_precision == "bf16" or (
             self.mixed_precision == "auto" and device == "cuda"
         )
+
+    @model_validator(mode="after")
+    def _micro_batch_budget(self) -> LearnerConfig:
+        if self.micro_batch_tokens != "auto" and self.micro_batch_tokens < 1:
+            raise ValueError(
+                f"learner.micro_batch_tokens={self.micro_batch_tokens}: use a positive token "
+                "count or auto"
+            )
+        return self
 
     @model_validator(mode="after")
     def _triton_head_on_cuda(self) -> LearnerConfig:

@@ -216,11 +216,14 @@ class LearnerGroup:
             raise
         self._specs: dict[str | None, list[ParamSpec]] = {}
         first = self.info[0]
+        # learner.micro_batch_tokens=auto is sized by each rank's GPU: the smallest holds
+        self.micro_batch_tokens = min(int(i["micro_batch_tokens"]) for i in self.info)
         log.info(
             "%s learner: %d rank(s) on %s, bf16 %s, activation checkpointing %s, fused kernels %s, "
-            "head kernel %s",
+            "head kernel %s, micro-batches of %d tokens%s",
             role, self.world_size, first["device"], first["bf16"], first["checkpointing"],
-            first["fused_kernels"], first["head_kernel"],
+            first["fused_kernels"], first["head_kernel"], self.micro_batch_tokens,
+            " (auto)" if cfg.micro_batch_tokens == "auto" else "",
         )  # fmt: skip
         niced = sorted({i["nice"] for i in self.info if i.get("nice", 0) > 0})
         if niced:
@@ -281,7 +284,7 @@ class LearnerGroup:
         """`batch` split for this group's ranks by `learner.micro_batch_tokens`, planned for its
         `attention_layout` (padded: runs of similar length; agentrl.batch.plan_micro_batches)."""
         padded = self.cfg.attention_layout == "padded"
-        return micro_batches(batch, self.world_size, self.cfg.micro_batch_tokens, padded=padded)
+        return micro_batches(batch, self.world_size, self.micro_batch_tokens, padded=padded)
 
     def compute_logprobs(self, per_rank: list[list[Any]], temperature: float = 1.0) -> list[Any]:
         """[rank][micro-batch] → logprobs [N] (CPU), for old/reference logprobs."""

@@ -130,6 +130,10 @@ class LearnerWorker:
             self._ckpt_blocks = fsdp.blocks(model)
             self._block_bytes = memory.block_activation_bytes(model.config, 2 if bf16 else 4)
             self._block_input_bytes = (2 if bf16 else 4) * int(model.config.hidden_size)
+        # every block's activations per token (learner.micro_batch_tokens=auto sizes by it)
+        act_per_token = len(fsdp.blocks(model)) * memory.block_activation_bytes(
+            model.config, 2 if bf16 else 4
+        )
         frozen_saved = fsdp.store_frozen_in(model, torch.bfloat16) if bf16 else 0
         self.model = fsdp.shard_model(
             model,
@@ -143,7 +147,12 @@ class LearnerWorker:
         else:
             self.opt, self.sched = fsdp.make_optimizer(self.model, self.cfg)
         n = sum(p.numel() for p in self.model.parameters())
+        mb_tokens = self.cfg.micro_batch_tokens
+        if mb_tokens == "auto":
+            on_gpu = self.device_type == "cuda"
+            mb_tokens = self._auto_micro_batch_tokens(act_per_token) if on_gpu else 4096
         return {
+            "micro_batch_tokens": mb_tokens,
             "rank": self.rank,
             "params": n,
             "device": str(self.device),
@@ -268,6 +277,20 @@ class LearnerWorker:
                 "step_s": time.perf_counter() - t0,
             },
         }
+
+    def _auto_micro_batch_tokens(self, per_token: int) -> int:
+        """memory.auto_micro_batch_tokens for this rank: its state counted as it will be at the
+        update (16 bytes per trained parameter: weights, gradients, two moments; frozen weights
+        as stored), every block's activations (`per_token` bytes) kept."""
+        state = sum(
+            (16 if p.requires_grad else p.element_size())
+            * (p.to_local() if isinstance(p, DTensor) else p).numel()
+            for p in self.model.parameters()
+        )
+        out_emb = self.model.get_output_embeddings()
+        head = 3 * 2048 * out_emb.weight.shape[0] * 4 if out_emb is not None else 0
+        total = torch.cuda.mem_get_info(self.device)[1]
+        return memory.auto_micro_batch_tokens(total, state, head, per_token)
 
     def _plan_checkpointing(self, micro_batches: list[Any]) -> None:
         """activation_checkpointing=auto: recompute the fewest blocks that let this step's largest

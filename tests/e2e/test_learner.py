@@ -182,11 +182,13 @@ def test_old_logprobs_from_the_update_are_the_scoring_pass(ray_up, tiny_model_di
 
 def test_reference_matches_plain_forward_and_critic_learns(ray_up, tiny_model_dir) -> None:
     batch = make_batch(seed=2)
-    cfg = LearnerConfig(model_path=str(tiny_model_dir), mixed_precision="bf16")  # a GPU's
+    cfg = LearnerConfig(model_path=str(tiny_model_dir), mixed_precision="bf16",  # a GPU's
+                        micro_batch_tokens="auto")  # fmt: skip
     ref = LearnerGroup(cfg, role="reference")
     try:
         # it never trains: its weights are kept in bf16, what FSDP2 casts them to anyway
         assert ref.info[0]["frozen_bf16_gb"] > 0
+        assert ref.micro_batch_tokens == 4096  # auto sizes by a GPU's memory; a CPU gets 4096
         lp = ref.compute_logprobs(micro_batches(batch, 1, 1000))[0][0]
         with pytest.raises(RuntimeError, match="no optimizer"):
             ref.train_step(micro_batches(batch, 1, 1000), "ppo_clip", PPO)

@@ -45,9 +45,17 @@ def gap(a: list[float], b: list[float]) -> float:
     return fmean(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
-def test_lora_adapters_reach_colocated_sglang_after_each_push(ray_on, qwen15_dir, tmp_path):
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_lora_adapters_reach_colocated_sglang_after_each_push(
+    ray_on, qwen15_dir, tmp_path, precision
+):
+    """bf16: the two stacks' floor at this shape (0.017) is above the issue's 0.01. fp16: the
+    learner computes in fp32 and SGLang serves float16 (its RMSNorm kernel takes no float32), 3
+    more mantissa bits than bf16, so the floor drops and the gap after a push must be ≤ 0.01."""
     ray_on("0")
-    cfg = LearnerConfig(model_path=str(qwen15_dir), device="cuda", lr=2e-3, lora=LoraConfig(rank=8))
+    fp16 = precision == "fp16"
+    cfg = LearnerConfig(model_path=str(qwen15_dir), device="cuda", lr=2e-3, lora=LoraConfig(rank=8),
+                        **({"mixed_precision": "fp32", "head_kernel": "torch"} if fp16 else {}))  # fmt: skip
     group = LearnerGroup(cfg)
     group.offload()
     sampling = SamplingParams(max_new_tokens=128, temperature=1.0, seed=3, ignore_eos=True)
@@ -55,7 +63,10 @@ def test_lora_adapters_reach_colocated_sglang_after_each_push(ray_on, qwen15_dir
 
     async def cycles(url: str) -> dict[str, float]:
         async with EngineClient([url]) as engine:
-            sync = make_weight_sync(WeightSyncConfig(method="tensor", bucket_mb=512), group, engine)
+            ws = WeightSyncConfig(
+                method="tensor", bucket_mb=512, dtype="float16" if fp16 else "auto"
+            )
+            sync = make_weight_sync(ws, group, engine)
             await sync.setup()
             first = await engine.generate(PROMPT, sampling)
             scored = await prefill_logprobs(url, PROMPT + first.token_ids, len(PROMPT))
@@ -88,17 +99,20 @@ def test_lora_adapters_reach_colocated_sglang_after_each_push(ray_on, qwen15_dir
             return floor
 
     try:
-        with launch_sglang(qwen15_dir, tmp_path, "0", "--enable-memory-saver") as url:
+        extra = ["--dtype", "float16"] if fp16 else []
+        with launch_sglang(qwen15_dir, tmp_path, "0", "--enable-memory-saver", *extra) as url:
             floor = asyncio.run(cycles(url))
     finally:
         group.shutdown()
-    print(f"\nLORA 1.5B on {torch.cuda.get_device_name()}: mean |logprob diff| before training "
-          f"(same weights: the bf16 floor) sampled {floor['sampled']:.4f}, "
+    print(f"\nLORA 1.5B {precision} on {torch.cuda.get_device_name()}: mean |logprob diff| before "
+          f"training (same weights: the {precision} floor) sampled {floor['sampled']:.4f}, "
           f"prefill-scored {floor['prefill']:.4f}")  # fmt: skip
     for i, r in enumerate(rows):
         print(f"LORA cycle {i}: before the push {r['stale']:.4f}, after: sampled {r['fresh']:.4f}, "
               f"prefill-scored {r['fresh_prefill']:.4f}; push {r['push_s']} s")  # fmt: skip
     for r in rows:
+        if fp16:  # no bf16 floor to hide behind: the issue's bar
+            assert r["fresh"] <= 0.01 and r["fresh_prefill"] <= 0.01
         # after a push the engine serves the trainer's model: no further from it than identical
         # weights are (the floor), or than 0.01
         assert r["fresh"] < max(1.5 * floor["sampled"], 0.01)
