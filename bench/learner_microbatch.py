@@ -64,6 +64,12 @@ def main() -> None:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--variants", nargs="+", default=["default"], help="learner settings to compare")
     p.add_argument("--update-only", action="store_true", help="skip the separate logprob pass")
+    p.add_argument(
+        "--release",
+        action="store_true",
+        help="empty the CUDA cache before each update, as a colocated step does (the engine "
+        "takes the memory back between updates)",
+    )
     a = p.parse_args()
 
     import tempfile
@@ -133,6 +139,8 @@ def measure(cfg, a) -> list[tuple]:
         pad = padded_tokens(plan_micro_batches(lens, 1, size, runs), lens) / sum(lens)
         lp, up = [], []
         for _ in range(a.repeats + 1):  # the first round warms up
+            if a.release and torch.cuda.is_available():
+                torch.cuda.empty_cache()
             sync()
             t0 = time.perf_counter()
             if not a.update_only:
