@@ -56,6 +56,8 @@ train/ — the learner and the trainer-side logprob pass
     train/batch_tokens              every token the update ran over (prompts, observations too)
     train/checkpointed_blocks       transformer blocks recomputed in backward this step
                                     (learner.activation_checkpointing=auto picks them per step)
+    train/alloc_retries             CUDA allocations retried after emptying the cache (memory at
+                                    its limit: slow, warned about); 0 on CPU
     Any other learner key `policy/<k>` becomes `train/<k>`; other roles keep their prefix
     (`critic/…`).
 sync/ — weight sync: seconds, mb, s_per_mb, buckets; drain_s (closing the gate before the push:
@@ -282,6 +284,21 @@ def has_signal(group: list[Trajectory]) -> bool:
 def no_signal(groups: list[list[Trajectory]]) -> bool:
     """True when no group has two scored members with different rewards."""
     return not any(has_signal(g) for g in groups)
+
+
+def memory_edge(metrics: dict[str, float]) -> str | None:
+    """The warning to give when the policy's update ran at the edge of the GPU's memory: the
+    allocator had to free its cache and retry (`policy/alloc_retries`), which synchronises the
+    GPU each time and can cost seconds a step with nothing failing."""
+    n = int(metrics.get("policy/alloc_retries", 0))
+    if n <= 0:
+        return None
+    return (
+        f"the learner's CUDA allocator ran out of cached memory {n} time(s) in this update and "
+        "retried after emptying its cache (a synchronisation each time: slow, not failed). Lower "
+        "learner.micro_batch_tokens, set learner.activation_checkpointing=on, or give the "
+        "engine less (--mem-fraction-static) or the learner more (learner.offload)"
+    )
 
 
 def off_version(trajs: list[Trajectory], want: str) -> tuple[int, str | None]:

@@ -67,6 +67,7 @@ from agentrl.metrics import (
     gap_and_kl_metrics,
     has_signal,
     mean_over_steps,
+    memory_edge,
     no_signal,
     off_version,
     rollout_metrics,
@@ -197,6 +198,8 @@ class Trainer:
         with t("update"):
             ref = scores.get("ref_logprobs")
             metrics.update(await self._blocking(self._update, batch, trajs, ref))
+        if edge := memory_edge(metrics):
+            self._warn("learner memory at its limit", edge)
         with t("sync"):
             metrics.update(await self._sync(version=str(self.step_idx + 1)))
         metrics.update(self._peak_memory())

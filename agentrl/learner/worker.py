@@ -239,6 +239,7 @@ class LearnerWorker:
         if self._ckpt_blocks:
             self._plan_checkpointing(micro_batches)
         t0 = time.perf_counter()
+        retries0 = self._alloc_retries()
         per_mb, loss_sum, tokens, batch_tokens = [], 0.0, 0, 0
         with self._peak("update"), self._profiled(self.steps_done + 1):
             for mb in micro_batches:
@@ -266,6 +267,7 @@ class LearnerWorker:
             tokens=float(tokens),
             batch_tokens=float(batch_tokens),
             micro_batches=float(len(micro_batches)),
+            alloc_retries=float(self._alloc_retries() - retries0),
         )
         return {
             "sum": summed,
@@ -277,6 +279,14 @@ class LearnerWorker:
                 "step_s": time.perf_counter() - t0,
             },
         }
+
+    def _alloc_retries(self) -> int:
+        """The CUDA caching allocator's count of allocations it retried after freeing its cache
+        (each one synchronises and returns memory to the driver: an update at the edge of the
+        GPU's memory slows down without failing); 0 on CPU."""
+        if self.device_type != "cuda":
+            return 0
+        return int(torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0))
 
     def _auto_micro_batch_tokens(self, per_token: int) -> int:
         """memory.auto_micro_batch_tokens for this rank: its state counted as it will be at the

@@ -333,3 +333,14 @@ def test_segments_must_cover_their_turn(qwen_tokenizer):
     t.turns[1].segments = [(1, "0")]
     with pytest.raises(ValueError, match="has segments"):
         t.check()
+
+
+def test_an_update_at_the_memory_edge_is_warned_about_and_documented():
+    import agentrl.metrics
+    from agentrl.metrics import memory_edge
+
+    assert memory_edge({"policy/alloc_retries": 0.0}) is None
+    assert memory_edge({}) is None  # a CPU learner never reports retries
+    msg = memory_edge({"policy/alloc_retries": 3.0})
+    assert msg is not None and "3 time(s)" in msg and "learner.micro_batch_tokens" in msg
+    assert metric_name("policy/alloc_retries") in agentrl.metrics.__doc__
