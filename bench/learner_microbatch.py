@@ -65,6 +65,12 @@ def main() -> None:
     p.add_argument("--variants", nargs="+", default=["default"], help="learner settings to compare")
     p.add_argument("--update-only", action="store_true", help="skip the separate logprob pass")
     p.add_argument(
+        "--old-from-forward",
+        action="store_true",
+        help="pi_old from the update's own forward, as the trainer takes it with one optimizer "
+        "step per batch (algo.old_logprobs=auto), instead of given with the batch",
+    )
+    p.add_argument(
         "--release",
         action="store_true",
         help="empty the CUDA cache before each update, as a colocated step does (the engine "
@@ -129,6 +135,8 @@ def measure(cfg, a) -> list[tuple]:
     worker.setup()
     vocab = worker.model.config.vocab_size
     batch = make_batch(a.episodes, a.length, vocab, a.spread)
+    if a.old_from_forward:
+        batch.trainer_old_logprobs = None
     lens = batch.seq_lens
     real = sum(lens)
     rows = []
@@ -147,7 +155,9 @@ def measure(cfg, a) -> list[tuple]:
                 worker.compute_logprobs(mbs)
             sync()
             t1 = time.perf_counter()
-            worker.train_step(mbs, "ppo_clip", LossConfig(name="ppo_clip"))
+            worker.train_step(mbs, "ppo_clip", LossConfig(name="ppo_clip"), 1.0, a.old_from_forward)
+            if a.old_from_forward:
+                worker.update_logprobs()
             sync()
             lp.append(t1 - t0)
             up.append(time.perf_counter() - t1)

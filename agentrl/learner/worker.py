@@ -390,13 +390,15 @@ class LearnerWorker:
             extra["trainer_old_logprobs"] = mb.trainer_old_logprobs
         elif old_from_forward:
             extra["trainer_old_logprobs"] = lp.detach()
-            self._update_lps.append(lp.detach().float().cpu())
+            # kept on the device until update_logprobs: a host copy here would wait for this
+            # forward before the backward could be queued, once per micro-batch
+            self._update_lps.append(lp.detach().float())
         return loss_fn(LossInputs.from_batch(mb, lp, entropy=ent, **extra), loss_cfg)
 
     def update_logprobs(self) -> list[Any]:
         """The last train_step's pi_old per micro-batch, when it took them from its own forward
         (`old_from_forward`): the logprobs before that step, as `compute_logprobs` gives them."""
-        return list(self._update_lps)
+        return [lp.cpu() for lp in self._update_lps]
 
     # -- weights out ----------------------------------------------------------------------------
     def param_specs(self, dtype: str | None = None) -> list[ParamSpec]:
