@@ -131,6 +131,9 @@ def report(history: list[dict[str, float]], n_params: int, peak: float, wall_s: 
     if peaks:
         print("learner GPU memory at most (GiB, the allocator's, the most over steps): " + ", ".join(
             f"{k.rsplit('/', 1)[1]} {max(h.get(k, 0.0) for h in history):.1f}" for k in peaks))  # fmt: skip
+    mbs = [h["train/micro_batches"] for h in history if "train/micro_batches" in h]
+    if mbs:  # learner.micro_batch_tokens (auto: sized by the GPU's memory) decides how many
+        print(f"micro-batches per step: {', '.join(f'{m:.0f}' for m in mbs)}")
     blocks = [h["train/checkpointed_blocks"] for h in history if "train/checkpointed_blocks" in h]
     if blocks:
         print(f"blocks recomputed in backward per step: {', '.join(f'{b:.0f}' for b in blocks)}")
