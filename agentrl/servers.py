@@ -226,6 +226,9 @@ class Fleet:
         self.procs: list[Server] = []  # engine.placement=ray: handles on Ray actors
         self.logs: list[Path] = []  # placed by Ray: the path on the server's node
         self.restarts: dict[str, int] = {}
+        # one client for the per-step /health checks: a fresh httpx.get builds a TLS context
+        # each time (25 ms of CPU here, in the trainer's event loop) even for plain http
+        self._http: httpx.Client | None = None
 
     @property
     def owned(self) -> bool:
@@ -271,8 +274,10 @@ class Fleet:
             if proc.poll() is not None:
                 out.append(url)
                 continue
+            if self._http is None:
+                self._http = httpx.Client()
             try:
-                ok = httpx.get(url + "/health", timeout=timeout_s).status_code == 200
+                ok = self._http.get(url + "/health", timeout=timeout_s).status_code == 200
             except httpx.HTTPError:
                 ok = False
             if not ok:
@@ -300,6 +305,9 @@ class Fleet:
         )
 
     def stop(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            self._http = None
         stop_processes([p for p in self.procs if isinstance(p, subprocess.Popen)])
         for p in self.procs:
             if isinstance(p, RayServer):
@@ -398,6 +406,13 @@ def wait_router(
 
 
 def wait_healthy(urls: list[str], procs: list[Server], timeout_s: float, logs: list[Path]) -> None:
+    with httpx.Client() as http:
+        _wait_healthy(http, urls, procs, timeout_s, logs)
+
+
+def _wait_healthy(
+    http: httpx.Client, urls: list[str], procs: list[Server], timeout_s: float, logs: list[Path]
+) -> None:
     deadline = time.monotonic() + timeout_s
     pending = set(range(len(urls)))
     while pending:
@@ -409,7 +424,7 @@ def wait_healthy(urls: list[str], procs: list[Server], timeout_s: float, logs: l
                     f"start-up; its log ({logs[i] if logs else '-'}) ends with:\n{tail}"
                 )
             try:
-                if httpx.get(urls[i] + "/health", timeout=2.0).status_code == 200:
+                if http.get(urls[i] + "/health", timeout=2.0).status_code == 200:
                     pending.discard(i)
             except httpx.HTTPError:
                 pass
