@@ -406,35 +406,29 @@ def wait_router(
 
 
 def wait_healthy(urls: list[str], procs: list[Server], timeout_s: float, logs: list[Path]) -> None:
-    with httpx.Client() as http:
-        _wait_healthy(http, urls, procs, timeout_s, logs)
-
-
-def _wait_healthy(
-    http: httpx.Client, urls: list[str], procs: list[Server], timeout_s: float, logs: list[Path]
-) -> None:
     deadline = time.monotonic() + timeout_s
     pending = set(range(len(urls)))
-    while pending:
-        for i in sorted(pending):
-            if procs and procs[i].poll() is not None:
-                tail = _tail(procs[i], logs[i] if logs else None)
+    with httpx.Client() as http:  # one for the whole poll: httpx.get builds a TLS context a call
+        while pending:
+            for i in sorted(pending):
+                if procs and procs[i].poll() is not None:
+                    tail = _tail(procs[i], logs[i] if logs else None)
+                    raise EngineUnavailable(
+                        f"rollout server {urls[i]} exited with code {procs[i].returncode} during "
+                        f"start-up; its log ({logs[i] if logs else '-'}) ends with:\n{tail}"
+                    )
+                try:
+                    if http.get(urls[i] + "/health", timeout=2.0).status_code == 200:
+                        pending.discard(i)
+                except httpx.HTTPError:
+                    pass
+            if pending and time.monotonic() > deadline:
                 raise EngineUnavailable(
-                    f"rollout server {urls[i]} exited with code {procs[i].returncode} during "
-                    f"start-up; its log ({logs[i] if logs else '-'}) ends with:\n{tail}"
+                    f"rollout servers {[urls[i] for i in sorted(pending)]} not healthy after "
+                    f"{timeout_s:g}s; check the server logs or raise engine.health_timeout_s"
                 )
-            try:
-                if http.get(urls[i] + "/health", timeout=2.0).status_code == 200:
-                    pending.discard(i)
-            except httpx.HTTPError:
-                pass
-        if pending and time.monotonic() > deadline:
-            raise EngineUnavailable(
-                f"rollout servers {[urls[i] for i in sorted(pending)]} not healthy after "
-                f"{timeout_s:g}s; check the server logs or raise engine.health_timeout_s"
-            )
-        if pending:
-            time.sleep(0.25)
+            if pending:
+                time.sleep(0.25)
 
 
 def stop_processes(procs: list[subprocess.Popen], grace_s: float = 15.0) -> None:

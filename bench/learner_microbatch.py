@@ -144,7 +144,7 @@ def measure(cfg, a) -> list[tuple]:
     for plan, size in [(p, s) for p in plans for s in a.sizes]:
         runs = plan == "runs"
         mbs = micro_batches(batch, 1, size, padded=runs)[0]
-        pad = padded_tokens(plan_micro_batches(lens, 1, size, runs), lens) / sum(lens)
+        pad = padded_tokens(plan_micro_batches(lens, 1, size, runs), lens) / real
         lp, up = [], []
         for _ in range(a.repeats + 1):  # the first round warms up
             if a.release and torch.cuda.is_available():

@@ -16,7 +16,7 @@ models live here, so importing this package pulls in neither ray nor torch.distr
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -53,7 +53,7 @@ class LearnerConfig(BaseModel):
     total_steps: int | None = Field(None, ge=1, description="decay horizon for linear/cosine")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="floor of linear/cosine decay")
     grad_clip: float = Field(1.0, ge=0, description="max global grad norm; 0: no clipping")
-    micro_batch_tokens: int | Literal["auto"] = Field(
+    micro_batch_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         "auto",
         description="token budget of one micro-batch. auto (CUDA): the most tokens whose "
         "activations fit the GPU beside the learner's state without recomputing a block "
@@ -134,15 +134,6 @@ class LearnerConfig(BaseModel):
         return self.mixed_precision == "bf16" or (
             self.mixed_precision == "auto" and device == "cuda"
         )
-
-    @model_validator(mode="after")
-    def _micro_batch_budget(self) -> LearnerConfig:
-        if self.micro_batch_tokens != "auto" and self.micro_batch_tokens < 1:
-            raise ValueError(
-                f"learner.micro_batch_tokens={self.micro_batch_tokens}: use a positive token "
-                "count or auto"
-            )
-        return self
 
     @model_validator(mode="after")
     def _triton_head_on_cuda(self) -> LearnerConfig:

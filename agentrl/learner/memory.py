@@ -121,13 +121,21 @@ def blocks_to_checkpoint(
     return n_blocks - min(keep, n_blocks)
 
 
+MIN_MICRO_BATCH, MAX_MICRO_BATCH = 4096, 65536  # micro_batch_tokens=auto's range (CPU: the min)
+
+
+def head_chunk_bytes(vocab: int) -> int:
+    """The vocabulary head's fp32 logit chunks in flight at once (about 3 of 2048 tokens)."""
+    return 3 * 2048 * vocab * 4
+
+
 def auto_micro_batch_tokens(
     total_bytes: float,
     state_bytes: float,
     head_bytes: float,
     per_token_bytes: int,
-    lo: int = 4096,
-    hi: int = 65536,
+    lo: int = MIN_MICRO_BATCH,
+    hi: int = MAX_MICRO_BATCH,
 ) -> int:
     """`learner.micro_batch_tokens=auto`: the most tokens (a multiple of 1024 in [lo, hi]) whose
     activations, `per_token_bytes` over all blocks, fit a GPU of `total_bytes` beside this rank's

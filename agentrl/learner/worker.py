@@ -125,15 +125,14 @@ class LearnerWorker:
             fsdp.compile_blocks(model)
         bf16 = self.cfg.use_bf16(self.device_type)
         checkpointing = self.cfg.use_checkpointing(self.device_type) and self.role != "reference"
+        # one token's activations per block: what activation checkpointing=auto and
+        # micro_batch_tokens=auto size by
+        blocks = fsdp.blocks(model)
+        self._block_bytes = memory.block_activation_bytes(model.config, 2 if bf16 else 4)
         if checkpointing and self.cfg.activation_checkpointing == "auto":
             # as few blocks recomputed as each step's memory allows (_plan_checkpointing)
-            self._ckpt_blocks = fsdp.blocks(model)
-            self._block_bytes = memory.block_activation_bytes(model.config, 2 if bf16 else 4)
+            self._ckpt_blocks = blocks
             self._block_input_bytes = (2 if bf16 else 4) * int(model.config.hidden_size)
-        # every block's activations per token (learner.micro_batch_tokens=auto sizes by it)
-        act_per_token = len(fsdp.blocks(model)) * memory.block_activation_bytes(
-            model.config, 2 if bf16 else 4
-        )
         frozen_saved = fsdp.store_frozen_in(model, torch.bfloat16) if bf16 else 0
         self.model = fsdp.shard_model(
             model,
@@ -150,7 +149,10 @@ class LearnerWorker:
         mb_tokens = self.cfg.micro_batch_tokens
         if mb_tokens == "auto":
             on_gpu = self.device_type == "cuda"
-            mb_tokens = self._auto_micro_batch_tokens(act_per_token) if on_gpu else 4096
+            per_token = len(blocks) * self._block_bytes
+            mb_tokens = (
+                self._auto_micro_batch_tokens(per_token) if on_gpu else memory.MIN_MICRO_BATCH
+            )
         return {
             "micro_batch_tokens": mb_tokens,
             "rank": self.rank,
@@ -297,10 +299,8 @@ class LearnerWorker:
             * (p.to_local() if isinstance(p, DTensor) else p).numel()
             for p in self.model.parameters()
         )
-        out_emb = self.model.get_output_embeddings()
-        head = 3 * 2048 * out_emb.weight.shape[0] * 4 if out_emb is not None else 0
         total = torch.cuda.mem_get_info(self.device)[1]
-        return memory.auto_micro_batch_tokens(total, state, head, per_token)
+        return memory.auto_micro_batch_tokens(total, state, _head_bytes(self.model), per_token)
 
     def _plan_checkpointing(self, micro_batches: list[Any]) -> None:
         """activation_checkpointing=auto: recompute the fewest blocks that let this step's largest
@@ -317,9 +317,7 @@ class LearnerWorker:
             for p in self.model.parameters()
             if p.requires_grad and p.grad is None
         )
-        out_emb = self.model.get_output_embeddings()  # None for a critic (a value head)
-        head = 3 * 2048 * out_emb.weight.shape[0] * 4 if out_emb is not None else 0  # logit chunks
-        budget = 0.9 * (free + cached - grads - head) - memory.RESERVE_BYTES
+        budget = 0.9 * (free + cached - grads - _head_bytes(self.model)) - memory.RESERVE_BYTES
         count = memory.blocks_to_checkpoint(
             len(self._ckpt_blocks), tokens, self._block_bytes, self._block_input_bytes, budget
         )
@@ -550,6 +548,12 @@ class LearnerWorker:
     def _require(self, role: str, what: str) -> None:
         if self.role != role:
             raise RuntimeError(f"{what} needs the {role} role, this learner is {self.role}")
+
+
+def _head_bytes(model: Any) -> int:
+    """The vocabulary head's fp32 logit chunks in flight (none for a critic's value head)."""
+    out_emb = model.get_output_embeddings()
+    return memory.head_chunk_bytes(out_emb.weight.shape[0]) if out_emb is not None else 0
 
 
 def _activation_tokens(mb: Any, layout: str) -> int:
