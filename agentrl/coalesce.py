@@ -96,6 +96,8 @@ class Coalescer:
             "rid": [p["rid"] for p, _ in items],
             "return_logprob": True,
         }
+        if any("lora_path" in p for p, _ in items):
+            body["lora_path"] = [p.get("lora_path") for p, _ in items]
         s.inflight += len(items)
         t0 = time.monotonic()
         try:

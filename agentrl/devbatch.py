@@ -43,6 +43,7 @@ class Limits:
     vocab_size: int
     context_len: int
     inflight: dict[str, Any]
+    adapters: frozenset[str] = frozenset()  # LoRA adapters a request may name (agentrl/devlora.py)
 
 
 class BadRequest(ValueError):
@@ -73,6 +74,7 @@ class Req:
     t0: float = field(default_factory=time.monotonic)
     cached: int = 0  # prompt tokens the prefix cache held at its prefill
     epoch: int = -1  # the engine's weights epoch when its KV was computed
+    lora: str | None = None  # the LoRA adapter it samples with (`lora_path`); None: the base
 
 
 @dataclass
@@ -435,12 +437,30 @@ def parse_generate(body: Any, limits: Limits) -> tuple[list[Req], bool]:
     sps = _per_item(body.get("sampling_params") or {}, n, "sampling_params", dict)
     rids = _per_item(body.get("rid"), n, "rid", str)
     logprob = _per_item(body.get("return_logprob", False), n, "return_logprob", bool)
+    loras = _loras(body.get("lora_path"), n, limits.adapters)
     try:
-        return [make_req(limits, *a) for a in zip(items, sps, rids, logprob, strict=True)], single
+        reqs = [make_req(limits, *a) for a in zip(items, sps, rids, logprob, strict=True)]
     except (TypeError, ValueError, AttributeError) as e:
         if isinstance(e, BadRequest):
             raise
         raise BadRequest(f"malformed /generate request: {type(e).__name__}: {e}") from e
+    for r, lora in zip(reqs, loras, strict=True):
+        r.lora = lora
+    return reqs, single
+
+
+def _loras(value: Any, n: int, loaded: frozenset[str]) -> list[str | None]:
+    """`lora_path`: one adapter name for every input, or one per input (None: the base model)."""
+    names = value if isinstance(value, list) else [value] * n
+    if len(names) != n or not all(x is None or isinstance(x, str) for x in names):
+        raise BadRequest(f"lora_path must be a name or a list of {n} names (or nulls)")
+    missing = sorted({x for x in names if x is not None} - loaded)
+    if missing:  # SGLang's wording
+        raise BadRequest(
+            f"The following requested LoRA adapters are not loaded: {', '.join(missing)}\n"
+            f"Loaded adapters: {', '.join(sorted(loaded)) or 'none'}."
+        )
+    return names
 
 
 def make_req(limits: Limits, ids: Any, sp: dict, rid: str | None, logprob: bool) -> Req:

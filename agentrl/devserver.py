@@ -22,6 +22,7 @@ them) unless generation is paused, and run between scheduler steps. What differs
     radix tree of pages; `cached_tokens` counts what it held, and /flush_cache empties it (refused
     while requests run, as SGLang does). Weight updates empty it too.
   - no stop strings / regex / penalties / streaming (no tokenizer): such requests get a 400.
+  - LoRA adapters (/load_lora_adapter, `lora_path`): one adapter per batch (agentrl/devlora.py).
   - /health answers from the scheduler's state; /health_generate runs a 1-token generation.
 Distributed weight updates join a gloo group the way SGLang's `init_custom_process_group` does
 (tcp store hosted by rank 0, keys prefixed with the group name; server rank = rank_offset), with
@@ -58,6 +59,7 @@ from agentrl.devbatch import (
     response,
     torch_dtype,
 )
+from agentrl.devlora import Adapters, add_lora_routes, pick
 from agentrl.engine import ROUTING_KEY_HEADER
 from agentrl.learner.update_group import init_update_group
 
@@ -100,6 +102,7 @@ class DevServer:
         self.routing_keys: dict[str, int] = {}
         self.paused = False
         self.groups: dict[str, dist.ProcessGroup] = {}
+        self.lora = Adapters()  # LoRA adapters by name (agentrl/devlora.py)
         self.task: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -124,7 +127,7 @@ class DevServer:
     # -- generation ----------------------------------------------------------------------------
 
     async def generate(self, body: Any, request: Request | None = None) -> tuple[Any, int]:
-        limits = Limits(self.engine.vocab_size, self.context_len, self.inflight)
+        limits = Limits(self.engine.vocab_size, self.context_len, self.inflight, self.lora.names)
         reqs, single = parse_generate(body, limits)
         key = request.headers.get(ROUTING_KEY_HEADER) if request is not None else None
         if key is not None:  # which episodes a router sent here (server_info; bounded)
@@ -174,15 +177,18 @@ class DevServer:
         running = len(b.reqs) if b else 0
         if self.args.scheduler == "dynamic" and running:
             return []
-        new: list[Req] = []
-        tokens = 0
-        while self.waiting and running + len(new) < self.args.max_running_requests:
-            n = len(self.waiting[0].prompt) + len(self.waiting[0].out)
-            if new and tokens + n > self.args.max_prefill_tokens:
-                break
-            new.append(self.waiting.pop(0))
-            tokens += n
+        # one LoRA adapter per batch: the running one's, or the first waiting request's
+        lora = b.reqs[0].lora if b and b.reqs else (self.waiting[0].lora if self.waiting else None)
+        slots = self.args.max_running_requests - running
+        new = pick(self.waiting, lora, slots, self.args.max_prefill_tokens)
+        taken = {id(r) for r in new}
+        self.waiting = [r for r in self.waiting if id(r) not in taken]
         return new
+
+    def step(self, new: list[Req]) -> list[Req]:
+        if new and self.engine.batch is None:  # a new batch: its adapter's weights
+            self.lora.switch(self.engine, new[0].lora)
+        return self.engine.step(new)
 
     async def run(self) -> None:
         """The scheduler: one engine step at a time, in a worker thread, between admin work."""
@@ -198,7 +204,7 @@ class DevServer:
                 if not new and self.engine.batch is None:
                     continue
                 try:
-                    done = await asyncio.to_thread(self.engine.step, new)
+                    done = await asyncio.to_thread(self.step, new)
                 except Exception as e:  # a broken step fails its requests, not the server
                     log.exception("scheduler step failed")
                     done = new + (self.engine.batch.reqs if self.engine.batch else [])
@@ -256,7 +262,8 @@ class DevServer:
                 yield
 
     async def load_named(self, tensors: dict[str, torch.Tensor]) -> None:
-        async with self.model_lock:
+        async with self.model_lock:  # the base changes: adapters apply to the new one
+            await asyncio.to_thread(self.lora.rebase, self.engine.model)
             await asyncio.to_thread(self.engine.load_named, tensors)
 
     async def update_from_disk(self, body: dict) -> dict[str, Any]:
@@ -272,6 +279,7 @@ class DevServer:
             if (new.vocab_size, new.num_hidden_layers) != (old.vocab_size, old.num_hidden_layers):
                 raise BadRequest(f"{path} is not the served architecture (vocab/layers differ)")
             async with self.model_lock:
+                self.lora.rebase(None)
                 self.engine.model = model
                 self.engine.weights_changed()
         return self.set_version(body.get("weight_version"), f"Loaded weights from {path}.")
@@ -380,6 +388,8 @@ class DevServer:
             "skip_tokenizer_init": True,
             "device": a.device,
             "weight_version": self.weight_version,
+            "enable_lora": True,  # adapters of any rank and target (SGLang: --enable-lora)
+            "loaded_adapters": {n: a.path for n, a in self.lora.loaded.items()},
             "version": "agentrl-devserver",
             "internal_states": [state],
         }
@@ -400,6 +410,7 @@ def build_app(server: DevServer) -> FastAPI:
 
     _add_generation_routes(app, server)
     _add_admin_routes(app, server)
+    add_lora_routes(app, server)
     return app
 
 

@@ -128,6 +128,9 @@ class EngineClient:
         self._http: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task] = set()
+        # the LoRA adapter every /generate names (`lora_path`), set by the adapter push
+        # (agentrl/learner/sync/adapter.py); None: the served weights as they are
+        self.lora: str | None = None
 
     @classmethod
     def from_config(cls, cfg: EngineConfig, **kw: Any) -> EngineClient:
@@ -272,6 +275,8 @@ class EngineClient:
             "sampling_params": params.to_sglang(),
             "return_logprob": True,
         }
+        if self.lora is not None:
+            payload["lora_path"] = self.lora
         tried: list[_Server] = []
         errors: list[str] = []
         headers = {ROUTING_KEY_HEADER: key} if key is not None and self._router else None
@@ -364,7 +369,8 @@ class EngineClient:
         except ValueError:
             return r.text
         if isinstance(data, dict) and data.get("success") is False:
-            raise EngineRequestError(f"{s.url}{path}: {data.get('message')}", r.status, s.url)
+            msg = data.get("message") or data.get("error_message")  # the latter: LoRA routes
+            raise EngineRequestError(f"{s.url}{path}: {msg}", r.status, s.url)
         return data
 
     async def _fanout(self, method: str, path: str, bodies: list[Any] | Any = None) -> list[Any]:
@@ -454,6 +460,15 @@ class EngineClient:
 
     async def continue_generation(self) -> list[Any]:
         return await self._fanout("POST", "/continue_generation", {})
+
+    async def load_lora_adapter(self, name: str, path: str) -> list[Any]:
+        """Every server loads the PEFT adapter dir `path` as `name` (SGLang: --enable-lora)."""
+        return await self._fanout(
+            "POST", "/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}
+        )
+
+    async def unload_lora_adapter(self, name: str) -> list[Any]:
+        return await self._fanout("POST", "/unload_lora_adapter", {"lora_name": name})
 
     async def release_memory_occupation(self, tags: list[str] | None = None) -> list[Any]:
         return await self._fanout("POST", "/release_memory_occupation", {"tags": tags})

@@ -121,7 +121,7 @@ def error_message(response: Reply) -> str:
         err = body.get("error")
         if isinstance(err, dict) and "message" in err:
             return str(err["message"])
-        for k in ("message", "detail"):
+        for k in ("message", "error_message", "detail"):  # error_message: the LoRA routes
             if k in body:
                 return str(body[k])
     return str(body)[:500]

@@ -47,7 +47,14 @@ from agentrl.rollout import Rollout
 from agentrl.servers import Fleet, launch_fleet, launch_router
 from agentrl.tracking import JsonlSink, Tracker
 from agentrl.types import ConfigError
-from agentrl.weight_sync import Transport, make_weight_sync
+from agentrl.weight_sync import (
+    AdapterSync,
+    Transport,
+    lora_sglang_args,
+    make_weight_sync,
+    planned_lora_sync,
+    resolve_lora_sync,
+)
 from sandbox import Sandbox, make_sandbox
 
 log = logging.getLogger(__name__)
@@ -99,7 +106,14 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
     async with AsyncExitStack() as stack:
         groups: dict[str, LearnerGroup] = {}
         ckpt = resumed = None
-        engine_model = model_path
+        engine_model, engine_cfg = model_path, cfg.engine
+        # LoRA: adapters through SGLang's LoRA routes (the servers serve the base), or merged
+        lora_mode = planned_lora_sync(cfg.learner.lora, cfg.engine) if train else None
+        if lora_mode == "adapter" and engine_cfg.kind == "sglang":
+            lora_args = lora_sglang_args(cfg.learner.lora, engine_cfg.extra_args)
+            engine_cfg = engine_cfg.model_copy(
+                update={"extra_args": [*lora_args, *engine_cfg.extra_args]}
+            )
         if train:
             ckpt = CheckpointManager(cfg.trainer.checkpoint_config(cfg.run_name))
             resume = resume_point(cfg, ckpt)  # before anything starts: a wrong one is an error
@@ -109,13 +123,14 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
             groups = _learner_groups(cfg, str(model_path), stack, out)
             if resume is not None:
                 resumed = _resume(cfg, resume, groups, sampler)
-                engine_model = resume / "policy" / "model"
+                if lora_mode != "adapter":  # else the base; its adapter comes after the start
+                    engine_model = resume / "policy" / "model"
                 console.print(f"[green]resumed from {resume} at step {resumed.step}[/]")
             if cfg.engine.colocate:  # the engine takes the GPU first; the learner waits on CPU
                 _resolve_offload(cfg, groups, console)
                 for group in groups.values():
                     group.offload()
-        fleet = stack.enter_context(launch_fleet(cfg.engine, engine_model, out))
+        fleet = stack.enter_context(launch_fleet(engine_cfg, engine_model, out))
         urls = fleet.urls
         router = stack.enter_context(launch_router(cfg.engine, urls, out))
         engine = EngineClient.from_config(
@@ -130,9 +145,16 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
         run = Run(cfg, out, console, tokenizer, env_cls, sampler, engine, sandbox, rollout,
                   fleet=fleet, ckpt=ckpt, resumed=resumed, **groups)  # fmt: skip
         if train:
-            run.sync = make_weight_sync(cfg.weight_sync, groups["policy"], engine)
+            lora_mode = await resolve_lora_sync(lora_mode, engine)
+            run.sync = make_weight_sync(
+                cfg.weight_sync, groups["policy"], engine, adapters=lora_mode == "adapter"
+            )
             stack.push_async_callback(_aquietly, "weight sync", run.sync.close)
             await run.sync.setup()
+            if resume is not None and isinstance(run.sync, AdapterSync):
+                version = str(resumed.step)
+                await run.sync.serve(f"agentrl-v{version}-resumed", resume / "policy" / "adapter",
+                                     version)  # fmt: skip
             moved = JsonlSink.continue_run(out, resumed.step if resumed else None)
             if moved:
                 console.print(f"[yellow]note:[/] {moved}")

@@ -10,13 +10,30 @@
 from __future__ import annotations
 
 from agentrl.engine import EngineClient
-from agentrl.learner.sync import SYNC_METHODS, Transport, WeightSyncConfig, WeightSyncError
+from agentrl.learner.sync import (
+    SYNC_METHODS,
+    AdapterSync,
+    Transport,
+    WeightSyncConfig,
+    WeightSyncError,
+)
+from agentrl.learner.sync.adapter import planned_mode as planned_lora_sync
+from agentrl.learner.sync.adapter import resolve_mode as resolve_lora_sync
+from agentrl.learner.sync.adapter import sglang_args as lora_sglang_args
 from agentrl.learner.sync.base import Learner
 
-__all__ = ["Transport", "WeightSyncConfig", "WeightSyncError", "make_weight_sync"]
+__all__ = [
+    "AdapterSync", "Transport", "WeightSyncConfig", "WeightSyncError", "lora_sglang_args",
+    "make_weight_sync", "planned_lora_sync", "resolve_lora_sync",
+]  # fmt: skip
 
 
-def make_weight_sync(cfg: WeightSyncConfig, learner: Learner, engine: EngineClient) -> Transport:
+def make_weight_sync(
+    cfg: WeightSyncConfig, learner: Learner, engine: EngineClient, *, adapters: bool = False
+) -> Transport:
+    """`adapters`: a LoRA run whose engines get the adapters only (learner.lora.sync)."""
+    if adapters:
+        return AdapterSync(cfg, learner, engine)
     cls = SYNC_METHODS.get(cfg.method)
     if not (isinstance(cls, type) and issubclass(cls, Transport)):
         raise WeightSyncError(

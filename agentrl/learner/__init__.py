@@ -34,6 +34,12 @@ class LoraConfig(BaseModel):
     target_modules: list[str] | str = Field(
         "all-linear", description="PEFT target_modules: module names, or all-linear"
     )
+    sync: Literal["auto", "adapter", "merged"] = Field(
+        "auto",
+        description="what the engines get: adapter = the adapters only, through SGLang's LoRA "
+        "routes (agentrl/learner/sync/adapter.py); merged = the merged weights by "
+        "weight_sync.method; auto: adapter when every server serves LoRA",
+    )
 
 
 class LearnerConfig(BaseModel):

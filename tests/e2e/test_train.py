@@ -68,6 +68,44 @@ def test_train_runs_checkpoints_and_syncs(tmp_path):
     assert moved or all(h["train/grad_norm"] == 0 for h in history), "training changed no parameter"
 
 
+def test_lora_adapters_reach_the_engine_and_a_resumed_run_serves_the_checkpoints(tmp_path):
+    """learner.lora.sync=auto on the dev server: each push loads only the adapters (SGLang's LoRA
+    routes) and every turn samples from them; a resumed run's engine serves the base model plus
+    the checkpoint's adapter, which is exactly the checkpoint's merged model."""
+    from agentrl.engine import SamplingParams
+
+    lora = ["learner.lora.rank=4", "learner.lr=5e-2", "trainer.every=1"]
+    cfg = compose(overrides(tmp_path, "trainer.steps=2", *lora))
+    history = asyncio.run(train(cfg, tmp_path / "out"))
+    model_mb = sum(p.numel() * 4 for p in AutoModelForCausalLM.from_pretrained(
+        cfg.model.resolve()).parameters()) / 2**20  # fmt: skip
+    for h in history:
+        assert h["sync/mb"] < 0.2 * model_mb, (h["sync/mb"], model_mb)  # adapters, not the model
+        assert h["train/logprob_diff"] <= 0.01 and h["rollout/off_version_turns"] == 0
+    prompt, greedy = [1, 5, 17, 100, 300], SamplingParams(max_new_tokens=8, temperature=0)
+
+    async def serve_resumed():
+        async with open_run(cfg, tmp_path / "out") as run:
+            info = (await run.engine.server_info())[0]
+            return run.engine.lora, info, await run.engine.generate(prompt, greedy)
+
+    name, info, comp = asyncio.run(serve_resumed())
+    assert name == "agentrl-v2-resumed" and list(info["loaded_adapters"]) == [name]
+    assert info["weight_version"] == "2"
+
+    def logprobs(model_dir) -> list[float]:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + comp.token_ids])).logits[0]
+        lp = torch.log_softmax(logits[len(prompt) - 1 : -1], -1)
+        return lp[torch.arange(len(comp.token_ids)), torch.tensor(comp.token_ids)].tolist()
+
+    trained = logprobs(tmp_path / "ckpt" / "step_00000002" / "policy" / "model")
+    base = logprobs(cfg.model.resolve())
+    assert max(abs(a - b) for a, b in zip(comp.logprobs, trained, strict=True)) < 1e-4
+    assert max(abs(a - b) for a, b in zip(comp.logprobs, base, strict=True)) > 1e-3
+
+
 def _train_cmd(tmp: Path, out: str, steps: int, *extra: str) -> list[str]:
     return [sys.executable, "-m", "agentrl.train", *overrides(tmp, f"trainer.steps={steps}",
             "trainer.every=1", f"hydra.run.dir={tmp}/{out}", *extra)]  # fmt: skip

@@ -183,3 +183,26 @@ def test_tp_engines_get_their_gpus_and_join_the_update_group_per_rank(monkeypatc
 def test_learner_kernel_choices_that_cannot_run_are_refused(overrides, needle):
     with pytest.raises(ConfigError, match=needle):
         compose(overrides)
+
+
+def test_lora_runs_push_adapters_to_engines_that_serve_them():
+    """learner.lora.sync: auto takes the adapter route on servers agentrl starts (SGLang gets
+    the LoRA flags), asks servers it does not start, and merged is the old path."""
+    from agentrl.weight_sync import lora_sglang_args, planned_lora_sync
+
+    def plan(*extra: str):
+        cfg = compose(list(extra))
+        return planned_lora_sync(cfg.learner.lora, cfg.engine)
+
+    assert plan() is None  # no LoRA
+    assert plan("learner.lora.rank=8") == "adapter"
+    assert plan("learner.lora.rank=8", "engine.urls=[http://127.0.0.1:30000]") == "ask"
+    assert plan("learner.lora.rank=8", "learner.lora.sync=merged") == "merged"
+    cfg = compose(["learner.lora.rank=8"])
+    assert lora_sglang_args(cfg.learner.lora, []) == [
+        "--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "all"]  # fmt: skip
+    some = cfg.learner.lora.model_copy(update={"target_modules": ["q_proj", "v_proj"]})
+    assert lora_sglang_args(some, [])[-2:] == ["q_proj", "v_proj"]
+    assert lora_sglang_args(some, ["--enable-lora", "--max-lora-rank", "16"]) == []
+    with pytest.raises(ConfigError, match="learner.lora.sync"):
+        compose(["learner.lora.sync=both"])

@@ -5,11 +5,14 @@ transport (see base.py for the contract):
     disk         rank 0 writes a transformers dir; the servers reload it
     tensor       colocated GPUs: CUDA-IPC handles of one buffer per bucket
 
+and, for LoRA runs, `lora_adapter`: only the adapters, through SGLang's LoRA routes (adapter.py).
+
 All gather the FSDP shards bucket by bucket (`bucket_mb`), so no process holds more than one
 bucket of full tensors beyond its shard, and all stamp the servers with the new `weight_version`
 (on the last bucket), which every later Completion carries.
 """
 
+from agentrl.learner.sync.adapter import AdapterSync
 from agentrl.learner.sync.base import (
     SYNC_METHODS,
     Transport,
@@ -22,6 +25,7 @@ from agentrl.learner.sync.tensor import TensorSync, is_vocab_param, plan_direct
 
 __all__ = [
     "SYNC_METHODS",
+    "AdapterSync",
     "DiskSync",
     "DistributedSync",
     "TensorSync",

@@ -1,0 +1,159 @@
+"""LoRA runs (`learner.lora.rank > 0`): only the adapters go to the engines, through SGLang's
+LoRA routes, instead of the whole merged model.
+
+    learner.lora.rank=8 learner.lora.sync=auto   # adapter | merged | auto
+
+Each push: every learner rank gathers the adapter tensors (rank 8 on Qwen2.5-1.5B: 18M
+parameters, 1 % of the model), rank 0 writes PEFT's adapter dir, every server loads it under a new
+name (`/load_lora_adapter`), the client's requests name it from then on (`lora_path`), the
+servers are stamped with the new `weight_version`, and the previous adapter is unloaded. The
+engines serve the base model throughout (a resumed run's engines start from the base too and get
+the checkpoint's adapter in the first push). Needs engines with LoRA serving: SGLang started with
+`--enable-lora --max-lora-rank R --lora-target-modules …` (agentrl adds them to the servers it
+starts) or the dev server. `sync=auto` takes this path when every server serves LoRA and falls back
+to merged weights (the `weight_sync.method` transport) when one does not; `sync=adapter` makes
+that an error. The adapter dir is read by the servers: same host, or `weight_sync.disk_dir` on a
+file system they share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentrl.engine import EngineClient
+from agentrl.engine_config import EngineConfig
+from agentrl.learner import LoraConfig, fsdp, lora
+from agentrl.learner.sync.base import SYNC_METHODS, Transport, WeightSyncError
+
+log = logging.getLogger(__name__)
+
+FIX = (
+    "start SGLang with --enable-lora --max-lora-rank R --lora-target-modules all (agentrl does "
+    "for servers it starts), or push merged weights with learner.lora.sync=merged"
+)
+
+
+def planned_mode(lora_cfg: LoraConfig, engine: EngineConfig) -> str | None:
+    """None: no LoRA; else 'adapter' or 'merged', or 'ask' (auto with servers we do not start:
+    `resolve_mode` asks them)."""
+    if lora_cfg.rank == 0:
+        return None
+    if lora_cfg.sync != "auto":
+        return lora_cfg.sync
+    return "ask" if engine.urls else "adapter"
+
+
+async def resolve_mode(planned: str | None, engine: EngineClient) -> str | None:
+    """`planned_mode`'s 'ask', answered by the servers (SGLang's and the dev server's
+    server_info say `enable_lora`)."""
+    if planned != "ask":
+        return planned
+    infos = await engine.server_info()
+    without = [u for u, i in zip(engine.urls, infos, strict=True) if not i.get("enable_lora")]
+    if without:
+        log.warning("learner.lora.sync=auto: %s serve no LoRA adapters; pushing merged weights "
+                    "(%s)", without, FIX)  # fmt: skip
+        return "merged"
+    return "adapter"
+
+
+def sglang_args(lora_cfg: LoraConfig, extra_args: list[str]) -> list[str]:
+    """The launch flags SGLang needs to load adapters of this rank and these targets at run time
+    (none if the user's engine.extra_args already enable LoRA)."""
+    if "--enable-lora" in extra_args:
+        return []
+    t = lora_cfg.target_modules
+    targets = ["all"] if t == "all-linear" else ([t] if isinstance(t, str) else list(t))
+    return ["--enable-lora", "--max-lora-rank", str(lora_cfg.rank),
+            "--lora-target-modules", *targets]  # fmt: skip
+
+
+@SYNC_METHODS.register("lora_adapter")
+class AdapterSync(Transport):
+    name = "lora_adapter"
+
+    class Rank(Transport.Rank):
+        def write(self, path: str, dtype: str) -> int:
+            """Collective: every rank gathers the adapters; rank 0 writes PEFT's dir. Returns the
+            bytes written."""
+            w, to = self.worker, getattr(torch, dtype)
+            tensors = {
+                n: fsdp.full_param(p).detach().to("cpu", to)
+                for n, p in lora.adapter_params(w.model)
+            }
+            if w.rank == 0:
+                lora.save_adapter_files(tensors, w.model, path)
+            return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.root: Path | None = None
+        self.pushes = 0
+        self.dtype = "float32"
+
+    async def setup(self) -> None:
+        self.dtype = self.learner.model_dtype() if self.cfg.dtype == "auto" else self.cfg.dtype
+        infos = await self.engine.server_info()
+        without = [
+            u for u, i in zip(self.engine.urls, infos, strict=True) if not i.get("enable_lora")
+        ]
+        if without:
+            raise WeightSyncError(
+                f"learner.lora.sync=adapter: {without} serve no LoRA adapters; {FIX}"
+            )
+        root = self.cfg.disk_dir or os.path.join(
+            os.environ.get("TMPDIR", "/tmp"), f"agentrl-adapters-{uuid.uuid4().hex[:8]}"
+        )
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    async def push(self, version: str) -> dict[str, float]:
+        if self.root is None:
+            await self.setup()
+        assert self.root is not None
+        t0 = time.perf_counter()
+        self.pushes += 1
+        name = f"agentrl-v{version}-{self.pushes}"  # a restarted server's push reuses a version
+        path = self.root / name
+        sizes = await asyncio.to_thread(self.rank_call, "write", str(path), self.dtype)
+        self.total_bytes = sizes[0]
+        t_write = time.perf_counter() - t0
+        await self.serve(name, path, version)
+        for stale in self.root.glob("agentrl-v*"):
+            if stale != path:
+                shutil.rmtree(stale, ignore_errors=True)
+        self.version = version
+        out = self._metrics(time.perf_counter() - t0)
+        return {**out, "sync/buckets": 1.0, "sync/write_seconds": t_write}
+
+    async def serve(self, name: str, path: Path, version: str) -> None:
+        """Every server loads the adapter dir `path` as `name`; requests name it from now on; the
+        servers say `version`; the previous adapter is unloaded. A resumed run calls this with
+        its checkpoint's adapter/ dir before the first rollout."""
+        try:
+            await self.engine.load_lora_adapter(name, str(path))
+        except Exception as e:
+            raise WeightSyncError(
+                f"adapter v{version}: a server could not load {path} ({e}); the servers must see "
+                "the learner's files (same host, or weight_sync.disk_dir on a shared file system)"
+            ) from e
+        old, self.engine.lora = self.engine.lora, name
+        await self.engine.update_weight_version(version, abort_all_requests=False)
+        if old is not None:
+            try:
+                await self.engine.unload_lora_adapter(old)
+            except Exception as e:  # a restarted server never had it; the rest hold a spare
+                log.warning("unloading LoRA adapter %s: %s", old, e)
+
+    async def close(self) -> None:
+        if self.root is not None and self.cfg.disk_dir is None:
+            shutil.rmtree(self.root, ignore_errors=True)
