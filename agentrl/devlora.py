@@ -21,7 +21,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from fastapi import FastAPI, Request
@@ -30,8 +30,7 @@ from safetensors.torch import load_file
 
 from agentrl.devbatch import BadRequest, Req
 
-if TYPE_CHECKING:
-    from agentrl.devserver import DevServer
+DevServer = Any  # agentrl.devserver.DevServer (which imports this module)
 
 _PREFIX = "base_model.model."  # PEFT's prefix before the wrapped model's own names
 

@@ -1,16 +1,15 @@
-"""LoRA (`learner.lora.rank > 0`): the policy trains low-rank adapters only (PEFT), the rollout
-engines get merged weights.
+"""LoRA (`learner.lora.rank > 0`): the policy trains low-rank adapters only (PEFT).
 
-    learner.lora.rank=8 learner.lora.alpha=16 learner.lr=1e-3
+    learner.lora.rank=8 learner.lora.alpha=16 learner.lr=1e-2
 
 The base weights are frozen; each adapted linear (default: every linear of the blocks, PEFT's
 "all-linear") gets `W + (alpha / rank) B A` with A, B trained and sharded by FSDP2 like the rest.
-What leaves the learner is always a plain model in the base model's names: `param_specs` lists
-the base parameters (no adapter tensors), and gathering one adapted weight returns it merged
-(`merged`), so every weight-sync transport and the checkpoint's `model/` dir serve SGLang a
-normal checkpoint (SGLang's own LoRA routes would need its adapter registry and per-request
-adapter names; merged weights need nothing). A checkpoint also holds `adapter/` (PEFT's
-layout: `PeftModel.from_pretrained(base, dir)` loads it), which resume reads, since merged
+The engines get either the adapters alone (`learner.lora.sync=adapter`, through SGLang's LoRA
+routes: agentrl/learner/sync/adapter.py writes them with `save_adapter_files`) or a plain model in
+the base model's names (`merged`): `param_specs` lists the base parameters (no adapter tensors),
+and gathering one adapted weight returns it merged (`merged`), so every weight-sync transport and
+the checkpoint's `model/` dir serve SGLang a normal checkpoint. A checkpoint also holds `adapter/`
+(PEFT's layout: `PeftModel.from_pretrained(base, dir)` loads it), which resume reads, since merged
 weights cannot be split again.
 """
 

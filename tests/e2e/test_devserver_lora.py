@@ -73,10 +73,10 @@ async def test_named_adapters_sample_from_the_merged_weights_and_the_base_stays_
             return await engine.generate(PROMPT, GREEDY)
 
         # one after another, then all at once (the scheduler runs one adapter per batch)
-        seq = [await sample(n) for n in ("a", None, "b", "a")]
-        together = await asyncio.gather(*(sample(n) for n in ("b", None, "a", "b", None)))
-        for name, comp in [*zip(("a", None, "b", "a"), seq), *zip(("b", None, "a", "b", None),
-                                                                    together)]:  # fmt: skip
+        order, at_once = ("a", None, "b", "a"), ("b", None, "a", "b", None)
+        seq = [await sample(n) for n in order]
+        together = await asyncio.gather(*(sample(n) for n in at_once))
+        for name, comp in zip(order + at_once, seq + list(together), strict=True):
             model = {"a": merged_a, "b": merged_b, None: base}[name]
             assert close(comp.logprobs, logprobs(model, comp.token_ids)), name
         assert seq[0].token_ids != before.token_ids  # the adapter changes what is sampled

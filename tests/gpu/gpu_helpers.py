@@ -303,10 +303,15 @@ def build_qwen3_toolcaller(out_dir: Path, template: str, steps: int = 60, max_st
     }  # fmt: skip
 
 
-async def prefill_logprobs(url: str, ids: list[int], start: int) -> list[float]:
-    """SGLang's logprobs of ids[start:] given everything before (one prefill, no sampling)."""
+async def prefill_logprobs(
+    url: str, ids: list[int], start: int, lora: str | None = None
+) -> list[float]:
+    """SGLang's logprobs of ids[start:] given everything before (one prefill, no sampling);
+    `lora`: with that LoRA adapter."""
     body = {"input_ids": ids, "return_logprob": True, "logprob_start_len": start - 1,
             "sampling_params": {"max_new_tokens": 1, "temperature": 1.0}}  # fmt: skip
+    if lora is not None:
+        body["lora_path"] = lora
     async with httpx.AsyncClient(timeout=120) as http:
         r = await http.post(url + "/generate", json=body)
     r.raise_for_status()

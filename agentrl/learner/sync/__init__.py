@@ -5,7 +5,7 @@ transport (see base.py for the contract):
     disk         rank 0 writes a transformers dir; the servers reload it
     tensor       colocated GPUs: CUDA-IPC handles of one buffer per bucket
 
-and, for LoRA runs, `lora_adapter`: only the adapters, through SGLang's LoRA routes (adapter.py).
+and, for LoRA runs (learner.lora.sync, not a method), only the adapters, through SGLang's LoRA routes (adapter.py).
 
 All gather the FSDP shards bucket by bucket (`bucket_mb`), so no process holds more than one
 bucket of full tensors beyond its shard, and all stamp the servers with the new `weight_version`
