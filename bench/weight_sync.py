@@ -2,6 +2,10 @@
 
     python bench/weight_sync.py [--model DIR | --hidden-size 256 --layers 4] [--workers 1]
                                 [--servers 1] [--bucket-mb 64] [--repeats 3] [--urls URL ...]
+    python bench/weight_sync.py --lora-rank 8 --hidden-size 896 --layers 24   # + adapter
+
+With --lora-rank the learner trains LoRA adapters and a third row pushes only the adapters
+through the LoRA routes (learner.lora.sync=adapter), against the merged weights of the other two.
 
 Both methods push the same weights to the same servers in one run (after one warm-up push each)
 and the bench prints, per method, the median seconds per push, seconds per MB and per billion
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import shutil
 import statistics
@@ -24,7 +29,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from agentrl.engine import EngineClient, EngineConfig
-from agentrl.learner import LearnerConfig, RayConfig
+from agentrl.learner import LearnerConfig, LoraConfig, RayConfig
 from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
 from agentrl.servers import launch_engines
 from agentrl.weight_sync import WeightSyncConfig, make_weight_sync
@@ -42,7 +47,7 @@ async def measure(method: str, args, policy: LearnerGroup, urls: list[str], tmp:
         method=method, bucket_mb=args.bucket_mb, disk_dir=os.path.join(tmp, "weights")
     )
     async with EngineClient(urls) as engine:
-        sync = make_weight_sync(cfg, policy, engine)
+        sync = make_weight_sync(cfg, policy, engine, adapters=method == "adapter")
         t0 = time.perf_counter()
         await sync.setup()
         setup_s = time.perf_counter() - t0
@@ -53,6 +58,8 @@ async def measure(method: str, args, policy: LearnerGroup, urls: list[str], tmp:
             await sync.push(f"{method}-{i}")
             times.append(time.perf_counter() - t0)
         await sync.close()
+    # per billion parameters of the model (an adapter push moves far fewer)
+    total_params = sum(math.prod(p.shape) for p in policy.param_specs())
     seconds = statistics.median(times)
     mb = sync.total_bytes / 2**20
     return {
@@ -61,9 +68,9 @@ async def measure(method: str, args, policy: LearnerGroup, urls: list[str], tmp:
         "seconds": seconds,
         "mb": mb,
         "s_per_mb": seconds / mb,
-        "s_per_bparam": seconds / (sync.total_params / 1e9),
+        "s_per_bparam": seconds / (total_params / 1e9),
         "mb_per_s": mb / seconds,
-        "buckets": len(sync.buckets),
+        "buckets": max(1, len(sync.buckets)),
     }
 
 
@@ -84,21 +91,24 @@ async def main_async(args) -> None:
     try:
         model = build_model(args, tmp)
         start_ray(RayConfig(num_cpus=max(2, os.cpu_count() or 2), object_store_mb=128))
+        lora = LoraConfig(rank=args.lora_rank)
         policy = LearnerGroup(
-            LearnerConfig(model_path=model, num_workers=args.workers, device=args.device)
+            LearnerConfig(model_path=model, num_workers=args.workers, device=args.device, lora=lora)
         )
+        methods = ("distributed", "disk", *(("adapter",) if args.lora_rank else ()))
         with ExitStack() as stack:
             urls = args.urls or [
                 stack.enter_context(devserver(model, tmp)) for _ in range(args.servers)
             ]
-            rows = [await measure(m, args, policy, urls, tmp) for m in ("distributed", "disk")]
+            rows = [await measure(m, args, policy, urls, tmp) for m in methods]
         policy.shutdown()
         stop_ray()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(
         f"model={model} learner_ranks={args.workers} servers={len(urls)} "
-        f"bucket_mb={args.bucket_mb} repeats={args.repeats} disk_dir_fs={_fs_type(tmp)}"
+        f"bucket_mb={args.bucket_mb} repeats={args.repeats} disk_dir_fs={_fs_type(tmp)} "
+        f"lora_rank={args.lora_rank}"
     )
     print(f"{'method':<12} {'MB':>8} {'buckets':>7} {'setup s':>8} {'s/push':>8} "
           f"{'s/MB':>9} {'s/Bparam':>9} {'MB/s':>8}")  # fmt: skip
@@ -110,6 +120,10 @@ async def main_async(args) -> None:
         )
     ratio = rows[0]["s_per_mb"] / rows[1]["s_per_mb"]
     print(f"ratio distributed/disk (s per MB): {ratio:.2f}")
+    if args.lora_rank:
+        print(
+            f"ratio adapter/distributed (s per push): {rows[2]['seconds'] / rows[0]['seconds']:.3f}"
+        )
 
 
 def _fs_type(path: str) -> str:
@@ -136,6 +150,7 @@ def main() -> None:
     p.add_argument("--bucket-mb", type=float, default=64.0)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--lora-rank", type=int, default=0, help="train LoRA adapters; + adapter row")
     asyncio.run(main_async(p.parse_args()))
 
 

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import shutil
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -111,11 +109,7 @@ class AdapterSync(Transport):
             raise WeightSyncError(
                 f"learner.lora.sync=adapter: {without} serve no LoRA adapters; {FIX}"
             )
-        root = self.cfg.disk_dir or os.path.join(
-            os.environ.get("TMPDIR", "/tmp"), f"agentrl-adapters-{uuid.uuid4().hex[:8]}"
-        )
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = self._work_dir("agentrl-adapters")
 
     async def push(self, version: str) -> dict[str, float]:
         if self.root is None:

@@ -16,6 +16,9 @@ class anywhere, named in the config by import path (`weight_sync.method=my_pkg.s
 from __future__ import annotations
 
 import math
+import os
+import uuid
+from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
 import ray
@@ -122,6 +125,15 @@ class Transport:
         self.buckets = self.learner.buckets(self.cfg.bucket_mb, dtype)
         self.total_bytes = sum(s.nbytes for b in self.buckets for s in b)
         self.total_params = sum(math.prod(s.shape) for b in self.buckets for s in b)
+
+    def _work_dir(self, prefix: str) -> Path:
+        """Where rank 0 writes what the servers read: weight_sync.disk_dir, or a fresh dir under
+        $TMPDIR (`close` removes that one)."""
+        root = self.cfg.disk_dir or os.path.join(
+            os.environ.get("TMPDIR", "/tmp"), f"{prefix}-{uuid.uuid4().hex[:8]}"
+        )
+        Path(root).mkdir(parents=True, exist_ok=True)
+        return Path(root)
 
     def _metrics(self, seconds: float) -> dict[str, float]:
         mb = self.total_bytes / 2**20

@@ -22,11 +22,7 @@ class DiskSync(Transport):
 
     async def setup(self) -> None:
         self._plan()
-        root = self.cfg.disk_dir or os.path.join(
-            os.environ.get("TMPDIR", "/tmp"), f"agentrl-weights-{uuid.uuid4().hex[:8]}"
-        )
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = self._work_dir("agentrl-weights")
 
     async def push(self, version: str) -> dict[str, float]:
         if self.root is None:
