@@ -43,8 +43,10 @@ def devserver(model: str, log_dir: str):
 
 
 async def measure(method: str, args, policy: LearnerGroup, urls: list[str], tmp: str) -> dict:
-    cfg = WeightSyncConfig(
-        method=method, bucket_mb=args.bucket_mb, disk_dir=os.path.join(tmp, "weights")
+    cfg = WeightSyncConfig(  # adapter: the LoRA route, whatever weight_sync.method says
+        method="disk" if method == "adapter" else method,
+        bucket_mb=args.bucket_mb,
+        disk_dir=os.path.join(tmp, "weights"),
     )
     async with EngineClient(urls) as engine:
         sync = make_weight_sync(cfg, policy, engine, adapters=method == "adapter")
