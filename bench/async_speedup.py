@@ -15,6 +15,9 @@ and async's staleness. Two curves per mode, from the run's trajectories.jsonl:
   with. In sync mode the two are the same curve; in async mode a step trains on episodes from
   older versions (staleness), so its per-step curve lags by about the mean staleness while the
   per-version curve shows what each update learned.
+--cpu prints, per mode, how busy the machine was after start-up (user and kernel time) and the
+cores each part used (learner, dev server, sandbox service, trainer process): on a 2-core box
+async mode keeps the machine busy, and its ratio is bounded by the CPU each sample costs.
 """
 
 from __future__ import annotations
@@ -23,14 +26,69 @@ import argparse
 import asyncio
 import collections
 import json
+import os
 import tempfile
+import threading
+import time
 from pathlib import Path
 from statistics import fmean
 
 ENV = ["env=code_exec", "env._target_=envs.examples.slow_tools.SlowToolsEnv"]
 
 
-def run(mode: list[str], steps: int, overrides: list[str]) -> tuple[list[dict], list[float]]:
+PARTS = {"ray::LearnerWorker": "learner", "agentrl.devserver": "dev server",
+         "sandbox.server": "sandbox", str(os.getpid()): "trainer"}  # fmt: skip
+
+
+class CpuMeter:
+    """Machine and per-part CPU from /proc, sampled each second from `warm_s` after start; the
+    figures span the samples in which every part was alive (not the shutdown)."""
+
+    def __init__(self, warm_s: float) -> None:
+        self.warm_s, self.samples = warm_s, []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    @staticmethod
+    def _snap() -> tuple[float, list[int], dict[str, int]]:
+        box = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        parts: dict[str, int] = collections.Counter()
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            name = next((v for k, v in PARTS.items() if k in cmd or k == pid), None)
+            if name:
+                f = stat[stat.rindex(")") + 2 :].split()
+                parts[name] += int(f[11]) + int(f[12])  # utime + stime, in clock ticks
+        return time.monotonic(), box, parts
+
+    def _loop(self) -> None:
+        if not self.done.wait(self.warm_s):
+            while not self.done.wait(1.0 if self.samples else 0.0):
+                self.samples.append(self._snap())
+
+    def stop(self) -> str:
+        self.done.set()
+        self.thread.join()
+        live = [x for x in self.samples if self.samples and set(x[2]) == set(self.samples[0][2])]
+        if len(live) < 2:
+            return "cpu: the run ended before the measurement began"
+        (t0, box0, parts0), (t1, box1, parts1) = live[0], live[-1]
+        wall, hz = t1 - t0, os.sysconf("SC_CLK_TCK")
+        d = [b - a for a, b in zip(box0, box1, strict=True)]
+        busy = 100 * (sum(d) - d[3] - d[4]) / sum(d)
+        used = {k: (parts1[k] - parts0[k]) / hz / wall for k in sorted(parts1)}
+        # the rest: sandbox workers (short-lived), Ray's own processes, the kernel's share
+        used["rest"] = busy / 100 * (os.cpu_count() or 1) - sum(used.values())
+        cores = ", ".join(f"{k} {v:.2f}" for k, v in used.items())
+        return (f"cpu ({wall:.0f} s after start-up): machine {busy:.0f} % busy (user "
+                f"{100 * d[0] / sum(d):.0f}, kernel {100 * d[2] / sum(d):.0f}); cores: {cores}")  # fmt: skip
+
+
+def run(mode: list[str], steps: int, overrides: list[str], cpu: bool = False):
     from agentrl.config import compose
     from agentrl.train import train
 
@@ -38,7 +96,12 @@ def run(mode: list[str], steps: int, overrides: list[str]) -> tuple[list[dict], 
     cfg = compose([*ENV, f"trainer.steps={steps}", f"trainer.every={steps}",
                    f"trainer.dir={tmp}/ckpt", "trainer.resume=never", "logging=local",
                    *mode, *overrides])  # fmt: skip
+    meter = CpuMeter(warm_s=25.0)
+    if cpu:
+        meter.thread.start()
     rows = asyncio.run(train(cfg, tmp / "out"))
+    if cpu:
+        print(f"{' '.join(mode)}: {meter.stop()}")
     return rows, by_version(tmp / "out" / "trajectories.jsonl")
 
 
@@ -72,16 +135,17 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--staleness", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--cpu", action="store_true", help="print machine and per-part CPU per mode")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     a = p.parse_args()
     from agentrl.config import compose
 
     c = compose([*ENV, *a.overrides])
     samples = c.trainer.tasks_per_step * c.rollout.group_size
-    runs = {"sync": run(["trainer.mode=sync"], a.steps, a.overrides)}
+    runs = {"sync": run(["trainer.mode=sync"], a.steps, a.overrides, a.cpu)}
     for s in a.staleness:
         mode = ["trainer.mode=async", f"trainer.max_staleness={s}"]
-        runs[f"async s={s}"] = run(mode, a.steps, a.overrides)
+        runs[f"async s={s}"] = run(mode, a.steps, a.overrides, a.cpu)
     print(f"\n{a.steps} steps x {samples} samples, slow tools (50-500 ms, 5 % 2 s)")
     res = {k: summary(k, v, samples) for k, v in runs.items()}
     for k in res:
