@@ -50,15 +50,22 @@ def read_adapter(name: str, path: str, params: dict[str, torch.Tensor]) -> Adapt
         cfg = json.loads((root / "adapter_config.json").read_text())
     except (OSError, ValueError) as e:
         raise BadRequest(f"cannot load LoRA adapter {name!r} from {path}: {e}") from e
+    if not isinstance(cfg, dict):
+        raise BadRequest(f"{path}: adapter_config.json is not a JSON object")
     if cfg.get("peft_type", "LORA") != "LORA" or cfg.get("use_dora"):
         raise BadRequest(f"{path}: only plain LoRA adapters are served (not DoRA or other PEFT)")
     if cfg.get("modules_to_save") or cfg.get("fan_in_fan_out"):
         raise BadRequest(f"{path}: adapters with modules_to_save or fan_in_fan_out are not served")
     try:
+        r, alpha = int(cfg["r"]), float(cfg.get("lora_alpha", cfg["r"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise BadRequest(f"{path}: adapter_config.json needs an integer r ({e!r})") from e
+    if r < 1:
+        raise BadRequest(f"{path}: LoRA rank r={r} must be >= 1")
+    try:
         raw = load_file(str(root / "adapter_model.safetensors"))
     except (OSError, ValueError) as e:
         raise BadRequest(f"cannot load LoRA adapter {name!r} from {path}: {e}") from e
-    r, alpha = int(cfg["r"]), float(cfg.get("lora_alpha", cfg["r"]))
     scale = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, t in raw.items():
@@ -181,7 +188,7 @@ async def load(server: DevServer, body: dict) -> dict[str, Any]:
 async def unload(server: DevServer, body: dict) -> dict[str, Any]:
     """As SGLang: new requests may no longer name it; the ones that do finish first."""
     name = body.get("lora_name")
-    if name not in server.lora.names:
+    if not isinstance(name, str) or name not in server.lora.names:
         raise BadRequest(f"LoRA adapter {name!r} is not loaded")
     server.lora.unloading.add(name)
     try:
@@ -206,7 +213,10 @@ def add_lora_routes(app: FastAPI, server: DevServer) -> None:
     def route(fn):
         async def handle(request: Request) -> JSONResponse:
             try:
-                return JSONResponse(await fn(server, await request.json()))
+                body = await request.json()
+                if not isinstance(body, dict):
+                    raise BadRequest("the body must be a JSON object")
+                return JSONResponse(await fn(server, body))
             except (BadRequest, ValueError) as e:
                 body = {
                     "success": False,

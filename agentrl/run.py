@@ -146,6 +146,10 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
                   fleet=fleet, ckpt=ckpt, resumed=resumed, **groups)  # fmt: skip
         if train:
             lora_mode = await resolve_lora_sync(lora_mode, engine)
+            if lora_mode is not None:
+                what = "the adapters (LoRA routes)" if lora_mode == "adapter" else "merged weights"
+                console.print(f"[dim]learner.lora.sync={cfg.learner.lora.sync}: the engines get "
+                              f"{what}[/]")  # fmt: skip
             run.sync = make_weight_sync(
                 cfg.weight_sync, groups["policy"], engine, adapters=lora_mode == "adapter"
             )

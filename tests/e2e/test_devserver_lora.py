@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import httpx
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -103,6 +104,15 @@ async def test_bad_adapters_are_refused_with_the_reason(lora_server, tiny_model_
             await engine.load_lora_adapter("missing", str(tmp_path / "nowhere"))
         with pytest.raises(EngineError, match="DoRA"):
             await engine.load_lora_adapter("dora", str(tmp_path / "dora"))
+        (tmp_path / "no_rank").mkdir()
+        (tmp_path / "no_rank" / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
+        with pytest.raises(EngineError, match="integer r"):
+            await engine.load_lora_adapter("no_rank", str(tmp_path / "no_rank"))
+        async with httpx.AsyncClient() as http:  # not an object: a 400, not a server error
+            r = await http.post(lora_server + "/load_lora_adapter", json=["a", "b"])
+            assert r.status_code == 400 and r.json()["success"] is False
+            r = await http.post(lora_server + "/unload_lora_adapter", json={"lora_name": [1]})
+            assert r.status_code == 400
         await engine.load_lora_adapter("ok", str(tmp_path / "ok"))
         with pytest.raises(EngineError, match="already loaded"):
             await engine.load_lora_adapter("ok", str(tmp_path / "ok"))
