@@ -178,8 +178,6 @@ async def load(server: DevServer, body: dict) -> dict[str, Any]:
     name, path = body.get("lora_name"), body.get("lora_path")
     if not (isinstance(name, str) and name and isinstance(path, str) and path):
         raise BadRequest("lora_name and lora_path (a PEFT adapter dir) are required")
-    if name in server.lora.loaded:
-        raise BadRequest(f"Failed to load LoRA adapter {name} because it is already loaded")
     params = dict(server.engine.model.named_parameters())
     server.lora.add(await asyncio.to_thread(read_adapter, name, path, params))
     return {"success": True, "error_message": None, "loaded_adapters": _loaded(server)}

@@ -73,7 +73,7 @@ class CheckpointWriter:
             self.reserving = None
         root = Path(path)
         if lora.is_lora(model):  # the adapters too: resume needs them (merged weights are final)
-            adapters = {n: fsdp.full_param(p).cpu().clone() for n, p in lora.adapter_params(model)}
+            adapters = fsdp.gather_adapters(model)
             if self.rank == 0:
                 self.write(background, lora.save_adapter_files, adapters, model, root / "adapter")
         if not background:

@@ -275,6 +275,13 @@ def full_param(p: torch.Tensor) -> torch.Tensor:
     return p.full_tensor()
 
 
+def gather_adapters(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """Collective: a LoRA model's adapter tensors, full, as host copies (in `dtype`, or their
+    own), in the model's names: what `lora.save_adapter_files` writes."""
+    return {n: full_param(p).to("cpu", dtype or p.dtype, copy=True)
+            for n, p in lora.adapter_params(model)}  # fmt: skip
+
+
 def gather_full(
     model: nn.Module,
     bucket: list[ParamSpec],

@@ -50,13 +50,18 @@ def planned_mode(lora_cfg: LoraConfig, engine: EngineConfig) -> str | None:
     return "ask" if engine.urls else "adapter"
 
 
+async def servers_without_lora(engine: EngineClient) -> list[str]:
+    """The servers whose server_info does not say `enable_lora` (SGLang's and the dev server's
+    do when they serve adapters)."""
+    infos = await engine.server_info()
+    return [u for u, i in zip(engine.urls, infos, strict=True) if not i.get("enable_lora")]
+
+
 async def resolve_mode(planned: str | None, engine: EngineClient) -> str | None:
-    """`planned_mode`'s 'ask', answered by the servers (SGLang's and the dev server's
-    server_info say `enable_lora`)."""
+    """`planned_mode`'s 'ask', answered by the servers."""
     if planned != "ask":
         return planned
-    infos = await engine.server_info()
-    without = [u for u, i in zip(engine.urls, infos, strict=True) if not i.get("enable_lora")]
+    without = await servers_without_lora(engine)
     if without:
         log.warning("learner.lora.sync=auto: %s serve no LoRA adapters; pushing merged weights "
                     "(%s)", without, FIX)  # fmt: skip
@@ -84,11 +89,8 @@ class AdapterSync(Transport):
         def write(self, path: str, dtype: str) -> int:
             """Collective: every rank gathers the adapters; rank 0 writes PEFT's dir. Returns the
             bytes written."""
-            w, to = self.worker, getattr(torch, dtype)
-            tensors = {
-                n: fsdp.full_param(p).detach().to("cpu", to)
-                for n, p in lora.adapter_params(w.model)
-            }
+            w = self.worker
+            tensors = fsdp.gather_adapters(w.model, getattr(torch, dtype))
             if w.rank == 0:
                 lora.save_adapter_files(tensors, w.model, path)
             return sum(t.numel() * t.element_size() for t in tensors.values())
@@ -101,11 +103,7 @@ class AdapterSync(Transport):
 
     async def setup(self) -> None:
         self.dtype = self.learner.model_dtype() if self.cfg.dtype == "auto" else self.cfg.dtype
-        infos = await self.engine.server_info()
-        without = [
-            u for u, i in zip(self.engine.urls, infos, strict=True) if not i.get("enable_lora")
-        ]
-        if without:
+        if without := await servers_without_lora(self.engine):
             raise WeightSyncError(
                 f"learner.lora.sync=adapter: {without} serve no LoRA adapters; {FIX}"
             )
