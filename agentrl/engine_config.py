@@ -60,7 +60,13 @@ class EngineConfig(BaseModel):
         1,
         ge=1,
         description="sglang: tensor-parallel GPUs per server (--tp-size); placed locally, "
-        "server i gets the visible GPUs i*tp .. i*tp+tp-1",
+        "server i gets the GPUs i*tp .. i*tp+tp-1 of engine.gpus",
+    )
+    gpus: list[str] = Field(
+        default_factory=list,
+        description="sglang, placement=local: the GPU ids the servers share out (server i gets "
+        "the i-th tp of them); empty: the visible GPUs, and with engine.colocate=false on a host "
+        "with enough GPUs those after the learner's (the learner's ranks take the first ones)",
     )
     ray_num_cpus: float = Field(1.0, ge=0, description="placement=ray: CPUs per server actor")
     ray_num_gpus: float = Field(
@@ -71,6 +77,12 @@ class EngineConfig(BaseModel):
         description="placement=ray: custom Ray resources per server, to pin servers to nodes "
         "started with `ray start --resources='{\"rollout\": 1}'` (e.g. {rollout: 1})",
     )
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpu_ids(cls, gpus: object) -> object:
+        """engine.gpus=[0,1] from the command line: ids, kept as CUDA_VISIBLE_DEVICES spells them."""
+        return [str(g) for g in gpus] if isinstance(gpus, list | tuple) else gpus
 
     @field_validator("extra_args")
     @classmethod

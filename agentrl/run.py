@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -38,13 +39,13 @@ from agentrl.ckpt import (
 from agentrl.config import Config, training_checks
 from agentrl.data import TaskSampler
 from agentrl.display import ProgressLine
-from agentrl.engine import EngineClient
+from agentrl.engine import EngineClient, EngineConfig
 from agentrl.env import Env
 from agentrl.learner import LearnerConfig
 from agentrl.learner.group import LearnerGroup, ray_running, start_ray, stop_ray
 from agentrl.learner.memory import choose_offload, engine_fraction
 from agentrl.rollout import Rollout
-from agentrl.servers import Fleet, launch_fleet, launch_router
+from agentrl.servers import Fleet, launch_fleet, launch_router, split_local_gpus
 from agentrl.tracking import JsonlSink, Tracker
 from agentrl.types import ConfigError
 from agentrl.weight_sync import (
@@ -118,8 +119,9 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
             ckpt = CheckpointManager(cfg.trainer.checkpoint_config(cfg.run_name))
             resume = resume_point(cfg, ckpt)  # before anything starts: a wrong one is an error
             if not ray_running():  # a Ray the caller runs (a script, a test session)
-                start_ray(cfg.ray)  # is theirs to stop; one this run starts, it stops
-                stack.callback(_quietly, "Ray", stop_ray)
+                learner_gpus, engine_cfg = _split_gpus(cfg, engine_cfg, console)
+                start_ray(cfg.ray, gpus=learner_gpus)  # is theirs to stop; one this run starts,
+                stack.callback(_quietly, "Ray", stop_ray)  # it stops
             groups = _learner_groups(cfg, str(model_path), stack, out)
             if resume is not None:
                 resumed = _resume(cfg, resume, groups, sampler)
@@ -193,6 +195,26 @@ def resume_point(cfg: Config, ckpt: CheckpointManager | None = None) -> Path | N
             f"purpose with trainer.resume={path}"
         )
     return path
+
+
+def _split_gpus(
+    cfg: Config, engine_cfg: EngineConfig, console: Console
+) -> tuple[list[str] | None, EngineConfig]:
+    """engine.colocate=false on one host: the learner's ranks and the SGLang servers this run
+    starts get GPUs of their own (servers.split_local_gpus); the run says which."""
+    if cfg.ray.address or cfg.learner.resolved_device() != "cuda":
+        return None, engine_cfg
+    import torch
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    want = math.ceil(cfg.learner.num_workers * cfg.learner.num_gpus_per_worker)
+    split = split_local_gpus(engine_cfg, want, ids, nccl=cfg.weight_sync.method == "distributed")
+    if split is None:
+        return None, engine_cfg
+    learner, engine_cfg = split
+    console.print(f"[dim]GPUs: learner {','.join(learner)}, servers {','.join(engine_cfg.gpus)}[/]")
+    return learner, engine_cfg
 
 
 def _resolve_offload(cfg: Config, groups: dict[str, LearnerGroup], console: Console) -> None:

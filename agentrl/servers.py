@@ -53,29 +53,67 @@ def server_command(cfg: EngineConfig, model_path: Path, port: int) -> list[str]:
 
 
 def server_env(cfg: EngineConfig, index: int) -> dict[str, str]:
-    """Loopback-only collectives for a server on loopback; SGLang server i gets the visible
-    GPUs i*tp .. i*tp+tp-1 (several servers or TP on one host; placed by Ray, the GPUs Ray gave
-    its actor)."""
+    """Loopback-only collectives for a server on loopback; SGLang server i gets GPUs
+    i*tp .. i*tp+tp-1 of engine.gpus, else of the visible ones (several servers or TP on one host;
+    placed by Ray, the GPUs Ray gave its actor)."""
     env = dict(os.environ)
     # gloo/NCCL bind their own listening sockets to the hostname's interface unless told
     # otherwise; on a real node's address `lo` would be wrong: the user's choice (or none) holds
     if _loopback_host(cfg.host):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.setdefault("NCCL_SOCKET_IFNAME", "lo")
-    if cfg.kind == "sglang" and (cfg.num_servers > 1 or cfg.tp > 1) and cfg.placement == "local":
+    several = cfg.num_servers > 1 or cfg.tp > 1
+    if cfg.kind == "sglang" and (several or cfg.gpus) and cfg.placement == "local":
         visible = env.get("CUDA_VISIBLE_DEVICES")
         want = cfg.num_servers * cfg.tp
-        gpus = visible.split(",") if visible else [str(g) for g in range(want)]
+        gpus = list(cfg.gpus) or (visible.split(",") if visible else [str(g) for g in range(want)])
         if cfg.tp > 1 and len(gpus) < want:
+            where = f"engine.gpus={cfg.gpus}" if cfg.gpus else f"CUDA_VISIBLE_DEVICES={visible}"
             raise EngineUnavailable(
                 f"{cfg.num_servers} server(s) x engine.tp={cfg.tp} need {want} GPUs; "
-                f"CUDA_VISIBLE_DEVICES={visible} has {len(gpus)}"
+                f"{where} has {len(gpus)}"
             )
         mine = (
             gpus[index * cfg.tp : (index + 1) * cfg.tp] if cfg.tp > 1 else [gpus[index % len(gpus)]]
         )
         env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
     return env
+
+
+def split_local_gpus(
+    cfg: EngineConfig, learner_gpus: int, visible: list[str], nccl: bool
+) -> tuple[list[str], EngineConfig] | None:
+    """Disaggregated on one host (engine.colocate=false, SGLang servers started here): the
+    learner's ranks take the first `learner_gpus` of the `visible` GPUs, the servers the next
+    num_servers x tp (or engine.gpus as given, the learner the rest). Returns the learner's GPUs and
+    the engine config with its GPUs named, or None when there is nothing to split (no GPU learner,
+    colocated, dev or Ray-placed servers, running servers). With too few GPUs for both they share
+    (disk sync works so), except over NCCL, which cannot put two ranks on one GPU: an error."""
+    if (
+        not learner_gpus
+        or cfg.colocate
+        or cfg.kind != "sglang"
+        or cfg.placement != "local"
+        or cfg.urls
+    ):
+        return None
+    want = cfg.num_servers * cfg.tp
+    if cfg.gpus:
+        learner = [g for g in visible if g not in cfg.gpus][:learner_gpus]
+        engine = list(cfg.gpus)
+    else:
+        learner, engine = visible[:learner_gpus], visible[learner_gpus : learner_gpus + want]
+    if len(learner) >= learner_gpus and len(engine) >= want:
+        return learner, cfg.model_copy(update={"gpus": engine})
+    if nccl:
+        raise EngineUnavailable(
+            f"engine.colocate=false with weight_sync.method=distributed: the learner's "
+            f"{learner_gpus} rank(s) and {cfg.num_servers} server(s) x engine.tp={cfg.tp} need "
+            f"{learner_gpus + want} GPUs of their own (NCCL cannot put two ranks on one GPU), "
+            f"{len(visible)} visible ({','.join(visible) or 'none'}); use engine.colocate=true "
+            "with weight_sync.method=tensor, or weight_sync.method=disk to share them"
+        )
+    return None
 
 
 def _loopback_host(host: str) -> bool:

@@ -38,8 +38,9 @@ from agentrl.loss import reduce_metrics
 log = logging.getLogger(__name__)
 
 
-def start_ray(cfg: RayConfig | None = None) -> None:
-    """Start a loopback-only local Ray instance (or join `cfg.address`); idempotent."""
+def start_ray(cfg: RayConfig | None = None, gpus: list[str] | None = None) -> None:
+    """Start a loopback-only local Ray instance (or join `cfg.address`); idempotent. `gpus`: the
+    GPU ids a started instance may hand out (the rest are the rollout servers')."""
     cfg = cfg or RayConfig()
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -67,6 +68,10 @@ def start_ray(cfg: RayConfig | None = None) -> None:
         if cfg.temp_dir:
             kw["_temp_dir"] = cfg.temp_dir
     before = listening_sockets()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if gpus is not None and not cfg.address:  # Ray reads the driver's view when it starts
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        kw["num_gpus"] = len(gpus) if cfg.num_gpus is None else min(cfg.num_gpus, len(gpus))
     try:
         ray.init(**kw)
     except Exception as e:  # noqa: BLE001 - one line, whatever Ray raised
@@ -76,6 +81,11 @@ def start_ray(cfg: RayConfig | None = None) -> None:
             "and disk under /tmp/ray (or ray.temp_dir), stop stale `ray` processes, or set "
             "ray.address to a running cluster"
         ) from None
+    finally:  # this process and the servers it starts keep the caller's view
+        if gpus is not None and visible is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        elif gpus is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible
     if cfg.address:  # a cluster the user started: its nodes' addresses are theirs to choose
         return
     ip = ray.util.get_node_ip_address()

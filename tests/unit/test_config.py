@@ -206,3 +206,29 @@ def test_lora_runs_push_adapters_to_engines_that_serve_them():
     assert lora_sglang_args(some, ["--enable-lora", "--max-lora-rank", "16"]) == []
     with pytest.raises(ConfigError, match="learner.lora.sync"):
         compose(["learner.lora.sync=both"])
+
+
+def test_disaggregated_learner_and_servers_get_gpus_of_their_own(monkeypatch):
+    """engine.colocate=false on a host with GPUs for both: the learner's ranks take the first,
+    the servers the next; too few GPUs are shared, except over NCCL (two ranks on one GPU)."""
+    from agentrl.servers import EngineUnavailable, server_env, split_local_gpus
+
+    base = ["engine=sglang", "engine.colocate=false", "learner=gpu"]
+    one = compose([*base, "weight_sync.method=distributed"]).engine
+    learner, engine = split_local_gpus(one, 1, ["0", "1"], nccl=True)
+    assert learner == ["0"] and engine.gpus == ["1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert server_env(engine, 0)["CUDA_VISIBLE_DEVICES"] == "1"
+    two = compose([*base, "engine.num_servers=2", "engine.tp=2"]).engine  # 2 x tp=2
+    learner, engine = split_local_gpus(two, 2, [str(g) for g in range(8)], nccl=True)
+    assert learner == ["0", "1"] and engine.gpus == ["2", "3", "4", "5"]
+    assert [server_env(engine, i)["CUDA_VISIBLE_DEVICES"] for i in (0, 1)] == ["2,3", "4,5"]
+    pinned = compose([*base, "engine.gpus=[0]"]).engine  # the user's choice; the learner the rest
+    learner, engine = split_local_gpus(pinned, 1, ["0", "1"], nccl=True)
+    assert learner == ["1"] and engine.gpus == ["0"]
+    # one GPU: disk sync shares it (the one-GPU async test), NCCL cannot
+    assert split_local_gpus(one, 1, ["0"], nccl=False) is None
+    with pytest.raises(EngineUnavailable, match="need 2 GPUs of their own"):
+        split_local_gpus(one, 1, ["0"], nccl=True)
+    colocated = compose(["engine=sglang", "learner=gpu"]).engine
+    assert colocated.colocate and split_local_gpus(colocated, 1, ["0", "1"], nccl=False) is None
