@@ -23,6 +23,7 @@ pytestmark = [
 ]
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 PPO = LossConfig(name="ppo_clip")
+PPO_ENGINE = LossConfig(name="ppo_clip", ratio="engine")
 
 
 def grads_and_loss(group: LearnerGroup, batch: TrainBatch) -> tuple[float, dict]:
@@ -205,7 +206,8 @@ def test_sglang_serves_trainer_weights_after_push(method, ray_on, model_dir, sgl
             try:
                 served = await engine.generate(prompt, sampling)
                 mb, _ = trainer_lp(served.token_ids)
-                group.train_step([[mb]], "ppo_clip", PPO)
+                # the batch carries the engine's logprobs only: the ratio is taken against them
+                group.train_step([[mb]], "ppo_clip", PPO_ENGINE)
                 _, lp = trainer_lp(served.token_ids)
                 stale = (lp - torch.tensor(served.logprobs)).abs().mean().item()
                 print(f"{method}: trained, stale diff {stale:.4f}; pushing", flush=True)
