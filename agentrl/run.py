@@ -111,7 +111,9 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
         # LoRA: adapters through SGLang's LoRA routes (the servers serve the base), or merged
         lora_mode = planned_lora_sync(cfg.learner.lora, cfg.engine) if train else None
         if lora_mode == "adapter" and engine_cfg.kind == "sglang":
-            lora_args = lora_sglang_args(cfg.learner.lora, engine_cfg.extra_args)
+            lora_args = lora_sglang_args(
+                cfg.learner.lora, engine_cfg.extra_args, colocate=engine_cfg.colocate
+            )
             engine_cfg = engine_cfg.model_copy(
                 update={"extra_args": [*lora_args, *engine_cfg.extra_args]}
             )
@@ -147,7 +149,7 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
         run = Run(cfg, out, console, tokenizer, env_cls, sampler, engine, sandbox, rollout,
                   fleet=fleet, ckpt=ckpt, resumed=resumed, **groups)  # fmt: skip
         if train:
-            lora_mode = await resolve_lora_sync(lora_mode, engine)
+            lora_mode = await resolve_lora_sync(lora_mode, engine, cfg.engine.colocate)
             if lora_mode is not None:
                 what = "the adapters (LoRA routes)" if lora_mode == "adapter" else "merged weights"
                 console.print(f"[dim]learner.lora.sync={cfg.learner.lora.sync}: the engines get "

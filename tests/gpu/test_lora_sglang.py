@@ -105,7 +105,7 @@ def test_lora_adapters_reach_colocated_sglang_after_each_push(
     try:
         extra = ["--dtype", "float16"] if fp16 else []
         if route == "adapter":
-            extra += lora_sglang_args(cfg.lora, [])
+            extra += lora_sglang_args(cfg.lora, [], colocate=True)
         with launch_sglang(qwen15_dir, tmp_path, "0", "--enable-memory-saver", *extra) as url:
             floor = asyncio.run(cycles(url))
     finally:

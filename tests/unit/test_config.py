@@ -204,6 +204,10 @@ def test_lora_runs_push_adapters_to_engines_that_serve_them():
     some = cfg.learner.lora.model_copy(update={"target_modules": ["q_proj", "v_proj"]})
     assert lora_sglang_args(some, [])[-2:] == ["q_proj", "v_proj"]
     assert lora_sglang_args(some, ["--enable-lora", "--max-lora-rank", "16"]) == []
+    # colocated: the memory saver drops the base weights while the learner trains, and adapter
+    # pushes never rewrite them; a host copy brings them back on resume
+    assert lora_sglang_args(some, [], colocate=True)[-1] == "--enable-weights-cpu-backup"
+    assert lora_sglang_args(some, ["--enable-lora", "--enable-weights-cpu-backup"], True) == []
     with pytest.raises(ConfigError, match="learner.lora.sync"):
         compose(["learner.lora.sync=both"])
 
@@ -232,3 +236,29 @@ def test_disaggregated_learner_and_servers_get_gpus_of_their_own(monkeypatch):
         split_local_gpus(one, 1, ["0"], nccl=True)
     colocated = compose(["engine=sglang", "learner=gpu"]).engine
     assert colocated.colocate and split_local_gpus(colocated, 1, ["0", "1"], nccl=False) is None
+
+
+def test_colocated_adapter_route_needs_the_servers_host_copy_of_the_base():
+    """Servers the user started (engine.urls), asked through their server_info as SGLang answers
+    it: colocated with the memory saver and no weights backup, auto falls back to merged weights
+    and adapter is an error; a server with the backup (or not colocated) takes adapters."""
+    import asyncio
+
+    from agentrl.weight_sync import WeightSyncError, resolve_lora_sync
+
+    class Servers:  # what /server_info answers; nothing else is asked
+        urls = ["http://127.0.0.1:30000"]
+
+        def __init__(self, **info):
+            self.info = {"enable_lora": True, "enable_memory_saver": True, **info}
+
+        async def server_info(self):
+            return [self.info]
+
+    bare, backed = Servers(), Servers(enable_weights_cpu_backup=True)
+    assert asyncio.run(resolve_lora_sync("ask", bare, colocate=True)) == "merged"
+    assert asyncio.run(resolve_lora_sync("ask", bare, colocate=False)) == "adapter"
+    assert asyncio.run(resolve_lora_sync("ask", backed, colocate=True)) == "adapter"
+    assert asyncio.run(resolve_lora_sync("adapter", backed, colocate=True)) == "adapter"
+    with pytest.raises(WeightSyncError, match="--enable-weights-cpu-backup"):
+        asyncio.run(resolve_lora_sync("adapter", bare, colocate=True))
