@@ -26,7 +26,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -42,14 +42,35 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def server_command(cfg: EngineConfig, model_path: Path, port: int) -> list[str]:
+def server_command(cfg: EngineConfig, model_path: Path, port: int, index: int = 0) -> list[str]:
     if cfg.kind == "dev":
         return [sys.executable, "-m", "agentrl.devserver", "--model", str(model_path),
                 "--host", cfg.host, "--port", str(port), "--device", cfg.device, *cfg.extra_args]  # fmt: skip
     tp = ["--tp-size", str(cfg.tp)] if cfg.tp > 1 else []
+    if _sees_every_server_gpu(cfg):  # its own GPUs among all the servers' (server_env)
+        tp += ["--base-gpu-id", str(index * cfg.tp)]
     return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
             "--host", cfg.host, "--port", str(port), "--skip-tokenizer-init", *tp,
             *cfg.extra_args]  # fmt: skip
+
+
+def _sees_every_server_gpu(cfg: EngineConfig) -> bool:
+    """Colocated SGLang servers on one host: a weight push hands every server CUDA-IPC handles of
+    the learner's buffers, which live on one learner rank's GPU, and SGLang opens a handle only
+    on a GPU its process can see. So each server sees all the servers' GPUs and takes its own by
+    `--base-gpu-id` (the bytes cross GPUs over NVLink/PCIe inside the copy)."""
+    if not (cfg.kind == "sglang" and cfg.colocate and cfg.num_servers > 1):
+        return False
+    return (
+        cfg.placement == "local" and len(_server_gpus(cfg, os.environ)) >= cfg.num_servers * cfg.tp
+    )
+
+
+def _server_gpus(cfg: EngineConfig, env: Mapping[str, str]) -> list[str]:
+    """The GPU ids the local servers share out: engine.gpus, else the visible ones."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    want = cfg.num_servers * cfg.tp
+    return list(cfg.gpus) or (visible.split(",") if visible else [str(g) for g in range(want)])
 
 
 def server_env(cfg: EngineConfig, index: int) -> dict[str, str]:
@@ -66,7 +87,7 @@ def server_env(cfg: EngineConfig, index: int) -> dict[str, str]:
     if cfg.kind == "sglang" and (several or cfg.gpus) and cfg.placement == "local":
         visible = env.get("CUDA_VISIBLE_DEVICES")
         want = cfg.num_servers * cfg.tp
-        gpus = list(cfg.gpus) or (visible.split(",") if visible else [str(g) for g in range(want)])
+        gpus = _server_gpus(cfg, env)
         if cfg.tp > 1 and len(gpus) < want:
             where = f"engine.gpus={cfg.gpus}" if cfg.gpus else f"CUDA_VISIBLE_DEVICES={visible}"
             raise EngineUnavailable(
@@ -76,6 +97,8 @@ def server_env(cfg: EngineConfig, index: int) -> dict[str, str]:
         mine = (
             gpus[index * cfg.tp : (index + 1) * cfg.tp] if cfg.tp > 1 else [gpus[index % len(gpus)]]
         )
+        if _sees_every_server_gpu(cfg):
+            mine = gpus[:want]  # and --base-gpu-id picks server index's own
         env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
     return env
 
@@ -130,7 +153,7 @@ def _popen(cfg: EngineConfig, model_path: Path, index: int, port: int, log_path:
             log.write(f"\n---- restarted by agentrl at {time.strftime('%H:%M:%S')} ----\n")
             log.flush()
         return subprocess.Popen(
-            server_command(cfg, model_path, port),
+            server_command(cfg, model_path, port, index),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
