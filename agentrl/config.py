@@ -243,6 +243,15 @@ class TrainerConfig(CheckpointConfig):
     no_signal_steps: int = Field(
         5, ge=0, description="warn after this many steps in a row without reward variance; 0: off"
     )
+    warn_logprob_gap: float = Field(
+        0.1,
+        ge=0,
+        description="sync: warn (console, log, W&B alert) every step whose train/logprob_diff "
+        "(the engine's logprobs of the tokens it sampled against the trainer's, same weights) "
+        "is above this: the engine is not serving the trained model (a push that did not land "
+        "whole, a wrong adapter, another dtype or tokenizer); bf16 stacks differ by 0.002-0.05 "
+        "per token; 0: off",
+    )
 
     def checkpoint_config(self, run_name: str = "default") -> CheckpointConfig:
         fields = {k: getattr(self, k) for k in CheckpointConfig.model_fields}

@@ -200,6 +200,13 @@ class Trainer:
             metrics.update(await self._blocking(self._update, batch, trajs, ref))
         if edge := memory_edge(metrics):
             self._warn("learner memory at its limit", edge)
+        gap, bar = metrics.get("train/logprob_diff", 0.0), cfg.trainer.warn_logprob_gap
+        if self.producer is None and bar and gap > bar:  # async: staleness widens it anyway
+            self._warn("engine and trainer disagree", f"step {self.step_idx + 1}: the engine's "
+                       f"logprobs of its own samples are {gap:.3f} per token from the trainer's "
+                       f"with the same weights (trainer.warn_logprob_gap={bar}): the engine does "
+                       "not serve the trained model; check the last weight push (sync/*), the "
+                       "engine's dtype and LoRA settings")  # fmt: skip
         with t("sync"):
             metrics.update(await self._sync(version=str(self.step_idx + 1)))
         metrics.update(self._peak_memory())

@@ -95,6 +95,29 @@ def test_an_engine_left_on_old_weights_is_loud(tmp_path, capsys):
     assert "not the trainer's '1'" in out and "weight push did not reach an engine" in out
 
 
+class StampOnlySync(Transport):
+    """A push that stamps the version but never moves the weights (as a colocated LoRA engine
+    whose base weights came back as garbage did): the versions agree, the logprobs do not."""
+
+    async def push(self, version: str) -> dict[str, float]:
+        await self.engine.update_weight_version(version)
+        return {}
+
+
+def test_an_engine_serving_another_model_under_the_right_version_is_loud(tmp_path, capsys):
+    method = f"weight_sync.method={__name__}:StampOnlySync"
+    bar = "trainer.warn_logprob_gap=0.001"  # the tiny model moves little in one step
+    history = asyncio.run(
+        train(cfg_for(tmp_path, "trainer.steps=2", method, bar), tmp_path / "out")
+    )
+    assert [h["rollout/off_version_turns"] for h in history] == [0, 0]  # the stamps agree
+    assert history[0]["train/logprob_diff"] < 1e-4  # step 1: the same weights on both sides
+    assert history[1]["train/logprob_diff"] > 0.001  # step 2: the engine kept the old ones
+    out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert out.count("engine does not serve the trained model") == 1
+    assert "step 2: the engine's logprobs of its own samples are" in out
+
+
 def test_ppo_critic_with_kl_reward_penalty_checkpoints_and_resumes(tmp_path):
     kl = ["algo=ppo", "algo.loss.kl_mode=reward", "algo.loss.kl_coef=0.5", "trainer.every=1"]
     first = asyncio.run(train(cfg_for(tmp_path, "trainer.steps=2", *kl), tmp_path / "out1"))
