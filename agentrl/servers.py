@@ -33,6 +33,7 @@ from pathlib import Path
 import httpx
 
 from agentrl.engine import EngineConfig, EngineUnavailable
+from agentrl.types import ConfigError
 from sandbox.base import die_with_parent
 
 
@@ -111,7 +112,7 @@ def split_local_gpus(
     num_servers x tp (or engine.gpus as given, the learner the rest). Returns the learner's GPUs and
     the engine config with its GPUs named, or None when there is nothing to split (no GPU learner,
     colocated, dev or Ray-placed servers, running servers). With too few GPUs for both they share
-    (disk sync works so), except over NCCL, which cannot put two ranks on one GPU: an error."""
+    (disk sync works so), except over NCCL, which cannot put two ranks on one GPU: a ConfigError."""
     if (
         not learner_gpus
         or cfg.colocate
@@ -129,7 +130,7 @@ def split_local_gpus(
     if len(learner) >= learner_gpus and len(engine) >= want:
         return learner, cfg.model_copy(update={"gpus": engine})
     if nccl:
-        raise EngineUnavailable(
+        raise ConfigError(
             f"engine.colocate=false with weight_sync.method=distributed: the learner's "
             f"{learner_gpus} rank(s) and {cfg.num_servers} server(s) x engine.tp={cfg.tp} need "
             f"{learner_gpus + want} GPUs of their own (NCCL cannot put two ranks on one GPU), "

@@ -215,7 +215,7 @@ def test_lora_runs_push_adapters_to_engines_that_serve_them():
 def test_disaggregated_learner_and_servers_get_gpus_of_their_own(monkeypatch):
     """engine.colocate=false on a host with GPUs for both: the learner's ranks take the first,
     the servers the next; too few GPUs are shared, except over NCCL (two ranks on one GPU)."""
-    from agentrl.servers import EngineUnavailable, server_env, split_local_gpus
+    from agentrl.servers import server_env, split_local_gpus
 
     base = ["engine=sglang", "engine.colocate=false", "learner=gpu"]
     one = compose([*base, "weight_sync.method=distributed"]).engine
@@ -232,7 +232,7 @@ def test_disaggregated_learner_and_servers_get_gpus_of_their_own(monkeypatch):
     assert learner == ["1"] and engine.gpus == ["0"]
     # one GPU: disk sync shares it (the one-GPU async test), NCCL cannot
     assert split_local_gpus(one, 1, ["0"], nccl=False) is None
-    with pytest.raises(EngineUnavailable, match="need 2 GPUs of their own"):
+    with pytest.raises(ConfigError, match="need 2 GPUs of their own"):
         split_local_gpus(one, 1, ["0"], nccl=True)
     colocated = compose(["engine=sglang", "learner=gpu"]).engine
     assert colocated.colocate and split_local_gpus(colocated, 1, ["0", "1"], nccl=False) is None
