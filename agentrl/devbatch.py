@@ -130,6 +130,20 @@ def _filtered_probs(logp: torch.Tensor, r: Req) -> torch.Tensor:
     return probs
 
 
+def _filters(r: Req, vocab: int) -> bool:
+    """Whether a row's distribution is cut (top-k, top-p, min-p) before the draw."""
+    return 0 < r.top_k < vocab or r.top_p < 1.0 or r.min_p > 0.0
+
+
+def _draw(logp: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """One id per row from softmax rows given as log-probabilities: inverse CDF, one uniform per
+    row from `gen`. The CDF is summed in float64 and the draw is scaled by its total, so a row's
+    own rounding never lets the draw run past its last token (clamped all the same)."""
+    cdf = logp.double().exp().cumsum(-1)
+    u = torch.rand(cdf.shape[0], 1, generator=gen, dtype=torch.float64) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True)[:, 0].clamp_(max=cdf.shape[1] - 1)
+
+
 class BatchEngine:
     """Model, batch state and the work of one scheduler step. Runs in a worker thread; the
     event loop only touches it between steps (under DevServer.model_lock)."""
@@ -283,8 +297,13 @@ class BatchEngine:
         temps = [r.temperature if r.temperature >= GREEDY_EPS else 1.0 for r in reqs]
         logp = torch.log_softmax(logits.float() / torch.tensor(temps)[:, None].to(logits), -1)
         toks = logp.argmax(-1)
-        for i, r in enumerate(reqs):
-            if r.temperature >= GREEDY_EPS and r.top_k != 1:
+        sampled = [i for i, r in enumerate(reqs) if r.temperature >= GREEDY_EPS and r.top_k != 1]
+        plain = [i for i in sampled if reqs[i].gen is None and not _filters(reqs[i], logp.shape[1])]
+        if plain:  # one draw for all of them: a multinomial call per row was most of the CPU
+            toks[plain] = _draw(logp[plain], self.gen)
+        for i in sampled:
+            if i not in plain:  # a seed of its own (reproducible alone) or a filtered support
+                r = reqs[i]
                 probs = _filtered_probs(logp[i], r).cpu()
                 toks[i] = int(torch.multinomial(probs, 1, generator=r.gen or self.gen))
         lps = logp.gather(1, toks[:, None])[:, 0].tolist()
