@@ -315,14 +315,18 @@ class ExecService:
             if s.worker is None:
                 s.worker = await self.pool.acquire()
             s.calls += 1
+            w = s.worker
             try:
-                res = await s.worker.execute(code, "python", timeout, session=True)
+                res = await w.execute(code, "python", timeout, session=True)
             except BaseException:
                 await self._drop(s, "call cancelled")
                 raise
             finally:
                 s.last_used = time.monotonic()
-            if not s.worker.alive:
+            if s.worker is not w:  # closed while this call ran: its interpreter was stopped
+                res.session_reset = True
+                res.stderr += "\n[sandbox] the session was closed while this call ran.\n"
+            elif not w.alive:
                 why = res.limit or ("exit" if res.exit_code else "stopped")
                 await self._drop(s, why)
                 res.session_reset = True

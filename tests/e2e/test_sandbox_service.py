@@ -91,6 +91,23 @@ async def test_concurrent_calls_all_come_back_right(service: LocalService) -> No
     await sb.aclose()
 
 
+async def test_a_session_closed_during_its_call_answers_cleanly(service: LocalService) -> None:
+    """An episode cancelled while its tool call runs closes the session under the call (async
+    training's shutdown did): the call comes back saying so, not as a server error."""
+    sb = ServiceSandbox(service.url)
+    await sb.run("x = 1", session="closing")
+    call = asyncio.create_task(
+        sb.run("import time\ntime.sleep(3)\nprint('done')", session="closing")
+    )
+    await asyncio.sleep(0.5)
+    await sb.close_session("closing")
+    res = await call
+    assert res.session_reset and "the session was closed while this call ran" in res.stderr
+    assert (await sb.run("x", session="closing")).error_name == "NameError"  # a new one
+    assert (await sb.run("print(2 + 2)")).stdout == "4\n"  # and the service is fine
+    await sb.aclose()
+
+
 async def test_busy_answer_and_owned_service_lifecycle() -> None:
     cfg = SandboxConfig(
         backend="service",
