@@ -8,7 +8,9 @@ For each concurrency c it runs `n` short snippets with c callers in flight and p
 latency and executions per second for: one-shot calls (a fresh isolated sandbox each), calls in
 c sessions (one interpreter per session), and the reference measured in the same run: a bare
 `python -I -c <snippet>` subprocess per snippet (no isolation, no service). Ratios are ours
-divided by the reference's (exec/s: higher is better; p50: lower is better).
+divided by the reference's (exec/s: higher is better; p50: lower is better). Also per call: the
+machine's CPU (user and kernel, from /proc/stat, over the calls and the pool's refill after them),
+what a call costs the box whoever spends it (the service, its short-lived workers, the kernel).
 
 `--under-attack`: one innocent session makes `n` calls in a row (`x += 1; x`) while one class of
 attack runs without pause against the same service (each attack call re-issued as soon as it
@@ -69,6 +71,12 @@ def _row(name: str, c: int, lat: list[float], wall: float) -> dict:
             "exec_s": len(lat) / wall}  # fmt: skip
 
 
+def _box_cpu() -> tuple[int, int]:
+    """The machine's user and kernel CPU so far, in clock ticks (/proc/stat)."""
+    v = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    return v[0] + v[1], v[2] + v[5] + v[6]
+
+
 async def bench(url: str, n: int, concurrencies: list[int]) -> list[dict]:
     sb = ServiceSandbox(url, retries=8, max_concurrency=max(concurrencies))
 
@@ -89,8 +97,12 @@ async def bench(url: str, n: int, concurrencies: list[int]) -> list[dict]:
             ("reference", reference_call),
         ):
             await asyncio.sleep(1.0)  # let the warm pool refill
+            (u0, k0), hz = _box_cpu(), os.sysconf("SC_CLK_TCK")
             lat, wall = await _drive(n, c, call)
-            rows.append(_row(name, c, lat, wall))
+            await asyncio.sleep(1.0)  # the pool's refill after the calls is their cost too
+            u1, k1 = _box_cpu()
+            rows.append({**_row(name, c, lat, wall), "user_ms": 1000 * (u1 - u0) / hz / n,
+                         "kernel_ms": 1000 * (k1 - k0) / hz / n})  # fmt: skip
         for w in range(c):
             await sb.close_session(f"bench-{w}")
     await sb.aclose()
@@ -104,13 +116,14 @@ def report(rows: list[dict], health: dict) -> None:
           f"warm={health['pool'].get('warm')} mean_spawn_ms={health['pool'].get('mean_spawn_ms')}")  # fmt: skip
     print(f"snippet: {SNIPPET!r}")
     print(f"{'mode':<10} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'exec/s':>8}  "
-          f"{'x ref exec/s':>12} {'x ref p50':>9}")  # fmt: skip
+          f"{'x ref exec/s':>12} {'x ref p50':>9}  {'cpu ms/call: user':>17} {'kernel':>6}")  # fmt: skip
     ref = {r["c"]: r for r in rows if r["mode"] == "reference"}
     for r in rows:
         base = ref[r["c"]]
         print(f"{r['mode']:<10} {r['c']:>4} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
               f"{r['exec_s']:>8.1f}  {r['exec_s'] / base['exec_s']:>12.2f} "
-              f"{r['p50_ms'] / base['p50_ms']:>9.2f}")  # fmt: skip
+              f"{r['p50_ms'] / base['p50_ms']:>9.2f}  {r['user_ms']:>17.1f} "
+              f"{r['kernel_ms']:>6.1f}")  # fmt: skip
 
 
 ATTACKS: dict[str, tuple[int, str, bool]] = {
