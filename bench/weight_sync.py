@@ -3,6 +3,11 @@
     python bench/weight_sync.py [--model DIR | --hidden-size 256 --layers 4] [--workers 1]
                                 [--servers 1] [--bucket-mb 64] [--repeats 3] [--urls URL ...]
     python bench/weight_sync.py --lora-rank 8 --hidden-size 896 --layers 24   # + adapter
+    python bench/weight_sync.py --shape 1.5b --engine sglang --device cuda    # two GPUs
+
+--engine sglang starts one SGLang server on the last visible GPU (the learner takes the others'
+first, as `engine.colocate=false` does) with configs/engine/sglang.yaml's arguments minus the
+memory saver; --shape builds a random Qwen2.5 of that released shape (0.5b, 1.5b, 7b).
 
 With --lora-rank the learner trains LoRA adapters and a third row pushes only the adapters
 through the LoRA routes (learner.lora.sync=adapter), against the merged weights of the other two.
@@ -39,6 +44,32 @@ from agentrl.weight_sync import WeightSyncConfig, make_weight_sync
 def devserver(model: str, log_dir: str):
     """One dev server on loopback (agentrl.servers does the launch, health wait and stop)."""
     with launch_engines(EngineConfig(), Path(model), Path(log_dir)) as urls:
+        yield urls[0]
+
+
+def gpu_split() -> tuple[list[str], str]:
+    """(the learner's GPUs, the SGLang server's GPU): the server takes the last visible one."""
+    import torch
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    if len(ids) < 2:
+        raise SystemExit(
+            f"--engine sglang needs 2 GPUs (learner and server apart), {len(ids)} seen"
+        )
+    return ids[:-1], ids[-1]
+
+
+@contextmanager
+def sglang_server(model: str, log_dir: str, gpu: str):
+    """One SGLang server on `gpu` (loopback; launched, waited for and stopped by agentrl)."""
+    import yaml
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "engine" / "sglang.yaml"
+    cfg = EngineConfig(**yaml.safe_load(path.read_text()))
+    extra = [a for a in cfg.extra_args if a != "--enable-memory-saver"]
+    cfg = cfg.model_copy(update={"colocate": False, "extra_args": extra, "gpus": [gpu]})
+    with launch_engines(cfg, Path(model), Path(log_dir)) as urls:
         yield urls[0]
 
 
@@ -79,6 +110,10 @@ async def measure(method: str, args, policy: LearnerGroup, urls: list[str], tmp:
 def build_model(args, tmp: str) -> str:
     if args.model:
         return args.model
+    if args.shape:
+        from agentrl.assets.build import build_random_qwen25
+
+        return str(build_random_qwen25(Path(tmp) / f"qwen25-{args.shape}", args.shape))
     from agentrl.assets.build import build_tiny_random, cached_tiny_random
 
     if args.hidden_size is None and args.layers is None:
@@ -92,16 +127,21 @@ async def main_async(args) -> None:
     tmp = tempfile.mkdtemp(prefix="agentrl-bench-sync-")
     try:
         model = build_model(args, tmp)
-        start_ray(RayConfig(num_cpus=max(2, os.cpu_count() or 2), object_store_mb=128))
+        learner_gpus, server_gpu = gpu_split() if args.engine == "sglang" else (None, None)
+        start_ray(RayConfig(num_cpus=max(2, os.cpu_count() or 2), object_store_mb=128),
+                  gpus=learner_gpus)  # fmt: skip
         lora = LoraConfig(rank=args.lora_rank)
         policy = LearnerGroup(
             LearnerConfig(model_path=model, num_workers=args.workers, device=args.device, lora=lora)
         )
         methods = ("distributed", "disk", *(("adapter",) if args.lora_rank else ()))
         with ExitStack() as stack:
-            urls = args.urls or [
-                stack.enter_context(devserver(model, tmp)) for _ in range(args.servers)
-            ]
+            if args.engine == "sglang":
+                urls = [stack.enter_context(sglang_server(model, tmp, server_gpu))]
+            else:
+                urls = args.urls or [
+                    stack.enter_context(devserver(model, tmp)) for _ in range(args.servers)
+                ]
             rows = [await measure(m, args, policy, urls, tmp) for m in methods]
         policy.shutdown()
         stop_ray()
@@ -153,6 +193,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--lora-rank", type=int, default=0, help="train LoRA adapters; + adapter row")
+    p.add_argument("--shape", help="build a random Qwen2.5 of this released shape (0.5b, 1.5b)")
+    p.add_argument("--engine", default="dev", choices=["dev", "sglang"],
+                   help="sglang: one server on the last GPU, the learner on the others")  # fmt: skip
     asyncio.run(main_async(p.parse_args()))
 
 
