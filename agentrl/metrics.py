@@ -286,6 +286,21 @@ def no_signal(groups: list[list[Trajectory]]) -> bool:
     return not any(has_signal(g) for g in groups)
 
 
+def engine_gap(metrics: dict[str, float], bar: float, step: int) -> str | None:
+    """The warning to give when the engine's logprobs of its own samples are further than `bar`
+    per token from the trainer's with the same weights (`train/logprob_diff`): the engine does
+    not serve the trained model. bar 0: not checked."""
+    gap = metrics.get("train/logprob_diff", 0.0)
+    if not bar or gap <= bar:
+        return None
+    return (
+        f"step {step}: the engine's logprobs of its own samples are {gap:.3f} per token from the "
+        f"trainer's with the same weights (trainer.warn_logprob_gap={bar}): the engine does not "
+        "serve the trained model; check the last weight push (sync/*), the engine's dtype and "
+        "LoRA settings"
+    )
+
+
 def memory_edge(metrics: dict[str, float]) -> str | None:
     """The warning to give when the policy's update ran at the edge of the GPU's memory: the
     allocator had to free its cache and retry (`policy/alloc_retries`), which synchronises the

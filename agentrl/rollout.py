@@ -89,6 +89,11 @@ class RolloutConfig(BaseModel):
 ENGINE_DOWN = "EngineUnavailable"  # how an episode that lost its engine begins its error
 
 
+def engine_lost(tr: Trajectory) -> bool:
+    """An episode ended because no rollout server answered (not the env's fault)."""
+    return tr.stop_reason.value == "aborted" and (tr.error or "").startswith(ENGINE_DOWN)
+
+
 class Engine(Protocol):
     async def generate(
         self, input_ids: list[int], params: SamplingParams, key: str | None = None

@@ -64,6 +64,7 @@ from agentrl.learner.group import LearnerGroup
 from agentrl.loss import kl_reward_penalty
 from agentrl.metrics import (
     crashed,
+    engine_gap,
     gap_and_kl_metrics,
     has_signal,
     mean_over_steps,
@@ -74,7 +75,7 @@ from agentrl.metrics import (
     step_metrics,
 )
 from agentrl.producer import GroupProducer, producing
-from agentrl.rollout import ENGINE_DOWN, Rollout
+from agentrl.rollout import Rollout, engine_lost
 from agentrl.run import (
     PendingCheckpoint,
     Run,
@@ -100,11 +101,6 @@ def _tasks_of(groups: list[list[Trajectory]], launched: list[Task]) -> list[Task
     for t in launched:
         by_id.setdefault(t.id, []).append(t)
     return [by_id[g[0].task_id].pop(0) for g in groups]
-
-
-def _engine_lost(tr: Trajectory) -> bool:
-    """An episode ended because no rollout server answered (not the env's fault)."""
-    return tr.stop_reason.value == "aborted" and (tr.error or "").startswith(ENGINE_DOWN)
 
 
 class TrainingError(RuntimeError):
@@ -200,13 +196,9 @@ class Trainer:
             metrics.update(await self._blocking(self._update, batch, trajs, ref))
         if edge := memory_edge(metrics):
             self._warn("learner memory at its limit", edge)
-        gap, bar = metrics.get("train/logprob_diff", 0.0), cfg.trainer.warn_logprob_gap
-        if self.producer is None and bar and gap > bar:  # async: staleness widens it anyway
-            self._warn("engine and trainer disagree", f"step {self.step_idx + 1}: the engine's "
-                       f"logprobs of its own samples are {gap:.3f} per token from the trainer's "
-                       f"with the same weights (trainer.warn_logprob_gap={bar}): the engine does "
-                       "not serve the trained model; check the last weight push (sync/*), the "
-                       "engine's dtype and LoRA settings")  # fmt: skip
+        bar = cfg.trainer.warn_logprob_gap if self.producer is None else 0  # async: staleness
+        if gap := engine_gap(metrics, bar, self.step_idx + 1):
+            self._warn("engine and trainer disagree", gap)
         with t("sync"):
             metrics.update(await self._sync(version=str(self.step_idx + 1)))
         metrics.update(self._peak_memory())
@@ -499,7 +491,7 @@ class Trainer:
         out again, whole, so every group's baseline compares samples of the same policy.
         Servers we did not start (`engine.urls`) and colocated ones are not restarted: the run
         stops with their names (resume with trainer.resume=auto)."""
-        lost = [i for i, g in enumerate(groups) if any(_engine_lost(tr) for tr in g)]
+        lost = [i for i, g in enumerate(groups) if any(engine_lost(tr) for tr in g)]
         down = self.fleet.down() if self.fleet is not None and self.fleet.owned else []
         if not down and not lost:
             return groups, {"engine/restarts": 0.0, "rollout/reissued": 0.0}
@@ -530,7 +522,7 @@ class Trainer:
             again = await self.rollout.run([tasks[i] for i in lost])
             for i, g in zip(lost, again, strict=True):
                 groups[i] = g
-            if any(_engine_lost(tr) for g in again for tr in g):
+            if any(engine_lost(tr) for g in again for tr in g):
                 raise TrainingError(
                     f"step {self.step_idx + 1}: episodes lost their rollout server again after "
                     f"the restart (logs in {self.out})"
