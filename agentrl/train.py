@@ -489,7 +489,8 @@ class Trainer:
         """After the rollout: servers that died or hung are restarted (`engine.max_restarts`
         each), get the current weights, and the groups that lost an episode to them are rolled
         out again, whole, so every group's baseline compares samples of the same policy.
-        Servers we did not start (`engine.urls`) and colocated ones are not restarted: the run
+        Colocated, the push takes a step's hand-over (engines release, learner onloads, push,
+        learner offloads). Servers we did not start (`engine.urls`) are not restarted: the run
         stops with their names (resume with trainer.resume=auto)."""
         lost = [i for i, g in enumerate(groups) if any(engine_lost(tr) for tr in g)]
         down = self.fleet.down() if self.fleet is not None and self.fleet.owned else []
@@ -497,7 +498,7 @@ class Trainer:
             return groups, {"engine/restarts": 0.0, "rollout/reissued": 0.0}
         if not down:  # episodes failed yet every server we know answers: ask them all
             down = [url for url, ok in (await self.engine.health()).items() if not ok]
-        can_restart = self.fleet is not None and self.fleet.owned and not self.cfg.engine.colocate
+        can_restart = self.fleet is not None and self.fleet.owned
         if down and not can_restart:
             raise TrainingError(
                 f"rollout server(s) {down} stopped answering during step {self.step_idx + 1} "
@@ -516,8 +517,8 @@ class Trainer:
             # the restarted server has the weights it started with: give it the current ones
             await self.sync.close()
             await self.sync.setup()
-            async with self.engine.exclusive():  # async mode: other servers may be sampling
-                await self.sync.push(version=str(self.step_idx))
+            await self._hand_gpu(to_learner=True)  # colocated: the learner's weights go back
+            await self._sync(version=str(self.step_idx))  # async: waits for (or cuts) turns
         if lost:
             again = await self.rollout.run([tasks[i] for i in lost])
             for i, g in zip(lost, again, strict=True):

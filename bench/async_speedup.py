@@ -120,7 +120,8 @@ def summary(name: str, result: tuple[list[dict], list[float]], samples: int) -> 
     loop_s = sum(r["timing_s/step"] for r in rows)
     rewards = [r["reward/mean"] for r in rows]
     out = {"loop_s": loop_s, "samples_per_s": samples * len(rows) / loop_s,
-           "reward_last5": fmean(rewards[-5:]), "rewards": rewards, "versions": versions}  # fmt: skip
+           "reward_last5": fmean(rewards[-5:]), "rewards": rewards, "versions": versions,
+           "gaps": [r.get("train/logprob_diff", float("nan")) for r in rows]}  # fmt: skip
     stale = [r["async/staleness_mean"] for r in rows if "async/staleness_mean" in r]
     extra = f", staleness mean {fmean(stale):.2f}" if stale else ""
     phases = ("rollout", "logprobs", "update", "sync")
@@ -156,6 +157,9 @@ def main() -> None:
     print("\nreward per step (the samples each step trained on)")
     for k, r in res.items():
         print(f"{k:<10} " + " ".join(f"{x:.2f}" for x in r["rewards"]))
+    print("engine/trainer logprob gap per step (train/logprob_diff; async: staleness adds to it)")
+    for k, r in res.items():
+        print(f"{k:<10} " + " ".join(f"{x:.4f}" for x in r["gaps"]))
     print("reward per policy version (the episodes each version generated)")
     for k, r in res.items():
         print(f"{k:<10} " + " ".join(f"{x:.2f}" for x in r["versions"]))

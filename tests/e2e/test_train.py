@@ -220,9 +220,13 @@ def kill_devserver(url: str) -> None:
             os.kill(int(pid), signal.SIGKILL)
 
 
-def test_a_dead_engine_is_restarted_with_the_current_weights_then_gives_up(tmp_path):
+@pytest.mark.parametrize("colocate", ["false", "true"])
+def test_a_dead_engine_is_restarted_with_the_current_weights_then_gives_up(colocate, tmp_path):
+    """Colocated, the current weights reach the restarted server through a step's hand-over
+    (release, onload, push, offload: the dev server accepts the memory calls)."""
     cfg = compose(overrides(tmp_path, "trainer.steps=4", "engine.max_retries=1",
-                            "engine.backoff_s=0.1", "engine.max_restarts=1"))  # fmt: skip
+                            "engine.backoff_s=0.1", "engine.max_restarts=1",
+                            f"engine.colocate={colocate}"))  # fmt: skip
 
     async def go():
         async with open_run(cfg, tmp_path / "out") as run:
