@@ -40,13 +40,18 @@ def test_a_colocated_server_killed_mid_rollout_comes_back_with_nothing_lost(tmp_
             router = "smg" if importlib.util.find_spec("smg") else "client"
             print(f"servers {tr.fleet.urls} via {router}")
             history = [await tr.step()]
-            rollout_s = history[0]["timing_s/rollout"]
-            victim = tr.fleet.procs[0]
-            step = asyncio.create_task(tr.step())
-            await asyncio.sleep(rollout_s * 0.3)  # mid-rollout of step 2
-            assert not step.done(), "step 2 ended before the kill: lengthen the rollout"
-            os.killpg(victim.pid, signal.SIGKILL)
-            history.append(await step)
+            victim, generate, calls = tr.fleet.procs[0], tr.engine.generate, []
+
+            async def kill_mid_rollout(*args, **kw):  # step 2's 32nd request: half are sent
+                calls.append(1)
+                if len(calls) == TASKS * GROUP // 2:
+                    os.killpg(victim.pid, signal.SIGKILL)
+                return await generate(*args, **kw)
+
+            tr.engine.generate = kill_mid_rollout
+            history.append(await tr.step())
+            tr.engine.generate = generate
+            assert victim.poll() is not None and tr.fleet.procs[0] is not victim, "not restarted"
             while len(history) < STEPS:
                 history.append(await tr.step())
             versions = await tr.engine.get_weight_version()
