@@ -158,6 +158,7 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
                 cfg.weight_sync, groups["policy"], engine, adapters=lora_mode == "adapter"
             )
             stack.push_async_callback(_aquietly, "weight sync", run.sync.close)
+            run.sync.server_gpus = fleet.gpus if cfg.engine.colocate else None
             await run.sync.setup()
             if resume is not None and isinstance(run.sync, AdapterSync):
                 version = str(resumed.step)

@@ -48,23 +48,9 @@ def server_command(cfg: EngineConfig, model_path: Path, port: int, index: int = 
         return [sys.executable, "-m", "agentrl.devserver", "--model", str(model_path),
                 "--host", cfg.host, "--port", str(port), "--device", cfg.device, *cfg.extra_args]  # fmt: skip
     tp = ["--tp-size", str(cfg.tp)] if cfg.tp > 1 else []
-    if _sees_every_server_gpu(cfg):  # its own GPUs among all the servers' (server_env)
-        tp += ["--base-gpu-id", str(index * cfg.tp)]
     return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
             "--host", cfg.host, "--port", str(port), "--skip-tokenizer-init", *tp,
             *cfg.extra_args]  # fmt: skip
-
-
-def _sees_every_server_gpu(cfg: EngineConfig) -> bool:
-    """Colocated SGLang servers on one host: a weight push hands every server CUDA-IPC handles of
-    the learner's buffers, which live on one learner rank's GPU, and SGLang opens a handle only
-    on a GPU its process can see. So each server sees all the servers' GPUs and takes its own by
-    `--base-gpu-id` (the bytes cross GPUs over NVLink/PCIe inside the copy)."""
-    if not (cfg.kind == "sglang" and cfg.colocate and cfg.num_servers > 1):
-        return False
-    return (
-        cfg.placement == "local" and len(_server_gpus(cfg, os.environ)) >= cfg.num_servers * cfg.tp
-    )
 
 
 def _server_gpus(cfg: EngineConfig, env: Mapping[str, str]) -> list[str]:
@@ -72,6 +58,24 @@ def _server_gpus(cfg: EngineConfig, env: Mapping[str, str]) -> list[str]:
     visible = env.get("CUDA_VISIBLE_DEVICES")
     want = cfg.num_servers * cfg.tp
     return list(cfg.gpus) or (visible.split(",") if visible else [str(g) for g in range(want)])
+
+
+def own_gpus(cfg: EngineConfig, index: int, env: Mapping[str, str] | None = None) -> list[str]:
+    """The GPU ids (as this host names them) that local SGLang server `index` computes on:
+    i*tp .. i*tp+tp-1 of engine.gpus, else of the visible ones; the only GPUs it sees when there
+    are several servers or TP ranks (server_env). Too few for TP: EngineUnavailable."""
+    env = os.environ if env is None else env
+    gpus, want = _server_gpus(cfg, env), cfg.num_servers * cfg.tp
+    if cfg.tp > 1 and len(gpus) < want:
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        where = f"engine.gpus={cfg.gpus}" if cfg.gpus else f"CUDA_VISIBLE_DEVICES={visible}"
+        raise EngineUnavailable(
+            f"{cfg.num_servers} server(s) x engine.tp={cfg.tp} need {want} GPUs; "
+            f"{where} has {len(gpus)}"
+        )
+    if cfg.tp > 1:
+        return gpus[index * cfg.tp : (index + 1) * cfg.tp]
+    return [gpus[index % len(gpus)]]
 
 
 def server_env(cfg: EngineConfig, index: int) -> dict[str, str]:
@@ -86,21 +90,7 @@ def server_env(cfg: EngineConfig, index: int) -> dict[str, str]:
         env.setdefault("NCCL_SOCKET_IFNAME", "lo")
     several = cfg.num_servers > 1 or cfg.tp > 1
     if cfg.kind == "sglang" and (several or cfg.gpus) and cfg.placement == "local":
-        visible = env.get("CUDA_VISIBLE_DEVICES")
-        want = cfg.num_servers * cfg.tp
-        gpus = _server_gpus(cfg, env)
-        if cfg.tp > 1 and len(gpus) < want:
-            where = f"engine.gpus={cfg.gpus}" if cfg.gpus else f"CUDA_VISIBLE_DEVICES={visible}"
-            raise EngineUnavailable(
-                f"{cfg.num_servers} server(s) x engine.tp={cfg.tp} need {want} GPUs; "
-                f"{where} has {len(gpus)}"
-            )
-        mine = (
-            gpus[index * cfg.tp : (index + 1) * cfg.tp] if cfg.tp > 1 else [gpus[index % len(gpus)]]
-        )
-        if _sees_every_server_gpu(cfg):
-            mine = gpus[:want]  # and --base-gpu-id picks server index's own
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(own_gpus(cfg, index, env))
     return env
 
 
@@ -295,6 +285,13 @@ class Fleet:
     @property
     def owned(self) -> bool:
         return bool(self.procs)
+
+    @property
+    def gpus(self) -> list[list[str]] | None:
+        """Per server, the GPU ids it computes on: SGLang servers started on this host."""
+        if not self.owned or self.cfg.kind != "sglang" or self.cfg.placement != "local":
+            return None
+        return [own_gpus(self.cfg, i) for i in range(self.cfg.num_servers)]
 
     def start(self) -> None:
         if self.cfg.urls:

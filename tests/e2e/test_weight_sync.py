@@ -157,6 +157,13 @@ def test_each_learner_rank_cuts_its_tp_ranks_slices(policy, tiny_model_dir, tp_s
                 assert flat.numel() == sum(v.numel() for _, v in views)
                 for name, view in views:
                     assert torch.equal(view, want[name]), (t, name)
+        # two servers whose TP ranks' GPUs hold the learner ranks the other way round: each
+        # learner rank cuts the slices it packs, for both servers
+        swapped = [[(t + 1) % 2 for t in range(tp_size)]] * 2
+        mine = policy.call("sync_call", "tensor", "tp_views", bucket, tp_size, swapped)
+        assert [sorted(got) for got in mine] == [
+            [t for t in range(tp_size) if (t + 1) % 2 == r] for r in (0, 1)
+        ]
 
 
 def test_unknown_method_is_rejected_with_the_known_ones() -> None:

@@ -264,29 +264,30 @@ def test_colocated_adapter_route_needs_the_servers_host_copy_of_the_base():
         asyncio.run(resolve_lora_sync("adapter", bare, colocate=True))
 
 
-def test_colocated_servers_see_every_server_gpu_and_take_their_own(monkeypatch):
-    """Two colocated SGLang servers: a push hands both CUDA-IPC handles of buffers on one learner
-    rank's GPU, and SGLang opens a handle only on a GPU it sees; each server sees both GPUs and
-    takes its own with --base-gpu-id. One server, or too few GPUs: as before."""
+def test_colocated_servers_each_see_only_their_own_gpus(monkeypatch):
+    """Two colocated SGLang servers: each sees only its own GPU(s), and the run knows which they
+    are (`own_gpus`, `Fleet.gpus`), so a push packs each server's payload on the learner rank
+    beside it and no CUDA-IPC handle crosses GPUs (agentrl/learner/sync/tensor.py)."""
     from pathlib import Path
 
-    from agentrl.servers import server_command, server_env
+    from agentrl.servers import Fleet, own_gpus, server_command, server_env
 
     two = compose(["engine=sglang", "learner=gpu", "engine.num_servers=2"]).engine
     assert two.colocate
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    assert [server_env(two, i)["CUDA_VISIBLE_DEVICES"] for i in (0, 1)] == ["0,1", "0,1"]
-    cmds = [server_command(two, Path("/m"), 30000 + i, i) for i in (0, 1)]
-    assert [c[c.index("--base-gpu-id") + 1] for c in cmds] == ["0", "1"]
+    assert [server_env(two, i)["CUDA_VISIBLE_DEVICES"] for i in (0, 1)] == ["0", "1"]
+    assert [own_gpus(two, i) for i in (0, 1)] == [["0"], ["1"]]
+    assert all("--base-gpu-id" not in server_command(two, Path("/m"), 30000 + i, i) for i in (0, 1))
     tp2 = compose(["engine=sglang", "learner=gpu", "engine.num_servers=2", "engine.tp=2"]).engine
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
-    assert server_env(tp2, 1)["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
-    cmd = server_command(tp2, Path("/m"), 30001, 1)
-    assert cmd[cmd.index("--base-gpu-id") + 1] == "2" and cmd[cmd.index("--tp-size") + 1] == "2"
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # too few: shared, no base id past the end
-    assert "--base-gpu-id" not in server_command(two, Path("/m"), 30001, 1)
+    assert server_env(tp2, 1)["CUDA_VISIBLE_DEVICES"] == "6,7"
+    fleet = Fleet(tp2, Path("/m"), Path("/logs"))
+    assert fleet.gpus is None  # nothing started
+    fleet.procs = [object(), object()]  # as if started
+    assert fleet.gpus == [["4", "5"], ["6", "7"]]
     one = compose(["engine=sglang", "learner=gpu"]).engine
-    assert "--base-gpu-id" not in server_command(one, Path("/m"), 30000, 0)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert own_gpus(one, 0) == ["0"] and "CUDA_VISIBLE_DEVICES" not in server_env(one, 0)
     apart = compose(["engine=sglang", "engine.colocate=false", "engine.num_servers=2"]).engine
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     assert [server_env(apart, i)["CUDA_VISIBLE_DEVICES"] for i in (0, 1)] == ["0", "1"]

@@ -6,6 +6,8 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from agentrl.learner.ipc import direct_groups, pack_direct
+from agentrl.learner.sync.base import WeightSyncError
+from agentrl.learner.sync.tensor import plan_packers
 
 
 def test_groups_fuse_qkv_and_gate_up_in_sglang_order():
@@ -78,3 +80,14 @@ def test_direct_plan_keeps_groups_whole_and_vocab_apart():
              for n, p in Qwen3ForCausalLM(cfg).named_parameters()]  # fmt: skip
     buckets, groups = plan_direct(specs, bucket_mb=1.5 * layer_bytes / 2**20)
     assert None not in groups
+
+
+def test_each_colocated_server_is_packed_for_by_the_learner_rank_on_its_gpu():
+    """[server][TP rank] -> learner rank, by GPU id, whatever order Ray gave the ranks their GPUs;
+    several servers see only their own GPUs, so one without a learner rank beside it is an error
+    that names the setting; one server may still be served across GPUs (t mod world size)."""
+    assert plan_packers([["0"], ["1"]], ["1", "0"], 1) == [[1], [0]]
+    assert plan_packers([["4", "5"], ["6", "7"]], ["6", "4", "7", "5"], 2) == [[1, 3], [0, 2]]
+    with pytest.raises(WeightSyncError, match=r"server 1 runs on GPU 1.*learner.num_workers=2"):
+        plan_packers([["0"], ["1"]], ["0"], 1)
+    assert plan_packers([["0", "1"]], ["3"], 2) == [[0, 0]]  # one server: as before

@@ -102,6 +102,9 @@ class Transport:
 
     def __init__(self, cfg: WeightSyncConfig, learner: Learner, engine: EngineClient) -> None:
         self.cfg, self.learner, self.engine = cfg, learner, engine
+        # per server, the GPU ids it computes on, when this run started the servers on this
+        # host (Fleet.gpus; None otherwise): a colocated push packs on the ranks beside them
+        self.server_gpus: list[list[str]] | None = None
         self.buckets: list[list[ParamSpec]] = []
         self.total_bytes = self.total_params = 0
         self.version: str | None = None

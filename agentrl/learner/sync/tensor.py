@@ -9,12 +9,19 @@ the `direct` format each TP rank t receives only its own slices of every paramet
 gate/up rows, o/down columns, vocabulary rows; agentrl/learner/tp.py), packed by the learner rank
 that serves it (t mod the learner's world size: the same GPU when they are colocated one to one).
 Every learner rank gathers the bucket and cuts its slices, so no GPU ever holds more than one
-bucket of full weights, and no TP rank reads the whole model from GPU 0."""
+bucket of full weights, and no TP rank reads the whole model from GPU 0.
+
+Several colocated servers (`engine.num_servers` > 1, agentrl/servers.py): each server sees only its
+own GPUs, and every payload it gets is packed by the learner rank on the same GPU (`plan_packers`,
+from the GPU ids the servers were started on, `Transport.server_gpus`, and the ranks' own): no
+handle crosses GPUs. A server GPU without a learner rank is an error at set-up, naming
+`learner.num_workers`."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Any
 
@@ -40,28 +47,39 @@ class TensorSync(Transport):
             super().__init__(worker)
             self.hold = ipc.IpcHold()
 
-        def bucket(self, bucket: list[ParamSpec]) -> str | None:
-            """Collective: gather one bucket's full tensors on the GPU; rank 0 returns SGLang's
-            `flattened_bucket` CUDA-IPC payload and keeps the tensor alive until `release`."""
+        def gpu_id(self) -> str:
+            """This rank's GPU as the host names it (Ray sets CUDA_VISIBLE_DEVICES per actor)."""
+            index = torch.device(self.worker.device).index or 0
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+            ids = [g.strip() for g in visible.split(",") if g.strip()]
+            return ids[index] if index < len(ids) else str(index)
+
+        def bucket(self, bucket: list[ParamSpec], packers: list[int] = (0,)) -> str | None:
+            """Collective: gather one bucket's full tensors on the GPU; the `packers` ranks
+            return SGLang's `flattened_bucket` CUDA-IPC payload, each of a buffer on its own
+            GPU, and keep it alive until `release`."""
             w = self.worker
-            tensors = fsdp.gather_full(w.model, bucket, w.rank, w.device)
-            if w.rank != 0:
+            tensors = fsdp.gather_full(w.model, bucket, w.rank, w.device, set(packers) != {0})
+            if w.rank not in packers:
                 return None
             payload, flat = ipc.flattened_payload(list(tensors.items()))
             self.hold.keep(flat)
             torch.cuda.synchronize()  # the server reads the memory as soon as it has the handle
             return payload
 
-        def direct_bucket(self, bucket: list[ParamSpec], groups: list) -> str | None:
+        def direct_bucket(
+            self, bucket: list[ParamSpec], groups: list, packers: list[int] = (0,)
+        ) -> str | None:
             """Collective: like `bucket`, in SGLang's `direct` layout (ipc.py): q/k/v and
             gate/up fused per `groups`, cast and copied once into one buffer, sent as views."""
             w = self.worker
             if w.world_size > 1 or lora.is_lora(w.model):  # gather (and merge LoRA adapters)
-                get = fsdp.gather_full(w.model, bucket, w.rank, w.device).__getitem__
+                every = set(packers) != {0}
+                get = fsdp.gather_full(w.model, bucket, w.rank, w.device, every).__getitem__
             else:  # one shard is the whole tensor: read it in place
                 params = dict(w.model.named_parameters())
                 get = lambda name: fsdp.full_param(params[name])  # noqa: E731
-            if w.rank != 0:
+            if w.rank not in packers:
                 return None
             dtype = fsdp.to_dtype(bucket[0].dtype)
             flat, views = ipc.pack_direct(get, groups, dtype, w.device)
@@ -71,26 +89,30 @@ class TensorSync(Transport):
             return payload
 
         def tp_views(
-            self, bucket: list[ParamSpec], tp_size: int
+            self, bucket: list[ParamSpec], tp_size: int, packers: list[list[int]] | None = None
         ) -> dict[int, tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]]:
-            """Collective: for every TP rank t this learner rank serves (t % world_size == rank),
-            t's slices of the bucket in SGLang's names and per-rank shapes, as views of one flat
-            buffer on this rank's device: {t: (flat, [(name, view)])}."""
+            """Collective: for every TP rank t this learner rank serves (in `packers`, the
+            [server][TP rank] -> learner rank plan; default t % world_size == rank), t's slices
+            of the bucket in SGLang's names and per-rank shapes, as views of one flat buffer on
+            this rank's device: {t: (flat, [(name, view)])}."""
             w = self.worker
             full = fsdp.gather_full(w.model, bucket, w.rank, w.device, every_rank=True)
             heads = memory.heads_of(w.model.config)
             plan = tp.plan_tp([(s.name, s.shape) for s in bucket], tp_size, heads)
             dtype = fsdp.to_dtype(bucket[0].dtype)
-            mine = [t for t in range(tp_size) if t % w.world_size == w.rank]
+            packers = packers or [[t % w.world_size for t in range(tp_size)]]
+            mine = sorted({t for row in packers for t, r in enumerate(row) if r == w.rank})
             out = {t: tp.pack(full.__getitem__, plan[t], dtype, w.device) for t in mine}
             del full
             return out
 
-        def tp_bucket(self, bucket: list[ParamSpec], tp_size: int) -> dict[int, str]:
+        def tp_bucket(
+            self, bucket: list[ParamSpec], tp_size: int, packers: list[list[int]] | None = None
+        ) -> dict[int, str]:
             """Collective: `tp_views` as SGLang `direct` CUDA-IPC payloads, one per TP rank this
             learner rank serves; their buffers are kept until `release`."""
             out = {}
-            for t, (flat, views) in self.tp_views(bucket, tp_size).items():
+            for t, (flat, views) in self.tp_views(bucket, tp_size, packers).items():
                 self.hold.keep(flat)
                 out[t] = ipc.serialize(views)
             torch.cuda.synchronize()  # the server reads the memory as soon as it has the handle
@@ -105,6 +127,7 @@ class TensorSync(Transport):
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self.groups: list = []
+        self.packers: list[list[int]] | None = None  # [server][TP rank] -> learner rank
         self.learner_s = self.engine_s = 0.0
 
     async def setup(self) -> None:
@@ -114,6 +137,11 @@ class TensorSync(Transport):
                 "use weight_sync.method=distributed (or disk) on CPU"
             )
         self._plan()
+        if self.server_gpus:
+            ranks = self.rank_call("gpu_id")
+            self.packers = plan_packers(self.server_gpus, ranks, self.cfg.ranks_per_server)
+            log.info("colocated push: learner ranks on GPUs %s pack for servers on %s: %s",
+                     ranks, self.server_gpus, self.packers)  # fmt: skip
         fmt, self.groups = self.cfg.load_format, []
         if fmt in ("direct", "auto"):
             self.buckets, self.groups = plan_direct(
@@ -170,17 +198,49 @@ class TensorSync(Transport):
             self.learner_s += t1 - t0
             self.engine_s += time.perf_counter() - t1
 
-    def _payloads(self, bucket: list[ParamSpec], direct: bool, i: int) -> list[str]:
-        """One payload per TP rank of a server: the TP ranks' own slices (direct, TP > 1), or
-        the same full tensors for every rank, whose loader cuts its slices itself."""
+    def _payloads(
+        self, bucket: list[ParamSpec], direct: bool, i: int
+    ) -> list[str] | list[list[str]]:
+        """One payload per TP rank: the TP ranks' own slices (direct, TP > 1), or the same full
+        tensors for every rank, whose loader cuts its slices itself; each packed by the learner
+        rank `packers` names. Per server when the servers' GPUs are known, else one list that
+        every server gets."""
         n = self.cfg.ranks_per_server
+        packers = self.packers or [[t % len(self.learner.workers) for t in range(n)]]
         if direct and n > 1:
-            per_rank: dict[int, str] = {}
-            for got in self.rank_call("tp_bucket", bucket, n):
-                per_rank.update(got)
-            return [per_rank[t] for t in range(n)]
-        args = ("direct_bucket", bucket, self.groups[i]) if direct else ("bucket", bucket)
-        return [self.rank_call(*args)[0]] * n
+            got = self.rank_call("tp_bucket", bucket, n, packers)
+            rows = [[got[r][t] for t, r in enumerate(row)] for row in packers]
+        else:
+            args = ("direct_bucket", bucket, self.groups[i]) if direct else ("bucket", bucket)
+            got = self.rank_call(*args, sorted({row[0] for row in packers}))
+            rows = [[got[row[0]]] * n for row in packers]
+        return rows if self.packers else rows[0]
+
+
+def plan_packers(
+    server_gpus: list[list[str]], rank_gpus: list[str], tp_size: int
+) -> list[list[int]]:
+    """[server][TP rank] -> the learner rank that packs its CUDA-IPC payload: the one on that
+    TP rank's GPU. One server (it sees every GPU its learner ranks may hold) may fall back to
+    t mod the learner's world size; several cannot (each sees only its own GPUs): an error."""
+    out = []
+    for s, gpus in enumerate(server_gpus):
+        row = []
+        for t in range(tp_size):
+            gpu = gpus[t] if t < len(gpus) else None
+            if gpu in rank_gpus:
+                row.append(rank_gpus.index(gpu))
+            elif len(server_gpus) == 1:
+                row.append(t % len(rank_gpus))
+            else:
+                raise WeightSyncError(
+                    f"colocated rollout server {s} runs on GPU {gpu}, where no learner rank is "
+                    f"(learner ranks on GPUs {rank_gpus}); a CUDA-IPC push needs one on every "
+                    f"server's GPU: learner.num_workers={len(server_gpus) * tp_size} "
+                    "(engine.num_servers x engine.tp)"
+                )
+        out.append(row)
+    return out
 
 
 def plan_direct(specs: list[ParamSpec], bucket_mb: float) -> tuple[list[list], list]:
