@@ -264,10 +264,14 @@ def plan_buckets(specs: list[ParamSpec], bucket_bytes: int) -> list[list[ParamSp
     return buckets
 
 
-def full_param(p: torch.Tensor) -> torch.Tensor:
+def full_param(p: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Collective (with >1 shard): the full tensor of a (possibly FSDP-sharded) parameter. One
-    shard is already the whole tensor: no collective, no copy."""
+    shard is already the whole tensor: no collective, no copy. With `dtype` each shard is cast
+    before the gather (the same numbers as casting after it; a bf16 gather moves half the bytes
+    of an fp32 one)."""
     p = p.detach()
+    if dtype is not None and p.dtype != dtype and p.is_floating_point():
+        p = p.to(dtype)
     if not isinstance(p, DTensor):
         return p
     if p.device_mesh.size() == 1:
@@ -298,7 +302,7 @@ def gather_full(
     out: dict[str, torch.Tensor] = {}
     for s in bucket:
         if srcs is None:
-            full = full_param(params[s.name])
+            full = full_param(params[s.name], to_dtype(s.dtype))
         else:  # LoRA: the base weight with its adapter merged in
             base, a, b, scale = srcs[s.name]
             full = full_param(params[base])

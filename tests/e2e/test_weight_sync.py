@@ -166,6 +166,20 @@ def test_each_learner_rank_cuts_its_tp_ranks_slices(policy, tiny_model_dir, tp_s
         ]
 
 
+def test_a_bf16_gather_casts_each_shard_first_and_gives_the_same_numbers(policy) -> None:
+    """A push in bf16 from fp32 shards casts each shard before the all-gather (half the bytes
+    on the wire); the full tensors equal the fp32 gather cast afterwards, bit for bit."""
+    bf16 = [s for b in policy.buckets(1.0, "bfloat16") for s in b]
+    fp32 = [s for b in policy.buckets(1.0, "float32") for s in b]
+    assert [s.name for s in bf16] == [s.name for s in fp32]
+    user = "user_transport:ObjectStoreSync"
+    got = policy.call("sync_call", user, "bucket", bf16)[0]
+    ref = policy.call("sync_call", user, "bucket", fp32)[0]
+    assert got and set(got) == set(ref)
+    for name, t in got.items():
+        assert t.dtype == torch.bfloat16 and torch.equal(t, ref[name].to(torch.bfloat16)), name
+
+
 def test_unknown_method_is_rejected_with_the_known_ones() -> None:
     with pytest.raises(
         ValueError,
