@@ -63,6 +63,8 @@ class CpuMeter:
             if name:
                 f = stat[stat.rindex(")") + 2 :].split()
                 parts[name] += int(f[11]) + int(f[12])  # utime + stime, in clock ticks
+                if name == "sandbox":  # its reaped workers: cutime + cstime
+                    parts["sandbox workers"] += int(f[13]) + int(f[14])
         return time.monotonic(), box, parts
 
     def _loop(self) -> None:
@@ -81,7 +83,7 @@ class CpuMeter:
         d = [b - a for a, b in zip(box0, box1, strict=True)]
         busy = 100 * (sum(d) - d[3] - d[4]) / sum(d)
         used = {k: (parts1[k] - parts0[k]) / hz / wall for k in sorted(parts1)}
-        # the rest: sandbox workers (short-lived), Ray's own processes, the kernel's share
+        # the rest: Ray's own processes, other children, the kernel's share
         used["rest"] = busy / 100 * (os.cpu_count() or 1) - sum(used.values())
         cores = ", ".join(f"{k} {v:.2f}" for k, v in used.items())
         return (f"cpu ({wall:.0f} s after start-up): machine {busy:.0f} % busy (user "
@@ -127,6 +129,8 @@ def summary(name: str, result: tuple[list[dict], list[float]], samples: int) -> 
     phases = ("rollout", "logprobs", "update", "sync")
     extra += "; per step: " + ", ".join(f"{k} {fmean(r[f'timing_s/{k}'] for r in rows):.2f}s"
                                         for k in phases)  # fmt: skip
+    learner = [r["train/step_s"] for r in rows if "train/step_s" in r]
+    extra += f" (learner's own {fmean(learner):.2f}s)" if learner else ""
     print(f"{name:<10} loop {loop_s:6.1f} s  {out['samples_per_s']:6.2f} samples/s  "
           f"reward last 5 steps {out['reward_last5']:.3f}{extra}")  # fmt: skip
     return out
