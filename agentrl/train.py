@@ -59,7 +59,7 @@ from agentrl.ckpt import CheckpointManager, load_trainer_state
 from agentrl.config import CONFIG_DIR, Config, errors_for_people, load_config
 from agentrl.data import TaskSampler
 from agentrl.display import ProgressLine, trajectory_panel
-from agentrl.engine import EngineClient, EngineUnavailable
+from agentrl.engine import EngineClient
 from agentrl.learner.group import LearnerGroup
 from agentrl.loss import kl_reward_penalty
 from agentrl.metrics import (
@@ -75,7 +75,8 @@ from agentrl.metrics import (
     step_metrics,
 )
 from agentrl.producer import GroupProducer, producing
-from agentrl.rollout import Rollout, engine_lost
+from agentrl.recovery import EngineRecovery, TrainingError
+from agentrl.rollout import Rollout
 from agentrl.run import (
     PendingCheckpoint,
     Run,
@@ -103,10 +104,6 @@ def _tasks_of(groups: list[list[Trajectory]], launched: list[Task]) -> list[Task
     return [by_id[g[0].task_id].pop(0) for g in groups]
 
 
-class TrainingError(RuntimeError):
-    """The run cannot go on; the message says why and what to do."""
-
-
 class Timer:
     def __init__(self) -> None:
         self.times: dict[str, float] = {}
@@ -120,7 +117,7 @@ class Timer:
             self.times[f"timing_s/{phase}"] = time.monotonic() - t0
 
 
-class Trainer:
+class Trainer(EngineRecovery):
     """The loop over the parts of a `Run` (agentrl/run.py builds and closes them)."""
 
     def __init__(self, cfg: Config, run: Run) -> None:
@@ -200,6 +197,7 @@ class Trainer:
         if gap := engine_gap(metrics, bar, self.step_idx + 1):
             self._warn("engine and trainer disagree", gap)
         with t("sync"):
+            metrics["engine/restarts"] += await self._revive_before_push()
             metrics.update(await self._sync(version=str(self.step_idx + 1)))
         metrics.update(self._peak_memory())
         self.step_idx += 1
@@ -316,15 +314,17 @@ class Trainer:
         its state back onto the GPU (and the reverse after the sync). A no-op otherwise."""
         if not self.cfg.engine.colocate:
             return
-        groups = [g for g in (self.policy, self.reference, self.critic) if g is not None]
         if to_learner:
             await self.engine.release_memory_occupation()
-            for g in groups:
+            for g in self._learners():
                 g.onload()
         else:
-            for g in groups:
+            for g in self._learners():
                 g.offload()
             await self.engine.resume_memory_occupation(["kv_cache", "cuda_graph"])
+
+    def _learners(self) -> list[LearnerGroup]:
+        return [g for g in (self.policy, self.reference, self.critic) if g is not None]
 
     async def _sync(self, version: str) -> dict[str, float]:
         if self.cfg.engine.colocate:  # weights first, so the learner's tensors can land there
@@ -482,56 +482,6 @@ class Trainer:
         self.producer = None
 
     # -- parts ---------------------------------------------------------------------------------
-
-    async def _recover_engines(
-        self, tasks: list[Task], groups: list[list[Trajectory]]
-    ) -> tuple[list[list[Trajectory]], dict[str, float]]:
-        """After the rollout: servers that died or hung are restarted (`engine.max_restarts`
-        each), get the current weights, and the groups that lost an episode to them are rolled
-        out again, whole, so every group's baseline compares samples of the same policy.
-        Colocated, the push takes a step's hand-over (engines release, learner onloads, push,
-        learner offloads). Servers we did not start (`engine.urls`) are not restarted: the run
-        stops with their names (resume with trainer.resume=auto)."""
-        lost = [i for i, g in enumerate(groups) if any(engine_lost(tr) for tr in g)]
-        down = self.fleet.down() if self.fleet is not None and self.fleet.owned else []
-        if not down and not lost:
-            return groups, {"engine/restarts": 0.0, "rollout/reissued": 0.0}
-        if not down:  # episodes failed yet every server we know answers: ask them all
-            down = [url for url, ok in (await self.engine.health()).items() if not ok]
-        can_restart = self.fleet is not None and self.fleet.owned
-        if down and not can_restart:
-            raise TrainingError(
-                f"rollout server(s) {down} stopped answering during step {self.step_idx + 1} "
-                f"(logs in {self.out}); fix the cause and resume with trainer.resume=auto"
-            )
-        restarted = [u for u in down if u in (self.fleet.urls if self.fleet else [])]
-        if restarted:
-            self.console.print(
-                f"[yellow]rollout server(s) {restarted} died or hung during step "
-                f"{self.step_idx + 1}: restarting (logs in {self.out})[/]"
-            )
-            try:
-                await asyncio.to_thread(self.fleet.restart, restarted)
-            except EngineUnavailable as e:
-                raise TrainingError(str(e)) from None
-            # the restarted server has the weights it started with: give it the current ones
-            await self.sync.close()
-            await self.sync.setup()
-            await self._hand_gpu(to_learner=True)  # colocated: the learner's weights go back
-            await self._sync(version=str(self.step_idx))  # async: waits for (or cuts) turns
-        if lost:
-            again = await self.rollout.run([tasks[i] for i in lost])
-            for i, g in zip(lost, again, strict=True):
-                groups[i] = g
-            if any(engine_lost(tr) for g in again for tr in g):
-                raise TrainingError(
-                    f"step {self.step_idx + 1}: episodes lost their rollout server again after "
-                    f"the restart (logs in {self.out})"
-                )
-        return groups, {
-            "engine/restarts": float(len(restarted)),
-            "rollout/reissued": float(sum(len(groups[i]) for i in lost)),
-        }
 
     def _commit_saved(self, wait: bool) -> None:
         """The checkpoint being written becomes `latest` once its files are all written."""

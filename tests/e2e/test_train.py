@@ -247,6 +247,38 @@ def test_a_dead_engine_is_restarted_with_the_current_weights_then_gives_up(coloc
     asyncio.run(go())
 
 
+@pytest.mark.parametrize("colocate", ["false", "true"])
+def test_a_server_that_dies_while_the_learner_updates_gets_the_push_after_a_restart(
+    colocate, tmp_path
+):
+    """Killed after the rollout, before the push: restarted before the push (colocated: with
+    the learner off the GPU meanwhile, its memory released like the others'), so the step's own
+    push reaches it and the next step samples the new weights from it."""
+    cfg = compose(overrides(tmp_path, "trainer.steps=3", "engine.max_restarts=1",
+                            f"engine.colocate={colocate}"))  # fmt: skip
+
+    async def go():
+        async with open_run(cfg, tmp_path / "out") as run:
+            tr = Trainer(cfg, run)
+            update = tr._update
+
+            def killed_then_update(*args):
+                kill_devserver(tr.engine.urls[0])
+                return update(*args)
+
+            tr._update = killed_then_update
+            m = await tr.step()
+            tr._update = update
+            assert m["engine/restarts"] == 1 and m["rollout/reissued"] == 0
+            assert await tr.engine.get_weight_version() == ["1"]
+            m = await tr.step()  # sampled by the restarted server, with step 1's weights
+            assert m["engine/restarts"] == 0 and m["rollout/off_version_turns"] == 0
+            assert m["stop/aborted"] == 0 and m["rollout/trajectories"] == 8
+            assert m["train/logprob_diff"] < 1e-4, "the restarted server samples old weights"
+
+    asyncio.run(go())
+
+
 USER_ALGO = '''
 import os
 import re
