@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -45,7 +44,7 @@ from agentrl.learner import LearnerConfig
 from agentrl.learner.group import LearnerGroup, ray_running, start_ray, stop_ray
 from agentrl.learner.memory import choose_offload, engine_fraction
 from agentrl.rollout import Rollout
-from agentrl.servers import Fleet, launch_fleet, launch_router, split_local_gpus
+from agentrl.servers import Fleet, launch_fleet, launch_router, split_local_gpus, visible_gpus
 from agentrl.tracking import JsonlSink, Tracker
 from agentrl.types import ConfigError
 from agentrl.weight_sync import (
@@ -207,12 +206,9 @@ def _split_gpus(
     starts get GPUs of their own (servers.split_local_gpus); the run says which."""
     if cfg.ray.address or cfg.learner.resolved_device() != "cuda":
         return None, engine_cfg
-    import torch
-
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
     want = math.ceil(cfg.learner.num_workers * cfg.learner.num_gpus_per_worker)
-    split = split_local_gpus(engine_cfg, want, ids, nccl=cfg.weight_sync.method == "distributed")
+    nccl = cfg.weight_sync.method == "distributed"
+    split = split_local_gpus(engine_cfg, want, visible_gpus(), nccl=nccl)
     if split is None:
         return None, engine_cfg
     learner, engine_cfg = split

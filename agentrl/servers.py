@@ -43,7 +43,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def server_command(cfg: EngineConfig, model_path: Path, port: int, index: int = 0) -> list[str]:
+def server_command(cfg: EngineConfig, model_path: Path, port: int) -> list[str]:
     if cfg.kind == "dev":
         return [sys.executable, "-m", "agentrl.devserver", "--model", str(model_path),
                 "--host", cfg.host, "--port", str(port), "--device", cfg.device, *cfg.extra_args]  # fmt: skip
@@ -51,6 +51,16 @@ def server_command(cfg: EngineConfig, model_path: Path, port: int, index: int = 
     return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
             "--host", cfg.host, "--port", str(port), "--skip-tokenizer-init", *tp,
             *cfg.extra_args]  # fmt: skip
+
+
+def visible_gpus() -> list[str]:
+    """The GPU ids this process sees, as the host names them: CUDA_VISIBLE_DEVICES, else all."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return visible.split(",")
+    import torch  # CUDA is asked only when the environment does not say
+
+    return [str(i) for i in range(torch.cuda.device_count())]
 
 
 def _server_gpus(cfg: EngineConfig, env: Mapping[str, str]) -> list[str]:
@@ -144,7 +154,7 @@ def _popen(cfg: EngineConfig, model_path: Path, index: int, port: int, log_path:
             log.write(f"\n---- restarted by agentrl at {time.strftime('%H:%M:%S')} ----\n")
             log.flush()
         return subprocess.Popen(
-            server_command(cfg, model_path, port, index),
+            server_command(cfg, model_path, port),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

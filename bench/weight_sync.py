@@ -36,7 +36,7 @@ from pathlib import Path
 from agentrl.engine import EngineClient, EngineConfig
 from agentrl.learner import LearnerConfig, LoraConfig, RayConfig
 from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
-from agentrl.servers import launch_engines
+from agentrl.servers import launch_engines, visible_gpus
 from agentrl.weight_sync import WeightSyncConfig, make_weight_sync
 
 
@@ -49,10 +49,7 @@ def devserver(model: str, log_dir: str):
 
 def gpu_split() -> tuple[list[str], str]:
     """(the learner's GPUs, the SGLang server's GPU): the server takes the last visible one."""
-    import torch
-
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    ids = visible_gpus()
     if len(ids) < 2:
         raise SystemExit(
             f"--engine sglang needs 2 GPUs (learner and server apart), {len(ids)} seen"

@@ -277,7 +277,7 @@ def test_colocated_servers_each_see_only_their_own_gpus(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     assert [server_env(two, i)["CUDA_VISIBLE_DEVICES"] for i in (0, 1)] == ["0", "1"]
     assert [own_gpus(two, i) for i in (0, 1)] == [["0"], ["1"]]
-    assert all("--base-gpu-id" not in server_command(two, Path("/m"), 30000 + i, i) for i in (0, 1))
+    assert all("--base-gpu-id" not in server_command(two, Path("/m"), 30000 + i) for i in (0, 1))
     tp2 = compose(["engine=sglang", "learner=gpu", "engine.num_servers=2", "engine.tp=2"]).engine
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     assert server_env(tp2, 1)["CUDA_VISIBLE_DEVICES"] == "6,7"
