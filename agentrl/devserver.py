@@ -17,7 +17,9 @@ Admin routes follow SGLang: weight updates wait for requests in flight (new ones
 them) unless generation is paused, and run between scheduler steps. What differs on CPU:
   - /update_weights_from_tensor takes base64 safetensors bytes per entry
     (`agentrl.protocol.encode_named_tensors`), not pickled CUDA-IPC handles.
-  - /release_memory_occupation and /resume_memory_occupation are accepted no-ops.
+  - /release_memory_occupation and /resume_memory_occupation keep the model in host memory but
+    track the released tags; a generation (a /generate or /health_generate) while any tag is
+    released kills the server, as it kills SGLang's scheduler (its kernels read freed memory).
   - the prefix cache (`--prefix-cache-mb`, agentrl/devcache.py) keeps whole sequences, not a
     radix tree of pages; `cached_tokens` counts what it held, and /flush_cache empties it (refused
     while requests run, as SGLang does). Weight updates empty it too.
@@ -35,6 +37,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
@@ -82,6 +85,22 @@ class ServerArgs:
     prefix_cache_mb: float = 256.0
 
 
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+
+
+def die_released(released: set[str]) -> None:
+    """What SGLang does when asked to generate with memory released: its scheduler crashes
+    (Triton: "Pointer argument ... cannot be accessed") and takes the server down. The dev server
+    exits as loudly, so a caller that sends work to a released server fails its CPU tests."""
+    log.error(
+        "a generation arrived while memory %s is released (/release_memory_occupation): SGLang's "
+        "scheduler crashes on this; the dev server exits the same way",
+        sorted(released),
+    )
+    logging.shutdown()
+    os._exit(70)
+
+
 class DevServer:
     """Request queue, scheduler task, locks and the admin operations behind the routes."""
 
@@ -101,6 +120,7 @@ class DevServer:
         self.inflight: dict[str, Req] = {}
         self.routing_keys: dict[str, int] = {}
         self.paused = False
+        self.released: set[str] = set()  # memory tags released (/release_memory_occupation)
         self.groups: dict[str, dist.ProcessGroup] = {}
         self.lora = Adapters()  # LoRA adapters by name (agentrl/devlora.py)
         self.task: asyncio.Task | None = None
@@ -127,6 +147,8 @@ class DevServer:
     # -- generation ----------------------------------------------------------------------------
 
     async def generate(self, body: Any, request: Request | None = None) -> tuple[Any, int]:
+        if self.released:
+            die_released(self.released)
         limits = Limits(self.engine.vocab_size, self.context_len, self.inflight, self.lora.names)
         reqs, single = parse_generate(body, limits)
         key = request.headers.get(ROUTING_KEY_HEADER) if request is not None else None
@@ -507,8 +529,13 @@ def _add_admin_routes(app: FastAPI, server: DevServer) -> None:
 
     @app.api_route("/release_memory_occupation", methods=["GET", "POST"])
     @app.api_route("/resume_memory_occupation", methods=["GET", "POST"])
-    async def memory_occupation() -> JSONResponse:
-        msg = "no-op: the dev server keeps the model and KV cache in host memory"
+    async def memory_occupation(request: Request) -> JSONResponse:
+        tags = (await _body(request)).get("tags") or list(MEMORY_TAGS)
+        if request.url.path.startswith("/release"):
+            server.released |= set(tags)
+        else:
+            server.released -= set(tags)
+        msg = f"released {sorted(server.released)} (the dev server keeps them in host memory)"
         return _ok({"success": True, "message": msg})
 
     admin = {

@@ -394,10 +394,16 @@ class EngineClient:
             )
         return results
 
-    async def health(self) -> dict[str, bool]:
+    async def health(self, deep: bool = False) -> dict[str, bool]:
+        """Per server (and the router): answers /health with 200. `deep`: the servers run a
+        one-token generation (/health_generate), which finds a hung scheduler behind a live
+        HTTP front; never while their memory is released (SGLang's scheduler crashes)."""
+
         async def one(s: _Server) -> bool:
+            path = "/health_generate" if deep and s is not self._router else "/health"
+            timeout = max(self.connect_timeout_s, 30.0) if path != "/health" else None
             try:
-                r = await self._call(s, "GET", "/health", timeout=self.connect_timeout_s)
+                r = await self._call(s, "GET", path, timeout=timeout or self.connect_timeout_s)
             except EngineUnavailable:
                 return False
             return r.status == 200

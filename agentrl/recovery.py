@@ -53,8 +53,15 @@ class EngineRecovery:
         async def _sync(self, version: str) -> dict[str, float]: ...
         def _learners(self) -> list[LearnerGroup]: ...
 
-    def _down(self) -> list[str]:
-        return self.fleet.down() if self.fleet is not None and self.fleet.owned else []
+    async def _down(self, deep: bool = False) -> list[str]:
+        """Servers that died or stopped answering. Not `deep`: the processes we started and
+        their /health (a liveness probe, safe on a server whose memory is released). `deep`:
+        every server, ours or `engine.urls`, generates a token (only while they hold memory)."""
+        if self.fleet is not None and self.fleet.owned:
+            return await asyncio.to_thread(self.fleet.down, deep)
+        if not deep:
+            return []
+        return [url for url, ok in (await self.engine.health(deep=True)).items() if not ok]
 
     async def _recover_engines(
         self, tasks: list[Task], groups: list[list[Trajectory]]
@@ -65,11 +72,11 @@ class EngineRecovery:
         Servers we did not start (`engine.urls`) are not restarted: the run stops with their
         names (resume with trainer.resume=auto)."""
         lost = [i for i, g in enumerate(groups) if any(engine_lost(tr) for tr in g)]
-        down = self._down()
+        down = await self._down()
         if not down and not lost:
             return groups, {"engine/restarts": 0.0, "rollout/reissued": 0.0}
-        if not down:  # episodes failed yet every server we know answers: ask them all
-            down = [url for url, ok in (await self.engine.health()).items() if not ok]
+        if not down:  # episodes failed yet every server is up: one may hang; each generates
+            down = await self._down(deep=True)  # a token (they hold their memory: no release yet)
         restarted = await self._restart(down, "during")
         if restarted:  # the restarted server has the weights it started with: the current ones
             await self._hand_gpu(to_learner=True)  # colocated: the learner's weights go back
@@ -93,7 +100,7 @@ class EngineRecovery:
         the push reaches them (it would fail, or block in a collective, on a dead one). Colocated,
         the learner steps off the GPU while they start, and they release their memory as the
         others did after the rollout. Returns how many were restarted."""
-        down = self._down()
+        down = await self._down()  # colocated: the servers are released, /health only
         if not down:
             return 0.0
         colocated = self.cfg.engine.colocate

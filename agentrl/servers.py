@@ -98,6 +98,12 @@ def server_env(cfg: EngineConfig, index: int) -> dict[str, str]:
     if _loopback_host(cfg.host):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    # SGLang's /health generates a token unless told not to: on a server whose memory is released
+    # (colocated, while the learner works) that crashes its scheduler, and smg probes /health
+    # every 2 s. /health stays a liveness probe; a hang is found with /health_generate
+    # (Fleet.down(deep=True)) at times the server holds its memory.
+    if cfg.kind == "sglang":
+        env["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] = "0"
     several = cfg.num_servers > 1 or cfg.tp > 1
     if cfg.kind == "sglang" and (several or cfg.gpus) and cfg.placement == "local":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(own_gpus(cfg, index, env))
@@ -335,9 +341,14 @@ class Fleet:
         _signal_group(proc, signal.SIGKILL)  # what is left of a dead one's group
         self.procs[i] = _popen(self.cfg, self.model_path, i, port, self.logs[i], "a")
 
-    def down(self, timeout_s: float = 5.0) -> list[str]:
-        """Servers we started whose process exited, or that did not answer /health in time
-        (hung: a live process that makes no progress)."""
+    def down(self, deep: bool = False, timeout_s: float = 5.0) -> list[str]:
+        """Servers we started whose process exited, or that did not answer /health in time.
+        `deep`: /health_generate, a one-token generation, which finds a scheduler that hangs
+        behind a live HTTP front; only while the servers hold their memory (a generation on a
+        released SGLang server crashes it)."""
+        path, timeout_s = (
+            ("/health_generate", max(timeout_s, 30.0)) if deep else ("/health", timeout_s)
+        )
         out = []
         for url, proc in zip(self.urls, self.procs, strict=False):
             if proc.poll() is not None:
@@ -346,7 +357,7 @@ class Fleet:
             if self._http is None:
                 self._http = httpx.Client()
             try:
-                ok = self._http.get(url + "/health", timeout=timeout_s).status_code == 200
+                ok = self._http.get(url + path, timeout=timeout_s).status_code == 200
             except httpx.HTTPError:
                 ok = False
             if not ok:

@@ -14,7 +14,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agentrl.assets.build import cached_tiny_random
-from agentrl.engine import EngineClient, PromptTooLong, SamplingParams, encode_named_tensors
+from agentrl.engine import (
+    EngineClient,
+    EngineUnavailable,
+    PromptTooLong,
+    SamplingParams,
+    encode_named_tensors,
+)
 from agentrl.learner.update_group import bind_listen_socket, init_update_group
 from agentrl.types import FinishReason
 
@@ -209,6 +215,33 @@ async def test_admin_routes_answer(devserver):
     async with httpx.AsyncClient(base_url=devserver) as http:
         assert (await http.get("/health_generate")).status_code == 200
         assert (await http.get("/get_model_info")).status_code == 200
+
+
+async def test_a_generation_while_memory_is_released_kills_the_server_as_it_kills_sglang(
+    tiny_model_dir, launch_devserver
+):
+    """SGLang's scheduler crashes when it runs a batch with its memory released (a health probe
+    that generates did it); the dev server dies as loudly, so such a caller fails on CPU."""
+    with launch_devserver(tiny_model_dir) as (url, proc):
+        async with EngineClient([url], max_retries=0) as engine:
+            await engine.release_memory_occupation()
+            assert await engine.health() == {url: True}  # a liveness probe is safe
+            await engine.resume_memory_occupation(["weights"])  # the KV cache is still out
+            assert await engine.health() == {url: True}
+            with pytest.raises(EngineUnavailable):
+                await engine.generate(PROMPT, SamplingParams(max_new_tokens=2))
+        assert proc.wait(timeout=30) == 70
+
+
+async def test_a_server_resumed_whole_generates_again(tiny_model_dir, launch_devserver):
+    with launch_devserver(tiny_model_dir) as (url, _):
+        async with EngineClient([url]) as engine:
+            await engine.release_memory_occupation()
+            await engine.resume_memory_occupation(["weights"])
+            await engine.resume_memory_occupation(["kv_cache", "cuda_graph"])
+            comp = await engine.generate(PROMPT, SamplingParams(max_new_tokens=3, ignore_eos=True))
+            assert len(comp.token_ids) == 3
+            assert await engine.health(deep=True) == {url: True}
 
 
 # -- weight updates: on a server of their own, so the shared one keeps its weights ----------------

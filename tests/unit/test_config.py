@@ -161,6 +161,10 @@ def test_tp_engines_get_their_gpus_and_join_the_update_group_per_rank(monkeypatc
     one = compose(["engine.kind=sglang", "engine.num_servers=2"]).engine
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     assert [server_env(one, i)["CUDA_VISIBLE_DEVICES"] for i in (0, 1)] == ["2", "3"]
+    # SGLang's /health must not generate: a released (colocated) server crashes on a generation,
+    # and smg and Fleet.down() probe /health while it is released
+    monkeypatch.setenv("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "1")
+    assert server_env(one, 0)["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] == "0"
     assert "--tp-size" not in server_command(one, Path("/m"), 30000)
     with pytest.raises(ConfigError, match="no tensor parallelism"):
         compose(["engine.tp=2"])  # the dev server
