@@ -444,6 +444,11 @@ class EngineClient:
         return await self._get_with_fallback("/server_info", "/get_server_info")
 
     async def get_weight_version(self) -> list[str]:
+        """Per server, the version its weights carry: /model_info's `weight_version` (SGLang
+        0.5.17 answers /get_weight_version with a 404), else the older route."""
+        info = await self.model_info()
+        if all("weight_version" in r for r in info):
+            return [str(r["weight_version"]) for r in info]
         res = await self._fanout("GET", "/get_weight_version")
         return [str(r["weight_version"]) for r in res]
 
