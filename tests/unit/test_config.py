@@ -165,6 +165,11 @@ def test_tp_engines_get_their_gpus_and_join_the_update_group_per_rank(monkeypatc
     # and smg and Fleet.down() probe /health while it is released
     monkeypatch.setenv("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "1")
     assert server_env(one, 0)["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] == "0"
+    # the host's own settings pass through (NVLink multicast stays off where the host says so)
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "eth7")
+    env = server_env(one, 1)
+    assert env["NCCL_NVLS_ENABLE"] == "0" and env["NCCL_SOCKET_IFNAME"] == "eth7"
     assert "--tp-size" not in server_command(one, Path("/m"), 30000)
     with pytest.raises(ConfigError, match="no tensor parallelism"):
         compose(["engine.tp=2"])  # the dev server
