@@ -50,9 +50,11 @@ class CpuMeter:
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
     @staticmethod
-    def _snap() -> tuple[float, list[int], dict[str, int]]:
+    def _snap() -> tuple[float, list[int], dict[str, tuple[str, int, int]]]:
+        """The machine's counters and, per process: its part, utime + stime, and its reaped
+        children's (cutime + cstime), in clock ticks."""
         box = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-        parts: dict[str, int] = collections.Counter()
+        procs = {}
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -60,12 +62,11 @@ class CpuMeter:
             except OSError:
                 continue
             name = next((v for k, v in PARTS.items() if k in cmd or k == pid), None)
-            if name:
-                f = stat[stat.rindex(")") + 2 :].split()
-                parts[name] += int(f[11]) + int(f[12])  # utime + stime, in clock ticks
-                if name == "sandbox":  # its reaped workers: cutime + cstime
-                    parts["sandbox workers"] += int(f[13]) + int(f[14])
-        return time.monotonic(), box, parts
+            if name is None:  # what else runs: Ray's own processes, the kernel's threads
+                name = "ray (own)" if "ray" in cmd else "kernel threads" if not cmd else "other"
+            f = stat[stat.rindex(")") + 2 :].split()
+            procs[pid] = (name, int(f[11]) + int(f[12]), int(f[13]) + int(f[14]))
+        return time.monotonic(), box, procs
 
     def _loop(self) -> None:
         if not self.done.wait(self.warm_s):
@@ -75,15 +76,26 @@ class CpuMeter:
     def stop(self) -> str:
         self.done.set()
         self.thread.join()
-        live = [x for x in self.samples if self.samples and set(x[2]) == set(self.samples[0][2])]
+
+        def named(sample) -> set[str]:
+            return {n for n, _, _ in sample[2].values() if n in PARTS.values()}
+
+        live = [x for x in self.samples if named(x) == named(self.samples[0])]
         if len(live) < 2:
             return "cpu: the run ended before the measurement began"
-        (t0, box0, parts0), (t1, box1, parts1) = live[0], live[-1]
+        (t0, box0, procs0), (t1, box1, procs1) = live[0], live[-1]
         wall, hz = t1 - t0, os.sysconf("SC_CLK_TCK")
         d = [b - a for a, b in zip(box0, box1, strict=True)]
         busy = 100 * (sum(d) - d[3] - d[4]) / sum(d)
-        used = {k: (parts1[k] - parts0[k]) / hz / wall for k in sorted(parts1)}
-        # the rest: Ray's own processes, other children, the kernel's share
+        ticks: dict[str, int] = collections.Counter()
+        for pid, (name, own, reaped) in procs1.items():  # alive at both ends of the span
+            if pid in procs0 and procs0[pid][0] == name:
+                ticks[name] += own - procs0[pid][1]
+                if name == "sandbox":  # its workers (bwrap + interpreter per episode), reaped
+                    ticks["sandbox workers"] += reaped - procs0[pid][2]
+        used = {k: ticks[k] / hz / wall for k in sorted(ticks)}
+        used["interrupts"] = (d[5] + d[6]) / sum(d) * (os.cpu_count() or 1)  # irq + softirq
+        # the rest: processes that started and ended within the span, uncounted kernel work
         used["rest"] = busy / 100 * (os.cpu_count() or 1) - sum(used.values())
         cores = ", ".join(f"{k} {v:.2f}" for k, v in used.items())
         return (f"cpu ({wall:.0f} s after start-up): machine {busy:.0f} % busy (user "

@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import marshal
 import os
 import resource
 import shutil
@@ -262,7 +263,7 @@ class Launcher:
             "session_cpu_s": self.lim.session_cpu_s,
         }
         exe = self._reachable(self.interp.executable) if bare else self.interp.executable
-        py = [exe, "-I", "-S", "-c", BOOT, AGENT_SRC, json.dumps(cfg)]
+        py = [exe, "-I", "-S", "-c", BOOT, AGENT_SRC, marshal.dumps(cfg, 2).hex()]
         if bare:
             return py
         sec = ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import json
 import logging
+import marshal
 import os
 import secrets
 import signal
@@ -210,7 +211,7 @@ class Worker:
 
     async def _send(self, obj: dict) -> None:
         assert self._writer is not None
-        data = json.dumps(obj).encode()
+        data = marshal.dumps(obj, 2)  # read by the agent only (sandbox/_agent.py)
         self._writer.write(struct.pack(">I", len(data)) + data)
         await self._writer.drain()
 

@@ -325,3 +325,38 @@ async def test_client_rejects_bad_requests_without_retrying() -> None:
             await sb.run("1", language="cobol")
         await sb.aclose()
     assert len(fake.requests) == 1
+
+
+def test_the_agents_own_json_writer_matches_json_and_escapes_what_utf8_cannot_carry() -> None:
+    """The in-sandbox agent writes its replies without importing json (start-up is paid per
+    worker); whatever it writes must parse to the same values on the server."""
+    import ast
+    import math
+    import subprocess
+    import sys
+
+    from sandbox.isolation import AGENT_SRC
+
+    ns: dict = {"__name__": "agent_under_test"}
+    exec(compile(AGENT_SRC.rsplit("\nmain()", 1)[0], "<agent>", "exec"), ns)
+    dumps = ns["_dumps"]
+    tricky = '\x00\x01\n\t"\\/ é 中 \U0001f600 \x7f \u2028'
+    reply = {"exit_code": 1, "error_name": "ValueError", "error_value": tricky, "result": None,
+             "timed_out": False, "ready": True, "warnings": ["a", tricky], "t": 0.25,
+             "errno": -2, "big": 2**70}  # fmt: skip
+    assert json.loads(dumps(reply)) == reply
+    assert dumps(reply).encode("utf-8")  # valid UTF-8 as sent
+    assert json.loads(dumps("\ud800x\udfff")) == "\ud800x\udfff"  # lone surrogates escaped
+    assert json.loads(dumps([math.inf, math.nan, 1e-300])) == [None, None, 1e-300]
+
+    class Sneaky(str):
+        def translate(self, table):  # a subclass cannot change what is written
+            return "forged"
+
+    assert json.loads(dumps(Sneaky('x"y'))) == 'x"y'
+    # the agent itself starts with C modules only (no json, ast, enum, re)
+    probe = ("import sys; before = set(sys.modules)\n" + AGENT_SRC.rsplit("\nmain()", 1)[0]
+             + "\nprint(sorted(set(sys.modules) - before))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    assert not {"json", "ast", "enum", "re", "signal"} & set(ast.literal_eval(out)), out
