@@ -114,12 +114,7 @@ class LearnerConfig(BaseModel):
         description="where the profile goes: update_rank<r>.txt (the top ops) and "
         "update_rank<r>.json.gz (a Chrome/Perfetto trace)",
     )
-    threads_per_worker: int | None = Field(
-        None,
-        ge=1,
-        description="torch CPU threads of each worker; null: on CPU the cores this process may "
-        "use / num_workers (at least 1), on a GPU 1",
-    )
+    threads_per_worker: int = Field(1, ge=1, description="torch CPU threads of each worker")
     num_cpus_per_worker: float = Field(0.0, ge=0, description="Ray CPU resource per worker")
     num_gpus_per_worker: float = Field(1.0, ge=0, description="Ray GPU resource per worker (cuda)")
     dist_timeout_s: float = Field(600.0, gt=0, description="collective timeout")

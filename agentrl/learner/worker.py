@@ -82,21 +82,12 @@ class LearnerWorker:
         self._store_sock = bind_listen_socket(ip)
         return ip, self._store_sock.getsockname()[1]
 
-    def _auto_threads(self) -> int:
-        """On CPU the cores this process may use, shared by the ranks (a CPU learner's matmuls
-        are its work: with two threads the quick start's update took 0.56 s, with one 1.0 s on
-        2 cores); on a GPU one (its CPU threads only feed the device)."""
-        if self.device_type == "cuda":
-            return 1
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        return max(1, (cores or 1) // max(self.cfg.num_workers, 1))
-
     def setup(self, store: tuple[str, int] | None = None) -> dict[str, Any]:
         """Join the process group (through rank 0's TCP store at `store`, from `bind_store`, or
         this worker's `init_method`), load + shard the model, build the optimizer."""
         t0 = time.perf_counter()
         fsdp.set_worker_env(store[0] if store else "127.0.0.1")
-        torch.set_num_threads(self.cfg.threads_per_worker or self._auto_threads())
+        torch.set_num_threads(self.cfg.threads_per_worker)
         if self.device_type == "cuda":
             torch.cuda.set_device(0)  # Ray exposes exactly this worker's GPU(s)
             self.device = torch.device("cuda", 0)
