@@ -90,6 +90,15 @@ class _Server:
     down_until: float = 0.0
 
 
+def health_probe(deep: bool, timeout_s: float) -> tuple[str, float]:
+    """The route and timeout of a server health check. /health: a liveness probe, safe on a
+    server whose memory is released (SGLang servers agentrl starts are told not to generate in
+    it: servers.server_env). `deep`: /health_generate, a one-token generation that finds a
+    scheduler hung behind a live HTTP front; only while the servers hold their memory (a
+    generation on a released SGLang server crashes its scheduler)."""
+    return ("/health_generate", max(timeout_s, 30.0)) if deep else ("/health", timeout_s)
+
+
 class EngineClient:
     """Routes /generate over several servers; fans admin calls out to all of them.
 
@@ -395,15 +404,12 @@ class EngineClient:
         return results
 
     async def health(self, deep: bool = False) -> dict[str, bool]:
-        """Per server (and the router): answers /health with 200. `deep`: the servers run a
-        one-token generation (/health_generate), which finds a hung scheduler behind a live
-        HTTP front; never while their memory is released (SGLang's scheduler crashes)."""
+        """Per server (and the router): answers its health probe (`health_probe`) with 200."""
 
         async def one(s: _Server) -> bool:
-            path = "/health_generate" if deep and s is not self._router else "/health"
-            timeout = max(self.connect_timeout_s, 30.0) if path != "/health" else None
+            path, timeout = health_probe(deep and s is not self._router, self.connect_timeout_s)
             try:
-                r = await self._call(s, "GET", path, timeout=timeout or self.connect_timeout_s)
+                r = await self._call(s, "GET", path, timeout=timeout)
             except EngineUnavailable:
                 return False
             return r.status == 200

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from agentrl.engine import EngineConfig, EngineUnavailable
+from agentrl.engine import EngineConfig, EngineUnavailable, health_probe
 from agentrl.types import ConfigError
 from sandbox.base import die_with_parent
 
@@ -342,13 +342,9 @@ class Fleet:
         self.procs[i] = _popen(self.cfg, self.model_path, i, port, self.logs[i], "a")
 
     def down(self, deep: bool = False, timeout_s: float = 5.0) -> list[str]:
-        """Servers we started whose process exited, or that did not answer /health in time.
-        `deep`: /health_generate, a one-token generation, which finds a scheduler that hangs
-        behind a live HTTP front; only while the servers hold their memory (a generation on a
-        released SGLang server crashes it)."""
-        path, timeout_s = (
-            ("/health_generate", max(timeout_s, 30.0)) if deep else ("/health", timeout_s)
-        )
+        """Servers we started whose process exited, or that did not answer their health probe
+        (`engine.health_probe`: `deep` only while they hold their memory) in time."""
+        path, timeout_s = health_probe(deep, timeout_s)
         out = []
         for url, proc in zip(self.urls, self.procs, strict=False):
             if proc.poll() is not None:
