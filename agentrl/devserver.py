@@ -35,11 +35,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +46,7 @@ import torch
 import torch.distributed as dist
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse
 
 from agentrl.devbatch import (
     BadRequest,
@@ -63,6 +61,7 @@ from agentrl.devbatch import (
     torch_dtype,
 )
 from agentrl.devlora import Adapters, add_lora_routes, pick
+from agentrl.devroutes import add_admin_routes, add_generation_routes
 from agentrl.engine import ROUTING_KEY_HEADER
 from agentrl.learner.update_group import init_update_group
 
@@ -83,9 +82,6 @@ class ServerArgs:
     seed: int = 0
     dist_timeout_s: float = 1800.0
     prefix_cache_mb: float = 256.0
-
-
-MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 
 
 def die_released(released: set[str]) -> None:
@@ -430,136 +426,10 @@ def build_app(server: DevServer) -> FastAPI:
     async def bad_request(request: Request, exc: BadRequest) -> JSONResponse:
         return JSONResponse({"error": {"message": str(exc)}}, status_code=400)
 
-    _add_generation_routes(app, server)
-    _add_admin_routes(app, server)
+    add_generation_routes(app, server)
+    add_admin_routes(app, server)
     add_lora_routes(app, server)
     return app
-
-
-async def _body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    try:
-        data = json.loads(raw) if raw.strip() else {}
-    except ValueError as e:
-        raise BadRequest(f"the body is not JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise BadRequest("the body must be a JSON object")
-    return data
-
-
-def _ok(content: Any = None) -> JSONResponse:
-    return JSONResponse(content if content is not None else {"success": True})
-
-
-def _add_generation_routes(app: FastAPI, server: DevServer) -> None:
-    @app.api_route("/generate", methods=["POST", "PUT"])
-    async def generate(request: Request) -> JSONResponse:
-        out, status = await server.generate(await _body(request), request)
-        return JSONResponse(out, status_code=status)
-
-    @app.get("/health")
-    async def health() -> PlainTextResponse:
-        return PlainTextResponse("", status_code=200 if server.alive else 503)
-
-    @app.get("/health_generate")
-    async def health_generate() -> PlainTextResponse:
-        if not server.alive:
-            return PlainTextResponse("", status_code=503)
-        if server.paused:  # a paused scheduler would never answer; report the process as up
-            return PlainTextResponse("", status_code=200)
-        probe = {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
-        try:
-            _, status = await asyncio.wait_for(server.generate(probe), timeout=20)
-        except TimeoutError:
-            status = 503
-        return PlainTextResponse("", status_code=200 if status == 200 else 503)
-
-    @app.get("/model_info")
-    @app.get("/get_model_info")  # SGLang's older name
-    async def model_info() -> JSONResponse:
-        return _ok(server.model_info())
-
-    @app.get("/server_info")
-    @app.get("/get_server_info")
-    async def server_info() -> JSONResponse:
-        return _ok(server.server_info())
-
-    @app.get("/get_weight_version")
-    async def get_weight_version() -> JSONResponse:
-        return _ok({"weight_version": server.weight_version})
-
-
-def _add_admin_routes(app: FastAPI, server: DevServer) -> None:
-    @app.post("/update_weight_version")
-    async def update_weight_version(request: Request) -> JSONResponse:
-        b = await _body(request)
-        if not b.get("new_version"):
-            raise BadRequest("new_version is required")
-        if b.get("abort_all_requests", True):
-            await server.abort(None, True, "aborted by /update_weight_version")
-        server.weight_version = str(b["new_version"])
-        msg = f"Weight version updated to {server.weight_version}"
-        return _ok({"success": True, "message": msg, "new_version": server.weight_version})
-
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
-    async def flush_cache() -> PlainTextResponse:
-        busy = bool(server.inflight)
-        if busy:
-            text = "Cache not flushed: requests are running or waiting.\n"
-        else:
-            server.engine.prefix.clear()
-            text = "Cache flushed.\n"
-        return PlainTextResponse(text, status_code=400 if busy else 200)
-
-    @app.post("/abort_request")
-    async def abort_request(request: Request) -> JSONResponse:
-        b = await _body(request)
-        n = await server.abort(b.get("rid"), bool(b.get("abort_all")), "aborted by /abort_request")
-        return _ok({"success": True, "num_aborted": n})
-
-    @app.post("/pause_generation")
-    async def pause_generation(request: Request) -> JSONResponse:
-        await server.pause((await _body(request)).get("mode", "abort"))
-        return _ok({"message": "Generation paused successfully.", "status": "ok"})
-
-    @app.post("/continue_generation")
-    async def continue_generation() -> JSONResponse:
-        await server.resume()
-        return _ok({"message": "Generation continued successfully.", "status": "ok"})
-
-    @app.api_route("/release_memory_occupation", methods=["GET", "POST"])
-    @app.api_route("/resume_memory_occupation", methods=["GET", "POST"])
-    async def memory_occupation(request: Request) -> JSONResponse:
-        tags = (await _body(request)).get("tags") or list(MEMORY_TAGS)
-        if request.url.path.startswith("/release"):
-            server.released |= set(tags)
-        else:
-            server.released -= set(tags)
-        msg = f"released {sorted(server.released)} (the dev server keeps them in host memory)"
-        return _ok({"success": True, "message": msg})
-
-    admin = {
-        "/update_weights_from_disk": server.update_from_disk,
-        "/init_weights_update_group": server.init_group,
-        "/update_weights_from_distributed": server.update_from_distributed,
-        "/destroy_weights_update_group": server.destroy_group,
-        "/update_weights_from_tensor": server.update_from_tensor,
-    }
-
-    def admin_route(fn: Callable[[dict], Awaitable[dict]]) -> Callable:
-        async def route(request: Request) -> JSONResponse:
-            try:
-                return _ok(await fn(await _body(request)))
-            except Exception as e:  # SGLang's weight routes answer {"success": false, ...}: 400
-                if not isinstance(e, BadRequest):
-                    log.exception("%s failed", request.url.path)
-                msg = str(e) if isinstance(e, BadRequest) else f"{type(e).__name__}: {e}"
-                return JSONResponse({"success": False, "message": msg}, status_code=400)
-
-        return route
-
-    for path, fn in admin.items():
-        app.add_api_route(path, admin_route(fn), methods=["POST"])
 
 
 class _Stop(Exception):
