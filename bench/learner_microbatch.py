@@ -34,10 +34,10 @@ from pathlib import Path
 import torch
 
 
-def make_batch(episodes: int, length: int, vocab: int, spread: int = 0):
+def make_batch(episodes: int, length: int, vocab: int, spread: int = 0, seed: int = 0):
     from agentrl.batch import TrainBatch, global_norm
 
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(seed)
     lens = (torch.randint(-spread, spread + 1, (episodes,), generator=g) + length).tolist()
     n = sum(lens)
     seq = torch.cat([torch.full((k,), i) for i, k in enumerate(lens)])
@@ -63,6 +63,12 @@ def main() -> None:
     p.add_argument("--shape", help="a random Qwen2.5 shape (0.5b | 1.5b | 7b) instead of --model")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--variants", nargs="+", default=["default"], help="learner settings to compare")
+    p.add_argument(
+        "--fresh-shapes",
+        action="store_true",
+        help="draw the lengths again for every round (with --spread: new micro-batch shapes each "
+        "update, as a trainer's steps have; kernels that plan per shape pay it every time)",
+    )
     p.add_argument("--update-only", action="store_true", help="skip the separate logprob pass")
     p.add_argument(
         "--old-from-forward",
@@ -146,7 +152,12 @@ def measure(cfg, a) -> list[tuple]:
         mbs = micro_batches(batch, 1, size, padded=runs)[0]
         pad = padded_tokens(plan_micro_batches(lens, 1, size, runs), lens) / real
         lp, up = [], []
-        for _ in range(a.repeats + 1):  # the first round warms up
+        for round_ in range(a.repeats + 1):  # the first round warms up
+            if a.fresh_shapes and round_:
+                fresh = make_batch(a.episodes, a.length, vocab, a.spread, seed=round_)
+                if a.old_from_forward:
+                    fresh.trainer_old_logprobs = None
+                mbs = micro_batches(fresh, 1, size, padded=runs)[0]
             if a.release and torch.cuda.is_available():
                 torch.cuda.empty_cache()
             sync()

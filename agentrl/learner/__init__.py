@@ -91,6 +91,13 @@ class LearnerConfig(BaseModel):
         "(one streaming pass per chunk forward, one fused gradient pass backward; CUDA) or torch "
         "(the same math in torch ops); auto: triton on CUDA when importable",
     )
+    attention_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = Field(
+        "auto",
+        description="torch SDPA's kernel in the learner (CUDA). auto: any but cuDNN's (flash for "
+        "the padded layout), as cuDNN builds an execution plan for every new shape, 50-120 ms "
+        "forward and again backward, and a step's micro-batches each have their own; a named "
+        "one: only that kernel (flash needs attention_layout=padded)",
+    )
     compile: Literal["auto", "on", "off"] = Field(
         "off",
         description="torch.compile each transformer block's forward and the torch head kernel (fewer, "
@@ -159,6 +166,24 @@ class LearnerConfig(BaseModel):
                 "keep one"
             )
         return self
+
+    @model_validator(mode="after")
+    def _flash_needs_padded(self) -> LearnerConfig:
+        if self.attention_backend == "flash" and self.attention_layout == "packed":
+            raise ValueError(
+                "learner.attention_backend=flash takes no attention mask, and "
+                "attention_layout=packed masks between its sequences; use attention_layout="
+                "padded, or attention_backend=auto or efficient"
+            )
+        return self
+
+    def sdpa_backends(self) -> dict[str, bool]:
+        """torch.backends.cuda's SDPA switches for learner.attention_backend."""
+        names = ("flash", "mem_efficient", "cudnn", "math")
+        if self.attention_backend == "auto":
+            return {n: n != "cudnn" for n in names}
+        chosen = {"efficient": "mem_efficient"}.get(self.attention_backend, self.attention_backend)
+        return {n: n == chosen for n in names}
 
     def use_compile(self, device: str) -> bool:
         return self.compile == "on" or (self.compile == "auto" and device == "cuda")

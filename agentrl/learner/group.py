@@ -230,9 +230,10 @@ class LearnerGroup:
         self.micro_batch_tokens = min(int(i["micro_batch_tokens"]) for i in self.info)
         log.info(
             "%s learner: %d rank(s) on %s, bf16 %s, activation checkpointing %s, fused kernels %s, "
-            "head kernel %s, micro-batches of %d tokens%s",
+            "head kernel %s, attention %s, micro-batches of %d tokens%s",
             role, self.world_size, first["device"], first["bf16"], first["checkpointing"],
-            first["fused_kernels"], first["head_kernel"], self.micro_batch_tokens,
+            first["fused_kernels"], first["head_kernel"], first.get("attention", "sdpa"),
+            self.micro_batch_tokens,
             " (auto)" if cfg.micro_batch_tokens == "auto" else "",
         )  # fmt: skip
         niced = sorted({i["nice"] for i in self.info if i.get("nice", 0) > 0})

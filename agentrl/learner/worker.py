@@ -88,9 +88,16 @@ class LearnerWorker:
         t0 = time.perf_counter()
         fsdp.set_worker_env(store[0] if store else "127.0.0.1")
         torch.set_num_threads(self.cfg.threads_per_worker)
+        attention = "sdpa"
         if self.device_type == "cuda":
             torch.cuda.set_device(0)  # Ray exposes exactly this worker's GPU(s)
             self.device = torch.device("cuda", 0)
+            # process-wide switches (this process is this rank's): they hold in backward too,
+            # where activation checkpointing runs the forward again
+            on = self.cfg.sdpa_backends()
+            for name, enabled in on.items():
+                getattr(torch.backends.cuda, f"enable_{name}_sdp")(enabled)
+            attention = "+".join(n for n, enabled in on.items() if enabled)
         else:
             self.device = torch.device("cpu")
         timeout = timedelta(seconds=self.cfg.dist_timeout_s)
@@ -163,6 +170,7 @@ class LearnerWorker:
             "fused_kernels": kernels,
             "compiled": self.compiled,
             "head_kernel": self.head_kernel,
+            "attention": attention,
             "frozen_bf16_gb": frozen_saved / 2**30,
             "setup_s": time.perf_counter() - t0,
             "nice": os.nice(0),

@@ -187,11 +187,28 @@ def test_tp_engines_get_their_gpus_and_join_the_update_group_per_rank(monkeypatc
     [
         (["learner.head_kernel=triton", "learner.device=cpu"], "head_kernel=triton runs on CUDA"),
         (["learner.compile=on", "learner.fused_kernels=liger"], "exclude each other"),
+        (
+            ["learner.attention_backend=flash", "learner.attention_layout=packed"],
+            "no attention mask",
+        ),
     ],
 )
 def test_learner_kernel_choices_that_cannot_run_are_refused(overrides, needle):
     with pytest.raises(ConfigError, match=needle):
         compose(overrides)
+
+
+def test_attention_backend_auto_leaves_out_cudnn_and_a_named_one_is_alone():
+    """cuDNN's SDPA builds a plan per new shape (50-120 ms each way on an H100, profiled in the
+    trainer's update), so auto leaves it out; a named backend is the only one torch may use."""
+    from agentrl.learner import LearnerConfig
+
+    assert LearnerConfig().sdpa_backends() == {
+        "flash": True, "mem_efficient": True, "cudnn": False, "math": True,
+    }  # fmt: skip
+    for name, switch in [("flash", "flash"), ("efficient", "mem_efficient"), ("cudnn", "cudnn")]:
+        on = LearnerConfig(attention_backend=name).sdpa_backends()
+        assert [k for k, v in on.items() if v] == [switch]
 
 
 def test_lora_runs_push_adapters_to_engines_that_serve_them():
