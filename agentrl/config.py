@@ -53,11 +53,19 @@ class EnvConfig(BaseModel):
     target: str = Field(alias="_target_", description="import path of the Env subclass")
     args: dict[str, Any] = Field(default_factory=dict, description="Env attributes to override")
     tasks: dict[str, Any] = Field(default_factory=dict, description="kwargs of Env.load_tasks")
+    eval_tasks: dict[str, Any] | None = Field(
+        None,
+        description="kwargs of Env.load_tasks for the evaluation set (trainer.eval_every), e.g. "
+        "{split: test} or {seed: 1}; None: the training tasks' own list",
+    )
 
-    def load_tasks(self, cls: type[Env]) -> list[Task]:
-        """`cls.load_tasks(**env.tasks)`, with the options checked first: a key the function does
-        not take (`env.tasks.pth`) or a value of the wrong type is a ConfigError with its path,
-        also when the function swallows extra keys with `**_`. A None value means "not set"."""
+    def load_tasks(self, cls: type[Env], evaluation: bool = False) -> list[Task]:
+        """`cls.load_tasks(**env.tasks)` (or `**env.eval_tasks`), with the options checked first:
+        a key the function does not take (`env.tasks.pth`) or a value of the wrong type is a
+        ConfigError with its path, also when the function swallows extra keys with `**_`. A
+        None value means "not set"."""
+        key = "eval_tasks" if evaluation and self.eval_tasks is not None else "tasks"
+        kwargs = self.eval_tasks if key == "eval_tasks" else self.tasks
         fn = cls.load_tasks
         try:
             hints = typing.get_type_hints(fn)
@@ -72,12 +80,12 @@ class EnvConfig(BaseModel):
         options = create_model(  # type: ignore[call-overload]
             f"{cls.__name__}Tasks", __config__=ConfigDict(extra="forbid"), **fields
         )
-        given = {k: v for k, v in self.tasks.items() if v is not None}
+        given = {k: v for k, v in (kwargs or {}).items() if v is not None}
         try:
             checked = options.model_validate(given)
         except ValidationError as e:
             lines = [
-                f"env.tasks.{'.'.join(map(str, err['loc']))}: "
+                f"env.{key}.{'.'.join(map(str, err['loc']))}: "
                 + ("unknown option" if err["type"] == "extra_forbidden" else err["msg"])
                 for err in e.errors()
             ]
@@ -88,7 +96,7 @@ class EnvConfig(BaseModel):
         try:
             return fn(**{k: getattr(checked, k) for k in given})
         except FileNotFoundError as e:
-            raise ConfigError(f"env.tasks: {cls.__name__}.load_tasks: {e}") from None
+            raise ConfigError(f"env.{key}: {cls.__name__}.load_tasks: {e}") from None
 
     def load_class(self) -> type[Env]:
         if self.target in ("", "???"):
@@ -227,6 +235,15 @@ class TrainerConfig(CheckpointConfig):
         "/pause_generation) and they go on under the new weights, keeping what they sampled "
         "with its version (agentrl/gate.py); false: the push waits for them to finish",
     )
+    eval_every: int = Field(
+        0,
+        ge=0,
+        description="evaluate the policy before the first step and every N steps (and after the "
+        "last): eval_size tasks of the evaluation set (env.eval_tasks), the same ones each time, "
+        "eval_samples episodes each, never trained on (eval/* metrics); 0: never",
+    )
+    eval_size: int = Field(32, ge=1, description="tasks of each evaluation (the set's first N)")
+    eval_samples: int = Field(4, ge=1, description="episodes per evaluation task")
     max_skipped_steps: int = Field(
         3, ge=1, description="non-finite steps in a row before the run stops with an error"
     )

@@ -20,7 +20,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +40,14 @@ from agentrl.data import TaskSampler
 from agentrl.display import ProgressLine
 from agentrl.engine import EngineClient, EngineConfig
 from agentrl.env import Env
+from agentrl.evaluate import pick_eval_tasks
 from agentrl.learner import LearnerConfig
 from agentrl.learner.group import LearnerGroup, ray_running, start_ray, stop_ray
 from agentrl.learner.memory import choose_offload, engine_fraction
 from agentrl.rollout import Rollout
 from agentrl.servers import Fleet, launch_fleet, launch_router, split_local_gpus, visible_gpus
 from agentrl.tracking import JsonlSink, Tracker
-from agentrl.types import ConfigError
+from agentrl.types import ConfigError, Task
 from agentrl.weight_sync import (
     AdapterSync,
     Transport,
@@ -83,6 +84,7 @@ class Run:
     resumed: TrainerState | None = None  # the checkpoint this run continues, if any
     tracker: Tracker | None = None
     progress: ProgressLine | None = None
+    eval_tasks: list[Task] = field(default_factory=list)  # trainer.eval_every's fixed set
 
     def learner_groups(self) -> list[LearnerGroup]:
         return [g for g in (self.policy, self.reference, self.critic) if g is not None]
@@ -102,6 +104,11 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or model_path)
     env_cls = cfg.env.load_class()
     sampler = TaskSampler(cfg.env.load_tasks(env_cls), seed=cfg.seed)
+    eval_tasks = []
+    if train and cfg.trainer.eval_every:  # checked before anything starts, like env.tasks
+        eval_tasks = pick_eval_tasks(
+            cfg.env.load_tasks(env_cls, evaluation=True), cfg.trainer.eval_size, cfg.seed
+        )
     Rollout.prepare(tokenizer, env_cls, cfg.rollout)  # template and parser: before any server
     async with AsyncExitStack() as stack:
         groups: dict[str, LearnerGroup] = {}
@@ -146,7 +153,8 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
         stack.push_async_callback(_aquietly, "sandbox", sandbox.aclose)
         rollout = Rollout(engine, tokenizer, env_cls, cfg.rollout, cfg.env.args, sandbox)
         run = Run(cfg, out, console, tokenizer, env_cls, sampler, engine, sandbox, rollout,
-                  fleet=fleet, ckpt=ckpt, resumed=resumed, **groups)  # fmt: skip
+                  fleet=fleet, ckpt=ckpt, resumed=resumed, eval_tasks=eval_tasks,
+                  **groups)  # fmt: skip
         if train:
             lora_mode = await resolve_lora_sync(lora_mode, engine, cfg.engine.colocate)
             if lora_mode is not None:

@@ -60,6 +60,7 @@ from agentrl.config import CONFIG_DIR, Config, errors_for_people, load_config
 from agentrl.data import TaskSampler
 from agentrl.display import ProgressLine, trajectory_panel
 from agentrl.engine import EngineClient
+from agentrl.evaluate import evaluate
 from agentrl.learner.group import LearnerGroup
 from agentrl.loss import kl_reward_penalty
 from agentrl.metrics import (
@@ -145,6 +146,7 @@ class Trainer(EngineRecovery):
         self.trainer_logprobs: dict[int, torch.Tensor] = {}  # this step's, by trajectory index
         self.producer: GroupProducer | None = None  # trainer.mode=async: rollouts run ahead
         self.saving: PendingCheckpoint | None = None  # trainer.async_save: files being written
+        self.eval_tasks = run.eval_tasks  # trainer.eval_every: the fixed set (agentrl/evaluate.py)
 
     # -- the algorithm -------------------------------------------------------------------------
 
@@ -166,6 +168,7 @@ class Trainer(EngineRecovery):
         if not self._any_trainable(trajs, metrics):
             self.step_idx += 1
             metrics.update(t.times, step=float(self.step_idx))
+            metrics.update(await self._evaluate_if_due())
             self._log(metrics, trajs)
             return metrics
         # Score the sampled tokens with the weights about to be trained (_score says with what)
@@ -211,6 +214,7 @@ class Trainer(EngineRecovery):
         metrics["perf/sampled_tokens_per_s"] = metrics["rollout/sampled_tokens"] / max(
             t.times["timing_s/rollout"], 1e-9
         )
+        metrics.update(await self._evaluate_if_due())  # its time is eval/timing_s, not the step's
         self._log(metrics, trajs)
         return metrics
 
@@ -464,8 +468,27 @@ class Trainer(EngineRecovery):
                     log.warning("the checkpoint being written was abandoned: %s", e)
         return self.history
 
+    async def _evaluate_if_due(self) -> dict[str, float]:
+        every = self.cfg.trainer.eval_every
+        due = every and (self.step_idx % every == 0 or self.step_idx == self.cfg.trainer.steps)
+        return await self._evaluate() if due else {}
+
+    async def _evaluate(self) -> dict[str, float]:
+        """trainer.eval_every: the fixed evaluation set, rolled out by the weights the engines
+        serve now (async: beside the training episodes in flight); one console line."""
+        out = await evaluate(self.rollout, self.eval_tasks, self.cfg.trainer.eval_samples)
+        self.console.print(
+            f"eval after step {self.step_idx}: reward {out.get('eval/reward_mean', math.nan):.3f} "
+            f"over {len(self.eval_tasks)} tasks x {self.cfg.trainer.eval_samples} "
+            f"({out['eval/timing_s']:.1f} s)"
+        )
+        return out
+
     async def _loop(self) -> None:
         tc = self.cfg.trainer
+        if tc.eval_every and self.step_idx == 0:  # the untrained policy: the curve's first point
+            initial = await self._evaluate()
+            self.tracker.log_step(0, {**initial, "step": 0.0})
         if tc.mode == "sync":
             while self.step_idx < tc.steps:
                 self.history.append(await self.step())
