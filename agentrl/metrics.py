@@ -29,6 +29,11 @@ rollout/ — what the rollout produced (per-trajectory means unless the name say
                                     episode's own history: what turn continuation keeps hot)
 stop/<reason> — trajectories that ended with each StopReason (all reasons, 0 included)
 adv/* — the advantage estimator's own numbers (agentrl/advantage.py): mean, std, max, min, …
+eval/ — trainer.eval_every's fixed set (agentrl/evaluate.py), on the steps it runs (and step 0)
+    eval/reward_mean, eval/reward_std, eval/reward_<component>
+    eval/tool_call_rate, eval/turns, eval/parse_errors      as rollout/* over the eval episodes
+    eval/episodes, eval/failed      episodes rolled out / not scored (infrastructure failures)
+    eval/timing_s                   seconds the evaluation took (not in timing_s/step)
 train/ — the learner and the trainer-side logprob pass
     train/loss, train/pg_loss       the optimized loss and its policy-gradient part
     train/clipfrac                  fraction of sampled tokens whose ratio was clipped (sum of:)

@@ -20,6 +20,7 @@ from agentrl.config import compose
 from agentrl.learner.group import stop_ray
 from agentrl.run import open_run
 from agentrl.train import Trainer, TrainingError, train
+from agentrl.types import ConfigError
 from envs.code_exec import CodeExecEnv
 
 pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's runs (conftest)
@@ -345,3 +346,27 @@ def test_dynamic_sampling_trains_only_groups_with_reward_variance(tmp_path):
     # every trained group has reward variance, unless the step found none at all and kept
     # what it had (then the no-signal counter says so)
     assert kept_with_signal or any(h["train/no_signal_steps_in_a_row"] > 0 for h in history)
+
+
+def test_evaluation_scores_a_fixed_set_before_and_during_training(tmp_path):
+    """trainer.eval_every: the untrained policy first (a step-0 row), then after every N steps
+    and the last; the eval episodes are not trained on (trajectories.jsonl has the training
+    groups only), and the eval set comes from env.eval_tasks when given."""
+    cfg = compose(overrides(tmp_path, "trainer.steps=3", "trainer.every=3",
+                            "trainer.eval_every=2", "trainer.eval_size=3", "trainer.eval_samples=2",
+                            "+env.eval_tasks.seed=7", "+env.eval_tasks.n=20"))  # fmt: skip
+    history = asyncio.run(train(cfg, tmp_path / "out"))
+    rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    evals = {int(r["step"]): r for r in rows if "eval/reward_mean" in r}
+    assert sorted(evals) == [0, 2, 3]  # before step 1, every 2 steps, after the last
+    for r in evals.values():
+        assert r["eval/episodes"] == 6 and r["eval/failed"] == 0
+        assert 0 <= r["eval/reward_mean"] <= 1.5 and "eval/reward_correct" in r
+    assert "eval/reward_mean" not in history[0] and "eval/reward_mean" in history[1]
+    trained = [
+        json.loads(x) for x in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
+    ]
+    assert len(trained) == 3 * 8  # 2 tasks x 4 samples per step, nothing of the evaluations
+    with pytest.raises(ConfigError, match=r"env.eval_tasks.bogus: unknown option"):
+        bad = compose(overrides(tmp_path / "b", "trainer.eval_every=1", "+env.eval_tasks.bogus=1"))
+        asyncio.run(train(bad, tmp_path / "bad"))

@@ -317,3 +317,24 @@ def test_colocated_servers_each_see_only_their_own_gpus(monkeypatch):
     apart = compose(["engine=sglang", "engine.colocate=false", "engine.num_servers=2"]).engine
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     assert [server_env(apart, i)["CUDA_VISIBLE_DEVICES"] for i in (0, 1)] == ["0", "1"]
+
+
+def test_the_eval_set_is_fixed_by_the_seed_and_checked_like_the_training_tasks():
+    from agentrl.evaluate import pick_eval_tasks
+    from agentrl.types import Task
+
+    tasks = [Task(id=str(i), data={}) for i in range(50)]
+    first = [t.id for t in pick_eval_tasks(tasks, 8, seed=0)]
+    assert first == [t.id for t in pick_eval_tasks(tasks, 8, seed=0)]  # every evaluation
+    assert first != [t.id for t in pick_eval_tasks(tasks, 8, seed=1)] and len(set(first)) == 8
+    assert len(pick_eval_tasks(tasks, 80, seed=0)) == 50
+    with pytest.raises(ConfigError, match="evaluation set is empty"):
+        pick_eval_tasks([], 8, seed=0)
+    cfg = compose(["env=units", "+env.eval_tasks.seed=3"])
+    env_cls = cfg.env.load_class()
+    assert cfg.env.load_tasks(env_cls, evaluation=True) != cfg.env.load_tasks(env_cls)
+    assert compose(["env=units"]).env.load_tasks(env_cls, evaluation=True) == cfg.env.load_tasks(
+        env_cls
+    )  # unset: the training list
+    with pytest.raises(ConfigError, match=r"env.eval_tasks.n: Input should be a valid integer"):
+        compose(["env=units", "+env.eval_tasks.n=many"]).env.load_tasks(env_cls, evaluation=True)
