@@ -6,10 +6,11 @@ sampled tokens agree, and every parameter moved."""
 
 import asyncio
 import math
-from statistics import fmean, median
+from statistics import fmean
 
 import pytest
 import torch
+from learning_rule import assert_learned, eval_overrides
 from transformers import AutoModelForCausalLM
 
 from agentrl.config import compose
@@ -25,17 +26,12 @@ LORA_STEPS = 16  # lr 1e-2: +0.28, +0.67, +0.44 by step 14 in three runs (5e-3: 
 
 
 def test_tiny_model_learns_code_exec(tmp_path):
-    cfg = compose([
-        f"trainer.steps={STEPS}", f"trainer.every={STEPS}", f"trainer.dir={tmp_path}/ckpt",
-        "algo.reference=true", "logging=local",
-    ])  # fmt: skip
+    cfg = compose([*eval_overrides(STEPS), f"trainer.dir={tmp_path}/ckpt", "algo.reference=true"])
     assert cfg.model.path == "builtin:tiny"
     history = asyncio.run(train(cfg, tmp_path / "out"))
     assert len(history) == STEPS
-    rewards = [round(h["reward/mean"], 3) for h in history]
-    print("reward per step:", rewards)
-    start, end = fmean(rewards[:2]), fmean(rewards[-3:])
-    assert end >= start + 0.25, f"reward did not rise: {rewards}"
+    print("reward per step:", [round(h["reward/mean"], 3) for h in history])
+    assert_learned(tmp_path / "out", STEPS, 0.25)
     assert all(h["rollout/tool_call_rate"] > 0 for h in history)
     # the reference is a frozen copy of the initial policy: identical before the first update
     assert abs(history[0]["train/kl_ref"]) < 1e-6
@@ -60,17 +56,13 @@ PRESETS = {
 @pytest.mark.parametrize("algo", sorted(PRESETS))
 def test_tiny_model_learns_code_exec_with(algo, tmp_path):
     steps = PRESET_STEPS[algo]
-    cfg = compose([f"trainer.steps={steps}", f"trainer.every={steps}",
-                   f"trainer.dir={tmp_path}/ckpt", "logging=local", *PRESETS[algo]])  # fmt: skip
+    cfg = compose([*eval_overrides(steps), f"trainer.dir={tmp_path}/ckpt", *PRESETS[algo]])
     history = asyncio.run(train(cfg, tmp_path / "out"))
-    rewards = [round(h["reward/mean"], 3) for h in history]
-    print(f"{algo} reward per step:", rewards)
-    # the median of the last three: one step's dip does not fail the run, a collapse that lasts
-    # does. A step's 8 tasks may come mostly from a family the policy still gets wrong (README,
-    # "Reading a dip"); a PPO run in CI dipped 0.438 -> 0.125 at step 6 and 0.625 -> 0.094 at
-    # step 10, back to 0.5 in between, and failed the mean of the last three
-    start, end = fmean(rewards[:2]), median(rewards[-3:])
-    assert end >= start + 0.25, f"{algo}: reward did not rise: {rewards}"
+    print(f"{algo} reward per step:", [round(h["reward/mean"], 3) for h in history])
+    # a step's 8 tasks may come mostly from a family the policy still gets wrong (README,
+    # "Reading a dip": a PPO run in CI dipped 0.438 -> 0.125 at step 6): the fixed evaluation
+    # set judges the policy, not the draw
+    assert_learned(tmp_path / "out", steps, 0.25, algo)
     assert all(h["rollout/tool_call_rate"] > 0 for h in history)
     assert max(h["train/logprob_diff"] for h in history) <= 0.01
     assert all(h["train/skipped"] == 0 for h in history)
@@ -89,14 +81,11 @@ def test_tiny_model_learns_code_exec_with_lora(tmp_path):
     served), and every weight the adapters do not touch is the base's, bit for bit."""
     from peft import PeftModel
 
-    cfg = compose([f"trainer.steps={LORA_STEPS}", f"trainer.every={LORA_STEPS}",
-                   f"trainer.dir={tmp_path}/ckpt", "logging=local", "learner.lora.rank=8",
-                   "learner.lr=1e-2"])  # fmt: skip
+    cfg = compose([*eval_overrides(LORA_STEPS), f"trainer.dir={tmp_path}/ckpt",
+                   "learner.lora.rank=8", "learner.lr=1e-2"])  # fmt: skip
     history = asyncio.run(train(cfg, tmp_path / "out"))
-    rewards = [round(h["reward/mean"], 3) for h in history]
-    print("lora reward per step:", rewards)
-    start, end = fmean(rewards[:2]), fmean(rewards[-3:])
-    assert end >= start + 0.25, f"reward did not rise: {rewards}"
+    print("lora reward per step:", [round(h["reward/mean"], 3) for h in history])
+    assert_learned(tmp_path / "out", LORA_STEPS, 0.25, "lora")
     # the engine sampled from exactly the weights the learner trains (adapters merged)
     assert max(h["train/logprob_diff"] for h in history) <= 0.01
     final = tmp_path / "ckpt" / (tmp_path / "ckpt" / "latest").read_text().strip() / "policy"
