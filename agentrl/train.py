@@ -482,6 +482,11 @@ class Trainer(EngineRecovery):
             f"over {len(self.eval_tasks)} tasks x {self.cfg.trainer.eval_samples} "
             f"({out['eval/timing_s']:.1f} s)"
         )
+        if out["eval/failed"]:
+            self._warn("evaluation episodes failed", (
+                f"{out['eval/failed']:.0f} of {out['eval/episodes']:.0f} evaluation episodes after "
+                f"step {self.step_idx} failed (an engine down, the sandbox unavailable, a "
+                "timeout or an env crash): eval/reward_mean is over the rest"))  # fmt: skip
         return out
 
     async def _loop(self) -> None:
