@@ -36,6 +36,9 @@ In more detail, in the order they happen:
   step per batch. The critic takes a step on each same mini-batch.
 - The new weights go to the engines after the last optimizer step; every completion records the
   weight version it was sampled with.
+- Evaluation (`trainer.eval_every`): a fixed task set rolled out before the first step and after
+  every N-th and the last, never trained on (agentrl/evaluate.py; `eval/*` in the step's metrics,
+  and a step-0 row of its own for the untrained policy).
 """
 
 from __future__ import annotations

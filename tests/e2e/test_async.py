@@ -13,7 +13,7 @@ from agentrl.train import train
 
 pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's runs (conftest)
 
-STEPS = 14
+STEPS = 14  # evaluation +0.59, +0.74 (s=1), +0.60, +0.74 (s=4) over seeds 0-1; bar +0.25
 
 
 @pytest.mark.parametrize("staleness", [1, 4])
