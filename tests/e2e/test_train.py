@@ -352,9 +352,10 @@ def test_evaluation_scores_a_fixed_set_before_and_during_training(tmp_path):
     """trainer.eval_every: the untrained policy first (a step-0 row), then after every N steps
     and the last; the eval episodes are not trained on (trajectories.jsonl has the training
     groups only), and the eval set comes from env.eval_tasks when given."""
-    cfg = compose(overrides(tmp_path, "trainer.steps=3", "trainer.every=3",
-                            "trainer.eval_every=2", "trainer.eval_size=3", "trainer.eval_samples=2",
-                            "+env.eval_tasks.seed=7", "+env.eval_tasks.n=20"))  # fmt: skip
+    cfg_overrides = overrides(tmp_path, "trainer.every=3", "trainer.eval_every=2",
+                              "trainer.eval_size=3", "trainer.eval_samples=2",
+                              "+env.eval_tasks.seed=7", "+env.eval_tasks.n=20")  # fmt: skip
+    cfg = compose([*cfg_overrides, "trainer.steps=3"])
     history = asyncio.run(train(cfg, tmp_path / "out"))
     rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     evals = {int(r["step"]): r for r in rows if "eval/reward_mean" in r}
@@ -367,6 +368,11 @@ def test_evaluation_scores_a_fixed_set_before_and_during_training(tmp_path):
         json.loads(x) for x in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
     ]
     assert len(trained) == 3 * 8  # 2 tasks x 4 samples per step, nothing of the evaluations
+    # resumed for one more step: no second step-0 evaluation, one after the new last step
+    more = compose([*cfg_overrides, "trainer.steps=4"])
+    asyncio.run(train(more, tmp_path / "out"))
+    rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [int(r["step"]) for r in rows if "eval/reward_mean" in r] == [0, 2, 3, 4]
     with pytest.raises(ConfigError, match=r"env.eval_tasks.bogus: unknown option"):
         bad = compose(overrides(tmp_path / "b", "trainer.eval_every=1", "+env.eval_tasks.bogus=1"))
         asyncio.run(train(bad, tmp_path / "bad"))
