@@ -106,6 +106,34 @@ def test_compiled_learner_matches_eager(ray_on, model_dir) -> None:
     assert max(rel.values()) < 5e-2
 
 
+def test_attention_backend_auto_matches_the_math_kernel(ray_on, model_dir) -> None:
+    """learner.attention_backend=auto (SDPA without cuDNN's: flash on the padded layout) gives the
+    logprobs and gradients of torch's reference math kernel, within bf16; the learner's start-up
+    info names the kernels it allowed."""
+    ray_on("0")
+    batch = make_batch()
+    per_rank = micro_batches(batch, 1, 400)
+    out = {}
+    for backend in ("math", "auto"):
+        group = LearnerGroup(
+            LearnerConfig(model_path=str(model_dir), device="cuda", attention_backend=backend)
+        )
+        try:
+            allowed = group.info[0]["attention"]
+            assert "cudnn" not in allowed and (allowed == "math") == (backend == "math"), allowed
+            lp = group.compute_logprobs(per_rank)[0]
+            out[backend] = (torch.cat(lp), *grads_and_loss(group, batch))
+        finally:
+            group.shutdown()
+    (lp0, loss0, g0), (lp1, loss1, g1) = out["math"], out["auto"]
+    rel = {k: ((g0[k] - g1[k]).norm() / g0[k].norm().clamp(min=1e-12)).item() for k in g0}
+    print(f"auto vs math attention: logprob max |diff| {(lp0 - lp1).abs().max():.2e}, "
+          f"loss {loss0:.6f} vs {loss1:.6f}, worst grad rel err {max(rel.values()):.4f}")  # fmt: skip
+    assert (lp0 - lp1).abs().max() < 0.05
+    assert loss0 == pytest.approx(loss1, rel=1e-2, abs=1e-3)
+    assert max(rel.values()) < 5e-2
+
+
 def test_triton_head_matches_torch_at_qwen_size() -> None:
     """learner.head_kernel=triton against the torch kernel on a Qwen2.5-1.5B head (151,936 x 1,536,
     bf16): logprobs, entropies and both gradients, with an entropy term and a temperature."""
