@@ -81,6 +81,17 @@ def test_offload_frees_gpu_and_onload_restores(ray_on, model_dir) -> None:
     assert m["policy/skipped"] == 0
 
 
+def assert_same_learning(ref: tuple, other: tuple, what: str) -> None:
+    """Two learners' (logprobs, loss, gradients) on the same batch agree within bf16."""
+    (lp0, loss0, g0), (lp1, loss1, g1) = ref, other
+    rel = {k: ((g0[k] - g1[k]).norm() / g0[k].norm().clamp(min=1e-12)).item() for k in g0}
+    print(f"{what}: logprob max |diff| {(lp0 - lp1).abs().max():.2e}, "
+          f"loss {loss0:.6f} vs {loss1:.6f}, worst grad rel err {max(rel.values()):.4f}")  # fmt: skip
+    assert (lp0 - lp1).abs().max() < 0.05
+    assert loss0 == pytest.approx(loss1, rel=1e-2, abs=1e-3)
+    assert max(rel.values()) < 5e-2
+
+
 def test_compiled_learner_matches_eager(ray_on, model_dir) -> None:
     """learner.compile=on (torch.compile'd blocks and logprob chunks, FSDP2 and activation
     checkpointing eager around them): the same logprobs and gradients as eager, within bf16."""
@@ -97,13 +108,7 @@ def test_compiled_learner_matches_eager(ray_on, model_dir) -> None:
             out[mode] = (torch.cat(lp), *grads_and_loss(group, batch))
         finally:
             group.shutdown()
-    (lp0, loss0, g0), (lp1, loss1, g1) = out["off"], out["on"]
-    rel = {k: ((g0[k] - g1[k]).norm() / g0[k].norm().clamp(min=1e-12)).item() for k in g0}
-    print(f"compiled vs eager: logprob max |diff| {(lp0 - lp1).abs().max():.2e}, "
-          f"loss {loss0:.6f} vs {loss1:.6f}, worst grad rel err {max(rel.values()):.4f}")  # fmt: skip
-    assert (lp0 - lp1).abs().max() < 0.05
-    assert loss0 == pytest.approx(loss1, rel=1e-2, abs=1e-3)
-    assert max(rel.values()) < 5e-2
+    assert_same_learning(out["off"], out["on"], "compiled vs eager")
 
 
 def test_attention_backend_auto_matches_the_math_kernel(ray_on, model_dir) -> None:
@@ -125,13 +130,7 @@ def test_attention_backend_auto_matches_the_math_kernel(ray_on, model_dir) -> No
             out[backend] = (torch.cat(lp), *grads_and_loss(group, batch))
         finally:
             group.shutdown()
-    (lp0, loss0, g0), (lp1, loss1, g1) = out["math"], out["auto"]
-    rel = {k: ((g0[k] - g1[k]).norm() / g0[k].norm().clamp(min=1e-12)).item() for k in g0}
-    print(f"auto vs math attention: logprob max |diff| {(lp0 - lp1).abs().max():.2e}, "
-          f"loss {loss0:.6f} vs {loss1:.6f}, worst grad rel err {max(rel.values()):.4f}")  # fmt: skip
-    assert (lp0 - lp1).abs().max() < 0.05
-    assert loss0 == pytest.approx(loss1, rel=1e-2, abs=1e-3)
-    assert max(rel.values()) < 5e-2
+    assert_same_learning(out["math"], out["auto"], "auto vs math attention")
 
 
 def test_triton_head_matches_torch_at_qwen_size() -> None:
