@@ -22,10 +22,9 @@ from agentrl.types import ConfigError, Task
 if TYPE_CHECKING:
     from agentrl.rollout import Rollout
 
-# rollout_metrics' names → eval/ names (what an evaluation reports)
+# rollout_metrics' names → eval/ names (what an evaluation reports); and every reward/<x> but
+# max and min as eval/reward_<x> (mean, std, each component)
 EVAL_NAMES = {
-    "reward/mean": "eval/reward_mean",
-    "reward/std": "eval/reward_std",
     "rollout/tool_call_rate": "eval/tool_call_rate",
     "rollout/turns": "eval/turns",
     "rollout/parse_errors": "eval/parse_errors",
@@ -53,8 +52,7 @@ async def evaluate(rollout: Rollout, tasks: list[Task], samples: int) -> dict[st
     raw = rollout_metrics(trajs)
     out = {new: raw[old] for old, new in EVAL_NAMES.items() if old in raw}
     for key, value in raw.items():
-        if key.startswith("reward/") and key not in ("reward/mean", "reward/std", "reward/max",
-                                                     "reward/min"):  # fmt: skip
+        if key.startswith("reward/") and key not in ("reward/max", "reward/min"):
             out[f"eval/reward_{key.removeprefix('reward/')}"] = value
     out["eval/episodes"] = float(len(trajs))
     out["eval/failed"] = float(sum(t.stop_reason.is_infra_failure for t in trajs))

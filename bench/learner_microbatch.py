@@ -140,9 +140,14 @@ def measure(cfg, a) -> list[tuple]:
     worker = LearnerWorker(cfg, "policy", 0, 1, f"tcp://127.0.0.1:{port}")
     worker.setup()
     vocab = worker.model.config.vocab_size
-    batch = make_batch(a.episodes, a.length, vocab, a.spread)
-    if a.old_from_forward:
-        batch.trainer_old_logprobs = None
+
+    def batch_of(seed: int):
+        batch = make_batch(a.episodes, a.length, vocab, a.spread, seed)
+        if a.old_from_forward:
+            batch.trainer_old_logprobs = None
+        return batch
+
+    batch = batch_of(0)
     lens = batch.seq_lens
     real = sum(lens)
     rows = []
@@ -154,10 +159,7 @@ def measure(cfg, a) -> list[tuple]:
         lp, up = [], []
         for round_ in range(a.repeats + 1):  # the first round warms up
             if a.fresh_shapes and round_:
-                fresh = make_batch(a.episodes, a.length, vocab, a.spread, seed=round_)
-                if a.old_from_forward:
-                    fresh.trainer_old_logprobs = None
-                mbs = micro_batches(fresh, 1, size, padded=runs)[0]
+                mbs = micro_batches(batch_of(round_), 1, size, padded=runs)[0]
             if a.release and torch.cuda.is_available():
                 torch.cuda.empty_cache()
             sync()

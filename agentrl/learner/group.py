@@ -232,7 +232,7 @@ class LearnerGroup:
             "%s learner: %d rank(s) on %s, bf16 %s, activation checkpointing %s, fused kernels %s, "
             "head kernel %s, attention %s, micro-batches of %d tokens%s",
             role, self.world_size, first["device"], first["bf16"], first["checkpointing"],
-            first["fused_kernels"], first["head_kernel"], first.get("attention", "sdpa"),
+            first["fused_kernels"], first["head_kernel"], first["attention"],
             self.micro_batch_tokens,
             " (auto)" if cfg.micro_batch_tokens == "auto" else "",
         )  # fmt: skip
