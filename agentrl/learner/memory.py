@@ -124,8 +124,8 @@ def blocks_to_checkpoint(
 # micro_batch_tokens=auto's range (CPU: the min). The top is what the trainer measured, not the
 # learner alone: colocated 0.5B GRPO steps on an H100 (bench/train_step.py --shape 0.5b, 168k
 # tokens a step) gave learner MFU 24.2 % at 24k-token micro-batches, 24.4 and 26.7 % at 32k,
-# 22.9 % at 48k and 21.5-22.8 % at 64k (there the engine's leftover memory also forced 4
-# recomputed blocks and an allocator retry), though the learner alone is fastest at 64k.
+# 22.9 % at 48k and 21.5-22.8 % at 64k (where 4 blocks were also recomputed and the allocator
+# retried once per update), though the learner alone is fastest at 64k.
 MIN_MICRO_BATCH, MAX_MICRO_BATCH = 4096, 32768
 
 
