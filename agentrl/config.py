@@ -226,8 +226,8 @@ class TrainerConfig(CheckpointConfig):
         ge=0,
         description="async: the most weight versions a trained token may lag behind. 1 lets one "
         "batch roll out ahead, so the learner waits for that batch's slowest episode; 2 hides it "
-        "when episodes have long tails (bench/async_speedup.py on 2 cores: 1.54x sync at 2, "
-        "1.41x at 1), at the price of staler tokens",
+        "when episodes have long tails (bench/async_speedup.py on 2 cores: 1.53-1.57x sync at 2, "
+        "1.41-1.46x at 1), at the price of staler tokens",
     )
     stale_policy: Literal["wait", "drop"] = Field(
         "wait",

@@ -18,7 +18,7 @@ and async's staleness. Two curves per mode, from the run's trajectories.jsonl:
 --cpu prints, per mode, how busy the machine was after start-up (user and kernel time) and the
 cores each part used (learner, dev server, sandbox service, trainer process): on a 2-core box
 async mode keeps the machine busy, and its ratio is bounded by the CPU each sample costs.
-On that box: s=2 1.54-1.57x in three runs, s=1 1.41x (the learner waits for the slowest episode of
+On that box: s=2 1.53-1.57x in four runs, s=1 1.41-1.46x (the learner waits for the slowest episode of
 the one batch allowed ahead), s=4 1.47-1.51x (busier machine, no faster step); README, async.
 """
 
