@@ -43,7 +43,7 @@ from agentrl.env import Env
 from agentrl.evaluate import pick_eval_tasks
 from agentrl.learner import LearnerConfig
 from agentrl.learner.group import LearnerGroup, ray_running, start_ray, stop_ray
-from agentrl.learner.memory import choose_offload, engine_fraction
+from agentrl.learner.memory import check_host, choose_offload, engine_fraction, host_bytes
 from agentrl.rollout import Rollout
 from agentrl.servers import Fleet, launch_fleet, launch_router, split_local_gpus, visible_gpus
 from agentrl.tracking import JsonlSink, Tracker
@@ -225,30 +225,50 @@ def _split_gpus(
 
 
 def _resolve_offload(cfg: Config, groups: dict[str, LearnerGroup], console: Console) -> None:
-    """learner.offload=auto (colocated): measure the GPU, choose, tell every rank, say why."""
-    if cfg.learner.offload != "auto":
+    """Colocated: learner.offload=auto measures the GPU, chooses, tells every rank and says
+    why; whatever the mode moves to host memory is checked against each host's, before the
+    first rollout rather than at the first offload."""
+    ranks = {role: g.call("memory_stats") for role, g in groups.items()}
+    mem = ranks["policy"][0]
+    if not mem["total_bytes"]:  # CPU: nothing to make room for, nothing moves
+        if cfg.learner.offload == "auto":
+            _set_offload(groups, "none", "learner.offload=auto chose none (no GPU)", console)
         return
-    policy = groups["policy"]
-    stats = {role: g.call_rank0("memory_stats") for role, g in groups.items()}
-    mem = stats["policy"]
-    if not mem["total_bytes"]:  # CPU: nothing to make room for
-        choice_mode, line = "none", "learner.offload=auto chose none (no GPU)"
-    else:
-        # what trains holds gradients and Adam moments; a frozen reference and a LoRA policy's
-        # base weights do not (its adapters are a rounding error)
-        lora_policy = cfg.learner.lora.rank > 0
-        params = [(sum(math.prod(s.shape) for s in g.param_specs()),
-                   role == "critic" or (role == "policy" and not lora_policy))
-                  for role, g in groups.items()]  # fmt: skip
-        available = mem["free_bytes"] + sum(s["reserved_gib"] * 2**30 for s in stats.values())
-        fraction = engine_fraction(cfg.engine.extra_args)
-        frozen_bytes = 2 if cfg.learner.use_bf16("cuda") else 4  # fsdp.store_frozen_in
+    # what trains holds gradients and Adam moments; a frozen reference and a LoRA policy's base
+    # weights do not (its adapters are a rounding error)
+    lora_policy = cfg.learner.lora.rank > 0
+    params = {role: (sum(math.prod(s.shape) for s in g.param_specs()),
+                     role == "critic" or (role == "policy" and not lora_policy))
+              for role, g in groups.items()}  # fmt: skip
+    frozen_bytes = 2 if cfg.learner.use_bf16("cuda") else 4  # fsdp.store_frozen_in
+    mode = cfg.learner.offload
+    if mode == "auto":
+        available = mem["free_bytes"] + sum(r[0]["reserved_gib"] * 2**30 for r in ranks.values())
         choice = choose_offload(
-            params, policy.world_size, available, mem["total_bytes"], fraction, frozen_bytes
-        )
-        choice_mode, line = choice.mode, choice.describe()
+            list(params.values()), groups["policy"].world_size, available, mem["total_bytes"],
+            engine_fraction(cfg.engine.extra_args), frozen_bytes,
+        )  # fmt: skip
+        mode = choice.mode
+        _set_offload(groups, mode, choice.describe(), console)
+    moved: dict[str, float] = {}
+    free: dict[str, float] = {}
+    for role, g in groups.items():
+        share = host_bytes([params[role]], mode, frozen_bytes) / g.world_size
+        for r in ranks[role]:
+            moved[r["host"]] = moved.get(r["host"], 0.0) + share
+            # what an offloaded learner holds there now is freed when it moves back
+            free[r["host"]] = free.get(r["host"], r["host_available_bytes"]) + r["host_state_bytes"]
+    error, warning = check_host(mode, moved, free)
+    if error:
+        raise ConfigError(error)
+    if warning:
+        log.warning(warning)
+        console.print(f"[yellow]warning: {warning}[/]")
+
+
+def _set_offload(groups: dict[str, LearnerGroup], mode: str, line: str, console: Console) -> None:
     for g in groups.values():
-        g.call("set_offload", choice_mode)
+        g.call("set_offload", mode)
     log.info(line)
     console.print(f"[dim]{line}[/]")
 

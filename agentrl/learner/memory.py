@@ -60,6 +60,53 @@ def choose_offload(
     return choice  # at worst all: nothing of the learner stays; the engine alone must fit
 
 
+def host_bytes(params: list[tuple[int, bool]], mode: str, frozen_bytes: int = 2) -> float:
+    """Bytes of learner state `mode` moves to host memory while the engine samples, summed over
+    the ranks (their shards add up to the whole): 16 - RESIDENT_BYTES per trained parameter, and
+    frozen weights when `all` moves them. Pinned, so the host must hold them in RAM: torch's
+    caching host allocator rounds each block up to a power of two (1-2x this)."""
+    moved = 16 - RESIDENT_BYTES[mode]
+    return float(
+        sum(n * (moved if trains else frozen_bytes * (mode == "all")) for n, trains in params)
+    )
+
+
+def host_available_bytes(meminfo: str = "/proc/meminfo") -> float:
+    """This host's memory available to new allocations (Linux MemAvailable); inf where unknown."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    return float("inf")
+
+
+def check_host(mode: str, moved: dict[str, float], available: dict[str, float]) -> tuple[str, str]:
+    """(error, warning) for the hosts' memory against what `learner.offload=mode` moves to them
+    (`moved` and `available` bytes per host name): an error when a host's available memory
+    cannot hold it even unrounded (the first offload would fail mid-run), a warning when the
+    power-of-two rounding could take it past; empty strings when it fits."""
+    error = warning = ""
+    for host, need in sorted(moved.items()):
+        have = available.get(host, 0.0)
+        what = (
+            f"learner.offload={mode} moves {need / GB:.1f} GiB of learner state to host {host}'s "
+            f"memory while the engine samples (pinned; up to {2 * need / GB:.1f} GiB with torch's "
+            f"power-of-two rounding), and it has {have / GB:.1f} GiB available"
+        )
+        if need > have:
+            error = (
+                f"{what}. Train LoRA adapters (learner.lora.rank), spread the learner over more "
+                "GPUs (learner.num_workers), run the engine on GPUs of its own "
+                "(engine.colocate=false) or take a smaller model"
+            )
+        elif 2 * need > have:
+            warning = f"{what}: the run may run out of host memory at an offload"
+    return error, warning
+
+
 def engine_fraction(extra_args: list[str], default: float = 0.9) -> float:
     """SGLang's `--mem-fraction-static` from engine.extra_args (`--flag V` or `--flag=V`); its
     own default depends on the GPU (up to ~0.9), so a missing flag counts as 0.9."""

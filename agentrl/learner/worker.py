@@ -435,17 +435,38 @@ class LearnerWorker:
         out, self.peaks = self.peaks, {}
         return out
 
-    def memory_stats(self) -> dict[str, float]:
-        """GPU memory of this rank in GiB, and the device's free and total bytes (0 on CPU)."""
+    def memory_stats(self) -> dict[str, Any]:
+        """GPU memory of this rank in GiB, the device's free and total bytes (0 on CPU), and the
+        host this rank runs on with its available memory (MemAvailable, bytes)."""
+        host = {
+            "host": socket.gethostname(),
+            "host_available_bytes": memory.host_available_bytes(),
+            "host_state_bytes": self._host_state_bytes(),
+        }
         if self.device_type != "cuda":
-            return {"allocated_gib": 0.0, "reserved_gib": 0.0, "free_bytes": 0, "total_bytes": 0}
+            gpu = {"allocated_gib": 0.0, "reserved_gib": 0.0, "free_bytes": 0, "total_bytes": 0}
+            return {**gpu, **host}
         free, total = torch.cuda.mem_get_info()
         return {
             "allocated_gib": torch.cuda.memory_allocated() / 2**30,
             "reserved_gib": torch.cuda.memory_reserved() / 2**30,
             "free_bytes": free,
             "total_bytes": total,
+            **host,
         }
+
+    def _host_state_bytes(self) -> int:
+        """Bytes of this rank's weights, gradients and optimizer state now in host memory (an
+        offloaded learner's: the host's available memory does not count them)."""
+        tensors = [t for p in self.model.parameters() for t in (p, p.grad) if t is not None]
+        if self.opt is not None:
+            tensors += [v for st in self.opt.state.values() for v in st.values()]
+        local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+        return sum(
+            t.numel() * t.element_size()
+            for t in local
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() > 0
+        )
 
     def full_state(self, dtype: str | None = None) -> dict[str, torch.Tensor]:
         """Collective: the full weights on rank 0 (CPU), {} elsewhere. For tests and small

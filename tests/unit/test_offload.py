@@ -105,3 +105,38 @@ def test_micro_batch_tokens_takes_a_count_or_auto():
     for bad in (0, -5, "big"):
         with pytest.raises(ValidationError):
             LearnerConfig(micro_batch_tokens=bad)
+
+
+def test_the_host_must_hold_what_the_offload_moves(tmp_path):
+    from agentrl.learner.memory import GB, check_host, host_available_bytes, host_bytes
+
+    # 1.5B trained: all moves 16 bytes per parameter, optimizer 8, none 0; a frozen reference
+    # (bf16) moves only with all
+    params = [(int(1.5e9), True), (int(1.5e9), False)]
+    assert host_bytes(params, "all") == 1.5e9 * 16 + 1.5e9 * 2
+    assert host_bytes(params, "optimizer") == 1.5e9 * 8
+    assert host_bytes(params, "none") == 0
+    # fits even if every pinned block doubled: silent; fits only unrounded: a warning; does not
+    # fit: an error that names the numbers and the ways out
+    assert check_host("all", {"h": 20 * GB}, {"h": 64 * GB}) == ("", "")
+    error, warning = check_host("all", {"h": 40 * GB}, {"h": 64 * GB})
+    assert not error and "40.0 GiB" in warning and "64.0 GiB available" in warning
+    error, _ = check_host("all", {"h": 122 * GB, "other": 1 * GB}, {"h": 100 * GB, "other": 8 * GB})
+    assert "host h" in error and "122.0 GiB" in error and "learner.lora.rank" in error
+    assert check_host("none", {"h": 0.0}, {"h": 0.0}) == ("", "")
+    # MemAvailable from /proc/meminfo (kB); unknown: no limit rather than a false error
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal:       131072000 kB\nMemAvailable:    65536000 kB\n")
+    assert host_available_bytes(str(info)) == 65536000 * 1024
+    assert host_available_bytes(str(tmp_path / "missing")) == float("inf")
+
+
+def test_an_offloaded_learner_counts_its_host_state_as_available():
+    # what the learner holds in host memory now is freed when it onloads: 16 bytes per
+    # parameter after a step (weights, gradients, two moments), the step counters not counted
+    model = torch.nn.Linear(10, 10)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 10)).sum().backward()
+    opt.step()
+    state = LearnerWorker._host_state_bytes(SimpleNamespace(model=model, opt=opt))
+    assert state == 16 * sum(p.numel() for p in model.parameters())
