@@ -70,7 +70,7 @@ def copy_floor(gib: float, repeats: int) -> dict:
     """The hand-over's floor: `gib` (the learner state one rank moves) copied GPU -> pinned host
     -> GPU once each way, as fast as this machine's link goes (median of `repeats`)."""
     n = int(gib * 2**30) // 4
-    if n == 0:
+    if n <= 0:
         return {"method": "copy floor (nothing moves)", "buckets": 0, "s": 0.0, "handover_s": 0.0}
     dev, host = torch.empty(n, device="cuda"), torch.empty(n, pin_memory=True)
     times = []
@@ -105,8 +105,13 @@ async def run(args: argparse.Namespace, url: str, model: Path) -> list[dict]:
     # one optimizer step first, so the Adam moments exist and move as they do in training
     batch = make_batch(episodes=8 * args.tp, length=256, vocab=32000)
     policy.train_step(policy.micro_batches(batch), "ppo_clip", LossConfig(name="ppo_clip"))
-    state_gib = max(m["allocated_gib"] for m in policy.call("memory_stats"))
+    before = policy.call("memory_stats")
     policy.offload()
+    # what the offload moved, per rank (the floor copies as much)
+    moved_gib = max(
+        b["allocated_gib"] - a["allocated_gib"]
+        for b, a in zip(before, policy.call("memory_stats"), strict=True)
+    )
     try:
         async with EngineClient([url], timeout_s=600) as engine:
             n_params = None
@@ -153,7 +158,7 @@ async def run(args: argparse.Namespace, url: str, model: Path) -> list[dict]:
             rows.append({"method": "naive: one request, per-tensor IPC", "buckets": 1,
                          "s": statistics.median(times[1:])})  # fmt: skip
             del ref, named
-            rows.append(copy_floor(state_gib if args.offload != "none" else 0.0, args.repeats))
+            rows.append(copy_floor(moved_gib, args.repeats))
             for r in rows:
                 r["s_per_bparam"] = r["s"] / (n_params / 1e9)
                 r["params_b"] = n_params / 1e9

@@ -52,23 +52,26 @@ def choose_offload(
     `frozen_bytes`: the element size frozen weights are kept in (bf16: 2)."""
     engine = engine_fraction * total_bytes
     for mode in MODES:
-        frozen = 0 if mode == "all" else frozen_bytes  # weights only; `all` moves them too
-        resident = sum(n * (RESIDENT_BYTES[mode] if trains else frozen) for n, trains in params)
+        resident = resident_bytes(params, mode, frozen_bytes)
         choice = OffloadChoice(mode, resident / ranks, engine, available_bytes)
         if choice.learner_bytes + engine + RESERVE_BYTES <= available_bytes:
             break
     return choice  # at worst all: nothing of the learner stays; the engine alone must fit
 
 
+def resident_bytes(params: list[tuple[int, bool]], mode: str, frozen_bytes: int = 2) -> float:
+    """Bytes of learner state `mode` keeps on the GPUs while the engine samples, summed over the
+    ranks: RESIDENT_BYTES per trained parameter, frozen weights unless `all` moves them too."""
+    frozen = 0 if mode == "all" else frozen_bytes
+    return float(sum(n * (RESIDENT_BYTES[mode] if trains else frozen) for n, trains in params))
+
+
 def host_bytes(params: list[tuple[int, bool]], mode: str, frozen_bytes: int = 2) -> float:
     """Bytes of learner state `mode` moves to host memory while the engine samples, summed over
-    the ranks (their shards add up to the whole): 16 - RESIDENT_BYTES per trained parameter, and
-    frozen weights when `all` moves them. Pinned, so the host must hold them in RAM: torch's
-    caching host allocator rounds each block up to a power of two (1-2x this)."""
-    moved = 16 - RESIDENT_BYTES[mode]
-    return float(
-        sum(n * (moved if trains else frozen_bytes * (mode == "all")) for n, trains in params)
-    )
+    the ranks (their shards add up to the whole): what `none` keeps less what `mode` keeps.
+    Pinned, so the host must hold them in RAM: torch's caching host allocator rounds each block
+    up to a power of two (1-2x this)."""
+    return resident_bytes(params, "none", frozen_bytes) - resident_bytes(params, mode, frozen_bytes)
 
 
 def host_available_bytes(meminfo: str = "/proc/meminfo") -> float:
