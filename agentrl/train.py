@@ -555,8 +555,13 @@ async def train(cfg: Config, out_dir: Path) -> list[dict[str, float]]:
                 "on, or start another run with run_name=<a new name>"
             )
             return []
-    async with open_run(cfg, out_dir) as run:
-        return await Trainer(cfg, run).run()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.trainer.driver_threads)
+    try:
+        async with open_run(cfg, out_dir) as run:
+            return await Trainer(cfg, run).run()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def main() -> None:

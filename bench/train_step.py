@@ -113,6 +113,13 @@ def report(history: list[dict[str, float]], n_params: int, peak: float, wall_s: 
     for p in PHASES:
         print(f"  {p:<11} {med[p]:8.3f} s  {100 * med[p] / step_s:5.1f} %")
     print(f"  {'step':<11} {step_s:8.3f} s")
+    inside = [h["train/step_s"] for h in rows if "train/step_s" in h]
+    if inside:  # the learner's own clock: its micro-batch loop and optimizer step, nothing else
+        print(f"  (update inside the learner: {statistics.median(inside):.3f} s)")
+    parts = sorted(k for k in rows[0] if k.startswith("sync/") and k.endswith("_s"))
+    if parts:  # the weight push by part (agentrl/learner/sync/tensor.py: take_times)
+        print("  (sync by part: " + ", ".join(
+            f"{k[5:]} {statistics.median(h.get(k, 0.0) for h in rows):.3f}" for k in parts) + ")")  # fmt: skip
     print(f"  (checkpoint, not in the step: {', '.join(f'{c:.1f} s' for c in ckpt) or 'none'})")
     learner_s = med["logprobs"] + med["update"]
     # model FLOPs: 6N per token for the update's forward + backward, 2N for a separate pi_old
@@ -159,6 +166,11 @@ def main() -> None:
         help="torch.profiler over step 2's update: the top ops and a "
         "trace (update_rank0.txt, .json.gz) in DIR",
     )
+    p.add_argument(
+        "--cprofile",
+        metavar="FILE",
+        help="cProfile the trainer process (the driver: batching, Ray calls, metrics) into FILE",
+    )
     p.add_argument("--peak-tflops", type=float, help="dense bf16 peak (default: by GPU name)")
     p.add_argument("--trl", action="store_true", help="also TRL's GRPOTrainer (needs trl)")
     trl_grpo.add_args(p)
@@ -176,7 +188,16 @@ def main() -> None:
             more = ["learner.profile_step=2", f"learner.profile_dir={Path(args.profile).resolve()}"]
         cfg = compose(overrides(args, model, tmp) + more)
         t0 = time.perf_counter()
-        history = asyncio.run(train(cfg, tmp / "out"))
+        if args.cprofile:
+            import cProfile
+            import pstats
+
+            with cProfile.Profile() as prof:
+                history = asyncio.run(train(cfg, tmp / "out"))
+            prof.dump_stats(args.cprofile)
+            pstats.Stats(prof).sort_stats("cumulative").print_stats("agentrl", 40)
+        else:
+            history = asyncio.run(train(cfg, tmp / "out"))
         wall = time.perf_counter() - t0
         n_params = count_params(model)
         step_s = report(history, n_params, peak_flops(args.peak_tflops), wall)

@@ -19,7 +19,7 @@ the GPU host (`source /tmp/site/sgl_env.sh`).
 
 `--offload all|optimizer|none` is `learner.offload` (default all: the learner's whole state leaves
 the GPU while SGLang samples). The hand-over printed per row is what a colocated step adds to the
-update: release + onload, push, offload + resume. Its floor, measured in the same run: the same
+update: release + onload (and the engine's weights resumed), push, offload + resume. Its floor, measured in the same run: the same
 bytes as the learner state moved (per rank) copied once each way between pinned host memory and
 the GPU (`copy floor`).
 """
@@ -96,58 +96,76 @@ def copy_floor(gib: float, repeats: int) -> dict:
     }
 
 
+async def measure(args: argparse.Namespace, policy, engine, fmt: str, bucket_mb: float) -> dict:
+    """One row: `args.repeats` colocated hand-overs (after a warm-up) with one sync setting."""
+    wcfg = WeightSyncConfig(method="tensor", bucket_mb=bucket_mb, load_format=fmt,
+                            ranks_per_server=args.tp)  # fmt: skip
+    sync = make_weight_sync(wcfg, policy, engine)
+    await sync.setup()
+    times, rel, res, split, parts = [], [], [], [], []
+    for i in range(args.repeats + 1):  # the first push warms up
+        t0 = time.perf_counter()
+        await engine.release_memory_occupation()
+        policy.onload()
+        await engine.resume_memory_occupation(["weights"])
+        t2 = time.perf_counter()
+        metrics = await sync.push(f"{fmt}-{bucket_mb}-{i}")
+        assert metrics.get("sync/direct", 0.0) == float(fmt == "direct"), metrics
+        t3 = time.perf_counter()
+        policy.offload()
+        await engine.resume_memory_occupation(["kv_cache", "cuda_graph"])
+        t4 = time.perf_counter()
+        if i:
+            times.append(metrics["sync/seconds"])  # the push's own clock (t3 - t2 less its metrics)
+            split.append((metrics["sync/learner_s"], metrics["sync/engine_s"]))
+            parts.append(
+                {
+                    k.removeprefix("sync/learner_").removesuffix("_s"): v
+                    for k, v in metrics.items()
+                    if k.startswith("sync/learner_") and k != "sync/learner_s"
+                }
+            )
+            rel.append(t2 - t0)  # release, onload, the engine's weights back
+            res.append(t4 - t3)
+    return {"method": f"agentrl {fmt}, {bucket_mb:g} MB buckets", "params": sync.total_params,
+            "handover_s": statistics.median(
+                a + b + c for a, b, c in zip(rel, times, res, strict=True)),
+            "buckets": len(sync.buckets), "s": statistics.median(times),
+            "release_onload_s": statistics.median(rel),
+            "learner_s": statistics.median(x for x, _ in split),
+            "engine_s": statistics.median(y for _, y in split),
+            "offload_resume_kv_s": statistics.median(res),
+            "learner_parts": {k: statistics.median(p[k] for p in parts)
+                              for k in parts[0]}}  # fmt: skip
+
+
 async def run(args: argparse.Namespace, url: str, model: Path) -> list[dict]:
     rows: list[dict] = []
     lcfg = LearnerConfig(model_path=str(model), device="cuda", num_workers=args.tp,
                          offload=args.offload)  # fmt: skip
     policy = LearnerGroup(lcfg)
     policy.onload()
-    # one optimizer step first, so the Adam moments exist and move as they do in training
     batch = make_batch(episodes=8 * args.tp, length=256, vocab=32000)
-    policy.train_step(policy.micro_batches(batch), "ppo_clip", LossConfig(name="ppo_clip"))
-    before = policy.call("memory_stats")
-    policy.offload()
-    # what the offload moved, per rank (the floor copies as much)
-    moved_gib = max(
-        b["allocated_gib"] - a["allocated_gib"]
-        for b, a in zip(before, policy.call("memory_stats"), strict=True)
-    )
+    moved_gib, n_params = 0.0, None
     try:
         async with EngineClient([url], timeout_s=600) as engine:
-            n_params = None
-            for fmt, bucket_mb in [(f, b) for f in args.formats for b in args.bucket_mb]:
-                wcfg = WeightSyncConfig(method="tensor", bucket_mb=bucket_mb, load_format=fmt,
-                                        ranks_per_server=args.tp)  # fmt: skip
-                sync = make_weight_sync(wcfg, policy, engine)
-                await sync.setup()
-                n_params = sync.total_params
-                times, rel, res, split = [], [], [], []
-                for i in range(args.repeats + 1):  # the first push warms up
-                    t0 = time.perf_counter()
-                    await engine.release_memory_occupation()
+            for trained in [False, True] if args.untrained_too else [True]:
+                if trained:  # one optimizer step first, so the Adam moments exist and move
                     policy.onload()
-                    t1 = time.perf_counter()
-                    await engine.resume_memory_occupation(["weights"])
-                    t2 = time.perf_counter()
-                    metrics = await sync.push(f"{fmt}-{bucket_mb}-{i}")
-                    assert metrics.get("sync/direct", 0.0) == float(fmt == "direct"), metrics
-                    t3 = time.perf_counter()
-                    policy.offload()
-                    await engine.resume_memory_occupation(["kv_cache", "cuda_graph"])
-                    t4 = time.perf_counter()
-                    if i:
-                        times.append(t3 - t2)
-                        split.append((metrics["sync/learner_s"], metrics["sync/engine_s"]))
-                        rel.append(t1 - t0)
-                        res.append(t4 - t3)
-                rows.append({"method": f"agentrl {fmt}, {bucket_mb:g} MB buckets",
-                             "handover_s": statistics.median(
-                                 a + b + c for a, b, c in zip(rel, times, res, strict=True)),
-                             "buckets": len(sync.buckets), "s": statistics.median(times),
-                             "release_onload_s": statistics.median(rel),
-                             "learner_s": statistics.median(x for x, _ in split),
-                             "engine_s": statistics.median(y for _, y in split),
-                             "offload_resume_kv_s": statistics.median(res)})  # fmt: skip
+                    policy.train_step(policy.micro_batches(batch), "ppo_clip",
+                                      LossConfig(name="ppo_clip"))  # fmt: skip
+                before = policy.call("memory_stats")
+                policy.offload()
+                # what the offload moved, per rank (the floor copies as much)
+                moved_gib = max(
+                    b["allocated_gib"] - a["allocated_gib"]
+                    for b, a in zip(before, policy.call("memory_stats"), strict=True)
+                )
+                for fmt, bucket_mb in [(f, b) for f in args.formats for b in args.bucket_mb]:
+                    row = await measure(args, policy, engine, fmt, bucket_mb)
+                    row["method"] += "" if trained else " (untrained)"
+                    n_params = row.pop("params")
+                    rows.append(row)
             # the reference holds its own bf16 copy on the GPU (learner offloaded)
             from transformers import AutoModelForCausalLM
 
@@ -176,6 +194,11 @@ def main() -> None:
     p.add_argument("--formats", nargs="+", default=["direct", "flattened_bucket"])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--mem-fraction", default="0.3", help="--mem-fraction-static of the server")
+    p.add_argument(
+        "--untrained-too",
+        action="store_true",
+        help="also measure before the learner's first optimizer step",
+    )
     p.add_argument("--tp", type=int, default=1, help="GPUs: learner ranks and the server's TP size")
     p.add_argument(
         "--offload",
@@ -209,6 +232,9 @@ def main() -> None:
               f"{r.get('offload_resume_kv_s', float('nan')):>17.3f} "
               f"{r.get('learner_s', float('nan')):>9.4f} {r.get('engine_s', float('nan')):>9.4f} "
               f"{r.get('handover_s', float('nan')):>11.3f}")  # fmt: skip
+        if r.get("learner_parts"):
+            print("    learner s by part: " + ", ".join(
+                f"{k} {v:.4f}" for k, v in r["learner_parts"].items()))  # fmt: skip
     floor, naive = rows[-1], rows[-2]["s_per_bparam"]
     best = min(rows[:-2], key=lambda r: r["s_per_bparam"])
     print(

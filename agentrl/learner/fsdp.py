@@ -269,14 +269,12 @@ def full_param(p: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tenso
     shard is already the whole tensor: no collective, no copy. With `dtype` each shard is cast
     before the gather (the same numbers as casting after it; a bf16 gather moves half the bytes
     of an fp32 one)."""
+    if isinstance(p, DTensor) and p.device_mesh.size() == 1:
+        p = p.to_local()  # before anything else: DTensor ops cost ~15 us each on the host
     p = p.detach()
     if dtype is not None and p.dtype != dtype and p.is_floating_point():
         p = p.to(dtype)
-    if not isinstance(p, DTensor):
-        return p
-    if p.device_mesh.size() == 1:
-        return p.to_local()
-    return p.full_tensor()
+    return p.full_tensor() if isinstance(p, DTensor) else p
 
 
 def gather_adapters(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:

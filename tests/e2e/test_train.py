@@ -43,11 +43,25 @@ def steps_of(path: Path) -> list[list[str]]:
     return [sorted(set(v)) for _, v in sorted(by_step.items())]
 
 
+class ThreadsSeenEnv(CodeExecEnv):
+    """Records the torch CPU threads of the trainer process its rewards run in."""
+
+    seen: list[int] = []
+
+    async def reward(self, trajectory):
+        ThreadsSeenEnv.seen.append(torch.get_num_threads())
+        return await super().reward(trajectory)
+
+
 def test_train_runs_checkpoints_and_syncs(tmp_path):
     cfg = compose(overrides(tmp_path, "trainer.steps=2", "trainer.every=1",
-                            "trainer.oversample_groups=1"))  # fmt: skip
+                            "trainer.oversample_groups=1",
+                            f"env._target_={__name__}.ThreadsSeenEnv"))  # fmt: skip
     base = AutoModelForCausalLM.from_pretrained(cfg.model.resolve())  # the weights we start from
+    torch.set_num_threads(2)
     history = asyncio.run(train(cfg, tmp_path / "out"))
+    # trainer.driver_threads=1 while it runs (spinning threads starved the servers), then restored
+    assert set(ThreadsSeenEnv.seen) == {1} and torch.get_num_threads() == 2
     assert [h["step"] for h in history] == [1.0, 2.0]
     for h in history:
         assert h["train/skipped"] == 0 and h["sync/seconds"] > 0 and h["timing_s/update"] > 0

@@ -91,3 +91,22 @@ def test_each_colocated_server_is_packed_for_by_the_learner_rank_on_its_gpu():
     with pytest.raises(WeightSyncError, match=r"server 1 runs on GPU 1.*learner.num_workers=2"):
         plan_packers([["0"], ["1"]], ["0"], 1)
     assert plan_packers([["0", "1"]], ["3"], 2) == [[0, 0]]  # one server: as before
+
+
+def test_bucket_size_auto_is_the_methods_own_and_a_number_wins():
+    """weight_sync.bucket_mb=auto: the CUDA-IPC push sends the fewest buckets (each one a server
+    request), the others keep 256 MB; a number given is used as is; 0 or less is refused."""
+    from pydantic import ValidationError
+
+    from agentrl.learner.sync import SYNC_METHODS
+    from agentrl.learner.sync.base import WeightSyncConfig
+
+    def size(method: str, bucket_mb: float | str = "auto") -> float:
+        cfg = WeightSyncConfig(method=method, bucket_mb=bucket_mb)
+        return SYNC_METHODS.get(method)(cfg, learner=None, engine=None).bucket_mb
+
+    assert size("tensor") == 4096 and size("distributed") == 256 and size("disk") == 256
+    assert size("tensor", 64) == 64 and size("distributed", "512") == 512
+    for bad in (0, -1, "big"):
+        with pytest.raises(ValidationError, match="bucket_mb"):
+            WeightSyncConfig(bucket_mb=bad)

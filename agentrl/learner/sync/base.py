@@ -40,7 +40,12 @@ class WeightSyncConfig(BaseModel):
     method: str = Field(
         "distributed", description="distributed | disk | tensor, or an import path module:Class"
     )
-    bucket_mb: float = Field(256.0, gt=0, description="gathered and sent per bucket")
+    bucket_mb: float | Literal["auto"] = Field(
+        "auto",
+        description="gathered and sent per bucket; auto: the method's own (tensor 4096: one "
+        "request per 2B bf16 parameters, each server request costs ~5 ms, the bucket is a "
+        "transient GPU buffer; distributed and disk 256)",
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="dtype sent to the engines; auto: the model checkpoint's dtype"
     )
@@ -67,6 +72,13 @@ class WeightSyncConfig(BaseModel):
     def _known(cls, v: str) -> str:
         return SYNC_METHODS.check(v)
 
+    @field_validator("bucket_mb")
+    @classmethod
+    def _positive(cls, v: float | str) -> float | str:
+        if v != "auto" and not v > 0:
+            raise ValueError(f"weight_sync.bucket_mb must be > 0 or auto, got {v}")
+        return v
+
 
 class WeightSyncError(RuntimeError):
     """A push that did not reach every server; the message names the server and what to do."""
@@ -90,6 +102,7 @@ class Transport:
     in the worker: a registered name or an import path) and implement `push`."""
 
     name: ClassVar[str] = ""
+    default_bucket_mb: ClassVar[float] = 256.0  # weight_sync.bucket_mb=auto
 
     class Rank:
         """The rank half: state kept inside one learner worker (e.g. a process group)."""
@@ -112,6 +125,12 @@ class Transport:
     async def setup(self) -> None:
         self._plan()
 
+    @property
+    def bucket_mb(self) -> float:
+        """weight_sync.bucket_mb, auto resolved to this method's own."""
+        b = self.cfg.bucket_mb
+        return self.default_bucket_mb if b == "auto" else float(b)
+
     async def push(self, version: str) -> dict[str, float]:
         """Send the current weights; stamp the engines with `version`; return `sync/*` metrics."""
         raise NotImplementedError
@@ -125,7 +144,7 @@ class Transport:
 
     def _plan(self) -> None:
         dtype = self.learner.model_dtype() if self.cfg.dtype == "auto" else self.cfg.dtype
-        self.buckets = self.learner.buckets(self.cfg.bucket_mb, dtype)
+        self.buckets = self.learner.buckets(self.bucket_mb, dtype)
         self.total_bytes = sum(s.nbytes for b in self.buckets for s in b)
         self.total_params = sum(math.prod(s.shape) for b in self.buckets for s in b)
 

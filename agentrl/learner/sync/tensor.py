@@ -41,11 +41,44 @@ VOCAB_PAD = 64
 @SYNC_METHODS.register("tensor")
 class TensorSync(Transport):
     name = "tensor"
+    # one bucket is one server request (~5 ms of HTTP and scheduling each) and one transient
+    # buffer on the GPU: at 1.5B, 512 MB buckets pushed in 0.064 s, 4096 MB ones in 0.034 s
+    # (bench/weight_sync_colocated.py, H100)
+    default_bucket_mb = 4096.0
 
     class Rank(Transport.Rank):
         def __init__(self, worker: Any) -> None:
             super().__init__(worker)
             self.hold = ipc.IpcHold()
+            self.times: dict[str, float] = {}  # this push so far: see `take_times`
+
+        def _timed(self, key: str, t0: float) -> float:
+            now = time.perf_counter()
+            self.times[key] = self.times.get(key, 0.0) + now - t0
+            return now
+
+        def _start(self) -> float:
+            """The first bucket of a push first waits for the GPU work queued before it (the
+            optimizer step, an onload's copies): `pending` in `take_times`."""
+            t0 = time.perf_counter()
+            if not self.times:
+                torch.cuda.synchronize()
+                t0 = self._timed("pending", t0)
+            return t0
+
+        def _handed(self, t0: float) -> None:
+            """The server reads the memory as soon as it has the handle: wait for the packing
+            copies (`wait`: GPU time the host's packing did not hide)."""
+            torch.cuda.synchronize()
+            self._timed("wait", t0)
+
+        def take_times(self) -> dict[str, float]:
+            """Seconds this rank spent in the push since the last call, by part: `pending` (GPU
+            work queued before the push), `pack` (gather, cast, copy: host time; the direct
+            format splits it into pack_gather, pack_alloc, pack_copy), `serialize`
+            (the IPC handles), `wait` (the packing copies still running on the GPU)."""
+            out, self.times = self.times, {}
+            return out
 
         def gpu_id(self) -> str:
             """This rank's GPU as the host names it (Ray sets CUDA_VISIBLE_DEVICES per actor)."""
@@ -58,13 +91,13 @@ class TensorSync(Transport):
             """Collective: gather one bucket's full tensors on the GPU; the `packers` ranks
             return SGLang's `flattened_bucket` CUDA-IPC payload, each of a buffer on its own
             GPU, and keep it alive until `release`."""
-            w = self.worker
+            w, t0 = self.worker, self._start()
             tensors = fsdp.gather_full(w.model, bucket, w.rank, w.device, set(packers) != {0})
             if w.rank not in packers:
                 return None
             payload, flat = ipc.flattened_payload(list(tensors.items()))
             self.hold.keep(flat)
-            torch.cuda.synchronize()  # the server reads the memory as soon as it has the handle
+            self._handed(self._timed("pack", t0))
             return payload
 
         def direct_bucket(
@@ -72,7 +105,7 @@ class TensorSync(Transport):
         ) -> str | None:
             """Collective: like `bucket`, in SGLang's `direct` layout (ipc.py): q/k/v and
             gate/up fused per `groups`, cast and copied once into one buffer, sent as views."""
-            w = self.worker
+            w, t0 = self.worker, self._start()
             if w.world_size > 1 or lora.is_lora(w.model):  # gather (and merge LoRA adapters)
                 every = set(packers) != {0}
                 get = fsdp.gather_full(w.model, bucket, w.rank, w.device, every).__getitem__
@@ -82,10 +115,17 @@ class TensorSync(Transport):
             if w.rank not in packers:
                 return None
             dtype = fsdp.to_dtype(bucket[0].dtype)
-            flat, views = ipc.pack_direct(get, groups, dtype, w.device)
+            clock = [t0]
+
+            def mark(part: str) -> None:
+                clock[0] = self._timed(f"pack_{part}", clock[0])
+
+            with torch.no_grad():
+                flat, views = ipc.pack_direct(get, groups, dtype, w.device, mark)
+            t0 = clock[0]
             payload = ipc.serialize(views)
             self.hold.keep(flat)
-            torch.cuda.synchronize()  # the server reads the memory as soon as it has the handle
+            self._handed(self._timed("serialize", t0))
             return payload
 
         def tp_views(
@@ -111,11 +151,13 @@ class TensorSync(Transport):
         ) -> dict[int, str]:
             """Collective: `tp_views` as SGLang `direct` CUDA-IPC payloads, one per TP rank this
             learner rank serves; their buffers are kept until `release`."""
-            out = {}
-            for t, (flat, views) in self.tp_views(bucket, tp_size, packers).items():
+            t0, out = self._start(), {}
+            packed = self.tp_views(bucket, tp_size, packers)
+            t0 = self._timed("pack", t0)
+            for t, (flat, views) in packed.items():
                 self.hold.keep(flat)
                 out[t] = ipc.serialize(views)
-            torch.cuda.synchronize()  # the server reads the memory as soon as it has the handle
+            self._handed(self._timed("serialize", t0))
             return out
 
         def release(self) -> None:
@@ -145,7 +187,7 @@ class TensorSync(Transport):
         fmt, self.groups = self.cfg.load_format, []
         if fmt in ("direct", "auto"):
             self.buckets, self.groups = plan_direct(
-                [s for b in self.buckets for s in b], self.cfg.bucket_mb
+                [s for b in self.buckets for s in b], self.bucket_mb
             )
 
     async def push(self, version: str) -> dict[str, float]:
@@ -162,11 +204,15 @@ class TensorSync(Transport):
             self._plan()
             await self._send(version)  # every parameter again: the model's own loader
         self.version = version
+        seconds = time.perf_counter() - t0
+        per_rank = self.rank_call("take_times")
+        parts = {k: max(r.get(k, 0.0) for r in per_rank) for k in per_rank[0]}
         return {
-            **self._metrics(time.perf_counter() - t0),
+            **self._metrics(seconds),
             "sync/direct": float(bool(self.groups)),
             "sync/learner_s": self.learner_s,  # gather + pack + IPC handles (learner rank 0)
             "sync/engine_s": self.engine_s,  # the servers' update requests
+            **{f"sync/learner_{k}_s": v for k, v in parts.items()},  # the slowest rank's, by part
         }
 
     async def _send(self, version: str) -> None:
