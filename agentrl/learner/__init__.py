@@ -64,7 +64,7 @@ class LearnerConfig(BaseModel):
         description="token budget of one micro-batch. auto (CUDA): the most tokens whose "
         "activations fit the GPU beside the learner's state without recomputing a block "
         "(learner/memory.py: fewer, larger micro-batches keep a host-bound update busy), between "
-        "4096 and 32768 (the best in the trainer at 0.5B, learner/memory.py); 4096 on CPU",
+        "4096 and 49152 (the best in the trainer at 0.5B, learner/memory.py); 4096 on CPU",
     )
     attention_layout: Literal["packed", "padded"] = Field(
         "padded",

@@ -173,10 +173,10 @@ def blocks_to_checkpoint(
 
 # micro_batch_tokens=auto's range (CPU: the min). The top is what the trainer measured, not the
 # learner alone: colocated 0.5B GRPO steps on an H100 (bench/train_step.py --shape 0.5b, 168k
-# tokens a step) gave learner MFU 24.2 % at 24k-token micro-batches, 24.4 and 26.7 % at 32k,
-# 22.9 % at 48k and 21.5-22.8 % at 64k (where 4 blocks were also recomputed and the allocator
-# retried once per update), though the learner alone is fastest at 64k.
-MIN_MICRO_BATCH, MAX_MICRO_BATCH = 4096, 32768
+# tokens a step, the trainer process on one CPU thread) gave learner MFU 29.7-29.8 % at 32k-token
+# micro-batches, 32.5 % at 48k and 29.8 % at 64k (where 6 blocks were also recomputed and the
+# allocator retried once per update), though the learner alone is fastest at 64k.
+MIN_MICRO_BATCH, MAX_MICRO_BATCH = 4096, 49152
 
 
 def head_chunk_bytes(vocab: int) -> int:
@@ -198,7 +198,7 @@ def auto_micro_batch_tokens(
     the engine's reserve, with 10 % to spare. The update is host-bound at small micro-batches (a
     fixed cost per kernel launch, per block, per micro-batch): on an H100, a 0.5B update over the
     same 168k tokens took 2.39 s in 16k-token micro-batches and 1.15 s in 64k ones
-    (bench/learner_microbatch.py, the learner alone); in the trainer the gain stops at 32k (the
+    (bench/learner_microbatch.py, the learner alone); in the trainer the gain stops at 48k (the
     figures at MAX_MICRO_BATCH). A colocated engine has released its memory by the update;
     should less be free than this assumes, activation checkpointing (auto) recomputes blocks."""
     budget = 0.9 * (total_bytes - state_bytes - head_bytes) - RESERVE_BYTES
