@@ -195,6 +195,26 @@ class TensorSync(Transport):
             await self.setup()
         t0 = time.perf_counter()
         try:
+            await self._send_or_fall_back(version)
+        except BaseException:
+            # the ranks' timings of a failed push are not the next one's (not awaited: a dead
+            # rank must not hide this error behind its own)
+            self.learner.call_async("sync_call", self.name, "take_times")
+            raise
+        self.version = version
+        seconds = time.perf_counter() - t0
+        per_rank = self.rank_call("take_times")
+        parts = {k: max(r.get(k, 0.0) for r in per_rank) for k in {k for r in per_rank for k in r}}
+        return {
+            **self._metrics(seconds),
+            "sync/direct": float(bool(self.groups)),
+            "sync/learner_s": self.learner_s,  # gather + pack + IPC handles (learner rank 0)
+            "sync/engine_s": self.engine_s,  # the servers' update requests
+            **{f"sync/learner_{k}_s": v for k, v in parts.items()},  # the slowest rank's, by part
+        }
+
+    async def _send_or_fall_back(self, version: str) -> None:
+        try:
             await self._send(version)
         except WeightSyncError as e:
             if not (self.cfg.load_format == "auto" and self.groups):
@@ -203,17 +223,6 @@ class TensorSync(Transport):
             self.groups = []
             self._plan()
             await self._send(version)  # every parameter again: the model's own loader
-        self.version = version
-        seconds = time.perf_counter() - t0
-        per_rank = self.rank_call("take_times")
-        parts = {k: max(r.get(k, 0.0) for r in per_rank) for k in per_rank[0]}
-        return {
-            **self._metrics(seconds),
-            "sync/direct": float(bool(self.groups)),
-            "sync/learner_s": self.learner_s,  # gather + pack + IPC handles (learner rank 0)
-            "sync/engine_s": self.engine_s,  # the servers' update requests
-            **{f"sync/learner_{k}_s": v for k, v in parts.items()},  # the slowest rank's, by part
-        }
 
     async def _send(self, version: str) -> None:
         self.learner_s = self.engine_s = 0.0
