@@ -159,14 +159,18 @@ def test_triton_head_matches_torch_at_qwen_size() -> None:
         assert rel < 1e-2, name
 
 
-def test_background_save_copies_behind_the_next_step(ray_on, model_dir, tmp_path) -> None:
+@pytest.mark.parametrize("offload", ["none", "all"])
+def test_background_save_copies_behind_the_next_step(ray_on, model_dir, tmp_path, offload) -> None:
     """trainer.async_save on a GPU: the save returns once its copies to pinned host memory are
     queued on a side stream; the next step trains at once (its optimizer step waits for the
-    copies on the GPU), and what was written is the state at the save, optimizer included."""
+    copies on the GPU), and what was written is the state at the save, optimizer included. With
+    learner.offload=all the state is on the host at the save (as in a colocated step) and the
+    writer's thread copies it while the learner onloads and trains."""
     import time
 
     ray_on("0")
-    cfg = LearnerConfig(model_path=str(model_dir), device="cuda", lr=1e-3, eps=1e-3)
+    cfg = LearnerConfig(model_path=str(model_dir), device="cuda", lr=1e-3, eps=1e-3,
+                        offload=offload)  # fmt: skip
     group = LearnerGroup(cfg)
     a, b = micro_batches(make_batch(), 1, 400), micro_batches(make_batch(seed=1), 1, 400)
     try:
@@ -175,10 +179,12 @@ def test_background_save_copies_behind_the_next_step(ray_on, model_dir, tmp_path
         blocked = []
         for i in range(3):
             at_save = group.full_state()
+            group.offload()  # offload=all: the state leaves the GPU, as after a colocated push
             t0 = time.perf_counter()
             fresh = group.save_checkpoint(str(tmp_path / f"bg{i}"), background=True)
             blocked.append(time.perf_counter() - t0)
             assert fresh == 0  # prepare_checkpoint made every buffer the save copies into
+            group.onload()
             group.train_step(b, "ppo_clip", PPO)
             moved = group.full_state()
             assert group.finish_checkpoint(wait=True)
