@@ -10,7 +10,7 @@ and their difficulty swings it as much as the policy does. The units env at seed
 rewards 0.30 0.39 0.39 0.36 0.59 0.53 0.64 0.63 0.41 0.59 (the last three 0.245 above the first
 step: this test's old rule failed it), evaluation 0.211 -> 0.547 (step 5) -> 0.766 (step 10). Over
 seeds 0-6 the evaluation rose by 0.55 to 0.78; in runs without it the old rule failed seeds 3, 4
-and 6 (and seed 0 once in CI). At 10 steps the evaluation ended at 0.46-0.96 over nine runs
+and 6 (and seed 0 once in CI). At 10 steps the evaluation ended at 0.46-0.96 in the eight runs read
 (two at 0.46 and 0.51, below the rule's 0.49); at 14 steps at 0.89-0.99 over four."""
 
 import asyncio
