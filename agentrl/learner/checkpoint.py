@@ -101,9 +101,7 @@ class CheckpointWriter:
             _save_optimizer(model, opt, sched, root / "optim", fmt, self.rank, self)
         if self.stream is not None:
             self.copied = self.stream.record_event()
-        for buf, src in self.deferred:  # staged for no write of this rank: copied now
-            buf.copy_(src)
-        self.deferred = []
+        _copy_all(self.deferred)  # staged for no write of this rank: copied now
         dist.barrier()
         return self.fresh_in_save
 
@@ -152,9 +150,7 @@ class CheckpointWriter:
         def run() -> Any:
             if stream is not None:
                 stream.synchronize()  # the host buffers hold the copies
-            for buf, src in copies:  # offloaded state: host to host, here instead of blocking
-                buf.copy_(src)
-            copies.clear()  # the sources' host memory may be reused now
+            _copy_all(copies)  # offloaded state: host to host, here instead of blocking
             return fn(*args)
 
         self.pending.append(self.pool.submit(run))
@@ -212,6 +208,13 @@ class CheckpointWriter:
             f.result()
         self.pending = []
         return True
+
+
+def _copy_all(copies: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """(host buffer, source) pairs copied, then dropped: the sources' memory may be reused."""
+    for buf, src in copies:
+        buf.copy_(src)
+    copies.clear()
 
 
 def _save_optimizer(
