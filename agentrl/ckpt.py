@@ -20,12 +20,19 @@ checkpoint; its leftovers under `.tmp/` are removed by the next `CheckpointManag
     # on exit: state saved + committed + `latest` updated + old ones pruned (keep_last)
     path = mgr.resume_path()                     # resume="auto": the latest complete one, or None
     state = load_trainer_state(path)
+
+Resume reads a checkpoint as data, never as code: trainer_state.json and `latest` as text (the
+pointer only ever names a `step_N` directory of this root), weights as safetensors, the optimizer
+through agentrl/learner/checkpoint.py's allow-list reader (no pickle runs). A checkpoint holding
+pickle-format weights or Python files where an engine or transformers would load them is refused.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import errno
+import logging
 import os
 import random
 import re
@@ -40,7 +47,13 @@ from pydantic import BaseModel, ConfigDict, Field
 STATE_FILE = "trainer_state.json"
 COMPLETE = "COMPLETE"
 LATEST = "latest"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
+_STEP_DIR = re.compile(r"step_(\d+)")  # fullmatch only: no `/`, no `..`, no trailing text
+# where an engine or transformers loads files from a checkpoint: pickle-format weights and code
+# would run there (torch.load, trust_remote_code), so a resume refuses them
+_LOADED_DIRS = ("model", "adapter")
+_UNSAFE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".py", ".pyc", ".so")
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
@@ -172,6 +185,52 @@ def step_dir_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
+# -- a full disk --------------------------------------------------------------------------------
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether `exc` (or what caused it, or a rank's failure inside torch.distributed.checkpoint's
+    CheckpointException) is a write that ran out of space. torch.save on a full disk does not say
+    ENOSPC: its zip writer stops short with `unexpected pos 704 vs 598`."""
+    todo: list[BaseException | None] = [exc]
+    seen: set[int] = set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(e)
+        if any(m in text for m in ("unexpected pos", "No space left on device", "StorageFull",
+                                   "Disk quota exceeded")):  # fmt: skip
+            return True
+        todo += [e.__cause__, e.__context__]
+        failures = getattr(e, "failures", None)  # DCP: {rank: (exception, traceback)}
+        if isinstance(failures, dict):
+            todo += [f[0] for f in failures.values() if isinstance(f, tuple) and f]
+    return False
+
+
+def disk_full_error(path: str | Path, exc: BaseException) -> CheckpointError | None:
+    """The error to raise instead of `exc` when it is a full disk (see is_disk_full), else None:
+    the path, the bytes free there, and what became of the checkpoint."""
+    if not is_disk_full(exc):
+        return None
+    path = Path(path)
+    probe = path
+    while not probe.exists() and probe != probe.parent:  # the staging dir may be gone already
+        probe = probe.parent
+    try:
+        free = f"{shutil.disk_usage(probe).free:,} bytes free on that disk"
+    except OSError as e:
+        free = f"free space unknown ({e})"
+    return CheckpointError(
+        f"checkpoint not written: no space left on the device writing {path} ({free}; the "
+        f"write failed with: {str(exc).strip().splitlines()[-1][:200]}). `latest` stays on the "
+        "previous checkpoint; this one is discarded. Free space there, lower trainer.keep_last, "
+        "or set trainer.dir to a disk with room"
+    )
+
+
 # -- manager ------------------------------------------------------------------------------------
 class CheckpointManager:
     """Writes, finds and prunes the checkpoints of one run (one process: the driver)."""
@@ -218,6 +277,15 @@ class CheckpointManager:
 
     def commit(self, tmp: Path, state: TrainerState) -> Path:
         """Make a fully written staging dir the latest checkpoint (see the module docstring)."""
+        try:
+            return self._commit(tmp, state)
+        except OSError as e:
+            full = disk_full_error(tmp, e)
+            if full is None:
+                raise
+            raise full from e
+
+    def _commit(self, tmp: Path, state: TrainerState) -> Path:
         (tmp / STATE_FILE).write_text(state.model_dump_json(indent=2))
         fsync_tree(tmp)
         (tmp / COMPLETE).write_text(str(state.step))
@@ -237,19 +305,29 @@ class CheckpointManager:
         """Complete checkpoint dirs, oldest first."""
         found = []
         for p in self.root.iterdir():
-            m = _STEP_DIR.match(p.name)
-            if m and p.is_dir() and (p / COMPLETE).exists():
+            m = _STEP_DIR.fullmatch(p.name)
+            if m and self._is_complete(p):
                 found.append((int(m.group(1)), p))
         return [p for _, p in sorted(found)]
 
+    def _is_complete(self, p: Path) -> bool:
+        """A complete checkpoint dir of this root itself (a symlink out of it is not one)."""
+        return not p.is_symlink() and p.is_dir() and (p / COMPLETE).is_file()
+
     def latest(self) -> Path | None:
         """The checkpoint `latest` points to; if the pointer is missing or broken, the newest
-        complete checkpoint; None if there is none."""
+        complete checkpoint; None if there is none. The pointer is read as a name only: one
+        `step_N` directory of this root (never `../x`, an absolute path or a link out of it)."""
         pointer = self.root / LATEST
         if pointer.exists():
-            target = self.root / pointer.read_text().strip()
-            if (target / COMPLETE).exists():
-                return target
+            name = pointer.read_text(errors="replace").strip()
+            if _STEP_DIR.fullmatch(name) and self._is_complete(self.root / name):
+                return self.root / name
+            log.warning(
+                "%s names %r, not a complete step_N checkpoint directory of %s; ignored, "
+                "resuming from the newest complete checkpoint there instead",
+                pointer, name[:200], self.root,
+            )  # fmt: skip
         done = self.complete_checkpoints()
         return done[-1] if done else None
 
@@ -270,14 +348,34 @@ class CheckpointManager:
         if r == "never":
             return None
         if r == "auto":
-            return self.latest()
-        path = Path(r).expanduser()
-        if not (path / COMPLETE).exists():
-            raise CheckpointError(
-                f"resume={r!r} is not a complete checkpoint (no {COMPLETE} file); "
-                "use resume=auto to take the latest complete one, or resume=never"
-            )
+            path = self.latest()
+        else:
+            path = Path(r).expanduser()
+            if not (path / COMPLETE).exists():
+                raise CheckpointError(
+                    f"resume={r!r} is not a complete checkpoint (no {COMPLETE} file); "
+                    "use resume=auto to take the latest complete one, or resume=never"
+                )
+        if path is not None:
+            check_loadable(path)
         return path
+
+
+def check_loadable(path: Path) -> None:
+    """Refuse a checkpoint with files that would run code where weights are loaded from it (its
+    roles' model/ and adapter/: the engine starts on model/): pickle-format weights, Python."""
+    for role in sorted(p for p in path.iterdir() if p.is_dir()):
+        for sub in _LOADED_DIRS:
+            d = role / sub
+            if not d.is_dir():
+                continue
+            bad = sorted(f.name for f in d.iterdir() if f.name.endswith(_UNSAFE_SUFFIXES))
+            if bad:
+                raise CheckpointError(
+                    f"{d} holds {bad[:5]}: agentrl writes weights as safetensors only, and files "
+                    "like these run code when loaded. This checkpoint was not written by agentrl "
+                    "or was altered; remove them if you trust them, or resume another checkpoint"
+                )
 
 
 class StagedCheckpoint:
@@ -291,4 +389,11 @@ def load_trainer_state(path: str | Path) -> TrainerState:
     f = Path(path) / STATE_FILE
     if not f.exists():
         raise CheckpointError(f"{path}: no {STATE_FILE}; not a checkpoint written by agentrl")
-    return TrainerState.model_validate_json(f.read_text())
+    try:
+        return TrainerState.model_validate_json(f.read_bytes())
+    except ValueError as e:  # pydantic's ValidationError: not JSON, or not these fields
+        first = str(e).strip().splitlines()[:3]
+        raise CheckpointError(
+            f"{f}: not a trainer state agentrl wrote ({' '.join(first)[:300]}); the checkpoint "
+            "was altered or is damaged: resume another one (trainer.resume=<dir>) or start fresh"
+        ) from None

@@ -189,3 +189,98 @@ def test_resume_modes(tmp_path: Path) -> None:
 def test_should_save_every_and_last(tmp_path: Path) -> None:
     mgr = CheckpointManager(CheckpointConfig(dir=str(tmp_path), every=3))
     assert [s for s in range(1, 9) if mgr.should_save(s, last_step=8)] == [3, 6, 8]
+
+
+@pytest.mark.parametrize("pointer", ["../x", "../step_00000003", "/etc", "{abs}", "step_3/..",
+                                     "step_00000003/../../x", ".", "", "step_00000099"])  # fmt: skip
+def test_latest_is_a_step_name_of_this_dir_or_ignored(tmp_path: Path, pointer: str, caplog) -> None:
+    """`latest` names one complete step_N dir of the root; anything else (a path out of it, an
+    absolute path, a missing step) is ignored with a warning: the newest complete one is taken."""
+    root = tmp_path / "run"
+    mgr = CheckpointManager(CheckpointConfig(dir=str(root)))
+    save(mgr, 3)
+    save(mgr, 4)
+    outside = tmp_path / "step_00000003"  # a complete-looking checkpoint outside the root
+    outside.mkdir()
+    (outside / "COMPLETE").write_text("3")
+    (root / "latest").write_text(pointer.format(abs=outside))
+    with caplog.at_level("WARNING", logger="agentrl.ckpt"):
+        assert mgr.latest() == root / "step_00000004"
+        assert mgr.resume_path() == root / "step_00000004"
+    assert "ignored" in caplog.text and "newest complete" in caplog.text
+    (root / "latest").write_text("step_00000003\n")  # a plain name (with a newline) is followed
+    assert mgr.latest() == root / "step_00000003"
+
+
+def test_a_step_dir_linked_out_of_the_root_is_not_a_checkpoint(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    mgr = CheckpointManager(CheckpointConfig(dir=str(root)))
+    save(mgr, 3)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "COMPLETE").write_text("9")
+    (root / "step_00000009").symlink_to(elsewhere)
+    (root / "latest").write_text("step_00000009")
+    assert mgr.latest() == root / "step_00000003"
+    assert mgr.complete_checkpoints() == [root / "step_00000003"]
+
+
+@pytest.mark.parametrize("name", ["pytorch_model.bin", "modeling_evil.py", "weights.pt"])
+def test_resume_refuses_code_or_pickled_weights_where_the_engine_loads(
+    tmp_path: Path, name
+) -> None:
+    mgr = CheckpointManager(CheckpointConfig(dir=str(tmp_path)))
+    with mgr.write(5) as pending:
+        (pending.path / "policy" / "model").mkdir(parents=True)
+        (pending.path / "policy" / "model" / "model.safetensors").write_bytes(b"")
+        pending.state = TrainerState(step=5)
+    assert mgr.resume_path() == tmp_path / "step_00000005"
+    (tmp_path / "step_00000005" / "policy" / "model" / name).write_bytes(b"\x80\x04.")
+    with pytest.raises(CheckpointError, match=rf"holds \['{name}'\].*run code"):
+        mgr.resume_path()
+
+
+def test_a_tampered_trainer_state_is_an_error_not_code(tmp_path: Path) -> None:
+    import pickle
+
+    marker = tmp_path / "ran"
+    mgr = CheckpointManager(CheckpointConfig(dir=str(tmp_path / "c")))
+    save(mgr, 1)
+    evil = pickle.dumps(type("Evil", (), {"__reduce__": lambda s: (open, (str(marker), "w"))})())
+    (tmp_path / "c" / "step_00000001" / ckpt.STATE_FILE).write_bytes(evil)
+    with pytest.raises(CheckpointError, match="not a trainer state agentrl wrote.*Invalid JSON"):
+        load_trainer_state(mgr.latest())
+    assert not marker.exists()
+
+
+def test_a_full_disk_at_commit_says_so_and_keeps_latest(tmp_path: Path, monkeypatch) -> None:
+    import errno
+
+    mgr = CheckpointManager(CheckpointConfig(dir=str(tmp_path)))
+    save(mgr, 1)
+
+    def full(_root: Path) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ckpt, "fsync_tree", full)
+    with pytest.raises(CheckpointError) as e:
+        save(mgr, 2)
+    msg = str(e.value)
+    assert "no space left" in msg and str(tmp_path / ".tmp") in msg
+    assert "bytes free" in msg and "`latest` stays on the previous checkpoint" in msg
+    assert mgr.latest() == tmp_path / "step_00000001"
+    assert not any((tmp_path / ".tmp").glob("step_*"))
+
+
+def test_torchs_unexpected_pos_is_read_as_a_full_disk(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    torch_err = RuntimeError(
+        "[enforce fail at inline_container.cc:626] . unexpected pos 704 vs 598"
+    )
+    dcp_err = CheckpointException("Failed to save", {0: (torch_err, None)})
+    for e in (torch_err, dcp_err):
+        err = ckpt.disk_full_error(tmp_path / "gone" / "optim", e)
+        assert err is not None and "unexpected pos 704 vs 598" in str(err)
+        assert f"{tmp_path / 'gone' / 'optim'}" in str(err) and "bytes free" in str(err)
+    assert ckpt.disk_full_error(tmp_path, RuntimeError("shape mismatch")) is None
