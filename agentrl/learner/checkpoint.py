@@ -9,11 +9,23 @@ then write the files from the host buffers while the next steps train (the optim
 `torch.distributed.checkpoint.save`, on a gloo group of its own, never the training group the
 main thread uses meanwhile). The driver commits the checkpoint (agentrl/ckpt.py: COMPLETE marker,
 rename, `latest`) only once every rank's `finish(wait)` says its writes are done, so a kill
-during the copies or the writes leaves `latest` on the previous checkpoint.
+during the copies or the writes leaves `latest` on the previous checkpoint. A write that fails for
+a full disk says so (agentrl/ckpt.py: disk_full_error).
+
+Loading runs nothing from the files. `optim/schedule.json` is JSON. The sharded optimizer state is
+read through DCP with two replacements (`_SafeReader`, `_SafePlanner`): `.metadata`, a pickle,
+is read by an unpickler that resolves only DCP's metadata records, torch.Size, dtypes and
+layouts (each a plain record or a lookup by name: nothing it can build has behaviour), and whose
+file references must be plain names in optim/; DCP's non-tensor items (the param groups' lr,
+betas, ...) are read with `torch.load(weights_only=True)`, as DCP reads its tensor items itself
+(torch 2.13, filesystem.py). The full format's `optim.pt` is read with `weights_only=True` too.
 """
 
 from __future__ import annotations
 
+import io
+import json
+import pickle
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -22,6 +34,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_optimizer_state_dict,
@@ -29,6 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
+from agentrl.ckpt import CheckpointError, disk_full_error
 from agentrl.learner import fsdp, lora
 from agentrl.learner.fsdp import ParamSpec
 
@@ -55,6 +73,7 @@ class CheckpointWriter:
         self.fresh_in_save = 0
         # (host buffer, offloaded source) copies the next write() does in its thread
         self.deferred: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.root: Path | None = None  # the checkpoint being saved (named by a full disk's error)
 
     def save(
         self,
@@ -70,11 +89,22 @@ class CheckpointWriter:
         """Collective. Waits for the previous checkpoint's writes first. Returns how many host
         buffers it had to allocate itself (0 once `reserve` made them)."""
         self.finish(wait=True)
+        self.root = Path(path)
+        try:
+            return self._save(model, opt, sched, buckets, model_src, fmt, background)
+        except BaseException as e:  # DCP's CheckpointException is a BaseException
+            full = disk_full_error(path, e)
+            if full is None:
+                raise
+            raise full from e
+
+    def _save(self, model, opt, sched, buckets, model_src: str, fmt: str, background: bool) -> int:
+        assert self.root is not None
         self.fresh_in_save = 0
         if self.reserving is not None:
             self.reserving.result()
             self.reserving = None
-        root = Path(path)
+        root = self.root
         if lora.is_lora(model):  # the adapters too: resume needs them (merged weights are final)
             adapters = fsdp.gather_adapters(model)
             if self.rank == 0:
@@ -145,13 +175,19 @@ class CheckpointWriter:
         if not background:
             fn(*args)
             return
-        stream, copies, self.deferred = self.stream, self.deferred, []
+        stream, copies, self.deferred, root = self.stream, self.deferred, [], self.root
 
         def run() -> Any:
             if stream is not None:
                 stream.synchronize()  # the host buffers hold the copies
             _copy_all(copies)  # offloaded state: host to host, here instead of blocking
-            return fn(*args)
+            try:
+                return fn(*args)
+            except BaseException as e:
+                full = disk_full_error(root, e) if root is not None else None
+                if full is None:
+                    raise
+                raise full from e
 
         self.pending.append(self.pool.submit(run))
 
@@ -223,7 +259,8 @@ def _save_optimizer(
     """Writes `out` now, or with a writer behind the next steps (its finish() waits)."""
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-        torch.save({"format": fmt, "scheduler": sched.state_dict()}, out / "schedule.pt")
+        meta = {"format": fmt, "scheduler": sched.state_dict()}
+        (out / SCHEDULE).write_text(json.dumps(meta, indent=1))
     dist.barrier()
     if fmt == "sharded":
         state = {"optim": get_optimizer_state_dict(model, opt)}
@@ -245,13 +282,145 @@ def _save_optimizer(
 
 
 def load_optimizer(model, opt, sched, src: Path, rank: int) -> None:
-    meta = torch.load(src / "schedule.pt", weights_only=True)
-    if meta["format"] == "sharded":
+    """Collective: the optimizer and lr schedule from `src` (either format; the sharded one onto
+    any world size). Nothing in `src` is unpickled beyond the allow-lists of the module docstring;
+    a file that needs more is a CheckpointError naming it."""
+    meta = _read_schedule(src)
+    fmt = meta.get("format")
+    if fmt == "sharded":
         state = {"optim": get_optimizer_state_dict(model, opt)}
-        dcp.load(state, checkpoint_id=str(src))
+        reader = _SafeReader(src)
+        reader.read_metadata()  # checked here first: its error is one clear line on every rank
+        try:
+            dcp.load(state, storage_reader=reader, planner=_SafePlanner())
+        except CheckpointException as e:  # DCP gathers every rank's failure into one
+            why = _first_failure(e)
+            raise CheckpointError(
+                f"{src}: the sharded optimizer state cannot be read safely: {why}; "
+                "resume another checkpoint"
+            ) from None
         set_optimizer_state_dict(model, opt, state["optim"])
-    else:
-        full = torch.load(src / "optim.pt", weights_only=True) if rank == 0 else {}
+    elif fmt == "full":
+        full = _torch_load(src / "optim.pt") if rank == 0 else {}
         opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_optimizer_state_dict(model, opt, full, options=opts)
+    else:
+        raise CheckpointError(f"{src}: unknown optimizer format {fmt!r} (sharded or full)")
     sched.load_state_dict(meta["scheduler"])
+
+
+SCHEDULE = "schedule.json"  # {"format": "sharded" | "full", "scheduler": LambdaLR.state_dict()}
+
+
+def _read_schedule(src: Path) -> dict[str, Any]:
+    if (src / SCHEDULE).exists():
+        try:
+            meta = json.loads((src / SCHEDULE).read_text())
+        except ValueError as e:
+            raise CheckpointError(f"{src / SCHEDULE}: not JSON ({e})") from None
+    else:  # written before schedule.json (the same dict through torch.save)
+        meta = _torch_load(src / "schedule.pt")
+    if not isinstance(meta, dict) or not isinstance(meta.get("scheduler"), dict):
+        raise CheckpointError(f"{src}: {SCHEDULE} is not a {{format, scheduler}} record")
+    return meta
+
+
+def _torch_load(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:  # weights_only refused a global: code, not data
+        raise CheckpointError(f"{path}: refused, {_reason(e)}") from None
+
+
+def _first_failure(e: CheckpointException) -> str:
+    for exc, _ in e.failures.values():
+        return f"refused, {_reason(exc)}" if isinstance(exc, pickle.UnpicklingError) else (
+            f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}")  # fmt: skip
+    return str(e)
+
+
+def _reason(e: BaseException) -> str:
+    """What torch's weights_only unpickler refused, without its advice to load the file with
+    weights_only=False (which would run the payload)."""
+    for line in str(e).splitlines():
+        if "WeightsUnpickler error:" in line:
+            what = line.split("WeightsUnpickler error:", 1)[1].split(" was not an allowed")[0]
+            return f"it holds more than tensors and plain data ({what.strip()[:200]})"
+    return f"it holds more than tensors and plain data ({str(e).splitlines()[0][:200]})"
+
+
+# -- DCP, read as data ----------------------------------------------------------------------------
+_DCP_METADATA = "torch.distributed.checkpoint.metadata"
+_META_GLOBALS = {
+    *((_DCP_METADATA, n) for n in ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
+                                   "TensorStorageMetadata", "BytesStorageMetadata",
+                                   "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),  # a layout by its name (torch.strided)
+    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),  # StorageMeta.checkpoint_id
+    ("pathlib._local", "PosixPath"), ("pathlib._local", "PurePosixPath"),
+}  # fmt: skip
+_DTYPES = {n for n, v in vars(torch).items() if isinstance(v, torch.dtype)}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP's `.metadata` as data: only the globals above resolve (the stdlib's "restricting
+    globals"); REDUCE/NEWOBJ/BUILD can then only construct those records or look a name up."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _META_GLOBALS or (module == "torch" and name in _DTYPES):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"global {module}.{name} is not allowed")
+
+
+class _SafeReader(FileSystemReader):
+    """FileSystemReader whose metadata is read by _MetadataUnpickler and checked: every item's
+    file a plain name in this directory, no stream transforms (agentrl writes none)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = Path(self._get_metadata_path(kwargs.get("rank")))
+        try:
+            with open(path, "rb") as f:
+                md = _MetadataUnpickler(f).load()
+        except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{path}: refused, not DCP metadata as agentrl writes it ({e}); "
+                                  "the checkpoint was altered or written by something else; "
+                                  "resume another checkpoint") from None  # fmt: skip
+        bad = _check_metadata(md)
+        if bad:
+            raise CheckpointError(f"{path}: refused, {bad}; resume another checkpoint")
+        if md.storage_meta is None:
+            md.storage_meta = StorageMeta()
+        md.storage_meta.load_id = self.load_id
+        return md
+
+
+def _check_metadata(md: Any) -> str | None:
+    if not isinstance(md, Metadata) or not isinstance(md.storage_data, dict):
+        return f"it holds a {type(md).__name__}, not DCP Metadata"
+    for index, info in md.storage_data.items():
+        name = getattr(info, "relative_path", None)
+        if (
+            not isinstance(name, str)
+            or not name
+            or "/" in name
+            or "\\" in name
+            or name in (".", "..")
+        ):
+            return f"item {index} reads from {name!r}, not a file of this directory"
+        if getattr(info, "transform_descriptors", None):
+            return f"item {index} asks for stream transforms {info.transform_descriptors!r}"
+    return None
+
+
+class _SafePlanner(DefaultLoadPlanner):
+    """DefaultLoadPlanner whose non-tensor items are read with weights_only=True (the default
+    planner unpickles them with weights_only=False)."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj

@@ -191,9 +191,12 @@ def test_should_save_every_and_last(tmp_path: Path) -> None:
     assert [s for s in range(1, 9) if mgr.should_save(s, last_step=8)] == [3, 6, 8]
 
 
-@pytest.mark.parametrize("pointer", ["../x", "../step_00000003", "/etc", "{abs}", "step_3/..",
-                                     "step_00000003/../../x", ".", "", "step_00000099"])  # fmt: skip
-def test_latest_is_a_step_name_of_this_dir_or_ignored(tmp_path: Path, pointer: str, caplog) -> None:
+POINTERS = ["../x", "../step_00000003", "/etc", "{abs}", "step_3/..", "step_00000003/../../x",
+            ".", "", "step_00000099"]  # fmt: skip
+
+
+@pytest.mark.parametrize("pointer", POINTERS)
+def test_latest_is_a_step_name_of_this_dir_or_ignored(tmp_path: Path, pointer, caplog) -> None:
     """`latest` names one complete step_N dir of the root; anything else (a path out of it, an
     absolute path, a missing step) is ignored with a warning: the newest complete one is taken."""
     root = tmp_path / "run"
