@@ -1,10 +1,11 @@
 """The dev server's HTTP routes (agentrl/devserver.py): generation and health, SGLang's admin
-routes (weight version, cache, abort, pause, memory occupation, weight updates). The LoRA routes
-are in agentrl/devlora.py."""
+routes (weight version, cache, abort, pause, memory occupation, weight updates), and the key
+every route but /health asks for (`BearerAuth`). The LoRA routes are in agentrl/devlora.py."""
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,27 @@ async def _body(request: Request) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object")
     return data
+
+
+class BearerAuth:
+    """ASGI middleware: every route but /health answers 401 without `Authorization: Bearer <key>`,
+    as SGLang started with --api-key and --admin-api-key does (there /health*, /metrics stay
+    open; here /health_generate wants the key too: a generation on a server whose memory is
+    released kills it). Plain ASGI: Starlette's BaseHTTPMiddleware would hide client disconnects
+    from /generate, which aborts on them."""
+
+    def __init__(self, app: Callable, key: str) -> None:
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            scheme, _, token = given.partition(b" ")
+            if not (scheme.lower() == b"bearer" and hmac.compare_digest(token, self.key)):
+                refuse = JSONResponse({"error": "Unauthorized"}, status_code=401)
+                await refuse(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _ok(content: Any = None) -> JSONResponse:

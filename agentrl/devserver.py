@@ -26,6 +26,9 @@ them) unless generation is paused, and run between scheduler steps. What differs
   - no stop strings / regex / penalties / streaming (no tokenizer): such requests get a 400.
   - LoRA adapters (/load_lora_adapter, `lora_path`): one adapter per batch (agentrl/devlora.py).
   - /health answers from the scheduler's state; /health_generate runs a 1-token generation.
+  - the key (SGLang: --api-key, --admin-api-key) comes from $AGENTRL_ENGINE_API_KEY, off the
+    command line; with it every route but /health answers 401 without
+    `Authorization: Bearer <key>` (agentrl.devroutes.BearerAuth), /health_generate too.
 Distributed weight updates join a gloo group the way SGLang's `init_custom_process_group` does
 (tcp store hosted by rank 0, keys prefixed with the group name; server rank = rank_offset), with
 the code learner rank 0 uses too (`agentrl.learner.update_group`), for a dev server or SGLang.
@@ -61,8 +64,9 @@ from agentrl.devbatch import (
     torch_dtype,
 )
 from agentrl.devlora import Adapters, add_lora_routes, pick
-from agentrl.devroutes import add_admin_routes, add_generation_routes
+from agentrl.devroutes import BearerAuth, add_admin_routes, add_generation_routes
 from agentrl.engine import ROUTING_KEY_HEADER
+from agentrl.engine_config import API_KEY_ENV
 from agentrl.learner.update_group import init_update_group
 
 log = logging.getLogger("agentrl.devserver")
@@ -413,7 +417,9 @@ class DevServer:
         }
 
 
-def build_app(server: DevServer) -> FastAPI:
+def build_app(server: DevServer, api_key: str | None = None) -> FastAPI:
+    """The server's routes; with `api_key`, each but /health wants it as a Bearer token."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await server.start()
@@ -429,6 +435,8 @@ def build_app(server: DevServer) -> FastAPI:
     add_generation_routes(app, server)
     add_admin_routes(app, server)
     add_lora_routes(app, server)
+    if api_key:
+        app.add_middleware(BearerAuth, key=api_key)
     return app
 
 
@@ -470,10 +478,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     fields = {k: v for k, v in vars(a).items() if k in ServerArgs.__dataclass_fields__}
+    api_key = os.environ.pop(API_KEY_ENV, None)
+    if not api_key:
+        log.warning("no $%s: any local user can steer this server (weights, pause, exit)",
+                    API_KEY_ENV)  # fmt: skip
     try:
         server = DevServer(ServerArgs(**fields))
         config = uvicorn.Config(
-            build_app(server),
+            build_app(server, api_key),
             host=a.host,
             port=a.port,
             log_level=a.log_level,

@@ -13,7 +13,9 @@ server's prefix cache. Connection errors, dropped connections and 5xx are retrie
 exponential backoff on another healthy server; a 400 is never retried (`PromptTooLong` when the
 prompt does not fit the model's context, `EngineRequestError` otherwise). Admin calls (health,
 weights, memory, pause) fan out to every server at once. The wire format (sampling params,
-responses, stop tokens, error bodies) is `agentrl.protocol`.
+responses, stop tokens, error bodies) is `agentrl.protocol`. Every request carries
+`Authorization: Bearer <api_key>`: the servers and the router a run starts refuse requests
+without it (agentrl/engine_config.py says where the token comes from).
 
 HTTP is aiohttp, not httpx: a rollout keeps hundreds of /generate requests in flight, and
 httpcore's pool scans every connection on every request, which cost 5-12 ms of client CPU per
@@ -38,7 +40,7 @@ import aiohttp
 import orjson
 
 from agentrl.coalesce import Coalescer
-from agentrl.engine_config import EngineConfig
+from agentrl.engine_config import EngineConfig, default_api_key
 from agentrl.gate import Gate, join
 from agentrl.protocol import (
     EngineError,
@@ -119,7 +121,10 @@ class EngineClient:
         router: str | None = None,
         batch_window_ms: float = 0.0,
         batch_max_wait_ms: float = 50.0,
+        api_key: str | None = None,
     ):
+        """`api_key`: the servers' Bearer token; None: $AGENTRL_ENGINE_API_KEY, else this
+        process's run token (what the servers `agentrl.servers` starts here take)."""
         if not urls:
             raise ValueError("EngineClient needs at least one server URL (engine.urls)")
         self._servers = [_Server(u.rstrip("/")) for u in urls]
@@ -134,6 +139,7 @@ class EngineClient:
         self.max_retries, self.backoff_s, self.max_backoff_s = max_retries, backoff_s, max_backoff_s
         self.unhealthy_cooldown_s, self.health_timeout_s = unhealthy_cooldown_s, health_timeout_s
         self.max_connections = max_connections
+        self._auth = {"Authorization": f"Bearer {api_key or default_api_key()}"}
         self._http: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task] = set()
@@ -143,7 +149,8 @@ class EngineClient:
 
     @classmethod
     def from_config(cls, cfg: EngineConfig, **kw: Any) -> EngineClient:
-        return cls(cfg.server_urls(), **cfg.model_dump(include=_CLIENT_FIELDS), **kw)
+        fields = cfg.model_dump(include=_CLIENT_FIELDS)
+        return cls(cfg.server_urls(), **fields, **{"api_key": cfg.token(), **kw})
 
     @property
     def urls(self) -> list[str]:
@@ -180,6 +187,7 @@ class EngineClient:
             # Idle connections close after 2 s, before the servers' own 5 s keep-alive
             # (uvicorn's default), so a POST never lands on a socket the server is closing.
             self._http = aiohttp.ClientSession(
+                headers=self._auth,
                 connector=aiohttp.TCPConnector(
                     limit=self.max_connections, limit_per_host=0, keepalive_timeout=2.0
                 ),

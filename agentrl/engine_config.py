@@ -1,12 +1,38 @@
 """`engine.*`: which rollout servers a run uses (dev server or SGLang), how many, where, and how
 the client talks to them. `agentrl.engine.EngineClient.from_config` reads the client's part;
-`agentrl.servers` launches what `kind`, `num_servers`, `tp` and `placement` ask for."""
+`agentrl.servers` launches what `kind`, `num_servers`, `tp` and `placement` ask for.
+
+Every server, and the router, that a run starts takes the run's token (`api_key`): without
+`Authorization: Bearer <token>` they answer 401 (/health stays open). It is this process's random
+token unless `engine.api_key` or $AGENTRL_ENGINE_API_KEY names one (servers you start yourself,
+`engine.urls`: the key they were started with). It never appears on a command line (other users
+read those): SGLang reads it from a 0600 `--config` file, the dev server and the router from
+their environment."""
 
 from __future__ import annotations
 
+import os
+import secrets
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
+
+API_KEY_ENV = "AGENTRL_ENGINE_API_KEY"
+# this process's run token: the servers it starts take it, its clients send it. Never with a
+# leading "-": argparse (SGLang's, smg's) would read it as an option
+RUN_TOKEN = "agentrl-" + secrets.token_urlsafe(32)
+
+
+def default_api_key() -> str:
+    """$AGENTRL_ENGINE_API_KEY, else this process's random run token."""
+    return os.environ.get(API_KEY_ENV) or RUN_TOKEN
 
 
 class EngineConfig(BaseModel):
@@ -23,6 +49,15 @@ class EngineConfig(BaseModel):
     host: str = "127.0.0.1"
     base_port: int = Field(30000, ge=1, le=65535)
     model_path: str | None = Field(None, description="served model; None: the trained model")
+    api_key: str | None = Field(
+        None,
+        repr=False,
+        description="Bearer token of the servers and the router: those a run starts take it; "
+        "with engine.urls, the key your servers were started with (SGLang --api-key and "
+        "--admin-api-key, dev server $AGENTRL_ENGINE_API_KEY). None: $AGENTRL_ENGINE_API_KEY, "
+        "else a random token of this process (`token()`). Prefer the variable: a command-line "
+        "override is written to the run's .hydra/overrides.yaml",
+    )
     device: str = Field("cpu", description="dev server device")
     extra_args: list[str] = Field(default_factory=list, description="appended to the launch")
     timeout_s: float = Field(600.0, gt=0, description="one /generate or weight-update call")
@@ -84,6 +119,32 @@ class EngineConfig(BaseModel):
         """engine.gpus=[0,1] from the command line: ids, kept as CUDA_VISIBLE_DEVICES spells them."""
         return [str(g) for g in gpus] if isinstance(gpus, list | tuple) else gpus
 
+    @field_validator("api_key")
+    @classmethod
+    def _no_leading_dash(cls, key: str | None) -> str | None:
+        if key is not None and (not key.strip() or key.startswith("-") or key != key.strip()):
+            raise ValueError("engine.api_key must be non-empty, not start with '-' and carry no "
+                             "spaces at its ends (SGLang's and smg's argparse read it)")  # fmt: skip
+        return key
+
+    @field_serializer("api_key")
+    def _hidden(self, key: str | None) -> str | None:
+        """A secret: the tracker's copy of the config shows that one was set, not what."""
+        return None if key is None else "<hidden>"
+
+    @field_validator("extra_args", "router_args")
+    @classmethod
+    def _keys_not_in_args(cls, args: list[str]) -> list[str]:
+        """The servers' and the router's keys are engine.api_key: on a command line any local
+        user could read them, and SGLang takes one --config file only (agentrl's, holding them)."""
+        keys = ("--api-key", "--admin-api-key", "--config", "--control-plane-api-keys")
+        for name in (a.partition("=")[0] for a in args):
+            if name in keys:
+                raise ValueError(f"{name} in engine.extra_args / router_args: agentrl gives the "
+                                 "servers and the router engine.api_key; set it (or "
+                                 f"${API_KEY_ENV}) instead")  # fmt: skip
+        return args
+
     @field_validator("extra_args")
     @classmethod
     def _one_tokenizer_worker(cls, args: list[str]) -> list[str]:
@@ -135,6 +196,11 @@ class EngineConfig(BaseModel):
                 "engine.placement=local"
             )
         return self
+
+    def token(self) -> str:
+        """The Bearer token the servers take and the client sends: `api_key`, else
+        $AGENTRL_ENGINE_API_KEY, else this process's random run token."""
+        return self.api_key or default_api_key()
 
     def server_urls(self) -> list[str]:
         if self.urls:

@@ -15,11 +15,19 @@ reported with the tail of its log.
 With `engine.placement=ray` each server is started instead by a `ServerActor` on the node Ray
 picks (`engine.ray_num_cpus` / `ray_num_gpus` / `ray_resources`), bound to that node's address;
 the actor stops its process group and restarts it on the same port (docs/ray_cluster.md).
+
+Every server and the router we start takes the run's token (`engine.api_key`, else this process's
+random one: `EngineConfig.token()`) and refuses a request without `Authorization: Bearer <token>`
+with 401; /health stays open. The token stays off their command lines, which any local user can
+read (/proc/PID/cmdline): SGLang reads `--api-key` and `--admin-api-key` (its weight, memory,
+pause and LoRA routes take the admin key) from a 0600 `--config` YAML beside its log; the dev
+server and smg read $AGENTRL_ENGINE_API_KEY. Logs are 0600 too: SGLang logs its arguments.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import socket
@@ -33,6 +41,7 @@ from pathlib import Path
 import httpx
 
 from agentrl.engine import EngineConfig, EngineUnavailable, health_probe
+from agentrl.engine_config import API_KEY_ENV
 from agentrl.types import ConfigError
 from sandbox.base import die_with_parent
 
@@ -43,14 +52,38 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def server_command(cfg: EngineConfig, model_path: Path, port: int) -> list[str]:
+def server_command(
+    cfg: EngineConfig, model_path: Path, port: int, key_file: Path | None = None
+) -> list[str]:
+    """The launch command; SGLang's keys come from `key_file` (`write_key_file`), the dev
+    server's from its environment (`server_env`)."""
     if cfg.kind == "dev":
         return [sys.executable, "-m", "agentrl.devserver", "--model", str(model_path),
                 "--host", cfg.host, "--port", str(port), "--device", cfg.device, *cfg.extra_args]  # fmt: skip
     tp = ["--tp-size", str(cfg.tp)] if cfg.tp > 1 else []
+    keys = ["--config", str(key_file)] if key_file is not None else []
     return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
-            "--host", cfg.host, "--port", str(port), "--skip-tokenizer-init", *tp,
+            "--host", cfg.host, "--port", str(port), "--skip-tokenizer-init", *tp, *keys,
             *cfg.extra_args]  # fmt: skip
+
+
+def write_key_file(path: Path, token: str) -> Path:
+    """SGLang's `--config` YAML with the run's token as its API key and admin API key (both:
+    with an admin key set, its admin routes take only that one; sglang/srt/utils/auth.py),
+    readable by this user alone. JSON strings are YAML strings: the token stays a string."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"api-key: {json.dumps(token)}\nadmin-api-key: {json.dumps(token)}\n")
+    return path
+
+
+def _private_log(path: Path, mode: str):
+    """`path` opened for writing (mode w or a), readable by this user alone: SGLang logs its
+    arguments, the key among them."""
+    f = open(path, mode, opener=lambda p, flags: os.open(p, flags, 0o600))  # noqa: SIM115
+    os.fchmod(f.fileno(), 0o600)  # a log an older run left readable
+    return f
 
 
 def visible_gpus() -> list[str]:
@@ -104,6 +137,9 @@ def server_env(cfg: EngineConfig, index: int) -> dict[str, str]:
     # (Fleet.down(deep=True)) at times the server holds its memory.
     if cfg.kind == "sglang":
         env["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] = "0"
+        env.pop(API_KEY_ENV, None)  # its keys are in its --config file
+    else:
+        env[API_KEY_ENV] = cfg.token()
     several = cfg.num_servers > 1 or cfg.tp > 1
     if cfg.kind == "sglang" and (several or cfg.gpus) and cfg.placement == "local":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(own_gpus(cfg, index, env))
@@ -155,12 +191,15 @@ def _popen(cfg: EngineConfig, model_path: Path, index: int, port: int, log_path:
     """Start server `index` on `cfg.host:port`, its output appended to (mode a) or written over
     (w) `log_path`, in its own process group, dying with this process."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open(mode) as log:
+    key_file = None
+    if cfg.kind == "sglang":
+        key_file = write_key_file(log_path.with_name(f".{log_path.stem}.keys.yaml"), cfg.token())
+    with _private_log(log_path, mode) as log:
         if mode == "a":
             log.write(f"\n---- restarted by agentrl at {time.strftime('%H:%M:%S')} ----\n")
             log.flush()
         return subprocess.Popen(
-            server_command(cfg, model_path, port),
+            server_command(cfg, model_path, port, key_file),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -216,6 +255,8 @@ class RayServer:
 
         self._ray = ray
         self.returncode: int | None = None
+        # the token this process resolved, not the actor's own process's
+        cfg = cfg.model_copy(update={"api_key": cfg.token()})
         self.actor = (
             ray.remote(ServerActor)
             .options(
@@ -351,7 +392,7 @@ class Fleet:
                 out.append(url)
                 continue
             if self._http is None:
-                self._http = httpx.Client()
+                self._http = httpx.Client(headers=_auth(self.cfg))
             try:
                 ok = self._http.get(url + path, timeout=timeout_s).status_code == 200
             except httpx.HTTPError:
@@ -419,11 +460,27 @@ def router_wanted(cfg: EngineConfig, n_servers: int) -> bool:
     return cfg.router == "smg" or (cfg.router == "auto" and n_servers > 1 and installed)
 
 
+def _auth(cfg: EngineConfig) -> dict[str, str]:
+    return {"Authorization": f"Bearer {cfg.token()}"}
+
+
+# smg takes its key on the command line only; this adds it inside the process, from the
+# environment. `--api-key` is both what smg asks of every client (its /generate and, with no
+# control-plane keys, its /workers and other admin routes: model_gateway/src/server.rs, build_app)
+# and the Bearer it sends the servers
+_SMG_MAIN = (
+    "import os, sys; from smg.launch_router import launch_router, parse_router_args; "
+    f"key = os.environ.pop({API_KEY_ENV!r}); "
+    "launch_router(parse_router_args([*sys.argv[1:], '--api-key=' + key]))"
+)
+
+
 def router_command(cfg: EngineConfig, urls: list[str], port: int, log_dir: Path) -> list[str]:
-    """smg on loopback in front of `urls`. Its own retries re-send a request whose server died to
-    another one (sampling is stateless: the prompt ids carry the whole episode); the circuit
-    breaker's cool-down is short so a restarted server takes work again within seconds."""
-    return [sys.executable, "-m", "smg.launch_router", "--host", cfg.host, "--port", str(port),
+    """smg on loopback in front of `urls`, its key from $AGENTRL_ENGINE_API_KEY (`_SMG_MAIN`).
+    Its own retries re-send a request whose server died to another one (sampling is stateless:
+    the prompt ids carry the whole episode); the circuit breaker's cool-down is short so a
+    restarted server takes work again within seconds."""
+    return [sys.executable, "-c", _SMG_MAIN, "--host", cfg.host, "--port", str(port),
             "--worker-urls", *urls, "--policy", cfg.router_policy,
             "--prometheus-host", cfg.host, "--prometheus-port", str(free_port(cfg.host)),
             "--request-timeout-secs", str(int(cfg.timeout_s)),
@@ -439,26 +496,33 @@ def launch_router(cfg: EngineConfig, urls: list[str], log_dir: Path) -> Iterator
         yield None
         return
     log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / "router").mkdir(mode=0o700, exist_ok=True)
     port = free_port(cfg.host)
     log = log_dir / "router.log"
-    with log.open("w") as f:
+    with _private_log(log, "w") as f:
         proc = subprocess.Popen(
             router_command(cfg, urls, port, log_dir / "router"),
             stdout=f,
             stderr=subprocess.STDOUT,
             start_new_session=True,
             preexec_fn=die_with_parent,
+            env={**os.environ, API_KEY_ENV: cfg.token()},
         )
     url = f"http://{cfg.host}:{port}"
     try:
-        wait_router(url, len(urls), proc, log, cfg.health_timeout_s)
+        wait_router(url, len(urls), proc, log, cfg.health_timeout_s, _auth(cfg))
         yield url
     finally:
         stop_processes([proc])
 
 
 def wait_router(
-    url: str, n_servers: int, proc: subprocess.Popen, log: Path, timeout_s: float
+    url: str,
+    n_servers: int,
+    proc: subprocess.Popen,
+    log: Path,
+    timeout_s: float,
+    headers: dict[str, str] | None = None,
 ) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -468,7 +532,8 @@ def wait_router(
                 f"({log}) ends with:\n{log.read_text()[-2000:]}"
             )
         try:
-            workers = httpx.get(url + "/workers", timeout=2.0).json().get("workers", [])
+            r = httpx.get(url + "/workers", timeout=2.0, headers=headers)
+            workers = r.json().get("workers", [])
             if sum(bool(w.get("is_healthy")) for w in workers) >= n_servers:
                 return
         except (httpx.HTTPError, ValueError, AttributeError):
