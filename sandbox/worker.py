@@ -80,7 +80,11 @@ class WorkerStartError(RuntimeError):
 
 @dataclass
 class _Stream:
-    """Collects one pipe of the current call: keeps a head, counts all, finds the end marker."""
+    """Collects one pipe of the current call: keeps a head, counts all, finds the end marker.
+
+    Past `kill_at` bytes (in a call, or between a session's calls) the pipe is no longer read:
+    its writer blocks once the pipe is full, so a flood costs the service nothing until the
+    worker is killed (at once in a call; between calls, at the session's next call)."""
 
     keep: int
     kill_at: int
@@ -93,6 +97,7 @@ class _Stream:
     seen: asyncio.Event = field(default_factory=asyncio.Event)
     overflow: asyncio.Event = field(default_factory=asyncio.Event)
     eof: asyncio.Event = field(default_factory=asyncio.Event)
+    transport: asyncio.ReadTransport | None = None
 
     def begin(self, marker: bytes | None) -> None:
         self.buf, self.total, self.marker, self.tail = bytearray(), 0, marker, b""
@@ -102,13 +107,24 @@ class _Stream:
         if pending:
             self.feed(pending)
 
+    def end(self) -> None:
+        """The call is over (its reply came): what this pipe brings from now on is between
+        calls, even if the marker never came (the code moved fd 1 away)."""
+        self.seen.set()
+
+    def read(self, on: bool) -> None:
+        """Read the pipe (on) or leave what comes in it, blocking its writer once it is full."""
+        t = self.transport
+        if t is not None and not t.is_closing():
+            (t.resume_reading if on else t.pause_reading)()
+
     def feed(self, chunk: bytes) -> None:
         if self.seen.is_set():  # after this call's marker: the next call's output
             if len(self.carry) < self.keep:
                 self.carry += chunk[: self.keep - len(self.carry)]
             self.between += len(chunk)  # counted too: a flood between calls ends the session
             if self.between > self.kill_at:
-                self.overflow.set()
+                self._overflowed()
             return
         if self.marker:
             joined = self.tail + chunk
@@ -126,13 +142,17 @@ class _Stream:
             self.tail = joined[-(len(self.marker) - 1) :] if len(self.marker) > 1 else b""
         self._add(chunk)
 
+    def _overflowed(self) -> None:
+        self.overflow.set()
+        self.read(False)
+
     def _add(self, chunk: bytes) -> None:
         room = self.keep - len(self.buf)
         if room > 0:
             self.buf += chunk[:room]
         self.total += len(chunk)
         if self.total > self.kill_at:
-            self.overflow.set()
+            self._overflowed()
 
     def text(self) -> tuple[str, bool]:
         s = bytes(self.buf).decode("utf-8", "replace").replace("\x00", "\ufffd")
@@ -222,6 +242,8 @@ class Worker:
         marker = f"\x1e{secrets.token_hex(8)}\x1e" if session else None
         for s in (self.out, self.err):
             s.begin(marker.encode() if marker else None)
+            if not s.overflow.is_set():  # a pipe is left unread only past kill_at
+                s.read(True)
         req = {"code": code, "language": language, "mode": "session" if session else "oneshot"}
         req.update(timeout=timeout, cpu_s=self.lim.cpu_s, marker=marker)
         deadline = timeout + (_KILL_GRACE_S if session else 0.0)
@@ -236,8 +258,13 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(_both(self.out.seen, self.err.seen), _MARKER_GRACE_S)
         rc = self.exited.result() if self.exited.done() else None  # ended by itself
+        for s in (self.out, self.err):
+            if keep:
+                s.end()
         if not keep:
             await self.kill()
+            for s in (self.out, self.err):
+                s.read(True)  # to its end: the sandbox is dead, its pipes close
             await self._drain()
         after = cg.counters() if cg else (0, 0)
         hits = {"memory": after[0] > before[0], "processes": after[1] > before[1]}
@@ -390,12 +417,29 @@ def _limit(
     return None
 
 
+class _PipeReader(asyncio.Protocol):
+    """Feeds a pipe's chunks to its stream. Not a StreamReader: its own flow control would
+    resume a pipe the stream paused."""
+
+    def __init__(self, stream: _Stream, closed: asyncio.Future) -> None:
+        self.stream, self.closed = stream, closed
+
+    def data_received(self, data: bytes) -> None:
+        self.stream.feed(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
 async def _pump(loop: asyncio.AbstractEventLoop, pipe, stream: _Stream) -> None:
-    reader = asyncio.StreamReader(limit=1 << 20)
-    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+    closed = loop.create_future()
+    transport, _ = await loop.connect_read_pipe(lambda: _PipeReader(stream, closed), pipe)
+    stream.transport = transport
+    if stream.overflow.is_set():
+        stream.read(False)
     try:
-        while chunk := await reader.read(1 << 16):
-            stream.feed(chunk)
+        await closed
     finally:
         stream.eof.set()
         transport.close()
