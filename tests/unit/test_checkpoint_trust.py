@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import json
 import pickle
 import socket
 from pathlib import Path
@@ -83,6 +84,13 @@ def test_round_trip_in_both_formats_reads_only_json_and_data(learner, tmp_path: 
         assert all(torch.equal(before[k], after[k]) for k in before)
         assert learner.sched.last_epoch == last_epoch
         assert learner.opt.param_groups[0]["lr"] == pytest.approx(learner.sched.get_last_lr()[0])
+    # a checkpoint from before schedule.json: the same record through torch.save, still read
+    meta = json.loads((out / "schedule.json").read_text())
+    (out / "schedule.json").unlink()
+    torch.save(meta, out / "schedule.pt")
+    retrain(learner)
+    load_optimizer(learner.model, learner.opt, learner.sched, out, 0)
+    assert learner.sched.last_epoch == last_epoch
 
 
 def plant_in_metadata(out: Path, marker: Path) -> None:
