@@ -26,7 +26,8 @@ into an error `ToolResult` the model can read (`is_error=True`). The one excepti
 `SandboxUnavailable` (infrastructure down): the rollout ends that episode with
 `sandbox_unavailable` instead of blaming the policy.
 
-Whose fault: bad arguments, an unknown tool and a timeout are the model's (`rollout/tool_errors`);
+Whose fault (the whole rule, with the sandbox's side, is in `agentrl/types.py: StopReason`):
+bad arguments, an unknown tool and a timeout are the model's (`rollout/tool_errors`);
 an exception raised by the tool's own code is the tool's (`rollout/tool_exceptions`, logged once
 per tool class with its traceback, and never counted towards the `tool_error` stop). A plain
 `def __call__` runs in a worker thread (blocking work is fine there); an `async def __call__`
@@ -83,6 +84,11 @@ class Tool:
     description: ClassVar[str]
     Args: ClassVar[type[BaseModel]]
     timeout_s: float | None = None  # overrides ToolContext.timeout_s when set
+    # seconds the outer deadline allows beyond the timeout, for a tool whose backend enforces
+    # the timeout on the work itself and may first queue it (a sandbox service): waiting for a
+    # slot is the service's time, so it must not turn into the model's `timeout`. A service
+    # that never answers still ends the call (its client raises SandboxUnavailable first).
+    timeout_grace_s: ClassVar[float] = 0.0
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
@@ -129,7 +135,7 @@ class Tool:
         timeout = self.timeout_s if self.timeout_s is not None else ctx.timeout_s
         timed = _Timed(self(args, ctx))
         try:
-            result = await asyncio.wait_for(timed, timeout)
+            result = await asyncio.wait_for(timed, timeout + self.timeout_grace_s)
         except SandboxUnavailable:
             raise
         except TimeoutError:

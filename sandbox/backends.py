@@ -7,6 +7,7 @@ a factory `fn(cfg: SandboxConfig) -> Sandbox` of your own (`sandbox.backend=my_p
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 
 from agentrl.registry import Registry
@@ -45,20 +46,25 @@ def _subprocess(cfg: SandboxConfig) -> Sandbox:
 
 @BACKENDS.register("service")
 def _service(cfg: SandboxConfig) -> Sandbox:
-    owner, url = None, cfg.url
+    """A service given by `url` (with its `token`), or one started here on 127.0.0.1 that only
+    this client can call: it takes a random token unless `server.token` names one, and it is
+    restarted if it dies (`max_restarts`)."""
+    owner, url, token = None, cfg.url, cfg.token or cfg.server.token
     if url is None:
         from sandbox.server import LocalService  # local: starts the service's machinery
 
-        owner = LocalService(cfg.server)
+        token = token or secrets.token_urlsafe(32)
+        owner = LocalService(cfg.server.model_copy(update={"token": token}))
         url = owner.start()
     return ServiceSandbox(
         url,
-        token=cfg.token or cfg.server.token,
+        token=token,
         retries=cfg.retries,
         backoff_s=cfg.backoff_s,
         backoff_max_s=cfg.backoff_max_s,
         max_concurrency=cfg.max_concurrency,
         owner=owner,
+        max_restarts=cfg.max_restarts,
     )
 
 

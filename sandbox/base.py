@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 
 
 def die_with_parent() -> None:
@@ -62,9 +62,14 @@ class ExecResult(BaseModel):
     timed_out: bool = False
     # which limit ended the run, if any: "wall_time", "cpu_time", "memory", "output", "processes",
     # "file_size" (a file past the size limit, or the private /tmp full), "control_channel" (the
-    # code wrote to the agent's socket: killed)
+    # code wrote to the agent's socket: killed), "code_size" (not run: the code is too large).
+    # "memory"/"processes" also when the service stopped this sandbox because it held the most
+    # of a service-wide cap (then with session_reset). Every one is the code's own outcome.
     limit: str | None = None
     duration_s: float = 0.0
+    # seconds the call waited for a slot in the service before it ran: the service's time,
+    # never counted against the code's timeout
+    queue_s: float = 0.0
     truncated: bool = False
     # REPL extras (sessions): repr of the value of a trailing expression, like a notebook's Out[n]
     result: str | None = None
@@ -73,6 +78,20 @@ class ExecResult(BaseModel):
     error_value: str | None = None
     # the session's interpreter was stopped or expired: variables from earlier calls are gone
     session_reset: bool = False
+
+    @field_validator("stdout", "stderr", "result", "error_name", "error_value", mode="after")
+    @classmethod
+    def _text(cls, v: str | None) -> str | None:
+        """Any text the code produces serialises: lone surrogates (`ValueError('\\ud800')`)
+        become U+FFFD here rather than failing the response (and being booked as someone
+        else's error)."""
+        if v is None:
+            return v
+        try:
+            v.encode("utf-8")
+            return v
+        except UnicodeEncodeError:
+            return v.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
     @property
     def ok(self) -> bool:
@@ -92,3 +111,10 @@ class Sandbox(Protocol):
     async def close_session(self, session: str) -> None: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class Revivable(Protocol):
+    """A sandbox client that can restart a service it started (`ServiceSandbox`)."""
+
+    async def revive(self) -> bool: ...  # True when it restarted a dead service

@@ -60,6 +60,13 @@ def _write(path: Path, value: str) -> bool:
         return False
 
 
+def _read_int(path: Path) -> int:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return 0
+
+
 def _read_counter(path: Path, key: str) -> int:
     with contextlib.suppress(OSError, ValueError):
         for line in path.read_text().splitlines():
@@ -91,6 +98,17 @@ class Cgroup:
         if self.pids_dir is not None:
             pids = _read_counter(self.pids_dir / "pids.events", "max")
         return oom, pids
+
+    def memory_used(self) -> int:
+        """Bytes charged to this sandbox now (its processes and its tmpfs); 0 if unknown."""
+        if self.mem_dir is None:
+            return 0
+        name = "memory.usage_in_bytes" if self.version == 1 else "memory.current"
+        return _read_int(self.mem_dir / name)
+
+    def tasks(self) -> int:
+        """Processes + threads in this sandbox now; 0 if unknown."""
+        return _read_int(self.pids_dir / "pids.current") if self.pids_dir is not None else 0
 
     def kill(self) -> None:
         if self.version == 2 and self.dirs and _write(self.dirs[0] / "cgroup.kill", "1"):
@@ -216,6 +234,12 @@ class CgroupRoot:
             return int((self.mem_parent / name).read_text())
         except (OSError, ValueError):
             return None
+
+    def tasks_used(self) -> int | None:
+        """Processes + threads of all sandboxes now (None without the pids controller)."""
+        if self.pids_parent is None:
+            return None
+        return _read_int(self.pids_parent / "pids.current")
 
     def remove(self) -> None:
         for d in {self.mem_parent, self.pids_parent} - {None}:

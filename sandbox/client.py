@@ -26,9 +26,10 @@ httpx's connection pool scans every connection per request (40 % of the trainer 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 
 _NOT_RUN = {429, 503}  # the service says the code did not run: safe to retry
 _FAILED = {500, 502, 504}  # the service (or a proxy) failed: the code may have run
+_MAX_KEY = 200  # the service takes keys of up to 256 characters
+_MAX_SESSIONS_KEPT = 100_000
 # HTTP timeout beyond the code's own: the service's queue wait (max_queue_wait_s, then 503) and
 # the worker's start; a read timeout is a failure after sending, never retried
 _CALL_MARGIN_S = 45.0
@@ -54,6 +57,7 @@ class ServiceSandbox:
         backoff_max_s: float = 4.0,
         max_concurrency: int = 256,
         owner: object | None = None,
+        max_restarts: int = 3,
     ) -> None:
         self.url = url.rstrip("/")
         self.retries = retries
@@ -65,6 +69,11 @@ class ServiceSandbox:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sem = asyncio.Semaphore(max_concurrency)
         self._owner = owner  # e.g. a LocalService started for us; stopped in aclose()
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self._generation = 0  # +1 per restart of the owned service
+        self._sessions: dict[str, int] = {}  # session key -> generation its state lives in
+        self._reviving = asyncio.Lock()
 
     def _client(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
@@ -87,16 +96,25 @@ class ServiceSandbox:
         timeout: float = 10.0,
         session: str | None = None,
     ) -> ExecResult:
-        body = {"code": code, "language": language, "timeout": timeout, "session": session}
+        key = session_key(session) if session is not None else None
+        body = {"code": code, "language": language, "timeout": timeout, "session": key}
         async with self._sem:
-            _, text = await self._post(
-                "/v1/run", body, timeout + _CALL_MARGIN_S, replay=session is None
+            status, text = await self._post(
+                "/v1/run", body, timeout + _CALL_MARGIN_S, replay=session is None, session=key
+            )
+        if status == 413:  # the body (the code) is over the service's size limit: the code's
+            return ExecResult(
+                stderr=f"[sandbox] not run: the code is over the service's size limit ({text})\n",
+                exit_code=None,
+                limit="code_size",
             )
         return ExecResult.model_validate_json(text)
 
     async def close_session(self, session: str) -> None:
+        key = session_key(session)
+        self._sessions.pop(key, None)
         try:
-            await self._post("/v1/sessions/close", {"session": session}, 30.0, replay=True)
+            await self._post("/v1/sessions/close", {"session": key}, 30.0, replay=True)
         except SandboxUnavailable as e:  # the service reaps it when its lease expires
             log.warning("could not close sandbox session %s: %s", session, e)
 
@@ -115,15 +133,30 @@ class ServiceSandbox:
             await asyncio.to_thread(stop)
 
     async def _post(
-        self, path: str, body: dict | None, timeout: float, *, replay: bool
+        self,
+        path: str,
+        body: dict | None,
+        timeout: float,
+        *,
+        replay: bool,
+        session: str | None = None,
     ) -> tuple[int, str]:
         """POST with retries; returns (status, body text). `replay`: the call may run twice
         (one-shot calls, closing), so it is also retried after it was sent (a dropped
-        connection, a 5xx)."""
+        connection, a 5xx). A service this client started that died is restarted here (see
+        `revive`); a `session` begun before the restart has lost its state, so its call raises
+        SandboxUnavailable instead of running on a new interpreter as if nothing happened."""
         last = ""
         limit = aiohttp.ClientTimeout(total=timeout, sock_connect=10.0)
         for attempt in range(self.retries + 1):
             wait = None
+            if session is not None and self._sessions.get(session, self._generation) != (
+                self._generation
+            ):
+                raise SandboxUnavailable(
+                    f"the sandbox service at {self.url} was restarted after it died; session "
+                    f"{session!r} lost its state ({last or 'restarted'})"
+                )
             try:
                 async with self._client().post(
                     f"{self.url}{path}", json=body, timeout=limit
@@ -132,12 +165,16 @@ class ServiceSandbox:
                     retry_after = _retry_after(resp.headers)
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
                 last = f"{type(e).__name__}: {e}"  # never sent: retry
+                if await self.revive():
+                    continue
             except (aiohttp.ClientError, TimeoutError) as e:  # sent, maybe ran
                 last = f"{type(e).__name__} after the call was sent: {e}"
                 if not replay:
                     break
             else:
-                if status < 400:
+                if status < 400 or status == 413:
+                    if session is not None:
+                        self._started(session)
                     return status, text
                 if status in _FAILED:
                     last = f"HTTP {status} after the call was sent: {text[:200]}"
@@ -157,9 +194,55 @@ class ServiceSandbox:
             "(see /health)?"
         )
 
+    def _started(self, session: str) -> None:
+        """Remember which service generation a session's state lives in."""
+        if session not in self._sessions:
+            self._sessions[session] = self._generation
+            while len(self._sessions) > _MAX_SESSIONS_KEPT:
+                self._sessions.pop(next(iter(self._sessions)))
+
+    async def revive(self) -> bool:
+        """Restart the service this client started (`owner`) if its process died: True when it
+        did. At most `max_restarts` times; past that the death is SandboxUnavailable. A service
+        given by URL is never restarted here (its owner runs it)."""
+        owner = self._owner
+        if not isinstance(owner, Restartable):
+            return False
+        async with self._reviving:
+            if owner.alive():
+                return False
+            if self.restarts >= self.max_restarts:
+                raise SandboxUnavailable(
+                    f"the sandbox service this run started died again after {self.restarts} "
+                    "restart(s) (sandbox.max_restarts); its log is in the trainer's stderr"
+                )
+            log.warning("the sandbox service at %s died; restarting it", self.url)
+            self.url = (await asyncio.to_thread(owner.restart)).rstrip("/")
+            self.restarts += 1
+            self._generation += 1
+            return True
+
     def _backoff(self, attempt: int) -> float:
         cap = min(self.backoff_max_s, self.backoff_s * 2**attempt)
         return random.uniform(cap / 2, cap)
+
+
+@runtime_checkable
+class Restartable(Protocol):
+    """A service a client started and may restart (sandbox.server.LocalService)."""
+
+    def alive(self) -> bool: ...
+
+    def restart(self) -> str: ...  # the new URL
+
+
+def session_key(session: str) -> str:
+    """The key the service gets: the session as given, or, when it is longer than the service
+    accepts (a long task id), a prefix and its sha256, so no task id makes a call fail."""
+    if len(session) <= _MAX_KEY:
+        return session
+    digest = hashlib.sha256(session.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{session[:_MAX_KEY - 66]}#{digest}"
 
 
 def _retry_after(headers: Any) -> float | None:

@@ -43,7 +43,7 @@ class ServerConfig(BaseModel):
     )
     warm_workers: int = Field(4, ge=0, description="pre-started interpreters waiting for code")
     max_running: int = Field(
-        64,
+        256,
         ge=1,
         description="calls running at once. A sleeping call holds one, so keep it far above the "
         "CPU count: the kernel shares the CPUs, the service cgroup caps memory and processes",
@@ -72,8 +72,18 @@ class ServerConfig(BaseModel):
         description="first host uid of per-worker users (root only); None: one range per "
         "service instance (from its pid), so two services never share per-uid limits",
     )
-    token: str | None = Field(None, description="if set, required as Bearer token / X-API-Key")
+    token: str | None = Field(
+        None,
+        description="if set, required as Bearer token / X-API-Key on every route but /health; a "
+        "service the trainer starts itself gets a random one per run",
+    )
     e2b_timeout_s: float = Field(60.0, gt=0, description="default wall time of e2b /execute")
+    e2b_max_sandboxes: int = Field(
+        64, ge=1, description="live e2b sandboxes; beyond: 429 (kill one, or wait for a timeout)"
+    )
+    e2b_max_contexts: int = Field(
+        16, ge=1, description="code contexts of one e2b sandbox (each its own session); beyond: 429"
+    )
 
 
 class E2BConfig(BaseModel):
@@ -100,11 +110,14 @@ class SandboxConfig(BaseModel):
         description="service (isolated, the default) | subprocess (rlimits only) | e2b, or an import path module:factory (backends.py)",
     )
     url: str | None = Field(None, description="service URL, e.g. http://127.0.0.1:8470")
-    token: str | None = None
+    token: str | None = Field(None, description="the token of the service at `url`")
     retries: int = Field(5, ge=0, description="retries on unreachable / busy / 5xx")
     backoff_s: float = Field(0.25, gt=0, description="first retry wait; doubles, with jitter")
     backoff_max_s: float = Field(4.0, gt=0)
     max_concurrency: int = Field(256, ge=1, description="client-side cap on calls in flight")
+    max_restarts: int = Field(
+        3, ge=0, description="restarts of a service this client started, if it dies, per run"
+    )
     limits: Limits = Field(default_factory=Limits, description="subprocess backend limits")
     server: ServerConfig = Field(default_factory=ServerConfig)
     e2b: E2BConfig = Field(default_factory=E2BConfig)

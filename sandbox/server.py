@@ -254,6 +254,15 @@ class LocalService:
     def health(self) -> dict:
         return httpx.get(f"{self.url}/health", timeout=5.0).json()
 
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def restart(self) -> str:
+        """Stop what is left of this service and start a new one (same config and token, a
+        new free port); returns its URL."""
+        self.stop()
+        return self.start()
+
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return

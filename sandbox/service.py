@@ -48,6 +48,30 @@ log = logging.getLogger(__name__)
 LANGUAGES = ("python", "bash")
 
 
+HIGH_MARK, LOW_MARK = 0.9, 0.75  # service-wide usage that starts / ends an eviction
+
+
+@dataclass
+class Admission:
+    queued_s: float  # how long the call waited for its slot (the service's time, not the code's)
+
+
+def code_too_large(size: int, limit: int) -> ExecResult:
+    """The result of code the service refuses for its size: the code's own outcome."""
+    return ExecResult(
+        stderr=f"[sandbox] not run: the code is {size} bytes, over the limit of {limit}\n",
+        exit_code=None,
+        limit="code_size",
+    )
+
+
+def _usage(w: Worker, what: str) -> int:
+    cg = w.slot.cgroup
+    if cg is None:
+        return 0
+    return cg.memory_used() if what == "memory" else cg.tasks()
+
+
 class Busy(Exception):
     """Every slot is taken and the queue is full; retry after `retry_after` seconds."""
 
@@ -76,13 +100,20 @@ class ExecService:
         self._waiting = 0
         self._running = 0
         self._sessions: dict[str, Session] = {}
-        self._gone: OrderedDict[str, str] = OrderedDict()  # expired keys -> why
+        # keys of sessions that ended without being closed -> (why, the limit their next call
+        # reports: "memory"/"processes" for an eviction, None for an expired lease)
+        self._gone: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
+        self._oneshots: set[Worker] = set()  # workers running one-shot calls now
+        self._reclaiming = asyncio.Lock()
         self._bg: set[asyncio.Task] = set()
         self._reaper: asyncio.Task | None = None
         self._workdir: Path | None = None
         self._cgroups: CgroupRoot | None = None
         self.total_memory = 0
-        self.counters = {"runs": 0, "busy": 0, "session_resets": 0, "expired": 0}
+        self.counters = {
+            "runs": 0, "busy": 0, "session_resets": 0, "expired": 0, "evicted": 0,
+            "refused_code": 0,
+        }  # fmt: skip
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -211,20 +242,20 @@ class ExecService:
     # -- calls ----------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _slot(self) -> AsyncIterator[None]:
-        """A running slot. Busy at once when the queue is full or the sandboxes together use
-        90 % of the service's memory; Busy after `max_queue_wait_s` in the queue. The call's
-        wall time starts only once it runs."""
+    async def _slot(self) -> AsyncIterator[Admission]:
+        """A running slot. Busy at once when the queue is full; Busy after `max_queue_wait_s` in
+        the queue. The call's wall time starts only once it runs; the wait is the service's
+        (`Admission.queued_s`, reported as `ExecResult.queue_s`), never the code's. Before a
+        call is admitted, sandboxes that pushed the service past its memory or process mark are
+        evicted (`_reclaim`): their usage is theirs to answer for, not every caller's."""
         if self._sem.locked() and self._waiting >= self.cfg.max_queue:
             self.counters["busy"] += 1
             raise Busy(
                 f"sandbox busy: {self.cfg.max_running} running and {self._waiting} waiting "
                 f"(max_queue={self.cfg.max_queue})"
             )
-        used = self._cgroups.memory_used() if self._cgroups is not None else None
-        if used is not None and used > 0.9 * self.total_memory:
-            self.counters["busy"] += 1
-            raise Busy(f"sandbox busy: sandboxes use {used >> 20} MB of {self.total_memory >> 20}")
+        t0 = time.monotonic()
+        await self._reclaim()
         self._waiting += 1
         try:
             if self._sem.locked():
@@ -240,18 +271,97 @@ class ExecService:
             self._waiting -= 1
         self._running += 1
         try:
-            yield
+            yield Admission(time.monotonic() - t0)
         finally:
             self._running -= 1
             self._sem.release()
 
-    def _check(self, code: str, language: str) -> None:
+    def _pressure(self, mark: float) -> tuple[str, int, int] | None:
+        """(resource, used, cap) of the first service-wide cap past `mark` of it, else None."""
+        cg = self._cgroups
+        if cg is None:
+            return None
+        mem = cg.memory_used()
+        if mem is not None and mem > mark * self.total_memory:
+            return "memory", mem, self.total_memory
+        tasks = cg.tasks_used()
+        if tasks is not None and tasks > mark * self.cfg.service_processes:
+            return "processes", tasks, self.cfg.service_processes
+        return None
+
+    async def _reclaim(self) -> None:
+        """Past 90 % of the service-wide memory or process cap, evict the sandboxes that use the
+        most of it until the usage is under 75 %. An evicted session's running call, or its next
+        call, reports `limit="memory"|"processes"` with `session_reset`: an ordinary result of
+        the code that held the resource. Every other call runs as usual. Only a sandbox that
+        holds a real share (`_worth_evicting`) is evicted; when none does (the usage is not any
+        one sandbox's), the call is refused (Busy) rather than evicting bystanders."""
+        if self._pressure(HIGH_MARK) is None:
+            return
+        async with self._reclaiming:
+            while (p := self._pressure(LOW_MARK)) is not None:
+                what, used, cap = p
+                victim = self._largest(what, cap)
+                if victim is None:
+                    if self._pressure(HIGH_MARK) is None:
+                        return
+                    self.counters["busy"] += 1
+                    raise Busy(f"sandbox busy: sandboxes use {used} of {cap} ({what})")
+                w, session = victim
+                log.warning(
+                    "evicting sandbox %s: the service's %s at %d of %d, it held the most",
+                    session.key if session else "(one-shot call)", what, used, cap,
+                )  # fmt: skip
+                self.counters["evicted"] += 1
+                w.evicted = what
+                cg = w.slot.cgroup
+                if session is None:
+                    await w.kill()
+                else:
+                    if not session.lock.locked():  # idle: its next call reports the limit
+                        why = (
+                            f"the session was stopped: it held the most {what} when all "
+                            "sandboxes together reached the service's limit"
+                        )
+                        self._forget(session.key, why, what)
+                    await self._drop(session, f"evicted ({what})")
+                # its processes are dead once the worker is; the kernel frees their pages just
+                # after: wait for that before measuring again, or a bystander would be next
+                deadline = time.monotonic() + 2.0
+                while cg is not None and time.monotonic() < deadline:
+                    if _usage(w, what) < 0.05 * cap:
+                        break
+                    await asyncio.sleep(0.02)
+
+    def _largest(self, what: str, cap: int) -> tuple[Worker, Session | None] | None:
+        """The live sandbox (session or one-shot call) using the most of `what`, if it holds a
+        real share of it (5 % of the cap: an idle interpreter holds far less)."""
+        cands: list[tuple[Worker, Session | None]] = [
+            (s.worker, s) for s in self._sessions.values() if s.worker is not None
+        ] + [(w, None) for w in self._oneshots]
+        used = [(_usage(w, what), w, s) for w, s in cands if w.evicted is None and w.alive]
+        if not used:
+            return None
+        top, w, s = max(used, key=lambda t: t[0])
+        return (w, s) if top >= 0.05 * cap else None
+
+    def _forget(self, key: str, why: str, limit: str | None) -> None:
+        self._gone[key] = (why, limit)
+        while len(self._gone) > 10_000:
+            self._gone.popitem(last=False)
+
+    def _check(self, code: str, language: str) -> ExecResult | None:
+        """ValueError for a malformed call (the caller's configuration); an ExecResult for code
+        the service will not run (its content is the code's own result, never an error)."""
         if not isinstance(code, str) or not isinstance(language, str):
             raise ValueError("code and language must be strings")
         if language not in LANGUAGES:
             raise ValueError(f"unsupported language {language!r}; use one of {LANGUAGES}")
-        if len(code.encode()) > self.cfg.max_code_bytes:
-            raise ValueError(f"code is larger than max_code_bytes={self.cfg.max_code_bytes}")
+        size = len(code.encode("utf-8", "surrogatepass"))
+        if size > self.cfg.max_code_bytes:
+            self.counters["refused_code"] += 1
+            return code_too_large(size, self.cfg.max_code_bytes)
+        return None
 
     async def run(
         self,
@@ -262,8 +372,10 @@ class ExecService:
     ) -> ExecResult:
         """Run one call (see the module docstring). Raises Busy or ValueError."""
         assert self.pool is not None, "ExecService.start() first"
-        self._check(code, language)
+        refused = self._check(code, language)
         timeout = self._timeout(timeout)
+        if refused is not None:
+            return refused
         self.counters["runs"] += 1
         if session is None or language != "python":
             return await self._oneshot(code, language, timeout)
@@ -286,12 +398,16 @@ class ExecService:
 
     async def _oneshot(self, code: str, language: str, timeout: float) -> ExecResult:
         assert self.pool is not None
-        async with self._slot():
+        async with self._slot() as adm:
             w = await self.pool.acquire()
+            self._oneshots.add(w)
             try:
-                return await w.execute(code, language, timeout, session=False)
+                res = await w.execute(code, language, timeout, session=False)
             finally:
+                self._oneshots.discard(w)
                 self._background(self.pool.release(w))
+        res.queue_s = adm.queued_s
+        return res
 
     async def _session_call(self, key: str, code: str, timeout: float) -> ExecResult:
         assert self.pool is not None
@@ -310,8 +426,16 @@ class ExecService:
 
     async def _session_locked(self, s: Session, code: str, timeout: float) -> ExecResult:
         assert self.pool is not None
-        gone = self._gone.pop(s.key, None)
-        async with s.lock, self._slot():
+        gone, gone_limit = self._gone.pop(s.key, (None, None))
+        if gone_limit is not None:  # evicted while idle: this call reports why, and does not run
+            self._sessions.pop(s.key, None)
+            return ExecResult(
+                stderr=f"[sandbox] {gone}; variables from earlier calls are gone.\n",
+                exit_code=None,
+                limit=gone_limit,
+                session_reset=True,
+            )
+        async with s.lock, self._slot() as adm:
             if s.worker is None:
                 s.worker = await self.pool.acquire()
             s.calls += 1
@@ -323,7 +447,10 @@ class ExecService:
                 raise
             finally:
                 s.last_used = time.monotonic()
-            if s.worker is not w:  # closed while this call ran: its interpreter was stopped
+            res.queue_s = adm.queued_s
+            if w.evicted is not None:  # the result says so (worker._result)
+                res.session_reset = True
+            elif s.worker is not w:  # closed while this call ran: its interpreter was stopped
                 res.session_reset = True
                 res.stderr += "\n[sandbox] the session was closed while this call ran.\n"
             elif not w.alive:
@@ -367,9 +494,7 @@ class ExecService:
                 if not s.lock.locked() and now - s.last_used > ttl:
                     await self._drop(s, "expired")
                     self.counters["expired"] += 1
-                    self._gone[s.key] = f"session expired after {ttl:g}s idle"
-                    while len(self._gone) > 10_000:
-                        self._gone.popitem(last=False)
+                    self._forget(s.key, f"session expired after {ttl:g}s idle", None)
 
     def _background(self, coro) -> None:
         task = asyncio.create_task(coro)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from sandbox.base import ExecResult
 from sandbox.cgroups import CgroupRoot
 from sandbox.config import Limits
+from sandbox.cpuwatch import CpuWatch, Proc, agent_of, members
 from sandbox.isolation import Launcher, Slot
 
 log = logging.getLogger(__name__)
@@ -175,6 +176,10 @@ class Worker:
         self._tasks: list[asyncio.Task] = []
         self._pidfd: int | None = None
         self.violation: str | None = None  # why the control channel was found forged
+        self._agent: Proc | None = None  # the agent's process, whose CPU a call may spend
+        # the service killed this sandbox for a service-wide mark it crossed ("memory" or
+        # "processes"): the call it ran ends with that limit, as the code's own result
+        self.evicted: str | None = None
 
     @property
     def alive(self) -> bool:
@@ -250,14 +255,23 @@ class Worker:
         cg = self.slot.cgroup
         before = cg.counters() if cg else (0, 0)
         self.violation = None
-        reply, ended = await self._await_end(req, t0 + deadline)
+        if self.calls == 1:  # before any code ran
+            self._agent = agent_of(self.proc.pid)
+        procs = cg.dirs[0] / "cgroup.procs" if cg and cg.dirs else None
+        cpus = min(len(os.sched_getaffinity(0)), self.lim.processes)
+        watch = CpuWatch(members(self.proc.pid, procs), self._agent, self.lim.cpu_s, cpus)
+        cpu_task = asyncio.create_task(watch.run())
+        reply, ended = await self._await_end(req, t0 + deadline, cpu_task)
+        cpu_kill = reply is None and cpu_task.done() and not cpu_task.cancelled()
         overflow = self.out.overflow.is_set() or self.err.overflow.is_set()
-        wall_kill = not ended and not overflow and self.violation is None
+        wall_kill = not ended and not overflow and not cpu_kill and self.violation is None
         keep = session and reply is not None and not overflow and self.alive
         if keep and not reply.get("marker_lost"):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(_both(self.out.seen, self.err.seen), _MARKER_GRACE_S)
         rc = self.exited.result() if self.exited.done() else None  # ended by itself
+        if cpu_kill:  # past its CPU budget and deaf to SIGXCPU: as if the kernel had ended it
+            rc = -signal.SIGXCPU
         for s in (self.out, self.err):
             if keep:
                 s.end()
@@ -270,11 +284,15 @@ class Worker:
         hits = {"memory": after[0] > before[0], "processes": after[1] > before[1]}
         return self._result(reply, rc, language, t0, hits, wall_kill=wall_kill, overflow=overflow)
 
-    async def _await_end(self, req: dict, deadline: float) -> tuple[dict | None, bool]:
-        """Send the call and wait for its reply, the process's exit, or an output overflow.
-        Returns (reply, ended by itself); (None, False) means the deadline passed."""
+    async def _await_end(
+        self, req: dict, deadline: float, cpu: asyncio.Task
+    ) -> tuple[dict | None, bool]:
+        """Send the call and wait for its reply, the process's exit, an output overflow, or
+        `cpu` (the agent past its CPU budget). Returns (reply, ended by itself); (None, False)
+        means the deadline passed."""
         reply_task = asyncio.create_task(self._recv())
         others = {
+            cpu,
             asyncio.shield(self.exited),
             asyncio.create_task(self.out.overflow.wait()),
             asyncio.create_task(self.err.overflow.wait()),
@@ -294,7 +312,7 @@ class Worker:
                     return None, False
                 if reply_task in done and reply_task.result() is not None:
                     return reply_task.result(), True
-                if done - {reply_task}:  # exited or overflowed
+                if done - {reply_task}:  # exited, overflowed or past its CPU budget
                     if not reply_task.done():  # a reply sent just before exiting is in the socket
                         await asyncio.wait({reply_task}, timeout=0.2)
                     if reply_task.done() and reply_task.exception() is not None:
@@ -341,7 +359,13 @@ class Worker:
                 f"\n[sandbox] killed: the code wrote to the sandbox's control channel "
                 f"({self.violation})\n"
             )
-        if limit == "memory" and not reply.get("error_name"):
+        if self.evicted is not None:
+            limit, exit_code, timed_out = self.evicted, None, False
+            err += (
+                f"\n[sandbox] killed: this sandbox held the most {self.evicted} when all "
+                "sandboxes together reached the service's limit\n"
+            )
+        elif limit == "memory" and not reply.get("error_name"):
             err += "\n[sandbox] killed: memory limit reached\n"
         return ExecResult(
             stdout=out,

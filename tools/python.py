@@ -33,20 +33,28 @@ class PythonTool(Tool):
     class Args(BaseModel):
         code: str = Field(description="Python source code to execute")
 
+    # the sandbox enforces the timeout on the code once it runs; its queue wait and the HTTP
+    # round trip are the service's (sandbox/client.py bounds them: SandboxUnavailable)
+    timeout_grace_s = 60.0
+
     def __init__(self, stateful: bool = True) -> None:
         self.stateful = stateful
 
     async def __call__(self, args: PythonTool.Args, ctx: ToolContext) -> ToolResult:
         sandbox = ctx.sandbox or _default_sandbox()
-        # leave the sandbox a little less than the tool's own deadline so it reports the timeout
-        timeout = max(ctx.timeout_s - 0.5, 0.1)
+        timeout = self.timeout_s if self.timeout_s is not None else ctx.timeout_s
         res = await sandbox.run(
             args.code, "python", timeout=timeout, session=ctx.session if self.stateful else None
         )
         return ToolResult(
             content=format_result(res, timeout),
             is_error=not res.ok,
-            metadata={"exit_code": res.exit_code, "limit": res.limit, "timed_out": res.timed_out},
+            metadata={
+                "exit_code": res.exit_code,
+                "limit": res.limit,
+                "timed_out": res.timed_out,
+                "queue_s": res.queue_s,
+            },
         )
 
 

@@ -456,10 +456,10 @@ async def test_a_grading_budget_that_does_not_fit_is_split_or_refused(
 ) -> None:
     sb = ServiceSandbox(service.url, retries=0)
     tests = [IOTest(stdin="", expected="1\n")] * 12
-    res = await grade(sb, "print(1)", tests, timeout_s=4.0, max_call_s=60.0)  # 11 per call
+    res = await grade(sb, "print(1)", tests, timeout_s=4.0, max_call_s=60.0)  # one call each
     assert res.passed == 12, res.outcomes  # none lost as "missing"
     with pytest.raises(ValueError, match="does not fit a sandbox call"):
-        await grade(sb, "print(1)", tests, timeout_s=30.0, max_call_s=60.0)
+        await grade(sb, "print(1)", tests, timeout_s=58.0, max_call_s=60.0)  # 58 s + 3 s slack
     await sb.aclose()
 
 
@@ -516,7 +516,8 @@ def test_terminal_control_characters_are_shown_not_obeyed() -> None:
 
 async def test_all_sandboxes_together_are_capped_and_admission_says_busy(isolation: dict) -> None:
     """Four idle sessions once held 3.3 GB with no cap over all sandboxes; now the service's
-    cgroup caps their sum and, near the cap, new calls are told "busy" (503) at once."""
+    cgroup caps their sum and, near the cap, the session holding the most is evicted (its next
+    call says `limit="memory"`) so that the new call runs: never "busy" for everyone."""
     needs(isolation, "memory")
     cfg = ServerConfig(warm_workers=1, limits=LIMITS, service_memory_mb=320)
     with LocalService(cfg) as svc:
@@ -525,10 +526,9 @@ async def test_all_sandboxes_together_are_capped_and_admission_says_busy(isolati
         for k in range(2):
             res = await sb.run("hold = b'x' * (150 << 20)", session=f"hog{k}", timeout=20)
             assert res.ok or res.limit == "memory", res
-        try:  # the sum never passes the cap: refused at once, or stopped at the limit
-            third = await sb.run("more = b'x' * (150 << 20)", session="hog2", timeout=20)
-            assert not third.ok, third
-        except SandboxUnavailable as e:
-            assert "busy" in str(e) and "MB of 320" in str(e)
+        third = await sb.run("more = b'x' * (150 << 20)", session="hog2", timeout=20)
+        assert third.ok or third.limit == "memory", third  # admitted: a hog made room
+        again = [await sb.run("1", session=f"hog{k}") for k in range(2)]
+        assert any(r.limit == "memory" and r.session_reset for r in again), again
         assert svc.health()["memory_mb"]["used"] <= 320
         await sb.aclose()

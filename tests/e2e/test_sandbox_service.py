@@ -117,7 +117,8 @@ async def test_busy_answer_and_owned_service_lifecycle() -> None:
     sb = make_sandbox(cfg)  # starts a service of its own on a free loopback port
     assert isinstance(sb, ServiceSandbox)
     owner = sb._owner
-    async with httpx.AsyncClient(timeout=30) as http:
+    auth = {"Authorization": f"Bearer {owner.cfg.token}"}  # a started service takes a token
+    async with httpx.AsyncClient(timeout=30, headers=auth) as http:
         calls = [
             http.post(f"{sb.url}/v1/run", json={"code": "import time; time.sleep(1)"})
             for _ in range(5)
