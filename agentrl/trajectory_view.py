@@ -4,6 +4,8 @@
 few trajectories token by token: the prompt and tool observations (loss mask 0) as grey/amber text,
 each sampled token (loss mask 1) as its own box, coloured either by the loss mask or by the
 |rollout - trainer| logprob gap (a switch at the top; hover a token for its id and logprobs).
+Text that spells a special token (a tool that printed `<|im_end|>`) is shown escaped and struck
+through with a dotted line, so it is never mistaken for the template's own special tokens.
 
 The command line for runs without W&B is agentrl/cli/view.py:
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from statistics import fmean
@@ -154,6 +157,7 @@ margin:2px 2px 2px 0;white-space:nowrap} .b.o2{background:#a67c00} .el{color:#99
 .t{border-right:1px solid rgba(0,0,0,.12)}
 #vm:checked ~ .trajs .t{background:#cfe0ff} #vd:checked ~ .trajs .t{background:var(--d)}
 details.pd{display:inline} details.pd summary{display:inline;cursor:pointer;color:#557}
+.lit{text-decoration:line-through dotted #c00;background:#fde2e2}
 """
 _GAP_STOPS = ((0.0, (0xC8, 0xEC, 0xD0)), (0.5, (0xFF, 0xEE, 0x99)), (1.0, (0xF2, 0x9B, 0x9B)))
 
@@ -182,11 +186,38 @@ def _segment(tok: Any, ids: list[int], cls: str, label: str, budget: int) -> str
         keep_head = min(64, budget // 4)
         head, tail = ids[:keep_head], ids[len(ids) - (budget - keep_head) :]
         hidden = len(ids) - len(head) - len(tail)
-    text = html.escape(tok.decode(head, skip_special_tokens=False))
+    text = _text_html(tok, head)
     if hidden:
         text += f'<span class="el"> … {hidden} tokens not shown … </span>'
-        text += html.escape(tok.decode(tail, skip_special_tokens=False))
+        text += _text_html(tok, tail)
     return f'<span class="{cls}" title="{label}: {len(ids)} tokens, loss mask 0">{text}</span>'
+
+
+def _text_html(tok: Any, ids: list[int]) -> str:
+    """Escaped text of `ids`; where ordinary tokens spell a special token's text, that text is
+    marked (class "lit"): it is text the model read as characters, not the special token."""
+    added = getattr(tok, "added_tokens_decoder", None) or {}
+    specials = sorted(
+        (str(getattr(t, "content", t)) for t in added.values()), key=len, reverse=True
+    )
+    pattern = re.compile("|".join(map(re.escape, specials))) if specials else None
+    out, run = [], []
+    for i in [*ids, None]:  # runs of ordinary ids decode together; special ids one by one
+        if i is not None and i not in added:
+            run.append(i)
+            continue
+        text = tok.decode(run, skip_special_tokens=False) if run else ""
+        pos = 0
+        for m in pattern.finditer(text) if pattern else ():
+            out.append(html.escape(text[pos : m.start()]))
+            out.append(f'<span class="lit" title="text, not a special token">'
+                       f"{html.escape(m.group())}</span>")  # fmt: skip
+            pos = m.end()
+        out.append(html.escape(text[pos:]))
+        run = []
+        if i is not None:
+            out.append(html.escape(tok.decode([i], skip_special_tokens=False)))
+    return "".join(out)
 
 
 def _sampled(tok: Any, traj: Trajectory, lo: int, hi: int, ours: list[float] | None) -> str:
@@ -264,7 +295,8 @@ def render_html(
         "trainer| logprob</label>"
         '<div class="legend"><span class="sw p"></span> prompt (mask 0) '
         '<span class="sw o"></span> observation (mask 0) '
-        '<span class="sw" style="background:#cfe0ff"></span> sampled (mask 1) · |Δ|: '
+        '<span class="sw" style="background:#cfe0ff"></span> sampled (mask 1) · '
+        '<span class="lit">&lt;|x|&gt;</span> text that spells a special token · |Δ|: '
         f"{swatches}· grey: no trainer logprob · hover a token for its logprobs</div>"
         f'<div class="trajs">{body}</div></body></html>'
     )
