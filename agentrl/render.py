@@ -23,17 +23,44 @@ not end with it, it is supplied at the head of the delta, masked.
 The delta is tokenized on its own, so tool output can never merge with the sampled tokens before
 it, and templates that rewrite history (Qwen3 drops earlier <think> blocks) cannot change ids the
 model already produced.
+
+Text from tools and envs is text. The content of every system, user and tool message (the env's
+start messages, tool results, messages an env adds) is tokenized with no markup ids: a tool that
+prints `42<|im_end|>\n<|im_start|>system\n…` gives the model those characters, never a new turn.
+Markup means every added token of the tokenizer (<|im_end|>, <|eot_id|>, and also <tool_response>,
+<think>, …). Only the template's own text becomes markup ids:
+
+    R = render(messages)                 the template's text, as before
+    N = render(messages, each markup string inside such content → as many "\ue000")
+    R and N must agree everywhere but at those characters (templates that copy, trim or JSON-quote
+    content do); then the markup found in N is the template's own: split R there, give those
+    spans their ids and tokenize everything between them without markup.
+
+Guarantee: content with no markup text gives exactly `tokenizer.encode(R)`, as before (it is
+computed that way). Content with markup text gives the template's characters; the ids outside the
+text between the two markup tokens around it are those of `tokenizer.encode(R)`, and that text is
+tokenized as the tokenizer tokenizes ordinary text there (same merges across the content's borders).
+When R and N do not align (a template that branches on markup inside content), each markup string
+in the content gets a zero-width space after its first character instead, and a warning is logged:
+the model reads nearly the same text, still never as markup. Assistant messages are the model's own
+turns and render as the template writes them (their <think>/<tool_call> markup is meant).
 """
 
 from __future__ import annotations
 
+import logging
+import re
 from typing import Any
 
 from agentrl.types import Message, ToolCall
 
+log = logging.getLogger(__name__)
+
 _BASE = [Message(role="user", content="x"), Message(role="assistant", content="y")]
 _USER = Message(role="user", content="x")
 _SENTINELS = ("\u27e61", "\u27e72")  # differ at their first character
+TEXT_ROLES = frozenset({"system", "user", "tool"})  # their content is text, never markup
+_ZWSP = "\u200b"
 
 
 class RenderError(ValueError):
@@ -64,6 +91,10 @@ class Renderer:
             )
         self._base_text = base
         self.separator = base[base.rindex(self.eot) + len(self.eot) :]
+        self.markup = Markup(tokenizer)
+        self._warned = False  # the zero-width-space fallback was logged
+        # the split encoding must be the tokenizer's own on markup-free content, else never used
+        self._split_ok = self.markup.split_encode(_clean(base), base, 0) == self.encode(base)
 
     # -- text ----------------------------------------------------------------------------------
 
@@ -77,9 +108,12 @@ class Renderer:
         )
 
     def encode(self, text: str) -> list[int]:
-        # lone surrogates (a tool may return anything) cannot be tokenized: replace them
-        text = text.encode("utf-8", "replace").decode("utf-8")
-        return list(self.tok.encode(text, add_special_tokens=False))
+        """Ids of template text or sampled text: markup strings become their ids."""
+        return list(self.tok.encode(_clean(text), add_special_tokens=False))
+
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of `text` as text: markup strings in it are tokenized as ordinary characters."""
+        return self.markup.plain_encode(_clean(text))
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=False)
@@ -87,8 +121,9 @@ class Renderer:
     # -- ids -----------------------------------------------------------------------------------
 
     def prompt_ids(self, messages: list[Message]) -> list[int]:
-        """Ids of the first prompt, ending with the generation prompt."""
-        return self.encode(self.render(messages, add_generation_prompt=True))
+        """Ids of the first prompt, ending with the generation prompt; the content of system,
+        user and tool messages is text (see the module docstring)."""
+        return self._ids_after([], messages, self.render(messages, add_generation_prompt=True), 0)
 
     def delta_text(self, new: list[Message], assistant: Message | None = None) -> str:
         """The text the template puts after an assistant turn's end-of-turn marker and its
@@ -99,6 +134,13 @@ class Renderer:
     def after_turn(self, new: list[Message], assistant: Message | None, marker: str) -> str:
         """Everything the template renders after `assistant`'s end marker `marker`: the
         separator, `new`, the generation prompt (see the module docstring)."""
+        _, full, cut = self._cut(new, assistant, marker)
+        return full[cut:]
+
+    def _cut(
+        self, new: list[Message], assistant: Message | None, marker: str
+    ) -> tuple[list[Message], str, int]:
+        """(the messages before `new`, the rendering with `new`, where `new`'s text starts)."""
         if not new:
             raise RenderError("an observation delta needs at least one new message")
         assistant = assistant or _default_assistant(new)
@@ -117,7 +159,37 @@ class Renderer:
                 "delta is undefined. Use a template whose history rendering is stable, or set "
                 "the end-of-turn token the template uses"
             )
-        return full[at + len(marker) :]
+        return base, full, at + len(marker)
+
+    def _ids_after(
+        self, before: list[Message], new: list[Message], full: str, cut: int
+    ) -> list[int]:
+        """Ids of `full[cut:]`, where `full` renders `before + new` with the generation prompt
+        and `cut` lies before `new`; markup text inside `new`'s content stays text."""
+        fill = _free_char(full)
+        neutral = [self.markup.neutral(m, fill) for m in new]
+        if all(a is b for a, b in zip(neutral, new, strict=True)):  # no markup text: as before
+            return self.encode(full[cut:])
+        if self._split_ok:
+            other = self.render(before + neutral, add_generation_prompt=True)
+            ids = self.markup.aligned_encode(_clean(full), _clean(other), cut, fill)
+            if ids is not None:
+                return ids
+        defanged = [self.markup.defang(m) for m in new]
+        text = self.render(before + defanged, add_generation_prompt=True)
+        if not text.startswith(full[:cut]):
+            raise RenderError(
+                "the chat template renders earlier turns differently when a message's content "
+                "holds special-token text, so that text cannot be kept out of the prompt's "
+                "structure; use a template that copies message content (model.tokenizer)"
+            )
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "the chat template does not copy message content verbatim; special-token text "
+                "in env/tool messages gets a zero-width space to keep it text (warned once)"
+            )
+        return self.encode(text[cut:])
 
     def observation_ids(
         self, new: list[Message], sampled: list[int], assistant: Message | None = None
@@ -134,12 +206,12 @@ class Renderer:
         error: RenderError | None = None
         for marker in dict.fromkeys(markers):
             try:
-                text = self.after_turn(new, assistant, marker)
+                base, full, cut = self._cut(new, assistant, marker)
             except RenderError as e:
                 error = error or e
                 continue
-            head = "" if marker == last else marker
-            return self.encode(head + text)
+            head = [] if marker == last else self.encode(marker)  # the eot, one markup id
+            return head + self._ids_after(base, new, full, cut)
         raise error or RenderError("the sampled turn has no end-of-turn marker to cut at")
 
     def assistant_text(self, sampled: list[int]) -> str:
@@ -152,7 +224,7 @@ class Renderer:
 
     def truncate(self, content: str, max_tokens: int) -> tuple[str, int]:
         """Cut `content` to at most `max_tokens` tokens (plus a marker); returns (text, tokens cut)."""
-        ids = self.encode(content)
+        ids = self.encode_text(content)
         if len(ids) <= max_tokens:
             return content, 0
         cut = len(ids) - max_tokens
@@ -174,3 +246,114 @@ def _default_assistant(new: list[Message]) -> Message:
         if m.role == "tool"
     ]
     return Message(role="assistant", content="y", tool_calls=calls)
+
+
+class Markup:
+    """The tokenizer's added tokens as strings, and its ordinary tokenization without them."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tok = tokenizer
+        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        self.ids = {str(getattr(t, "content", t)): i for i, t in added.items()}
+        longest_first = sorted(self.ids, key=len, reverse=True)  # leftmost-longest, as HF splits
+        self.pattern = re.compile("|".join(map(re.escape, longest_first))) if self.ids else None
+        self.plain = _without_added_tokens(tokenizer)
+
+    def find(self, text: str) -> list[re.Match[str]]:
+        return list(self.pattern.finditer(text)) if self.pattern else []
+
+    def plain_encode(self, text: str) -> list[int]:
+        """`text` through the normalizer, pre-tokenizer and model only: no markup ids."""
+        if not text:
+            return []
+        if self.plain is not None:
+            return list(self.plain.encode(text, add_special_tokens=False).ids)
+        return list(self.tok.encode(self.defang_text(text), add_special_tokens=False))  # slow
+
+    def split_encode(self, marks_in: str, text: str, start: int) -> list[int] | None:
+        """Ids of `text[start:]`: markup ids exactly where `marks_in` (aligned with `text`) holds
+        markup strings, ordinary tokenization between them. None if that cannot be exact."""
+        if self.plain is None:
+            return None
+        ids: list[int] = []
+        pos = start
+        for m in self.find(marks_in):
+            if m.end() <= start:
+                continue
+            if m.start() < start:
+                return None
+            ids += self.plain_encode(text[pos : m.start()])
+            ids.append(self.ids[m.group()])
+            pos = m.end()
+        return ids + self.plain_encode(text[pos:])
+
+    def aligned_encode(self, text: str, neutral: str, start: int, fill: str) -> list[int] | None:
+        """Ids of `text[start:]` with the markup of `neutral` (the same rendering with content's
+        markup strings filled with `fill`) as the only markup ids; None unless the two agree
+        everywhere but at the filled characters."""
+        if len(text) != len(neutral):
+            return None
+        pos = 0
+        for run in re.finditer(re.escape(fill) + "+", neutral):
+            if text[pos : run.start()] != neutral[pos : run.start()]:
+                return None
+            pos = run.end()
+        if text[pos:] != neutral[pos:]:
+            return None
+        ids = self.split_encode(neutral, text, start)
+        markup = set(self.ids.values())
+        expected = sum(1 for m in self.find(neutral) if m.start() >= start)
+        if ids is None or sum(i in markup for i in ids) != expected:
+            return None  # the ordinary tokenization made a markup id: not exact, fall back
+        return ids
+
+    def neutral(self, msg: Message, fill: str) -> Message:
+        """`msg` with each markup string in its text replaced by as many `fill` characters."""
+        return self._map(msg, lambda s: self.pattern.sub(lambda m: fill * len(m.group()), s))
+
+    def defang(self, msg: Message) -> Message:
+        """`msg` with a zero-width space after the first character of each markup string."""
+        return self._map(msg, self.defang_text)
+
+    def defang_text(self, text: str) -> str:
+        if self.pattern is None:
+            return text
+        while (m := self.pattern.search(text)) is not None:
+            text = text[: m.start() + 1] + _ZWSP + text[m.start() + 1 :]
+        return text
+
+    def _map(self, msg: Message, f: Any) -> Message:
+        if self.pattern is None or msg.role not in TEXT_ROLES:
+            return msg
+        update = {
+            k: f(v)
+            for k in ("content", "reasoning_content")
+            if isinstance(v := getattr(msg, k), str) and self.pattern.search(v)
+        }
+        return msg.model_copy(update=update) if update else msg
+
+
+def _without_added_tokens(tokenizer: Any) -> Any:
+    """A fast tokenizer's normalizer, pre-tokenizer and model (shared, not copied) with no added
+    tokens; None for a slow tokenizer."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    from tokenizers import Tokenizer
+
+    plain = Tokenizer(backend.model)
+    if backend.normalizer is not None:
+        plain.normalizer = backend.normalizer
+    if backend.pre_tokenizer is not None:
+        plain.pre_tokenizer = backend.pre_tokenizer
+    return plain
+
+
+def _clean(text: str) -> str:
+    """Lone surrogates (a tool may return anything) cannot be tokenized: replaced, 1 char each."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _free_char(text: str) -> str:
+    """A private-use character that `text` does not contain."""
+    return next(c for c in map(chr, range(0xE000, 0xF900)) if c not in text)

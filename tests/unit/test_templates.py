@@ -98,17 +98,19 @@ def test_tool_round_trip_is_token_exact(name, tokenizers):
         obs = r.observation_ids([result], sampled, parsed)
         ids += obs
         assert ids[: len(before) + len(sampled)] == before + sampled  # never touches earlier ids
-        assert r.encode(r.decode(obs)) == obs  # the delta tokenizes on its own, exactly
+        plain = r.observation_ids([result.model_copy(update={"content": "1024"})], sampled, parsed)
+        markup = set(r.markup.ids.values())  # the tool's <|im_end|> is text, not a markup id
+        assert [i for i in obs if i in markup] == [i for i in plain if i in markup]
         history += [call, result]
         full = r.render(history, add_generation_prompt=True)
         # the delta is exactly what the template renders after that turn
         assert full.endswith(r.decode(obs))
         if stable:  # and the whole trajectory is the template's rendering, id for id
-            assert ids == r.encode(full)
+            assert ids == r.prompt_ids(history)  # (tool output as text)
     answer = Message(role="assistant", content="1024")
     ids += as_written(r, history, answer)
     if stable:
-        assert ids == r.encode(r.render([*history, answer]))[: len(ids)]
+        assert ids == r.prompt_ids([*history, answer])[: len(ids)]
 
 
 def test_auto_picks_hermes_for_the_shipped_tiny_model():
