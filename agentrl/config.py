@@ -266,6 +266,13 @@ class TrainerConfig(CheckpointConfig):
         description="share of a step's episodes that may crash (aborted, reward_error) before "
         "the run stops with one of their tracebacks",
     )
+    max_unavailable_frac: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="share of a step's episodes that may still have no sandbox after their "
+        "groups were rolled out again (sandbox_unavailable) before the run stops with the cause",
+    )
     max_empty_steps: int = Field(
         3, ge=1, description="steps in a row with no trainable trajectory before the run stops"
     )

@@ -80,8 +80,10 @@ rollout/oversampled_dropped — groups launched beyond trainer.tasks_per_step an
     enough had finished (trainer.oversample_groups)
 rollout/filtered_groups, rollout/refill_rounds — trainer.dynamic_sampling: groups dropped for
     having no reward variance, and (sync) the extra rollout rounds run to replace them
-rollout/reissued — episodes rolled out again this step because a server failed under them (whole
-    groups, so each group's baseline compares samples of one policy)
+sandbox/restarts — the sandbox service this run started, restarted this step (it died;
+    sandbox.max_restarts per run)
+rollout/reissued — episodes rolled out again this step because a server or the sandbox failed
+    under them (whole groups, so each group's baseline compares samples of one policy)
 timing_s/<phase> — wall seconds of each phase (rollout — in async mode the wait for finished
     groups —, advantage, to_learner, logprobs, update,
     sync, checkpoint); timing_s/step is their sum

@@ -1,6 +1,6 @@
-"""Rollout servers this run started that die or hang, brought back without losing work: the
-Trainer's part that restarts them (a mixin of `agentrl.train.Trainer`, which owns the fleet, the
-engine client, the weight sync and the GPU hand-over it uses).
+"""Rollout servers and the sandbox service this run started that die or hang, brought back
+without losing work: the Trainer's part that restarts them (a mixin of `agentrl.train.Trainer`,
+which owns the fleet, the engine client, the weight sync and the GPU hand-over it uses).
 
 - During the rollout (`_recover_engines`, after every rollout): the dead servers are restarted on
   their ports (`engine.max_restarts` each), get the current weights, and the groups that lost an
@@ -9,6 +9,10 @@ engine client, the weight sync and the GPU hand-over it uses).
   servers are restarted and the step's own push gives them the new weights. Colocated, the
   learner leaves the GPU while the server starts and the new server releases its memory before
   the learner comes back, so the push finds every server in the same state.
+- The sandbox service (after every rollout): one this run started that died is restarted (its
+  client restarts it too, at the first refused call), and the groups that lost an episode to
+  the sandbox (`sandbox_unavailable`) are rolled out again, whole. Episodes still without a
+  sandbox past `trainer.max_unavailable_frac` of the step stop the run with the cause.
 - During a push itself: not recoverable in place (a collective with a dead member blocks until its
   timeout); the run stops with the error and resumes from its last checkpoint.
 """
@@ -20,7 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.engine import EngineClient, EngineUnavailable
 from agentrl.rollout import engine_lost
-from agentrl.types import Task, Trajectory
+from agentrl.types import StopReason, Task, Trajectory
+from sandbox.base import Revivable, SandboxUnavailable
+
+
+def _lost(tr: Trajectory) -> bool:
+    """An episode the system lost (its engine, or its sandbox): its group is rolled out again."""
+    return engine_lost(tr) or tr.stop_reason == StopReason.SANDBOX_UNAVAILABLE
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -46,6 +56,7 @@ class EngineRecovery:
     rollout: Rollout
     sync: Transport
     step_idx: int
+    sandbox_restarts: int  # the sandbox client's restarts when last counted
 
     if TYPE_CHECKING:  # the Trainer's
 
@@ -71,10 +82,15 @@ class EngineRecovery:
         rolled out again, whole, so every group's baseline compares samples of the same policy.
         Servers we did not start (`engine.urls`) are not restarted: the run stops with their
         names (resume with trainer.resume=auto)."""
-        lost = [i for i, g in enumerate(groups) if any(engine_lost(tr) for tr in g)]
+        lost = [i for i, g in enumerate(groups) if any(_lost(tr) for tr in g)]
+        revived = await self._revive_sandbox()
         down = await self._down()
         if not down and not lost:
-            return groups, {"engine/restarts": 0.0, "rollout/reissued": 0.0}
+            return groups, {
+                "engine/restarts": 0.0,
+                "sandbox/restarts": float(revived),
+                "rollout/reissued": 0.0,
+            }
         if not down:  # episodes failed yet every server is up: one may hang; each generates
             down = await self._down(deep=True)  # a token (they hold their memory: no release yet)
         restarted = await self._restart(down, "during")
@@ -90,10 +106,43 @@ class EngineRecovery:
                     f"step {self.step_idx + 1}: episodes lost their rollout server again after "
                     f"the restart (logs in {self.out})"
                 )
+            self._check_sandbox([tr for i in lost for tr in groups[i]], len(groups))
         return groups, {
             "engine/restarts": float(len(restarted)),
+            "sandbox/restarts": float(revived),
             "rollout/reissued": float(sum(len(groups[i]) for i in lost)),
         }
+
+    async def _revive_sandbox(self) -> int:
+        """The sandbox service this run started is restarted if it died (its client also does
+        so at the first refused call); returns the restarts since the last look. A service given
+        by URL is not ours to restart; past `sandbox.max_restarts` the run stops."""
+        sandbox = self.rollout.sandbox
+        if not isinstance(sandbox, Revivable):
+            return 0
+        try:
+            await sandbox.revive()
+        except SandboxUnavailable as e:
+            raise TrainingError(
+                f"step {self.step_idx + 1}: {e}. Fix the cause, then resume with "
+                "trainer.resume=auto"
+            ) from None
+        seen, self.sandbox_restarts = self.sandbox_restarts, sandbox.restarts
+        return sandbox.restarts - seen
+
+    def _check_sandbox(self, again: list[Trajectory], n_groups: int) -> None:
+        """After the re-issue: episodes still without a sandbox past
+        `trainer.max_unavailable_frac` of the step stop the run with the cause, rather than
+        training on a step that silently lost them (they leave the baseline)."""
+        still = [tr for tr in again if tr.stop_reason == StopReason.SANDBOX_UNAVAILABLE]
+        total = max(1, n_groups * self.cfg.rollout.group_size)
+        if still and len(still) / total > self.cfg.trainer.max_unavailable_frac:
+            raise TrainingError(
+                f"step {self.step_idx + 1}: {len(still)} of {total} episodes had no sandbox even "
+                f"after their groups were rolled out again (trainer.max_unavailable_frac="
+                f"{self.cfg.trainer.max_unavailable_frac:g}). The sandbox service is down or "
+                f"refusing calls: {still[0].error}. Fix it, then resume with trainer.resume=auto"
+            )
 
     async def _revive_before_push(self) -> float:
         """Before the step's push: servers that died while the learner worked are restarted so

@@ -144,6 +144,7 @@ class Trainer(EngineRecovery):
         self.step_idx = resumed.step if resumed else 0
         self.skipped_in_a_row = resumed.consecutive_skips if resumed else 0
         self.empty_in_a_row = 0  # steps with nothing to train on
+        self.sandbox_restarts = 0  # the sandbox client's restarts counted so far (recovery.py)
         self.no_signal_in_a_row = 0  # steps where no group had reward variance
         self.history: list[dict[str, float]] = []
         self.trainer_logprobs: dict[int, torch.Tensor] = {}  # this step's, by trajectory index

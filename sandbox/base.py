@@ -117,4 +117,6 @@ class Sandbox(Protocol):
 class Revivable(Protocol):
     """A sandbox client that can restart a service it started (`ServiceSandbox`)."""
 
-    async def revive(self) -> bool: ...  # True when it restarted a dead service
+    restarts: int  # how many times it has
+
+    async def revive(self) -> bool: ...  # True when it restarted a dead service now

@@ -1,0 +1,77 @@
+"""A sandbox service SIGKILLed mid-run: the run restarts it and rolls the groups that lost an
+episode out again (the same tasks as a run whose service never died), or, past
+`sandbox.max_restarts`, stops with the cause; never "done" over silently degraded steps."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agentrl.config import compose
+from agentrl.run import open_run
+from agentrl.train import Trainer, TrainingError
+
+pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's runs (conftest)
+
+SMALL = ["trainer.tasks_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=48",
+         "rollout.max_turns=2", "ray.num_cpus=2", "+env.args.format_reward=0.5",
+         "rollout.temperature=1.0"]  # fmt: skip
+
+
+def _tasks_per_step(path: Path) -> list[list[str]]:
+    by_step: dict[int, set[str]] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        by_step.setdefault(row["step"], set()).add(row["task_id"])
+    return [sorted(v) for _, v in sorted(by_step.items())]
+
+
+async def _kill_when_busy(sandbox) -> None:
+    """SIGKILL the run's sandbox service (its whole process group) once a call reached it."""
+    owner = sandbox._owner
+    async with httpx.AsyncClient() as http:
+        start = (await http.get(f"{sandbox.url}/health")).json()["counters"]["runs"]
+        for _ in range(2000):
+            health = (await http.get(f"{sandbox.url}/health")).json()
+            if health["running"] > 0 or health["counters"]["runs"] > start:
+                break
+            await asyncio.sleep(0.005)
+    os.killpg(owner.proc.pid, signal.SIGKILL)
+
+
+async def _run(cfg, out: Path, kill_at: set[int]) -> list[dict]:
+    history = []
+    async with open_run(cfg, out) as run:
+        tr = Trainer(cfg, run)
+        for step in range(1, cfg.trainer.steps + 1):
+            killer = asyncio.create_task(_kill_when_busy(tr.rollout.sandbox)) if step in kill_at else None
+            history.append(await tr.step())
+            if killer is not None:
+                await killer
+    return history
+
+
+def test_a_killed_sandbox_service_is_restarted_and_its_groups_reissued(tmp_path):
+    cfg = compose([*SMALL, "trainer.steps=2", f"trainer.dir={tmp_path}/ckpt"])
+    calm = asyncio.run(_run(cfg, tmp_path / "calm", set()))
+    killed = asyncio.run(_run(cfg, tmp_path / "killed", {2}))
+    m = killed[1]
+    assert m["sandbox/restarts"] == 1, m
+    assert m["stop/sandbox_unavailable"] == 0 and m["rollout/trajectories"] == 8, m
+    assert calm[1]["sandbox/restarts"] == 0
+    # the same tasks each step as the run whose service never died
+    same = [_tasks_per_step(p / "trajectories.jsonl") for p in (tmp_path / "calm", tmp_path / "killed")]
+    assert same[0] == same[1] and len(same[0]) == 2
+
+
+def test_a_sandbox_service_that_keeps_dying_stops_the_run_with_the_cause(tmp_path):
+    cfg = compose([*SMALL, "trainer.steps=2", "sandbox.max_restarts=0", "sandbox.retries=1",
+                   f"trainer.dir={tmp_path}/ckpt"])  # fmt: skip
+    with pytest.raises(TrainingError, match=r"sandbox service[\s\S]*died[\s\S]*resume"):
+        asyncio.run(_run(cfg, tmp_path / "out", {2}))
