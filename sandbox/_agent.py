@@ -199,7 +199,9 @@ def _flush():
 
 
 def _limit_cpu(cpu_s, hard, oneshot):
-    """Per-call CPU budget: SIGXCPU at `cpu_s` more seconds (SIGKILL one second later)."""
+    """Per-call CPU budget: SIGXCPU at `cpu_s` more seconds (SIGKILL one second later). The
+    code may raise this soft limit (to `hard`): the server watches the budget from outside too
+    (sandbox/cpuwatch.py); this is the first line, exact to the next whole second."""
     used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
     soft = -int(-(used + cpu_s) // 1)  # ceil
     hard = soft + 1 if oneshot else hard
@@ -230,11 +232,15 @@ def serve(fd, cfg):
             signal.setitimer(signal.ITIMER_REAL, req["timeout"])
         name = "<string>" if oneshot else f"<cell {cells}>"
         try:
-            out = run_cell(req["code"], ns, name, repl=not oneshot)
+            try:
+                out = run_cell(req["code"], ns, name, repl=not oneshot)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                # the server's CPU watch may send SIGXCPU as the cell ends; between calls it
+                # would end the agent (in _send or _recv), so until the next call it is ignored
+                signal.signal(signal.SIGXCPU, signal.SIG_IGN)
         except (CellTimeout, CellCpuLimit):  # fired between the cell's end and here
             out = {"exit_code": 0, "timed_out": False}
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
         _flush()
         marker = req.get("marker")
         if marker:

@@ -1,5 +1,5 @@
-"""What a session's own code does to the service outside its calls, and to its own limits:
-an output flood between calls, and a CPU budget the code tries to lift (issue 36, item 8)."""
+"""Excess against the service (issue 36, item 8): a session's output flood between its calls,
+and code that lifts its own CPU budget."""
 
 from __future__ import annotations
 
@@ -72,5 +72,61 @@ async def test_output_between_calls_below_the_limit_lands_in_the_next_call(
     await asyncio.sleep(0.6)
     res = await sb.run("print('now')", session=key)
     assert res.stdout == "tick 0\ntick 1\ntick 2\nnow\n" and res.ok, res
+    await sb.close_session(key)
+    await sb.aclose()
+
+
+# -- the per-call CPU budget --------------------------------------------------------------
+
+# Lifts its soft RLIMIT_CPU as far as the kernel lets it, shrugs off SIGXCPU, then spins and
+# reports the CPU it has used (RUSAGE_SELF: all its threads) every 50 ms of it.
+LIFT = (
+    "import os, resource, signal, sys\n"
+    "signal.signal(signal.SIGXCPU, signal.SIG_IGN)\n"
+    "soft, hard = resource.getrlimit(resource.RLIMIT_CPU)\n"
+    "for lim in ((1 << 30, 1 << 30), (hard, hard)):\n"
+    "    try:\n        resource.setrlimit(resource.RLIMIT_CPU, lim)\n        break\n"
+    "    except (ValueError, OSError):\n        pass\n"
+    "print('lifted', resource.getrlimit(resource.RLIMIT_CPU), flush=True)\n"
+    "def used():\n    r = resource.getrusage(resource.RUSAGE_SELF)\n"
+    "    return r.ru_utime + r.ru_stime\n"
+    "mark = 0.0\nwhile True:\n    u = used()\n    if u >= mark:\n"
+    "        os.write(1, b'cpu %.3f\\n' % u)\n        mark = u + 0.05\n"
+)
+
+
+def _last_cpu(stdout: str) -> float:
+    return max(float(line.split()[1]) for line in stdout.splitlines() if line.startswith("cpu "))
+
+
+@pytest.mark.parametrize("session", [False, True])
+async def test_the_code_cannot_lift_its_cpu_budget(service: LocalService, session: bool) -> None:
+    """With cpu_s=1 a call that raised its own soft RLIMIT_CPU and ignored SIGXCPU once ran to
+    its hard limit (one-shot: killed at 3 CPU-s, unflagged) or its wall time (session: the
+    hard limit is the whole session's). Now the service watches its CPU from outside."""
+    sb = ServiceSandbox(service.url, retries=0)
+    key = "lift-" + secrets.token_hex(3) if session else None
+    res = await sb.run(LIFT, timeout=10.0, session=key)
+    used = _last_cpu(res.stdout)
+    print(f"session={session}: {res.limit} after {used:.2f} CPU-s, {res.duration_s:.2f} s wall")
+    assert res.limit == "cpu_time" and not res.timed_out, res
+    assert 0.9 <= used <= LIMITS.cpu_s + 0.8, used
+    if session:
+        assert res.session_reset  # it would not be interrupted: its interpreter was stopped
+        assert (await sb.run("1 + 1", session=key)).result == "2"
+        await sb.close_session(key)
+    await sb.aclose()
+
+
+async def test_a_session_call_past_its_budget_is_interrupted_and_kept(
+    service: LocalService,
+) -> None:
+    sb = ServiceSandbox(service.url, retries=0)
+    key = "spin-" + secrets.token_hex(3)
+    await sb.run("kept = 1", session=key)
+    res = await sb.run("while True:\n    pass", timeout=5.0, session=key)
+    assert res.limit == "cpu_time" and res.error_name == "CPUTimeLimitExceeded", res
+    assert not res.session_reset, res
+    assert (await sb.run("kept", session=key)).result == "1"
     await sb.close_session(key)
     await sb.aclose()
