@@ -19,6 +19,10 @@ sent when the call ends, not streamed. `env_vars` of `run_code` are not applied,
 `AGENTRL_TIMEOUT` (seconds), which sets the call's wall limit (default `e2b_timeout_s`); the
 client's own timeout also ends the call, since a dropped connection stops it. Filesystem,
 commands and PTY endpoints of e2b's envd are not implemented.
+
+Every body is checked before use: not a JSON object, or a field of the wrong type, is a 400 that
+names it. At most `e2b_max_sandboxes` sandboxes live at once and `e2b_max_contexts` contexts in
+each; beyond, 429 (the service's sessions are capped as well, by `max_sessions`).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from fastapi import APIRouter, FastAPI, Header, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from sandbox.base import ExecResult
-from sandbox.service import Busy, ExecService, until_disconnect
+from sandbox.service import LANGUAGES, Busy, ExecService, until_disconnect
 
 ENVD_VERSION = "0.4.0"
 _TB_HEAD = "Traceback (most recent call last):"
@@ -71,8 +75,40 @@ class _Box:
         return f"e2b:{self.id}:{ctx}"
 
 
+async def _body(request: Request) -> dict[str, Any]:
+    """The request's JSON object ({} for no body), else a 400 that says what came instead."""
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise E2BError(400, f"the request body is not JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise E2BError(400, f"the request body must be a JSON object, not a {_kind(body)}")
+    return body
+
+
+def _kind(value: object) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "boolean"}.get(
+        type(value), "number" if isinstance(value, int | float) else type(value).__name__
+    )
+
+
+def _str(body: dict[str, Any], key: str, default: str) -> str:
+    """body[key] as a string (`default` when absent, null or empty), else a 400."""
+    value = body.get(key)
+    if value is None or value == "":
+        return default
+    if not isinstance(value, str):
+        raise E2BError(400, f"{key} must be a string, got a {_kind(value)}")
+    return value
+
+
 def _seconds(value: object, name: str, cap: float) -> float:
     """A finite, positive number of seconds up to `cap`, else a 400 that says so."""
+    if isinstance(value, bool):
+        raise E2BError(400, f"{name} must be a number of seconds, got {value!r}")
     try:
         x = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -120,6 +156,8 @@ class _E2BApi:
     def __init__(self, svc: ExecService, token: str | None, default_timeout: float) -> None:
         self.svc, self.token, self.default_timeout = svc, token, default_timeout
         self.boxes: dict[str, _Box] = {}
+        self.max_boxes = svc.cfg.e2b_max_sandboxes
+        self.max_contexts = svc.cfg.e2b_max_contexts
 
     def router(self) -> APIRouter:
         r = APIRouter()
@@ -165,15 +203,30 @@ class _E2BApi:
             raise E2BError(404, f"context {cid!r} not found")
         return box.contexts[cid]
 
+    def _add_context(self, box: _Box, ctx: dict[str, str]) -> None:
+        if ctx["id"] not in box.contexts and len(box.contexts) >= self.max_contexts:
+            raise E2BError(
+                429,
+                f"sandbox {box.id} has {len(box.contexts)} code contexts, the most this service "
+                f"allows (e2b_max_contexts={self.max_contexts}): remove one first",
+            )
+        box.contexts.setdefault(ctx["id"], ctx)
+
     # -- control plane (E2B_API_URL) ------------------------------------------------------
 
     async def create(self, request: Request, x_api_key: str | None = Header(None)) -> dict:
         self._check_key(x_api_key)
         await self._purge()
-        body = await request.json()
+        body = await _body(request)
+        template = _str(body, "templateID", "code-interpreter-v1")
+        timeout = _seconds(body.get("timeout", 300), "timeout", 86_400)
+        if len(self.boxes) >= self.max_boxes:
+            raise E2BError(
+                429,
+                f"{len(self.boxes)} e2b sandboxes are live, the most this service allows "
+                f"(e2b_max_sandboxes={self.max_boxes}): kill one, or wait for one to time out",
+            )
         sid = "agentrl" + secrets.token_hex(10)
-        template = str(body.get("templateID") or "code-interpreter-v1")
-        timeout = _seconds(body.get("timeout") or 300, "timeout", 86_400)
         self.boxes[sid] = _Box(sid, template, time.monotonic() + timeout)
         out = {
             "templateID": template,
@@ -196,7 +249,7 @@ class _E2BApi:
     ) -> Response:
         self._check_key(x_api_key)
         box = await self._box(sid)
-        timeout = _seconds((await request.json()).get("timeout", 300), "timeout", 86_400)
+        timeout = _seconds((await _body(request)).get("timeout", 300), "timeout", 86_400)
         box.expires = time.monotonic() + timeout
         return Response(status_code=204)
 
@@ -210,12 +263,12 @@ class _E2BApi:
         self, request: Request, e2b_sandbox_id: str | None = Header(None)
     ) -> dict:
         box = await self._box(e2b_sandbox_id, request)
-        body = await request.json()
-        language = body.get("language") or "python"
+        body = await _body(request)
+        language = _str(body, "language", "python")
         if language != "python":
-            raise E2BError(400, f"language {language!r}: only python contexts are served")
-        ctx = {"id": secrets.token_hex(8), "language": language, "cwd": body.get("cwd") or "/tmp"}
-        box.contexts[ctx["id"]] = ctx
+            raise E2BError(400, f"language {language[:40]!r}: only python contexts are served")
+        ctx = {"id": secrets.token_hex(8), "language": language, "cwd": _str(body, "cwd", "/tmp")}
+        self._add_context(box, ctx)
         return ctx
 
     async def list_contexts(
@@ -242,21 +295,22 @@ class _E2BApi:
 
     async def execute(self, request: Request, e2b_sandbox_id: str | None = Header(None)):
         box = await self._box(e2b_sandbox_id, request)
-        body = await request.json()
-        language = body.get("language") or "python"
-        cid = body.get("context_id") or f"default-{language}"
-        if body.get("context_id"):
-            self._context(box, cid)
-        else:
-            box.contexts.setdefault(cid, {"id": cid, "language": language, "cwd": "/tmp"})
+        body = await _body(request)
+        code = _str(body, "code", "")
+        language = _str(body, "language", "python")
+        if language not in LANGUAGES:
+            raise E2BError(400, f"language {language[:40]!r}: one of {LANGUAGES} is served")
         envs = body.get("env_vars") or {}
         if not isinstance(envs, dict):
-            raise E2BError(400, "env_vars must be an object")
+            raise E2BError(400, f"env_vars must be an object, got a {_kind(envs)}")
         limit = self.svc.lim.max_wall_s
         timeout = _seconds(envs.get("AGENTRL_TIMEOUT", self.default_timeout), "timeout", limit)
-        code = body.get("code", "")
-        if not isinstance(code, str) or not isinstance(language, str):
-            raise E2BError(400, "code and language must be strings")
+        cid = _str(body, "context_id", "")
+        if cid:
+            self._context(box, cid)
+        else:
+            cid = f"default-{language}"
+            self._add_context(box, {"id": cid, "language": language, "cwd": "/tmp"})
         call = self.svc.run(code, language, timeout, session=box.session(cid))
         try:
             res = await until_disconnect(request, call)

@@ -1,12 +1,15 @@
 """Excess against the service (issue 36, item 8): a session's output flood between its calls,
-and code that lifts its own CPU budget."""
+code that lifts its own CPU budget, and e2b callers that send malformed bodies or open sandboxes
+and contexts without end."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 from collections.abc import Iterator
 
+import httpx
 import psutil
 import pytest
 
@@ -18,7 +21,10 @@ LIMITS = Limits(wall_s=5, cpu_s=1, output_bytes=64 * 1024, output_kill_bytes=1 <
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[LocalService]:
-    with LocalService(ServerConfig(warm_workers=2, max_running=4, limits=LIMITS)) as svc:
+    cfg = ServerConfig(
+        warm_workers=2, max_running=4, limits=LIMITS, e2b_max_sandboxes=3, e2b_max_contexts=2
+    )
+    with LocalService(cfg) as svc:
         yield svc
 
 
@@ -130,3 +136,60 @@ async def test_a_session_call_past_its_budget_is_interrupted_and_kept(
     assert (await sb.run("kept", session=key)).result == "1"
     await sb.close_session(key)
     await sb.aclose()
+
+
+# -- the e2b layer ------------------------------------------------------------------------
+
+
+async def test_e2b_malformed_bodies_are_400s_that_say_why(service: LocalService) -> None:
+    """A JSON list as the body once answered 500 (AttributeError on `.get`)."""
+    async with httpx.AsyncClient(base_url=f"{service.url}/e2b", timeout=30) as http:
+        for raw in ("[1, 2]", '"x"', "3", "null", "{not json"):
+            r = await http.post("/sandboxes", content=raw)
+            assert r.status_code == 400 and "request body" in r.json()["message"], (raw, r.text)
+        for bad in ({"templateID": 5}, {"timeout": "soon"}, {"timeout": True}, {"timeout": 0}):
+            r = await http.post("/sandboxes", json=bad)
+            assert r.status_code == 400, (bad, r.text)
+        sid = (await http.post("/sandboxes", json={})).json()["sandboxID"]
+        h = {"E2B-Sandbox-Id": sid}
+        bad_posts = [
+            ("/execute", [1]),
+            ("/execute", {"code": 1}),
+            ("/execute", {"code": "1", "language": 2}),
+            ("/execute", {"code": "1", "language": "cobol"}),
+            ("/execute", {"code": "1", "context_id": 7}),
+            ("/execute", {"code": "1", "env_vars": [1]}),
+            ("/execute", {"code": "1", "env_vars": {"AGENTRL_TIMEOUT": False}}),
+            ("/contexts", ["python"]),
+            ("/contexts", {"cwd": 1}),
+            (f"/sandboxes/{sid}/timeout", [300]),
+        ]
+        for path, bad in bad_posts:
+            r = await http.post(path, content=json.dumps(bad), headers=h)
+            assert r.status_code == 400 and r.json()["message"], (path, bad, r.text)
+        assert len((await http.get("/contexts", headers=h)).json()) == 0  # nothing was made
+        r = await http.post("/execute", json={"code": "1 + 1"}, headers=h)
+        assert r.status_code == 200 and '"text": "2"' in r.text
+        assert (await http.delete(f"/sandboxes/{sid}")).status_code == 204
+
+
+async def test_e2b_sandboxes_and_contexts_are_capped(service: LocalService) -> None:
+    async with httpx.AsyncClient(base_url=f"{service.url}/e2b", timeout=30) as http:
+        sids = [(await http.post("/sandboxes", json={})).json()["sandboxID"] for _ in range(3)]
+        over = await http.post("/sandboxes", json={})
+        assert over.status_code == 429 and "e2b_max_sandboxes=3" in over.json()["message"]
+        h = {"E2B-Sandbox-Id": sids[0]}
+        ctx = [await http.post("/contexts", json={}, headers=h) for _ in range(3)]
+        assert [r.status_code for r in ctx] == [200, 200, 429], [r.text for r in ctx]
+        assert "e2b_max_contexts=2" in ctx[2].json()["message"]
+        r = await http.post("/execute", json={"code": "1"}, headers=h)  # its default context
+        assert r.status_code == 429
+        cid = ctx[0].json()["id"]
+        assert (await http.delete(f"/contexts/{cid}", headers=h)).status_code == 204
+        r = await http.post("/execute", json={"code": "1 + 1"}, headers=h)
+        assert r.status_code == 200 and '"text": "2"' in r.text
+        assert len((await http.get("/contexts", headers=h)).json()) == 2
+        assert (await http.delete(f"/sandboxes/{sids[2]}")).status_code == 204
+        sids[2] = (await http.post("/sandboxes", json={})).json()["sandboxID"]  # a place again
+        for sid in sids:
+            assert (await http.delete(f"/sandboxes/{sid}")).status_code == 204
