@@ -15,7 +15,9 @@ what a call costs the box whoever spends it (the service, its short-lived worker
 `--under-attack`: one innocent session makes `n` calls in a row (`x += 1; x`) while one class of
 attack runs without pause against the same service (each attack call re-issued as soon as it
 ends); it prints the innocent calls' p50/p99, how many failed, and the p50 ratio to the same
-session with no attack, measured in the same run.
+session with no attack, measured in the same run. `memory_cap_fill` and `process_cap_fill` hold
+past 90 % of the service's caps (2048 MB and 1024 tasks here) and fill again once evicted;
+`sleepers_70` keeps 70 calls asleep. `--attacks a,b` runs a subset.
 """
 
 from __future__ import annotations
@@ -144,10 +146,17 @@ ATTACKS: dict[str, tuple[int, str, bool]] = {
                                "        sys.stdout.write('x' * 65536)\n"
                                "threading.Thread(target=f, daemon=True).start()", True),
     "idle_sessions": (64, "hold = b'x' * (8 << 20)  # once, then idle", True),
+    # sessions that together hold past 90 % of the service's memory (--service-memory-mb) or
+    # process cap (--service-processes), each re-filling as soon as it is evicted
+    "memory_cap_fill": (12, "hold = bytearray(200 << 20)  # once, then idle", True),
+    "process_cap_fill": (18, "import threading\nev = threading.Event()\nts = [threading.Thread("
+                             "target=ev.wait, daemon=True) for _ in range(60)]\n"
+                             "[t.start() for t in ts]  # once, then idle", True),
+    "sleepers_70": (70, "import time; time.sleep(30)", False),
 }  # fmt: skip
 
 
-async def under_attack(url: str, n: int) -> list[dict]:
+async def under_attack(url: str, n: int, only: list[str]) -> list[dict]:
     """Per attack class: the innocent session's latencies (and failures) while it runs."""
 
     async def innocent(tag: str) -> tuple[list[float], int]:
@@ -174,9 +183,12 @@ async def under_attack(url: str, n: int) -> list[dict]:
         while not stop.is_set():
             with contextlib.suppress(Exception):
                 await sb.run(code, timeout=30, session=key)
-                if once:
-                    await stop.wait()
-                elif key is not None:
+                while once and not stop.is_set():  # idle; holds again once it was evicted
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), 0.5)
+                    if not stop.is_set() and not (await sb.run("0", session=key)).ok:
+                        break
+                if not once and key is not None:
                     await sb.close_session(key)  # the next attack starts a fresh interpreter
             await asyncio.sleep(0.05)
         if key is not None:
@@ -187,6 +199,8 @@ async def under_attack(url: str, n: int) -> list[dict]:
     lat, failed = await innocent("reference")
     rows.append({"attack": "none (reference)", "lat": lat, "failed": failed})
     for name, (k, code, in_session) in ATTACKS.items():
+        if only and name not in only:
+            continue
         stop = asyncio.Event()
         tasks = [
             asyncio.create_task(attacker(code, f"{name}-{j}" if in_session else None, stop))
@@ -224,16 +238,23 @@ def main() -> None:
     p.add_argument("--warm-workers", type=int, default=8)
     p.add_argument("--max-running", type=int, default=None, help="default: the service's")
     p.add_argument("--under-attack", action="store_true", help="innocent latency per attack")
+    p.add_argument("--attacks", default="", help=f"comma-separated subset of {list(ATTACKS)}")
+    p.add_argument("--service-memory-mb", type=int, default=2048,
+                   help="the service's memory cap (the cap-filling attacks are sized for 2048)")
+    p.add_argument("--service-processes", type=int, default=1024,
+                   help="the service's process cap (the cap-filling attacks are sized for 1024)")
     args = p.parse_args()
     conc = [int(c) for c in args.concurrency.split(",")]
-    cfg = ServerConfig(warm_workers=args.warm_workers)
+    cfg = ServerConfig(warm_workers=args.warm_workers, service_memory_mb=args.service_memory_mb,
+                       service_processes=args.service_processes)  # fmt: skip
     if args.max_running is not None:
         cfg.max_running = args.max_running
     svc = None if args.url else LocalService(cfg)
     url = args.url or svc.start()
     try:
         if args.under_attack:
-            rows = asyncio.run(under_attack(url, args.n))
+            only = [a for a in args.attacks.split(",") if a]
+            rows = asyncio.run(under_attack(url, args.n, only))
             report_attacks(rows, httpx.get(f"{url}/health", timeout=10).json(), args.n)
             return
         rows = asyncio.run(bench(url, args.n, conc))
