@@ -40,6 +40,27 @@ class StopReason(StrEnum):
     env's start/step raised) are infrastructure failures: excluded from the group baseline, never
     scored 0. Episodes whose env code raised (`aborted` with a traceback, `reward_error`) count
     against `trainer.max_aborted_frac`.
+
+    Whose outcome is whose: the one rule (each path is tested to the advantage).
+
+    - **The model's** (an observation it reads; scored, in the baseline): whatever its text or
+      its code causes. Unparsable calls, bad arguments, unknown tools; and everything the code
+      does in the sandbox: exceptions, any output (invalid UTF-8 and lone surrogates serialise as
+      U+FFFD), a timeout once it runs, every limit (`ExecResult.limit`: cpu_time, memory,
+      processes, output, file_size, control_channel, code_size when it is too large to run), and
+      an eviction because its sandbox held the most of a service-wide cap (`limit="memory"` or
+      `"processes"` with `session_reset`). Tool output and env text are text: they never become
+      special tokens (agentrl/render.py), so they cannot forge turns.
+    - **The tool's** (`rollout/tool_exceptions`; an error observation, never a `tool_error`
+      stop): an exception in the tool's own code, a call the service refuses for the tool's own
+      settings (an unknown language, a bad timeout, a wrong token: HTTP 4xx), an async tool that
+      blocks the event loop past its timeout.
+    - **The infrastructure's** (`sandbox_unavailable`, `aborted` without a traceback: out of the
+      baseline, the group rolled out again, counted): only evidence the code cannot forge. The
+      sandbox service refused the connection, answered busy after its queue wait, failed (5xx),
+      or died (restarted, the group re-issued; past `trainer.max_unavailable_frac` the run
+      stops); an engine died or hung (restarted, re-issued). Waiting for a sandbox slot is the
+      service's time, never the code's timeout (`ExecResult.queue_s`, `Tool.timeout_grace_s`).
     """
 
     COMPLETED = "completed"
