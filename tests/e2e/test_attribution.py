@@ -146,3 +146,47 @@ async def test_a_service_the_client_started_takes_a_token_and_refuses_others() -
             assert r.status_code == 401
     finally:
         await sb.aclose()
+
+
+async def test_each_model_owned_outcome_reaches_the_advantage(service: LocalService) -> None:
+    """Episodes whose code is too large, raises a lone surrogate, or prints invalid UTF-8 end as
+    ordinary scored episodes (in the baseline, a non-zero advantage beside a correct one). The
+    infrastructure's path (a service that is gone: out of the baseline, advantage 0) is
+    tests/unit/test_rollout.py::test_sandbox_down_ends_with_sandbox_unavailable_and_is_not_scored;
+    a restarted service's re-issue is tests/e2e/test_sandbox_recovery.py."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from agentrl.advantage import AdvantageConfig, compute_advantages
+    from agentrl.assets.build import cached_tokenizer
+    from agentrl.rollout import Rollout, RolloutConfig
+    from agentrl.types import Completion, FinishReason, StopReason, Task
+    from envs.code_exec import CodeExecEnv
+
+    tok = AutoTokenizer.from_pretrained(cached_tokenizer("qwen3"))
+    codes = ["#" * 5000, "raise ValueError('\\ud800')", "import sys; sys.stdout.buffer.write(b'\\xff')",
+             "print(874 - 404 * 99)"]  # fmt: skip
+
+    class Engine:
+        async def generate(self, input_ids, params, key=None):
+            prompt = tok.decode(input_ids)
+            turn = prompt.count("<|im_start|>assistant") - 1
+            sample = int(key.split(":")[1]) if key and ":" in key else 0
+            if turn == 0:
+                text = "<tool_call>\n" + json.dumps({"name": "python", "arguments": {
+                    "code": codes[sample % len(codes)]}}) + "\n</tool_call>"  # fmt: skip
+            else:
+                text = "<answer>" + prompt.split("<tool_response>\n")[-1].split("\n")[0] + "</answer>"
+            ids = tok.encode(text, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
+            return Completion(ids, [-0.5] * len(ids), FinishReason.STOP, weight_version="1")
+
+    task = Task(id="t0", data={"prompt": "Compute 874 - 404 * 99.", "answer": "-39122"})
+    sb = ServiceSandbox(service.url, retries=0)
+    rollout = Rollout(Engine(), tok, CodeExecEnv, RolloutConfig(group_size=4), sandbox=sb)
+    group = list(await asyncio.gather(*(rollout.run_episode(task, i) for i in range(4))))
+    await sb.aclose()
+    assert [t.stop_reason for t in group] == [StopReason.COMPLETED] * 4, [t.error for t in group]
+    assert [t.reward for t in group][:3] == [0.0, 0.0, 0.0] and group[3].reward == 1.0
+    adv = compute_advantages([group], AdvantageConfig(name="grpo"))
+    assert all(float(a.abs().sum()) > 0 for a in adv.advantages), "each is in the baseline"
