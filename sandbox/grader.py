@@ -7,28 +7,47 @@
     res.score                                  # 1.0
     await grade(sandbox, stdin_program, [IOTest(stdin="3 4\\n", expected="7\\n")])
 
+How a test runs: each test is its own one-shot sandbox call (on the local service: a fresh
+worker with its own /tmp, PID namespace and cgroup, killed afterwards). In it a harness starts
+the solution as a fresh interpreter, its child, which for a CallTest loads the solution and
+evaluates that one call. At `timeout_s` after the start (load and import included: there is no
+in-solution alarm to catch) the harness kills the child, then every process of the sandbox but
+itself (`kill(-1)` in the PID namespace: no fork outruns it), and only then reads what the child
+left and prints one bounded report. The call's wall limit is `timeout_s` + 3 s: a harness the
+solution stopped costs that test's budget, not the whole grade's.
+
 Why hacks fail:
 
-- Expected answers never enter the sandbox. Inside it, a harness runs the solution in separate
-  child processes and reports only what the solution produced (a value, or the sha256 of its
-  normalised stdout); the comparison with the expected answer happens here, on plain JSON data.
-  To make a test pass the code must produce the right answer: printing "all tests passed",
-  exiting early with status 0, patching `assert`/builtins/`sys.exit`, rewriting files, or
-  returning an object whose `__eq__` is always True all leave no right answer behind.
-- The harness is not the solution's process: it starts each solution as a fresh interpreter
-  (which never sees the per-run random nonce that marks real harness reports), marks itself
-  non-dumpable (no /proc/<pid>/mem or fd access), and bounds every test with a timeout.
-  A solution can kill the harness or flood the output: its tests then count as failed.
+- Expected answers never enter the sandbox. The harness reports only what the solution produced
+  (a value, or the sha256 of its normalised stdout); the comparison with the expected answer
+  happens here, on plain JSON data. To make a test pass the code must produce the right answer:
+  printing "all tests passed", exiting early with status 0, patching `assert`/builtins/`sys.exit`,
+  rewriting files, or returning an object whose `__eq__` is always True all leave none behind.
+- Nothing carries over between tests: no process, no file (each call has a fresh /tmp), no
+  interpreter state. Progress saved by a test that timed out is gone when the next one starts.
+- The harness is not the solution's process: it is non-dumpable (no /proc/<pid>/mem or fd
+  access), ignores catchable signals, and marks its reports with a per-call nonce the solution
+  never sees. A solution that kills or stops the harness, or floods, fails that test (noted).
+- A report lost not by the solution (the harness never started it, or ended normally without a
+  report) is noted and the test run again with a compact report; lost twice, grade() raises
+  SandboxUnavailable (an infrastructure failure, not a 0).
 - Nothing here `eval`s or `exec`s model text in the trainer: test expressions are parsed with
   `ast` and their expected values read with `ast.literal_eval`; results are read with `json`.
 
-Limits: each test gets `timeout_s`; values are compared type-strictly (a tuple is not a list,
-True is not 1; ints and floats compare numerically, with `tolerance` when given).
+Where it holds: on the local service with bwrap (/health: mode "bwrap", private_tmp "tmpfs"),
+and between tests with `isolation="rlimits"` as root (a fresh uid and private dirs per call).
+Elsewhere the harness kills the child's session and the descendants it finds; with rlimits as a
+non-root user, SubprocessSandbox (the host's /tmp) or e2b (one-shot calls share one e2b
+sandbox), a determined solution can leave files or processes for a later test.
+
+Limits: each test gets `timeout_s` of wall time; values are compared type-strictly (a tuple is
+not a list, True is not 1; ints and floats compare numerically, with `tolerance` when given).
 """
 
 from __future__ import annotations
 
 import ast
+import asyncio
 import hashlib
 import inspect
 import json
@@ -39,10 +58,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from sandbox.base import Sandbox
+from sandbox.base import ExecResult, Sandbox, SandboxUnavailable
 
-_INLINE = 512  # values whose JSON is shorter travel as values (tolerance works), else as hashes
-_BATCH = 32
+_INLINE = 8192  # values whose JSON is shorter travel as values (tolerance works), else as hashes
+_MAX_REPORT = 40_000  # bytes of one report at most (values beyond travel as hashes only)
+_SLACK_S = 3.0  # a call's wall limit beyond timeout_s: the harness's start (half) and clean-up
 
 
 class IOTest(BaseModel):
@@ -87,7 +107,7 @@ class GradeResult(BaseModel):
         return self.total > 0 and self.passed == self.total
 
 
-# -- canonical values (the same function runs in the sandbox, embedded in the harness) ------
+# -- canonical values (the same functions run in the sandbox, embedded in the harness) -----
 
 
 def canon(v, depth=0):
@@ -118,6 +138,18 @@ def canon(v, depth=0):
     return {"__opaque__": t.__name__}
 
 
+def _truthy(v):
+    """bool() of a canonical value; None for opaque objects (whose __bool__ is the model's)."""
+    if isinstance(v, dict):
+        if "__opaque__" in v:
+            return None
+        if "__float__" in v:
+            return True
+        inner = next(iter(v.values()), [])
+        return bool(inner)
+    return bool(v)
+
+
 def _dumps(v: Any) -> str:
     return json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
@@ -133,190 +165,245 @@ def normalize_output(text: str) -> str:
     return "\n".join(lines)
 
 
-# -- the harness (runs inside the sandbox; never sees expected answers) --------------------
+# -- the harness (runs inside the sandbox, one test per call; never sees expected answers) -
 
 _HARNESS = r"""
-import ctypes, hashlib, json, os, signal, subprocess, sys, tempfile
+import time
+T0 = time.monotonic()
+import ctypes, hashlib, json, os, signal, sys
 SPEC = json.loads(__SPEC__)
 NONCE = SPEC.pop("nonce")
+TEST = SPEC["test"]
 try:
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: children can't read our memory
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: daemons stay our children
 except Exception:
     pass
+KEEP = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGPIPE, signal.SIGCONT,
+        signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT,
+        signal.SIGSYS, signal.SIGTRAP, signal.SIGXCPU, signal.SIGXFSZ}
+for s in signal.valid_signals():  # SIGINT, SIGALRM, SIGTERM, SIGTSTP...: a no-op handler (not
+    if s not in KEEP:             # SIG_IGN: exec resets handlers, so the child gets defaults)
+        try:
+            signal.signal(s, lambda *a: None)
+        except (OSError, ValueError, RuntimeError):
+            pass
 REAL_OUT = os.dup(1)
 os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-WORK = tempfile.mkdtemp(prefix="h-")
+WORK = os.path.join(os.environ.get("TMPDIR") or "/tmp", "h-" + os.urandom(8).hex())
+os.mkdir(WORK, 0o700)
 SOL = os.path.join(WORK, "solution.py")
 with open(SOL, "w") as f:
     f.write(SPEC["solution"])
-PATHS = json.dumps([p for p in sys.path if p])
-
-IO_RUNNER = "import json,runpy,sys;sys.path.extend(json.loads(sys.argv[2]));sys.argv=[sys.argv[1]];runpy.run_path(sys.argv[0],run_name='__main__')"
-CALL_RUNNER = __CALL_RUNNER__
+PATHS = "\n".join(p for p in sys.path if p)
+IO_RUNNER, CALL_RUNNER = __IO_RUNNER__, __CALL_RUNNER__
+__HELPERS__
 
 def emit(rec):
-    os.write(REAL_OUT, ("\n" + NONCE + " " + json.dumps(rec) + "\n").encode())
+    # UTF-8 JSON; a lone surrogate goes out as its JSON escape \udXXX (backslashreplace)
+    line = json.dumps(rec, ensure_ascii=False).encode("utf-8", "backslashreplace")
+    if SPEC["compact"] or len(line) > __MAX_REPORT__:  # it must fit what the sandbox keeps
+        rec.pop("v", None)
+        rec["p"], rec["e"] = rec.get("p", "")[:40], rec.get("e", "")[:40]
+        line = json.dumps(rec).encode()
+    data = memoryview(b"\n" + NONCE.encode() + b" " + line + b"\n")
+    while data:
+        data = data[os.write(REAL_OUT, data):]
 
-def normalize(text):
-    lines = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
-    while lines and not lines[-1]:
-        lines.pop()
-    return "\n".join(lines)
+def contained():
+    # the bwrap sandbox's own PID namespace: its init is pid 1 and we are its child, pid 2
+    try:
+        with open("/proc/1/comm") as f:
+            return os.getpid() == 2 and os.getppid() == 1 and f.read().strip() == "bwrap"
+    except OSError:
+        return False
 
-def reap_all():
-    # kill every descendant left (a daemon that left the process group and the session is
-    # re-parented to us, the subreaper), until none is left
-    me = os.getpid()
-    for _ in range(100):
+CONTAINED = contained()
+
+def tmpfile():
+    path = os.path.join(WORK, os.urandom(8).hex())
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    os.unlink(path)
+    return fd
+
+def read(fd, limit, tail=False):
+    return os.pread(fd, limit, max(0, os.fstat(fd).st_size - limit) if tail else 0)
+
+def spawn(argv, fds, cwd, keep_fd):
+    env = dict(os.environ, TMPDIR=cwd)
+    pid = os.fork()
+    if pid == 0:  # the child: a fresh interpreter in its own session, default signals
+        try:
+            os.setsid()
+            os.chdir(cwd)
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            os.closerange(3, keep_fd if keep_fd > 2 else 3)
+            os.closerange(max(3, keep_fd + 1), 65536)
+            if keep_fd > 2:
+                os.set_inheritable(keep_fd, True)
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+            signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+            os.execve(sys.executable, argv, env)
+        finally:
+            os._exit(127)
+    return pid
+
+def wait(pid, deadline):
+    delay = 0.001
+    while True:
+        got, status = os.waitpid(pid, os.WNOHANG)
+        if got:
+            return os.waitstatus_to_exitcode(status)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        time.sleep(min(delay, left))
+        delay = min(2 * delay, 0.02)
+
+def kill(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+def kill_all(pid, reaped):
+    kill(-1 if CONTAINED else -pid)  # -1: every process here but us and init, in one pass
+    if not reaped:                   # that no fork escapes; -pid: the solution's session
+        os.waitpid(pid, 0)
+    end = time.monotonic() + (0 if CONTAINED else 2.0)
+    while time.monotonic() < end:  # elsewhere, best effort: descendants re-parented to us
         kids = []
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
+        for k in filter(str.isdigit, os.listdir("/proc")):
             try:
-                with open("/proc/%s/stat" % pid, "rb") as f:
+                with open("/proc/%s/stat" % k, "rb") as f:
                     stat = f.read()
-                if int(stat[stat.rindex(b")") + 2:].split()[1]) == me:
-                    kids.append(int(pid))
+                if int(stat[stat.rindex(b")") + 2:].split()[1]) == os.getpid():
+                    kids.append(int(k))
             except (OSError, ValueError):
+                pass
+        for k in kids:
+            kill(k)
+            try:
+                os.waitpid(k, 0)
+            except OSError:
                 pass
         if not kids:
             return
-        for pid in kids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        for pid in kids:
-            try:
-                os.waitpid(pid, 0)
-            except OSError:
-                pass
 
-def child(argv, stdin_text, timeout, pass_fds=(), keep_stdout=True):
-    cwd = tempfile.mkdtemp(prefix="t-")  # a fresh directory per test
-    inp = tempfile.TemporaryFile()
-    inp.write(stdin_text.encode()); inp.seek(0)
-    out = tempfile.TemporaryFile() if keep_stdout else open(os.devnull, "wb")
-    err = tempfile.TemporaryFile()
-    env = dict(os.environ, TMPDIR=cwd)
-    p = subprocess.Popen(argv, stdin=inp, stdout=out, stderr=err, pass_fds=pass_fds,
-                         start_new_session=True, cwd=cwd, env=env)
+def run(argv, stdin_text, keep_stdout=True, keep_fd=-1):
+    cwd = os.path.join(WORK, "t")
+    os.mkdir(cwd)
+    inp, err = tmpfile(), tmpfile()
+    os.write(inp, stdin_text.encode())
+    os.lseek(inp, 0, 0)
+    out = tmpfile() if keep_stdout else os.open(os.devnull, os.O_WRONLY)
+    if time.monotonic() - T0 > __START_S__:  # leave the clean-up its time within the call's
+        raise RuntimeError("the sandbox started the harness too slowly")
+    emit({"s": TEST["i"]})  # the solution starts now
+    t0 = time.monotonic()
+    pid = spawn(argv, (inp, out, err), cwd, keep_fd)
+    rc = wait(pid, t0 + SPEC["timeout"])
+    kill_all(pid, rc is not None)  # before anything it left is read: none of it runs any more
+    to = rc is None or rc == -signal.SIGXCPU
+    stdout = read(out, 16 << 20) if keep_stdout else b""
+    return rc, to, stdout, read(err, 300, tail=True).decode("utf-8", "replace")[-160:]
+
+def io_test():
+    argv = [sys.executable, "-I", "-S", "-c", IO_RUNNER, SOL, PATHS]
+    rc, to, out, err = run(argv, TEST["stdin"])
+    text = normalize_output(out.decode("utf-8", "replace"))
+    return {"h": _sha(text), "p": text[:80], "rc": rc, "to": to, "e": err}
+
+def call_test():
+    res = tmpfile()
+    argv = [sys.executable, "-I", "-S", "-c", CALL_RUNNER, SOL, PATHS, TEST["call"],
+            SPEC.get("entry") or "", str(res)]
+    rc, to, _, err = run(argv, "", keep_stdout=False, keep_fd=res)
+    if to:
+        return {"err": "timeout"}
+    lines = read(res, 16 << 20).decode("utf-8", "replace").splitlines()
+    if not lines:
+        return {"missing": True, "rc": rc, "e": err or "no result (exit %s)" % rc}
+    if len(lines) > 1:
+        return {"err": "more than one result"}
     try:
-        rc, timed_out = p.wait(timeout), False
-    except subprocess.TimeoutExpired:
-        rc, timed_out = None, True
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except OSError:
-        pass
-    p.wait()
-    reap_all()
-    err.seek(0)
-    if not keep_stdout:
-        return rc, timed_out, b"", err.read()[-300:]
-    out.seek(0)
-    return rc, timed_out, out.read(16 << 20), err.read()[-300:]
+        rec = json.loads(lines[0])
+        if not isinstance(rec, dict) or len(rec) != 1 or not {"v", "err"} & set(rec):
+            raise ValueError("not a result")
+        if "err" in rec:
+            return {"err": str(rec["err"])[:200]}
+        text = json.dumps(rec["v"], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (ValueError, TypeError, RecursionError, MemoryError):
+        return {"err": "unreadable result"}
+    frame = {"h": _sha(text), "p": text[:80], "b": _truthy(rec["v"])}
+    if len(text) <= __INLINE__:
+        frame["v"] = rec["v"]
+    return frame
 
-def run_io():
-    for t in SPEC["tests"]:
-        rc, to, out, err = child([sys.executable, "-I", "-S", "-c", IO_RUNNER, SOL, PATHS],
-                                 t["stdin"], SPEC["timeout"])
-        text = normalize(out.decode("utf-8", "replace"))
-        emit({"t": t["i"], "h": hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(),
-              "p": text[:80], "rc": rc, "to": to, "e": err.decode("utf-8", "replace")[-160:]})
-
-def run_calls():
-    res = tempfile.TemporaryFile()
-    calls = json.dumps([t["call"] for t in SPEC["tests"]])
-    total = SPEC["timeout"] * len(SPEC["tests"]) + 5
-    argv = [sys.executable, "-I", "-S", "-c", CALL_RUNNER, SOL, PATHS, calls,
-            SPEC.get("entry") or "", str(res.fileno()), str(SPEC["timeout"])]
-    rc, to, out, err = child(argv, "", total, pass_fds=(res.fileno(),), keep_stdout=False)
-    res.seek(0)
-    seen = {}
-    for line in res.read(16 << 20).decode("utf-8", "replace").splitlines():
-        try:
-            rec = json.loads(line)
-            i = int(rec["i"])
-        except Exception:
-            continue
-        if i in seen or not 0 <= i < len(SPEC["tests"]):
-            seen[i] = {"err": "more than one result"} if i in seen else None
-            continue
-        seen[i] = rec
-    for n, t in enumerate(SPEC["tests"]):
-        rec = seen.get(n)
-        if rec is None:
-            emit({"t": t["i"], "missing": True, "to": to, "e": err.decode("utf-8", "replace")[-160:]})
-        elif "err" in rec:
-            emit({"t": t["i"], "err": str(rec["err"])[:200]})
-        else:
-            text = json.dumps(rec.get("v"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-            frame = {"t": t["i"], "h": hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(), "p": text[:80]}
-            if len(text) <= __INLINE__:
-                frame["v"] = json.loads(text)
-            emit(frame)
-
-run_io() if SPEC["kind"] == "io" else run_calls()
-emit({"done": True})
+try:
+    frame = io_test() if SPEC["kind"] == "io" else call_test()
+except BaseException as e:  # a bug of ours, not the solution's: grade() runs the test again
+    frame = {"harness": ("%s: %s" % (type(e).__name__, e))[:300]}
+frame["t"] = TEST["i"]
+emit(frame)
 """
 
+# The program of an IOTest: the solution as __main__, site-packages on the path.
+_IO_RUNNER = (
+    "import runpy,sys;sys.path.extend(p for p in sys.argv[2].split('\\n') if p);"
+    "sys.argv=[sys.argv[1]];runpy.run_path(sys.argv[0],run_name='__main__')"
+)
+
+# The program of a CallTest: load the solution, evaluate the call, write one JSON line to the
+# result fd. The harness kills this process at the deadline; nothing in here times itself.
 _CALL_RUNNER = r"""
-import json, os, signal, sys
-sys.path.extend(json.loads(sys.argv[2]))
-calls, entry, fd, per = json.loads(sys.argv[3]), sys.argv[4], int(sys.argv[5]), float(sys.argv[6])
-out = os.fdopen(fd, "w")
+import json, os, sys
+sys.path.extend(p for p in sys.argv[2].split("\n") if p)
+call, entry, out = sys.argv[3], sys.argv[4], os.fdopen(int(sys.argv[5]), "w")
 __CANON__
-def put(rec):
-    try:
-        line = json.dumps(rec)
-    except Exception:
-        line = json.dumps({"i": rec["i"], "err": "result is not serialisable"})
-    out.write(line + "\n"); out.flush()
 ns = {"__name__": "solution", "__file__": sys.argv[1]}
 try:
     exec(compile(open(sys.argv[1]).read(), "solution.py", "exec"), ns)
 except BaseException as e:
-    for i in range(len(calls)):
-        put({"i": i, "err": "loading the solution failed: %s: %s" % (type(e).__name__, e)})
-    os._exit(0)
-if entry and entry in ns:
-    ns["candidate"] = ns[entry]
-class _Timeout(BaseException):
-    pass
-def _alarm(*a):
-    raise _Timeout()
-signal.signal(signal.SIGALRM, _alarm)
-for i, call in enumerate(calls):
-    signal.setitimer(signal.ITIMER_REAL, per)
+    rec = {"err": ("loading the solution failed: %s: %s" % (type(e).__name__, e))[:200]}
+else:
+    if entry and entry in ns:
+        ns["candidate"] = ns[entry]
     try:
-        rec = {"i": i, "v": canon(eval(call, ns))}
-    except _Timeout:
-        rec = {"i": i, "err": "timeout"}
+        rec = {"v": canon(eval(call, ns))}
     except BaseException as e:
-        rec = {"i": i, "err": ("%s: %s" % (type(e).__name__, e))[:200]}
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-    put(rec)
+        rec = {"err": ("%s: %s" % (type(e).__name__, e))[:200]}
+try:
+    line = json.dumps(rec)
+except BaseException:
+    line = json.dumps({"err": "result is not serialisable"})
+out.write(line + "\n")
+out.flush()
 os._exit(0)
 """
 
 
-def harness_code(kind: str, tests: list[dict], solution: str, timeout: float, nonce: str,
-                 entry: str | None) -> str:  # fmt: skip
-    spec = {"kind": kind, "tests": tests, "solution": solution, "timeout": timeout}
-    spec.update(nonce=nonce, entry=entry)
+def harness_code(test: dict, kind: str, solution: str, timeout: float, nonce: str,
+                 entry: str | None, compact: bool = False) -> str:  # fmt: skip
+    """The program of one sandbox call: run the solution on `test` ({"i", "stdin"|"call"}).
+    `compact`: a report of a few hundred bytes (values as hashes only)."""
+    spec = {"kind": kind, "test": test, "solution": solution, "timeout": timeout}
+    spec.update(nonce=nonce, entry=entry, compact=compact)
     runner = _CALL_RUNNER.replace("__CANON__", inspect.getsource(canon))
     return (
         _HARNESS.replace("__SPEC__", repr(json.dumps(spec)))
+        .replace("__IO_RUNNER__", repr(_IO_RUNNER))
         .replace("__CALL_RUNNER__", repr(runner))
+        .replace("__HELPERS__", "".join(map(inspect.getsource, (_truthy, _sha, normalize_output))))
         .replace("__INLINE__", str(_INLINE))
+        .replace("__MAX_REPORT__", str(_MAX_REPORT))
+        .replace("__START_S__", str(_SLACK_S / 2))
     )
 
 
-def _frames(stdout: str, nonce: str) -> dict[int, dict]:
-    out: dict[int, dict] = {}
+def _records(stdout: str, nonce: str) -> list[dict]:
+    out = []
     for line in stdout.splitlines():
         i = line.find(nonce + " ")
         if i < 0:
@@ -325,7 +412,16 @@ def _frames(stdout: str, nonce: str) -> dict[int, dict]:
             rec = json.loads(line[i + len(nonce) + 1 :])
         except ValueError:
             continue
-        if isinstance(rec, dict) and isinstance(rec.get("t"), int):
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def _frames(stdout: str, nonce: str) -> dict[int, dict]:
+    """The harness's reports in `stdout` by test index (the first one of each)."""
+    out: dict[int, dict] = {}
+    for rec in _records(stdout, nonce):
+        if isinstance(rec.get("t"), int):
             out.setdefault(rec["t"], rec)
     return out
 
@@ -345,28 +441,19 @@ def _same(got: Any, exp: Any, tol: float | None) -> bool:
     return type(got) is type(exp) and got == exp
 
 
-def _truthy(v: Any) -> bool | None:
-    """bool() of a canonical value; None for opaque objects (whose __bool__ is the model's)."""
-    if isinstance(v, dict):
-        if "__opaque__" in v:
-            return None
-        if "__float__" in v:
-            return True
-        inner = next(iter(v.values()), [])
-        return bool(inner)
-    return bool(v)
-
-
 def _judge_call(test: CallTest, frame: dict) -> Outcome:
     exp = canon(test.expected)
-    if "v" not in frame:  # large value: exact comparison through its hash
-        ok = test.match == "equal" and frame.get("h") == _sha(_dumps(exp))
-    elif test.match == "truthy":
-        ok = _truthy(frame["v"]) is bool(test.expected)
+    if test.match == "truthy":
+        got = _truthy(frame["v"]) if "v" in frame else frame.get("b")
+        ok = got is bool(test.expected)
+    elif "v" not in frame:  # large value: exact comparison through its hash
+        ok = frame.get("h") == _sha(_dumps(exp))
     else:
         ok = _same(frame["v"], exp, test.tolerance)
-    return Outcome(index=0, passed=ok, status="pass" if ok else "wrong",
-                       detail="" if ok else f"got {frame.get('p', '')!r}")  # fmt: skip
+    detail = "" if ok else f"got {frame.get('p', '')!r}"
+    if not ok and "v" not in frame and test.tolerance is not None:
+        detail += f" (over {_INLINE} characters of JSON: compared exactly, not within tolerance)"
+    return Outcome(index=0, passed=ok, status="pass" if ok else "wrong", detail=detail)
 
 
 def _judge(test: IOTest | CallTest, frame: dict | None) -> Outcome:
@@ -388,6 +475,64 @@ def _judge(test: IOTest | CallTest, frame: dict | None) -> Outcome:
     return Outcome(index=0, passed=ok, status="pass" if ok else "wrong", detail=detail.strip())
 
 
+# -- grading: one sandbox call per test ---------------------------------------------------
+
+
+def _how_it_ended(res: ExecResult) -> str:
+    how = f"exit {res.exit_code}" + (f", limit {res.limit}" if res.limit else "")
+    how += ", timed out" if res.timed_out else ""
+    how += ", output truncated" if res.truncated else ""
+    tail = res.stderr.strip().splitlines()[-1:] if res.stderr.strip() else []
+    return how + (f": {tail[0][:160]}" if tail else "")
+
+
+def _solution_ended_it(res: ExecResult) -> bool:
+    """The harness was stopped, killed or cut by a limit: what a solution can do to it (the
+    harness's own work is small, it ignores catchable signals and reports before it exits)."""
+    return res.timed_out or res.limit is not None or res.exit_code is None or res.exit_code < 0
+
+
+async def _grade_one(
+    sandbox: Sandbox,
+    solution: str,
+    i: int,
+    test: IOTest | CallTest,
+    timeout_s: float,
+    entry_point: str | None,
+    notes: list[str],
+) -> Outcome:
+    if isinstance(test, IOTest):
+        kind, spec = "io", {"i": i, "stdin": test.stdin}
+    else:
+        kind, spec = "call", {"i": i, "call": test.call}
+    how = ""
+    for attempt in range(2):
+        nonce = secrets.token_hex(16)
+        code = harness_code(spec, kind, solution, timeout_s, nonce, entry_point, attempt > 0)
+        res = await sandbox.run(code, language="python", timeout=timeout_s + _SLACK_S)
+        records = _records(res.stdout, nonce)
+        frame = next((r for r in records if r.get("t") == i), None)
+        started = any(r.get("s") == i for r in records)
+        if frame is not None and "harness" not in frame:
+            if res.limit:
+                notes.append(f"test {i}: sandbox limit {res.limit}")
+            return _judge(test, frame).model_copy(update={"index": i})
+        how = frame["harness"] if frame is not None else _how_it_ended(res)
+        if frame is None and started and _solution_ended_it(res):
+            notes.append(f"test {i}: no report: the solution's sandbox ended the harness ({how})")
+            status = "timeout" if res.timed_out else "missing"
+            return Outcome(index=i, passed=False, status=status, detail=f"no report ({how})")
+        if attempt == 0:
+            notes.append(
+                f"test {i}: the report was lost, not by the solution ({how}); run again with a "
+                "compact report"
+            )
+    raise SandboxUnavailable(
+        f"grade(): the harness's report of test {i} was lost twice, not by the solution "
+        f"({how}); check the sandbox (its /health, limits.output_bytes) or report a grader bug"
+    )
+
+
 async def grade(
     sandbox: Sandbox,
     solution: str,
@@ -396,43 +541,40 @@ async def grade(
     timeout_s: float = 5.0,
     entry_point: str | None = None,
     max_call_s: float = 120.0,
+    parallel: int = 1,
 ) -> GradeResult:
-    """Run `solution` against `tests` in `sandbox` (one-shot runs) and score it here.
+    """Run `solution` against `tests` in `sandbox` (one one-shot call per test) and score it here.
     Raises SandboxUnavailable if the sandbox is down (an infrastructure failure, not a 0).
 
-    Tests go in batches whose time budget fits `max_call_s` (the sandbox's longest call: the
-    service's `limits.max_wall_s`); a test that cannot fit is a ValueError, never a silent cut."""
-    per_batch = min(_BATCH, int((max_call_s - 10.0) // timeout_s) - 1)
-    if per_batch < 1:
+    Each call's wall limit is `timeout_s` + 3 s and must fit `max_call_s` (the sandbox's longest
+    call: the service's `limits.max_wall_s`), else ValueError. `parallel` tests run at once (1:
+    one after another; more is faster, but the tests then share the CPUs their wall time counts)."""
+    if timeout_s + _SLACK_S > max_call_s:
         raise ValueError(
             f"grade(): timeout_s={timeout_s:g} per test does not fit a sandbox call of "
-            f"max_call_s={max_call_s:g} (needs >= {2 * timeout_s + 10:g}); lower timeout_s or "
+            f"max_call_s={max_call_s:g} (needs >= {timeout_s + _SLACK_S:g}); lower timeout_s or "
             "raise the sandbox's max_wall_s"
         )
-    outcomes: list[Outcome] = []
-    notes: list[str] = []
-    kinds = {type(t) for t in tests}
-    if len(kinds) > 1:
+    if len({type(t) for t in tests}) > 1:
         raise ValueError("grade() takes either IOTest or CallTest items, not both")
-    for start in range(0, len(tests), per_batch):
-        batch = list(tests[start : start + per_batch])
-        nonce = secrets.token_hex(16)
-        kind = "io" if isinstance(batch[0], IOTest) else "call"
-        spec = [
-            {"i": i, "stdin": t.stdin} if isinstance(t, IOTest) else {"i": i, "call": t.call}
-            for i, t in enumerate(batch)
-        ]
-        code = harness_code(kind, spec, solution, timeout_s, nonce, entry_point)
-        budget = timeout_s * (len(batch) + 1) + 10.0
-        res = await sandbox.run(code, language="python", timeout=budget)
-        frames = _frames(res.stdout, nonce)
-        if res.limit or res.timed_out:
-            notes.append(f"tests {start}-{start + len(batch) - 1}: sandbox limit {res.limit}")
-        for i, t in enumerate(batch):
-            o = _judge(t, frames.get(i))
-            outcomes.append(o.model_copy(update={"index": start + i}))
+    gate = asyncio.Semaphore(max(1, parallel))
+    notes: list[list[str]] = [[] for _ in tests]
+
+    async def one(i: int) -> Outcome:
+        async with gate:
+            return await _grade_one(
+                sandbox, solution, i, tests[i], timeout_s, entry_point, notes[i]
+            )
+
+    tasks = [asyncio.ensure_future(one(i)) for i in range(len(tests))]
+    try:
+        outcomes = await asyncio.gather(*tasks)
+    finally:  # one raised (SandboxUnavailable) or we were cancelled: stop the others
+        for t in tasks:
+            t.cancel()
     passed = sum(o.passed for o in outcomes)
-    return GradeResult(passed=passed, total=len(outcomes), outcomes=outcomes, notes=notes)
+    flat = [n for per_test in notes for n in per_test]
+    return GradeResult(passed=passed, total=len(outcomes), outcomes=outcomes, notes=flat)
 
 
 # -- assert-style tests -> CallTests ------------------------------------------------------
