@@ -18,9 +18,11 @@ measured at start):
   as its own unprivileged host uid (`uid_base + n`), so even an escape lands as a nobody.
 - environment: built from scratch (PATH, HOME=/tmp, LANG, thread counts, `env` from config):
   none of the service's variables (API keys, tokens) reach the code, not even via /proc/1/environ.
-- limits: wall time (the sandbox is killed), CPU time (RLIMIT_CPU per process), memory and
-  processes+threads for the whole sandbox (cgroup when writable, else RLIMIT_AS/RLIMIT_NPROC per
-  process), file size (RLIMIT_FSIZE, SIGXFSZ), /tmp size, open files, output size.
+- limits: wall time (the sandbox is killed), CPU time per process (RLIMIT_CPU, which the code
+  may lift up to its hard limit, so each call is also watched from outside: sandbox/cpuwatch.py),
+  memory and processes+threads for the whole sandbox (cgroup when writable, else
+  RLIMIT_AS/RLIMIT_NPROC per process), file size (RLIMIT_FSIZE, SIGXFSZ), /tmp size, open files,
+  output size (a pipe past it is left unread: its writer blocks).
 - system calls: a seccomp deny list (x86_64; see sandbox/seccomp.py), also in rlimits mode.
 
 What is NOT isolated: the kernel is shared (a kernel exploit escapes every namespace sandbox;

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import struct
+import time
 
 import pytest
 
@@ -67,6 +69,72 @@ async def test_stream_truncates_and_flags_overflow() -> None:
     assert s.text() == ("abcd", True) and not s.overflow.is_set()
     s.feed(b"ijk")
     assert s.overflow.is_set() and s.total == 11
+
+
+class _FakePipe:
+    """What _Stream asks of its pipe's transport."""
+
+    def __init__(self) -> None:
+        self.reading = True
+
+    def is_closing(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+
+async def test_stream_leaves_its_pipe_unread_past_kill_between_calls() -> None:
+    """A flood between a session's calls once kept the service reading (and dropping) it."""
+    s, pipe = _Stream(keep=4, kill_at=10), _FakePipe()
+    s.transport = pipe  # type: ignore[assignment]
+    s.begin(b"\x1eM\x1e")
+    s.feed(b"out\x1eM\x1eab")  # the call's output, its marker, then background output
+    s.feed(b"cdefgh")
+    assert s.text() == ("out", False) and pipe.reading and not s.overflow.is_set()
+    s.feed(b"ijk")  # 11 bytes between calls: past kill_at
+    assert s.overflow.is_set() and not pipe.reading
+    s.read(True)
+    s.begin(b"\x1eN\x1e")
+    assert s.text()[0] == "abcd"  # the next call's head, cut at keep
+
+
+async def test_stream_without_its_marker_counts_what_follows_the_reply_as_between() -> None:
+    s = _Stream(keep=100, kill_at=10)
+    s.begin(b"\x1eM\x1e")
+    s.feed(b"out")
+    s.end()  # the reply came, the marker did not (the code moved fd 1)
+    s.feed(b"x" * 11)
+    assert s.text() == ("out", False) and s.overflow.is_set()
+
+
+def test_cpu_watch_reads_proc_and_ends_what_passes_its_budget() -> None:
+    import subprocess
+    import sys
+
+    from sandbox.cpuwatch import CpuWatch, cpu_of, tree
+
+    spin = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass"
+    procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
+    try:
+        assert {p.pid for p in procs} <= set(tree(os.getpid()))
+        agent = cpu_of(procs[0].pid)
+        assert agent is not None and agent[1] >= 0
+        watch = CpuWatch(lambda: [procs[1].pid, procs[0].pid], agent[0], budget_s=0.1, cpus=1)
+        asyncio.run(asyncio.wait_for(watch.run(), 30))  # returns: the agent is past 0.6 CPU-s
+        assert procs[0].poll() is None and len(watch.warned) == 2  # the agent: the worker's
+        deadline = time.monotonic() + 30
+        while procs[1].poll() is None and time.monotonic() < deadline:
+            watch.check()
+            time.sleep(0.05)
+        assert procs[1].poll() == -9  # the other, deaf to SIGXCPU: SIGKILL past the grace
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 async def test_stream_replaces_invalid_utf8_and_nul() -> None:
