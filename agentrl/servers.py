@@ -78,6 +78,10 @@ def write_key_file(path: Path, token: str) -> Path:
     return path
 
 
+def _key_file(log_path: Path) -> Path:
+    return log_path.with_name(f".{log_path.stem}.keys.yaml")
+
+
 def _private_log(path: Path, mode: str):
     """`path` opened for writing (mode w or a), readable by this user alone: SGLang logs its
     arguments, the key among them."""
@@ -193,7 +197,7 @@ def _popen(cfg: EngineConfig, model_path: Path, index: int, port: int, log_path:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     key_file = None
     if cfg.kind == "sglang":
-        key_file = write_key_file(log_path.with_name(f".{log_path.stem}.keys.yaml"), cfg.token())
+        key_file = write_key_file(_key_file(log_path), cfg.token())
     with _private_log(log_path, mode) as log:
         if mode == "a":
             log.write(f"\n---- restarted by agentrl at {time.strftime('%H:%M:%S')} ----\n")
@@ -245,6 +249,7 @@ class ServerActor:
         if self.proc is not None:
             stop_processes([self.proc], grace_s)
             _signal_group(self.proc, signal.SIGKILL)  # what is left of the group
+        _key_file(self.log_path).unlink(missing_ok=True)
 
 
 class RayServer:
@@ -428,7 +433,10 @@ class Fleet:
         stop_processes([p for p in self.procs if isinstance(p, subprocess.Popen)])
         for p in self.procs:
             if isinstance(p, RayServer):
-                p.kill()
+                p.kill()  # its actor removes its key file
+        if self.cfg.placement == "local":
+            for log in self.logs:
+                _key_file(log).unlink(missing_ok=True)
 
 
 @contextmanager

@@ -47,6 +47,7 @@ import httpx
 import orjson
 
 from agentrl.engine import EngineClient, EngineConfig, SamplingParams, parse_generate_response
+from agentrl.engine_config import default_api_key
 from agentrl.metrics import rollout_metrics
 from agentrl.rollout import Rollout, RolloutConfig
 from agentrl.servers import launch_engines
@@ -223,7 +224,8 @@ async def measure(url: str, tokenizer: Any, a, mode: str) -> dict[str, Any]:
         EngineClient([url], timeout_s=7200, max_retries=0, max_connections=4096,
                      batch_window_ms=a.batch_window_ms,
                      batch_max_wait_ms=a.batch_max_wait_ms) as coalescing,
-        aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http,
+        aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0),
+                              headers={"Authorization": f"Bearer {default_api_key()}"}) as http,
     ):  # fmt: skip
         rollout = make_rollout(engine, tokenizer, a, turns, per_turn)
         coalesced = make_rollout(coalescing, tokenizer, a, turns, per_turn)
@@ -302,9 +304,10 @@ def resolve_model(a, url: str | None) -> str:
 
         return str(cached_tiny_random())
     if url:  # the server's own tokenizer, when it lives on this host
-        info = httpx.get(url + "/model_info", timeout=10)
+        auth = {"Authorization": f"Bearer {default_api_key()}"}  # $AGENTRL_ENGINE_API_KEY
+        info = httpx.get(url + "/model_info", timeout=10, headers=auth)
         if info.status_code == 404:
-            info = httpx.get(url + "/get_model_info", timeout=10)
+            info = httpx.get(url + "/get_model_info", timeout=10, headers=auth)
         data = info.json() if info.status_code == 200 else {}
         path = data.get("tokenizer_path") or data.get("model_path")
         if path and Path(path).is_dir():

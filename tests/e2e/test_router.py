@@ -22,10 +22,12 @@ pytest.importorskip("smg")
 
 TINY = Path(__file__).resolve().parents[2] / "agentrl" / "assets" / "tiny"
 CFG = EngineConfig(num_servers=2, router="smg", max_retries=2, backoff_s=0.2)
+AUTH = {"Authorization": f"Bearer {CFG.token()}"}  # the servers a run starts want its token
 
 
 def routing_keys(url: str) -> dict[str, int]:
-    return httpx.get(url + "/server_info", timeout=5).json()["internal_states"][0]["routing_keys"]
+    info = httpx.get(url + "/server_info", timeout=5, headers=AUTH).json()
+    return info["internal_states"][0]["routing_keys"]
 
 
 def server_pids(urls: list[str]) -> dict[str, int]:
@@ -72,7 +74,8 @@ def test_episodes_are_pinned_per_server_and_spread_over_both(tmp_path):
         trajs, versions = rollout(urls, router, tasks)
         seen = {u: routing_keys(u) for u in urls}
         assert versions and all(
-            httpx.get(u + "/get_weight_version").json()["weight_version"] == "7" for u in urls
+            httpx.get(u + "/get_weight_version", headers=AUTH).json()["weight_version"] == "7"
+            for u in urls
         ), "admin calls go to every server, not through the router"
     assert len(trajs) == 32 and all(t.stop_reason is not StopReason.ABORTED for t in trajs)
     a, b = (set(k) for k in seen.values())
