@@ -193,8 +193,8 @@ os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
 WORK = os.path.join(os.environ.get("TMPDIR") or "/tmp", "h-" + os.urandom(8).hex())
 os.mkdir(WORK, 0o700)
 SOL = os.path.join(WORK, "solution.py")
-with open(SOL, "w") as f:
-    f.write(SPEC["solution"])
+with open(SOL, "wb") as f:  # a lone surrogate fails to load there, not here
+    f.write(SPEC["solution"].encode("utf-8", "surrogatepass"))
 PATHS = "\n".join(p for p in sys.path if p)
 IO_RUNNER, CALL_RUNNER = __IO_RUNNER__, __CALL_RUNNER__
 __HELPERS__
@@ -392,7 +392,7 @@ def harness_code(test: dict, kind: str, solution: str, timeout: float, nonce: st
     spec.update(nonce=nonce, entry=entry, compact=compact)
     runner = _CALL_RUNNER.replace("__CANON__", inspect.getsource(canon))
     return (
-        _HARNESS.replace("__SPEC__", repr(json.dumps(spec)))
+        _HARNESS.replace("__SPEC__", repr(json.dumps(spec, ensure_ascii=False)))
         .replace("__IO_RUNNER__", repr(_IO_RUNNER))
         .replace("__CALL_RUNNER__", repr(runner))
         .replace("__HELPERS__", "".join(map(inspect.getsource, (_truthy, _sha, normalize_output))))
@@ -518,9 +518,9 @@ async def _grade_one(
                 notes.append(f"test {i}: sandbox limit {res.limit}")
             return _judge(test, frame).model_copy(update={"index": i})
         how = frame["harness"] if frame is not None else _how_it_ended(res)
-        if frame is None and started and _solution_ended_it(res):
-            notes.append(f"test {i}: no report: the solution's sandbox ended the harness ({how})")
-            status = "timeout" if res.timed_out else "missing"
+        if frame is None and (started or res.limit == "code_size") and _solution_ended_it(res):
+            notes.append(f"test {i}: no report ({how}): the solution's doing, counted as failed")
+            status = "timeout" if res.timed_out else "error" if res.limit else "missing"
             return Outcome(index=i, passed=False, status=status, detail=f"no report ({how})")
         if attempt == 0:
             notes.append(

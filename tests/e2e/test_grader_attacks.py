@@ -270,6 +270,11 @@ async def test_a_lost_report_is_noted_and_run_again_not_counted(service: LocalSe
         await grade(always, "def f():\n    return 'y' * 2000", tests)
     await once.aclose()
     await always.aclose()
+    huge = "x = 1\n" * 200_000 + "def f():\n    return 'y' * 2000"  # over max_code_bytes
+    sb = ServiceSandbox(service.url, retries=0)
+    res = await grade(sb, huge, tests)  # the solution's own outcome, not the sandbox's
+    await sb.aclose()
+    assert res.outcomes[0].status == "error" and "code_size" in res.notes[0], res
     down = ServiceSandbox("http://127.0.0.1:9", retries=0)  # nothing listens: infrastructure
     with pytest.raises(SandboxUnavailable):
         await grade(down, "def f():\n    return 1", tests)
