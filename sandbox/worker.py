@@ -93,6 +93,7 @@ class _Stream:
     total: int = 0
     carry: bytearray = field(default_factory=bytearray)
     between: int = 0  # bytes written after this call's marker (background work of a session)
+    lost: int = 0  # of those, what did not fit the next call's head (it is truncated too)
     marker: bytes | None = None
     tail: bytes = b""
     seen: asyncio.Event = field(default_factory=asyncio.Event)
@@ -102,7 +103,7 @@ class _Stream:
 
     def begin(self, marker: bytes | None) -> None:
         self.buf, self.total, self.marker, self.tail = bytearray(), 0, marker, b""
-        self.between = 0
+        self.lost, self.between = max(0, self.between - len(self.carry)), 0
         self.seen.clear()
         pending, self.carry = bytes(self.carry), bytearray()
         if pending:
@@ -157,7 +158,7 @@ class _Stream:
 
     def text(self) -> tuple[str, bool]:
         s = bytes(self.buf).decode("utf-8", "replace").replace("\x00", "\ufffd")
-        return s, self.total > len(self.buf)
+        return s, self.total + self.lost > len(self.buf)
 
 
 class Worker:

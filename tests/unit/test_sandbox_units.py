@@ -99,7 +99,9 @@ async def test_stream_leaves_its_pipe_unread_past_kill_between_calls() -> None:
     assert s.overflow.is_set() and not pipe.reading
     s.read(True)
     s.begin(b"\x1eN\x1e")
-    assert s.text()[0] == "abcd"  # the next call's head, cut at keep
+    assert s.text() == ("abcd", True)  # the next call's head, cut at keep
+    s.begin(b"\x1eO\x1e")
+    assert s.text() == ("", False)
 
 
 async def test_stream_without_its_marker_counts_what_follows_the_reply_as_between() -> None:
