@@ -121,3 +121,32 @@ def test_tool_arguments_refuse_extra_keys_unless_the_tool_allows_them():
     assert bad.is_error and not bad.is_tool_fault and "verbose: unknown argument" in bad.content
     assert "additionalProperties" not in Strict().schema()["function"]["parameters"]  # as shown
     assert not asyncio.run(Loose().invoke({"a": 1, "verbose": True}, ToolContext())).is_error
+
+
+class Collected(Tool):
+    """Its step happens to run when the interpreter collects a large heap (someone else's
+    garbage): not the tool's blocking."""
+
+    name, description, Args = "collected", "allocates a little", Args
+    timeout_s = 0.2
+    heap: list = []
+
+    async def __call__(self, args, ctx):
+        import gc
+
+        t0 = time.perf_counter()
+        gc.collect()
+        Collected.took = time.perf_counter() - t0
+        return ToolResult(content="ok")
+
+
+def test_a_garbage_collection_is_not_the_tools_blocking(caplog):
+    caplog.set_level(logging.WARNING, logger="agentrl.tool")
+    Collected.heap = [[i] for i in range(3_000_000)]  # a collection takes a while
+    try:
+        res = asyncio.run(Collected().invoke({}, ToolContext()))
+    finally:
+        Collected.heap = []
+    assert Collected.took > 0.2, "the heap was too small to test anything"
+    assert not res.is_error, res
+    assert not [r for r in caplog.records if "blocked the event loop" in r.getMessage()]
