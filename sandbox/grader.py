@@ -520,7 +520,8 @@ async def _grade_one(
         how = frame["harness"] if frame is not None else _how_it_ended(res)
         if frame is None and (started or res.limit == "code_size") and _solution_ended_it(res):
             notes.append(f"test {i}: no report ({how}): the solution's doing, counted as failed")
-            status = "timeout" if res.timed_out else "error" if res.limit else "missing"
+            timed_out = res.timed_out or res.limit in ("wall_time", "cpu_time")
+            status = "timeout" if timed_out else "error" if res.limit else "missing"
             return Outcome(index=i, passed=False, status=status, detail=f"no report ({how})")
         if attempt == 0:
             notes.append(
