@@ -5,6 +5,7 @@ episode out again (the same tasks as a run whose service never died), or, past
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import signal
@@ -45,33 +46,35 @@ async def _kill_when_busy(sandbox) -> None:
     os.killpg(owner.proc.pid, signal.SIGKILL)
 
 
-async def _run(cfg, out: Path, kill_at: set[int]) -> list[dict]:
-    history = []
+async def _run(cfg, out: Path, kill_at: set[int]) -> tuple[list[dict], list[list[str]]]:
+    """Run the steps, killing the service during those in `kill_at`; returns the metrics and the
+    tasks each step was handed (what a run whose service never died would have rolled out)."""
+    history, handed = [], []
     async with open_run(cfg, out) as run:
         tr = Trainer(cfg, run)
         for step in range(1, cfg.trainer.steps + 1):
-            killer = asyncio.create_task(_kill_when_busy(tr.rollout.sandbox)) if step in kill_at else None
+            handed.append(sorted(t.id for t in copy.deepcopy(tr.sampler).next(2)))
+            sandbox = tr.rollout.sandbox
+            killer = asyncio.create_task(_kill_when_busy(sandbox)) if step in kill_at else None
             history.append(await tr.step())
             if killer is not None:
                 await killer
-    return history
+    return history, handed
 
 
 def test_a_killed_sandbox_service_is_restarted_and_its_groups_reissued(tmp_path):
     cfg = compose([*SMALL, "trainer.steps=2", f"trainer.dir={tmp_path}/ckpt"])
-    calm = asyncio.run(_run(cfg, tmp_path / "calm", set()))
-    killed = asyncio.run(_run(cfg, tmp_path / "killed", {2}))
-    m = killed[1]
+    history, handed = asyncio.run(_run(cfg, tmp_path / "out", {2}))
+    first, m = history
+    assert first["sandbox/restarts"] == 0
     assert m["sandbox/restarts"] == 1, m
     assert m["stop/sandbox_unavailable"] == 0 and m["rollout/trajectories"] == 8, m
-    assert calm[1]["sandbox/restarts"] == 0
-    # the same tasks each step as the run whose service never died
-    same = [_tasks_per_step(p / "trajectories.jsonl") for p in (tmp_path / "calm", tmp_path / "killed")]
-    assert same[0] == same[1] and len(same[0]) == 2
+    # the same tasks each step as a run whose service never died
+    assert _tasks_per_step(tmp_path / "out" / "trajectories.jsonl") == handed
 
 
 def test_a_sandbox_service_that_keeps_dying_stops_the_run_with_the_cause(tmp_path):
-    cfg = compose([*SMALL, "trainer.steps=2", "sandbox.max_restarts=0", "sandbox.retries=1",
+    cfg = compose([*SMALL, "trainer.steps=1", "sandbox.max_restarts=0", "sandbox.retries=1",
                    f"trainer.dir={tmp_path}/ckpt"])  # fmt: skip
     with pytest.raises(TrainingError, match=r"sandbox service[\s\S]*died[\s\S]*resume"):
-        asyncio.run(_run(cfg, tmp_path / "out", {2}))
+        asyncio.run(_run(cfg, tmp_path / "out", {1}))
