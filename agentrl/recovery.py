@@ -32,6 +32,7 @@ def _lost(tr: Trajectory) -> bool:
     """An episode the system lost (its engine, or its sandbox): its group is rolled out again."""
     return engine_lost(tr) or tr.stop_reason == StopReason.SANDBOX_UNAVAILABLE
 
+
 if TYPE_CHECKING:
     from pathlib import Path
 

@@ -239,10 +239,18 @@ def main() -> None:
     p.add_argument("--max-running", type=int, default=None, help="default: the service's")
     p.add_argument("--under-attack", action="store_true", help="innocent latency per attack")
     p.add_argument("--attacks", default="", help=f"comma-separated subset of {list(ATTACKS)}")
-    p.add_argument("--service-memory-mb", type=int, default=2048,
-                   help="the service's memory cap (the cap-filling attacks are sized for 2048)")
-    p.add_argument("--service-processes", type=int, default=1024,
-                   help="the service's process cap (the cap-filling attacks are sized for 1024)")
+    p.add_argument(
+        "--service-memory-mb",
+        type=int,
+        default=2048,
+        help="the service's memory cap (the cap-filling attacks are sized for 2048)",
+    )
+    p.add_argument(
+        "--service-processes",
+        type=int,
+        default=1024,
+        help="the service's process cap (the cap-filling attacks are sized for 1024)",
+    )
     args = p.parse_args()
     conc = [int(c) for c in args.concurrency.split(",")]
     cfg = ServerConfig(warm_workers=args.warm_workers, service_memory_mb=args.service_memory_mb,

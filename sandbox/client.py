@@ -242,7 +242,7 @@ def session_key(session: str) -> str:
     if len(session) <= _MAX_KEY:
         return session
     digest = hashlib.sha256(session.encode("utf-8", "surrogatepass")).hexdigest()
-    return f"{session[:_MAX_KEY - 66]}#{digest}"
+    return f"{session[: _MAX_KEY - 66]}#{digest}"
 
 
 def _retry_after(headers: Any) -> float | None:

@@ -13,11 +13,11 @@ import asyncio
 import secrets
 
 import pytest
+from sandbox_kit import needs
 
 from agentrl.tool import ToolContext
 from sandbox import Limits, ServerConfig, ServiceSandbox
 from sandbox.server import LocalService
-from sandbox_kit import needs
 from tools.python import PythonTool
 
 LIMITS = Limits(wall_s=5, max_wall_s=30, cpu_s=5, memory_mb=256, processes=64, tmp_mb=32)
@@ -82,8 +82,7 @@ async def test_waiting_for_a_slot_is_not_the_models_timeout() -> None:
     async with LocalService(cfg) as svc:
         sb = ServiceSandbox(svc.url, retries=0)
         sleepers = [
-            asyncio.create_task(sb.run("import time; time.sleep(2.5)", timeout=5))
-            for _ in range(3)
+            asyncio.create_task(sb.run("import time; time.sleep(2.5)", timeout=5)) for _ in range(3)
         ]
         await asyncio.sleep(0.5)
         ctx = ToolContext(session=_key("innocent"), sandbox=sb, timeout_s=1.5)
@@ -177,8 +176,12 @@ async def test_each_model_owned_outcome_reaches_the_advantage(service: LocalServ
                 text = "<tool_call>\n" + json.dumps({"name": "python", "arguments": {
                     "code": codes[sample % len(codes)]}}) + "\n</tool_call>"  # fmt: skip
             else:
-                text = "<answer>" + prompt.split("<tool_response>\n")[-1].split("\n")[0] + "</answer>"
-            ids = tok.encode(text, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
+                text = (
+                    "<answer>" + prompt.split("<tool_response>\n")[-1].split("\n")[0] + "</answer>"
+                )
+            ids = tok.encode(text, add_special_tokens=False) + [
+                tok.convert_tokens_to_ids("<|im_end|>")
+            ]
             return Completion(ids, [-0.5] * len(ids), FinishReason.STOP, weight_version="1")
 
     task = Task(id="t0", data={"prompt": "Compute 874 - 404 * 99.", "answer": "-39122"})

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from sandbox_kit import LIMITS, SECRET, attack, attacked_service, needs, serves_next_100
 
-from sandbox import SandboxUnavailable, ServerConfig, ServiceSandbox
+from sandbox import ServerConfig, ServiceSandbox
 from sandbox.grader import IOTest, grade
 from sandbox.server import LocalService
 

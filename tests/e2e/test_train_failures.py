@@ -62,7 +62,10 @@ def test_crashing_env_stops_the_run_with_its_traceback(tmp_path):
 
 
 def test_steps_without_trainable_trajectories_are_skipped_then_stop(tmp_path):
-    cfg = cfg_for(tmp_path, "trainer.steps=5", "trainer.max_empty_steps=2", env="NoSandboxEnv")
+    # the sandbox guard (trainer.max_unavailable_frac) would stop this at step 1: off, to reach
+    # the guard of empty steps
+    cfg = cfg_for(tmp_path, "trainer.steps=5", "trainer.max_empty_steps=2",
+                  "trainer.max_unavailable_frac=1", env="NoSandboxEnv")  # fmt: skip
     with pytest.raises(TrainingError, match="2 steps in a row had no trajectory to train on"):
         asyncio.run(train(cfg, tmp_path / "out"))
     rows = metrics_rows(tmp_path / "out")

@@ -1,0 +1,222 @@
+# The grader's harness: the program of one sandbox call, never imported. `sandbox/grader.py:
+# harness_code` reads this file as text and fills the __NAMES__ (the test's spec, the runners,
+# the helpers it shares with the grader, the limits) before sending it. It runs inside the
+# sandbox, one test per call, and never sees an expected answer.
+# ruff: noqa
+import time
+
+T0 = time.monotonic()
+import ctypes, hashlib, json, os, signal, sys
+
+SPEC = json.loads(__SPEC__)
+NONCE = SPEC.pop("nonce")
+TEST = SPEC["test"]
+try:
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: children can't read our memory
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: daemons stay our children
+except Exception:
+    pass
+KEEP = {
+    signal.SIGKILL,
+    signal.SIGSTOP,
+    signal.SIGCHLD,
+    signal.SIGPIPE,
+    signal.SIGCONT,
+    signal.SIGSEGV,
+    signal.SIGBUS,
+    signal.SIGFPE,
+    signal.SIGILL,
+    signal.SIGABRT,
+    signal.SIGSYS,
+    signal.SIGTRAP,
+    signal.SIGXCPU,
+    signal.SIGXFSZ,
+}
+for s in signal.valid_signals():  # SIGINT, SIGALRM, SIGTERM, SIGTSTP...: a no-op handler (not
+    if s not in KEEP:  # SIG_IGN: exec resets handlers, so the child gets defaults)
+        try:
+            signal.signal(s, lambda *a: None)
+        except (OSError, ValueError, RuntimeError):
+            pass
+REAL_OUT = os.dup(1)
+os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+WORK = os.path.join(os.environ.get("TMPDIR") or "/tmp", "h-" + os.urandom(8).hex())
+os.mkdir(WORK, 0o700)
+SOL = os.path.join(WORK, "solution.py")
+with open(SOL, "wb") as f:  # a lone surrogate fails to load there, not here
+    f.write(SPEC["solution"].encode("utf-8", "surrogatepass"))
+PATHS = "\n".join(p for p in sys.path if p)
+IO_RUNNER, CALL_RUNNER = __IO_RUNNER__, __CALL_RUNNER__
+__HELPERS__
+
+
+def emit(rec):
+    # UTF-8 JSON; a lone surrogate goes out as its JSON escape \udXXX (backslashreplace)
+    line = json.dumps(rec, ensure_ascii=False).encode("utf-8", "backslashreplace")
+    if SPEC["compact"] or len(line) > __MAX_REPORT__:  # it must fit what the sandbox keeps
+        rec.pop("v", None)
+        rec["p"], rec["e"] = rec.get("p", "")[:40], rec.get("e", "")[:40]
+        line = json.dumps(rec).encode()
+    data = memoryview(b"\n" + NONCE.encode() + b" " + line + b"\n")
+    while data:
+        data = data[os.write(REAL_OUT, data) :]
+
+
+def contained():
+    # the bwrap sandbox's own PID namespace: its init is pid 1 and we are its child, pid 2
+    try:
+        with open("/proc/1/comm") as f:
+            return os.getpid() == 2 and os.getppid() == 1 and f.read().strip() == "bwrap"
+    except OSError:
+        return False
+
+
+CONTAINED = contained()
+
+
+def tmpfile():
+    path = os.path.join(WORK, os.urandom(8).hex())
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    os.unlink(path)
+    return fd
+
+
+def read(fd, limit, tail=False):
+    return os.pread(fd, limit, max(0, os.fstat(fd).st_size - limit) if tail else 0)
+
+
+def spawn(argv, fds, cwd, keep_fd):
+    env = dict(os.environ, TMPDIR=cwd)
+    pid = os.fork()
+    if pid == 0:  # the child: a fresh interpreter in its own session, default signals
+        try:
+            os.setsid()
+            os.chdir(cwd)
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            os.closerange(3, keep_fd if keep_fd > 2 else 3)
+            os.closerange(max(3, keep_fd + 1), 65536)
+            if keep_fd > 2:
+                os.set_inheritable(keep_fd, True)
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+            signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+            os.execve(sys.executable, argv, env)
+        finally:
+            os._exit(127)
+    return pid
+
+
+def wait(pid, deadline):
+    delay = 0.001
+    while True:
+        got, status = os.waitpid(pid, os.WNOHANG)
+        if got:
+            return os.waitstatus_to_exitcode(status)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        time.sleep(min(delay, left))
+        delay = min(2 * delay, 0.02)
+
+
+def kill(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def kill_all(pid, reaped):
+    kill(-1 if CONTAINED else -pid)  # -1: every process here but us and init, in one pass
+    if not reaped:  # that no fork escapes; -pid: the solution's session
+        os.waitpid(pid, 0)
+    end = time.monotonic() + (0 if CONTAINED else 2.0)
+    while time.monotonic() < end:  # elsewhere, best effort: descendants re-parented to us
+        kids = []
+        for k in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open("/proc/%s/stat" % k, "rb") as f:
+                    stat = f.read()
+                if int(stat[stat.rindex(b")") + 2 :].split()[1]) == os.getpid():
+                    kids.append(int(k))
+            except (OSError, ValueError):
+                pass
+        for k in kids:
+            kill(k)
+            try:
+                os.waitpid(k, 0)
+            except OSError:
+                pass
+        if not kids:
+            return
+
+
+def run(argv, stdin_text, keep_stdout=True, keep_fd=-1):
+    cwd = os.path.join(WORK, "t")
+    os.mkdir(cwd)
+    inp, err = tmpfile(), tmpfile()
+    os.write(inp, stdin_text.encode())
+    os.lseek(inp, 0, 0)
+    out = tmpfile() if keep_stdout else os.open(os.devnull, os.O_WRONLY)
+    if time.monotonic() - T0 > __START_S__:  # leave the clean-up its time within the call's
+        raise RuntimeError("the sandbox started the harness too slowly")
+    emit({"s": TEST["i"]})  # the solution starts now
+    t0 = time.monotonic()
+    pid = spawn(argv, (inp, out, err), cwd, keep_fd)
+    rc = wait(pid, t0 + SPEC["timeout"])
+    kill_all(pid, rc is not None)  # before anything it left is read: none of it runs any more
+    to = rc is None or rc == -signal.SIGXCPU
+    stdout = read(out, 16 << 20) if keep_stdout else b""
+    return rc, to, stdout, read(err, 300, tail=True).decode("utf-8", "replace")[-160:]
+
+
+def io_test():
+    argv = [sys.executable, "-I", "-S", "-c", IO_RUNNER, SOL, PATHS]
+    rc, to, out, err = run(argv, TEST["stdin"])
+    text = normalize_output(out.decode("utf-8", "replace"))
+    return {"h": _sha(text), "p": text[:80], "rc": rc, "to": to, "e": err}
+
+
+def call_test():
+    res = tmpfile()
+    argv = [
+        sys.executable,
+        "-I",
+        "-S",
+        "-c",
+        CALL_RUNNER,
+        SOL,
+        PATHS,
+        TEST["call"],
+        SPEC.get("entry") or "",
+        str(res),
+    ]
+    rc, to, _, err = run(argv, "", keep_stdout=False, keep_fd=res)
+    if to:
+        return {"err": "timeout"}
+    lines = read(res, 16 << 20).decode("utf-8", "replace").splitlines()
+    if not lines:
+        return {"missing": True, "rc": rc, "e": err or "no result (exit %s)" % rc}
+    if len(lines) > 1:
+        return {"err": "more than one result"}
+    try:
+        rec = json.loads(lines[0])
+        if not isinstance(rec, dict) or len(rec) != 1 or not {"v", "err"} & set(rec):
+            raise ValueError("not a result")
+        if "err" in rec:
+            return {"err": str(rec["err"])[:200]}
+        text = json.dumps(rec["v"], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (ValueError, TypeError, RecursionError, MemoryError):
+        return {"err": "unreadable result"}
+    frame = {"h": _sha(text), "p": text[:80], "b": _truthy(rec["v"])}
+    if len(text) <= __INLINE__:
+        frame["v"] = rec["v"]
+    return frame
+
+
+try:
+    frame = io_test() if SPEC["kind"] == "io" else call_test()
+except BaseException as e:  # a bug of ours, not the solution's: grade() runs the test again
+    frame = {"harness": ("%s: %s" % (type(e).__name__, e))[:300]}
+frame["t"] = TEST["i"]
+emit(frame)
