@@ -41,7 +41,8 @@ from sandbox.isolation import (
     probe_interpreter,
     python_for,
 )
-from sandbox.worker import Worker, WorkerPool, WorkerStartError
+from sandbox.pool import WorkerPool
+from sandbox.worker import Worker, WorkerStartError
 
 log = logging.getLogger(__name__)
 
