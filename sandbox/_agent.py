@@ -31,7 +31,10 @@ import sys
 # linecache and traceback are imported when first needed (an exception to print)
 
 AGENT_FILE = "<sandbox-agent>"
-_MAX_REPR = 64 * 1024
+# a value's repr and an exception's text, cut so that the reply frame always fits what the
+# server accepts (64 K characters a field, 256 KB a frame; a character is at most 6 bytes in
+# the frame): a large trailing value is the code's ordinary result, never a forged frame
+_MAX_REPR = 8 * 1024
 
 
 class CellTimeout(BaseException):
@@ -136,7 +139,13 @@ def _repr(value):
         text = repr(value)
     except BaseException as e:
         text = f"<repr failed: {type(e).__name__}>"
-    return text if len(text) <= _MAX_REPR else text[:_MAX_REPR] + "...[truncated]"
+    return _cut(text)
+
+
+def _cut(text):
+    if len(text) <= _MAX_REPR:
+        return text
+    return text[: _MAX_REPR - 48] + f"...[{len(text)} characters, cut]"
 
 
 def run_cell(code, ns, name, repl):
@@ -178,7 +187,7 @@ def run_cell(code, ns, name, repl):
 
 def _safe_str(e):
     try:
-        return str(e)[:_MAX_REPR]
+        return _cut(str(e))
     except BaseException:
         return ""
 

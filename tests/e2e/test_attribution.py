@@ -111,6 +111,11 @@ async def test_content_the_code_controls_is_the_codes_result(service: LocalServi
     assert not res.is_error and res.content == "a\ufffd\ufffdb", res
     res = await tool.invoke({"code": "x = '\ud800'"}, ctx)
     assert res.is_error and not res.is_tool_fault, res
+    # a large trailing value or exception text is cut, never a forged control frame
+    for code in ("'y' * 10_000_000", "raise ValueError('z' * 500_000)", "'\\x00' * 100_000"):
+        res = await sb.run(code, session=ctx.session, timeout=5)
+        assert res.limit is None and not res.session_reset, (code, res.limit, res.stderr[-300:])
+        assert len(res.result or res.error_value or "") <= 8 * 1024, code
     # over max_code_bytes, and far over it (the body limit answers before the service reads it)
     for size in (5000, 40_000):
         res = await tool.invoke({"code": "#" * size}, ctx)
