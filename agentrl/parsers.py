@@ -14,6 +14,7 @@ silent one-turn episodes.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import re
@@ -25,7 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from agentrl.registry import Registry, is_import_path
-from agentrl.types import ConfigError, ToolCall
+from agentrl.types import ConfigError, Message, ToolCall
 
 
 class ParseErrorKind(StrEnum):
@@ -35,6 +36,7 @@ class ParseErrorKind(StrEnum):
     TRUNCATED = "truncated"  # unclosed because the length limit cut it
     UNKNOWN_TOOL = "unknown_tool"
     INVALID_ARGS = "invalid_args"
+    TOO_MANY_CALLS = "too_many_calls"  # more calls than the chat template can write in one turn
 
 
 @dataclass
@@ -63,7 +65,33 @@ class ParseResult:
 
 
 class Parser:
+    """Subclasses implement `parse`; the rollout calls `parse_turn` (parse, then the template's
+    limit on calls per turn)."""
+
     name: str = ""
+
+    def __init__(self, max_calls: int | None = None) -> None:
+        self.max_calls = max_calls  # calls one turn may hold (`template_max_calls`); None: any
+
+    def parse_turn(
+        self,
+        text: str,
+        tools: dict[str, type[BaseModel]] | None = None,
+        truncated: bool = False,
+    ) -> ParseResult:
+        """`parse`, then a turn with more calls than the template can write runs none of them:
+        one error the model reads, instead of a turn the template fails to render."""
+        res = self.parse(text, tools, truncated)
+        made = len(res.tool_calls) + sum(e.is_call_error for e in res.errors)
+        if self.max_calls is None or made <= self.max_calls:
+            return res
+        limit = f"{self.max_calls} tool call" + ("s" if self.max_calls > 1 else "")
+        msg = f"this model's chat template allows {limit} per turn; this turn made {made}, so "
+        msg += "none of them ran. Make one call, read its result, then make the next"
+        kept = [e for e in res.errors if not e.is_call_error]
+        return ParseResult(
+            res.content, [], [ParseError(ParseErrorKind.TOO_MANY_CALLS, msg, text), *kept]
+        )
 
     def parse(
         self,
@@ -89,8 +117,9 @@ def register(name: str) -> Callable[[type[Parser]], type[Parser]]:
     return deco
 
 
-def get_parser(name: str) -> Parser:
-    """A fresh parser: a registered name or an import path `module:ParserClass`."""
+def get_parser(name: str, max_calls: int | None = None) -> Parser:
+    """A fresh parser: a registered name or an import path `module:ParserClass`; `max_calls`:
+    the most tool calls one turn may hold (`template_max_calls`)."""
     if name == "auto" or not (name in PARSERS or is_import_path(name)):
         raise ConfigError(
             f"rollout.parser={name!r}: unknown tool-call parser; known: "
@@ -99,17 +128,17 @@ def get_parser(name: str) -> Parser:
     cls = PARSERS.get(name)
     if not (isinstance(cls, type) and issubclass(cls, Parser)):
         raise ConfigError(f"rollout.parser={name!r} is not a subclass of agentrl.parsers.Parser")
-    return cls()
+    return cls() if max_calls is None else cls(max_calls=max_calls)
 
 
-def resolve_parser(name: str, tokenizer: Any) -> Parser:
+def resolve_parser(name: str, tokenizer: Any, max_calls: int | None = None) -> Parser:
     """The parser `rollout.parser` names; `auto`: the one that reads back a tool call the way
     the tokenizer's chat template writes it (`check_template`), or a ConfigError."""
     if name != "auto":
-        return get_parser(name)
+        return get_parser(name, max_calls)
     tried = []
     for candidate in PARSERS.names():
-        parser = get_parser(candidate)
+        parser = get_parser(candidate, max_calls)
         try:
             check_template(parser, tokenizer)
         except ConfigError as e:
@@ -249,12 +278,20 @@ class Qwen3CoderParser(Parser):
 
     Parameter values are text (one leading and one trailing newline dropped); a value whose
     field in the tool's Args is not a string is read as JSON (numbers, booleans, lists, objects),
-    else kept as text for the Args model to judge.
+    else kept as text for the Args model to judge. A `</parameter>` closes a value only where the
+    call goes on after it (the next `<parameter=` or `</function>`), so code that prints the tag
+    runs whole; a value without its `</parameter>` runs to the next parameter or `</function>`
+    (as SGLang's qwen3_coder detector reads it).
     """
 
     open_tag, close_tag = "<tool_call>", "</tool_call>"
     _FUNC = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*$", re.S)
     _PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+    _FUNC_OPEN = re.compile(r"\s*<function=([^>\n]+)>")
+    _PARAM_OPEN = re.compile(r"\s*<parameter=([^>\n]+)>")
+    _PARAM_CLOSE = re.compile(r"</parameter>\s*(?=<parameter=|</function>)")
+    _FUNC_END = re.compile(r"\s*</function>\s*</tool_call>")
+    _NEXT_PARAM = re.compile(r"(?<=\n)<parameter=[^>\n]+>\n")  # one on a line of its own
 
     def parse(self, text, tools=None, truncated=False) -> ParseResult:
         prose: list[str] = []
@@ -268,19 +305,75 @@ class Qwen3CoderParser(Parser):
                 break
             prose.append(text[pos:start])
             body_start = start + len(self.open_tag)
-            end = text.find(self.close_tag, body_start)
-            if end < 0:
-                kind = ParseErrorKind.TRUNCATED if truncated else ParseErrorKind.UNCLOSED_TAG
-                msg = f"tool call is missing its closing {self.close_tag} tag"
-                errors.append(ParseError(kind, msg, text[body_start:]))
-                break
-            pos = end + len(self.close_tag)
-            call, err = self._read(text[body_start:end], len(calls) + len(errors), tools)
+            index = len(calls) + len(errors)
+            read = self._scan(text, body_start)
+            if read is not None:
+                name, params, pos = read
+                raw = text[body_start:pos]
+                call, err = self._call(name, params, raw, index, tools)
+            else:  # not the call's structure: the body runs to the first closing tag
+                end = text.find(self.close_tag, body_start)
+                if end < 0:
+                    kind = ParseErrorKind.TRUNCATED if truncated else ParseErrorKind.UNCLOSED_TAG
+                    msg = f"tool call is missing its closing {self.close_tag} tag"
+                    errors.append(ParseError(kind, msg, text[body_start:]))
+                    break
+                pos = end + len(self.close_tag)
+                call, err = self._read(text[body_start:end], index, tools)
             if call is not None:
                 calls.append(call)
             if err is not None:
                 errors.append(err)
         return ParseResult(content="".join(prose).strip(), tool_calls=calls, errors=errors)
+
+    def _scan(self, text: str, i: int) -> tuple[str, list[tuple[str, str]], int] | None:
+        """(name, [(key, value)], end of </tool_call>) for a call whose structure reads whole
+        from `i`; None otherwise."""
+        m = self._FUNC_OPEN.match(text, i)
+        if m is None:
+            return None
+        name, i = m.group(1).strip(), m.end()
+        params: list[tuple[str, str]] = []
+        while (p := self._PARAM_OPEN.match(text, i)) is not None:
+            value_end, i = self._value_end(text, p.end())
+            if value_end < 0:
+                return None
+            params.append((p.group(1).strip(), text[p.end() : value_end]))
+        end = self._FUNC_END.match(text, i)
+        return None if end is None else (name, params, end.end())
+
+    def _value_end(self, text: str, start: int) -> tuple[int, int]:
+        """(end of the value starting at `start`, where the call goes on); (-1, -1) if none."""
+        opener = text.find(self.open_tag, start)  # the next call: this value cannot reach it
+        limit = len(text) if opener < 0 else opener
+        close = self._PARAM_CLOSE.search(text, start)
+        nxt = self._NEXT_PARAM.search(text, start, limit)
+        if (
+            close is not None
+            and close.start() < limit
+            and (nxt is None or close.start() < nxt.start())
+        ):
+            return close.start(), close.start() + len("</parameter>")
+        # no </parameter>: up to the next parameter, else the function's end
+        end = self._FUNC_END.search(text, start, limit)
+        if nxt is not None and (end is None or nxt.start() < end.start()):
+            return nxt.start(), nxt.start()
+        return (end.start(), end.start()) if end is not None else (-1, -1)
+
+    def _call(
+        self,
+        name: str,
+        params: list[tuple[str, str]],
+        raw: str,
+        index: int,
+        tools: dict[str, type[BaseModel]] | None,
+    ) -> tuple[ToolCall | None, ParseError | None]:
+        model = (tools or {}).get(name)
+        args = {
+            key: _typed(value.removeprefix("\n").removesuffix("\n"), model, key)
+            for key, value in params
+        }
+        return _checked_call(name, args, raw, index, tools)
 
     def _read(
         self, raw: str, index: int, tools: dict[str, type[BaseModel]] | None
@@ -293,56 +386,152 @@ class Qwen3CoderParser(Parser):
                 "closed by </function>",
                 raw,
             )
-        name, body = m.group(1).strip(), m.group(2)
-        model = (tools or {}).get(name)
-        args: dict[str, Any] = {}
-        for key, value in self._PARAM.findall(body):
-            key = key.strip()
-            value = value.removeprefix("\n").removesuffix("\n")
-            args[key] = _typed(value, model, key)
-        return _checked_call(name, args, raw, index, tools)
+        return self._call(m.group(1).strip(), self._PARAM.findall(m.group(2)), raw, index, tools)
 
 
 @register("llama3_json")
 class Llama3JsonParser(Parser):
-    """Llama 3.1 / 3.2 JSON tool calls: the turn is `{"name": …, "parameters": {…}}` (optionally
-    after <|python_tag|>; several calls separated by ';'). Text that does not start with `{` is a
-    plain answer; a turn that starts with `{` but is not a call is a parse error."""
+    """Llama 3.1 / 3.2 tool calls, as the model card writes them (SGLang's llama3 detector reads
+    the same forms):
+
+    - JSON: `{"name": …, "parameters": {…}}`, optionally after <|python_tag|>; several calls
+      separated by ';' or new lines, or as one JSON array `[{…}, {…}]`;
+    - <|python_tag|> then code that is not JSON: a call to Llama 3.1's built-in code
+      interpreter, run by the env's python tool (`python`, `code_interpreter` or `ipython`; its
+      `code` field, or its one string field), else an error the model reads;
+    - <|python_tag|>brave_search.call(query="…") (Llama 3.1 built-in tools): the env's tool of
+      that name, else an error the model reads.
+
+    A turn ends with <|eot_id|>, or <|eom_id|> when it waits for a tool result: neither is part
+    of the call. Text before <|python_tag|> is prose; untagged text that does not start with `{`
+    (or `[{"name"`) is a plain answer; one that does but is not a call is a parse error."""
 
     tag = "<|python_tag|>"
+    turn_ends = ("<|eom_id|>", "<|eot_id|>")
+    interpreters = ("python", "code_interpreter", "ipython")
+    builtins = ("brave_search", "wolfram_alpha")
+    _CALL_LIST = re.compile(r'\[\s*\{\s*"name"')
 
     def parse(self, text, tools=None, truncated=False) -> ParseResult:
-        body = text.strip()
-        tagged = body.startswith(self.tag)
-        body = body.removeprefix(self.tag).strip()
-        if not body.startswith("{"):
-            return ParseResult(content=text.strip())
+        text = text.strip()
+        for end in self.turn_ends:
+            text = text.removesuffix(end).rstrip()
+        at = text.find(self.tag)
+        if at >= 0:
+            prose, body = text[:at].strip(), text[at + len(self.tag) :].strip()
+        elif text.startswith("{") or self._CALL_LIST.match(text):
+            prose, body = "", text
+        else:
+            return ParseResult(content=text)
+        if body.startswith(("{", "[")):
+            calls, errors = self._json(body, tools, truncated)
+        else:
+            calls, errors = self._ipython(body, tools, truncated)
+        return ParseResult(content=prose, tool_calls=calls, errors=errors)
+
+    def _json(
+        self, body: str, tools: dict[str, type[BaseModel]] | None, truncated: bool
+    ) -> tuple[list[ToolCall], list[ParseError]]:
         calls: list[ToolCall] = []
         errors: list[ParseError] = []
         pos = 0
         while pos < len(body):
             try:
-                _, end = _DECODER.raw_decode(body, pos)
+                obj, end = _DECODER.raw_decode(body, pos)
             except (ValueError, RecursionError) as e:
                 kind = ParseErrorKind.TRUNCATED if truncated else ParseErrorKind.BAD_JSON
                 errors.append(ParseError(kind, f"tool call is not valid JSON ({e})", body[pos:]))
                 break
-            call, err = _read_call(body[pos:end], len(calls) + len(errors), tools)
-            if call is not None:
-                calls.append(call)
-            if err is not None:
-                errors.append(err)
+            items = obj if isinstance(obj, list) and obj else [obj]
+            for item in items:  # an array of calls: each one read on its own
+                raw = json.dumps(item) if isinstance(obj, list) else body[pos:end]
+                call, err = _read_call(raw, len(calls) + len(errors), tools)
+                if call is not None:
+                    calls.append(call)
+                if err is not None:
+                    errors.append(err)
             pos = _SPACE.match(body, end).end()
             if body.startswith(";", pos):
                 pos = _SPACE.match(body, pos + 1).end()
-            elif pos < len(body):
-                errors.append(
-                    ParseError(ParseErrorKind.BAD_JSON, "text after the tool call", body[pos:])
+            elif pos < len(body) and body[pos] not in "{[":
+                msg = (
+                    "text after the tool call; write only the call(s) in a tool-calling turn, "
+                    "separated by ';', and the answer in a turn of its own"
                 )
+                errors.append(ParseError(ParseErrorKind.BAD_JSON, msg, body[pos:]))
                 break
-        if not calls and not errors and not tagged:
-            return ParseResult(content=text.strip())
-        return ParseResult(content="", tool_calls=calls, errors=errors)
+        return calls, errors
+
+    def _ipython(
+        self, body: str, tools: dict[str, type[BaseModel]] | None, truncated: bool
+    ) -> tuple[list[ToolCall], list[ParseError]]:
+        """<|python_tag|> then code: a built-in tool's `name.call(…)`, else the interpreter."""
+        if not body:
+            msg = 'empty tool call after <|python_tag|>; write {"name": …, "parameters": {…}}'
+            return [], [ParseError(ParseErrorKind.NOT_A_CALL, msg, body)]
+        if truncated:  # cut code never runs
+            msg = "the code after <|python_tag|> was cut by the length limit; it did not run"
+            return [], [ParseError(ParseErrorKind.TRUNCATED, msg, body)]
+        known = ", ".join(sorted(tools or {})) or "none"
+        builtin = self._builtin(body)
+        if builtin is not None:
+            name, args = builtin
+            if name in (tools or {}):
+                call, err = _checked_call(name, args, body, 0, tools)
+                return ([call] if call else []), ([err] if err else [])
+            msg = (
+                f"'{name}' is a built-in Llama tool this environment does not have; available "
+                f'tools: {known}; call one as JSON: {{"name": <tool>, "parameters": {{…}}}}'
+            )
+            return [], [ParseError(ParseErrorKind.UNKNOWN_TOOL, msg, body, name)]
+        target = self._interpreter(tools)
+        if target is None:
+            msg = (
+                "code after <|python_tag|> calls the built-in code interpreter, which this "
+                f"environment does not have; available tools: {known}; call one as JSON: "
+                '{"name": <tool>, "parameters": {…}}'
+            )
+            return [], [ParseError(ParseErrorKind.NOT_A_CALL, msg, body)]
+        name, key = target
+        call, err = _checked_call(name, {key: body}, body, 0, tools)
+        return ([call] if call else []), ([err] if err else [])
+
+    def _builtin(self, body: str) -> tuple[str, dict[str, Any]] | None:
+        """(tool, arguments) of `brave_search.call(query="…")`, else None."""
+        try:
+            node = ast.parse(body, mode="eval").body
+        except (SyntaxError, ValueError, RecursionError):
+            return None
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "call"
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id in self.builtins
+            and not node.args
+        ):
+            return None
+        args: dict[str, Any] = {}
+        for kw in node.keywords:
+            try:
+                args[str(kw.arg)] = ast.literal_eval(kw.value)
+            except (ValueError, TypeError, SyntaxError, RecursionError):
+                return None
+        return node.func.value.id, args
+
+    def _interpreter(self, tools: dict[str, type[BaseModel]] | None) -> tuple[str, str] | None:
+        """(tool, field) that runs the built-in interpreter's code: the env's python tool."""
+        for name in self.interpreters:
+            model = (tools or {}).get(name)
+            if model is None:
+                continue
+            fields = model.model_fields
+            if "code" in fields:
+                return name, "code"
+            texts = [k for k, f in fields.items() if f.annotation is str and f.is_required()]
+            if len(texts) == 1:
+                return name, texts[0]
+        return None
 
 
 def _typed(value: str, model: type[BaseModel] | None, key: str) -> Any:
@@ -391,3 +580,18 @@ def check_template(parser: Parser, tokenizer: Any) -> None:
             f"template writes them (rendered: {tail[:160]!r}); set rollout.parser to the model's "
             f"format (known: {PARSERS.names()})"
         )
+
+
+def template_max_calls(render: Callable[[list[Message]], str]) -> int | None:
+    """The most tool calls one assistant turn may hold in the chat template `render` applies:
+    1 when it refuses a turn with two (Llama 3.x raises "This model only supports single
+    tool-calls at once!"), None when it writes them. Probed at start-up so the parser holds a turn
+    to what the template can render (`Parser.parse_turn`)."""
+    calls = [ToolCall(id=f"call_{i}", name="probe_tool", arguments=_PROBE_ARGS) for i in (0, 1)]
+    results = [Message(role="tool", content="42", tool_call_id=c.id, name=c.name) for c in calls]
+    user = Message(role="user", content="hi")
+    try:
+        render([user, Message(role="assistant", content="", tool_calls=calls), *results])
+    except Exception:  # the template's own refusal (jinja2 raise_exception, or any error)
+        return 1
+    return None

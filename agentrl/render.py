@@ -61,6 +61,10 @@ _USER = Message(role="user", content="x")
 _SENTINELS = ("\u27e61", "\u27e72")  # differ at their first character
 TEXT_ROLES = frozenset({"system", "user", "tool"})  # their content is text, never markup
 _ZWSP = "\u200b"
+# end-of-message tokens that close a turn waiting for a tool result, in place of the template's
+# end of turn (Llama 3.1 with tools: `Environment: ipython`, the call, <|eom_id|>, then the
+# ipython message; the template itself writes <|eot_id|> there)
+TOOL_WAIT_ENDS = ("<|eom_id|>",)
 
 
 class RenderError(ValueError):
@@ -199,7 +203,9 @@ class Renderer:
 
         The end-of-turn marker is the token the engine stopped on when the template ends turns
         with it, else the tokenizer's; if the sampled turn did not end with the marker (a model
-        that stopped on another id, or a length cut), the marker is supplied here, masked.
+        that stopped on another id, or a length cut), the marker is supplied here, masked. A
+        turn that ended with an end-of-message token (`TOOL_WAIT_ENDS`) needs none: the tool
+        result follows it, as the model card writes it.
         """
         last = self.decode(sampled[-1:]) if sampled else ""
         markers = [m for m in (last, self.eot) if m and m.strip()]
@@ -210,14 +216,15 @@ class Renderer:
             except RenderError as e:
                 error = error or e
                 continue
-            head = [] if marker == last else self.encode(marker)  # the eot, one markup id
+            closed = marker == last or last in TOOL_WAIT_ENDS
+            head = [] if closed else self.encode(marker)  # the eot, one markup id
             return head + self._ids_after(base, new, full, cut)
         raise error or RenderError("the sampled turn has no end-of-turn marker to cut at")
 
     def assistant_text(self, sampled: list[int]) -> str:
         """The decoded turn without its final end-of-turn / stop token."""
         text = self.decode(sampled)
-        for stop in (self.eot, self.tok.eos_token, self.tok.pad_token):
+        for stop in (self.eot, self.tok.eos_token, self.tok.pad_token, *TOOL_WAIT_ENDS):
             if stop and text.endswith(stop):
                 return text[: -len(stop)]
         return text

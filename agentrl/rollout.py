@@ -35,6 +35,7 @@ from agentrl.parsers import (
     check_template,
     get_parser,
     resolve_parser,
+    template_max_calls,
 )
 from agentrl.render import Renderer, RenderError
 from agentrl.tool import ToolContext
@@ -150,7 +151,8 @@ class Rollout:
         whole tool round trip; `open_run` calls it before any server starts."""
         renderer = Renderer(tokenizer, [t.schema() for t in env_cls.tools], cfg.template_kwargs)
         if env_cls.tools:
-            parser = resolve_parser(cfg.parser, tokenizer)
+            # the parser holds a turn to as many calls as the template can write (Llama 3.x: 1)
+            parser = resolve_parser(cfg.parser, tokenizer, template_max_calls(renderer.render))
             check_template(parser, tokenizer)
             check_round_trip(renderer, parser)
         else:
@@ -265,11 +267,13 @@ class Rollout:
             if result.done:
                 return result.stop_reason or StopReason.COMPLETED
             obs = [self._truncate(m, turn) for m in result.messages]
+            if index == max_turns - 1:  # the last turn's results are kept, never rendered
+                turn.observations = obs
+                st.messages += obs
+                break
+            obs, obs_ids = self._observation(obs, comp.token_ids, turn)
             turn.observations = obs
             st.messages += obs
-            if index == max_turns - 1:
-                break
-            obs_ids = r.observation_ids(obs, comp.token_ids, turn.assistant)
             if len(st.ids) + len(obs_ids) >= cfg.max_context_tokens:
                 return StopReason.CONTEXT_OVERFLOW
             st.append(obs_ids, None)
@@ -290,7 +294,7 @@ class Rollout:
         start = len(st.ids)
         st.append(comp.token_ids, comp.logprobs)
         text = self.renderer.assistant_text(comp.token_ids)
-        parsed = self.parser.parse(
+        parsed = self.parser.parse_turn(
             text, self.tool_args, truncated=comp.finish_reason is FinishReason.LENGTH
         )
         msg = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls)
@@ -312,6 +316,29 @@ class Rollout:
         st.turns.append(turn)
         said = AssistantTurn(msg, text, parsed.errors, comp.finish_reason, index)
         return turn, said
+
+    def _observation(
+        self, obs: list[Message], sampled: list[int], turn: Turn
+    ) -> tuple[list[Message], list[int]]:
+        """(the observation, its ids after the sampled turn). A chat template that cannot render
+        the turn the model sampled is the model's doing, never an infrastructure abort: the model
+        reads why in place of the results, and the turn counts a parse error. A template that
+        cannot render even that is a RenderError: the run stops (a configuration problem)."""
+        try:
+            return obs, self.renderer.observation_ids(obs, sampled, turn.assistant)
+        except Exception as e:  # jinja2's raise_exception, RenderError, TypeError, …
+            why = f"{type(e).__name__}: {e}"
+        note = Message(
+            role="tool",
+            content=f"Error: this model's chat template cannot write your last turn ({why}); "
+            "its tool results are not shown. Write tool calls the way the template does",
+        )
+        try:
+            ids = self.renderer.observation_ids([note], sampled)
+        except Exception as e:
+            raise RenderError(f"the chat template cannot render an error observation: {e}") from e
+        turn.num_parse_errors += 1
+        return [note], ids
 
     def _truncate(self, msg: Message, turn: Turn) -> Message:
         content, cut = self.renderer.truncate(msg.content, self.cfg.max_obs_tokens)
