@@ -44,9 +44,10 @@ class StopReason(StrEnum):
     Whose outcome is whose: the one rule (each path is tested to the advantage).
 
     - **The model's** (an observation it reads; scored, in the baseline): whatever its text or
-      its code causes. Unparsable calls, bad arguments, unknown tools; and everything the code
-      does in the sandbox: exceptions, any output (invalid UTF-8 and lone surrogates serialise as
-      U+FFFD), a timeout once it runs, every limit (`ExecResult.limit`: cpu_time, memory,
+      its code causes. Unparsable calls, more calls in a turn than the chat template can write
+      (none of them run), a turn the template cannot render, bad arguments, unknown tools; and
+      everything the code does in the sandbox: exceptions, any output (invalid UTF-8 and lone
+      surrogates serialise as U+FFFD), a timeout once it runs, every limit (`ExecResult.limit`: cpu_time, memory,
       processes, output, file_size, control_channel, code_size when it is too large to run), and
       an eviction because its sandbox held the most of a service-wide cap (`limit="memory"` or
       `"processes"` with `session_reset`). Tool output and env text are text: they never become
