@@ -37,9 +37,16 @@ Reward levels (`reward_level`):
                 a turn index fewer than two valid members reached gets 0 (nothing to compare
                 with). rloo leaves the member itself out of b_k.
 A KL (or other) reward penalty passed as `token_penalties` is summed per turn and subtracted
-from that turn's reward (trajectory level: from R).
+from that turn's reward (trajectory level: from R). With grpo, a group whose outcome rewards are
+equal then gets its advantages from the KL alone, and the division by the group's std scales that
+noise to full size (|A| ~ 1 per member, as in verl): prefer drgrpo or rloo (no std) with
+kl_mode=reward, or keep kl_coef small.
+At reward_level=trajectory per-turn rewards (Turn.reward) are ignored (train.py warns once).
 For gae, rewards sit on the last sampled token of each turn and gamma/lam act per sampled token;
 observation tokens (loss_mask 0) are skipped, as if the turns were one sampled sequence.
+
+Whether a group carries gradient (`carries_gradient`): one test, on its advantages, for dynamic
+sampling, the no-signal warning and `adv/zero_std_groups`; its docstring states the rule.
 
 Adding an estimator: a function `(episodes: list[Episode], cfg) -> (advantages, returns | None)`
 decorated with `@register("my_name")`, then `algo.advantage.name=my_name`.
@@ -271,21 +278,71 @@ def compute_advantages(
     """
     fn = get_estimator(cfg.name)
     eps = episodes_from(groups, cfg, values, token_penalties)
-    adv, ret = fn(eps, cfg)
+    raw, ret = fn(eps, cfg)
     masks = [e.loss_mask_T & e.valid for e in eps]
-    if cfg.whiten if cfg.whiten is not None else ESTIMATORS.meta(cfg.name).get("whiten", False):
-        adv = whiten(adv, masks, cfg.eps)
+    adv = whiten(raw, masks, cfg.eps) if _whitens(cfg) else raw
     adv = [torch.where(m, a.float(), 0.0) for a, m in zip(adv, masks, strict=True)]
-    return AdvantageOutput(adv, ret, _metrics(eps, adv, masks))
+    return AdvantageOutput(adv, ret, _metrics(eps, raw, adv, masks))
 
 
-def _metrics(eps: list[Episode], adv: list[Tensor], masks: list[Tensor]) -> dict[str, float]:
+def _whitens(cfg: AdvantageConfig) -> bool:
+    return cfg.whiten if cfg.whiten is not None else ESTIMATORS.meta(cfg.name).get("whiten", False)
+
+
+SIGNAL_ATOL = 1e-6  # |A| at most this is no signal: rounding residue of a baseline (rloo ~1e-16)
+
+
+def _any_nonzero(adv: Sequence[Tensor], masks: Sequence[Tensor]) -> bool:
+    """Some masked (sampled, valid) token has an advantage above SIGNAL_ATOL in size."""
+    return any(bool((a[m].abs() > SIGNAL_ATOL).any()) for a, m in zip(adv, masks, strict=True))
+
+
+def carries_gradient(
+    group: Sequence[Trajectory], cfg: AdvantageConfig, reward_penalty: bool = False
+) -> bool:
+    """Whether this group can move the policy: a sampled token of a valid member (not an
+    infrastructure failure) has a non-zero advantage (|A| > SIGNAL_ATOL). The one test behind dynamic sampling
+    (trainer.dynamic_sampling, sync and async), the no-signal warning and `adv/zero_std_groups`.
+
+    It runs in the driver, before the learner's pass, so the rule for what is known only later:
+    - no valid member with a sampled token: False (nothing to train);
+    - an estimator that reads critic values (gae, `needs_values`): True. The values make every
+      token's advantage non-zero in general, equal rewards or not, and are not known yet;
+    - `reward_penalty` (kl_mode=reward with kl_coef > 0) and two or more valid members: True. The
+      per-token KL (the reference's logprobs come later) differs between members, and a group
+      baseline turns the difference into advantages (see the module docstring on grpo);
+    - otherwise the estimator itself, on this group alone, from the outcome reward and the
+      per-turn rewards as `cfg.reward_level` reads them (at `trajectory` per-turn rewards do not
+      count; at `turn` equal outcomes with different turn rewards carry gradient): True when an
+      advantage is non-zero. Step whitening (reinforce_pp_baseline) is left out: it maps the
+      whole step's advantages at once, and gives a group all 0 before it only the step's common
+      shift, which compares nothing within the group.
+    A lone valid member has advantage 0 under every built-in estimator, KL or not.
+    """
+    valid = [t for t in group if not t.stop_reason.is_infra_failure]
+    if not any(t.num_sampled for t in valid):
+        return False
+    if needs_values(cfg.name) or (reward_penalty and len(valid) > 1):
+        return True
+    eps = episodes_from([group], cfg)
+    adv, _ = get_estimator(cfg.name)(eps, cfg)
+    return _any_nonzero(adv, [e.loss_mask_T & e.valid for e in eps])
+
+
+def _metrics(
+    eps: list[Episode], raw: list[Tensor], adv: list[Tensor], masks: list[Tensor]
+) -> dict[str, float]:
+    """`adv/zero_std_groups`: share of the groups with a valid member whose advantages are all 0
+    before step whitening (`carries_gradient`'s test, with the actual values and penalties)."""
     flat = torch.cat([a[m] for a, m in zip(adv, masks, strict=True)] + [torch.zeros(0)])
-    by_group: dict[int, list[float]] = {}
-    for e in eps:
+    by_group: dict[int, list[int]] = {}
+    for i, e in enumerate(eps):
         if e.valid:
-            by_group.setdefault(e.group, []).append(e.score)
-    flat_groups = [len(set(s)) <= 1 for s in by_group.values()]
+            by_group.setdefault(e.group, []).append(i)
+    flat_groups = [
+        not _any_nonzero([raw[i] for i in idx], [masks[i] for i in idx])
+        for idx in by_group.values()
+    ]
     return {
         "adv/mean": float(flat.mean()) if flat.numel() else 0.0,
         "adv/std": float(flat.std()) if flat.numel() > 1 else 0.0,

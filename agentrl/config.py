@@ -209,9 +209,12 @@ class TrainerConfig(CheckpointConfig):
     )
     dynamic_sampling: bool = Field(
         False,
-        description="DAPO's dynamic sampling: groups whose rewards are all equal (no gradient "
-        "under a group baseline) are dropped and more tasks rolled out until tasks_per_step "
-        "groups have signal (rollout/filtered_groups)",
+        description="DAPO's dynamic sampling: groups that carry no gradient (every advantage 0, "
+        "e.g. equal outcome and per-turn rewards under a group baseline; "
+        "advantage.carries_gradient states the rule for gae and kl_mode=reward) are dropped and "
+        "more tasks rolled out until tasks_per_step groups carry gradient "
+        "(rollout/filtered_groups); reward/* is then over the kept groups, reward/mean_all over "
+        "all",
     )
     max_refill_rounds: int = Field(
         3, ge=0, description="sync + dynamic_sampling: extra rollout rounds per step at most"
@@ -277,7 +280,10 @@ class TrainerConfig(CheckpointConfig):
         3, ge=1, description="steps in a row with no trainable trajectory before the run stops"
     )
     no_signal_steps: int = Field(
-        5, ge=0, description="warn after this many steps in a row without reward variance; 0: off"
+        5,
+        ge=0,
+        description="warn after this many steps in a row in which no group carries gradient "
+        "(every advantage 0: advantage.carries_gradient); 0: off",
     )
     warn_logprob_gap: float = Field(
         0.1,

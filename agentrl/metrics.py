@@ -3,9 +3,17 @@
 One step of `python -m agentrl.train` logs one flat dict (metrics.jsonl, W&B history, the console
 line) with these names; `step_metrics` below is the one place that builds the final names.
 
-reward/ — over the step's trajectories, infrastructure failures excluded
-    reward/mean, reward/max, reward/min, reward/std
+reward/ — over the step's trajectories, infrastructure failures excluded: the groups trained, so
+    under trainer.dynamic_sampling the kept groups only (reward/mean_all is over all of them)
+    reward/mean, reward/max, reward/min, reward/std     the outcome reward (Trajectory.reward)
     reward/<component>              mean of each named component an env's reward dict returns
+    reward/turn_sum                 per-turn rewards (StepResult.reward) summed per trajectory,
+                                    mean; only when an env gives them (they are trained on with
+                                    algo.advantage.reward_level=turn only)
+    reward/return_mean              outcome + per-turn rewards per trajectory, mean (with them)
+    reward/mean_all                 trainer.dynamic_sampling: reward/mean over every group rolled
+                                    out this step, the filtered ones too (async: those not
+                                    dropped as stale)
 rollout/ — what the rollout produced (per-trajectory means unless the name says otherwise)
     rollout/trajectories            trajectories this step (count)
     rollout/turns, rollout/turns_max                    assistant turns per trajectory
@@ -79,7 +87,8 @@ engine/restarts — rollout servers restarted this step (died or hung; engine.ma
 rollout/oversampled_dropped — groups launched beyond trainer.tasks_per_step and aborted once
     enough had finished (trainer.oversample_groups)
 rollout/filtered_groups, rollout/refill_rounds — trainer.dynamic_sampling: groups dropped for
-    having no reward variance, and (sync) the extra rollout rounds run to replace them
+    carrying no gradient (`advantage.carries_gradient`: every advantage 0), and (sync) the extra
+    rollout rounds run to replace them
 sandbox/restarts — the sandbox service this run started, restarted this step (it died;
     sandbox.max_restarts per run)
 rollout/reissued — episodes rolled out again this step because a server or the sandbox failed
@@ -96,6 +105,7 @@ step — optimizer steps completed (the x axis)
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from statistics import fmean
@@ -136,6 +146,10 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         out["reward/std"] = fmean((r - mean) ** 2 for r in rewards) ** 0.5  # NaN stays NaN
         for key in sorted({k for t in scored for k in t.reward_components} - {"total"}):
             out[f"reward/{key}"] = fmean(t.reward_components.get(key, 0.0) for t in scored)
+        if any(turn.reward is not None for t in scored for turn in t.turns):
+            sums = [sum(turn.reward or 0.0 for turn in t.turns) for t in scored]
+            out["reward/turn_sum"] = fmean(sums)
+            out["reward/return_mean"] = mean + out["reward/turn_sum"]
     n = len(trajs)
     tool_turns = [t for t in turns if t.num_tool_calls]
     out["rollout/trajectories"] = float(n)
@@ -282,15 +296,26 @@ def crashed(tr: Trajectory) -> bool:
     )
 
 
-def has_signal(group: list[Trajectory]) -> bool:
-    """Two scored members of the group have different rewards (a group baseline then gives a
-    nonzero advantage)."""
-    return len({tr.reward for tr in group if not tr.stop_reason.is_infra_failure}) > 1
+def mean_reward(groups: Sequence[Sequence[Trajectory]]) -> float:
+    """The outcome reward's mean over the scored trajectories of these groups (NaN: none)."""
+    rewards = [t.reward for g in groups for t in g if not t.stop_reason.is_infra_failure]
+    return fmean(rewards) if rewards else math.nan
 
 
-def no_signal(groups: list[list[Trajectory]]) -> bool:
-    """True when no group has two scored members with different rewards."""
-    return not any(has_signal(g) for g in groups)
+def ignored_turn_rewards(trajs: Sequence[Trajectory], reward_level: str) -> str | None:
+    """The warning to give when an env returns per-turn rewards that the config does not train
+    on (algo.advantage.reward_level=trajectory); None otherwise."""
+    if reward_level != "trajectory":
+        return None
+    n = sum(1 for t in trajs for turn in t.turns if turn.reward not in (None, 0.0))
+    if not n:
+        return None
+    return (
+        f"the env returned per-turn rewards (StepResult.reward, {n} non-zero turns this step) but "
+        "algo.advantage.reward_level=trajectory trains on the outcome reward only, so they are "
+        "ignored (reward/turn_sum shows them). Set algo.advantage.reward_level=turn to train on "
+        "them, or fold them into the env's reward"
+    )
 
 
 def engine_gap(metrics: dict[str, float], bar: float, step: int) -> str | None:

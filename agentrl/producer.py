@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.data import TaskSampler
+from agentrl.metrics import mean_reward
 from agentrl.rollout import Rollout
 from agentrl.types import Task, Trajectory
 
@@ -106,6 +107,7 @@ class GroupProducer:
         ones and bias every step towards them; in launch order the learner waits only for the
         oldest group while the younger ones keep rolling out."""
         kept: list[FinishedGroup] = []
+        seen: list[list[Trajectory]] = []  # dynamic sampling: kept and filtered groups
         dropped = filtered = 0
         while len(kept) < n:
             if self._error is not None:
@@ -132,6 +134,7 @@ class GroupProducer:
                 dropped += 1
                 self.dropped += 1  # a dropped group frees a launch slot (stale_policy=wait)
                 continue
+            seen.append(g.trajectories)
             if self.keep is not None and not self.keep(g.trajectories):
                 filtered += 1
                 self.dropped += 1  # … and so does a filtered one
@@ -142,7 +145,9 @@ class GroupProducer:
             for g in kept
             for tr in g.trajectories
         ]
+        extra = {"reward/mean_all": mean_reward(seen)} if self.keep is not None else {}
         return kept, {
+            **extra,
             "async/staleness_mean": sum(stale) / max(len(stale), 1),
             "async/staleness_max": float(max(stale, default=0)),
             "async/dropped": float(dropped),

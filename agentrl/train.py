@@ -6,8 +6,9 @@
    the engine's logprobs only weight it through TIS/MIS (rollout_correction), never the clip.
 3. KL to a frozen reference: off by default; kl_mode=loss (k3 in the loss) or kl_mode=reward
    (per-token penalty subtracted before the advantages).
-4. Advantages: per group from rewards (grpo, rloo, drgrpo, …) or a critic (gae); zero in an
-   all-equal group, loudly reported after `trainer.no_signal_steps` such steps.
+4. Advantages: per group from rewards (grpo, rloo, drgrpo, …) or a critic (gae); a step where
+   no group carries gradient (`advantage.carries_gradient`: every advantage 0) is loudly
+   reported after `trainer.no_signal_steps` such steps; dynamic sampling drops such groups.
 5. Optimizer steps per batch: ppo_epochs x mini_batches (default 1 x 1, the on-policy case).
 6. Weights go to the engines after the last optimizer step; every token records its version.
 
@@ -56,7 +57,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from rich.console import Console
 
-from agentrl.advantage import compute_advantages
+from agentrl.advantage import carries_gradient, compute_advantages
 from agentrl.batch import TrainBatch, mini_batches, per_trajectory
 from agentrl.ckpt import CheckpointManager, load_trainer_state
 from agentrl.config import CONFIG_DIR, Config, errors_for_people, load_config
@@ -70,10 +71,10 @@ from agentrl.metrics import (
     crashed,
     engine_gap,
     gap_and_kl_metrics,
-    has_signal,
+    ignored_turn_rewards,
     mean_over_steps,
+    mean_reward,
     memory_edge,
-    no_signal,
     off_version,
     rollout_metrics,
     step_metrics,
@@ -145,7 +146,8 @@ class Trainer(EngineRecovery):
         self.skipped_in_a_row = resumed.consecutive_skips if resumed else 0
         self.empty_in_a_row = 0  # steps with nothing to train on
         self.sandbox_restarts = 0  # the sandbox client's restarts counted so far (recovery.py)
-        self.no_signal_in_a_row = 0  # steps where no group had reward variance
+        self.no_signal_in_a_row = 0  # steps where no group carried gradient
+        self.warned_turn_rewards = False  # per-turn rewards under reward_level=trajectory: once
         self.history: list[dict[str, float]] = []
         self.trainer_logprobs: dict[int, torch.Tensor] = {}  # this step's, by trajectory index
         self.producer: GroupProducer | None = None  # trainer.mode=async: rollouts run ahead
@@ -232,29 +234,40 @@ class Trainer(EngineRecovery):
         groups, recovery = await self._recover_engines(tasks, groups)
         recovery["rollout/oversampled_dropped"] = float(len(launched) - len(groups))
         if tc.dynamic_sampling:
-            (
-                groups,
-                recovery["rollout/filtered_groups"],
-                recovery["rollout/refill_rounds"],
-            ) = await self._refill(groups, want, tc.max_refill_rounds)
+            groups, refill = await self._refill(groups, want, tc.max_refill_rounds)
+            recovery.update(refill)
         return groups, recovery
 
     async def _refill(
         self, groups: list[list[Trajectory]], want: int, max_rounds: int
-    ) -> tuple[list[list[Trajectory]], float, float]:
-        """Dynamic sampling (sync): keep the groups with reward variance, roll out more tasks
-        until `want` have it or `max_rounds` extra rounds are spent. With none at all, the step
-        keeps what it had (the no-signal warning then counts it)."""
-        kept = [g for g in groups if has_signal(g)]
+    ) -> tuple[list[list[Trajectory]], dict[str, float]]:
+        """Dynamic sampling (sync): keep the groups that carry gradient (`_carries`), roll out
+        more tasks until `want` do or `max_rounds` extra rounds are spent. With none at all, the
+        step keeps what it had (the no-signal warning then counts it). reward/mean_all: over
+        every group rolled out, the filtered ones too."""
+        seen = list(groups)
+        kept = [g for g in groups if self._carries(g)]
         filtered, rounds = len(groups) - len(kept), 0
         while len(kept) < want and rounds < max_rounds:
             tasks = self.sampler.next(want - len(kept))
             more, _ = await self._recover_engines(tasks, await self.rollout.run(tasks))
-            good = [g for g in more if has_signal(g)]
+            good = [g for g in more if self._carries(g)]
+            seen += more
             kept += good
             filtered += len(more) - len(good)
             rounds += 1
-        return (kept or groups), float(filtered), float(rounds)
+        return (kept or groups), {
+            "rollout/filtered_groups": float(filtered),
+            "rollout/refill_rounds": float(rounds),
+            "reward/mean_all": mean_reward(seen),
+        }
+
+    def _carries(self, group: list[Trajectory]) -> bool:
+        """Whether the group's advantages can be non-zero under this run's estimator, reward
+        level and KL mode (`advantage.carries_gradient` states the rule)."""
+        loss = self.cfg.algo.loss
+        penalty = loss.kl_mode == "reward" and loss.kl_coef > 0
+        return carries_gradient(group, self.cfg.algo.advantage, reward_penalty=penalty)
 
     async def _collect_async(self) -> tuple[list[list[Trajectory]], dict[str, float]]:
         """trainer.mode=async: the next finished groups within the staleness bound."""
@@ -436,17 +449,24 @@ class Trainer(EngineRecovery):
         return ok
 
     def _watch_signal(self, groups: list[list[Trajectory]], metrics: dict[str, float]) -> None:
-        """Say so, loudly, when no group has reward variance for `trainer.no_signal_steps` steps
-        in a row: every advantage is 0 and the policy gradient is exactly zero."""
-        flat = no_signal(groups)
+        """Say so, loudly, when no group carries gradient (`_carries`) for
+        `trainer.no_signal_steps` steps in a row: every advantage is 0 and the policy gradient is
+        exactly zero. And once per run: per-turn rewards the reward level ignores."""
+        level = self.cfg.algo.advantage.reward_level
+        trajs = [tr for g in groups for tr in g]
+        if not self.warned_turn_rewards and (msg := ignored_turn_rewards(trajs, level)):
+            self.warned_turn_rewards = True
+            self._warn("per-turn rewards ignored", msg)
+        flat = not any(self._carries(g) for g in groups)
         self.no_signal_in_a_row = self.no_signal_in_a_row + 1 if flat else 0
         metrics["train/no_signal_steps_in_a_row"] = float(self.no_signal_in_a_row)
         k = self.cfg.trainer.no_signal_steps
         if k and self.no_signal_in_a_row and self.no_signal_in_a_row % k == 0:
             rewards = sorted({tr.reward for g in groups for tr in g})[:5]
             msg = (
-                f"no learning signal for {self.no_signal_in_a_row} steps: every group's rewards "
-                f"are equal (values seen: {rewards}), so every advantage is 0. Likely causes: the "
+                f"no learning signal for {self.no_signal_in_a_row} steps: in every group the "
+                f"rewards (outcome values seen: {rewards}; per-turn ones at reward_level=turn) "
+                "are equal, so every advantage is 0. Likely causes: the "
                 "model never calls the tools or never succeeds (reward always 0: check "
                 "rollout/tool_call_rate, stop/*, a trajectory with `agentrl preview`, "
                 "the parser and the reward function), the task is too easy (always 1), or "
@@ -504,7 +524,7 @@ class Trainer(EngineRecovery):
             return
         self.producer = GroupProducer(self.rollout, self.sampler, tc.tasks_per_step,
                                       tc.max_staleness, tc.stale_policy, self.step_idx,
-                                      keep=has_signal if tc.dynamic_sampling else None)  # fmt: skip
+                                      keep=self._carries if tc.dynamic_sampling else None)  # fmt: skip
         resumed = self.parts.resumed
         if resumed is not None and "async" in resumed.extra:  # the groups it had in flight
             self.producer.load_state(resumed.extra["async"])
