@@ -56,7 +56,8 @@ class EnvConfig(BaseModel):
     eval_tasks: dict[str, Any] | None = Field(
         None,
         description="kwargs of Env.load_tasks for the evaluation set (trainer.eval_every), e.g. "
-        "{split: test} or {seed: 1}; None: the training tasks' own list",
+        "{split: test} or {seed: 1}; None: drawn from the training tasks' list (and left out of "
+        "training unless trainer.eval_split=shared)",
     )
 
     def load_tasks(self, cls: type[Env], evaluation: bool = False) -> list[Task]:
@@ -255,10 +256,16 @@ class TrainerConfig(CheckpointConfig):
         ge=0,
         description="evaluate the policy before the first step and every N steps (and after the "
         "last): eval_size tasks of the evaluation set (env.eval_tasks), the same ones each time, "
-        "eval_samples episodes each, never trained on (eval/* metrics); 0: never",
+        "eval_samples episodes each, their episodes never trained on (eval/* metrics); 0: never",
     )
     eval_size: int = Field(32, ge=1, description="tasks of each evaluation (the set's first N)")
     eval_samples: int = Field(4, ge=1, description="episodes per evaluation task")
+    eval_split: Literal["heldout", "shared"] = Field(
+        "heldout",
+        description="heldout: training never samples a task that shares an id or a prompt with "
+        "the evaluation set (drawn from env.tasks, or env.eval_tasks when given, and left out of "
+        "the training list); shared: the training list stays whole",
+    )
     max_skipped_steps: int = Field(
         3, ge=1, description="non-finite steps in a row before the run stops with an error"
     )

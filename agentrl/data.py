@@ -4,10 +4,15 @@ sampler = TaskSampler(env_cls.load_tasks(**cfg.env.tasks), seed=0)
 batch = sampler.next(8)                 # 8 tasks; wraps into a new shuffled epoch when needed
 state = sampler.state_dict()            # {"epoch": 0, "index": 8} — saved in checkpoints
 TaskSampler(tasks, seed=0).load_state_dict(state)   # continues with exactly the same tasks
+
+A held-out evaluation (trainer.eval_split=heldout) trains on the rest of the list:
+
+train = held_out(tasks, eval_tasks)     # no task of eval_tasks' ids, nor of their prompts
 """
 
 from __future__ import annotations
 
+import json
 import random
 
 from agentrl.types import Task
@@ -43,3 +48,17 @@ class TaskSampler:
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
         self._order = self._make_order(self.epoch)
+
+
+def prompt_text(task: Task) -> str:
+    """What a task asks: its `prompt` when that is a string, else all its data as JSON."""
+    prompt = task.data.get("prompt")
+    return prompt if isinstance(prompt, str) else json.dumps(task.data, sort_keys=True, default=str)
+
+
+def held_out(tasks: list[Task], evaluation: list[Task]) -> list[Task]:
+    """The tasks sharing neither an id nor a prompt (`prompt_text`) with `evaluation`: a
+    generated list can hold the same question under two ids, and two lists the same id."""
+    ids = {t.id for t in evaluation}
+    prompts = {prompt_text(t) for t in evaluation}
+    return [t for t in tasks if t.id not in ids and prompt_text(t) not in prompts]

@@ -7,6 +7,12 @@ they were as much as with the policy (the units env, seed 0: 0.22 at step 1, 0.0
 
     tasks = pick_eval_tasks(all_tasks, size=32, seed=0)   # a fixed sample
     metrics = await evaluate(rollout, tasks, samples=4)   # {"eval/reward_mean": ..., ...}
+
+Held out by default (trainer.eval_split=heldout): the training list loses every task that shares
+an id or a prompt with the evaluation set, so the policy is scored on questions it never trained
+on; `shared` keeps the training list whole (the evaluation then re-scores trained questions).
+
+    train, tasks, line = eval_task_sets(all_tasks, None, size=32, seed=0, split="heldout")
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import random
 import time
 from typing import TYPE_CHECKING
 
+from agentrl.data import held_out
 from agentrl.metrics import rollout_metrics
 from agentrl.types import ConfigError, Task
 
@@ -40,6 +47,35 @@ def pick_eval_tasks(tasks: list[Task], size: int, seed: int) -> list[Task]:
     order = list(range(len(tasks)))
     random.Random(seed * 1_000_003 + 7).shuffle(order)
     return [tasks[i] for i in order[:size]]
+
+
+def eval_task_sets(
+    train: list[Task], candidates: list[Task] | None, size: int, seed: int, split: str
+) -> tuple[list[Task], list[Task], str]:
+    """The training tasks, the evaluation tasks and the console line that says which split it is.
+    `candidates`: the list env.eval_tasks loads, None to draw from `train` itself; `split`:
+    trainer.eval_split. Held out, the evaluation set is drawn first and the training list
+    loses every task sharing an id or a prompt with it (a ConfigError when none is left)."""
+    tasks = pick_eval_tasks(train if candidates is None else candidates, size, seed)
+    source = "env.tasks" if candidates is None else "env.eval_tasks"
+    if split == "shared":
+        shared = len(train) - len(held_out(train, tasks))
+        line = (f"evaluation: {len(tasks)} tasks of {source}, not held out "
+                f"(trainer.eval_split=shared): {shared} of the {len(train)} training tasks "
+                "share an id or a prompt with them")  # fmt: skip
+        return train, tasks, line
+    kept = held_out(train, tasks)
+    if not kept:
+        raise ConfigError(
+            f"trainer.eval_split=heldout: the {len(tasks)} evaluation tasks share an id or a "
+            f"prompt with all {len(train)} tasks of env.tasks, leaving none to train on; lower "
+            "trainer.eval_size, give env.eval_tasks its own tasks, or set "
+            "trainer.eval_split=shared"
+        )
+    line = (f"evaluation: {len(tasks)} held-out tasks of {source} (trainer.eval_split=heldout): "
+            f"training on the other {len(kept)} of {len(train)}, none sharing an id or a "
+            "prompt with them")  # fmt: skip
+    return kept, tasks, line
 
 
 async def evaluate(rollout: Rollout, tasks: list[Task], samples: int) -> dict[str, float]:

@@ -40,7 +40,7 @@ from agentrl.data import TaskSampler
 from agentrl.display import ProgressLine
 from agentrl.engine import EngineClient, EngineConfig
 from agentrl.env import Env
-from agentrl.evaluate import pick_eval_tasks
+from agentrl.evaluate import eval_task_sets
 from agentrl.learner import LearnerConfig
 from agentrl.learner.group import LearnerGroup, ray_running, start_ray, stop_ray
 from agentrl.learner.memory import check_host, choose_offload, engine_fraction, host_bytes
@@ -103,12 +103,10 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
     model_path = cfg.model.resolve()
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or model_path)
     env_cls = cfg.env.load_class()
-    sampler = TaskSampler(cfg.env.load_tasks(env_cls), seed=cfg.seed)
-    eval_tasks = []
-    if train and cfg.trainer.eval_every:  # checked before anything starts, like env.tasks
-        eval_tasks = pick_eval_tasks(
-            cfg.env.load_tasks(env_cls, evaluation=True), cfg.trainer.eval_size, cfg.seed
-        )
+    tasks, eval_tasks, eval_line = task_sets(cfg, env_cls, train)  # checked before anything starts
+    sampler = TaskSampler(tasks, seed=cfg.seed)
+    if eval_line:
+        console.print(f"[dim]{eval_line}[/]")
     Rollout.prepare(tokenizer, env_cls, cfg.rollout)  # template and parser: before any server
     async with AsyncExitStack() as stack:
         groups: dict[str, LearnerGroup] = {}
@@ -182,6 +180,21 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
             stack.push(_close_tracker(run.tracker))
             run.progress = ProgressLine(cfg.trainer.steps, resumed.step if resumed else 0, console)
         yield run
+
+
+def task_sets(
+    cfg: Config, env_cls: type[Env], train: bool = True
+) -> tuple[list[Task], list[Task], str]:
+    """The training tasks, the evaluation tasks (trainer.eval_every; none when it is 0 or not
+    training) and the line that says whether they are held out (trainer.eval_split)."""
+    tasks = cfg.env.load_tasks(env_cls)
+    if not (train and cfg.trainer.eval_every):
+        return tasks, [], ""
+    candidates = (
+        None if cfg.env.eval_tasks is None else cfg.env.load_tasks(env_cls, evaluation=True)
+    )
+    t = cfg.trainer
+    return eval_task_sets(tasks, candidates, t.eval_size, cfg.seed, t.eval_split)
 
 
 def resume_point(cfg: Config, ckpt: CheckpointManager | None = None) -> Path | None:

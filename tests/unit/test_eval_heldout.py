@@ -1,0 +1,68 @@
+"""The evaluation set is held out of training by default (trainer.eval_split)."""
+
+import pytest
+
+from agentrl.config import compose
+from agentrl.data import held_out, prompt_text
+from agentrl.evaluate import eval_task_sets
+from agentrl.run import task_sets
+from agentrl.types import ConfigError, Task
+
+QUICK_START = ["env=code_exec", "trainer.eval_every=10"]  # README: + a fixed evaluation set
+
+
+def overlap(train: list[Task], evaluation: list[Task]) -> tuple[int, int]:
+    """Evaluation tasks whose id, and whose prompt, the training list holds."""
+    ids, prompts = {t.id for t in train}, {prompt_text(t) for t in train}
+    return sum(t.id in ids for t in evaluation), sum(prompt_text(t) in prompts for t in evaluation)
+
+
+def sets(overrides: list[str]) -> tuple[list[Task], list[Task], str]:
+    cfg = compose(overrides)
+    return task_sets(cfg, cfg.env.load_class())
+
+
+def test_the_quick_starts_evaluation_shares_no_task_with_training():
+    train, evaluation, line = sets(QUICK_START)
+    assert len(evaluation) == 32 and overlap(train, evaluation) == (0, 0)
+    # the generated list holds some questions twice: those copies leave training too
+    assert len(train) == 256 - 32 - 5 and "held-out" in line and "eval_split=heldout" in line
+    # asked for, the old way: every evaluation task is a training task
+    train, evaluation, line = sets([*QUICK_START, "trainer.eval_split=shared"])
+    assert len(train) == 256 and overlap(train, evaluation) == (32, 32)
+    assert "not held out (trainer.eval_split=shared)" in line
+
+
+def test_an_eval_list_of_its_own_is_held_out_by_prompt_too():
+    """The README's example, another seed of the generator: 2 of its 32 questions are in the
+    training list; held out, training drops them."""
+    other = [*QUICK_START, "+env.eval_tasks.seed=1"]
+    train, evaluation, _ = sets([*other, "trainer.eval_split=shared"])
+    assert len(train) == 256 and overlap(train, evaluation) == (0, 2)
+    train, evaluation, line = sets(other)
+    assert len(train) == 254 and overlap(train, evaluation) == (0, 0) and "env.eval_tasks" in line
+
+
+def test_no_evaluation_keeps_the_whole_list():
+    train, evaluation, line = sets(["env=code_exec"])
+    assert len(train) == 256 and evaluation == [] and line == ""
+
+
+def test_held_out_drops_same_ids_and_same_prompts():
+    tasks = [Task(id=str(i), data={"prompt": f"q{i % 3}"}) for i in range(6)]
+    assert [t.id for t in held_out(tasks, [Task(id="4", data={"prompt": "other"})])] == [
+        "0", "1", "2", "3", "5"
+    ]  # fmt: skip
+    assert [t.id for t in held_out(tasks, [Task(id="x", data={"prompt": "q1"})])] == [
+        "0", "2", "3", "5"
+    ]  # fmt: skip
+    no_prompt = [Task(id="a", data={"x": 1}), Task(id="b", data={"x": 2})]
+    assert held_out(no_prompt, [Task(id="c", data={"x": 1})]) == no_prompt[1:]
+
+
+def test_an_evaluation_that_leaves_nothing_to_train_on_is_a_config_error():
+    tasks = [Task(id=str(i), data={"prompt": f"q{i}"}) for i in range(10)]
+    with pytest.raises(ConfigError, match=r"leaving none to train on.*trainer.eval_split=shared"):
+        eval_task_sets(tasks, None, 32, 0, "heldout")
+    train, evaluation, _ = eval_task_sets(tasks, None, 32, 0, "shared")
+    assert train == tasks and len(evaluation) == 10
