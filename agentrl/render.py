@@ -85,14 +85,14 @@ class Renderer:
         self.eot = end_of_turn or tokenizer.eos_token
         eot_ids = self.encode(self.eot)
         if len(eot_ids) != 1:
-            raise RenderError(f"end-of-turn {self.eot!r} is not a single token in this tokenizer")
+            raise RenderError(
+                f"the end of turn, the tokenizer's eos_token {self.eot!r}, is not a single token "
+                f"of this tokenizer; {_EOT_FIX.format(marker='<its turn-end token>')}"
+            )
         self.eot_id = eot_ids[0]
         base = self.render(_BASE)
         if not base.rstrip().endswith(self.eot):
-            raise RenderError(
-                f"the chat template does not end an assistant turn with {self.eot!r}; "
-                "set model.end_of_turn to the token it uses"
-            )
+            raise RenderError(_turn_end_advice(tokenizer, base, self.eot))
         self._base_text = base
         self.separator = base[base.rindex(self.eot) + len(self.eot) :]
         self.markup = Markup(tokenizer)
@@ -354,6 +354,26 @@ def _without_added_tokens(tokenizer: Any) -> Any:
     if backend.pre_tokenizer is not None:
         plain.pre_tokenizer = backend.pre_tokenizer
     return plain
+
+
+_EOT_FIX = (
+    "the end of turn is the tokenizer's eos_token: save the tokenizer with "
+    "eos_token={marker!r} (tokenizer.eos_token = {marker!r}; tokenizer.save_pretrained(DIR)) and "
+    "set model.tokenizer=DIR"
+)
+
+
+def _turn_end_advice(tokenizer: Any, base: str, eot: str) -> str:
+    """The RenderError of a template whose assistant turn does not end with `eot`: names the
+    marker it does end with (the first added token after the turn's text), and the fix."""
+    after = base[base.rfind(_BASE[-1].content) + 1 :]
+    found = [(after.find(t), t) for t in tokenizer.get_added_vocab() if t and t in after]
+    marker = min(found)[1] if found else None
+    ends = f" (it ends one with {marker!r})" if marker else ""
+    return (
+        f"the chat template does not end an assistant turn with the tokenizer's eos_token "
+        f"{eot!r}{ends}; " + _EOT_FIX.format(marker=marker or "<its turn-end token>")
+    )
 
 
 def _clean(text: str) -> str:

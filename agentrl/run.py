@@ -44,6 +44,7 @@ from agentrl.evaluate import eval_task_sets
 from agentrl.learner import LearnerConfig
 from agentrl.learner.group import LearnerGroup, ray_running, start_ray, stop_ray
 from agentrl.learner.memory import check_host, choose_offload, engine_fraction, host_bytes
+from agentrl.render import RenderError
 from agentrl.rollout import Rollout
 from agentrl.servers import Fleet, launch_fleet, launch_router, split_local_gpus, visible_gpus
 from agentrl.tracking import JsonlSink, Tracker
@@ -107,7 +108,7 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
     sampler = TaskSampler(tasks, seed=cfg.seed)
     if eval_line:
         console.print(f"[dim]{eval_line}[/]")
-    Rollout.prepare(tokenizer, env_cls, cfg.rollout)  # template and parser: before any server
+    prepare_rollout(tokenizer, env_cls, cfg)  # template and parser: before any server
     async with AsyncExitStack() as stack:
         groups: dict[str, LearnerGroup] = {}
         ckpt = resumed = None
@@ -195,6 +196,34 @@ def task_sets(
     )
     t = cfg.trainer
     return eval_task_sets(tasks, candidates, t.eval_size, cfg.seed, t.eval_split)
+
+
+def prepare_rollout(tokenizer: Any, env_cls: type[Env], cfg: Config) -> None:
+    """`Rollout.prepare` at start-up: a chat template that cannot work is a ConfigError (one
+    line at the door); one that works only with its thinking mode off says which setting does."""
+    key = "model.tokenizer" if cfg.model.tokenizer else "model.path"
+    where = f"{key}={cfg.model.tokenizer or cfg.model.path}"
+    try:
+        Rollout.prepare(tokenizer, env_cls, cfg.rollout)
+    except (RenderError, ConfigError) as e:
+        if _works_without_thinking(tokenizer, env_cls, cfg):
+            raise ConfigError(
+                f"{where}: the chat template works only with its thinking mode off: set "
+                f"+rollout.template_kwargs.enable_thinking=false (in thinking mode: {e})"
+            ) from e
+        raise ConfigError(f"{where}: {e}") from e
+
+
+def _works_without_thinking(tokenizer: Any, env_cls: type[Env], cfg: Config) -> bool:
+    kwargs = cfg.rollout.template_kwargs
+    if "enable_thinking" in kwargs:
+        return False
+    off = cfg.rollout.model_copy(update={"template_kwargs": {**kwargs, "enable_thinking": False}})
+    try:
+        Rollout.prepare(tokenizer, env_cls, off)
+    except Exception:  # not the thinking mode: the first error is the one to show
+        return False
+    return True
 
 
 def resume_point(cfg: Config, ckpt: CheckpointManager | None = None) -> Path | None:

@@ -1,11 +1,15 @@
-"""The evaluation set is held out of training by default (trainer.eval_split)."""
+"""The evaluation set is held out of training by default (trainer.eval_split), and a chat template
+that cannot work is a one-line start-up error whose advice names a setting that exists."""
 
 import pytest
+from transformers import AutoTokenizer
 
-from agentrl.config import compose
+from agentrl.assets.build import resolve_builtin
+from agentrl.config import compose, errors_for_people
 from agentrl.data import held_out, prompt_text
 from agentrl.evaluate import eval_task_sets
-from agentrl.run import task_sets
+from agentrl.render import Renderer, RenderError
+from agentrl.run import prepare_rollout, task_sets
 from agentrl.types import ConfigError, Task
 
 QUICK_START = ["env=code_exec", "trainer.eval_every=10"]  # README: + a fixed evaluation set
@@ -66,3 +70,57 @@ def test_an_evaluation_that_leaves_nothing_to_train_on_is_a_config_error():
         eval_task_sets(tasks, None, 32, 0, "heldout")
     train, evaluation, _ = eval_task_sets(tasks, None, 32, 0, "shared")
     assert train == tasks and len(evaluation) == 10
+
+
+# -- start-up errors of the chat template ------------------------------------------------------
+
+TINY = resolve_builtin("tiny")
+# a template whose thinking mode (on unless enable_thinking=false) leaves an assistant turn open
+THINKING = (
+    "{%- set thinking = enable_thinking is not defined or enable_thinking -%}"
+    "{%- for m in messages -%}"
+    "{{ '<|im_start|>' + m.role + '\\n' + m.content }}"
+    "{%- if m.role == 'assistant' and thinking %}{{ '<think>\\n' }}"
+    "{%- else %}{{ '<|im_end|>\\n' }}{% endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif -%}"
+)
+NO_TOOLS = ["env=custom", "env._target_=envs.synthetic.FixedLengthEnv"]
+
+
+def test_an_eos_that_is_not_the_turn_end_names_the_setting_that_fixes_it(tmp_path):
+    tok = AutoTokenizer.from_pretrained(TINY, eos_token="<|endoftext|>")
+    with pytest.raises(RenderError) as e:
+        Renderer(tok)
+    msg = str(e.value)
+    assert "'<|endoftext|>'" in msg and "it ends one with '<|im_end|>'" in msg
+    assert "model.tokenizer=DIR" in msg and "end_of_turn" not in msg  # no such key
+    tok.eos_token = "<|im_end|>"  # the advice, followed
+    tok.save_pretrained(tmp_path / "tok")
+    cfg = compose([*NO_TOOLS, f"model.tokenizer={tmp_path / 'tok'}"])
+    fixed = AutoTokenizer.from_pretrained(cfg.model.tokenizer)
+    assert Renderer(fixed).eot == "<|im_end|>"
+
+
+def test_a_template_that_cannot_work_is_one_line_at_the_door(capsys, monkeypatch):
+    monkeypatch.delenv("AGENTRL_DEBUG", raising=False)
+    cfg = compose(NO_TOOLS)
+    tok = AutoTokenizer.from_pretrained(TINY, eos_token="<|endoftext|>")
+    with pytest.raises(SystemExit) as e, errors_for_people():
+        prepare_rollout(tok, cfg.env.load_class(), cfg)
+    assert e.value.code == 2
+    first, *rest = capsys.readouterr().err.splitlines()
+    assert first.startswith("error: model.path=builtin:tiny: the chat template does not end")
+    assert rest == ["(AGENTRL_DEBUG=1 shows the traceback)"]
+    assert "enable_thinking" not in first  # thinking off does not help this one
+
+
+def test_a_template_that_fails_only_in_thinking_mode_names_the_kwarg_that_works():
+    tok = AutoTokenizer.from_pretrained(TINY)
+    tok.chat_template = THINKING
+    cfg = compose(NO_TOOLS)
+    works = r"works only with its thinking mode off: set \+rollout\.template_kwargs\.enable_"
+    with pytest.raises(ConfigError, match=works + "thinking=false"):
+        prepare_rollout(tok, cfg.env.load_class(), cfg)
+    off = compose([*NO_TOOLS, "+rollout.template_kwargs.enable_thinking=false"])
+    prepare_rollout(tok, off.env.load_class(), off)  # the advice, followed: no error
