@@ -4,13 +4,16 @@ A `GroupProducer` keeps launching groups (one task x rollout.group_size episodes
 background while the trainer scores, updates and pushes weights; each trainer step takes the next
 `tasks_per_step` groups in launch order (waiting only for those still running).
 
-Weight versions: the policy version is the number of updates applied (the version the engines
-report for tokens sampled with those weights, `Turn.weight_version`). A group's staleness, when a
-step takes it, is the current version minus the oldest version any of its turns was sampled with.
-`trainer.max_staleness` bounds it:
+Weight versions: the policy version is the number of trainer steps done (the version the engines
+report for tokens sampled with those weights, `Turn.weight_version`). A step with nothing to train
+on changes no weight yet moves the version on too (the engines relabel the same weights,
+`Trainer._relabel`), so the launch budget below never waits for a push that will not come, and a
+staleness counted in versions is at least the number of updates since the token was sampled. A
+group's staleness, when a step takes it, is the current version minus the oldest version any of
+its turns was sampled with. `trainer.max_staleness` bounds it:
 
 - stale_policy=wait (default): the producer launches a group only while
-  launched < (updates + max_staleness + 1) x tasks_per_step (counted from this process's start),
+  launched < (steps + max_staleness + 1) x tasks_per_step (counted from this process's start),
   so rollouts run at most max_staleness versions ahead of the learner and then wait for it;
 - stale_policy=drop: the producer keeps (max_staleness + 1) x tasks_per_step groups launched and
   not yet taken, whatever the learner's pace, and groups too stale when taken are dropped;
@@ -206,8 +209,8 @@ class GroupProducer:
 
     def _may_launch(self) -> bool:
         if self.policy == "wait":
-            updates = self.version - self.start_version
-            budget = (updates + self.max_staleness + 1) * self.per_step
+            steps = self.version - self.start_version  # done, skipped ones too
+            budget = (steps + self.max_staleness + 1) * self.per_step
             return self.launched - self.dropped < budget
         return len(self.order) < (self.max_staleness + 1) * self.per_step
 

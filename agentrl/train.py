@@ -22,7 +22,8 @@ In more detail, in the order they happen:
   infrastructure failure (aborted, sandbox_unavailable: left out of the batch and of the group
   baselines, counted as stop/<reason>). Episodes whose env or reward code raised count against
   `trainer.max_aborted_frac`; above it the run stops and shows one traceback. A step with nothing
-  to train on is skipped (`trainer.max_empty_steps` in a row stop the run).
+  to train on is skipped (`trainer.max_empty_steps` in a row stop the run): the engines keep
+  their weights under the next version, in both modes (`_relabel`).
 - Old logprobs (`trainer_old_logprobs`): the policy's logprobs of the sampled tokens before any
   update; a pass of their own, or with one optimizer step per batch that step's own forward
   (`algo.old_logprobs=auto`). With `algo.loss.ratio=trainer` they are the ratio's denominator;
@@ -63,7 +64,7 @@ from agentrl.ckpt import CheckpointManager, load_trainer_state
 from agentrl.config import CONFIG_DIR, Config, errors_for_people, load_config
 from agentrl.data import TaskSampler
 from agentrl.display import ProgressLine, trajectory_panel
-from agentrl.engine import EngineClient
+from agentrl.engine import EngineClient, EngineUnavailable
 from agentrl.evaluate import evaluate
 from agentrl.learner.group import LearnerGroup
 from agentrl.loss import kl_reward_penalty
@@ -171,8 +172,16 @@ class Trainer(EngineRecovery):
                 self._warn("engine serves old weights", msg)
         self._watch_signal(groups, metrics)
         self.trainer_logprobs = {}
-        if not self._any_trainable(trajs, metrics):
+        if not self._any_trainable(trajs, metrics):  # skipped: the weights stay as they are
+            with t("sync"):
+                await self._relabel(version=str(self.step_idx + 1))
             self.step_idx += 1
+            if self.producer is not None:  # async: the next groups may launch (none hangs)
+                self.producer.advance(self.step_idx)
+            with t("checkpoint"):
+                self._commit_saved(wait=False)
+                if self.ckpt.should_save(self.step_idx, cfg.trainer.steps):
+                    self._save()
             metrics.update(t.times, step=float(self.step_idx))
             metrics.update(await self._evaluate_if_due())
             self._log(metrics, trajs)
@@ -361,6 +370,19 @@ class Trainer(EngineRecovery):
         out["sync/cut_turns"] = float(inflight if cut else 0)
         await self._hand_gpu(to_learner=False)
         return out
+
+    async def _relabel(self, version: str) -> None:
+        """A skipped step: the engines keep their weights (the step changed none) and say
+        `version`, as a push would, so versions keep counting steps in both modes: sync's check
+        that every turn comes from the last step's weights holds, async's launch budget
+        (agentrl/producer.py) moves on, and a token's staleness counts at least the updates
+        since it was sampled. Nothing is cut: the turns in flight sampled the same weights. A
+        server that does not answer is restarted by the next rollout's recovery, which pushes
+        it this version."""
+        try:
+            await self.engine.update_weight_version(version, abort_all_requests=False)
+        except EngineUnavailable as e:
+            log.warning("weight version %s did not reach every server: %s", version, e)
 
     def _peak_memory(self) -> dict[str, float]:
         """perf/peak_mem_gb/<phase>: the learners' own GPU allocations at most, this step (the
