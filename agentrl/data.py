@@ -2,7 +2,7 @@
 
 sampler = TaskSampler(env_cls.load_tasks(**cfg.env.tasks), seed=0)
 batch = sampler.next(8)                 # 8 tasks; wraps into a new shuffled epoch when needed
-state = sampler.state_dict()            # {"epoch": 0, "index": 8} — saved in checkpoints
+state = sampler.state_dict()            # {"epoch": 0, "index": 8, "tasks": 256} — in checkpoints
 TaskSampler(tasks, seed=0).load_state_dict(state)   # continues with exactly the same tasks
 
 A held-out evaluation (trainer.eval_split=heldout) trains on the rest of the list:
@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import random
 
-from agentrl.types import Task
+from agentrl.types import ConfigError, Task
 
 
 class TaskSampler:
@@ -43,9 +43,19 @@ class TaskSampler:
         return out
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "index": self.index}
+        return {"epoch": self.epoch, "index": self.index, "tasks": len(self.tasks)}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """The cursor of a run over the same list; a list of another length (the evaluation set
+        held out or not: trainer.eval_every, trainer.eval_split) would continue on other tasks."""
+        saved = state.get("tasks")
+        if saved is not None and int(saved) != len(self.tasks):
+            raise ConfigError(
+                f"the checkpoint's run trained on {saved} tasks, this one on {len(self.tasks)}: "
+                "the training list changed (trainer.eval_every or trainer.eval_split, which hold "
+                "the evaluation set out of it, or env.tasks). Resume with the settings it ran "
+                "with, or start fresh (trainer.resume=never)"
+            )
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
         self._order = self._make_order(self.epoch)
 
