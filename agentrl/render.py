@@ -86,8 +86,9 @@ class Renderer:
         eot_ids = self.encode(self.eot)
         if len(eot_ids) != 1:
             raise RenderError(
-                f"the end of turn, the tokenizer's eos_token {self.eot!r}, is not a single token "
-                f"of this tokenizer; {_EOT_FIX.format(marker='<its turn-end token>')}"
+                f"the end of turn {self.eot!r} (rollout.end_of_turn, else the tokenizer's "
+                f"eos_token) is not a single token of this tokenizer; "
+                f"{_EOT_FIX.format(marker='<its turn-end token>')}"
             )
         self.eot_id = eot_ids[0]
         base = self.render(_BASE)
@@ -356,11 +357,7 @@ def _without_added_tokens(tokenizer: Any) -> Any:
     return plain
 
 
-_EOT_FIX = (
-    "the end of turn is the tokenizer's eos_token: save the tokenizer with "
-    "eos_token={marker!r} (tokenizer.eos_token = {marker!r}; tokenizer.save_pretrained(DIR)) and "
-    "set model.tokenizer=DIR"
-)
+_EOT_FIX = "set rollout.end_of_turn={marker!r} (the engines then stop on it too)"
 
 
 def _turn_end_advice(tokenizer: Any, base: str, eot: str) -> str:
@@ -371,8 +368,9 @@ def _turn_end_advice(tokenizer: Any, base: str, eot: str) -> str:
     marker = min(found)[1] if found else None
     ends = f" (it ends one with {marker!r})" if marker else ""
     return (
-        f"the chat template does not end an assistant turn with the tokenizer's eos_token "
-        f"{eot!r}{ends}; " + _EOT_FIX.format(marker=marker or "<its turn-end token>")
+        f"the chat template does not end an assistant turn with {eot!r} (rollout.end_of_turn, "
+        f"else the tokenizer's eos_token){ends}; "
+        + _EOT_FIX.format(marker=marker or "<its turn-end token>")
     )
 
 

@@ -74,6 +74,11 @@ class RolloutConfig(BaseModel):
         description="benchmarks: every turn samples exactly max_new_tokens (no stop token) and "
         "a turn that ends at that limit does not end the episode",
     )
+    end_of_turn: str | None = Field(
+        None,
+        description="the token that ends an assistant turn in the chat template, when it is not "
+        "the tokenizer's eos_token (Gemma: <end_of_turn>); the engines also stop on it",
+    )
     parser: str = Field(
         "auto",
         description="tool-call parser (hermes, qwen3_coder, llama3_json, …); auto: the one that "
@@ -149,7 +154,9 @@ class Rollout:
     def prepare(tokenizer: Any, env_cls: type[Env], cfg: RolloutConfig) -> tuple[Renderer, Parser]:
         """The renderer and the tool-call parser, checked against the chat template with one
         whole tool round trip; `open_run` calls it before any server starts."""
-        renderer = Renderer(tokenizer, [t.schema() for t in env_cls.tools], cfg.template_kwargs)
+        renderer = Renderer(
+            tokenizer, [t.schema() for t in env_cls.tools], cfg.template_kwargs, cfg.end_of_turn
+        )
         if env_cls.tools:
             # the parser holds a turn to as many calls as the template can write (Llama 3.x: 1)
             parser = resolve_parser(cfg.parser, tokenizer, template_max_calls(renderer.render))
@@ -288,6 +295,8 @@ class Rollout:
             top_p=c.top_p,
             top_k=c.top_k,
             ignore_eos=c.ignore_eos,
+            # a turn end that is not the model's eos (rollout.end_of_turn) must stop it too
+            stop_token_ids=[self.renderer.eot_id] if c.end_of_turn else [],
         )
 
     def _record_turn(self, st: _State, comp: Completion, index: int) -> tuple[Turn, AssistantTurn]:

@@ -94,12 +94,10 @@ def test_an_eos_that_is_not_the_turn_end_names_the_setting_that_fixes_it(tmp_pat
         Renderer(tok)
     msg = str(e.value)
     assert "'<|endoftext|>'" in msg and "it ends one with '<|im_end|>'" in msg
-    assert "model.tokenizer=DIR" in msg and "end_of_turn" not in msg  # no such key
-    tok.eos_token = "<|im_end|>"  # the advice, followed
-    tok.save_pretrained(tmp_path / "tok")
-    cfg = compose([*NO_TOOLS, f"model.tokenizer={tmp_path / 'tok'}"])
-    fixed = AutoTokenizer.from_pretrained(cfg.model.tokenizer)
-    assert Renderer(fixed).eot == "<|im_end|>"
+    assert "set rollout.end_of_turn='<|im_end|>'" in msg
+    cfg = compose([*NO_TOOLS, "rollout.end_of_turn='<|im_end|>'"])  # the advice, followed
+    prepare_rollout(tok, cfg.env.load_class(), cfg)
+    assert Renderer(tok, end_of_turn=cfg.rollout.end_of_turn).eot == "<|im_end|>"
 
 
 def test_a_template_that_cannot_work_is_one_line_at_the_door(capsys, monkeypatch):
@@ -124,3 +122,17 @@ def test_a_template_that_fails_only_in_thinking_mode_names_the_kwarg_that_works(
         prepare_rollout(tok, cfg.env.load_class(), cfg)
     off = compose([*NO_TOOLS, "+rollout.template_kwargs.enable_thinking=false"])
     prepare_rollout(tok, off.env.load_class(), off)  # the advice, followed: no error
+
+
+def test_a_turn_end_that_is_not_eos_is_sent_as_a_stop_token():
+    from agentrl.rollout import Rollout, RolloutConfig
+
+    tok = AutoTokenizer.from_pretrained(TINY, eos_token="<|endoftext|>")
+    cfg = compose(NO_TOOLS)
+    rc = RolloutConfig(end_of_turn="<|im_end|>")
+    ro = Rollout(None, tok, cfg.env.load_class(), rc)
+    assert ro._params(1000).stop_token_ids == [tok.convert_tokens_to_ids("<|im_end|>")]
+    plain = Rollout(
+        None, AutoTokenizer.from_pretrained(TINY), cfg.env.load_class(), RolloutConfig()
+    )
+    assert plain._params(1000).stop_token_ids == []
