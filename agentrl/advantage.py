@@ -45,6 +45,19 @@ At reward_level=trajectory per-turn rewards (Turn.reward) are ignored (train.py 
 For gae, rewards sit on the last sampled token of each turn and gamma/lam act per sampled token;
 observation tokens (loss_mask 0) are skipped, as if the turns were one sampled sequence.
 
+Truncated episodes (`Truncation`, from `rollout.truncated` / `rollout.truncated_reward`): an episode
+that a token budget cut before the model finished it (stop reason `length`: a turn hit
+max_new_tokens; `context_overflow`: the episode hit max_context_tokens, mid-turn or before its next
+turn or observation; not `max_turns`, a limit of the task the episode ended within) is
+    train     (default) scored by the env and trained like any other episode (verl's behaviour)
+    mask      kept in its group's baseline with its own reward, so its group-mates' advantages are
+              exactly what they would be under `train`; its own advantages are 0 and batch.py leaves
+              it out of the TrainBatch (no gradient, not in the loss normaliser). TRL's
+              mask_truncated_completions, for multi-turn episodes
+    penalise  its outcome reward (Trajectory.reward) is replaced by `rollout.truncated_reward` before
+              the baselines; per-turn rewards of turns that finished stay; trained in full
+reward/* metrics keep the env's own rewards; rollout/truncated* count the episodes.
+
 Whether a group carries gradient (`carries_gradient`): one test, on its advantages, for dynamic
 sampling, the no-signal warning and `adv/zero_std_groups`; its docstring states the rule.
 
@@ -63,7 +76,35 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from torch import Tensor
 
 from agentrl.registry import Registry
-from agentrl.types import Trajectory
+from agentrl.types import StopReason, Trajectory
+
+# a token budget cut the episode before the model finished it (the module docstring says why these)
+TRUNCATED_STOPS = frozenset({StopReason.LENGTH, StopReason.CONTEXT_OVERFLOW})
+
+
+def is_truncated(t: Trajectory) -> bool:
+    return t.stop_reason in TRUNCATED_STOPS
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """What training does with a truncated episode (`is_truncated`): `rollout.truncated` is the
+    mode (train | mask | penalise, see the module docstring), `rollout.truncated_reward` the
+    reward that replaces its outcome reward under penalise."""
+
+    mode: Literal["train", "mask", "penalise"] = "train"
+    reward: float = 0.0
+
+    def masked(self, t: Trajectory) -> bool:
+        """Kept in its group's baseline, but no gradient: advantage 0, left out of the batch."""
+        return self.mode == "mask" and is_truncated(t)
+
+    def penalised(self, t: Trajectory) -> bool:
+        return self.mode == "penalise" and is_truncated(t)
+
+    def reward_of(self, t: Trajectory) -> float:
+        """The outcome reward the advantages read."""
+        return self.reward if self.penalised(t) else t.reward
 
 
 class AdvantageConfig(BaseModel):
@@ -98,6 +139,7 @@ class Episode:
     score: float  # the episode's return G_0, what group baselines are computed from
     values_T: Tensor | None = None  # critic, aligned like logprobs (gae only)
     penalty_T: Tensor | None = None  # per-token reward penalty (e.g. coef * KL), subtracted
+    trained: bool = True  # False: truncated under rollout.truncated=mask, in baselines, advantage 0
 
 
 @dataclass
@@ -218,6 +260,7 @@ def episodes_from(
     cfg: AdvantageConfig,
     values: Sequence[Tensor] | None = None,
     token_penalties: Sequence[Tensor] | None = None,
+    truncation: Truncation = Truncation(),
 ) -> list[Episode]:
     """Flatten groups into Episodes (order `[t for g in groups for t in g]`)."""
     trajs = [(g, t) for g, group in enumerate(groups) for t in group]
@@ -240,9 +283,10 @@ def episodes_from(
             rewards.zero_()
         if pen is not None:
             rewards -= torch.tensor([float(pen[s:e].sum()) for s, e in spans], dtype=torch.float64)
+        outcome = truncation.reward_of(t)
         if len(spans):
-            rewards[-1] += t.reward
-        score = float(rewards.sum()) if len(spans) else t.reward
+            rewards[-1] += outcome
+        score = float(rewards.sum()) if len(spans) else outcome
         if cfg.reward_level == "turn":
             returns = discounted_returns(rewards, cfg.gamma)
             score = float(returns[0]) if len(spans) else score
@@ -259,6 +303,7 @@ def episodes_from(
                 score=score,
                 values_T=val,
                 penalty_T=pen,
+                trained=not truncation.masked(t),
             )
         )
     return out
@@ -269,20 +314,28 @@ def compute_advantages(
     cfg: AdvantageConfig,
     values: Sequence[Tensor] | None = None,
     token_penalties: Sequence[Tensor] | None = None,
+    truncation: Truncation = Truncation(),
 ) -> AdvantageOutput:
     """Per-token advantages for every trajectory of the step.
 
     `values`: critic values per trajectory (Tensor_T, aligned like logprobs), required by gae.
     `token_penalties`: per-token amounts subtracted from the reward, e.g. from
     `loss.kl_reward_penalty` (summed per turn for the group estimators).
+    `truncation`: what truncated episodes get (rollout.truncated; the module docstring).
     """
     fn = get_estimator(cfg.name)
-    eps = episodes_from(groups, cfg, values, token_penalties)
+    eps = episodes_from(groups, cfg, values, token_penalties, truncation)
     raw, ret = fn(eps, cfg)
-    masks = [e.loss_mask_T & e.valid for e in eps]
+    masks = [_trains(e) for e in eps]
     adv = whiten(raw, masks, cfg.eps) if _whitens(cfg) else raw
     adv = [torch.where(m, a.float(), 0.0) for a, m in zip(adv, masks, strict=True)]
     return AdvantageOutput(adv, ret, _metrics(eps, raw, adv, masks))
+
+
+def _trains(e: Episode) -> Tensor:
+    """The tokens that get an advantage (and are whitened over): sampled, of an episode that is
+    neither an infrastructure failure nor masked as truncated."""
+    return e.loss_mask_T & e.valid & e.trained
 
 
 def _whitens(cfg: AdvantageConfig) -> bool:
@@ -298,7 +351,10 @@ def _any_nonzero(adv: Sequence[Tensor], masks: Sequence[Tensor]) -> bool:
 
 
 def carries_gradient(
-    group: Sequence[Trajectory], cfg: AdvantageConfig, reward_penalty: bool = False
+    group: Sequence[Trajectory],
+    cfg: AdvantageConfig,
+    reward_penalty: bool = False,
+    truncation: Truncation = Truncation(),
 ) -> bool:
     """Whether this group can move the policy: a sampled token of a valid member (not an
     infrastructure failure) has a non-zero advantage (|A| > SIGNAL_ATOL). The one test behind dynamic sampling
@@ -317,16 +373,18 @@ def carries_gradient(
       advantage is non-zero. Step whitening (reinforce_pp_baseline) is left out: it maps the
       whole step's advantages at once, and gives a group all 0 before it only the step's common
       shift, which compares nothing within the group.
-    A lone valid member has advantage 0 under every built-in estimator, KL or not.
+    A lone valid member has advantage 0 under every built-in estimator, KL or not. Members
+    masked as truncated (`truncation`) count in the baseline but never as the one that trains:
+    a group whose every valid member is masked carries none.
     """
     valid = [t for t in group if not t.stop_reason.is_infra_failure]
-    if not any(t.num_sampled for t in valid):
+    if not any(t.num_sampled for t in valid if not truncation.masked(t)):
         return False
     if needs_values(cfg.name) or (reward_penalty and len(valid) > 1):
         return True
-    eps = episodes_from([group], cfg)
+    eps = episodes_from([group], cfg, truncation=truncation)
     adv, _ = get_estimator(cfg.name)(eps, cfg)
-    return _any_nonzero(adv, [e.loss_mask_T & e.valid for e in eps])
+    return _any_nonzero(adv, [_trains(e) for e in eps])
 
 
 def _metrics(

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from agentrl.advantage import Truncation
 from agentrl.types import Trajectory
 
 
@@ -46,6 +47,15 @@ class LossNorm:
 
 
 _OPTIONAL = ("trainer_old_logprobs", "ref_logprobs", "values", "returns")
+
+
+def trainable(t: Trajectory, truncation: Truncation | None = None) -> bool:
+    """Whether a trajectory has a token to train on: it is not an infrastructure failure, it
+    sampled something, and it is not masked as truncated (rollout.truncated=mask:
+    `Truncation.masked`). The one rule `TrainBatch.from_trajectories` and the trainer's
+    empty-step check share."""
+    masked = truncation is not None and truncation.masked(t)
+    return not t.stop_reason.is_infra_failure and t.num_sampled > 0 and not masked
 
 
 @dataclass
@@ -143,12 +153,14 @@ class TrainBatch:
         cls,
         trajs: Sequence[Trajectory],
         advantages: Sequence[Tensor | Sequence[float]] | None,
+        truncation: Truncation | None = None,
         **optional: Sequence[Tensor | Sequence[float]] | None,
     ) -> TrainBatch:
         """Concatenate trajectories (each one sequence), with their per-token advantages.
 
-        Trajectories that ended with an infrastructure failure, and those with no sampled token,
-        are left out (they carry no loss). `advantages=None` gives zeros (to compute reference
+        Trajectories that ended with an infrastructure failure, those with no sampled token and,
+        given `truncation` (rollout.truncated=mask), truncated ones are left out (`trainable`):
+        they carry no loss and do not count in the normaliser. Their loss mask is in effect 0. `advantages=None` gives zeros (to compute reference
         logprobs before the advantages, then `replace(advantages=…)`). `optional`: ref_logprobs,
         values, returns, each one per trajectory. Advantages are zeroed where loss_mask is 0.
         """
@@ -159,15 +171,12 @@ class TrainBatch:
         for k, xs in per_traj.items():
             if xs is not None and len(xs) != len(trajs):
                 raise ValueError(f"{k} has {len(xs)} entries for {len(trajs)} trajectories")
-        keep = [
-            i
-            for i, t in enumerate(trajs)
-            if not t.stop_reason.is_infra_failure and t.num_sampled > 0
-        ]
+        keep = [i for i, t in enumerate(trajs) if trainable(t, truncation)]
         if not keep:
             raise ValueError(
-                f"no trainable trajectory among {len(trajs)} (all infra failures or no sampled "
-                "tokens); check the rollout's stop reasons"
+                f"no trainable trajectory among {len(trajs)} (all infra failures, no sampled "
+                "tokens or truncated under rollout.truncated=mask); check the rollout's stop "
+                "reasons"
             )
         cols: dict[str, list[Tensor]] = {k: [] for k in ("ids", "mask", "lp", "seq", *per_traj)}
         for s, i in enumerate(keep):

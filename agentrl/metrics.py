@@ -24,6 +24,11 @@ rollout/ — what the rollout produced (per-trajectory means unless the name say
     rollout/sampled_tokens          sampled (loss-mask 1) tokens, total over the step
     rollout/sampled_tokens_per_traj, rollout/traj_tokens_mean, rollout/traj_tokens_max
     rollout/obs_tokens, rollout/truncated_obs_tokens    observation tokens, totals
+    rollout/truncated               episodes a token budget cut (stop/length + stop/context_overflow:
+                                    `advantage.is_truncated`), count, whatever rollout.truncated
+    rollout/truncated_masked, rollout/truncated_penalised   … of which rollout.truncated=mask
+                                    trained on none of their tokens / =penalise scored with
+                                    rollout.truncated_reward (reward/* keeps the env's reward)
     rollout/tool_latency_s, rollout/tool_latency_s_max  per turn that called a tool
     rollout/gen_latency_s           engine latency per assistant turn
     rollout/prefix_cache_hit        prompt tokens the engine's prefix cache held / prompt tokens
@@ -112,6 +117,7 @@ from statistics import fmean
 
 import torch
 
+from agentrl.advantage import Truncation, is_truncated
 from agentrl.loss import kl_estimate
 from agentrl.types import StopReason, Trajectory
 
@@ -125,11 +131,14 @@ TRAIN_NAMES: dict[str, str] = {
 _CLIPFRACS = ("train/clipfrac_low", "train/clipfrac_high", "train/clipfrac_dual")
 
 
-def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+def rollout_metrics(
+    trajs: list[Trajectory], truncation: Truncation | None = None
+) -> dict[str, float]:
     """Reduce one step's trajectories to scalars.
 
     tool_call_rate: fraction of assistant turns that tried to call a tool (valid or malformed) —
-    the number to watch when a model's output format and the parser disagree.
+    the number to watch when a model's output format and the parser disagree. `truncation`:
+    rollout.truncated, for the rollout/truncated_* counts.
     """
     if not trajs:
         return {}
@@ -170,6 +179,10 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     out["rollout/traj_tokens_max"] = float(max(len(t.token_ids) for t in trajs))
     out["rollout/obs_tokens"] = float(sum(t.obs_end - t.end for t in turns))
     out["rollout/truncated_obs_tokens"] = float(sum(t.truncated_obs_tokens for t in turns))
+    out["rollout/truncated"] = float(sum(is_truncated(t) for t in trajs))
+    truncation = truncation or Truncation()
+    out["rollout/truncated_masked"] = float(sum(truncation.masked(t) for t in trajs))
+    out["rollout/truncated_penalised"] = float(sum(truncation.penalised(t) for t in trajs))
     out["rollout/tool_latency_s"] = (
         fmean(t.tool_latency_s for t in tool_turns) if tool_turns else 0.0
     )

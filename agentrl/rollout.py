@@ -22,7 +22,7 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -85,6 +85,18 @@ class RolloutConfig(BaseModel):
         "reads the chat template's own tool-call format",
     )
     template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    truncated: Literal["train", "mask", "penalise"] = Field(
+        "train",
+        description="an episode a token budget cut (stop reason length: a turn hit "
+        "max_new_tokens; context_overflow: the episode hit max_context_tokens; not max_turns). "
+        "train (default, verl's behaviour): scored by the env and trained in full; mask (TRL's "
+        "mask_truncated_completions): kept in its group's baseline with its reward, so the "
+        "others' advantages do not change, but no gradient of its own (out of the batch); "
+        "penalise: its outcome reward is replaced by rollout.truncated_reward before advantages",
+    )
+    truncated_reward: float = Field(
+        0.0, description="rollout.truncated=penalise: the outcome reward of a truncated episode"
+    )
 
     @field_validator("parser")
     @classmethod

@@ -58,8 +58,8 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from rich.console import Console
 
-from agentrl.advantage import carries_gradient, compute_advantages
-from agentrl.batch import TrainBatch, mini_batches, per_trajectory
+from agentrl.advantage import Truncation, carries_gradient, compute_advantages
+from agentrl.batch import TrainBatch, mini_batches, per_trajectory, trainable
 from agentrl.ckpt import CheckpointManager, load_trainer_state
 from agentrl.config import CONFIG_DIR, Config, errors_for_people, load_config
 from agentrl.data import TaskSampler
@@ -154,6 +154,8 @@ class Trainer(EngineRecovery):
         self.producer: GroupProducer | None = None  # trainer.mode=async: rollouts run ahead
         self.saving: PendingCheckpoint | None = None  # trainer.async_save: files being written
         self.eval_tasks = run.eval_tasks  # trainer.eval_every: the fixed set (agentrl/evaluate.py)
+        # rollout.truncated: what advantages and the batch do with a length-truncated episode
+        self.truncation = Truncation(cfg.rollout.truncated, cfg.rollout.truncated_reward)
 
     # -- the algorithm -------------------------------------------------------------------------
 
@@ -164,7 +166,7 @@ class Trainer(EngineRecovery):
             groups, recovery = await collect()
             trajs = [tr for g in groups for tr in g]
             self._check_failures(trajs)
-        metrics = rollout_metrics(trajs)
+        metrics = rollout_metrics(trajs, self.truncation)
         metrics.update(recovery)
         if self.producer is None:  # sync: every turn must come from the weights just pushed
             metrics["rollout/off_version_turns"], msg = off_version(trajs, str(self.step_idx))
@@ -186,7 +188,8 @@ class Trainer(EngineRecovery):
             metrics.update(await self._evaluate_if_due())
             self._log(metrics, trajs)
             return metrics
-        # Score the sampled tokens with the weights about to be trained (_score says with what)
+        # Score the sampled tokens with the weights about to be trained (_score says with what);
+        # truncated episodes under rollout.truncated=mask too: their KL penalty is in their score
         scoring = TrainBatch.from_trajectories(trajs, None)
         per_rank = self.policy.micro_batches(scoring)
         with t("to_learner"):
@@ -195,11 +198,16 @@ class Trainer(EngineRecovery):
             scores = await self._blocking(self._score, per_rank, trajs, metrics)
         with t("advantage"):
             adv = compute_advantages(
-                groups, cfg.algo.advantage, scores.get("values"), scores.get("penalties")
+                groups,
+                cfg.algo.advantage,
+                scores.get("values"),
+                scores.get("penalties"),
+                self.truncation,
             )
             batch = TrainBatch.from_trajectories(
                 trajs,
                 adv.advantages,
+                self.truncation,
                 trainer_old_logprobs=scores.get("trainer_old_logprobs"),
                 ref_logprobs=scores.get("ref_logprobs"),
                 values=scores.get("values"),
@@ -276,7 +284,9 @@ class Trainer(EngineRecovery):
         level and KL mode (`advantage.carries_gradient` states the rule)."""
         loss = self.cfg.algo.loss
         penalty = loss.kl_mode == "reward" and loss.kl_coef > 0
-        return carries_gradient(group, self.cfg.algo.advantage, reward_penalty=penalty)
+        return carries_gradient(
+            group, self.cfg.algo.advantage, reward_penalty=penalty, truncation=self.truncation
+        )
 
     async def _collect_async(self) -> tuple[list[list[Trajectory]], dict[str, float]]:
         """trainer.mode=async: the next finished groups within the staleness bound."""
@@ -453,7 +463,7 @@ class Trainer(EngineRecovery):
     def _any_trainable(self, trajs: list[Trajectory], metrics: dict[str, float]) -> bool:
         """False (the step is skipped and counted) when no trajectory has a token to train on;
         `trainer.max_empty_steps` such steps in a row stop the run."""
-        ok = any(not tr.stop_reason.is_infra_failure and tr.num_sampled > 0 for tr in trajs)
+        ok = any(trainable(tr, self.truncation) for tr in trajs)
         self.empty_in_a_row = 0 if ok else self.empty_in_a_row + 1
         metrics["train/empty_steps_in_a_row"] = float(self.empty_in_a_row)
         if not ok:
@@ -465,8 +475,10 @@ class Trainer(EngineRecovery):
         if self.empty_in_a_row >= self.cfg.trainer.max_empty_steps:
             raise TrainingError(
                 f"{self.empty_in_a_row} steps in a row had no trajectory to train on (all "
-                f"infrastructure failures or no sampled token; stop reasons {reasons}). Check "
-                "the engine and sandbox logs in the run's output dir"
+                "infrastructure failures, no sampled token, or truncated under "
+                f"rollout.truncated=mask; stop reasons {reasons}). Check "
+                "the engine and sandbox logs in the run's output dir (truncated: raise "
+                "rollout.max_new_tokens / max_context_tokens)"
             )
         return ok
 
