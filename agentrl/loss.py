@@ -4,11 +4,11 @@ Legend: N tokens of one packed micro-batch (concatenated sequences, no padding),
 
 The learner is algorithm-blind; per micro-batch `mb` (an `agentrl.batch.TrainBatch`) it does:
 
-    from agentrl.batch import token_logprobs
+    from agentrl.learner.forward import token_logprobs
     from agentrl.loss import LossConfig, LossInputs, get_loss, reduce_metrics
     logprobs, entropy = token_logprobs(model, mb, with_entropy=cfg.entropy_coef > 0)
     loss, metrics = get_loss(cfg.name)(LossInputs.from_batch(mb, logprobs, entropy=entropy), cfg)
-    (loss * dp_size).backward()   # every micro-batch, padding ones too; then optimizer.step()
+    loss.backward()   # every micro-batch, padding ones too; then optimizer.step()
     ...
     step_metrics = reduce_metrics(all_metrics_of_all_micro_batches_on_all_ranks)
 
@@ -55,10 +55,11 @@ Aggregation (`agg`) over per-token losses l_t with mask m_t, using the GLOBAL no
     seq-mean-token-mean      sum_s (sum_{t in s} m_t l_t / n_s) / norm.num_seqs
     seq-mean-token-sum-norm  sum_t m_t l_t / (norm.num_seqs * norm_len)     (Dr.GRPO)
 So each micro-batch returns its share, and the SUM over all micro-batches of all ranks is the
-full-batch loss: summing gradients over micro-batches gives the full-batch gradient. FSDP2 averages
-gradients over ranks, so backpropagate `loss * dp_size` to make the ranks' shares add up (checked
-with 2 gloo ranks: 1e-10 from the 1-rank full-batch gradient). `set_gradient_divide_factor(1.0)`
-does the same on NCCL but fails on gloo (no PREMUL_SUM).
+full-batch loss: summing gradients over micro-batches gives the full-batch gradient. The ranks'
+gradients must then be summed, not averaged: the learner sets FSDP2's gradient divide factor to 1
+with sum reduction for the collectives (`learner/fsdp.py: shard_model`; gloo has no PREMUL_SUM), so
+each rank calls a plain `loss.backward()`, never `loss * dp_size` (tests/e2e/test_learner.py: 2
+gloo ranks give the 1-rank loss and gradients).
 
 Metrics are 0-dim detached tensors, pre-divided by the global normaliser: reduce them over
 micro-batches and ranks by summing, except keys ending in `_max` (max) and `_min` (min).
