@@ -258,17 +258,17 @@ class Trainer(EngineRecovery):
     async def _refill(
         self, groups: list[list[Trajectory]], want: int, max_rounds: int
     ) -> tuple[list[list[Trajectory]], dict[str, float]]:
-        """Dynamic sampling (sync): keep the groups that carry gradient (`_carries`), roll out
+        """Dynamic sampling (sync): keep the groups that carry gradient (`_keep`), roll out
         more tasks until `want` do or `max_rounds` extra rounds are spent. With none at all, the
         step keeps what it had (the no-signal warning then counts it). reward/mean_all: over
         every group rolled out, the filtered ones too."""
         seen = list(groups)
-        kept = [g for g in groups if self._carries(g)]
+        kept = [g for g in groups if self._keep(g)]
         filtered, rounds = len(groups) - len(kept), 0
         while len(kept) < want and rounds < max_rounds:
             tasks = self.sampler.next(want - len(kept))
             more, _ = await self._recover_engines(tasks, await self.rollout.run(tasks))
-            good = [g for g in more if self._carries(g)]
+            good = [g for g in more if self._keep(g)]
             seen += more
             kept += good
             filtered += len(more) - len(good)
@@ -278,6 +278,13 @@ class Trainer(EngineRecovery):
             "rollout/refill_rounds": float(rounds),
             "reward/mean_all": mean_reward(seen),
         }
+
+    def _keep(self, group: list[Trajectory]) -> bool:
+        """Dynamic sampling's test (`_carries`), sync and async. A group it drops is first looked
+        at for per-turn rewards that reward_level=trajectory ignores: such a group is flat there,
+        so `_watch_signal`, which sees only the kept groups, would never warn about them."""
+        self._warn_ignored_turn_rewards(group)
+        return self._carries(group)
 
     def _carries(self, group: list[Trajectory]) -> bool:
         """Whether the group's advantages can be non-zero under this run's estimator, reward
@@ -486,11 +493,7 @@ class Trainer(EngineRecovery):
         """Say so, loudly, when no group carries gradient (`_carries`) for
         `trainer.no_signal_steps` steps in a row: every advantage is 0 and the policy gradient is
         exactly zero. And once per run: per-turn rewards the reward level ignores."""
-        level = self.cfg.algo.advantage.reward_level
-        trajs = [tr for g in groups for tr in g]
-        if not self.warned_turn_rewards and (msg := ignored_turn_rewards(trajs, level)):
-            self.warned_turn_rewards = True
-            self._warn("per-turn rewards ignored", msg)
+        self._warn_ignored_turn_rewards([tr for g in groups for tr in g])
         flat = not any(self._carries(g) for g in groups)
         self.no_signal_in_a_row = self.no_signal_in_a_row + 1 if flat else 0
         metrics["train/no_signal_steps_in_a_row"] = float(self.no_signal_in_a_row)
@@ -507,6 +510,13 @@ class Trainer(EngineRecovery):
                 "rollout.group_size is 1"
             )
             self._warn("no learning signal", msg)
+
+    def _warn_ignored_turn_rewards(self, trajs: list[Trajectory]) -> None:
+        """Once per run: per-turn rewards the reward level ignores."""
+        level = self.cfg.algo.advantage.reward_level
+        if not self.warned_turn_rewards and (msg := ignored_turn_rewards(trajs, level)):
+            self.warned_turn_rewards = True
+            self._warn("per-turn rewards ignored", msg)
 
     def _warn(self, title: str, msg: str) -> None:
         log.warning(msg)
@@ -558,7 +568,7 @@ class Trainer(EngineRecovery):
             return
         self.producer = GroupProducer(self.rollout, self.sampler, tc.tasks_per_step,
                                       tc.max_staleness, tc.stale_policy, self.step_idx,
-                                      keep=self._carries if tc.dynamic_sampling else None)  # fmt: skip
+                                      keep=self._keep if tc.dynamic_sampling else None)  # fmt: skip
         resumed = self.parts.resumed
         if resumed is not None and "async" in resumed.extra:  # the groups it had in flight
             self.producer.load_state(resumed.extra["async"])
