@@ -77,10 +77,14 @@ def group(*members: tuple) -> list[Trajectory]:
     return [traj(*m[:2], **m[2] if len(m) > 2 else {}, index=i) for i, m in enumerate(members)]
 
 
+def live_group() -> list[Trajectory]:
+    return group((1.0, (None, None)), (0.0, (None, None)), (0.0, (None, None)))
+
+
 def step_groups() -> dict[str, list[Trajectory]]:
     """One step's groups, by what they test. Rewards are dyadic: exact baselines, no rounding."""
     return {
-        "outcomes_differ": group((1.0, (None, None)), (0.0, (None, None)), (0.0, (None, None))),
+        "outcomes_differ": live_group(),
         "all_equal": group((1.0, (None, None)), (1.0, (None, None)), (1.0, (None, None))),
         # the issue's finding: equal outcomes, per-turn rewards differ (signal only at turn level)
         "turn_rewards_differ": group((1.0, (0.5, 0.0)), (1.0, (0.0, 0.0))),
@@ -212,7 +216,7 @@ def test_mode_matrix(estimator: str, level: str, kl: str, dynamic: bool, ratio: 
     # dynamic sampling: the trainer's _refill keeps the groups that carry gradient and rolls
     # out more (here: a fresh copy of a live group) until the step has as many
     want = len(named)
-    trainer = FakeTrainer(cfg, refills=[step_groups()["outcomes_differ"] for _ in range(want)])
+    trainer = FakeTrainer(cfg, refills=[live_group() for _ in range(want)])
     judged = {k: trainer._carries(g) for k, g in named.items()}
     if dynamic:
         groups, m = asyncio.run(trainer._refill(list(named.values()), want, 1))
