@@ -12,7 +12,7 @@ What train.py and the learner do with it:
     for mb in per_rank[rank]:                                          # same count on every rank
         logprobs, entropy = token_logprobs(model, mb, with_entropy=True)
         loss, metrics = get_loss(name)(LossInputs.from_batch(mb, logprobs, entropy=entropy), cfg)
-        (loss * dp_size).backward()  # FSDP2 averages over ranks; see agentrl/loss.py
+        loss.backward()  # ranks' gradients are summed (learner/fsdp.py); see agentrl/loss.py
 
 A micro-batch is itself a TrainBatch: one row of whole sequences, position_ids restarting at 0 at
 each sequence. transformers 5.x reads those restarts as sequence boundaries and builds a
