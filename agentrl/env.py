@@ -43,14 +43,19 @@ Errors: a tool's bad arguments, timeout or exception is a tool message the model
 a malformed tool call is an error observation (counted); `max_parse_errors` turns in a row of only
 malformed calls end the episode with `parse_error`. A well-formed call with bad arguments (or to
 an unknown tool) is a tool error the model reads; tool argument models refuse extra keys unless
-they say otherwise (`model_config = ConfigDict(extra="allow")`). An exception raised by `start`, `step` or
-`reward` ends that episode with `aborted` (an infrastructure failure, left out of the baseline);
-the rest of its group goes on.
+they say otherwise (`model_config = ConfigDict(extra="allow")`). An exception raised by `start` or
+`step` ends that episode with `aborted` (left out of the baseline, counted against
+`trainer.max_aborted_frac` with its traceback); one raised by `reward` ends it with
+`reward_error` (scored 0, kept in its group, visible). The rest of its group goes on.
+`start`, `step`, `reward` and `close` may be plain `def`s: they then run in a worker thread (as a
+tool's plain `def __call__` does), so blocking work in them cannot stall the other episodes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +91,19 @@ class StepResult:
     tool_latency_s: float = 0.0
 
 
+_ASYNC_METHODS = ("start", "step", "reward", "close")
+
+
+def _in_thread(fn: Any) -> Any:
+    """An env method written as a plain `def`: awaited like the async one, run in a thread."""
+
+    @functools.wraps(fn)
+    async def run(self: Env, *args: Any) -> Any:
+        return await asyncio.to_thread(fn, self, *args)
+
+    return run
+
+
 class Env:
     """Base class: subclass it, or `ToolEnv` for the common chat-with-tools case."""
 
@@ -93,6 +111,13 @@ class Env:
     max_turns: int = 8
     max_parse_errors: int = 2  # consecutive turns with only malformed calls → stop `parse_error`
     max_tool_errors: int = 4  # consecutive turns whose every call failed → stop `tool_error`
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        for name in _ASYNC_METHODS:
+            fn = cls.__dict__.get(name)
+            if callable(fn) and not inspect.iscoroutinefunction(fn):
+                setattr(cls, name, _in_thread(fn))
 
     def __init__(self, task: Task, ctx: ToolContext | None = None, **kwargs: Any) -> None:
         self.task = task

@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentrl.engine import EngineUnavailable, PromptTooLong, SamplingParams
-from agentrl.env import AssistantTurn, Env
+from agentrl.env import AssistantTurn, Env, ToolEnv
 from agentrl.parsers import (
     PARSERS,
     ConfigError,
@@ -169,6 +169,12 @@ class Rollout:
         renderer = Renderer(
             tokenizer, [t.schema() for t in env_cls.tools], cfg.template_kwargs, cfg.end_of_turn
         )
+        if not env_cls.tools and issubclass(env_cls, ToolEnv):
+            log.warning(
+                "%s is a ToolEnv with no tools (`tools = []`): the model is offered none, so no "
+                "turn can call one. List its tools, or subclass Env for a tool-less env",
+                env_cls.__name__,
+            )
         if env_cls.tools:
             # the parser holds a turn to as many calls as the template can write (Llama 3.x: 1)
             parser = resolve_parser(cfg.parser, tokenizer, template_max_calls(renderer.render))
