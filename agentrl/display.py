@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import time
 from collections.abc import Mapping
 
@@ -51,6 +52,12 @@ def trajectory_panel(traj: Trajectory, max_chars: int = 600) -> Panel:
     )
     style = "red" if traj.stop_reason.is_infra_failure else "blue"
     return Panel(Group(*parts), title=title, title_align="left", border_style=style)
+
+
+def make_console() -> Console:
+    """The run's console. Into a pipe or a file (no terminal) a line is never broken at rich's
+    80-column default: printed paths and commands stay whole, so they can be copied."""
+    return Console(soft_wrap=not sys.stdout.isatty())
 
 
 def metrics_table(metrics: dict[str, float], title: str = "metrics") -> Table:

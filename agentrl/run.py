@@ -37,7 +37,7 @@ from agentrl.ckpt import (
 )
 from agentrl.config import Config, training_checks
 from agentrl.data import TaskSampler
-from agentrl.display import ProgressLine
+from agentrl.display import ProgressLine, make_console
 from agentrl.engine import EngineClient, EngineConfig
 from agentrl.env import Env
 from agentrl.evaluate import eval_task_sets
@@ -46,6 +46,7 @@ from agentrl.learner.group import LearnerGroup, ray_running, start_ray, stop_ray
 from agentrl.learner.memory import check_host, choose_offload, engine_fraction, host_bytes
 from agentrl.render import RenderError
 from agentrl.rollout import Rollout
+from agentrl.runlock import hold_run_dirs
 from agentrl.servers import Fleet, launch_fleet, launch_router, split_local_gpus, visible_gpus
 from agentrl.tracking import JsonlSink, Tracker
 from agentrl.types import ConfigError, Task
@@ -95,21 +96,24 @@ class Run:
 async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterator[Run]:
     """Build the parts `cfg` asks for (see the module docstring); yield them; close them in
     reverse on exit. `train=False` builds only what a rollout needs (no Ray, no learner)."""
-    console = Console()
+    console = make_console()
     if train:
         for warning in training_checks(cfg):  # raises ConfigError before anything starts
             console.print(f"[yellow]warning:[/] {warning}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    model_path = cfg.model.resolve()
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or model_path)
-    env_cls = cfg.env.load_class()
-    tasks, eval_tasks, eval_line = task_sets(cfg, env_cls, train)  # checked before anything starts
-    sampler = TaskSampler(tasks, seed=cfg.seed)
-    if eval_line:
-        console.print(f"[dim]{eval_line}[/]")
-    prepare_rollout(tokenizer, env_cls, cfg)  # template and parser: before any server
     async with AsyncExitStack() as stack:
+        # one run per dir (agentrl/runlock.py): before anything there is moved or written
+        ckpt_dir = cfg.trainer.checkpoint_config(cfg.run_name).dir if train else None
+        stack.enter_context(hold_run_dirs(out, ckpt_dir, lambda s: console.print(f"note: {s}")))
+        model_path = cfg.model.resolve()
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or model_path)
+        env_cls = cfg.env.load_class()
+        tasks, eval_tasks, eval_line = task_sets(cfg, env_cls, train)  # checked before the start
+        sampler = TaskSampler(tasks, seed=cfg.seed)
+        if eval_line:
+            console.print(f"[dim]{eval_line}[/]")
+        prepare_rollout(tokenizer, env_cls, cfg)  # template and parser: before any server
         groups: dict[str, LearnerGroup] = {}
         ckpt = resumed = None
         engine_model, engine_cfg = model_path, cfg.engine

@@ -13,10 +13,9 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from rich.console import Console
 
 from agentrl.config import CONFIG_DIR, Config, errors_for_people, load_config
-from agentrl.display import metrics_table, print_trajectories
+from agentrl.display import make_console, metrics_table, print_trajectories
 from agentrl.metrics import rollout_metrics
 from agentrl.run import open_run
 from agentrl.types import Trajectory
@@ -38,7 +37,7 @@ def main() -> None:
             / "preview"
             / time.strftime("%Y-%m-%d_%H-%M-%S")
         )
-        console = Console()
+        console = make_console()
         t0 = time.monotonic()
         with errors_for_people():
             cfg = load_config(raw)
