@@ -78,7 +78,9 @@ def load_model(path: str | Path, role: Role) -> nn.Module:
     """A transformers model in fp32 (the master weights). The critic is the same backbone with a
     one-output token-classification head (its value per token)."""
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a "Loading weights" bar per rank and role is noise
     if role == "critic":
         model = AutoModelForTokenClassification.from_pretrained(
             path, num_labels=1, dtype=torch.float32
