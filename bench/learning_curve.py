@@ -24,7 +24,23 @@ from statistics import fmean
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The training steps' rows (an evaluation logged on a row of its own, e.g. before step 1,
+    has no rollout metrics and is left out)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if "rollout/tool_call_rate" in r]
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit(
+            "--plot needs matplotlib, which agentrl does not use: pip install matplotlib"
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def elapsed(rows: list[dict[str, float]]) -> list[float]:
@@ -75,11 +91,7 @@ def _draw(ax, rows: list[dict[str, float]]) -> None:
 
 
 def plot(rows: list[dict[str, float]], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
     _draw(ax, rows)
     steps = [int(r["step"]) for r in rows]
@@ -92,11 +104,7 @@ def plot(rows: list[dict[str, float]], out: Path) -> None:
 
 def plot_runs(runs: dict[str, list[dict[str, float]]], out: Path) -> None:
     """Several runs' curves side by side, one panel each."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.4), dpi=110, sharey=True)
     for ax, (name, rows) in zip(axes, runs.items(), strict=True):
         _draw(ax, rows)
