@@ -92,6 +92,7 @@ from agentrl.run import (
     resume_point,
     save_checkpoint,
 )
+from agentrl.runlock import refuse_if_held
 from agentrl.servers import Fleet
 from agentrl.tracking import Tracker
 from agentrl.trajectory_view import pick
@@ -610,6 +611,7 @@ class Trainer(EngineRecovery):
 async def train(cfg: Config, out_dir: Path) -> list[dict[str, float]]:
     """Build the run, train `trainer.steps` steps (from the checkpoint it resumes), close it.
     A run already at its last step says so and starts nothing."""
+    refuse_if_held(out_dir, cfg.trainer.checkpoint_config(cfg.run_name).dir)  # before the lookup
     resume = resume_point(cfg)
     if resume is not None:
         done = load_trainer_state(resume).step
