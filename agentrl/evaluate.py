@@ -6,7 +6,10 @@ they were as much as with the policy (the units env, seed 0: 0.22 at step 1, 0.0
 0.53 at step 3); the evaluation set is fixed, so `eval/reward_mean` moves with the policy alone.
 
     tasks = pick_eval_tasks(all_tasks, size=32, seed=0)   # a fixed sample
-    metrics = await evaluate(rollout, tasks, samples=4)   # {"eval/reward_mean": ..., ...}
+    metrics, trajs = await evaluate(rollout, tasks, samples=4)  # {"eval/reward_mean": ...}
+
+The episodes themselves (`trajs`, task by task) are what the trainer saves to
+<out>/eval_trajectories.jsonl (`Tracker.log_eval`), so `agentrl view RUN --eval` can draw them.
 
 Held out by default (trainer.eval_split=heldout): the training list loses every task that shares
 an id or a prompt with the evaluation set, so the policy is scored on questions it never trained
@@ -28,6 +31,7 @@ from agentrl.types import ConfigError, Task
 
 if TYPE_CHECKING:
     from agentrl.rollout import Rollout
+    from agentrl.types import Trajectory
 
 # rollout_metrics' names → eval/ names (what an evaluation reports); and every reward/<x> but
 # max and min as eval/reward_<x> (mean, std, each component)
@@ -78,10 +82,13 @@ def eval_task_sets(
     return kept, tasks, line
 
 
-async def evaluate(rollout: Rollout, tasks: list[Task], samples: int) -> dict[str, float]:
+async def evaluate(
+    rollout: Rollout, tasks: list[Task], samples: int
+) -> tuple[dict[str, float], list[Trajectory]]:
     """Roll out `samples` episodes of every task with the weights the engines serve now; the
-    eval/ metrics: reward (mean, std, each component), tool-call rate, turns, parse errors,
-    episodes that failed for infrastructure reasons (not scored), and the seconds it took."""
+    eval/ metrics (reward: mean, std, each component; tool-call rate, turns, parse errors,
+    episodes that failed for infrastructure reasons (not scored), the seconds it took) and the
+    episodes, `samples` per task in the order of `tasks`."""
     t0 = time.perf_counter()
     groups = await asyncio.gather(*(rollout.run_group(t, samples) for t in tasks))
     trajs = [tr for g in groups for tr in g]
@@ -93,4 +100,4 @@ async def evaluate(rollout: Rollout, tasks: list[Task], samples: int) -> dict[st
     out["eval/episodes"] = float(len(trajs))
     out["eval/failed"] = float(sum(t.stop_reason.is_infra_failure for t in trajs))
     out["eval/timing_s"] = time.perf_counter() - t0
-    return out
+    return out, trajs

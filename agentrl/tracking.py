@@ -8,6 +8,12 @@ Sinks, each step:
             `trajectories/html` (a few whole trajectories, tokens coloured by loss mask and by
             |rollout - trainer| logprob)
 
+Each evaluation (`trainer.eval_every`, agentrl/evaluate.py), `Tracker.log_eval`:
+    JSONL   <out>/eval_trajectories.jsonl: its episodes, one line each, as trajectories.jsonl
+            (`Trajectory.to_dict()` + step, no trainer logprobs) with `"eval": true`; the step is
+            the one its eval/* metrics are logged at (0: the untrained policy)
+    W&B     the turn table `eval/turns` and `eval/html`, as for training (same settings)
+
 W&B never stops training and never needs the network unless asked to: `mode: auto` is online only
 when WANDB_API_KEY is set (or WANDB_MODE says so), else offline, written under
 `<out>/wandb/offline-run-*/` (upload later: `wandb sync <that dir>`). If wandb fails to start or to
@@ -17,6 +23,7 @@ log, the tracker warns once and goes on without it. The run id is stored in chec
     tracker = Tracker(cfg.logging, out_dir, run_name="x", config=cfg.model_dump(mode="json"),
                       run_id=None, tokenizer=tokenizer)
     tracker.log_step(step, metrics, trajs, trainer_logprobs)   # every step
+    tracker.log_eval(step, eval_trajs)                           # every evaluation
     tracker.close()                                              # finishes the W&B run
 """
 
@@ -112,6 +119,7 @@ class StepRecord:
     metrics: Mapping[str, float]
     trajs: Sequence[Trajectory] = ()
     trainer_logprobs: Logprobs = field(default_factory=dict)
+    evaluation: bool = False  # the episodes of an evaluation (metrics empty), not training's
 
 
 class Sink(Protocol):
@@ -132,7 +140,7 @@ class JsonlSink:
         self.out, self.metrics, self.trajectories = Path(out_dir), metrics, trajectories
         self.out.mkdir(parents=True, exist_ok=True)
 
-    FILES = ("metrics.jsonl", "trajectories.jsonl")
+    FILES = ("metrics.jsonl", "trajectories.jsonl", "eval_trajectories.jsonl")
 
     @classmethod
     def continue_run(cls, out_dir: Path, step: int | None) -> str | None:
@@ -180,6 +188,12 @@ class JsonlSink:
         return None
 
     def log(self, rec: StepRecord) -> None:
+        if rec.evaluation:
+            if self.trajectories and rec.trajs:
+                with (self.out / "eval_trajectories.jsonl").open("a") as f:
+                    for tr in rec.trajs:
+                        f.write(json.dumps({"step": rec.step, "eval": True, **tr.to_dict()}) + "\n")
+            return
         if self.metrics:
             with (self.out / "metrics.jsonl").open("a") as f:
                 f.write(json.dumps(dict(rec.metrics)) + "\n")
@@ -244,31 +258,36 @@ class WandbSink:
         self.id: str = self.run.id
         self.mode = mode
         self.run_dir = Path(self.run.settings.sync_dir)
-        self.table = None
+        self.tables: dict[str, Any] = {}  # incremental turn tables: training's, evaluation's
 
     def log(self, rec: StepRecord) -> None:
         cfg, wandb = self.cfg, self.wandb
         payload: dict[str, Any] = dict(rec.metrics)
-        if cfg.turn_table and rec.trajs and rec.step % cfg.table_every == 0:
+        # an evaluation's episodes: every one of them (its steps are already every eval_every)
+        prefix, every = ("eval", 1) if rec.evaluation else ("trajectories", None)
+        if cfg.turn_table and rec.trajs and rec.step % (every or cfg.table_every) == 0:
             rows = turn_rows(rec.step, rec.trajs, rec.trainer_logprobs, cfg.max_text_chars)
+            key = f"{prefix}/turns"
             if cfg.table_mode == "incremental":
-                if self.table is None:
-                    self.table = wandb.Table(columns=TURN_COLUMNS, log_mode="INCREMENTAL")
+                if key not in self.tables:
+                    self.tables[key] = wandb.Table(columns=TURN_COLUMNS, log_mode="INCREMENTAL")
                 for row in rows:
-                    self.table.add_data(*row)
-                payload["trajectories/turns"] = self.table
+                    self.tables[key].add_data(*row)
+                payload[key] = self.tables[key]
             else:
-                payload["trajectories/turns"] = wandb.Table(columns=TURN_COLUMNS, data=rows)
+                payload[key] = wandb.Table(columns=TURN_COLUMNS, data=rows)
         if (
             cfg.html_trajectories
             and rec.trajs
             and self.tokenizer is not None
-            and rec.step % cfg.html_every == 0
+            and rec.step % (every or cfg.html_every) == 0
         ):
             chosen = pick(rec.trajs, rec.trainer_logprobs, cfg.html_trajectories)
             items = [(rec.step, rec.trajs[i], rec.trainer_logprobs.get(i)) for i in chosen]
-            page = render_html(items, self.tokenizer, cfg.html_max_tokens, f"step {rec.step}")
-            payload["trajectories/html"] = wandb.Html(page, inject=False, data_is_not_path=True)
+            what = "eval after step" if rec.evaluation else "step"
+            page = render_html(items, self.tokenizer, cfg.html_max_tokens, f"{what} {rec.step}",
+                               what)  # fmt: skip
+            payload[f"{prefix}/html"] = wandb.Html(page, inject=False, data_is_not_path=True)
         self.run.log(payload, step=rec.step)
 
     def close(self, failed: bool) -> None:
@@ -353,7 +372,16 @@ class Tracker:
         trajs: Sequence[Trajectory] = (),
         trainer_logprobs: Logprobs | None = None,
     ) -> None:
-        rec = StepRecord(step, metrics, trajs, trainer_logprobs or {})
+        self._fan_out(StepRecord(step, metrics, trajs, trainer_logprobs or {}))
+
+    def log_eval(self, step: int, trajs: Sequence[Trajectory]) -> None:
+        """An evaluation's episodes (agentrl/evaluate.py), saved after the policy of `step`
+        played them: eval_trajectories.jsonl and the W&B `eval/turns` table (module docstring).
+        Call it before `log_step` of the same step, which carries the eval/* metrics."""
+        self._fan_out(StepRecord(step, {}, trajs, {}, evaluation=True))
+
+    def _fan_out(self, rec: StepRecord) -> None:
+        step = rec.step
         for sink in list(self.sinks):
             if sink.required:
                 sink.log(rec)

@@ -544,8 +544,10 @@ class Trainer(EngineRecovery):
 
     async def _evaluate(self) -> dict[str, float]:
         """trainer.eval_every: the fixed evaluation set, rolled out by the weights the engines
-        serve now (async: beside the training episodes in flight); one console line."""
-        out = await evaluate(self.rollout, self.eval_tasks, self.cfg.trainer.eval_samples)
+        serve now (async: beside the training episodes in flight); one console line. Its
+        episodes go to eval_trajectories.jsonl (and W&B eval/turns) at this step."""
+        out, episodes = await evaluate(self.rollout, self.eval_tasks, self.cfg.trainer.eval_samples)
+        self.tracker.log_eval(self.step_idx, episodes)
         self.console.print(
             f"eval after step {self.step_idx}: reward {out.get('eval/reward_mean', math.nan):.3f} "
             f"over {len(self.eval_tasks)} tasks x {self.cfg.trainer.eval_samples} "

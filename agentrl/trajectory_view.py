@@ -238,13 +238,13 @@ def _sampled(tok: Any, traj: Trajectory, lo: int, hi: int, ours: list[float] | N
 
 
 def _trajectory(
-    step: int, traj: Trajectory, tok: Any, lps: Sequence[float] | None, max_tokens: int
+    step: int, traj: Trajectory, tok: Any, lps: Sequence[float] | None, max_tokens: int, kind: str
 ) -> str:
     ours = _floats(lps) if lps is not None else None
     gaps = [g for g in turn_gaps(traj, ours) if g is not None]
     gap_txt = f" · |Δlogprob| mean {fmean(gaps):.1e}" if gaps else ""
     head = (
-        f"step {step} · {html.escape(traj.task_id)} #{traj.sample_index} · reward {traj.reward:g}"
+        f"{html.escape(kind)} {step} · {html.escape(traj.task_id)} #{traj.sample_index} · reward {traj.reward:g}"
         f" · stop {traj.stop_reason.value} · {len(traj.turns)} turns · {len(traj.token_ids)} "
         f"tokens ({traj.num_sampled} sampled){gap_txt}"
     )
@@ -279,10 +279,13 @@ def render_html(
     tokenizer: Any,
     max_tokens: int = 3000,
     title: str = "trajectories",
+    kind: str = "step",
 ) -> str:
     """A standalone HTML page of whole trajectories: items are (step, trajectory, the trainer's
-    per-token logprobs aligned with its token_ids, or None). No script: the colour switch is CSS."""
-    body = "".join(_trajectory(s, t, tokenizer, lp, max_tokens) for s, t, lp in items)
+    per-token logprobs aligned with its token_ids, or None). No script: the colour switch is CSS.
+    `kind` heads each card before its step: "step", or "eval after step" for evaluation episodes
+    (eval_trajectories.jsonl)."""
+    body = "".join(_trajectory(s, t, tokenizer, lp, max_tokens, kind) for s, t, lp in items)
     swatches = "".join(
         f'<span class="sw" style="background:{gap_colour(g)}"></span> {g:g} '
         for g in (1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
@@ -302,7 +305,7 @@ def render_html(
     )
 
 
-# -- reading trajectories.jsonl -----------------------------------------------------------------
+# -- reading trajectories.jsonl (eval_trajectories.jsonl: the same lines) --------------------------
 def trajectory_from_dict(d: dict[str, Any]) -> Trajectory:
     """Inverse of `Trajectory.to_dict` (extra keys such as step / trainer_logprobs ignored)."""
     return Trajectory.from_dict(d)

@@ -1,7 +1,9 @@
-"""`agentrl view RUN_DIR [--step N] [-n 4] [-o view.html]`: an HTML page of a run's trajectories,
-token by token (agentrl/trajectory_view.py draws it), for runs without W&B. Reads the run's
-trajectories.jsonl (runs/<run_name>/, or the newest of its preview/ folders when it has not trained
-yet); the tokenizer comes from the run's saved Hydra config (or --tokenizer)."""
+"""`agentrl view RUN_DIR [--eval] [--step N] [-n 4] [-o view.html]`: an HTML page of a run's
+trajectories, token by token (agentrl/trajectory_view.py draws it), for runs without W&B. Reads the
+run's trajectories.jsonl (runs/<run_name>/, or the newest of its preview/ folders when it has not
+trained yet), or with --eval its eval_trajectories.jsonl (the episodes of each evaluation,
+trainer.eval_every; --step picks the evaluation after that step, 0 the untrained policy's); the
+tokenizer comes from the run's saved Hydra config (or --tokenizer)."""
 
 from __future__ import annotations
 
@@ -28,14 +30,14 @@ def _saved_config(folder: Path) -> Path | None:
     return None
 
 
-def _find_trajectories(run: Path) -> Path:
-    """A trajectories.jsonl given, in `run`, or in its newest preview folder."""
+def _find_trajectories(run: Path, name: str = "trajectories.jsonl") -> Path:
+    """A trajectories.jsonl (`name`) given, in `run`, or in its newest preview folder."""
     if not run.is_dir():
         return run
-    if (run / "trajectories.jsonl").exists():
-        return run / "trajectories.jsonl"
-    previews = sorted((run / "preview").glob("*/trajectories.jsonl"))
-    return previews[-1] if previews else run / "trajectories.jsonl"
+    if (run / name).exists():
+        return run / name
+    previews = sorted((run / "preview").glob(f"*/{name}"))
+    return previews[-1] if previews else run / name
 
 
 def _tokenizer_for(run: Path, given: str | None) -> Any:
@@ -52,17 +54,21 @@ def _tokenizer_for(run: Path, given: str | None) -> Any:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Write an HTML view of a run's trajectories.")
     ap.add_argument("run", type=Path, help="a training output dir, or its trajectories.jsonl")
+    ap.add_argument(
+        "--eval", action="store_true", help="the evaluation episodes (eval_trajectories.jsonl)"
+    )
     ap.add_argument("--step", type=int, default=None, help="which step (default: the last)")
     ap.add_argument("-n", type=int, default=4, help="trajectories to show")
     ap.add_argument("-o", "--out", type=Path, default=None, help="default: <run>/view_<step>.html")
     ap.add_argument("--tokenizer", default=None, help="default: the run's model (.hydra config)")
     ap.add_argument("--max-tokens", type=int, default=3000)
     a = ap.parse_args(argv)
-    path = _find_trajectories(a.run)
+    path = _find_trajectories(a.run, "eval_trajectories.jsonl" if a.eval else "trajectories.jsonl")
     if not path.exists():
+        hint = " (evaluations are saved by runs with trainer.eval_every)" if a.eval else ""
         raise SystemExit(
             f"{path}: no such file (give a run's dir, runs/<run_name>, a preview's folder or a "
-            "trajectories.jsonl)"
+            f"{path.name}){hint}"
         )
     items = load_jsonl(path, a.step)
     if not items:
@@ -73,9 +79,13 @@ def main(argv: list[str] | None = None) -> None:
     lps = {i: lp for i, (_, _, lp) in enumerate(items) if lp is not None}
     chosen = [items[i] for i in pick(trajs, lps, a.n)]
     tok = _tokenizer_for(path.parent, a.tokenizer)
-    out = a.out or path.parent / f"view_{items[0][0]}.html"
-    out.write_text(render_html(chosen, tok, a.max_tokens, f"{path.parent.name} step {items[0][0]}"))
-    print(f"wrote {out} ({len(chosen)} trajectories of step {items[0][0]})")
+    evaluation = a.eval or path.name == "eval_trajectories.jsonl"
+    kind = "eval after step" if evaluation else "step"
+    step = items[0][0]
+    out = a.out or path.parent / f"view_{'eval_' if evaluation else ''}{step}.html"
+    title = f"{path.parent.name} {kind} {step}"
+    out.write_text(render_html(chosen, tok, a.max_tokens, title, kind))
+    print(f"wrote {out} ({len(chosen)} trajectories of {kind} {step})")
 
 
 if __name__ == "__main__":
