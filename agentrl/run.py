@@ -135,7 +135,7 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
                 stack.callback(_quietly, "Ray", stop_ray)  # it stops
             groups = _learner_groups(cfg, str(model_path), stack, out)
             if resume is not None:
-                resumed = _resume(cfg, resume, groups, sampler)
+                resumed = _resume(cfg, resume, groups, sampler, console)
                 if lora_mode != "adapter":  # else the base; its adapter comes after the start
                     engine_model = resume / "policy" / "model"
                 console.print(f"[green]resumed from {resume} at step {resumed.step}[/]")
@@ -355,11 +355,17 @@ def _learner_groups(
 
 
 def _resume(
-    cfg: Config, path: Path, groups: dict[str, LearnerGroup], sampler: TaskSampler
+    cfg: Config,
+    path: Path,
+    groups: dict[str, LearnerGroup],
+    sampler: TaskSampler,
+    console: Console,
 ) -> TrainerState:
     state = load_trainer_state(path)
     optimizer = cfg.trainer.save_optimizer
-    groups["policy"].load_checkpoint(str(path / "policy"), optimizer=optimizer)
+    changed = groups["policy"].load_checkpoint(str(path / "policy"), optimizer=optimizer)
+    for name, (then, now) in sorted(changed.items()):  # applied, never silently kept
+        console.print(f"[yellow]learner.{name} {then} → {now} from step {state.step + 1}[/]")
     if "critic" in groups:
         if not (path / "critic").exists():
             raise ConfigError(
@@ -367,7 +373,9 @@ def _resume(
                 f"algo.advantage.name={cfg.algo.advantage.name} needs it; resume with the "
                 "same algo, or start fresh with trainer.resume=never (or another run_name)"
             )
-        groups["critic"].load_checkpoint(str(path / "critic"), optimizer=optimizer)
+        changed = groups["critic"].load_checkpoint(str(path / "critic"), optimizer=optimizer)
+        for name, (then, now) in sorted(changed.items()):
+            console.print(f"[yellow]critic {name} {then} → {now} from step {state.step + 1}[/]")
     sampler.load_state_dict(state.data_cursor)
     restore_rng(state.rng)
     return state

@@ -220,6 +220,33 @@ def make_optimizer(
     return opt, sched
 
 
+def apply_hparams(
+    opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LambdaLR, cfg: LearnerConfig
+) -> dict[str, tuple[Any, Any]]:
+    """After a resume: the optimizer's hyperparameters are this run's config, not the
+    checkpoint's (loading an optimizer state restores its param groups' lr, betas, eps and
+    weight decay, and the schedule's base lr, silently). The schedule's position is kept: the
+    new lr takes over at the step the run resumes from. Returns what changed, {setting:
+    (checkpoint's, now)}, for the driver to print."""
+    want = {"betas": tuple(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
+    changed: dict[str, tuple[Any, Any]] = {}
+    old_base = list(sched.base_lrs)
+    if any(not math.isclose(b, cfg.lr, rel_tol=1e-12, abs_tol=0.0) for b in old_base):
+        changed["lr"] = (old_base[0], cfg.lr)
+    sched.base_lrs = [cfg.lr for _ in opt.param_groups]
+    factors = [lam(sched.last_epoch) for lam in sched.lr_lambdas]
+    for group, factor in zip(opt.param_groups, factors, strict=True):
+        group["initial_lr"] = cfg.lr
+        group["lr"] = cfg.lr * factor
+        for key, value in want.items():
+            have = tuple(group[key]) if key == "betas" else group[key]
+            if have != value:
+                changed.setdefault(key, (have, value))
+                group[key] = value
+    sched._last_lr = [g["lr"] for g in opt.param_groups]  # what get_last_lr() reports
+    return changed
+
+
 # -- optimizer step -----------------------------------------------------------------------------
 def grad_norm_and_clip(model: nn.Module, max_norm: float) -> float:
     """Global L2 norm of all gradients (over ranks); clips in place when max_norm > 0."""

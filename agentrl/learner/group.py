@@ -372,8 +372,10 @@ class LearnerGroup:
         """True when every rank has written its part of the last checkpoint."""
         return all(self.call("finish_checkpoint", wait))
 
-    def load_checkpoint(self, path: str, optimizer: bool = True) -> None:
-        self.call("load_checkpoint", str(path), optimizer)
+    def load_checkpoint(self, path: str, optimizer: bool = True) -> dict[str, tuple[Any, Any]]:
+        """Loads on every rank; returns the optimizer settings that now differ from the
+        checkpoint's (applied: `fsdp.apply_hparams`), {name: (then, now)}."""
+        return self.call("load_checkpoint", str(path), optimizer)[0]
 
     # -- colocated mode -------------------------------------------------------------------------
     def peak_memory(self) -> dict[str, float]:

@@ -547,16 +547,21 @@ class LearnerWorker:
     def finish_checkpoint(self, wait: bool) -> bool:
         return self._ckpt is None or self._ckpt.finish(wait)
 
-    def load_checkpoint(self, path: str, optimizer: bool = True) -> None:
-        """Collective: inverse of save_checkpoint (the world size may differ for `sharded`)."""
+    def load_checkpoint(self, path: str, optimizer: bool = True) -> dict[str, tuple[Any, Any]]:
+        """Collective: inverse of save_checkpoint (the world size may differ for `sharded`).
+        The optimizer's hyperparameters are then this run's (learner.lr, betas, eps,
+        weight_decay); returns those that differ from the checkpoint's, {name: (then, now)}."""
         root = Path(path)
         if self._ckpt is not None:
             self._ckpt.guard()
         lora_model = lora.is_lora(self.model)  # merged weights cannot be split: the adapters
         fsdp.load_full_state(self.model, root / ("adapter" if lora_model else "model"))
+        changed: dict[str, tuple[Any, Any]] = {}
         if optimizer and self.opt is not None and (root / "optim").exists():
             load_optimizer(self.model, self.opt, self.sched, root / "optim", self.rank)
+            changed = fsdp.apply_hparams(self.opt, self.sched, self.cfg)
         dist.barrier()
+        return changed
 
     # -- offload (colocated mode) ---------------------------------------------------------------
     def offload(self) -> None:

@@ -53,7 +53,7 @@ class ThreadsSeenEnv(CodeExecEnv):
         return await super().reward(trajectory)
 
 
-def test_train_runs_checkpoints_and_syncs(tmp_path):
+def test_train_runs_checkpoints_and_syncs(tmp_path, capsys):
     cfg = compose(overrides(tmp_path, "trainer.steps=2", "trainer.every=1",
                             "trainer.oversample_groups=1",
                             f"env._target_={__name__}.ThreadsSeenEnv"))  # fmt: skip
@@ -81,6 +81,14 @@ def test_train_runs_checkpoints_and_syncs(tmp_path):
     moved = [n for n, p in trained.named_parameters()
              if not torch.equal(p, dict(base.named_parameters())[n])]  # fmt: skip
     assert moved or all(h["train/grad_norm"] == 0 for h in history), "training changed no parameter"
+    assert history[-1]["train/lr"] == pytest.approx(1e-3)  # the tiny model's (constant) lr
+    # resumed with another lr: it applies from the next step and the run says so (the
+    # optimizer state from the checkpoint used to keep the old one, silently)
+    more = compose(overrides(tmp_path, "trainer.steps=3", "learner.lr=5e-3",
+                             f"env._target_={__name__}.ThreadsSeenEnv"))  # fmt: skip
+    again = asyncio.run(train(more, tmp_path / "out"))
+    assert again[-1]["step"] == 3.0 and again[-1]["train/lr"] == pytest.approx(5e-3)
+    assert "learner.lr 0.001 → 0.005 from step 3" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("sync", ["auto", "merged"])
