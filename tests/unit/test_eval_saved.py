@@ -7,12 +7,13 @@ import asyncio
 import json
 import math
 
+from test_tracking import two_turns  # tests/unit is on sys.path (no packages)
+
 from agentrl.cli.view import main
 from agentrl.evaluate import evaluate
 from agentrl.tracking import JsonlSink, LoggingConfig, Tracker, WandbConfig
 from agentrl.trajectory_view import load_jsonl
 from agentrl.types import Task, Trajectory
-from tests.unit.test_tracking import two_turns
 
 
 class ScriptedRollout:
