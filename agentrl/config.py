@@ -169,12 +169,15 @@ class AlgoConfig(BaseModel):
         "that pass is skipped, unless kl_mode=reward needs them before the advantages",
     )
 
+    def kl_in_reward(self) -> bool:
+        """The KL to the reference is a penalty on the rewards (kl_mode=reward, kl_coef > 0)."""
+        return self.loss.kl_mode == "reward" and self.loss.kl_coef > 0
+
     def old_logprobs_from_update(self) -> bool:
         """algo.old_logprobs=auto and nothing needs pi_old before the (single) optimizer step."""
-        reward_kl = self.loss.kl_mode == "reward" and self.loss.kl_coef > 0
         return (
             self.old_logprobs == "auto" and self.ppo_epochs * self.mini_batches == 1
-            and not reward_kl
+            and not self.kl_in_reward()
         )  # fmt: skip
 
     def uses_critic(self) -> bool:

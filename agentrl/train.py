@@ -290,10 +290,9 @@ class Trainer(EngineRecovery):
     def _carries(self, group: list[Trajectory]) -> bool:
         """Whether the group's advantages can be non-zero under this run's estimator, reward
         level and KL mode (`advantage.carries_gradient` states the rule)."""
-        loss = self.cfg.algo.loss
-        penalty = loss.kl_mode == "reward" and loss.kl_coef > 0
+        algo = self.cfg.algo
         return carries_gradient(
-            group, self.cfg.algo.advantage, reward_penalty=penalty, truncation=self.truncation
+            group, algo.advantage, reward_penalty=algo.kl_in_reward(), truncation=self.truncation
         )
 
     async def _collect_async(self) -> tuple[list[list[Trajectory]], dict[str, float]]:
@@ -332,7 +331,7 @@ class Trainer(EngineRecovery):
             ours, ref = scores["trainer_old_logprobs"], scores.get("ref_logprobs")
             metrics.update(self._record_trainer_logprobs(per_rank, ours, trajs, ref))
         loss = cfg.algo.loss
-        if loss.kl_mode == "reward" and loss.kl_coef > 0:
+        if cfg.algo.kl_in_reward():
             masks = [torch.tensor(tr.loss_mask, dtype=torch.bool) for tr in trajs]
             scores["penalties"] = [
                 kl_reward_penalty(lp, ref, m, loss.kl_coef, loss.kl_kind)

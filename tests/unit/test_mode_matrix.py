@@ -124,9 +124,8 @@ class FakeTrainer:
     def _carries(self, group: list[Trajectory]) -> bool:
         """Trainer._carries: the run's estimator and reward level, and whether the KL goes into
         the reward (kl_mode=reward with kl_coef > 0)."""
-        loss = self.cfg.algo.loss
-        penalty = loss.kl_mode == "reward" and loss.kl_coef > 0
-        return carries_gradient(group, self.cfg.algo.advantage, reward_penalty=penalty)
+        algo = self.cfg.algo
+        return carries_gradient(group, algo.advantage, reward_penalty=algo.kl_in_reward())
 
     async def _run(self, tasks: list[str]) -> list[list[Trajectory]]:
         out, self.refills = self.refills[: len(tasks)], self.refills[len(tasks) :]
@@ -166,7 +165,7 @@ def fake_scores(trajs: list[Trajectory], cfg: Config) -> dict[str, list[Tensor] 
     if cfg.algo.uses_critic():
         values = [0.25 * (torch.arange(len(t.token_ids)) % 3).float() for t in trajs]
     penalties = None
-    if loss.kl_mode == "reward" and loss.kl_coef > 0:
+    if cfg.algo.kl_in_reward():
         masks = [torch.tensor(t.loss_mask, dtype=torch.bool) for t in trajs]
         penalties = [kl_reward_penalty(o, r, m, loss.kl_coef, loss.kl_kind)
                      for o, r, m in zip(old, ref, masks, strict=True)]  # fmt: skip
