@@ -23,9 +23,11 @@ betas, ...) are read with `torch.load(weights_only=True)`, as DCP reads its tens
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import pickle
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -49,6 +51,19 @@ from torch.distributed.tensor import DTensor
 from agentrl.ckpt import CheckpointError, disk_full_error
 from agentrl.learner import fsdp, lora
 from agentrl.learner.fsdp import ParamSpec
+
+
+@contextlib.contextmanager
+def _naming_a_full_disk(path: Any) -> Iterator[None]:
+    """A write that failed for lack of space says so (the path, the free bytes, `latest` kept);
+    anything else goes on as it was. BaseException: DCP's CheckpointException is one."""
+    try:
+        yield
+    except BaseException as e:
+        full = disk_full_error(path, e)
+        if full is None:
+            raise
+        raise full from e
 
 
 class CheckpointWriter:
@@ -90,13 +105,8 @@ class CheckpointWriter:
         buffers it had to allocate itself (0 once `reserve` made them)."""
         self.finish(wait=True)
         self.root = Path(path)
-        try:
+        with _naming_a_full_disk(path):
             return self._save(model, opt, sched, buckets, model_src, fmt, background)
-        except BaseException as e:  # DCP's CheckpointException is a BaseException
-            full = disk_full_error(path, e)
-            if full is None:
-                raise
-            raise full from e
 
     def _save(self, model, opt, sched, buckets, model_src: str, fmt: str, background: bool) -> int:
         assert self.root is not None
@@ -181,13 +191,10 @@ class CheckpointWriter:
             if stream is not None:
                 stream.synchronize()  # the host buffers hold the copies
             _copy_all(copies)  # offloaded state: host to host, here instead of blocking
-            try:
+            if root is None:
                 return fn(*args)
-            except BaseException as e:
-                full = disk_full_error(root, e) if root is not None else None
-                if full is None:
-                    raise
-                raise full from e
+            with _naming_a_full_disk(root):
+                return fn(*args)
 
         self.pending.append(self.pool.submit(run))
 
