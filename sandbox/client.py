@@ -43,7 +43,7 @@ _MAX_KEY = 200  # the service takes keys of up to 256 characters
 _MAX_SESSIONS_KEPT = 100_000
 # HTTP timeout beyond the code's own: the service's queue wait (max_queue_wait_s, then 503) and
 # the worker's start; a read timeout is a failure after sending, never retried
-_CALL_MARGIN_S = 45.0
+CALL_MARGIN_S = 45.0
 
 
 class ServiceSandbox:
@@ -100,7 +100,7 @@ class ServiceSandbox:
         body = {"code": code, "language": language, "timeout": timeout, "session": key}
         async with self._sem:
             status, text = await self._post(
-                "/v1/run", body, timeout + _CALL_MARGIN_S, replay=session is None, session=key
+                "/v1/run", body, timeout + CALL_MARGIN_S, replay=session is None, session=key
             )
         if status == 413:  # the body (the code) is over the service's size limit: the code's
             return ExecResult(

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 
 from agentrl.tool import Tool, ToolContext, ToolResult
 from sandbox.base import ExecResult, Sandbox
+from sandbox.client import CALL_MARGIN_S
 from sandbox.subproc import SubprocessSandbox
 
 _fallback: Sandbox | None = None
@@ -34,8 +35,9 @@ class PythonTool(Tool):
         code: str = Field(description="Python source code to execute")
 
     # the sandbox enforces the timeout on the code once it runs; its queue wait and the HTTP
-    # round trip are the service's (sandbox/client.py bounds them: SandboxUnavailable)
-    timeout_grace_s = 60.0
+    # round trip are the service's: the service client gives up after CALL_MARGIN_S with
+    # SandboxUnavailable, before this outer deadline could charge the model a timeout
+    timeout_grace_s = CALL_MARGIN_S + 15.0
 
     def __init__(self, stateful: bool = True) -> None:
         self.stateful = stateful
