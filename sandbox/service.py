@@ -52,11 +52,6 @@ LANGUAGES = ("python", "bash")
 HIGH_MARK, LOW_MARK = 0.9, 0.75  # service-wide usage that starts / ends an eviction
 
 
-@dataclass
-class Admission:
-    queued_s: float  # how long the call waited for its slot (the service's time, not the code's)
-
-
 def code_too_large(size: int, limit: int) -> ExecResult:
     """The result of code the service refuses for its size: the code's own outcome."""
     return ExecResult(
@@ -243,12 +238,12 @@ class ExecService:
     # -- calls ----------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _slot(self) -> AsyncIterator[Admission]:
-        """A running slot. Busy at once when the queue is full; Busy after `max_queue_wait_s` in
-        the queue. The call's wall time starts only once it runs; the wait is the service's
-        (`Admission.queued_s`, reported as `ExecResult.queue_s`), never the code's. Before a
-        call is admitted, sandboxes that pushed the service past its memory or process mark are
-        evicted (`_reclaim`): their usage is theirs to answer for, not every caller's."""
+    async def _slot(self) -> AsyncIterator[float]:
+        """A running slot; yields the seconds the call waited for it (`ExecResult.queue_s`: the
+        service's time, never the code's; the call's wall time starts once it runs). Busy at
+        once when the queue is full, after `max_queue_wait_s` in it. Before a call is admitted,
+        sandboxes that pushed the service past its memory or process mark are evicted
+        (`_reclaim`): their usage is theirs to answer for, not every caller's."""
         if self._sem.locked() and self._waiting >= self.cfg.max_queue:
             self.counters["busy"] += 1
             raise Busy(
@@ -272,7 +267,7 @@ class ExecService:
             self._waiting -= 1
         self._running += 1
         try:
-            yield Admission(time.monotonic() - t0)
+            yield time.monotonic() - t0
         finally:
             self._running -= 1
             self._sem.release()
@@ -399,7 +394,7 @@ class ExecService:
 
     async def _oneshot(self, code: str, language: str, timeout: float) -> ExecResult:
         assert self.pool is not None
-        async with self._slot() as adm:
+        async with self._slot() as queued_s:
             w = await self.pool.acquire()
             self._oneshots.add(w)
             try:
@@ -407,7 +402,7 @@ class ExecService:
             finally:
                 self._oneshots.discard(w)
                 self._background(self.pool.release(w))
-        res.queue_s = adm.queued_s
+        res.queue_s = queued_s
         return res
 
     async def _session_call(self, key: str, code: str, timeout: float) -> ExecResult:
@@ -436,7 +431,7 @@ class ExecService:
                 limit=gone_limit,
                 session_reset=True,
             )
-        async with s.lock, self._slot() as adm:
+        async with s.lock, self._slot() as queued_s:
             if s.worker is None:
                 s.worker = await self.pool.acquire()
             s.calls += 1
@@ -448,7 +443,7 @@ class ExecService:
                 raise
             finally:
                 s.last_used = time.monotonic()
-            res.queue_s = adm.queued_s
+            res.queue_s = queued_s
             if w.evicted is not None:  # the result says so (worker._result)
                 res.session_reset = True
             elif s.worker is not w:  # closed while this call ran: its interpreter was stopped
