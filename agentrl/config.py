@@ -38,11 +38,11 @@ from agentrl.learner import LearnerConfig, RayConfig
 from agentrl.loss import LossConfig
 from agentrl.registry import import_path, is_import_path
 from agentrl.rollout import RolloutConfig
+from agentrl.sandbox.backends import BACKENDS
+from agentrl.sandbox.config import SandboxConfig
 from agentrl.tracking import LoggingConfig
 from agentrl.types import ConfigError, Task
 from agentrl.weight_sync import WeightSyncConfig
-from sandbox.backends import BACKENDS
-from sandbox.config import SandboxConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # -> ../configs in a checkout
 

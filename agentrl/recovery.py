@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.engine import EngineClient, EngineUnavailable
 from agentrl.rollout import engine_lost
+from agentrl.sandbox.base import Revivable, SandboxUnavailable
 from agentrl.types import StopReason, Task, Trajectory
-from sandbox.base import Revivable, SandboxUnavailable
 
 
 def _lost(tr: Trajectory) -> bool:

@@ -38,9 +38,16 @@ def import_path(path: str, setting: str) -> Any:
             obj = getattr(obj, part)
         return obj
     except (ImportError, AttributeError, ValueError) as e:
+        top = module.partition(".")[0]
+        moved = (
+            f"; agentrl's own {top}/ is imported as agentrl.{top} (did you mean "
+            f"agentrl.{path}?)"
+            if top in ("envs", "tools", "sandbox")
+            else ""
+        )
         raise ConfigError(
             f"{setting}={path!r} cannot be imported ({type(e).__name__}: {e}); give "
-            "`module:attr` of something importable from this environment"
+            f"`module:attr` of something importable from this environment{moved}"
         ) from e
 
 

@@ -38,6 +38,7 @@ from agentrl.parsers import (
     template_max_calls,
 )
 from agentrl.render import Renderer, RenderError
+from agentrl.sandbox.base import Sandbox, SandboxUnavailable
 from agentrl.tool import ToolContext
 from agentrl.types import (
     Completion,
@@ -49,7 +50,6 @@ from agentrl.types import (
     Trajectory,
     Turn,
 )
-from sandbox.base import Sandbox, SandboxUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -47,6 +47,7 @@ from agentrl.learner.memory import check_host, choose_offload, engine_fraction, 
 from agentrl.render import RenderError
 from agentrl.rollout import Rollout
 from agentrl.runlock import hold_run_dirs
+from agentrl.sandbox import Sandbox, make_sandbox
 from agentrl.servers import Fleet, launch_fleet, launch_router, split_local_gpus, visible_gpus
 from agentrl.tracking import JsonlSink, Tracker
 from agentrl.types import ConfigError, Task
@@ -58,7 +59,6 @@ from agentrl.weight_sync import (
     planned_lora_sync,
     resolve_lora_sync,
 )
-from sandbox import Sandbox, make_sandbox
 
 log = logging.getLogger(__name__)
 

@@ -42,8 +42,8 @@ import httpx
 
 from agentrl.engine import EngineConfig, EngineUnavailable, health_probe
 from agentrl.engine_config import API_KEY_ENV
+from agentrl.sandbox.base import die_with_parent
 from agentrl.types import ConfigError
-from sandbox.base import die_with_parent
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -50,7 +50,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 
-from sandbox.base import Sandbox, SandboxUnavailable
+from agentrl.sandbox.base import Sandbox, SandboxUnavailable
 
 log = logging.getLogger(__name__)
 TOOL_FAULTS = ("exception", "blocked_event_loop")  # metadata["error"] values: the tool's fault

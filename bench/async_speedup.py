@@ -35,11 +35,11 @@ import time
 from pathlib import Path
 from statistics import fmean
 
-ENV = ["env=code_exec", "env._target_=envs.examples.slow_tools.SlowToolsEnv"]
+ENV = ["env=code_exec", "env._target_=agentrl.envs.examples.slow_tools.SlowToolsEnv"]
 
 
 PARTS = {"ray::LearnerWorker": "learner", "agentrl.devserver": "dev server",
-         "sandbox.server": "sandbox", str(os.getpid()): "trainer"}  # fmt: skip
+         "agentrl.sandbox.server": "sandbox", str(os.getpid()): "trainer"}  # fmt: skip
 
 
 class CpuMeter:

@@ -75,8 +75,8 @@ async def http_overhead(a) -> None:
 
     from agentrl.assets.build import cached_tokenizer
     from agentrl.engine import EngineClient
+    from agentrl.envs.synthetic import FixedLengthEnv
     from agentrl.rollout import Rollout, RolloutConfig
-    from envs.synthetic import FixedLengthEnv
 
     server = await instant_server(canned_body(a.new_tokens))
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"

@@ -48,11 +48,11 @@ import orjson
 
 from agentrl.engine import EngineClient, EngineConfig, SamplingParams, parse_generate_response
 from agentrl.engine_config import default_api_key
+from agentrl.envs.synthetic import FixedLengthEnv
 from agentrl.metrics import rollout_metrics
 from agentrl.rollout import Rollout, RolloutConfig
 from agentrl.servers import launch_engines
 from agentrl.types import Message, StopReason, Task
-from envs.synthetic import FixedLengthEnv
 
 WORDS = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "tree", "house", "water",
          "light", "green", "blue", "red"]  # fmt: skip

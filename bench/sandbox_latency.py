@@ -35,8 +35,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sandbox import ServerConfig, ServiceSandbox  # noqa: E402
-from sandbox.server import LocalService  # noqa: E402
+from agentrl.sandbox import ServerConfig, ServiceSandbox  # noqa: E402
+from agentrl.sandbox.server import LocalService  # noqa: E402
 
 SNIPPET = "print(sum(i * i for i in range(1000)))"
 EXPECTED = f"{sum(i * i for i in range(1000))}\n"

@@ -66,7 +66,7 @@ def overrides(args: argparse.Namespace, model: Path, tmp: Path) -> list[str]:
     gpu = args.engine == "sglang"
     return [
         "env=custom",
-        "env._target_=envs.synthetic.FixedLengthEnv",
+        "env._target_=agentrl.envs.synthetic.FixedLengthEnv",
         f"+env.tasks.n={max(args.tasks * args.steps, 64)}",
         f"+env.tasks.prompt_words={args.prompt_words}",
         "model=local",

@@ -32,7 +32,7 @@ def trl_step_times(model: Path, a: argparse.Namespace, out_dir: Path) -> dict[st
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from envs.synthetic import FixedLengthEnv
+    from agentrl.envs.synthetic import FixedLengthEnv
 
     tasks = FixedLengthEnv.load_tasks(n=a.tasks * a.steps, prompt_words=a.prompt_words)
     data = Dataset.from_list(

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from agentrl.env import ToolEnv
+from agentrl.tools.python import PythonTool
 from agentrl.types import Task, Trajectory
-from tools.python import PythonTool
 
 SYSTEM_PROMPT = (
     "Solve the problem. You can run Python code with the `python` tool; print the values you need. "

@@ -11,7 +11,7 @@ other samples of the task (agentrl/advantage.py):
 from __future__ import annotations
 
 from agentrl.env import AssistantTurn, StepResult
-from envs.code_exec import CodeExecEnv
+from agentrl.envs.code_exec import CodeExecEnv
 
 
 class CodeExecTurnsEnv(CodeExecEnv):

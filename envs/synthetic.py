@@ -3,7 +3,7 @@ zero-latency "tool" observation after every turn, and a seeded random reward (so
 variance). The model's text is never parsed: any model, random weights included, runs the same
 number of turns, which makes step time depend only on the shapes.
 
-    python -m agentrl.train env=custom env._target_=envs.synthetic.FixedLengthEnv \
+    python -m agentrl.train env=custom env._target_=agentrl.envs.synthetic.FixedLengthEnv \
         env.tasks.n=64 env.tasks.prompt_words=120 env.args.turns=4 rollout.max_new_tokens=128
     # a long multi-turn episode: each tool message 5000 words (about one token each)
     ... env.args.turns=4 +env.args.observation_words=5000

@@ -11,10 +11,10 @@ import secrets
 from collections.abc import Callable
 
 from agentrl.registry import Registry
-from sandbox.base import Sandbox
-from sandbox.client import ServiceSandbox
-from sandbox.config import SandboxConfig
-from sandbox.subproc import SubprocessSandbox
+from agentrl.sandbox.base import Sandbox
+from agentrl.sandbox.client import ServiceSandbox
+from agentrl.sandbox.config import SandboxConfig
+from agentrl.sandbox.subproc import SubprocessSandbox
 
 BackendFactory = Callable[[SandboxConfig], Sandbox]
 BACKENDS: Registry[BackendFactory] = Registry("sandbox backend", setting="sandbox.backend")
@@ -28,7 +28,7 @@ def make_sandbox(cfg: SandboxConfig | None = None) -> Sandbox:
     if not isinstance(sandbox, Sandbox):
         raise TypeError(
             f"sandbox.backend={cfg.backend!r} returned {type(sandbox).__name__}, not a "
-            "sandbox.base.Sandbox"
+            "agentrl.sandbox.base.Sandbox"
         )
     return sandbox
 
@@ -51,7 +51,7 @@ def _service(cfg: SandboxConfig) -> Sandbox:
     restarted if it dies (`max_restarts`)."""
     owner, url, token = None, cfg.url, cfg.token or cfg.server.token
     if url is None:
-        from sandbox.server import LocalService  # local: starts the service's machinery
+        from agentrl.sandbox.server import LocalService  # local: starts the service's machinery
 
         token = token or secrets.token_urlsafe(32)
         owner = LocalService(cfg.server.model_copy(update={"token": token}))
@@ -70,7 +70,7 @@ def _service(cfg: SandboxConfig) -> Sandbox:
 
 @BACKENDS.register("e2b")
 def _e2b(cfg: SandboxConfig) -> Sandbox:
-    from sandbox.e2b_backend import E2BSandbox  # local: the e2b extra is optional
+    from agentrl.sandbox.e2b_backend import E2BSandbox  # local: the e2b extra is optional
 
     return E2BSandbox(
         cfg.e2b, retries=cfg.retries, backoff_s=cfg.backoff_s, backoff_max_s=cfg.backoff_max_s

@@ -1,12 +1,12 @@
 """The Sandbox contract every code-execution backend implements.
 
 A sandbox runs untrusted code the policy wrote and reports what happened. Backends: the local
-isolated service (`python -m sandbox.server` + `sandbox.client.ServiceSandbox`), e2b
-(`sandbox.e2b_backend.E2BSandbox`), and `sandbox.subproc.SubprocessSandbox` (rlimits only; for
+isolated service (`python -m agentrl.sandbox.server` + `agentrl.sandbox.client.ServiceSandbox`), e2b
+(`agentrl.sandbox.e2b_backend.E2BSandbox`), and `agentrl.sandbox.subproc.SubprocessSandbox` (rlimits only; for
 laptops and tests, not isolation). `sandbox.make_sandbox(SandboxConfig(...))` builds any of them.
 
     import asyncio
-    from sandbox import ExecResult, Sandbox, SandboxConfig, make_sandbox
+    from agentrl.sandbox import ExecResult, Sandbox, SandboxConfig, make_sandbox
 
     class EchoSandbox:  # a backend of your own: any object with these three methods
         async def run(self, code, language="python", timeout=10.0, session=None):

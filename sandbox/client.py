@@ -1,6 +1,6 @@
-"""ServiceSandbox: the async client of the local sandbox service (`python -m sandbox.server`).
+"""ServiceSandbox: the async client of the local sandbox service (`python -m agentrl.sandbox.server`).
 
-    from sandbox import ServiceSandbox
+    from agentrl.sandbox import ServiceSandbox
     sb = ServiceSandbox("http://127.0.0.1:8470")
     await sb.run("x = 2", session="traj-17")
     res = await sb.run("print(x * 21)", session="traj-17")   # res.stdout == "42\\n"
@@ -33,7 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 
-from sandbox.base import ExecResult, SandboxUnavailable
+from agentrl.sandbox.base import ExecResult, SandboxUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ class ServiceSandbox:
                 await asyncio.sleep(max(wait or 0.0, self._backoff(attempt)))
         raise SandboxUnavailable(
             f"sandbox service at {self.url} unavailable after {attempt + 1} attempt(s): {last}. "
-            "Is `python -m sandbox.server` running and reachable, and is it overloaded "
+            "Is `python -m agentrl.sandbox.server` running and reachable, and is it overloaded "
             "(see /health)?"
         )
 
@@ -229,7 +229,7 @@ class ServiceSandbox:
 
 @runtime_checkable
 class Restartable(Protocol):
-    """A service a client started and may restart (sandbox.server.LocalService)."""
+    """A service a client started and may restart (agentrl.sandbox.server.LocalService)."""
 
     def alive(self) -> bool: ...
 

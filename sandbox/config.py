@@ -1,7 +1,7 @@
 """Typed settings of the sandbox: per-execution limits, the local service, and the client side.
 
 `SandboxConfig` is what the python tool and the trainer read (`sandbox.make_sandbox(cfg)`);
-`ServerConfig` is what `python -m sandbox.server` runs with (also nested in `SandboxConfig.server`
+`ServerConfig` is what `python -m agentrl.sandbox.server` runs with (also nested in `SandboxConfig.server`
 for a service the trainer starts itself).
 """
 
@@ -31,7 +31,7 @@ class Limits(BaseModel):
 
 
 class ServerConfig(BaseModel):
-    """The local sandbox service (`python -m sandbox.server`)."""
+    """The local sandbox service (`python -m agentrl.sandbox.server`)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -3,7 +3,7 @@
 The API key and endpoints come from the environment as e2b users expect: E2B_API_KEY,
 E2B_DOMAIN, and (self-hosted or tests) E2B_API_URL / E2B_SANDBOX_URL. Our own service speaks the
 same protocol under /e2b (sandbox/e2b_compat.py), so this backend also runs against a
-self-hosted `python -m sandbox.server`:
+self-hosted `python -m agentrl.sandbox.server`:
 
     import os
     os.environ.update(E2B_API_URL="http://127.0.0.1:8470/e2b",
@@ -31,8 +31,8 @@ from typing import Any
 
 import httpx
 
-from sandbox.base import ExecResult, SandboxUnavailable
-from sandbox.config import E2BConfig
+from agentrl.sandbox.base import ExecResult, SandboxUnavailable
+from agentrl.sandbox.config import E2BConfig
 
 log = logging.getLogger(__name__)
 

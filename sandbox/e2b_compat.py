@@ -38,8 +38,8 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Header, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from sandbox.base import ExecResult
-from sandbox.service import LANGUAGES, Busy, ExecService, until_disconnect
+from agentrl.sandbox.base import ExecResult
+from agentrl.sandbox.service import LANGUAGES, Busy, ExecService, until_disconnect
 
 ENVD_VERSION = "0.4.0"
 _TB_HEAD = "Traceback (most recent call last):"

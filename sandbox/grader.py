@@ -1,6 +1,6 @@
 """Grade model-written code against tests, in a sandbox, in a way cheap reward hacks do not pass.
 
-    from sandbox.grader import CallTest, IOTest, grade, asserts_to_tests
+    from agentrl.sandbox.grader import CallTest, IOTest, grade, asserts_to_tests
 
     tests = asserts_to_tests("assert add(1, 2) == 3\\nassert add(-1, 1) == 0")
     res = await grade(sandbox, "def add(a, b):\\n    return a + b", tests)
@@ -59,7 +59,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from sandbox.base import ExecResult, Sandbox, SandboxUnavailable
+from agentrl.sandbox.base import ExecResult, Sandbox, SandboxUnavailable
 
 _INLINE = 8192  # values whose JSON is shorter travel as values (tolerance works), else as hashes
 _MAX_REPORT = 40_000  # bytes of one report at most (values beyond travel as hashes only)

@@ -57,11 +57,11 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sandbox.cgroups import Cgroup
-from sandbox.config import ServerConfig
-from sandbox.seccomp import fprog as seccomp_fprog
-from sandbox.seccomp import program as seccomp_program
-from sandbox.seccomp import program_fd as seccomp_program_fd
+from agentrl.sandbox.cgroups import Cgroup
+from agentrl.sandbox.config import ServerConfig
+from agentrl.sandbox.seccomp import fprog as seccomp_fprog
+from agentrl.sandbox.seccomp import program as seccomp_program
+from agentrl.sandbox.seccomp import program_fd as seccomp_program_fd
 
 AGENT_SRC = (Path(__file__).parent / "_agent.py").read_text()
 BOOT = "import sys;exec(compile(sys.argv[1],'<sandbox-agent>','exec'))"

@@ -11,10 +11,10 @@ import socket
 import subprocess
 import time
 
-from sandbox.cgroups import CgroupRoot
-from sandbox.config import Limits
-from sandbox.isolation import Launcher, Slot
-from sandbox.worker import Worker, WorkerStartError
+from agentrl.sandbox.cgroups import CgroupRoot
+from agentrl.sandbox.config import Limits
+from agentrl.sandbox.isolation import Launcher, Slot
+from agentrl.sandbox.worker import Worker, WorkerStartError
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
-"""`python -m sandbox.server`: the isolated code-execution service over HTTP (loopback by default).
+"""`python -m agentrl.sandbox.server`: the isolated code-execution service over HTTP (loopback by default).
 
-    python -m sandbox.server --port 8470 --warm-workers 8
+    python -m agentrl.sandbox.server --port 8470 --warm-workers 8
     curl -s localhost:8470/health                       # isolation measured at start, pool, limits
     curl -s localhost:8470/v1/run -d '{"code": "print(6*7)"}' -H 'content-type: application/json'
 
@@ -40,13 +40,14 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox.base import ExecResult, die_with_parent
-from sandbox.config import ServerConfig
-from sandbox.e2b_compat import install as install_e2b_routes
-from sandbox.service import Busy, ExecService, until_disconnect
-from sandbox.worker import WorkerStartError
+import agentrl
+from agentrl.sandbox.base import ExecResult, die_with_parent
+from agentrl.sandbox.config import ServerConfig
+from agentrl.sandbox.e2b_compat import install as install_e2b_routes
+from agentrl.sandbox.service import Busy, ExecService, until_disconnect
+from agentrl.sandbox.worker import WorkerStartError
 
-log = logging.getLogger("sandbox.server")
+log = logging.getLogger("agentrl.sandbox.server")
 READY_PREFIX = "agentrl-sandbox listening on "
 
 
@@ -191,7 +192,9 @@ def serve(cfg: ServerConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m sandbox.server", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m agentrl.sandbox.server", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None, help="0 = any free port")
     p.add_argument("--warm-workers", type=int, default=None)
@@ -209,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 class LocalService:
-    """A `python -m sandbox.server` child on 127.0.0.1 with a free port (sync or async `with`)."""
+    """A `python -m agentrl.sandbox.server` child on 127.0.0.1 with a free port (sync or async `with`)."""
 
     def __init__(self, cfg: ServerConfig | None = None, startup_timeout_s: float = 60.0) -> None:
         base = cfg or ServerConfig()
@@ -219,8 +222,16 @@ class LocalService:
         self.url = ""
 
     def start(self) -> str:
-        cmd = [sys.executable, "-m", "sandbox.server", "--config-json", self.cfg.model_dump_json()]
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        cmd = [
+            sys.executable,
+            "-m",
+            "agentrl.sandbox.server",
+            "--config-json",
+            self.cfg.model_dump_json(),
+        ]
+        root = os.path.dirname(
+            os.path.dirname(os.path.abspath(agentrl.__file__))
+        )  # agentrl's parent
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, text=True, start_new_session=True, env=env,

@@ -1,4 +1,4 @@
-"""The execution service behind `python -m sandbox.server`: isolation set-up, admission, sessions.
+"""The execution service behind `python -m agentrl.sandbox.server`: isolation set-up, admission, sessions.
 
 `ExecService.run` is the whole API: a one-shot call takes a warm worker, runs, and kills it; a
 session call runs in the worker bound to its key (started on the first call, kept until
@@ -30,10 +30,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox.base import ExecResult
-from sandbox.cgroups import CgroupRoot
-from sandbox.config import ServerConfig
-from sandbox.isolation import (
+from agentrl.sandbox.base import ExecResult
+from agentrl.sandbox.cgroups import CgroupRoot
+from agentrl.sandbox.config import ServerConfig
+from agentrl.sandbox.isolation import (
     Capabilities,
     Launcher,
     find_bwrap,
@@ -41,8 +41,8 @@ from sandbox.isolation import (
     probe_interpreter,
     python_for,
 )
-from sandbox.pool import WorkerPool
-from sandbox.worker import Worker, WorkerStartError
+from agentrl.sandbox.pool import WorkerPool
+from agentrl.sandbox.worker import Worker, WorkerStartError
 
 log = logging.getLogger(__name__)
 

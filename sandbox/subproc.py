@@ -4,7 +4,7 @@ What it limits: wall time (the whole process group is killed), CPU time, address
 output size; the child gets an empty environment (no API keys or tokens of the parent), an isolated
 Python (`-I`: no user site, no PYTHON* variables) and a private temporary working directory.
 What it does NOT isolate: the filesystem (the child can read what the user can), the network, and
-other processes. Use the sandbox service (`python -m sandbox.server`) for untrusted code at scale;
+other processes. Use the sandbox service (`python -m agentrl.sandbox.server`) for untrusted code at scale;
 this backend exists so the python tool works with no service running. It is stateless: `session`
 is accepted and ignored.
 """
@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from sandbox.base import ExecResult
+from agentrl.sandbox.base import ExecResult
 
 _LANGS = {"python": [sys.executable, "-I", "-c"], "bash": ["/bin/bash", "-c"]}
 

@@ -1,6 +1,6 @@
 """One sandbox worker: an agent process inside its own sandbox.
 
-A worker is started before code arrives (`sandbox.pool.WorkerPool` keeps `warm_workers` ready),
+A worker is started before code arrives (`agentrl.sandbox.pool.WorkerPool` keeps `warm_workers` ready),
 serves one one-shot call and is killed, or serves the calls of one session until it is closed.
 Killing the outer bwrap process tears down the sandbox's PID namespace: every process inside
 dies.
@@ -23,10 +23,10 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from sandbox.base import ExecResult
-from sandbox.config import Limits
-from sandbox.cpuwatch import CpuWatch, Proc, agent_of, members
-from sandbox.isolation import Slot
+from agentrl.sandbox.base import ExecResult
+from agentrl.sandbox.config import Limits
+from agentrl.sandbox.cpuwatch import CpuWatch, Proc, agent_of, members
+from agentrl.sandbox.isolation import Slot
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from agentrl.sandbox.base import ExecResult, Sandbox
+from agentrl.sandbox.client import CALL_MARGIN_S
+from agentrl.sandbox.subproc import SubprocessSandbox
 from agentrl.tool import Tool, ToolContext, ToolResult
-from sandbox.base import ExecResult, Sandbox
-from sandbox.client import CALL_MARGIN_S
-from sandbox.subproc import SubprocessSandbox
 
 _fallback: Sandbox | None = None
 

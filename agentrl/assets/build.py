@@ -24,9 +24,9 @@ import tempfile
 from pathlib import Path
 
 from agentrl.assets.build_tiny import TINY_DIR
+from agentrl.envs.code_exec import SYSTEM_PROMPT, CodeExecEnv, generate_tasks
 from agentrl.render import Renderer
 from agentrl.types import Message, ToolCall
-from envs.code_exec import SYSTEM_PROMPT, CodeExecEnv, generate_tasks
 
 TEMPLATES = Path(__file__).parent / "templates"
 BUILD_VERSION = "2"  # bump to invalidate caches when a template or builder changes

@@ -44,9 +44,9 @@ from typing import Any
 
 from agentrl.assets.toolbox import MODES as TOOLBOX_MODES
 from agentrl.assets.toolbox import Example, examples
+from agentrl.envs.code_exec import SYSTEM_PROMPT, CodeExecEnv, generate_tasks
 from agentrl.render import Renderer
 from agentrl.types import Message, Task, ToolCall
-from envs.code_exec import SYSTEM_PROMPT, CodeExecEnv, generate_tasks
 
 TINY_DIR = Path(__file__).parent / "tiny"
 TEMPLATE = Path(__file__).parent / "templates" / "qwen3.jinja"

@@ -1,7 +1,7 @@
 """slow_tools: code_exec whose tool calls take as long as real ones do (a sandbox far away, an
 API, a test suite): every call waits a random latency before it runs.
 
-    python -m agentrl.train env=code_exec env._target_=envs.examples.slow_tools.SlowToolsEnv
+    python -m agentrl.train env=code_exec env._target_=agentrl.envs.examples.slow_tools.SlowToolsEnv
     python bench/async_speedup.py          # sync vs async training on it
 
 The latency of a call is drawn log-uniformly between `tool_latency_s` = (low, high), so most
@@ -17,9 +17,9 @@ import math
 import random
 import zlib
 
+from agentrl.envs.code_exec import CodeExecEnv
 from agentrl.tool import ToolResult
 from agentrl.types import ToolCall
-from envs.code_exec import CodeExecEnv
 
 
 class SlowToolsEnv(CodeExecEnv):

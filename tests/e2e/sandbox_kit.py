@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandbox import ExecResult, Limits, ServerConfig, ServiceSandbox
-from sandbox.server import LocalService
+from agentrl.sandbox import ExecResult, Limits, ServerConfig, ServiceSandbox
+from agentrl.sandbox.server import LocalService
 
 SECRET = "agentrl-secret-" + secrets.token_hex(8)
 LIMITS = Limits(

@@ -15,10 +15,10 @@ import secrets
 import pytest
 from sandbox_kit import needs
 
+from agentrl.sandbox import Limits, ServerConfig, ServiceSandbox
+from agentrl.sandbox.server import LocalService
 from agentrl.tool import ToolContext
-from sandbox import Limits, ServerConfig, ServiceSandbox
-from sandbox.server import LocalService
-from tools.python import PythonTool
+from agentrl.tools.python import PythonTool
 
 LIMITS = Limits(wall_s=5, max_wall_s=30, cpu_s=5, memory_mb=256, processes=64, tmp_mb=32)
 
@@ -133,7 +133,7 @@ async def test_content_the_code_controls_is_the_codes_result(service: LocalServi
 async def test_a_service_the_client_started_takes_a_token_and_refuses_others() -> None:
     import httpx
 
-    from sandbox import SandboxConfig, make_sandbox
+    from agentrl.sandbox import SandboxConfig, make_sandbox
 
     sb = make_sandbox(SandboxConfig(server=ServerConfig(warm_workers=1, limits=LIMITS)))
     try:
@@ -164,9 +164,9 @@ async def test_each_model_owned_outcome_reaches_the_advantage(service: LocalServ
 
     from agentrl.advantage import AdvantageConfig, compute_advantages
     from agentrl.assets.build import cached_tokenizer
+    from agentrl.envs.code_exec import CodeExecEnv
     from agentrl.rollout import Rollout, RolloutConfig
     from agentrl.types import Completion, FinishReason, StopReason, Task
-    from envs.code_exec import CodeExecEnv
 
     tok = AutoTokenizer.from_pretrained(cached_tokenizer("qwen3"))
     codes = ["#" * 5000, "raise ValueError('\\ud800')", "import sys; sys.stdout.buffer.write(b'\\xff')",

@@ -12,10 +12,10 @@ import pytest
 
 from agentrl.config import compose
 from agentrl.data import TaskSampler
+from agentrl.envs.code_exec import CodeExecEnv
+from agentrl.sandbox.base import SandboxUnavailable
 from agentrl.tracking import Tracker
 from agentrl.train import TrainingError, train
-from envs.code_exec import CodeExecEnv
-from sandbox.base import SandboxUnavailable
 
 pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's runs (conftest)
 

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import pytest
 from sandbox_kit import attacked_service, needs, serves_next_100
 
-from sandbox import ExecResult, SandboxUnavailable, ServiceSandbox
-from sandbox.grader import _SLACK_S, CallTest, GradeResult, IOTest, grade
-from sandbox.server import LocalService
+from agentrl.sandbox import ExecResult, SandboxUnavailable, ServiceSandbox
+from agentrl.sandbox.grader import _SLACK_S, CallTest, GradeResult, IOTest, grade
+from agentrl.sandbox.server import LocalService
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ import pytest
 from transformers import AutoTokenizer
 
 from agentrl.engine import EngineClient, EngineConfig
+from agentrl.envs.code_exec import CodeExecEnv
 from agentrl.rollout import Rollout, RolloutConfig
 from agentrl.servers import launch_engines, launch_router
 from agentrl.types import StopReason
-from envs.code_exec import CodeExecEnv
 
 pytest.importorskip("smg")
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from sandbox_kit import LIMITS, SECRET, attack, attacked_service, needs, serves_next_100
 
-from sandbox import ServerConfig, ServiceSandbox
-from sandbox.grader import IOTest, grade
-from sandbox.server import LocalService
+from agentrl.sandbox import ServerConfig, ServiceSandbox
+from agentrl.sandbox.grader import IOTest, grade
+from agentrl.sandbox.server import LocalService
 
 
 @pytest.fixture(scope="module")

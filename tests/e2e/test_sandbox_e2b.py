@@ -7,14 +7,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandbox import E2BConfig, SandboxConfig, SandboxUnavailable, ServerConfig, make_sandbox
-from sandbox.server import LocalService
+from agentrl.sandbox import E2BConfig, SandboxConfig, SandboxUnavailable, ServerConfig, make_sandbox
+from agentrl.sandbox.server import LocalService
 
 pytest.importorskip("e2b_code_interpreter")
 
 from e2b_code_interpreter import AsyncSandbox  # noqa: E402
 
-from sandbox.e2b_backend import E2BSandbox  # noqa: E402
+from agentrl.sandbox.e2b_backend import E2BSandbox  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import httpx
 import psutil
 import pytest
 
-from sandbox import Limits, ServerConfig, ServiceSandbox
-from sandbox.server import LocalService
+from agentrl.sandbox import Limits, ServerConfig, ServiceSandbox
+from agentrl.sandbox.server import LocalService
 
 LIMITS = Limits(wall_s=5, cpu_s=1, output_bytes=64 * 1024, output_kill_bytes=1 << 20)
 

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 from sandbox_kit import attacked_service, serves_next_100
 
-from sandbox import ServiceSandbox
-from sandbox.grader import CallTest, IOTest, asserts_to_tests, grade
-from sandbox.server import LocalService
+from agentrl.sandbox import ServiceSandbox
+from agentrl.sandbox.grader import CallTest, IOTest, asserts_to_tests, grade
+from agentrl.sandbox.server import LocalService
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from sandbox import Limits, SandboxConfig, ServerConfig, ServiceSandbox, make_sandbox
-from sandbox.server import LocalService
+from agentrl.sandbox import Limits, SandboxConfig, ServerConfig, ServiceSandbox, make_sandbox
+from agentrl.sandbox.server import LocalService
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ import torch
 
 from agentrl.advantage import SIGNAL_ATOL, AdvantageConfig, compute_advantages
 from agentrl.config import compose
+from agentrl.envs.code_exec import CodeExecEnv
 from agentrl.train import Trainer, train
 from agentrl.types import Trajectory
-from envs.code_exec import CodeExecEnv
 
 pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's runs (conftest)
 

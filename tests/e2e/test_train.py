@@ -17,11 +17,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agentrl.config import compose
+from agentrl.envs.code_exec import CodeExecEnv
 from agentrl.learner.group import stop_ray
 from agentrl.run import open_run
 from agentrl.train import Trainer, TrainingError, train
 from agentrl.types import ConfigError
-from envs.code_exec import CodeExecEnv
 
 pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's runs (conftest)
 
@@ -340,11 +340,18 @@ def test_a_user_estimator_and_loss_train_from_their_own_module(tmp_path, monkeyp
 
 def test_the_agentrl_command_imports_the_users_env_from_the_working_directory(tmp_path):
     """The README's `agentrl preview env=custom env._target_=my_env.AddEnv`, run where my_env.py
-    lies: a console script has only its bin/ on sys.path, unlike `python -m`."""
+    lies: a console script has only its bin/ on sys.path, unlike `python -m`. The user's own
+    packages are named `tools`, `envs` and `sandbox`: ours are agentrl.tools (...) and cannot
+    shadow them."""
     readme = (ROOT / "README.md").read_text()
     (block,) = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S)
                 if "class AddEnv" in b]  # fmt: skip
-    (tmp_path / "my_env.py").write_text(block)
+    for pkg in ("tools", "envs", "sandbox"):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+        (tmp_path / pkg / "mine.py").write_text(f"NAME = 'the user\\'s {pkg}'\n")
+    mine = "import envs.mine\nimport sandbox.mine\nimport tools.mine\n\n"
+    (tmp_path / "my_env.py").write_text(mine + block)
     agentrl = Path(sys.executable).parent / "agentrl"
     done = subprocess.run(
         [str(agentrl), "preview", "env=custom", "env._target_=my_env.AddEnv", "preview.tasks=1",

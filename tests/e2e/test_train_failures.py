@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from agentrl.config import compose
+from agentrl.envs.code_exec import CodeExecEnv
 from agentrl.learner.sync import Transport
+from agentrl.sandbox.base import SandboxUnavailable
 from agentrl.train import TrainingError, train
-from envs.code_exec import CodeExecEnv
-from sandbox.base import SandboxUnavailable
 
 pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's runs (conftest)
 

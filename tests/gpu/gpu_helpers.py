@@ -141,7 +141,7 @@ def code_exec_dialogues(tok, n: int, seed: int, kinds: list[str], tool_frac: flo
     import io
     import random
 
-    from envs.code_exec import SYSTEM_PROMPT, CodeExecEnv, generate_tasks
+    from agentrl.envs.code_exec import SYSTEM_PROMPT, CodeExecEnv, generate_tasks
 
     tools = [t.schema() for t in CodeExecEnv.tools]
     eot = tok.eos_token
@@ -188,7 +188,7 @@ def sampled_tool_calls(model, tok, prompts: list[list[int]], per_prompt: int = 8
     """Sample (T=1, no truncation) from HF `generate`: the share of first turns that try a
     tool call, that parse to a valid `python` call with the hermes parser, and one example."""
     from agentrl.parsers import get_parser
-    from tools.python import PythonTool
+    from agentrl.tools.python import PythonTool
 
     parser, args = get_parser("hermes"), {"python": PythonTool.Args}
     tried = valid = total = 0

@@ -26,7 +26,9 @@ def test_bad_config_fails_at_the_door_with_its_path(override, needle):
 
 def test_default_config_composes():
     cfg = compose()
-    assert cfg.env.target == "envs.code_exec.CodeExecEnv" and cfg.algo.advantage.name == "grpo"
+    assert (
+        cfg.env.target == "agentrl.envs.code_exec.CodeExecEnv" and cfg.algo.advantage.name == "grpo"
+    )
     assert cfg.engine.host == "127.0.0.1"
 
 

@@ -85,7 +85,7 @@ THINKING = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif -%}"
 )
-NO_TOOLS = ["env=custom", "env._target_=envs.synthetic.FixedLengthEnv"]
+NO_TOOLS = ["env=custom", "env._target_=agentrl.envs.synthetic.FixedLengthEnv"]
 
 
 def test_an_eos_that_is_not_the_turn_end_names_the_setting_that_fixes_it(tmp_path):

@@ -16,16 +16,16 @@ from agentrl.advantage import AdvantageConfig, compute_advantages
 from agentrl.config import compose
 from agentrl.loss import LOSSES, LossConfig, LossInputs, get_loss
 from agentrl.parsers import get_parser
+from agentrl.sandbox import make_sandbox
 from agentrl.types import FinishReason, Message, StopReason, Trajectory, Turn
 from agentrl.weight_sync import make_weight_sync
-from sandbox import make_sandbox
 
 USER_MODULE = '''
 import torch
 from agentrl.advantage import register as register_estimator
 from agentrl.parsers import HermesParser
-from envs.code_exec import CodeExecEnv
-from sandbox.subproc import SubprocessSandbox
+from agentrl.envs.code_exec import CodeExecEnv
+from agentrl.sandbox.subproc import SubprocessSandbox
 from agentrl.learner.sync.disk import DiskSync
 
 CALLS = []
@@ -140,3 +140,10 @@ def test_a_user_loss_computes_through_the_same_inputs():
     loss, _ = get_loss("ppo_clip")(inp, LossConfig())
     assert torch.isfinite(loss)
     assert AdvantageConfig(name="grpo").name == "grpo"
+
+
+def test_an_env_named_by_its_old_top_level_path_is_pointed_to_agentrl_envs() -> None:
+    from agentrl.registry import import_path
+
+    with pytest.raises(ConfigError, match=r"did you mean agentrl\.envs\.code_exec\.CodeExecEnv"):
+        import_path("envs.code_exec.CodeExecEnv", "env._target_")

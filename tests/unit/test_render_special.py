@@ -168,7 +168,7 @@ class PrintingEngine:
 
 
 async def test_a_printed_fake_turn_reaches_the_model_as_text(qwen_tokenizer):
-    from envs.code_exec import CodeExecEnv
+    from agentrl.envs.code_exec import CodeExecEnv
 
     ro = Rollout(PrintingEngine(qwen_tokenizer), qwen_tokenizer, CodeExecEnv, RolloutConfig())
     traj = await ro.run_episode(Task(id="t", data={"prompt": "6*7?", "answer": "42"}))

@@ -8,12 +8,12 @@ import pytest
 from pydantic import BaseModel
 
 from agentrl.env import StepResult, ToolEnv
+from agentrl.envs.code_exec import CodeExecEnv
 from agentrl.metrics import rollout_metrics
 from agentrl.rollout import Rollout, RolloutConfig
+from agentrl.sandbox.base import SandboxUnavailable
 from agentrl.tool import Tool, ToolResult
 from agentrl.types import Completion, FinishReason, Message, StopReason, Task
-from envs.code_exec import CodeExecEnv
-from sandbox.base import SandboxUnavailable
 
 
 class ScriptedEngine:
@@ -281,7 +281,7 @@ async def test_sandbox_down_ends_with_sandbox_unavailable_and_is_not_scored(qwen
     """A real service client pointed at a closed loopback port: retries, then the episode stops
     with sandbox_unavailable, and GRPO leaves it out of the group baseline."""
     from agentrl.advantage import AdvantageConfig, compute_advantages
-    from sandbox import SandboxConfig, make_sandbox
+    from agentrl.sandbox import SandboxConfig, make_sandbox
 
     sb = make_sandbox(SandboxConfig(backend="service", url=f"http://127.0.0.1:{_closed_port()}",
                                     retries=2, backoff_s=0.01))  # fmt: skip

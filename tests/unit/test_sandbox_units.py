@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from sandbox import (
+from agentrl.sandbox import (
     ExecResult,
     SandboxConfig,
     SandboxUnavailable,
@@ -19,8 +19,8 @@ from sandbox import (
     SubprocessSandbox,
     make_sandbox,
 )
-from sandbox.e2b_compat import _events
-from sandbox.grader import (
+from agentrl.sandbox.e2b_compat import _events
+from agentrl.sandbox.grader import (
     CallTest,
     IOTest,
     _frames,
@@ -31,17 +31,17 @@ from sandbox.grader import (
     grade,
     normalize_output,
 )
-from sandbox.seccomp import program
-from sandbox.worker import _signal_of, _Stream
+from agentrl.sandbox.seccomp import program
+from agentrl.sandbox.worker import _signal_of, _Stream
 
 
 def test_sandbox_docstring_example_runs() -> None:
     import inspect
     import textwrap
 
-    import sandbox.base
+    import agentrl.sandbox.base
 
-    doc = inspect.getdoc(sandbox.base)
+    doc = inspect.getdoc(agentrl.sandbox.base)
     block = doc.split("\n\n    import asyncio", 1)[1].split("\n\nSessions keep", 1)[0]
     code = textwrap.dedent("    import asyncio" + block)
     exec(compile(code, "sandbox-example", "exec"), {"__name__": "example"})
@@ -117,7 +117,7 @@ def test_cpu_watch_reads_proc_and_ends_what_passes_its_budget() -> None:
     import subprocess
     import sys
 
-    from sandbox.cpuwatch import CpuWatch, cpu_of, tree
+    from agentrl.sandbox.cpuwatch import CpuWatch, cpu_of, tree
 
     spin = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass"
     procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
@@ -127,7 +127,8 @@ def test_cpu_watch_reads_proc_and_ends_what_passes_its_budget() -> None:
         assert agent is not None and agent[1] >= 0
         watch = CpuWatch(lambda: [procs[1].pid, procs[0].pid], agent[0], budget_s=0.1, cpus=1)
         asyncio.run(asyncio.wait_for(watch.run(), 30))  # returns: the agent is past 0.6 CPU-s
-        assert procs[0].poll() is None and len(watch.warned) == 2  # the agent: the worker's
+        assert procs[0].poll() is None and agent[0] in watch.warned  # the agent: the worker's
+        # (the other process may have had less of a busy machine: it is checked on below)
         deadline = time.monotonic() + 30
         while procs[1].poll() is None and time.monotonic() < deadline:
             watch.check()
@@ -405,7 +406,7 @@ def test_the_agents_own_json_writer_matches_json_and_escapes_what_utf8_cannot_ca
     import subprocess
     import sys
 
-    from sandbox.isolation import AGENT_SRC
+    from agentrl.sandbox.isolation import AGENT_SRC
 
     ns: dict = {"__name__": "agent_under_test"}
     exec(compile(AGENT_SRC.rsplit("\nmain()", 1)[0], "<agent>", "exec"), ns)
