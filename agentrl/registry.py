@@ -40,8 +40,7 @@ def import_path(path: str, setting: str) -> Any:
     except (ImportError, AttributeError, ValueError) as e:
         top = module.partition(".")[0]
         moved = (
-            f"; agentrl's own {top}/ is imported as agentrl.{top} (did you mean "
-            f"agentrl.{path}?)"
+            f"; agentrl's own {top}/ is imported as agentrl.{top} (did you mean agentrl.{path}?)"
             if top in ("envs", "tools", "sandbox")
             else ""
         )
