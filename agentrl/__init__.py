@@ -19,6 +19,7 @@ from agentrl.types import (
     StopReason,
     Task,
     ToolCall,
+    ToolOutcome,
     Trajectory,
     Turn,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "ToolCall",
     "ToolContext",
     "ToolEnv",
+    "ToolOutcome",
     "ToolResult",
     "Trajectory",
     "Turn",

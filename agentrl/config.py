@@ -304,6 +304,15 @@ class TrainerConfig(CheckpointConfig):
         "whole, a wrong adapter, another dtype or tokenizer); bf16 stacks differ by 0.002-0.05 "
         "per token; 0: off",
     )
+    warn_tool_fail_rate: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="warn (console, log, W&B alert) when a tool fails on more than this share of "
+        "its calls in a step (8 calls at least; the model's errors and the tool's own exceptions "
+        "both count), naming the tool and one of its errors: at the first such step, then every "
+        "10 steps while it lasts (rollout/failing_tools, tools/<name>/fail_rate); 0: off",
+    )
 
     def checkpoint_config(self, run_name: str = "default") -> CheckpointConfig:
         fields = {k: getattr(self, k) for k in CheckpointConfig.model_fields}

@@ -93,13 +93,66 @@ def _count(x: float) -> str:
     return f"{x / 1000:.1f}k" if x >= 1000 else f"{x:.0f}"
 
 
+# reward/<x> keys that are statistics of the reward, not components an env's reward dict returns
+_REWARD_STATS = {"mean", "max", "min", "std", "turn_sum", "return_mean", "mean_all"}
+
+
+def _components(m: Mapping[str, float], prefix: str) -> str:
+    """The reward's components, e.g. `correct 0.20 format 0.95` (`prefix`: `reward/` or, for an
+    evaluation, `eval/reward_`); '' for an env whose reward is one number."""
+    parts = [
+        f"{k.removeprefix(prefix)} {v:.2f}"
+        for k, v in m.items()
+        if k.startswith(prefix) and k.removeprefix(prefix) not in _REWARD_STATS
+    ]
+    return " ".join(parts)
+
+
+def _tool_failures(m: Mapping[str, float], scope: str = "") -> Text:
+    """` │ python 40 calls: err 9 exc 3 · lookup 9 calls: err 2`: each tool with failed calls,
+    the model's errors and the tool's own exceptions (red), out of its calls; nothing when every
+    call worked. Without per-tool numbers (an env whose `step` reports only counts) the means
+    per episode: ` │ tool err 0.40 exc 0.10 /episode`. `scope`: '' for a training step, `eval/`
+    for an evaluation."""
+    prefix = f"{scope}tools/"
+    calls = [k for k in m if k.startswith(prefix) and k.endswith("/calls")]
+    names = [k[len(prefix) : -len("/calls")] for k in calls]
+    out = Text()
+    for name in names:
+        err, exc = m.get(f"{prefix}{name}/errors", 0.0), m.get(f"{prefix}{name}/exceptions", 0.0)
+        if not (err or exc):
+            continue
+        out.append(" · " if out else " │ ", style="dim")
+        out.append(f"{safe_text(name)} {int(m[f'{prefix}{name}/calls'])} calls:")
+        if err:
+            out.append(f" err {int(err)}", style="yellow")
+        if exc:
+            out.append(f" exc {int(exc)}", style="red")
+    if names:
+        return out
+    group = scope or "rollout/"
+    err, exc = m.get(f"{group}tool_errors", 0.0), m.get(f"{group}tool_exceptions", 0.0)
+    if err or exc:
+        out.append(" │ tool")
+        if err:
+            out.append(f" err {err:.2f}", style="yellow")
+        if exc:
+            out.append(f" exc {exc:.2f}", style="red")
+        out.append(" /episode", style="dim")
+    return out
+
+
 def progress_text(m: Mapping[str, float], total: int, eta_s: float | None = None) -> Text:
     """One step's line, e.g.
 
-    step  3/20 ━━────────── reward 0.250 (max 1.00) tool-rate 0.60 turns 1.4 │ stop completed 14
-    max_turns 2 │ 1.2k tok/s │ Δlp 2.1e-04 │ roll 3.8s lp 0.8s upd 3.6s sync 0.1s = 8.4s │ eta 2m23s
+    step  3/20 ━━────────── reward 0.250 (max 1.00; correct 0.20 format 0.95) tool-rate 0.60
+    turns 1.4 │ stop completed 14 max_turns 2 │ python 40 calls: err 9 exc 3 │ 1.2k tok/s │
+    Δlp 2.1e-04 │ roll 3.8s lp 0.8s upd 3.6s sync 0.1s = 8.4s │ eta 2m23s
 
-    (one line; wrapped here). Infrastructure stop reasons are red.
+    (one line; wrapped here). Shown only when there is something to show: the reward's
+    components (an env whose reward is a dict), the stop reasons that happened (infrastructure
+    ones red), the tools that had failed calls (the model's errors yellow, the tool's own
+    exceptions red).
     """
     step = int(m.get("step", 0))
     width = len(str(total))
@@ -108,7 +161,9 @@ def progress_text(m: Mapping[str, float], total: int, eta_s: float | None = None
     line.append("━" * done, style="green").append("─" * (12 - done), style="dim").append(" ")
     reward = m.get("reward/mean", math.nan)
     line.append("reward ").append(f"{reward:.3f}", style="bold cyan")
-    line.append(f" (max {m.get('reward/max', math.nan):.2f}) ")
+    parts = _components(m, "reward/")
+    line.append(f" (max {m.get('reward/max', math.nan):.2f}")
+    line.append(f"; {safe_text(parts)}) " if parts else ") ")
     line.append(f"tool-rate {m.get('rollout/tool_call_rate', 0.0):.2f} ")
     line.append(f"turns {m.get('rollout/turns', 0.0):.1f}")
     stops = [(k.removeprefix("stop/"), v) for k, v in m.items() if k.startswith("stop/") and v]
@@ -117,6 +172,7 @@ def progress_text(m: Mapping[str, float], total: int, eta_s: float | None = None
         for reason, n in stops:
             bad = reason in ("sandbox_unavailable", "aborted")
             line.append(f" {reason} {int(n)}", style="red" if bad else "")
+    line.append_text(_tool_failures(m))
     tps = m.get("perf/sampled_tokens_per_s")
     if tps is not None:
         line.append(f" │ {_count(tps)} tok/s", style="dim")
@@ -132,6 +188,18 @@ def progress_text(m: Mapping[str, float], total: int, eta_s: float | None = None
     if eta_s is not None and step < total:
         line.append(f" │ eta {_duration(eta_s)}", style="dim")
     return line
+
+
+def eval_text(m: Mapping[str, float], step: int, tasks: int, samples: int) -> Text:
+    """An evaluation's line, e.g. `eval after step 10: reward 0.450 (correct 0.45 format 0.98)
+    over 32 tasks x 4 (3.1 s) │ python 128 calls: err 12` (components and failing tools only
+    when there are any, as on the step line)."""
+    line = Text(f"eval after step {step}: reward ")
+    line.append(f"{m.get('eval/reward_mean', math.nan):.3f}", style="bold cyan")
+    if parts := _components(m, "eval/reward_"):
+        line.append(f" ({safe_text(parts)})")
+    line.append(f" over {tasks} tasks x {samples} ({m.get('eval/timing_s', 0.0):.1f} s)")
+    return line.append_text(_tool_failures(m, "eval/"))
 
 
 class ProgressLine:

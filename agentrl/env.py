@@ -47,6 +47,10 @@ they say otherwise (`model_config = ConfigDict(extra="allow")`). An exception ra
 `step` ends that episode with `aborted` (left out of the baseline, counted against
 `trainer.max_aborted_frac` with its traceback); one raised by `reward` ends it with
 `reward_error` (scored 0, kept in its group, visible). The rest of its group goes on.
+Each call is counted once (`Turn`, agentrl/types.py): `num_tool_calls` the ones that
+succeeded (what a reward for "used the tool" should read: a failed call must not pay),
+`num_tool_errors` the model's failures, `num_tool_exceptions` the tool's; per tool name in
+`Turn.tool_outcomes` and the `tools/<name>/*` metrics.
 `start`, `step`, `reward` and `close` may be plain `def`s: they then run in a worker thread (as a
 tool's plain `def __call__` does), so blocking work in them cannot stall the other episodes.
 """
@@ -63,7 +67,16 @@ from typing import Any, ClassVar
 
 from agentrl.parsers import ParseError
 from agentrl.tool import Tool, ToolContext, ToolResult
-from agentrl.types import FinishReason, Message, StopReason, Task, ToolCall, Trajectory
+from agentrl.types import (
+    FinishReason,
+    Message,
+    StopReason,
+    Task,
+    ToolCall,
+    ToolOutcome,
+    Trajectory,
+    tally,
+)
 
 
 @dataclass
@@ -85,10 +98,20 @@ class StepResult:
     done: bool = False
     reward: float | None = None  # optional per-turn reward (for turn-level credit assignment)
     stop_reason: StopReason | None = None  # when done; default `completed`
-    tool_calls: int = 0
+    # the turn's tool calls, three disjoint counts (Turn's num_tool_* fields, types.py); an env
+    # that gives `tool_outcomes` (one per call, named: the default `step` does) has them read
+    # from there, the three numbers are then ignored
+    tool_calls: int = 0  # calls that ran and succeeded
     tool_errors: int = 0  # calls that failed by the model's fault (bad arguments, its code)
     tool_exceptions: int = 0  # calls that failed by the tool's fault (its own code raised)
+    tool_outcomes: list[ToolOutcome] = field(default_factory=list)
     tool_latency_s: float = 0.0
+
+    def tool_counts(self) -> tuple[int, int, int]:
+        """(succeeded, the model's errors, the tool's exceptions) of this turn's calls."""
+        if self.tool_outcomes:
+            return tally(self.tool_outcomes)
+        return self.tool_calls, self.tool_errors, self.tool_exceptions
 
 
 _ASYNC_METHODS = ("start", "step", "reward", "close")
@@ -164,14 +187,19 @@ class Env:
             for e in turn.parse_errors
         ]
         results = await asyncio.gather(*(self.call_tool(c) for c in calls))
+        # bad arguments or an unknown tool, refused before a call: the model's errors
+        outcomes = [
+            ToolOutcome.failed(self._known(e.name), "error", f"Error: {e.message}")
+            for e in turn.parse_errors
+            if e.is_call_error
+        ]
         for call, res in zip(calls, results, strict=True):
             obs.append(
                 Message(role="tool", content=res.content, tool_call_id=call.id, name=call.name)
             )
-        broken = sum(r.is_tool_fault for r in results)  # not the policy's doing
-        refused = sum(e.is_call_error for e in turn.parse_errors)  # bad arguments, unknown tool
-        errors = sum(r.is_error for r in results) - broken + refused
-        attempted = len(calls) + refused
+            outcomes.append(self._outcome(call.name, res))
+        ok, errors, broken = tally(outcomes)  # broken: the tool's fault, not the policy's
+        attempted = len(outcomes)
         self._parse_error_streak = self._parse_error_streak + 1 if not attempted else 0
         self._tool_error_streak = (
             self._tool_error_streak + 1 if attempted and errors == attempted else 0
@@ -185,11 +213,23 @@ class Env:
             messages=obs,
             done=stop is not None,
             stop_reason=stop,
-            tool_calls=attempted,
+            tool_calls=ok,
             tool_errors=errors,
             tool_exceptions=broken,
+            tool_outcomes=outcomes,
             tool_latency_s=max((r.latency_s for r in results), default=0.0),
         )
+
+    def _known(self, name: str | None) -> str:
+        """The tool's name for metrics: one of this env's, or `ToolOutcome.UNKNOWN`."""
+        return name if name in self.tool_map else ToolOutcome.UNKNOWN
+
+    def _outcome(self, name: str, res: ToolResult) -> ToolOutcome:
+        if res.is_tool_fault:
+            return ToolOutcome.failed(self._known(name), "exception", res.content)
+        if res.is_error:
+            return ToolOutcome.failed(self._known(name), "error", res.content)
+        return ToolOutcome(self._known(name))
 
     async def call_tool(self, call: ToolCall) -> ToolResult:
         tool = self.tool_map.get(call.name)

@@ -34,11 +34,15 @@ if TYPE_CHECKING:
     from agentrl.types import Trajectory
 
 # rollout_metrics' names → eval/ names (what an evaluation reports); and every reward/<x> but
-# max and min as eval/reward_<x> (mean, std, each component)
+# max and min as eval/reward_<x> (mean, std, each component), every tools/<name>/<x> as
+# eval/tools/<name>/<x>
 EVAL_NAMES = {
     "rollout/tool_call_rate": "eval/tool_call_rate",
     "rollout/turns": "eval/turns",
     "rollout/parse_errors": "eval/parse_errors",
+    "rollout/tool_calls": "eval/tool_calls",
+    "rollout/tool_errors": "eval/tool_errors",
+    "rollout/tool_exceptions": "eval/tool_exceptions",
 }
 
 
@@ -86,9 +90,10 @@ async def evaluate(
     rollout: Rollout, tasks: list[Task], samples: int
 ) -> tuple[dict[str, float], list[Trajectory]]:
     """Roll out `samples` episodes of every task with the weights the engines serve now; the
-    eval/ metrics (reward: mean, std, each component; tool-call rate, turns, parse errors,
-    episodes that failed for infrastructure reasons (not scored), the seconds it took) and the
-    episodes, `samples` per task in the order of `tasks`."""
+    eval/ metrics (reward: mean, std, each component; tool-call rate, turns, parse errors; tool
+    calls, errors and exceptions, also per tool; episodes that failed for infrastructure reasons
+    (not scored); the seconds it took) and the episodes, `samples` per task in the order of
+    `tasks`."""
     t0 = time.perf_counter()
     groups = await asyncio.gather(*(rollout.run_group(t, samples) for t in tasks))
     trajs = [tr for g in groups for tr in g]
@@ -97,6 +102,8 @@ async def evaluate(
     for key, value in raw.items():
         if key.startswith("reward/") and key not in ("reward/max", "reward/min"):
             out[f"eval/reward_{key.removeprefix('reward/')}"] = value
+        elif key.startswith("tools/"):
+            out[f"eval/{key}"] = value
     out["eval/episodes"] = float(len(trajs))
     out["eval/failed"] = float(sum(t.stop_reason.is_infra_failure for t in trajs))
     out["eval/timing_s"] = time.perf_counter() - t0

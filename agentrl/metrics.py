@@ -17,10 +17,23 @@ reward/ — over the step's trajectories, infrastructure failures excluded: the 
 rollout/ — what the rollout produced (per-trajectory means unless the name says otherwise)
     rollout/trajectories            trajectories this step (count)
     rollout/turns, rollout/turns_max                    assistant turns per trajectory
-    rollout/tool_calls              valid tool calls per trajectory
+    rollout/tool_calls              tool calls that succeeded, per trajectory (Turn.num_tool_calls)
     rollout/tool_call_rate          fraction of assistant turns that tried to call a tool
+                                    (succeeded, failed or malformed)
     rollout/parse_errors, rollout/tool_errors           per trajectory (the model's faults)
     rollout/tool_exceptions                             per trajectory: the tool's own code failed
+    rollout/failing_tools           tools that failed on more than trainer.warn_tool_fail_rate
+                                    of their calls this step (with at least TOOL_WARN_MIN_CALLS
+                                    calls); each is warned about (console, log, W&B alert): at
+                                    the first such step, then every TOOL_WARN_EVERY steps
+tools/<name>/ — per tool the env has, over the step's calls, when it was called (totals; from
+    Turn.tool_outcomes, so an env whose own step reports only counts has none); a name the env
+    does not have is `tools/(unknown)/`
+    tools/<name>/calls              calls made (succeeded + errors + exceptions)
+    tools/<name>/errors             … that failed by the model's fault (bad arguments, timeout,
+                                    its code failed)
+    tools/<name>/exceptions         … that failed by the tool's fault (its own code raised)
+    tools/<name>/fail_rate          (errors + exceptions) / calls
     rollout/sampled_tokens          sampled (loss-mask 1) tokens, total over the step
     rollout/sampled_tokens_per_traj, rollout/traj_tokens_mean, rollout/traj_tokens_max
     rollout/obs_tokens, rollout/truncated_obs_tokens    observation tokens, totals
@@ -45,6 +58,7 @@ adv/* — the advantage estimator's own numbers (agentrl/advantage.py): mean, st
 eval/ — trainer.eval_every's fixed set (agentrl/evaluate.py), on the steps it runs (and step 0)
     eval/reward_mean, eval/reward_std, eval/reward_<component>
     eval/tool_call_rate, eval/turns, eval/parse_errors      as rollout/* over the eval episodes
+    eval/tool_calls, eval/tool_errors, eval/tool_exceptions  (and eval/tools/<name>/* as tools/)
     eval/episodes, eval/failed      episodes rolled out / not scored (infrastructure failures)
     eval/timing_s                   seconds the evaluation took (not in timing_s/step)
 train/ — the learner and the trainer-side logprob pass
@@ -113,6 +127,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from statistics import fmean
 
 import torch
@@ -160,13 +175,13 @@ def rollout_metrics(
             out["reward/turn_sum"] = fmean(sums)
             out["reward/return_mean"] = mean + out["reward/turn_sum"]
     n = len(trajs)
-    tool_turns = [t for t in turns if t.num_tool_calls]
+    tool_turns = [t for t in turns if t.num_tool_attempts]
     out["rollout/trajectories"] = float(n)
     out["rollout/turns"] = len(turns) / n
     out["rollout/turns_max"] = float(max(len(t.turns) for t in trajs))
     out["rollout/tool_calls"] = sum(t.num_tool_calls for t in turns) / n
     out["rollout/tool_call_rate"] = (
-        sum(1 for t in turns if t.num_tool_calls or t.num_parse_errors) / len(turns)
+        sum(1 for t in turns if t.num_tool_attempts or t.num_parse_errors) / len(turns)
         if turns
         else 0.0
     )
@@ -195,7 +210,136 @@ def rollout_metrics(
         out[f"rollout/prefix_cache_hit{name}"] = (
             sum(t.cached_tokens for t in ts) / read if read else 0.0
         )
+    out.update(tool_metrics(trajs))
     return out
+
+
+# -- per tool -------------------------------------------------------------------------------------
+TOOL_WARN_MIN_CALLS = 8  # calls of one tool in a step before its failure share is judged
+TOOL_WARN_EVERY = 10  # steps between repeats of the warning while a tool goes on failing
+
+
+@dataclass
+class ToolStats:
+    """One tool's calls in one step: how many, how many failed and how, and the error messages
+    (the most common one is the example a warning shows)."""
+
+    calls: int = 0
+    errors: int = 0  # the model's fault
+    exceptions: int = 0  # the tool's fault
+    error_messages: Counter[str] = field(default_factory=Counter)
+    exception_messages: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def failed(self) -> int:
+        return self.errors + self.exceptions
+
+    @property
+    def fail_rate(self) -> float:
+        return self.failed / self.calls if self.calls else 0.0
+
+    def example(self) -> str:
+        """The most common error message, the tool's own exceptions before the model's errors."""
+        for messages in (self.exception_messages, self.error_messages):
+            if messages:
+                return messages.most_common(1)[0][0]
+        return ""
+
+
+def tool_stats(trajs: Sequence[Trajectory]) -> dict[str, ToolStats]:
+    """Per tool name, sorted: the step's calls (`Turn.tool_outcomes`)."""
+    out: dict[str, ToolStats] = {}
+    for tr in trajs:
+        for turn in tr.turns:
+            for o in turn.tool_outcomes:
+                s = out.setdefault(o.name, ToolStats())
+                s.calls += 1
+                if o.status == "error":
+                    s.errors += 1
+                    s.error_messages[o.message] += 1
+                elif o.status == "exception":
+                    s.exceptions += 1
+                    s.exception_messages[o.message] += 1
+    return dict(sorted(out.items()))
+
+
+def tool_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """`tools/<name>/calls`, `/errors`, `/exceptions`, `/fail_rate` of each tool called (totals
+    over the step: the module docstring)."""
+    out: dict[str, float] = {}
+    for name, s in tool_stats(trajs).items():
+        out[f"tools/{name}/calls"] = float(s.calls)
+        out[f"tools/{name}/errors"] = float(s.errors)
+        out[f"tools/{name}/exceptions"] = float(s.exceptions)
+        out[f"tools/{name}/fail_rate"] = s.fail_rate
+    return out
+
+
+class ToolWatch:
+    """Says, loudly, when a tool fails on more than `bar` of its calls in a step (at least
+    `min_calls` of them): the policy then trains on episodes whose tool answered with errors, and
+    a reward that counts calls may be paying for failures. It warns at the first such step,
+    again every `every` steps while the tool goes on failing (a broken tool stays in view
+    without a line every step), and notes once when it recovers. A step with fewer than
+    `min_calls` calls of a tool leaves its state as it was. `bar` 0: off.
+
+        watch = ToolWatch(bar=0.5)
+        metrics, warnings, notes = watch.update(trajs, step=3)  # {"rollout/failing_tools": 1.0}
+    """
+
+    def __init__(
+        self, bar: float, min_calls: int = TOOL_WARN_MIN_CALLS, every: int = TOOL_WARN_EVERY
+    ) -> None:
+        self.bar, self.min_calls, self.every = bar, min_calls, every
+        self.since: dict[str, int] = {}  # a failing tool → the step it began failing
+        self.warned: dict[str, int] = {}  # … → the step it was last warned about
+
+    def update(
+        self, trajs: Sequence[Trajectory], step: int
+    ) -> tuple[dict[str, float], list[str], list[str]]:
+        """(`rollout/failing_tools`, the warnings to give now, the notes of tools that
+        recovered) for the trajectories of `step`."""
+        if not self.bar:
+            return {"rollout/failing_tools": 0.0}, [], []
+        judged = {n: s for n, s in tool_stats(trajs).items() if s.calls >= self.min_calls}
+        failing = {n: s for n, s in judged.items() if s.fail_rate > self.bar}
+        warnings, notes = [], []
+        for name, s in failing.items():
+            since = self.since.setdefault(name, step)
+            if since == step or step - self.warned[name] >= self.every:
+                self.warned[name] = step
+                warnings.append(self._message(name, s, step, since))
+        for name in [n for n in judged if n not in failing and n in self.since]:
+            notes.append(
+                f"tool {name!r} recovered at step {step}: {judged[name].failed} of "
+                f"{judged[name].calls} calls failed (failing since step {self.since[name]})"
+            )
+            del self.since[name], self.warned[name]
+        return {"rollout/failing_tools": float(len(failing))}, warnings, notes
+
+    def _message(self, name: str, s: ToolStats, step: int, since: int) -> str:
+        what = (
+            f"tool {name!r} failed on {s.failed} of {s.calls} calls in step {step}"
+            if since == step
+            else f"tool {name!r} still fails: {s.failed} of {s.calls} calls in step {step} "
+            f"(since step {since})"
+        )
+        if s.exceptions >= s.errors:
+            why = (
+                "Mostly the tool's own code raising: a bug in the tool or in what it relies on "
+                "(a service, a file, a key); its traceback is in the log, once per tool class."
+            )
+        else:
+            why = (
+                "Mostly the model's calls failing (bad arguments, its code, timeouts): check the "
+                "tool's description, its Args and timeout, and the episodes (`agentrl view RUN`)."
+            )
+        return (
+            f"{what}, above trainer.warn_tool_fail_rate={self.bar:g}: {s.exceptions} raised in "
+            f"the tool, {s.errors} were the model's errors; e.g. {s.example()!r}. {why} Training "
+            f"goes on with these errors as observations. Said again every {self.every} steps "
+            "while it lasts (trainer.warn_tool_fail_rate=0: off)"
+        )
 
 
 def metric_name(key: str) -> str:

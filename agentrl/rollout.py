@@ -286,8 +286,10 @@ class Rollout:
                 if not cfg.ignore_eos:  # with ignore_eos every turn ends at the limit: go on
                     return StopReason.LENGTH
             result = await env.step(said)
-            turn.num_tool_calls, turn.num_tool_errors = result.tool_calls, result.tool_errors
-            turn.num_tool_exceptions = result.tool_exceptions
+            turn.num_tool_calls, turn.num_tool_errors, turn.num_tool_exceptions = (
+                result.tool_counts()
+            )
+            turn.tool_outcomes = list(result.tool_outcomes)
             turn.tool_latency_s, turn.reward = result.tool_latency_s, result.reward
             if result.done:
                 return result.stop_reason or StopReason.COMPLETED

@@ -2,7 +2,8 @@
 
 Sinks, each step:
     JSONL   <out>/metrics.jsonl (one line of metrics) and <out>/trajectories.jsonl (one line per
-            trajectory: `Trajectory.to_dict()` + step + the trainer's per-token logprobs)
+            trajectory: `Trajectory.to_dict()` + step + the trainer's per-token logprobs; the
+            fields are documented on `Trajectory` and `Turn`, agentrl/types.py)
     W&B     the same metrics (x axis: step), the turn table `trajectories/turns` (one row per
             assistant turn, columns `agentrl.trajectory_view.TURN_COLUMNS`) and
             `trajectories/html` (a few whole trajectories, tokens coloured by loss mask and by

@@ -57,18 +57,20 @@ import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from rich.console import Console
+from rich.markup import escape
 
 from agentrl.advantage import Truncation, carries_gradient, compute_advantages
 from agentrl.batch import TrainBatch, mini_batches, per_trajectory, trainable
 from agentrl.ckpt import CheckpointManager, load_trainer_state
 from agentrl.config import CONFIG_DIR, Config, errors_for_people, load_config
 from agentrl.data import TaskSampler
-from agentrl.display import ProgressLine, trajectory_panel
+from agentrl.display import ProgressLine, eval_text, trajectory_panel
 from agentrl.engine import EngineClient, EngineUnavailable
 from agentrl.evaluate import evaluate
 from agentrl.learner.group import LearnerGroup
 from agentrl.loss import kl_reward_penalty
 from agentrl.metrics import (
+    ToolWatch,
     crashed,
     engine_gap,
     gap_and_kl_metrics,
@@ -150,6 +152,7 @@ class Trainer(EngineRecovery):
         self.sandbox_restarts = 0  # the sandbox client's restarts counted so far (recovery.py)
         self.no_signal_in_a_row = 0  # steps where no group carried gradient
         self.warned_turn_rewards = False  # per-turn rewards under reward_level=trajectory: once
+        self.tool_watch = ToolWatch(cfg.trainer.warn_tool_fail_rate)  # tools failing most calls
         self.history: list[dict[str, float]] = []
         self.trainer_logprobs: dict[int, torch.Tensor] = {}  # this step's, by trajectory index
         self.producer: GroupProducer | None = None  # trainer.mode=async: rollouts run ahead
@@ -169,6 +172,7 @@ class Trainer(EngineRecovery):
             self._check_failures(trajs)
         metrics = rollout_metrics(trajs, self.truncation)
         metrics.update(recovery)
+        self._watch_tools(trajs, metrics)
         if self.producer is None:  # sync: every turn must come from the weights just pushed
             metrics["rollout/off_version_turns"], msg = off_version(trajs, str(self.step_idx))
             if msg:
@@ -511,6 +515,16 @@ class Trainer(EngineRecovery):
             )
             self._warn("no learning signal", msg)
 
+    def _watch_tools(self, trajs: list[Trajectory], metrics: dict[str, float]) -> None:
+        """A tool failing on most of its calls: warned at once, then every few steps while it
+        lasts (`metrics.ToolWatch` says when); a note when it recovers."""
+        out, warnings, notes = self.tool_watch.update(trajs, self.step_idx + 1)
+        metrics.update(out)
+        for msg in warnings:
+            self._warn("tool failing", msg)
+        for msg in notes:
+            self.console.print(escape(msg), style="yellow")
+
     def _warn_ignored_turn_rewards(self, trajs: list[Trajectory]) -> None:
         """Once per run: per-turn rewards the reward level ignores."""
         level = self.cfg.algo.advantage.reward_level
@@ -520,7 +534,7 @@ class Trainer(EngineRecovery):
 
     def _warn(self, title: str, msg: str) -> None:
         log.warning(msg)
-        self.console.print(f"[bold red]warning:[/] {msg}")
+        self.console.print(f"[bold red]warning:[/] {escape(msg)}")  # tool text is no markup
         self.tracker.alert(title, msg)
 
     async def run(self) -> list[dict[str, float]]:
@@ -547,11 +561,8 @@ class Trainer(EngineRecovery):
         episodes go to eval_trajectories.jsonl (and W&B eval/turns) at this step."""
         out, episodes = await evaluate(self.rollout, self.eval_tasks, self.cfg.trainer.eval_samples)
         self.tracker.log_eval(self.step_idx, episodes)
-        self.console.print(
-            f"eval after step {self.step_idx}: reward {out.get('eval/reward_mean', math.nan):.3f} "
-            f"over {len(self.eval_tasks)} tasks x {self.cfg.trainer.eval_samples} "
-            f"({out['eval/timing_s']:.1f} s)"
-        )
+        n, samples = len(self.eval_tasks), self.cfg.trainer.eval_samples
+        self.console.print(eval_text(out, self.step_idx, n, samples), soft_wrap=True)
         if out["eval/failed"]:
             self._warn("evaluation episodes failed", (
                 f"{out['eval/failed']:.0f} of {out['eval/episodes']:.0f} evaluation episodes after "

@@ -125,8 +125,8 @@ def _turn_fields(t: Turn | None, gap: float | None, n: int, max_chars: int) -> d
 
 
 def pick(trajs: Sequence[Trajectory], trainer_logprobs: Logprobs | None, n: int) -> list[int]:
-    """Up to n trajectory indices worth reading: best and worst reward, most tool calls, largest
-    logprob gap, then the rest in order."""
+    """Up to n trajectory indices worth reading: best and worst reward, most tool calls made
+    (failed ones too), largest logprob gap, then the rest in order."""
     if n <= 0 or not trajs:
         return []
     idx = range(len(trajs))
@@ -137,7 +137,7 @@ def pick(trajs: Sequence[Trajectory], trainer_logprobs: Logprobs | None, n: int)
     order = [
         max(idx, key=lambda i: trajs[i].reward),
         min(idx, key=lambda i: trajs[i].reward),
-        max(idx, key=lambda i: trajs[i].num_tool_calls),
+        max(idx, key=lambda i: trajs[i].num_tool_attempts),
         max(gap, key=gap.__getitem__) if gap else 0,
         *idx,
     ]

@@ -10,9 +10,10 @@ built only by `agentrl.rollout`; its constructor checks that ids, loss mask and 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -155,12 +156,60 @@ class Completion:
             )
 
 
+ToolStatus = Literal["ok", "error", "exception"]
+
+
+@dataclass
+class ToolOutcome:
+    """How one tool call went, by the tool's name: for the per-tool metrics (`tools/<name>/*`)
+    and the warning about a tool that fails on most of its calls. The model read the call's
+    result as a tool message; this is the framework's note of it.
+
+    `status`: "ok"; "error" (the model's fault: bad arguments, an unknown tool, a timeout, its
+    code failed); "exception" (the tool's fault: its own code raised). `message`: a failed
+    call's error as the model read it, its first `MAX_CHARS` characters ("" when it worked).
+    `name`: a tool the env has, or `UNKNOWN` for a name it has not (the policy's invention: one
+    bucket, so made-up names cannot mint metric names).
+    """
+
+    UNKNOWN: ClassVar[str] = "(unknown)"
+    MAX_CHARS: ClassVar[int] = 300
+
+    name: str
+    status: ToolStatus = "ok"
+    message: str = ""
+
+    @classmethod
+    def failed(cls, name: str, status: ToolStatus, message: str) -> ToolOutcome:
+        return cls(name, status, message[: cls.MAX_CHARS])
+
+
+def tally(outcomes: list[ToolOutcome]) -> tuple[int, int, int]:
+    """(succeeded, the model's errors, the tool's exceptions) of these calls."""
+    n = Counter(o.status for o in outcomes)
+    return n["ok"], n["error"], n["exception"]
+
+
 @dataclass
 class Turn:
     """One assistant turn: where its sampled ids sit in the trajectory, and what came back.
 
     `start:end` indexes the sampled ids in `Trajectory.token_ids`; `obs_end` is where the
     observation (template delta of the tool/env messages) that followed ends (== end if none).
+
+    The turn's tool calls, in three disjoint counts (their sum is `num_tool_attempts`), so that a
+    reward paying for "used a tool" can read `num_tool_calls` and be paid only by calls that
+    worked (a policy learns to make calls that fail if those pay too):
+
+        num_tool_calls       calls that ran and succeeded
+        num_tool_errors      calls that failed by the model's fault: bad arguments, an unknown
+                             tool, a timeout, its code failed (`rollout/tool_errors`)
+        num_tool_exceptions  calls that failed by the tool's fault: its own code raised
+                             (`rollout/tool_exceptions`)
+
+    `tool_outcomes` says the same per call, with the tool's name (`tools/<name>/*` metrics, the
+    failing-tool warning); an env whose own `step` reports only counts leaves it empty.
+    Malformed calls (`num_parse_errors`) are none of these: no tool was called.
     """
 
     start: int
@@ -171,9 +220,10 @@ class Turn:
     assistant: Message
     text: str = ""  # the decoded sampled turn, tool-call markup included (for display)
     observations: list[Message] = field(default_factory=list)
-    num_tool_calls: int = 0
-    num_tool_errors: int = 0
-    num_tool_exceptions: int = 0  # the tool's own code failed (not the model's call)
+    num_tool_calls: int = 0  # succeeded (failed calls are the next two)
+    num_tool_errors: int = 0  # failed: the model's fault
+    num_tool_exceptions: int = 0  # failed: the tool's own code raised (not the model's call)
+    tool_outcomes: list[ToolOutcome] = field(default_factory=list)  # one per call, named
     num_parse_errors: int = 0
     tool_latency_s: float = 0.0
     gen_latency_s: float = 0.0
@@ -184,6 +234,16 @@ class Turn:
     # async training: (tokens, weight_version) per stretch when a weight push cut this turn and
     # it went on under the new weights; `weight_version` is then the first (oldest) stretch's
     segments: list[tuple[int, str]] = field(default_factory=list)
+
+    @property
+    def num_tool_failures(self) -> int:
+        """Calls that failed, whoever's fault (the model's errors and the tool's exceptions)."""
+        return self.num_tool_errors + self.num_tool_exceptions
+
+    @property
+    def num_tool_attempts(self) -> int:
+        """Every call the model made that named a tool, whether it worked or not."""
+        return self.num_tool_calls + self.num_tool_failures
 
     def token_versions(self) -> list[str]:
         """The weight version of each sampled id of this turn."""
@@ -254,7 +314,18 @@ class Trajectory:
 
     @property
     def num_tool_calls(self) -> int:
+        """Tool calls that ran and succeeded, over all turns (`Turn` says what fails)."""
         return sum(t.num_tool_calls for t in self.turns)
+
+    @property
+    def num_tool_failures(self) -> int:
+        """Tool calls that failed: the model's errors and the tool's exceptions."""
+        return sum(t.num_tool_failures for t in self.turns)
+
+    @property
+    def num_tool_attempts(self) -> int:
+        """Every tool call made, whether it worked or not."""
+        return sum(t.num_tool_attempts for t in self.turns)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -270,7 +341,8 @@ class Trajectory:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trajectory:
         """The inverse of `to_dict` (keys it does not know, as trajectories.jsonl's `step`, are
-        ignored)."""
+        ignored). A turn written before `tool_outcomes` existed counted every attempted call in
+        `num_tool_calls`; it is read as today's count of the calls that succeeded."""
         names = {f.name for f in fields(cls)}
         d = {k: v for k, v in d.items() if k in names}
         turns = []
@@ -280,6 +352,10 @@ class Trajectory:
             t["observations"] = [Message.model_validate(m) for m in t.get("observations", [])]
             t["finish_reason"] = FinishReason(t["finish_reason"])
             t["segments"] = [(int(n), str(v)) for n, v in t.get("segments", [])]
+            if "tool_outcomes" not in t:  # an older file: its num_tool_calls were attempts
+                failed = t.get("num_tool_errors", 0) + t.get("num_tool_exceptions", 0)
+                t["num_tool_calls"] = max(0, t.get("num_tool_calls", 0) - failed)
+            t["tool_outcomes"] = [ToolOutcome(**o) for o in t.get("tool_outcomes", [])]
             turns.append(Turn(**t))
         return cls(**{**d, "turns": turns, "stop_reason": StopReason(d["stop_reason"]),
                       "messages": [Message.model_validate(m) for m in d["messages"]]})  # fmt: skip

@@ -191,7 +191,9 @@ async def test_tool_exception_and_timeout_are_observations(qwen_tokenizer):
     assert "RuntimeError: boom" in contents[0] and "timed out after 0.3s" in contents[1]
     t0 = traj.turns[0]  # the exception is the tool's fault, the timeout the model's
     assert (t0.num_tool_errors, t0.num_tool_exceptions) == (1, 1)
-    assert traj.turns[1].num_tool_errors == 0
+    assert t0.num_tool_calls == 0 and traj.turns[1].num_tool_calls == 2  # failed calls: none
+    assert [o.status for o in t0.tool_outcomes] == ["exception", "error"]
+    assert traj.turns[1].num_tool_errors == 0 and traj.num_tool_attempts == 4
     assert rollout_metrics([traj])["rollout/tool_exceptions"] == 1.0
 
 
