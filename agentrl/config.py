@@ -1,9 +1,11 @@
 """The typed config schema. Hydra composes `configs/`; `load_config` validates the result once, here.
 
-Every model forbids unknown keys, so a misspelt key fails at start-up with its dotted path:
+Every model forbids unknown keys, so a misspelt key fails at start-up with its dotted path; on
+the command line before Hydra composes (agentrl/cli/overrides.py), where no key needs a `+`:
 
     $ agentrl preview rollout.max_turn=3
-    ConfigError: rollout.max_turn: unknown key (Extra inputs are not permitted)
+    error: invalid override:
+      rollout.max_turn: unknown key; did you mean rollout.max_turns?
 
 Nothing below the entry points sees OmegaConf. Sections are owned by the module that uses them
 (RolloutConfig lives in rollout.py, EngineConfig in engine.py, …) and composed here. User classes
@@ -13,6 +15,7 @@ are referenced by import path in `_target_`.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
 import inspect
 import os
@@ -32,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from agentrl.advantage import AdvantageConfig, needs_values
 from agentrl.assets.build import resolve_builtin
 from agentrl.ckpt import CheckpointConfig
+from agentrl.cli.overrides import check_argv, check_overrides, unknown_key_hint
 from agentrl.engine_config import EngineConfig
 from agentrl.env import Env
 from agentrl.learner import LearnerConfig, RayConfig
@@ -85,13 +89,17 @@ class EnvConfig(BaseModel):
         try:
             checked = options.model_validate(given)
         except ValidationError as e:
-            lines = [
-                f"env.{key}.{'.'.join(map(str, err['loc']))}: "
-                + ("unknown option" if err["type"] == "extra_forbidden" else err["msg"])
-                for err in e.errors()
-            ]
+            lines = []
+            for err in e.errors():
+                name = ".".join(map(str, err["loc"]))
+                if err["type"] != "extra_forbidden":
+                    lines.append(f"env.{key}.{name}: {err['msg']}")
+                    continue
+                match = difflib.get_close_matches(name, fields, n=1)
+                hint = f"; did you mean env.{key}.{match[0]}?" if match else ""
+                lines.append(f"env.{key}.{name}: unknown option of {cls.__name__}.load_tasks{hint}")
             raise ConfigError(
-                f"{'; '.join(lines)} of {cls.__name__}.load_tasks (it takes: "
+                f"{'; '.join(lines)} ({cls.__name__}.load_tasks takes: "
                 f"{', '.join(fields) or 'nothing'})"
             ) from None
         try:
@@ -110,7 +118,13 @@ class EnvConfig(BaseModel):
             raise ConfigError(f"env._target_={self.target!r} is not a subclass of agentrl.Env")
         for key in self.args:
             if not hasattr(cls, key):
-                raise ConfigError(f"env.args.{key}: {cls.__name__} has no attribute {key!r}")
+                settings = [a for a in dir(cls) if a[0] != "_" and not callable(getattr(cls, a))]
+                known = ", ".join(settings)
+                match = difflib.get_close_matches(key, settings, n=1)
+                hint = f"did you mean env.args.{match[0]}?" if match else f"it has: {known}"
+                raise ConfigError(
+                    f"env.args.{key}: {cls.__name__} has no attribute {key!r}; {hint}"
+                )
         return cls
 
 
@@ -511,6 +525,8 @@ def validate(raw: dict[str, Any]) -> Config:
                 lines.append(why[:300])
                 continue
             where = ".".join(str(p) for p in err["loc"])
+            if err["type"] == "extra_forbidden":  # a key in YAML or a `+key`: the closest known
+                why += unknown_key_hint(Config, where)
             lines.append(f"{where}: {why} (got {err.get('input')!r})"[:300])
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
 
@@ -538,7 +554,17 @@ def errors_for_people(*kinds: type[BaseException]) -> Iterator[None]:
         raise SystemExit(2) from None
 
 
+def check_command_line() -> None:
+    """Before a Hydra app reads sys.argv: its overrides checked against the schema (a mistake is
+    agentrl's one message, never Hydra's "use `+`") and passed on so that no key needs a `+`
+    (agentrl/cli/overrides.py)."""
+    with errors_for_people():
+        sys.argv[1:] = check_argv(sys.argv[1:], Config, CONFIG_DIR)
+
+
 def compose(overrides: list[str] | None = None, name: str = "config") -> Config:
-    """Compose configs/ with Hydra overrides, outside a Hydra app (tests, notebooks)."""
+    """Compose configs/ with Hydra overrides, outside a Hydra app (tests, notebooks); the
+    overrides are checked as on the command line (`check_command_line`)."""
+    overrides = check_overrides(overrides or [], Config, CONFIG_DIR)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return load_config(hydra_compose(config_name=name, overrides=overrides or []))
+        return load_config(hydra_compose(config_name=name, overrides=overrides))

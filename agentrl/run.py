@@ -213,7 +213,7 @@ def prepare_rollout(tokenizer: Any, env_cls: type[Env], cfg: Config) -> None:
         if _works_without_thinking(tokenizer, env_cls, cfg):
             raise ConfigError(
                 f"{where}: the chat template works only with its thinking mode off: set "
-                f"+rollout.template_kwargs.enable_thinking=false (in thinking mode: {e})"
+                f"rollout.template_kwargs.enable_thinking=false (in thinking mode: {e})"
             ) from e
         raise ConfigError(f"{where}: {e}") from e
 

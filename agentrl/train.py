@@ -62,7 +62,13 @@ from rich.markup import escape
 from agentrl.advantage import Truncation, carries_gradient, compute_advantages
 from agentrl.batch import TrainBatch, mini_batches, per_trajectory, trainable
 from agentrl.ckpt import CheckpointManager, load_trainer_state
-from agentrl.config import CONFIG_DIR, Config, errors_for_people, load_config
+from agentrl.config import (
+    CONFIG_DIR,
+    Config,
+    check_command_line,
+    errors_for_people,
+    load_config,
+)
 from agentrl.data import TaskSampler
 from agentrl.display import ProgressLine, eval_text, trajectory_panel
 from agentrl.engine import EngineClient, EngineUnavailable
@@ -658,6 +664,7 @@ def main() -> None:
                 f"{first['rollout/tool_call_rate']:.2f} → {last['rollout/tool_call_rate']:.2f}"
             )
 
+    check_command_line()  # agentrl's message for a mistake, before Hydra's; no `+` needed
     _run()
 
 

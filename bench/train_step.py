@@ -67,8 +67,8 @@ def overrides(args: argparse.Namespace, model: Path, tmp: Path) -> list[str]:
     return [
         "env=custom",
         "env._target_=agentrl.envs.synthetic.FixedLengthEnv",
-        f"+env.tasks.n={max(args.tasks * args.steps, 64)}",
-        f"+env.tasks.prompt_words={args.prompt_words}",
+        f"env.tasks.n={max(args.tasks * args.steps, 64)}",
+        f"env.tasks.prompt_words={args.prompt_words}",
         "model=local",
         f"model.path={model}",
         f"engine={args.engine}",
@@ -78,8 +78,8 @@ def overrides(args: argparse.Namespace, model: Path, tmp: Path) -> list[str]:
         f"rollout.group_size={args.group}",
         f"rollout.max_new_tokens={args.new_tokens}",
         "rollout.ignore_eos=true",  # exactly new_tokens per episode, whatever the weights
-        f"+env.args.turns={args.turns}",
-        f"+env.args.observation_words={args.obs_words}",
+        f"env.args.turns={args.turns}",
+        f"env.args.observation_words={args.obs_words}",
         f"rollout.max_context_tokens={context_tokens(args)}",
         *([f"rollout.max_obs_tokens={int(1.1 * args.obs_words) + 64}"] if args.obs_words else []),
         f"trainer.steps={args.steps}",

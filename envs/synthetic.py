@@ -6,7 +6,7 @@ number of turns, which makes step time depend only on the shapes.
     python -m agentrl.train env=custom env._target_=agentrl.envs.synthetic.FixedLengthEnv \
         env.tasks.n=64 env.tasks.prompt_words=120 env.args.turns=4 rollout.max_new_tokens=128
     # a long multi-turn episode: each tool message 5000 words (about one token each)
-    ... env.args.turns=4 +env.args.observation_words=5000
+    ... env.args.turns=4 env.args.observation_words=5000
 """
 
 from __future__ import annotations

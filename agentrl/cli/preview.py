@@ -14,7 +14,13 @@ from typing import Any
 import hydra
 from hydra.core.hydra_config import HydraConfig
 
-from agentrl.config import CONFIG_DIR, Config, errors_for_people, load_config
+from agentrl.config import (
+    CONFIG_DIR,
+    Config,
+    check_command_line,
+    errors_for_people,
+    load_config,
+)
 from agentrl.display import make_console, metrics_table, print_trajectories
 from agentrl.metrics import rollout_metrics
 from agentrl.run import open_run
@@ -51,6 +57,7 @@ def main() -> None:
                 f.write(t.to_json() + "\n")
         console.print(f"trajectories written to {out / 'trajectories.jsonl'}")
 
+    check_command_line()  # agentrl's message for a mistake, before Hydra's; no `+` needed
     _run()
 
 

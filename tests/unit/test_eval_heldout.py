@@ -117,10 +117,10 @@ def test_a_template_that_fails_only_in_thinking_mode_names_the_kwarg_that_works(
     tok = AutoTokenizer.from_pretrained(TINY)
     tok.chat_template = THINKING
     cfg = compose(NO_TOOLS)
-    works = r"works only with its thinking mode off: set \+rollout\.template_kwargs\.enable_"
+    works = r"works only with its thinking mode off: set rollout\.template_kwargs\.enable_"
     with pytest.raises(ConfigError, match=works + "thinking=false"):
         prepare_rollout(tok, cfg.env.load_class(), cfg)
-    off = compose([*NO_TOOLS, "+rollout.template_kwargs.enable_thinking=false"])
+    off = compose([*NO_TOOLS, "rollout.template_kwargs.enable_thinking=false"])
     prepare_rollout(tok, off.env.load_class(), off)  # the advice, followed: no error
 
 

@@ -1,0 +1,177 @@
+"""Command-line overrides, checked against the config's schema before Hydra composes them.
+
+Left to itself, Hydra answers a key it does not know with "use `+`": the wrong fix for a
+misspelt key, and a needless step for a key inside a free-form setting (`env.args.max_turns=6`,
+`env.eval_tasks.seed=1`, `rollout.template_kwargs.enable_thinking=false`,
+`'engine.ray_resources={rollout: 1}'`). So each plain `key=value` is looked up in the pydantic
+models first:
+
+    learner.lrr=1e-5     ConfigError: learner.lrr: unknown key; did you mean learner.lr?
+    env=code_exex        ConfigError: env=code_exex: configs/env/ has no code_exex.yaml; did you
+                         mean env=code_exec? (choices: code_exec, code_exec_turns, custom, units)
+    env.args.max_turns=6 goes to Hydra as ++env.args.max_turns=6 (add or override)
+
+A known key always goes on as `++key=value`: the schema has vouched for it, and the value is
+checked in validation (the env's own options by `EnvConfig.load_tasks` and `load_class`).
+`+key`, `++key`, `~key`, `hydra.*` and group paths (`a/b=c`) pass through as written. With
+another config directory (`--config-dir`, `--config-path`, `hydra.searchpath`) a top-level name
+may be a group of the user's, so group options and unknown top-level names are left to Hydra.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from hydra._internal.utils import get_args_parser  # Hydra's own reading of sys.argv
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import OverrideType
+from hydra.errors import HydraException
+from pydantic import BaseModel
+
+from agentrl.types import ConfigError
+
+
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice `word` most likely misspells, if any is close."""
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def _keys(model: type[BaseModel]) -> dict[str, Any]:
+    """The keys a model takes, with their types: field names and aliases (`_target_`)."""
+    keys: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        keys[field.alias or name] = field.annotation
+        if not field.alias or model.model_config.get("populate_by_name"):
+            keys[name] = field.annotation
+    return keys
+
+
+def _alternatives(annotation: Any) -> list[Any]:
+    """`A | B`, `Optional[A]`, `Annotated[A, …]` → [A, B]."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _alternatives(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [a for arg in typing.get_args(annotation) for a in _alternatives(arg)]
+    return [annotation]
+
+
+def _sections(annotation: Any) -> list[type[BaseModel]]:
+    return [
+        a for a in _alternatives(annotation) if isinstance(a, type) and issubclass(a, BaseModel)
+    ]
+
+
+def _named_sections(annotation: Any) -> list[type[BaseModel]]:
+    """The sections of a `dict[str, Section]` setting (`env.envs.<name>.…`)."""
+    return [
+        m
+        for a in _alternatives(annotation)
+        if typing.get_origin(a) is dict
+        for m in _sections(typing.get_args(a)[1])
+    ]
+
+
+def unknown_part(schema: type[BaseModel], parts: list[str]) -> tuple[int, list[str]] | None:
+    """Where the dotted key `parts` leaves `schema`: the index of the first part it does not
+    know and the keys known there; None for a known key (or one inside a free-form setting: a
+    dict, a list, the env's options, checked later)."""
+    models, named = [schema], False
+    for i, part in enumerate(parts):
+        if named:  # a name of the user's (env.envs.<name>): any goes
+            named = False
+            continue
+        if not models:
+            return None
+        keys = {k: t for m in models for k, t in _keys(m).items()}
+        if part not in keys:
+            return i, list(
+                dict.fromkeys(f.alias or n for m in models for n, f in m.model_fields.items())
+            )
+        models = _sections(keys[part])
+        if not models and (models := _named_sections(keys[part])):
+            named = True
+    return None
+
+
+def key_hint(parts: list[str], i: int, known: list[str]) -> str:
+    """'did you mean learner.lr?' for a misspelt `parts[i]`, else the keys known there."""
+    if match := closest(parts[i], known):
+        return f"did you mean {'.'.join([*parts[:i], match, *parts[i + 1 :]])}?"
+    names = ", ".join(sorted(known))
+    names = names if len(names) <= 200 else names[:200].rpartition(", ")[0] + ", …"
+    return f"the keys of {'.'.join(parts[:i]) or 'the config'}: {names}"
+
+
+def unknown_key_hint(schema: type[BaseModel], key: str) -> str:
+    """'; did you mean learner.lr?' (or the keys known there) for a dotted key `schema` does
+    not have; '' for one it has."""
+    parts = key.split(".")
+    where = unknown_part(schema, parts)
+    return f"; {key_hint(parts, *where)}" if where else ""
+
+
+def check_overrides(
+    overrides: list[str], schema: type[BaseModel], config_dir: Path, own_dirs: bool = False
+) -> list[str]:
+    """`overrides` as Hydra should get them (one for one): a known key as `++key=value`; an
+    unknown key or a group option no file provides is a ConfigError naming every such mistake.
+    `own_dirs`: the user adds config directories (see the module docstring)."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException:  # not Hydra's grammar: Hydra's own message says where
+        return list(overrides)
+    groups = sorted(p.name for p in config_dir.iterdir() if p.is_dir())
+    out, errors = [], []
+    for line, o in zip(overrides, parsed, strict=True):
+        key = o.key_or_group
+        parts = key.split(".")
+        if o.type != OverrideType.CHANGE or o.package or "/" in key or parts[0] == "hydra":
+            out.append(line)  # +key, ++key, ~key, a group path, Hydra's own settings
+            continue
+        if len(parts) == 1 and key in groups:
+            value = o.value()
+            options = sorted(p.stem for p in (config_dir / key).glob("*.yaml"))
+            if isinstance(value, str) and value not in options and not own_dirs:
+                match = closest(value, options)
+                hint = f"; did you mean {key}={match}?" if match else ""
+                errors.append(
+                    f"{line}: configs/{key}/ has no {value}.yaml{hint} "
+                    f"(choices: {', '.join(options)})"
+                )
+            out.append(line)
+            continue
+        where = unknown_part(schema, parts)
+        if where is not None and len(parts) == 1:
+            if own_dirs:  # maybe a group of the user's config directory
+                out.append(line)
+                continue
+            where = (0, where[1] + groups)
+        if where is not None:
+            errors.append(f"{key}: unknown key; {key_hint(parts, *where)}")
+        out.append(f"++{line}")
+    if errors:
+        raise ConfigError("invalid override:\n  " + "\n  ".join(errors))
+    return out
+
+
+def check_argv(argv: list[str], schema: type[BaseModel], config_dir: Path) -> list[str]:
+    """A Hydra app's command line (sys.argv[1:]) with its overrides through `check_overrides`;
+    flags (`--cfg job`, `-m`, …) stay where they are."""
+    args, _ = get_args_parser().parse_known_args(argv)  # the rest: Hydra's to refuse
+    own_dirs = bool(args.config_dir or args.config_path) or any(
+        o.lstrip("+").startswith("hydra.searchpath") for o in args.overrides
+    )
+    new = check_overrides(args.overrides, schema, config_dir, own_dirs)
+    out, i = [], 0
+    for word in argv:  # argparse takes the positionals in order: the overrides, one by one
+        if i < len(new) and word == args.overrides[i]:
+            word, i = new[i], i + 1
+        out.append(word)
+    return out

@@ -1,0 +1,76 @@
+"""Config mistakes take one round trip (issue 38: 7): agentrl's own message, before Hydra's "use
+`+`", with the closest name; and no key the docs show needs a `+`."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from agentrl.cli.overrides import check_argv
+from agentrl.config import CONFIG_DIR, Config, check_command_line, compose
+from agentrl.types import ConfigError
+
+
+def test_a_misspelt_key_is_one_message_with_the_key_it_meant():
+    with pytest.raises(ConfigError) as e:
+        compose(["learner.lrr=1e-5", "rollout.max_turn=3", "lerner.lr=1"])
+    msg = str(e.value)
+    assert "learner.lrr: unknown key; did you mean learner.lr?" in msg
+    assert "rollout.max_turn: unknown key; did you mean rollout.max_turns?" in msg
+    assert "lerner.lr: unknown key; did you mean learner.lr?" in msg
+    assert "+" not in msg  # never Hydra's "To append to your config use +…"
+    with pytest.raises(ConfigError, match=r"learner\.lrr: unknown key; did you mean learner\.lr\?"):
+        compose(["+learner.lrr=1e-5"])  # added on purpose (or written in a YAML file): validation
+
+
+def test_a_misspelt_env_option_names_the_one_it_meant():
+    cfg = compose(["env=code_exec", "env.tasks.sed=1", "env.args.max_turn=3"])
+    with pytest.raises(ConfigError, match=r"CodeExecEnv has no attribute 'max_turn'; did you mean "
+                       r"env\.args\.max_turns\?"):  # fmt: skip
+        cfg.env.load_class()
+    env_cls = compose(["env=code_exec"]).env.load_class()
+    with pytest.raises(ConfigError, match=r"env\.tasks\.sed: unknown option of CodeExecEnv\."
+                       r"load_tasks; did you mean env\.tasks\.seed\?"):  # fmt: skip
+        cfg.env.load_tasks(env_cls)
+
+
+def test_a_misspelt_group_option_lists_the_choices():
+    with pytest.raises(ConfigError) as e:
+        compose(["env=code_exex"])
+    assert "did you mean env=code_exec?" in str(e.value)
+    assert "(choices: code_exec, code_exec_turns, custom," in str(e.value)
+
+
+def test_keys_inside_dict_settings_need_no_plus():
+    cfg = compose([
+        "env=units", "env.args.max_turns=3", "env.eval_tasks.seed=1",
+        "rollout.template_kwargs.enable_thinking=false", "engine.ray_resources={rollout: 1}",
+    ])  # fmt: skip
+    assert cfg.env.args == {"max_turns": 3} and cfg.env.eval_tasks == {"seed": 1}
+    assert cfg.rollout.template_kwargs == {"enable_thinking": False}
+    assert cfg.engine.ray_resources == {"rollout": 1.0}
+    env_cls = cfg.env.load_class()
+    assert cfg.env.load_tasks(env_cls, evaluation=True) != cfg.env.load_tasks(env_cls)
+
+
+def test_the_command_line_keeps_its_flags_and_user_config_dirs_keep_their_groups():
+    argv = ["--cfg", "job", "learner.lr=1e-5", "+x=1", "hydra.run.dir=/tmp/r", "env=units", "-m"]
+    assert check_argv(argv, Config, CONFIG_DIR) == [
+        "--cfg", "job", "++learner.lr=1e-5", "+x=1", "hydra.run.dir=/tmp/r", "env=units", "-m",
+    ]  # fmt: skip
+    # with a config dir of the user's, `mine=a` may be their group and env=mine their file
+    argv = ["-cd", "/tmp/conf", "mine=a", "env=mine", "learner.lr=1"]
+    assert check_argv(argv, Config, CONFIG_DIR) == [*argv[:4], "++learner.lr=1"]
+
+
+def test_train_and_preview_print_the_message_and_exit_2(monkeypatch, capsys):
+    monkeypatch.delenv("AGENTRL_DEBUG", raising=False)
+    monkeypatch.setattr(sys, "argv", ["agentrl train", "learner.lrr=1e-5", "env=code_exex"])
+    with pytest.raises(SystemExit) as e:
+        check_command_line()  # what both mains run before Hydra reads sys.argv
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "did you mean learner.lr?" in err and "env=code_exec?" in err
+    monkeypatch.setattr(sys, "argv", ["agentrl train", "env.args.max_turns=3"])
+    check_command_line()
+    assert sys.argv == ["agentrl train", "++env.args.max_turns=3"]
