@@ -67,6 +67,7 @@ def start_ray(cfg: RayConfig | None = None, gpus: list[str] | None = None) -> No
         )
         if cfg.temp_dir:
             kw["_temp_dir"] = cfg.temp_dir
+    logging.getLogger(_AUTH_LOGGER).addFilter(_not_auth_on_notice)  # once: same filter object
     before = listening_sockets()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if gpus is not None and not cfg.address:  # Ray reads the driver's view when it starts
@@ -107,6 +108,17 @@ def start_ray(cfg: RayConfig | None = None, gpus: list[str] | None = None) -> No
             f"Ray opened sockets beyond loopback ({', '.join(exposed)}); refusing to run. "
             "Check RAY_* environment overrides of the node address"
         )
+
+
+# Ray turns token auth on for every new local instance (RAY_AUTH_MODE unset) and says so in a
+# warning each time. Setting RAY_AUTH_MODE=token here instead is too late: `import ray` has read
+# the mode, and its GCS then refuses the driver. Only that notice is dropped; "token auth is
+# disabled" and every other warning still print.
+_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def _not_auth_on_notice(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Token authentication is enabled for this Ray")
 
 
 _LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
