@@ -15,117 +15,45 @@ are referenced by import path in `_target_`.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import importlib
-import inspect
 import os
 import re
 import sys
-import typing
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    model_validator,
+)
 
 from agentrl.advantage import AdvantageConfig, needs_values
 from agentrl.assets.build import resolve_builtin
 from agentrl.ckpt import CheckpointConfig
 from agentrl.cli.overrides import check_argv, check_overrides, unknown_key_hint
 from agentrl.engine_config import EngineConfig
-from agentrl.env import Env
+from agentrl.env_config import ENV_KINDS, EnvConfig, MixtureConfig, env_kind
 from agentrl.learner import LearnerConfig, RayConfig
 from agentrl.loss import LossConfig
-from agentrl.registry import import_path, is_import_path
+from agentrl.registry import is_import_path
 from agentrl.rollout import RolloutConfig
 from agentrl.sandbox.backends import BACKENDS
 from agentrl.sandbox.config import SandboxConfig
 from agentrl.tracking import LoggingConfig
-from agentrl.types import ConfigError, Task
+from agentrl.types import ConfigError
 from agentrl.weight_sync import WeightSyncConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # -> ../configs in a checkout
-
-
-class EnvConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    target: str = Field(alias="_target_", description="import path of the Env subclass")
-    args: dict[str, Any] = Field(default_factory=dict, description="Env attributes to override")
-    tasks: dict[str, Any] = Field(default_factory=dict, description="kwargs of Env.load_tasks")
-    eval_tasks: dict[str, Any] | None = Field(
-        None,
-        description="kwargs of Env.load_tasks for the evaluation set (trainer.eval_every), e.g. "
-        "{split: test} or {seed: 1}; None: drawn from the training tasks' list (and left out of "
-        "training unless trainer.eval_split=shared)",
-    )
-
-    def load_tasks(self, cls: type[Env], evaluation: bool = False) -> list[Task]:
-        """`cls.load_tasks(**env.tasks)` (or `**env.eval_tasks`), with the options checked first:
-        a key the function does not take (`env.tasks.pth`) or a value of the wrong type is a
-        ConfigError with its path, also when the function swallows extra keys with `**_`. A
-        None value means "not set"."""
-        key = "eval_tasks" if evaluation and self.eval_tasks is not None else "tasks"
-        kwargs = self.eval_tasks if key == "eval_tasks" else self.tasks
-        fn = cls.load_tasks
-        try:
-            hints = typing.get_type_hints(fn)
-        except Exception:  # annotations that do not resolve here: check the names only
-            hints = {}
-        fields: dict[str, Any] = {}
-        for name, p in inspect.signature(fn).parameters.items():
-            if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
-                continue
-            default = ... if p.default is p.empty else p.default
-            fields[name] = (hints.get(name, Any), default)
-        options = create_model(  # type: ignore[call-overload]
-            f"{cls.__name__}Tasks", __config__=ConfigDict(extra="forbid"), **fields
-        )
-        given = {k: v for k, v in (kwargs or {}).items() if v is not None}
-        try:
-            checked = options.model_validate(given)
-        except ValidationError as e:
-            lines = []
-            for err in e.errors():
-                name = ".".join(map(str, err["loc"]))
-                if err["type"] != "extra_forbidden":
-                    lines.append(f"env.{key}.{name}: {err['msg']}")
-                    continue
-                match = difflib.get_close_matches(name, fields, n=1)
-                hint = f"; did you mean env.{key}.{match[0]}?" if match else ""
-                lines.append(f"env.{key}.{name}: unknown option of {cls.__name__}.load_tasks{hint}")
-            raise ConfigError(
-                f"{'; '.join(lines)} ({cls.__name__}.load_tasks takes: "
-                f"{', '.join(fields) or 'nothing'})"
-            ) from None
-        try:
-            return fn(**{k: getattr(checked, k) for k in given})
-        except FileNotFoundError as e:
-            raise ConfigError(f"env.{key}: {cls.__name__}.load_tasks: {e}") from None
-
-    def load_class(self) -> type[Env]:
-        if self.target in ("", "???"):
-            raise ConfigError(
-                "env._target_ is not set: name your Env class, e.g. "
-                "env=custom env._target_=my_module.MyEnv"
-            )
-        cls = import_path(self.target, "env._target_")
-        if not (isinstance(cls, type) and issubclass(cls, Env)):
-            raise ConfigError(f"env._target_={self.target!r} is not a subclass of agentrl.Env")
-        for key in self.args:
-            if not hasattr(cls, key):
-                settings = [a for a in dir(cls) if a[0] != "_" and not callable(getattr(cls, a))]
-                known = ", ".join(settings)
-                match = difflib.get_close_matches(key, settings, n=1)
-                hint = f"did you mean env.args.{match[0]}?" if match else f"it has: {known}"
-                raise ConfigError(
-                    f"env.args.{key}: {cls.__name__} has no attribute {key!r}; {hint}"
-                )
-        return cls
 
 
 class ModelConfig(BaseModel):
@@ -348,7 +276,10 @@ class Config(BaseModel):
     run_name: str = Field(
         "", description="names runs/<run_name>/checkpoints; empty: from the env class (code_exec)"
     )
-    env: EnvConfig
+    env: Annotated[
+        Annotated[EnvConfig, Tag("env")] | Annotated[MixtureConfig, Tag("mixture")],
+        Discriminator(env_kind),
+    ]
     model: ModelConfig = Field(default_factory=ModelConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -363,14 +294,20 @@ class Config(BaseModel):
 
     @model_validator(mode="after")
     def _default_run_name(self) -> Config:
-        self.run_name = run_name(self.run_name, self.env.target)
+        target = self.env.target if isinstance(self.env, EnvConfig) else "mixture"
+        self.run_name = run_name(self.run_name, target)
         return self
 
     def identity(self) -> dict[str, Any]:
-        """What a run trains; a checkpoint of another identity is not resumed by accident."""
+        """What a run trains; a checkpoint of another identity is not resumed by accident (a
+        mixture's: its envs and their tasks; not their weights, which a resumed run may change)."""
+        env = self.env
+        if isinstance(env, MixtureConfig):
+            targets = {name: m.target for name, m in env.envs.items()}
+            tasks: dict[str, Any] = {name: m.tasks for name, m in env.envs.items()}
         return {
-            "env": self.env.target,
-            "tasks": self.env.tasks,
+            "env": env.target if isinstance(env, EnvConfig) else targets,
+            "tasks": env.tasks if isinstance(env, EnvConfig) else tasks,
             "model": self.model.path,
             "advantage": self.algo.advantage.name,
             "loss": self.algo.loss.name,
@@ -457,14 +394,13 @@ def register_defaults() -> None:
     """Store `defaults_tree()` as the config `agentrl_defaults` in Hydra's ConfigStore, and the
     run-name resolver the run directory is named with."""
     ConfigStore.instance().store(name="agentrl_defaults", node=defaults_tree())
-    OmegaConf.register_new_resolver(
-        "agentrl_run_name", lambda name, target: _safe_run_name(name, target), replace=True
-    )
+    OmegaConf.register_new_resolver("agentrl_run_name", _safe_run_name, replace=True)
 
 
-def _safe_run_name(name: Any, target: Any) -> str:
+def _safe_run_name(name: Any, target: Any, envs: Any = None) -> str:
+    """`envs`: env.envs, a mixture's members (configs/config.yaml passes it)."""
     try:  # a bad name fails with its path in validation, not here in Hydra's start-up
-        return run_name(str(name or ""), str(target or ""))
+        return run_name(str(name or ""), "mixture" if envs else str(target or ""))
     except ValueError:
         return "default"
 
@@ -473,11 +409,15 @@ def import_user_modules(raw: dict[str, Any]) -> None:
     """Import the env's module before validating, so names it registers (an estimator, a loss,
     a parser, a sandbox backend: `@ESTIMATORS.register("mine")`) are known to the validators.
     An env that cannot be imported is reported by `env._target_`'s own check."""
-    target = (raw.get("env") or {}).get("_target_") if isinstance(raw, dict) else None
-    if isinstance(target, str) and is_import_path(target):
-        module = target.partition(":")[0] if ":" in target else target.rpartition(".")[0]
-        with contextlib.suppress(Exception):
-            importlib.import_module(module)
+    env = (raw.get("env") or {}) if isinstance(raw, dict) else {}
+    members = env.get("envs") if isinstance(env, dict) else None  # a mixture's
+    sections = list(members.values()) if isinstance(members, dict) else [env]
+    for section in sections:
+        target = section.get("_target_") if isinstance(section, dict) else None
+        if isinstance(target, str) and is_import_path(target):
+            module = target.partition(":")[0] if ":" in target else target.rpartition(".")[0]
+            with contextlib.suppress(Exception):
+                importlib.import_module(module)
 
 
 def training_checks(cfg: Config) -> list[str]:
@@ -524,7 +464,10 @@ def validate(raw: dict[str, Any]) -> Config:
             if not err["loc"]:  # a check across sections: its message names the setting
                 lines.append(why[:300])
                 continue
-            where = ".".join(str(p) for p in err["loc"])
+            loc = list(err["loc"])
+            if loc[0] == "env" and len(loc) > 1 and loc[1] in ENV_KINDS:
+                del loc[1]  # the union's tag (a single env or a mixture), not a key
+            where = ".".join(str(p) for p in loc)
             if err["type"] == "extra_forbidden":  # a key in YAML or a `+key`: the closest known
                 why += unknown_key_hint(Config, where)
             lines.append(f"{where}: {why} (got {err.get('input')!r})"[:300])

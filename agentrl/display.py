@@ -108,6 +108,17 @@ def _components(m: Mapping[str, float], prefix: str) -> str:
     return " ".join(parts)
 
 
+def _env_rewards(m: Mapping[str, float], scope: str) -> str:
+    """A mixture's reward per env (env=mixture), e.g. ` │ code 0.50 units 0.25`: `scope` `env/`
+    for a step (env/<name>/reward_mean), `eval/` for an evaluation; '' for a single env."""
+    parts = [
+        f"{k.split('/')[1]} {v:.2f}"
+        for k, v in m.items()
+        if k.startswith(scope) and k.endswith("/reward_mean") and k.count("/") == 2
+    ]
+    return f" │ {safe_text(' '.join(parts))}" if parts else ""
+
+
 def _tool_failures(m: Mapping[str, float], scope: str = "") -> Text:
     """` │ python 40 calls: err 9 exc 3 · lookup 9 calls: err 2`: each tool with failed calls,
     the model's errors and the tool's own exceptions (red), out of its calls; nothing when every
@@ -150,7 +161,8 @@ def progress_text(m: Mapping[str, float], total: int, eta_s: float | None = None
     Δlp 2.1e-04 │ roll 3.8s lp 0.8s upd 3.6s sync 0.1s = 8.4s │ eta 2m23s
 
     (one line; wrapped here). Shown only when there is something to show: the reward's
-    components (an env whose reward is a dict), the stop reasons that happened (infrastructure
+    components (an env whose reward is a dict), each env's reward (env=mixture: `│ code 0.50
+    units 0.25` after the turns), the stop reasons that happened (infrastructure
     ones red), the tools that had failed calls (the model's errors yellow, the tool's own
     exceptions red).
     """
@@ -166,6 +178,7 @@ def progress_text(m: Mapping[str, float], total: int, eta_s: float | None = None
     line.append(f"; {safe_text(parts)}) " if parts else ") ")
     line.append(f"tool-rate {m.get('rollout/tool_call_rate', 0.0):.2f} ")
     line.append(f"turns {m.get('rollout/turns', 0.0):.1f}")
+    line.append(_env_rewards(m, "env/"))
     stops = [(k.removeprefix("stop/"), v) for k, v in m.items() if k.startswith("stop/") and v]
     if stops:
         line.append(" │ stop", style="dim")
@@ -192,13 +205,14 @@ def progress_text(m: Mapping[str, float], total: int, eta_s: float | None = None
 
 def eval_text(m: Mapping[str, float], step: int, tasks: int, samples: int) -> Text:
     """An evaluation's line, e.g. `eval after step 10: reward 0.450 (correct 0.45 format 0.98)
-    over 32 tasks x 4 (3.1 s) │ python 128 calls: err 12` (components and failing tools only
-    when there are any, as on the step line)."""
+    over 32 tasks x 4 (3.1 s) │ python 128 calls: err 12` (components, a mixture's envs and
+    failing tools only when there are any, as on the step line)."""
     line = Text(f"eval after step {step}: reward ")
     line.append(f"{m.get('eval/reward_mean', math.nan):.3f}", style="bold cyan")
     if parts := _components(m, "eval/reward_"):
         line.append(f" ({safe_text(parts)})")
     line.append(f" over {tasks} tasks x {samples} ({m.get('eval/timing_s', 0.0):.1f} s)")
+    line.append(_env_rewards(m, "eval/"))
     return line.append_text(_tool_failures(m, "eval/"))
 
 

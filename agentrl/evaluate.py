@@ -8,6 +8,9 @@ they were as much as with the policy (the units env, seed 0: 0.22 at step 1, 0.0
     tasks = pick_eval_tasks(all_tasks, size=32, seed=0)   # a fixed sample
     metrics, trajs = await evaluate(rollout, tasks, samples=4)  # {"eval/reward_mean": ...}
 
+A mixture's evaluation (env=mixture: each env's own set, agentrl/mixture.py) reports each env
+apart as well, `eval/<env>/reward_mean` and the rest, beside the totals over every episode.
+
 The episodes themselves (`trajs`, task by task) are what the trainer saves to
 <out>/eval_trajectories.jsonl (`Tracker.log_eval`), so `agentrl view RUN --eval` can draw them.
 
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from agentrl.data import held_out
 from agentrl.metrics import rollout_metrics
+from agentrl.mixture import by_env
 from agentrl.types import ConfigError, Task
 
 if TYPE_CHECKING:
@@ -35,14 +39,14 @@ if TYPE_CHECKING:
 
 # rollout_metrics' names → eval/ names (what an evaluation reports); and every reward/<x> but
 # max and min as eval/reward_<x> (mean, std, each component), every tools/<name>/<x> as
-# eval/tools/<name>/<x>
+# eval/tools/<name>/<x> (`eval_metrics`)
 EVAL_NAMES = {
-    "rollout/tool_call_rate": "eval/tool_call_rate",
-    "rollout/turns": "eval/turns",
-    "rollout/parse_errors": "eval/parse_errors",
-    "rollout/tool_calls": "eval/tool_calls",
-    "rollout/tool_errors": "eval/tool_errors",
-    "rollout/tool_exceptions": "eval/tool_exceptions",
+    "rollout/tool_call_rate": "tool_call_rate",
+    "rollout/turns": "turns",
+    "rollout/parse_errors": "parse_errors",
+    "rollout/tool_calls": "tool_calls",
+    "rollout/tool_errors": "tool_errors",
+    "rollout/tool_exceptions": "tool_exceptions",
 }
 
 
@@ -97,14 +101,24 @@ async def evaluate(
     t0 = time.perf_counter()
     groups = await asyncio.gather(*(rollout.run_group(t, samples) for t in tasks))
     trajs = [tr for g in groups for tr in g]
-    raw = rollout_metrics(trajs)
-    out = {new: raw[old] for old, new in EVAL_NAMES.items() if old in raw}
-    for key, value in raw.items():
-        if key.startswith("reward/") and key not in ("reward/max", "reward/min"):
-            out[f"eval/reward_{key.removeprefix('reward/')}"] = value
-        elif key.startswith("tools/"):
-            out[f"eval/{key}"] = value
-    out["eval/episodes"] = float(len(trajs))
-    out["eval/failed"] = float(sum(t.stop_reason.is_infra_failure for t in trajs))
+    out = eval_metrics(trajs)
+    for env, gs in by_env(groups).items():  # env=mixture: each env's episodes apart too
+        out.update(eval_metrics([tr for g in gs for tr in g], f"eval/{env}/"))
     out["eval/timing_s"] = time.perf_counter() - t0
     return out, trajs
+
+
+def eval_metrics(trajs: list[Trajectory], prefix: str = "eval/") -> dict[str, float]:
+    """The eval/ metrics of `trajs` under `prefix` (a mixture's env: `eval/<env>/`): the
+    `EVAL_NAMES`, every reward/<x> but max and min as reward_<x>, tools/<name>/* as they are,
+    the episodes and those that failed for infrastructure reasons (not scored)."""
+    raw = rollout_metrics(trajs)
+    out = {f"{prefix}{new}": raw[old] for old, new in EVAL_NAMES.items() if old in raw}
+    for key, value in raw.items():
+        if key.startswith("reward/") and key not in ("reward/max", "reward/min"):
+            out[f"{prefix}reward_{key.removeprefix('reward/')}"] = value
+        elif key.startswith("tools/"):
+            out[f"{prefix}{key}"] = value
+    out[f"{prefix}episodes"] = float(len(trajs))
+    out[f"{prefix}failed"] = float(sum(t.stop_reason.is_infra_failure for t in trajs))
+    return out

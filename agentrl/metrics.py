@@ -61,6 +61,12 @@ eval/ — trainer.eval_every's fixed set (agentrl/evaluate.py), on the steps it 
     eval/tool_calls, eval/tool_errors, eval/tool_exceptions  (and eval/tools/<name>/* as tools/)
     eval/episodes, eval/failed      episodes rolled out / not scored (infrastructure failures)
     eval/timing_s                   seconds the evaluation took (not in timing_s/step)
+    eval/<env>/…                    env=mixture: the same names over one env's evaluation set
+env/<env>/ — env=mixture (agentrl/mixture.py): each env's part of the step, over its own groups
+    env/<env>/groups                its groups this step (0 when it drew none; the rest absent)
+    env/<env>/reward_mean, reward_std, reward_<component>   as reward/*
+    env/<env>/trajectories, tool_call_rate, turns, tool_calls, tool_errors, tool_exceptions,
+        parse_errors, sampled_tokens, truncated      as rollout/*; failed: infrastructure failures
 train/ — the learner and the trainer-side logprob pass
     train/loss, train/pg_loss       the optimized loss and its policy-gradient part
     train/clipfrac                  fraction of sampled tokens whose ratio was clipped (sum of:)

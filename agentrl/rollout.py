@@ -21,6 +21,7 @@ import math
 import time
 import traceback
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -191,20 +192,7 @@ class Rollout:
         the first `keep` groups to finish come back (still in task order); the others are
         cancelled at once: their in-flight generations are aborted on the engine
         (/abort_request) and their envs closed."""
-        if keep is None or keep >= len(tasks):
-            return list(await asyncio.gather(*(self.run_group(t) for t in tasks)))
-        running = {asyncio.ensure_future(self.run_group(t)): i for i, t in enumerate(tasks)}
-        done: dict[int, list[Trajectory]] = {}
-        try:
-            while len(done) < keep:
-                finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                for f in sorted(finished, key=running.__getitem__)[: keep - len(done)]:
-                    done[running.pop(f)] = f.result()  # several at once: launch order decides
-        finally:
-            for f in running:
-                f.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
-        return [done[i] for i in sorted(done)]
+        return await run_groups(self.run_group, tasks, keep)
 
     async def run_group(self, task: Task, n: int | None = None) -> list[Trajectory]:
         n = n or self.cfg.group_size
@@ -399,6 +387,29 @@ class Rollout:
             await env.close()
         except Exception as e:
             log.warning("env.close of %s failed: %s", traj.metadata["session"], e)
+
+
+async def run_groups(
+    run_group: Callable[[Task], Awaitable[list[Trajectory]]],
+    tasks: list[Task],
+    keep: int | None = None,
+) -> list[list[Trajectory]]:
+    """`Rollout.run` for any `run_group` (a mixture's too, agentrl/mixture.py): every task's
+    group in task order, or with `keep` the first `keep` to finish, the rest cancelled."""
+    if keep is None or keep >= len(tasks):
+        return list(await asyncio.gather(*(run_group(t) for t in tasks)))
+    running = {asyncio.ensure_future(run_group(t)): i for i, t in enumerate(tasks)}
+    done: dict[int, list[Trajectory]] = {}
+    try:
+        while len(done) < keep:
+            finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for f in sorted(finished, key=running.__getitem__)[: keep - len(done)]:
+                done[running.pop(f)] = f.result()  # several at once: launch order decides
+    finally:
+        for f in running:
+            f.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+    return [done[i] for i in sorted(done)]
 
 
 def check_round_trip(renderer: Renderer, parser: Parser) -> None:

@@ -40,10 +40,12 @@ from agentrl.data import TaskSampler
 from agentrl.display import ProgressLine, make_console
 from agentrl.engine import EngineClient, EngineConfig
 from agentrl.env import Env
+from agentrl.env_config import EnvConfig
 from agentrl.evaluate import eval_task_sets
 from agentrl.learner import LearnerConfig
 from agentrl.learner.group import LearnerGroup, ray_running, start_ray, stop_ray
 from agentrl.learner.memory import check_host, choose_offload, engine_fraction, host_bytes
+from agentrl.mixture import MixtureRollout, MixtureSampler, namespaced
 from agentrl.render import RenderError
 from agentrl.rollout import Rollout
 from agentrl.runlock import hold_run_dirs
@@ -72,11 +74,11 @@ class Run:
     out: Path
     console: Console
     tokenizer: Any  # a transformers tokenizer with the model's chat template
-    env_cls: type[Env]
-    sampler: TaskSampler
+    env_cls: type[Env] | None  # None for a mixture (env=mixture: its classes are in rollout)
+    sampler: TaskSampler | MixtureSampler
     engine: EngineClient
     sandbox: Sandbox
-    rollout: Rollout
+    rollout: Rollout | MixtureRollout
     fleet: Fleet | None = None  # the servers this run started, restarted when they fail
     policy: LearnerGroup | None = None
     reference: LearnerGroup | None = None  # frozen, when the algorithm uses one
@@ -108,12 +110,12 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
         stack.enter_context(hold_run_dirs(out, ckpt_dir, lambda s: console.print(f"note: {s}")))
         model_path = cfg.model.resolve()
         tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or model_path)
-        env_cls = cfg.env.load_class()
-        tasks, eval_tasks, eval_line = task_sets(cfg, env_cls, train)  # checked before the start
-        sampler = TaskSampler(tasks, seed=cfg.seed)
-        if eval_line:
-            console.print(f"[dim]{eval_line}[/]")
-        prepare_rollout(tokenizer, env_cls, cfg)  # template and parser: before any server
+        classes = env_classes(cfg)
+        sampler, eval_tasks, eval_lines = samplers(cfg, classes, train)  # checked before the start
+        for line in eval_lines:
+            console.print(f"[dim]{line}[/]")
+        for env_cls in classes.values():  # template and parser: before any server
+            prepare_rollout(tokenizer, env_cls, cfg)
         groups: dict[str, LearnerGroup] = {}
         ckpt = resumed = None
         engine_model, engine_cfg = model_path, cfg.engine
@@ -154,8 +156,9 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
         await engine.update_weight_version(str(resumed.step if resumed else 0))
         sandbox = make_sandbox(cfg.sandbox)
         stack.push_async_callback(_aquietly, "sandbox", sandbox.aclose)
-        rollout = Rollout(engine, tokenizer, env_cls, cfg.rollout, cfg.env.args, sandbox)
-        run = Run(cfg, out, console, tokenizer, env_cls, sampler, engine, sandbox, rollout,
+        rollout = make_rollout(cfg, classes, engine, tokenizer, sandbox)
+        single = classes[""] if isinstance(cfg.env, EnvConfig) else None
+        run = Run(cfg, out, console, tokenizer, single, sampler, engine, sandbox, rollout,
                   fleet=fleet, ckpt=ckpt, resumed=resumed, eval_tasks=eval_tasks,
                   **groups)  # fmt: skip
         if train:
@@ -187,19 +190,70 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
         yield run
 
 
+def env_classes(cfg: Config) -> dict[str, type[Env]]:
+    """The env class of the run (under the name ""), or a mixture's, by name (env=mixture)."""
+    if isinstance(cfg.env, EnvConfig):
+        return {"": cfg.env.load_class()}
+    return cfg.env.load_classes()
+
+
+def samplers(
+    cfg: Config, classes: dict[str, type[Env]], train: bool = True
+) -> tuple[TaskSampler | MixtureSampler, list[Task], list[str]]:
+    """The training tasks' sampler, the evaluation tasks (`task_sets`) and the console lines
+    about them. A mixture: each env's tasks and evaluation set apart (ids `<env>/<id>`), drawn
+    by weight (agentrl/mixture.py)."""
+    if isinstance(cfg.env, EnvConfig):
+        tasks, eval_tasks, line = task_sets(cfg, classes[""], train)
+        return TaskSampler(tasks, seed=cfg.seed), eval_tasks, [line] if line else []
+    members: dict[str, TaskSampler] = {}
+    eval_tasks, lines = [], []
+    for name, section in cfg.env.envs.items():
+        tasks, evals, line = task_sets(cfg, classes[name], train, section, f"env.envs.{name}")
+        members[name] = TaskSampler(namespaced(name, tasks), seed=cfg.seed)
+        eval_tasks += namespaced(name, evals)
+        lines += [f"{name}: {line}"] if line else []
+    weights = {name: section.weight for name, section in cfg.env.envs.items()}
+    return MixtureSampler(members, weights, seed=cfg.seed), eval_tasks, lines
+
+
 def task_sets(
-    cfg: Config, env_cls: type[Env], train: bool = True
+    cfg: Config,
+    env_cls: type[Env],
+    train: bool = True,
+    section: EnvConfig | None = None,
+    where: str = "env",
 ) -> tuple[list[Task], list[Task], str]:
     """The training tasks, the evaluation tasks (trainer.eval_every; none when it is 0 or not
-    training) and the line that says whether they are held out (trainer.eval_split)."""
-    tasks = cfg.env.load_tasks(env_cls)
+    training) and the line that says whether they are held out (trainer.eval_split), of
+    `section` (default: cfg.env; a mixture's member at `where`)."""
+    env = section or cfg.env
+    assert isinstance(env, EnvConfig), "a mixture's tasks are its envs' (samplers)"
+    tasks = env.load_tasks(env_cls, where=where)
     if not (train and cfg.trainer.eval_every):
         return tasks, [], ""
     candidates = (
-        None if cfg.env.eval_tasks is None else cfg.env.load_tasks(env_cls, evaluation=True)
+        None if env.eval_tasks is None else env.load_tasks(env_cls, evaluation=True, where=where)
     )
     t = cfg.trainer
     return eval_task_sets(tasks, candidates, t.eval_size, cfg.seed, t.eval_split)
+
+
+def make_rollout(
+    cfg: Config,
+    classes: dict[str, type[Env]],
+    engine: EngineClient,
+    tokenizer: Any,
+    sandbox: Sandbox,
+) -> Rollout | MixtureRollout:
+    """The run's Rollout; a mixture's is one per env, each with its env's args."""
+    if isinstance(cfg.env, EnvConfig):
+        return Rollout(engine, tokenizer, classes[""], cfg.rollout, cfg.env.args, sandbox)
+    members = {
+        name: Rollout(engine, tokenizer, classes[name], cfg.rollout, section.args, sandbox)
+        for name, section in cfg.env.envs.items()
+    }
+    return MixtureRollout(members)
 
 
 def prepare_rollout(tokenizer: Any, env_cls: type[Env], cfg: Config) -> None:
@@ -358,7 +412,7 @@ def _resume(
     cfg: Config,
     path: Path,
     groups: dict[str, LearnerGroup],
-    sampler: TaskSampler,
+    sampler: TaskSampler | MixtureSampler,
     console: Console,
 ) -> TrainerState:
     state = load_trainer_state(path)

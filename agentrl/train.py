@@ -88,6 +88,7 @@ from agentrl.metrics import (
     rollout_metrics,
     step_metrics,
 )
+from agentrl.mixture import MixtureRollout, MixtureSampler
 from agentrl.producer import GroupProducer, producing
 from agentrl.recovery import EngineRecovery, TrainingError
 from agentrl.rollout import Rollout
@@ -140,8 +141,8 @@ class Trainer(EngineRecovery):
             raise ValueError("Trainer needs a training run: open_run(cfg, out, train=True)")
         self.cfg, self.parts, self.out = cfg, run, run.out
         self.console: Console = run.console
-        self.sampler: TaskSampler = run.sampler
-        self.rollout: Rollout = run.rollout
+        self.sampler: TaskSampler | MixtureSampler = run.sampler
+        self.rollout: Rollout | MixtureRollout = run.rollout
         self.engine: EngineClient = run.engine
         self.fleet: Fleet | None = run.fleet  # servers we started and may restart
         self.policy: LearnerGroup = run.policy
@@ -177,6 +178,8 @@ class Trainer(EngineRecovery):
             trajs = [tr for g in groups for tr in g]
             self._check_failures(trajs)
         metrics = rollout_metrics(trajs, self.truncation)
+        if isinstance(self.rollout, MixtureRollout):  # env=mixture: env/<name>/* beside them
+            metrics.update(self.rollout.env_metrics(groups, self.truncation))
         metrics.update(recovery)
         self._watch_tools(trajs, metrics)
         if self.producer is None:  # sync: every turn must come from the weights just pushed

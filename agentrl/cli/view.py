@@ -1,9 +1,10 @@
-"""`agentrl view RUN_DIR [--eval] [--step N] [-n 4] [-o view.html]`: an HTML page of a run's
-trajectories, token by token (agentrl/trajectory_view.py draws it), for runs without W&B. Reads the
-run's trajectories.jsonl (runs/<run_name>/, or the newest of its preview/ folders when it has not
-trained yet), or with --eval its eval_trajectories.jsonl (the episodes of each evaluation,
-trainer.eval_every; --step picks the evaluation after that step, 0 the untrained policy's); the
-tokenizer comes from the run's saved Hydra config (or --tokenizer)."""
+"""`agentrl view RUN_DIR [--eval] [--step N] [--env NAME] [-n 4] [-o view.html]`: an HTML page
+of a run's trajectories, token by token (agentrl/trajectory_view.py draws it), for runs without
+W&B. Reads the run's trajectories.jsonl (runs/<run_name>/, or the newest of its preview/ folders
+when it has not trained yet), or with --eval its eval_trajectories.jsonl (the episodes of each
+evaluation, trainer.eval_every; --step picks the evaluation after that step, 0 the untrained
+policy's); --env shows only one env's episodes of a mixture (env=mixture: each trajectory's
+metadata names its env); the tokenizer comes from the run's saved Hydra config (or --tokenizer)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> None:
         "--eval", action="store_true", help="the evaluation episodes (eval_trajectories.jsonl)"
     )
     ap.add_argument("--step", type=int, default=None, help="which step (default: the last)")
+    ap.add_argument("--env", default=None, help="env=mixture: only this env's trajectories")
     ap.add_argument("-n", type=int, default=4, help="trajectories to show")
     ap.add_argument("-o", "--out", type=Path, default=None, help="default: <run>/view_<step>.html")
     ap.add_argument("--tokenizer", default=None, help="default: the run's model (.hydra config)")
@@ -75,6 +77,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(
             f"{path}: no trajectories for step {a.step}; it has steps {steps_in(path)}"
         )
+    if a.env is not None:
+        envs = sorted({str(t.metadata.get("env")) for _, t, _ in items if "env" in t.metadata})
+        items = [item for item in items if item[1].metadata.get("env") == a.env]
+        if not items:
+            raise SystemExit(f"{path}: no trajectories of env {a.env!r} at that step; its envs: "
+                             f"{envs or 'none named (not a mixture run)'}")  # fmt: skip
     trajs = [t for _, t, _ in items]
     lps = {i: lp for i, (_, _, lp) in enumerate(items) if lp is not None}
     chosen = [items[i] for i in pick(trajs, lps, a.n)]
@@ -83,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     kind = "eval after step" if evaluation else "step"
     step = items[0][0]
     out = a.out or path.parent / f"view_{'eval_' if evaluation else ''}{step}.html"
-    title = f"{path.parent.name} {kind} {step}"
+    title = f"{path.parent.name} {kind} {step}" + (f" · env {a.env}" if a.env else "")
     out.write_text(render_html(chosen, tok, a.max_tokens, title, kind))
     print(f"wrote {out} ({len(chosen)} trajectories of {kind} {step})")
 

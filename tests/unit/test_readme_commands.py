@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.config import compose, training_checks
+from agentrl.env_config import MixtureConfig
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 RUNS = ("agentrl train", "agentrl preview", "python -m agentrl.train")
@@ -63,9 +64,10 @@ def test_each_readme_command_composes_and_validates(command, my_env, monkeypatch
     if modules - set(my_env):
         pytest.skip(f"{sorted(modules - set(my_env))}: a user module the README only names")
     start = 2 if words[0] == "agentrl" else 3
-    overrides = [w for w in words[start:] if "=" in w and "…" not in w]
+    overrides = [w for w in words[start:] if ("=" in w or w[0] == "~") and "…" not in w]
     cfg = compose(overrides)
     if words[:2] != ["agentrl", "preview"]:
         training_checks(cfg)
-    if "my_env.AddEnv" in command:  # the user's own env loads its tasks
-        assert len(cfg.env.load_tasks(cfg.env.load_class())) == 100
+    if "my_env.AddEnv" in command:  # the user's own env loads its tasks (a mixture's member too)
+        env = cfg.env.envs["add"] if isinstance(cfg.env, MixtureConfig) else cfg.env
+        assert len(env.load_tasks(env.load_class())) == 100

@@ -1,0 +1,160 @@
+"""`env.*`: the env a run trains on (one Env class by import path, its attributes, the options of
+its `load_tasks` for training and evaluation), or with `env=mixture` several of them, each under
+its name with a weight (agentrl/mixture.py). agentrl/config.py composes it as `Config.env`; run.py
+loads the classes and the tasks through these methods, so a wrong option fails with its path.
+
+    env:                          env:   # env=mixture (configs/env/mixture.yaml)
+      _target_: my_env.AddEnv       envs:
+      args: {max_turns: 4}            code: {_target_: agentrl.envs.code_exec.CodeExecEnv,
+      tasks: {n: 100}                        weight: 3, tasks: {n: 256}}
+                                      units: {_target_: agentrl.envs.examples.units.UnitsEnv}
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+
+from agentrl.env import Env
+from agentrl.mixture import check_name, check_tools
+from agentrl.registry import import_path
+from agentrl.types import ConfigError, Task
+
+
+class EnvConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    target: str = Field(alias="_target_", description="import path of the Env subclass")
+    args: dict[str, Any] = Field(default_factory=dict, description="Env attributes to override")
+    tasks: dict[str, Any] = Field(default_factory=dict, description="kwargs of Env.load_tasks")
+    eval_tasks: dict[str, Any] | None = Field(
+        None,
+        description="kwargs of Env.load_tasks for the evaluation set (trainer.eval_every), e.g. "
+        "{split: test} or {seed: 1}; None: drawn from the training tasks' list (and left out of "
+        "training unless trainer.eval_split=shared)",
+    )
+
+    def load_tasks(
+        self, cls: type[Env], evaluation: bool = False, where: str = "env"
+    ) -> list[Task]:
+        """`cls.load_tasks(**env.tasks)` (or `**env.eval_tasks`), with the options checked first:
+        a key the function does not take (`env.tasks.pth`) or a value of the wrong type is a
+        ConfigError with its path (`where`: this section's), also when the function swallows
+        extra keys with `**_`. A None value means "not set"."""
+        key = "eval_tasks" if evaluation and self.eval_tasks is not None else "tasks"
+        kwargs = self.eval_tasks if key == "eval_tasks" else self.tasks
+        fn = cls.load_tasks
+        try:
+            hints = typing.get_type_hints(fn)
+        except Exception:  # annotations that do not resolve here: check the names only
+            hints = {}
+        fields: dict[str, Any] = {}
+        for name, p in inspect.signature(fn).parameters.items():
+            if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+                continue
+            default = ... if p.default is p.empty else p.default
+            fields[name] = (hints.get(name, Any), default)
+        options = create_model(  # type: ignore[call-overload]
+            f"{cls.__name__}Tasks", __config__=ConfigDict(extra="forbid"), **fields
+        )
+        given = {k: v for k, v in (kwargs or {}).items() if v is not None}
+        try:
+            checked = options.model_validate(given)
+        except ValidationError as e:
+            lines = []
+            for err in e.errors():
+                name = ".".join(map(str, err["loc"]))
+                if err["type"] != "extra_forbidden":
+                    lines.append(f"{where}.{key}.{name}: {err['msg']}")
+                    continue
+                match = difflib.get_close_matches(name, fields, n=1)
+                hint = f"; did you mean {where}.{key}.{match[0]}?" if match else ""
+                lines.append(
+                    f"{where}.{key}.{name}: unknown option of {cls.__name__}.load_tasks{hint}"
+                )
+            raise ConfigError(
+                f"{'; '.join(lines)} ({cls.__name__}.load_tasks takes: "
+                f"{', '.join(fields) or 'nothing'})"
+            ) from None
+        try:
+            return fn(**{k: getattr(checked, k) for k in given})
+        except FileNotFoundError as e:
+            raise ConfigError(f"{where}.{key}: {cls.__name__}.load_tasks: {e}") from None
+
+    def load_class(self, where: str = "env") -> type[Env]:
+        if self.target in ("", "???"):
+            raise ConfigError(
+                f"{where}._target_ is not set: name your Env class, e.g. "
+                "env=custom env._target_=my_module.MyEnv"
+            )
+        cls = import_path(self.target, f"{where}._target_")
+        if not (isinstance(cls, type) and issubclass(cls, Env)):
+            raise ConfigError(f"{where}._target_={self.target!r} is not a subclass of agentrl.Env")
+        for key in self.args:
+            if not hasattr(cls, key):
+                settings = [a for a in dir(cls) if a[0] != "_" and not callable(getattr(cls, a))]
+                known = ", ".join(settings)
+                match = difflib.get_close_matches(key, settings, n=1)
+                hint = f"did you mean {where}.args.{match[0]}?" if match else f"it has: {known}"
+                raise ConfigError(
+                    f"{where}.args.{key}: {cls.__name__} has no attribute {key!r}; {hint}"
+                )
+        return cls
+
+
+class MixtureMember(EnvConfig):
+    weight: float = Field(
+        1.0,
+        allow_inf_nan=False,
+        description="this env's share of the tasks drawn: weight / the sum of the envs' weights",
+    )
+
+    @field_validator("weight")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError(
+                "must be > 0 (it is a share of the tasks drawn); to leave this env out, drop it "
+                "from the mixture: ~env.envs.<name>"
+            )
+        return v
+
+
+class MixtureConfig(BaseModel):
+    """env=mixture: several envs in one run, each under its name (agentrl/mixture.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    envs: dict[str, MixtureMember] = Field(
+        description="name -> an env's section (_target_, args, tasks, eval_tasks) and its weight"
+    )
+
+    @field_validator("envs")
+    @classmethod
+    def _named(cls, v: dict[str, MixtureMember]) -> dict[str, MixtureMember]:
+        if not v:
+            raise ValueError("a mixture needs at least one env: env.envs.<name>._target_=…")
+        for name in v:
+            check_name(name)
+        return v
+
+    def load_classes(self) -> dict[str, type[Env]]:
+        """Every member's class (`EnvConfig.load_class`, errors at `env.envs.<name>`), checked
+        together: a tool name two envs give two meanings is a ConfigError."""
+        classes = {name: m.load_class(f"env.envs.{name}") for name, m in self.envs.items()}
+        check_tools(classes)
+        return classes
+
+
+def env_kind(v: Any) -> str:
+    """Which section `env` is: a mixture when it lists `envs`."""
+    if isinstance(v, dict):
+        return "mixture" if "envs" in v else "env"
+    return "mixture" if isinstance(v, MixtureConfig) else "env"
+
+
+ENV_KINDS = ("env", "mixture")  # the tags of Config.env's union (left out of error paths)
