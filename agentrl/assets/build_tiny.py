@@ -74,9 +74,13 @@ class TinySpec:
     dialogues: int = 6000
     # tool-use dialogues over the agentrl.assets.toolbox catalogue (varied tools, 1–3 per prompt)
     toolbox: int = 6000
+    # the share of toolbox tools named for their dialogue (toolbox.open_name): 0 in the shipped
+    # build; 0.5-0.7 over 40k dialogues x 3k batches of 128 on an H100 (~8 min) gave partial
+    # copies only (bench/tiny_schema.py: right name 0 of 256 on held-out names)
+    open_names: float = 0.0
     hidden_size: int = 128
     num_layers: int = 4
-    steps: int = 6000
+    steps: int = 10000
     batch_size: int = 32
     lr: float = 3e-3
     warmup: int = 50
@@ -332,6 +336,7 @@ def sft(
     families: list[int],
     spec: TinySpec,
     log: Callable,
+    device: str = "cpu",
 ) -> float:
     """Next-token cross-entropy on the mask-1 tokens; AdamW, warm-up then cosine decay.
 
@@ -340,6 +345,7 @@ def sft(
     full rows, a third of the compute for code_exec batches."""
     import torch
 
+    model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01, betas=(0.9, 0.98))
 
     def lr_at(step: int) -> float:
@@ -359,13 +365,15 @@ def sft(
         n_pre = max(common_prefix(batch), 1)
         if any(any(m[:n_pre]) for _, m in batch):
             raise AssertionError("the shared prefix contains trained tokens")
-        prefix = torch.tensor([batch[0][0][:n_pre]])
+        prefix = torch.tensor([batch[0][0][:n_pre]], device=device)
         width = max(len(ids) for ids, _ in batch) - n_pre
         ids_BT = torch.tensor(
-            [ids[n_pre:] + [pad] * (width + n_pre - len(ids)) for ids, _ in batch]
+            [ids[n_pre:] + [pad] * (width + n_pre - len(ids)) for ids, _ in batch], device=device
         )
         mask_BT = torch.tensor(
-            [m[n_pre:] + [0] * (width + n_pre - len(m)) for _, m in batch], dtype=torch.bool
+            [m[n_pre:] + [0] * (width + n_pre - len(m)) for _, m in batch],
+            dtype=torch.bool,
+            device=device,
         )
         cache = model.model(input_ids=prefix, use_cache=True).past_key_values
         cache.batch_repeat_interleave(len(batch))
@@ -381,7 +389,7 @@ def sft(
         ema = loss.item() if math.isnan(ema) else 0.95 * ema + 0.05 * loss.item()
         if step % 50 == 0 or step == spec.steps - 1:
             log(f"sft step {step}/{spec.steps} loss {ema:.4f}")
-    model.eval()
+    model.to("cpu").eval()
     return float(ema)
 
 
@@ -401,13 +409,15 @@ def _renderers(tokenizer: Any) -> Callable[[list[dict[str, Any]]], Renderer]:
     return get
 
 
-def build(out_dir: str | Path, spec: TinySpec = TinySpec(), log: Callable = print) -> Path:
+def build(
+    out_dir: str | Path, spec: TinySpec = TinySpec(), log: Callable = print, device: str = "cpu"
+) -> Path:
     """Write tokenizer + model + generation config + build_info.json to out_dir (replaced)."""
     import torch
     from transformers import GenerationConfig
 
     data = episodes(spec.dialogues, spec.seed, list(spec.kinds))
-    data += examples(spec.toolbox, seed=20_000 + spec.seed)
+    data += examples(spec.toolbox, seed=20_000 + spec.seed, open_names=spec.open_names)
     draft = _renderers(_wrap(_empty_tokenizer()))  # renders text; ids not used
     texts = [text for ex in data for text, _ in pieces(draft(ex.tools), ex)]
     tokenizer = train_tokenizer(texts)
@@ -420,7 +430,7 @@ def build(out_dir: str | Path, spec: TinySpec = TinySpec(), log: Callable = prin
     model = make_model(tokenizer, spec)
     log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
     families = [0] * spec.dialogues + [1] * spec.toolbox
-    loss = sft(model, rows, families, spec, log)
+    loss = sft(model, rows, families, spec, log, device)
 
     out = Path(out_dir)
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=out.parent if out.parent.exists() else None))
@@ -432,7 +442,8 @@ def build(out_dir: str | Path, spec: TinySpec = TinySpec(), log: Callable = prin
             tmp
         )
         info = {**spec.__dict__, "modes": MODES, "toolbox_modes": TOOLBOX_MODES, "sft_loss": round(loss, 4),
-                "torch": torch.__version__, "threads": torch.get_num_threads()}  # fmt: skip
+                "torch": torch.__version__, "threads": torch.get_num_threads(),
+                "device": torch.cuda.get_device_name() if device.startswith("cuda") else device}  # fmt: skip
         (tmp / "build_info.json").write_text(json.dumps(info, indent=1) + "\n")
         if out.exists():
             shutil.rmtree(out)
@@ -450,9 +461,19 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=TinySpec.steps)
     p.add_argument("--dialogues", type=int, default=TinySpec.dialogues)
     p.add_argument("--toolbox", type=int, default=TinySpec.toolbox)
+    p.add_argument("--open-names", type=float, default=TinySpec.open_names)
+    p.add_argument("--batch-size", type=int, default=TinySpec.batch_size)
+    p.add_argument("--device", default="cpu", help="where the warm start runs (cpu, cuda)")
     a = p.parse_args()
-    spec = TinySpec(seed=a.seed, steps=a.steps, dialogues=a.dialogues, toolbox=a.toolbox)
-    print(build(a.out_dir, spec))
+    spec = TinySpec(
+        seed=a.seed,
+        steps=a.steps,
+        dialogues=a.dialogues,
+        toolbox=a.toolbox,
+        open_names=a.open_names,
+        batch_size=a.batch_size,
+    )
+    print(build(a.out_dir, spec, device=a.device))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,17 @@
 """Synthetic tool-use dialogues: the shipped tiny model's lessons in following the tools it is given.
 
 Each example is one prompt with 1–3 tools drawn from a catalogue of small deterministic operations
-(arithmetic, unit conversions, string functions, table look-ups). Tool names, descriptions,
-argument names and argument descriptions vary per example (a pool per operation), the schemas are
-made by pydantic exactly as a user's `Tool.Args` would be, and the system prompt asks either for
-the bare result or for `<answer>RESULT</answer>`. The model learns to read the question, pick
-the tool whose name fits it, copy argument names from the schema and values from the question,
-and reply with the tool's result in the asked format.
+(arithmetic, unit conversions, string functions, table look-ups). Descriptions vary per example (a
+pool per operation); tool and argument names come from a pool per operation, or with
+`open_names` > 0 that share of tools is named for the example (`open_name`, `open_arg`: invented
+syllables, words and affixes), so a name is something to copy from the schema, not to recall.
+The shipped model was built with pooled names only: it calls the pool's names whatever the
+schema says (README, "The shipped model"); `open_names` is the way to a model that copies. The schemas are made by pydantic exactly as a
+user's `Tool.Args` would be, and the system prompt asks either for the bare result or for
+`<answer>RESULT</answer>`. The model learns to read the question, pick the tool whose description
+fits it, copy its name and argument names from the schema and values from the question, and
+reply with the tool's result in the asked format. `HELD_OUT_NAMES` never occur, so tests can
+check that on names the model never saw (tests/e2e/test_learning_envs.py).
 
 Behaviours, as in the code_exec warm-up: call the right tool with the right arguments and reply
 with its result (`good`); call with a wrong value or the wrong tool and reply with that result
@@ -55,6 +60,83 @@ _ITEMS = ("apple", "bread", "cheese", "coffee", "eggs", "milk", "rice", "tea", "
           "pasta", "salt", "sugar", "juice", "soap", "paper", "lamp", "chair", "book", "pen")  # fmt: skip
 _CITIES = ("Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Delhi", "Quito", "Rome", "Seoul", "Accra",
            "Dakar", "Hanoi", "Bern", "Riga", "Sofia", "Tunis", "Minsk", "Perth", "Porto", "Kyiv")  # fmt: skip
+
+
+# Names no warm-up dialogue uses, as tool or argument names (`example` draws again on a clash):
+# the tests' envs take theirs from here, so "the model never saw this name" holds by construction.
+HELD_OUT_NAMES = frozenset({
+    "tally_pair", "blend_totals", "combine_qty", "plus_two", "sum_up", "accumulate",
+    "first_amount", "second_amount", "augend", "addend", "lhs_value", "rhs_value",
+    "quantity", "amount", "measure", "convert_it", "heat_scale", "scale_temp",
+})  # fmt: skip
+
+_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "gr",
+           "st", "tr", "pl", "sk", "ch", "sh", "qu", "w", "h", "j", "c", "fl")  # fmt: skip
+_VOWELS = ("a", "e", "i", "o", "u", "a", "e", "o", "ai", "ou", "ea", "y")
+_CODAS = ("", "", "", "n", "r", "s", "x", "l", "m", "k", "t", "nd", "st")
+_AFFIXES = ("get", "calc", "do", "find", "run", "compute", "my", "fn", "tool", "op", "eval",
+            "apply", "query", "lookup", "fetch", "make", "check", "to", "from", "the")  # fmt: skip
+_NOUNS = ("value", "num", "number", "val", "input", "arg", "param", "x", "n", "data", "item",
+          "amount", "count", "size", "key", "term", "text", "str", "in", "operand")  # fmt: skip
+
+
+def _made_up(rng: random.Random) -> str:
+    """A pronounceable invented word of 1–3 syllables."""
+    n = rng.choice((1, 2, 2, 2, 3))
+    return "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(n))
+
+
+def _word(rng: random.Random) -> str:
+    return _made_up(rng) if rng.random() < 0.6 else rng.choice(_WORDS + _ITEMS).lower()
+
+
+def open_name(rng: random.Random) -> str:
+    """A tool name never drawn from a pool: made-up words joined as users name functions."""
+    shape = rng.randrange(6)
+    if shape == 0:
+        return _made_up(rng)
+    if shape == 1:
+        return f"{rng.choice(_AFFIXES)}_{_word(rng)}"
+    if shape == 2:
+        return f"{_word(rng)}_{_word(rng)}"
+    if shape == 3:
+        return f"{_word(rng)}_{rng.choice(_NOUNS)}"
+    if shape == 4:  # camelCase
+        return rng.choice(_AFFIXES) + _word(rng).capitalize()
+    return f"{_word(rng)}{rng.randint(1, 99)}"
+
+
+def open_arg(rng: random.Random) -> str:
+    """An argument name never drawn from a pool."""
+    shape = rng.randrange(5)
+    if shape == 0:
+        return _made_up(rng)
+    if shape == 1:
+        return f"{_made_up(rng)}_{rng.choice(_NOUNS)}"
+    if shape == 2:
+        return f"{rng.choice(_NOUNS)}_{_word(rng)}"
+    if shape == 3:
+        return f"{rng.choice(_NOUNS)}{rng.randint(1, 9)}"
+    return rng.choice(string.ascii_lowercase) + rng.choice(("", "", "_" + rng.choice(_NOUNS)))
+
+
+def _open_args(rng: random.Random, arity: int) -> tuple[str, ...]:
+    while True:
+        names = tuple(open_arg(rng) for _ in range(arity))
+        if len(set(names)) == arity and not set(names) & HELD_OUT_NAMES:
+            return names
+
+
+def _names(op: Op, rng: random.Random, open_p: float) -> tuple[str, tuple[str, ...]]:
+    """(tool name, argument names) of one tool of an example: pooled or (with `open_p`) made up."""
+    arity = len(op.args[0])
+    if rng.random() < open_p:
+        while (name := open_name(rng)) in HELD_OUT_NAMES:
+            pass
+        args = _open_args(rng, arity) if rng.random() < 0.8 else rng.choice(op.args)
+        return name, args
+    args = _open_args(rng, arity) if rng.random() < 0.3 else rng.choice(op.args)
+    return rng.choice(op.names), args
 
 
 def _hash_int(text: str, lo: int, hi: int) -> int:
@@ -211,12 +293,20 @@ def _json_value(v: Any, arg_type: type) -> Any:
     return float(v) if arg_type is float and not isinstance(v, int) else v
 
 
-def example(rng: random.Random, mode: str) -> Example:
+def example(rng: random.Random, mode: str, open_names: float = 0.0) -> Example:
     op = rng.choice(OPS)
     k = rng.choice([1, 1, 2, 2, 3])
     others = rng.sample([o for o in OPS if o.kind != op.kind], k - 1)
-    chosen = [(o, rng.choice(o.names), rng.choice(o.descriptions), rng.choice(o.args)) for o in
-              [op, *others]]  # fmt: skip
+    if open_names <= 0:  # pooled names only (the shipped model's build draws exactly these)
+        chosen = [(o, rng.choice(o.names), rng.choice(o.descriptions), rng.choice(o.args))
+                  for o in [op, *others]]  # fmt: skip
+    else:
+        chosen = []
+        for o in [op, *others]:
+            name, args = _names(o, rng, open_names)
+            while name in {c[1] for c in chosen}:
+                name, args = _names(o, rng, open_names)
+            chosen.append((o, name, rng.choice(o.descriptions), args))
     rng.shuffle(chosen)
     tools = [tool_schema(n, d, a, o.arg_type, rng) for o, n, d, a in chosen]
     target = next(c for c in chosen if c[0] is op)
@@ -275,7 +365,7 @@ def example(rng: random.Random, mode: str) -> Example:
     )
 
 
-def examples(n: int, seed: int) -> list[Example]:
+def examples(n: int, seed: int, open_names: float = 0.0) -> list[Example]:
     rng = random.Random(seed)
     names, weights = list(MODES), list(MODES.values())
-    return [example(rng, rng.choices(names, weights)[0]) for _ in range(n)]
+    return [example(rng, rng.choices(names, weights)[0], open_names) for _ in range(n)]
