@@ -14,9 +14,11 @@ from agentrl.train import train
 pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's runs (conftest)
 
 STEPS = 14  # evaluation +0.59, +0.74 (s=1), +0.60, +0.74 (s=4) over seeds 0-1; bar +0.25
+# (s=1 is no longer run in CI: one learning run per algorithm family; the bound itself is checked
+# on every step below, and the staleness accounting in tests/unit/test_producer.py)
 
 
-@pytest.mark.parametrize("staleness", [1, 4])
+@pytest.mark.parametrize("staleness", [4])
 def test_quick_start_learns_in_async_mode(staleness, tmp_path):
     cfg = compose([*eval_overrides(STEPS), f"trainer.dir={tmp_path}/ckpt", "trainer.mode=async",
                    f"trainer.max_staleness={staleness}"])  # fmt: skip
