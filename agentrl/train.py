@@ -658,11 +658,26 @@ def main() -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
         with errors_for_people(TrainingError):
             cfg = load_config(raw)
-            history = asyncio.run(train(cfg, Path(HydraConfig.get().runtime.output_dir)))
+            try:
+                history = asyncio.run(train(cfg, Path(HydraConfig.get().runtime.output_dir)))
+            except KeyboardInterrupt:  # the servers and workers are closed by now
+                print(f"\ninterrupted: {resume_note(cfg)}")
+                raise SystemExit(130) from None
         if history:
             first, last = history[0], history[-1]
             print(
                 f"done: {len(history)} steps, reward {first.get('reward/mean', math.nan):.3f} → "
+def resume_note(cfg: Config) -> str:
+    """Where a stopped run stands and how to go on (Ctrl-C)."""
+    ckpt = CheckpointManager(cfg.trainer.checkpoint_config(cfg.run_name))
+    path = ckpt.resume_path()
+    if path is None:
+        return (f"no checkpoint yet (one every trainer.every={cfg.trainer.every} steps): the same "
+                "command starts over")  # fmt: skip
+    how = "the same command" if cfg.trainer.resume == "auto" else "add trainer.resume=auto: it"
+    return f"the last checkpoint is step {load_trainer_state(path).step} ({path}); {how} resumes from it"
+
+
                 f"{last.get('reward/mean', math.nan):.3f}, tool_call_rate "
                 f"{first['rollout/tool_call_rate']:.2f} → {last['rollout/tool_call_rate']:.2f}"
             )

@@ -74,8 +74,11 @@ class ServiceSandbox:
         self._generation = 0  # +1 per restart of the owned service
         self._sessions: dict[str, int] = {}  # session key -> generation its state lives in
         self._reviving = asyncio.Lock()
+        self._closed = False  # aclose() ran: no new connection (an episode's late close_session)
 
     def _client(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise SandboxUnavailable("the sandbox client is closed (the run is shutting down)")
         loop = asyncio.get_running_loop()
         if self._http is None or self._loop is not loop:
             # idle connections close after 2 s, well before the service's keep-alive (30 s), so
@@ -113,6 +116,8 @@ class ServiceSandbox:
     async def close_session(self, session: str) -> None:
         key = session_key(session)
         self._sessions.pop(key, None)
+        if self._closed:  # an episode cancelled at shut-down: the service reaps it (its lease)
+            return
         try:
             await self._post("/v1/sessions/close", {"session": key}, 30.0, replay=True)
         except SandboxUnavailable as e:  # the service reaps it when its lease expires
@@ -125,6 +130,7 @@ class ServiceSandbox:
             return await resp.json()
 
     async def aclose(self) -> None:
+        self._closed = True
         if self._http is not None and self._loop is asyncio.get_running_loop():
             await self._http.close()
         self._http = None

@@ -149,15 +149,18 @@ def test_killed_run_resumes_with_the_same_data_order(mode, kill, tmp_path):
     """Also in async mode, where a checkpoint holds the groups in flight (finished ones as they
     were, unfinished ones rolled out again on resume): nothing lost, nothing trained twice. And
     killed while step 2's checkpoint is being written behind step 3 (trainer.async_save): the
-    run resumes from step 1's."""
+    run resumes from step 1's. The async run is stopped as Ctrl-C stops it (SIGINT to the
+    process group): one line says where it stands and how to go on, no traceback."""
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
     extra = [f"trainer.mode={mode}"]
     subprocess.run(_train_cmd(ref_dir, "out", 3, *extra), cwd=ROOT, check=True,
                    capture_output=True)  # fmt: skip
     # the same run, SIGKILLed (whole process group) once step 1 is checkpointed …
+    log = tmp_path / "killed.log"
     proc = subprocess.Popen(_train_cmd(run_dir, "out", 3, *extra), cwd=ROOT,
-                            start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+                            start_new_session=True, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                            )  # fmt: skip
     latest, staging = run_dir / "ckpt" / "latest", run_dir / "ckpt" / ".tmp"
 
     def ready() -> bool:
@@ -169,8 +172,13 @@ def test_killed_run_resumes_with_the_same_data_order(mode, kill, tmp_path):
     while not ready():
         assert proc.poll() is None and time.monotonic() < deadline, "run ended before step 1"
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    os.killpg(proc.pid, signal.SIGKILL if kill == "writing" else signal.SIGINT)
+    proc.wait(60)
+    if kill == "committed":  # Ctrl-C
+        out = log.read_text()
+        assert proc.returncode == 130, out[-3000:]
+        assert "interrupted: the last checkpoint is step" in out and "resumes from it" in out
+        assert "Traceback" not in out and "Unclosed" not in out, out[-3000:]
     if kill == "writing":
         assert latest.read_text().strip() == "step_00000001"
         assert not (run_dir / "ckpt" / "step_00000002").exists()
