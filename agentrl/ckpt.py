@@ -94,6 +94,10 @@ class TrainerState(BaseModel):
     identity: dict[str, Any] = Field(
         default_factory=dict, description="what the run trains: env, tasks, model, algorithm"
     )
+    settings: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the run's settings, dotted keys, no secrets (agentrl.settings_diff)",
+    )
     extra: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from transformers import AutoTokenizer
 
 from agentrl.ckpt import (
@@ -51,6 +52,7 @@ from agentrl.rollout import Rollout
 from agentrl.runlock import hold_run_dirs
 from agentrl.sandbox import Sandbox, make_sandbox
 from agentrl.servers import Fleet, launch_fleet, launch_router, split_local_gpus, visible_gpus
+from agentrl.settings_diff import compare, refusal, settings_of
 from agentrl.tracking import JsonlSink, Tracker
 from agentrl.types import ConfigError, Task
 from agentrl.weight_sync import (
@@ -292,7 +294,8 @@ def resume_point(cfg: Config, ckpt: CheckpointManager | None = None) -> Path | N
     path = ckpt.resume_path()
     if path is None or cfg.trainer.resume != "auto":  # an explicit dir: resumed on purpose
         return path
-    theirs, ours = load_trainer_state(path).identity, cfg.identity()
+    state = load_trainer_state(path)
+    theirs, ours = state.identity, cfg.identity()
     if theirs and theirs != ours:
         diff = ", ".join(
             f"{k}: {theirs.get(k)!r} there, {ours.get(k)!r} here"
@@ -304,6 +307,9 @@ def resume_point(cfg: Config, ckpt: CheckpointManager | None = None) -> Path | N
             f"run_name=<a new name> (or trainer.resume=never), or resume that checkpoint on "
             f"purpose with trainer.resume={path}"
         )
+    now = settings_of(cfg.model_dump(mode="json", by_alias=True))
+    if error := refusal(compare(state.settings, now), state.step, str(path)):
+        raise ConfigError(error)
     return path
 
 
@@ -417,9 +423,13 @@ def _resume(
 ) -> TrainerState:
     state = load_trainer_state(path)
     optimizer = cfg.trainer.save_optimizer
+    changes = compare(state.settings, settings_of(cfg.model_dump(mode="json", by_alias=True)))
+    for c in changes:  # applied, never silently kept (refused ones stopped resume_point)
+        console.print(f"[yellow]{escape(str(c))} from step {state.step + 1}[/]")
     changed = groups["policy"].load_checkpoint(str(path / "policy"), optimizer=optimizer)
-    for name, (then, now) in sorted(changed.items()):  # applied, never silently kept
-        console.print(f"[yellow]learner.{name} {then} → {now} from step {state.step + 1}[/]")
+    for name, (then, now) in sorted(changed.items()):  # said above, unless the checkpoint is
+        if not state.settings:  # older than its settings record
+            console.print(f"[yellow]learner.{name} {then} → {now} from step {state.step + 1}[/]")
     if "critic" in groups:
         if not (path / "critic").exists():
             raise ConfigError(
@@ -429,7 +439,8 @@ def _resume(
             )
         changed = groups["critic"].load_checkpoint(str(path / "critic"), optimizer=optimizer)
         for name, (then, now) in sorted(changed.items()):
-            console.print(f"[yellow]critic {name} {then} → {now} from step {state.step + 1}[/]")
+            if not state.settings:
+                console.print(f"[yellow]critic {name} {then} → {now} from step {state.step + 1}[/]")
     sampler.load_state_dict(state.data_cursor)
     restore_rng(state.rng)
     return state
@@ -474,6 +485,7 @@ def save_checkpoint(
         rng=capture_rng(),
         consecutive_skips=consecutive_skips,
         identity=run.cfg.identity(),
+        settings=settings_of(run.cfg.model_dump(mode="json", by_alias=True)),
         wandb_run_id=run.tracker.run_id if run.tracker else None,
         extra=extra or {},
     )

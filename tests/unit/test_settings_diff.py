@@ -1,0 +1,82 @@
+"""Resume is explicit about every setting (agentrl/settings_diff.py): walked over every setting of
+the composed config, a changed value is either printed as applied or refused with its reason,
+and no secret is written into a checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.config import compose
+from agentrl.run import resume_point
+from agentrl.settings_diff import IGNORED, REFUSED, compare, refusal, rule_of, settings_of
+from agentrl.types import ConfigError
+
+
+def _other(v):
+    """A different value of the same kind."""
+    if isinstance(v, bool):
+        return not v
+    if isinstance(v, int | float):
+        return v + 1 if v != -1 else 7
+    if isinstance(v, str):
+        return v + "x"
+    if isinstance(v, list):
+        return [*v, "x"]
+    return "x" if v is None else {"x": 1}
+
+
+def _settings(*overrides: str) -> dict:
+    return settings_of(compose(list(overrides)).model_dump(mode="json", by_alias=True))
+
+
+def test_every_setting_changed_on_resume_is_applied_and_said_or_refused_with_its_reason():
+    saved = _settings()
+    assert len(saved) > 200
+    applied = refused = 0
+    for key, value in saved.items():
+        now = {**saved, key: _other(value)}
+        changes = compare(saved, now)
+        if any(key == p or key.startswith(p + ".") for p in IGNORED):
+            assert changes == []
+            continue
+        (c,) = changes  # never silently dropped
+        assert str(c) == f"{key} {value if value is not None else '(unset)'} → {now[key]}"
+        error = refusal(changes, 4, "ckpt/step_00000004")
+        if c.refused:
+            refused += 1
+            assert error is not None and key in error and c.refused in error
+        else:
+            applied += 1
+            assert error is None
+    assert refused >= 10 and applied > 150, (refused, applied)
+
+
+def test_the_refusal_rules_name_real_settings():
+    keys = _settings("env=mixture").keys() | _settings().keys()
+    for pattern in REFUSED:
+        assert any(rule_of(k) == REFUSED[pattern] for k in keys), pattern
+    assert rule_of("env.envs.units.tasks.n") and not rule_of("env.envs.units.weight")
+    assert rule_of("model.tokenizer") and not rule_of("learner.model_path_x")
+
+
+def test_no_secret_goes_into_a_checkpoint():
+    s = _settings("engine.api_key=sk-secret", "sandbox.token=tok-secret")
+    assert "sk-secret" not in str(s) and "tok-secret" not in str(s)
+    assert not [k for k in s if k.endswith(("api_key", "token"))]
+
+
+def test_resume_point_refuses_a_changed_seed_before_anything_starts(tmp_path):
+    from agentrl.ckpt import CheckpointManager, TrainerState
+
+    cfg = compose([f"trainer.dir={tmp_path}", "seed=3"])
+    mgr = CheckpointManager(cfg.trainer.checkpoint_config(cfg.run_name))
+    with mgr.write(2) as staged:
+        (staged.path / "policy").mkdir()
+        staged.state = TrainerState(step=2, identity=cfg.identity(),
+                                    settings=settings_of(cfg.model_dump(mode="json",
+                                                                        by_alias=True)))  # fmt: skip
+    assert resume_point(cfg) == mgr.resume_path()  # the same settings: resumed
+    again = compose([f"trainer.dir={tmp_path}", "seed=4", "learner.lr=0.5"])
+    with pytest.raises(ConfigError, match=r"seed 3 → 4: the data order") as e:
+        resume_point(again)
+    assert "learner.lr" not in str(e.value)  # applied, not refused
