@@ -9,6 +9,12 @@ each row's logprobs equal a plain forward over its own ids (tests/e2e/test_devse
 Prefill computes only what the prefix cache (agentrl/devcache.py) does not hold: a row's cached
 keys/values sit right-aligned before its new tokens (the padding between them is masked), and
 identical prompts admitted together are computed once and their cache rows copied.
+
+Batched, a row's logprobs still move in the last bits with its neighbours (2e-5 on the tiny
+model: the matrix products take another path for another row count, the padding shifts the
+attention's sums) and with what the prefix cache held. `solo` (the server's
+--enable-deterministic-inference) computes every request alone, a batch of one with no prefix
+cache, so its ids and logprobs follow from its prompt, parameters and sampling seed only.
 """
 
 from __future__ import annotations
@@ -157,10 +163,12 @@ class BatchEngine:
         attn: str,
         seed: int,
         prefix_cache_mb: float = 0.0,
+        solo: bool = False,
     ):
         self.device, self.dtype, self.attn = torch.device(device), dtype, attn
         self.model = self.load(model_path)
-        self.prefix = PrefixCache(int(prefix_cache_mb * 2**20))
+        self.solo = solo  # each request computed alone, its KV never cached (module docstring)
+        self.prefix = PrefixCache(0 if solo else int(prefix_cache_mb * 2**20))
         self.epoch = 0  # counts weight changes: KV from an older epoch is never cached
         cfg = self.model.config
         eos = set(_as_list(cfg.eos_token_id))
@@ -169,7 +177,8 @@ class BatchEngine:
         self.eos_ids = frozenset(eos)
         self.vocab_size = int(cfg.vocab_size)
         self.context_len = int(getattr(cfg, "max_position_embeddings", 0) or 32768)
-        self.batch: Batch | None = None
+        self.batch: Batch | None = None  # the running batch (batched mode)
+        self.rows: list[Batch] = []  # solo: one single-row batch per running request
         self.gen = torch.Generator().manual_seed(seed)
         self.stats: Counter[str] = Counter()
         self.decode_batch_sizes: Counter[int] = Counter()
@@ -182,10 +191,38 @@ class BatchEngine:
 
     # -- one scheduler step ---------------------------------------------------------------------
 
+    def batches(self) -> list[Batch]:
+        """The running batches: the batch, or in solo mode one per request."""
+        if self.solo:
+            return self.rows
+        return [] if self.batch is None else [self.batch]
+
+    def running(self) -> list[Req]:
+        return [r for b in self.batches() for r in b.reqs]
+
+    @property
+    def idle(self) -> bool:
+        return self.batch is None and not self.rows
+
+    def clear(self) -> None:
+        """Forget every running request (a failed step; the caller fails them)."""
+        self.batch, self.rows = None, []
+
     @torch.no_grad()
     def step(self, new: list[Req]) -> list[Req]:
         """Drop aborted rows, prefill `new` into the batch, decode one token. Returns finished."""
         done = self.drop_aborted()
+        if self.solo:  # one request at a time: its numbers never depend on the others
+            for r in new:
+                self.stats["prefill_steps"] += 1
+                nb = self.prefill([r])
+                done += self.remove_finished(nb)
+                if nb.reqs:
+                    self.rows.append(nb)
+            for b in self.rows:
+                done += self.decode(b)
+            self.rows = [b for b in self.rows if b.reqs]
+            return done
         if new:
             self.stats["prefill_steps"] += 1
             self.stats["joined_running_batch"] += self.batch is not None
@@ -193,25 +230,28 @@ class BatchEngine:
             done += self.remove_finished(nb)
             if nb.reqs:
                 self.batch = self.merge(self.batch, nb)
-        b = self.batch
-        if b is not None:
-            self.stats["decode_steps"] += 1
-            self.decode_batch_sizes[len(b.reqs)] += 1
-            ids = torch.tensor([[r.out[-1]] for r in b.reqs], device=self.device)
-            b.mask = torch.cat([b.mask, b.mask.new_ones(len(b.reqs), 1)], dim=1)
-            out = self.model(
-                input_ids=ids,
-                attention_mask=b.mask,
-                position_ids=b.pos[:, None],
-                past_key_values=b.cache,
-                use_cache=True,
-            )
-            b.pos = b.pos + 1
-            self.sample(out.logits[:, -1, :], b.reqs)
-            done += self.remove_finished(b)
-            if not b.reqs:
+        if self.batch is not None:
+            done += self.decode(self.batch)
+            if not self.batch.reqs:
                 self.batch = None
         return done
+
+    def decode(self, b: Batch) -> list[Req]:
+        """One token for every row of `b`; the rows that finished leave it and come back."""
+        self.stats["decode_steps"] += 1
+        self.decode_batch_sizes[len(b.reqs)] += 1
+        ids = torch.tensor([[r.out[-1]] for r in b.reqs], device=self.device)
+        b.mask = torch.cat([b.mask, b.mask.new_ones(len(b.reqs), 1)], dim=1)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=b.mask,
+            position_ids=b.pos[:, None],
+            past_key_values=b.cache,
+            use_cache=True,
+        )
+        b.pos = b.pos + 1
+        self.sample(out.logits[:, -1, :], b.reqs)
+        return self.remove_finished(b)
 
     def prefill(self, reqs: list[Req]) -> Batch:
         seqs = [r.prompt + r.out for r in reqs]  # out is non-empty only for retracted requests
@@ -343,14 +383,15 @@ class BatchEngine:
         return done
 
     def drop_aborted(self) -> list[Req]:
-        b = self.batch
-        if b is None:
-            return []
-        gone = [r for r in b.reqs if r.abort is not None]
-        if gone:
-            self.select(b, [i for i, r in enumerate(b.reqs) if r.abort is None])
-            if not b.reqs:
-                self.batch = None
+        gone = []
+        for b in self.batches():
+            out = [r for r in b.reqs if r.abort is not None]
+            if out:
+                self.select(b, [i for i, r in enumerate(b.reqs) if r.abort is None])
+                gone += out
+        if self.batch is not None and not self.batch.reqs:
+            self.batch = None
+        self.rows = [b for b in self.rows if b.reqs]
         for r in gone:
             r.finish = abort_reason(r.abort)
         return gone
@@ -370,8 +411,8 @@ class BatchEngine:
 
     def retract(self) -> list[Req]:
         """Drop the KV cache of every running request; they are re-prefilled later."""
-        reqs = self.batch.reqs if self.batch else []
-        self.batch = None  # prefill(prompt + out) rebuilds the cache and samples the next id
+        reqs = self.running()
+        self.clear()  # prefill(prompt + out) rebuilds the cache and samples the next id
         return reqs
 
     # -- weights -------------------------------------------------------------------------------

@@ -26,6 +26,12 @@ them) unless generation is paused, and run between scheduler steps. What differs
   - no stop strings / regex / penalties / streaming (no tokenizer): such requests get a 400.
   - LoRA adapters (/load_lora_adapter, `lora_path`): one adapter per batch (agentrl/devlora.py).
   - /health answers from the scheduler's state; /health_generate runs a 1-token generation.
+  - --enable-deterministic-inference (SGLang's name; trainer.deterministic passes it) computes
+    each request alone, a batch of one with no prefix cache: a request's ids and logprobs follow
+    from its prompt, sampling parameters and `sampling_seed` alone, never from the requests
+    timing put beside it (batched, its logprobs move by ~1e-5). Slower: the tiny model's 64
+    requests x 40 tokens took 4.5x as long. Unseeded requests still draw from one generator
+    shared in arrival order.
   - the key (SGLang: --api-key, --admin-api-key) comes from $AGENTRL_ENGINE_API_KEY, off the
     command line; with it every route but /health answers 401 without
     `Authorization: Bearer <key>` (agentrl.devroutes.BearerAuth), /health_generate too.
@@ -86,6 +92,7 @@ class ServerArgs:
     seed: int = 0
     dist_timeout_s: float = 1800.0
     prefix_cache_mb: float = 256.0
+    enable_deterministic_inference: bool = False
 
 
 def die_released(released: set[str]) -> None:
@@ -113,6 +120,7 @@ class DevServer:
             args.attn_implementation,
             args.seed,
             args.prefix_cache_mb,
+            solo=args.enable_deterministic_inference,
         )
         self.context_len = args.context_length or self.engine.context_len
         self.weight_version = args.weight_version
@@ -195,27 +203,26 @@ class DevServer:
             self.waiting.remove(r)
             r.finish = abort_reason(r.abort)
             self.resolve(r)
-        b = self.engine.batch
-        running = len(b.reqs) if b else 0
+        running = self.engine.running()
         if self.args.scheduler == "dynamic" and running:
             return []
         # one LoRA adapter per batch: the running one's, or the first waiting request's
-        lora = b.reqs[0].lora if b and b.reqs else (self.waiting[0].lora if self.waiting else None)
-        slots = self.args.max_running_requests - running
+        lora = running[0].lora if running else (self.waiting[0].lora if self.waiting else None)
+        slots = self.args.max_running_requests - len(running)
         new = pick(self.waiting, lora, slots, self.args.max_prefill_tokens)
         taken = {id(r) for r in new}
         self.waiting = [r for r in self.waiting if id(r) not in taken]
         return new
 
     def step(self, new: list[Req]) -> list[Req]:
-        if new and self.engine.batch is None:  # a new batch: its adapter's weights
+        if new and self.engine.idle:  # a new batch: its adapter's weights
             self.lora.switch(self.engine, new[0].lora)
         return self.engine.step(new)
 
     async def run(self) -> None:
         """The scheduler: one engine step at a time, in a worker thread, between admin work."""
         while True:
-            if self.paused or (not self.waiting and self.engine.batch is None):
+            if self.paused or (not self.waiting and self.engine.idle):
                 self.work.clear()
                 await self.work.wait()
                 continue
@@ -223,14 +230,14 @@ class DevServer:
                 if self.paused:
                     continue
                 new = self.admit()
-                if not new and self.engine.batch is None:
+                if not new and self.engine.idle:
                     continue
                 try:
                     done = await asyncio.to_thread(self.step, new)
                 except Exception as e:  # a broken step fails its requests, not the server
                     log.exception("scheduler step failed")
-                    done = new + (self.engine.batch.reqs if self.engine.batch else [])
-                    self.engine.batch = None
+                    done = new + self.engine.running()
+                    self.engine.clear()
                     for r in done:
                         r.finish = abort_reason(f"{type(e).__name__}: {e}") | {"status_code": 500}
             for r in done:
@@ -389,9 +396,9 @@ class DevServer:
         }
 
     def server_info(self) -> dict[str, Any]:
-        e, b = self.engine, self.engine.batch
+        e = self.engine
         state = {
-            "num_running_reqs": len(b.reqs) if b else 0,
+            "num_running_reqs": len(e.running()),
             "num_waiting_reqs": len(self.waiting),
             "paused": self.paused,
             "stats": dict(e.stats),
@@ -407,6 +414,7 @@ class DevServer:
             "max_running_requests": a.max_running_requests,
             "max_prefill_tokens": a.max_prefill_tokens,
             "scheduler": a.scheduler,
+            "enable_deterministic_inference": a.enable_deterministic_inference,
             "skip_tokenizer_init": True,
             "device": a.device,
             "weight_version": self.weight_version,
@@ -469,6 +477,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument(
         "--prefix-cache-mb", type=float, default=256.0, help="KV of past sequences kept; 0: off"
+    )
+    p.add_argument(
+        "--enable-deterministic-inference",
+        action="store_true",
+        help="each request computed alone, no prefix cache: ids and logprobs that depend only on "
+        "the request (and its sampling_seed), never on the others; slower",
     )
     p.add_argument("--log-level", default="warning")
     a = p.parse_args(argv)
