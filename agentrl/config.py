@@ -196,6 +196,14 @@ class TrainerConfig(CheckpointConfig):
         "/pause_generation) and they go on under the new weights, keeping what they sampled "
         "with its version (agentrl/gate.py); false: the push waits for them to finish",
     )
+    deterministic: bool = Field(
+        False,
+        description="two runs of the same command give the same metrics, step by step (timings "
+        "aside): every engine request carries a sampling seed from (seed, step, task, sample, "
+        "turn), the dev server computes each request alone with no prefix cache (SGLang: "
+        "--enable-deterministic-inference), torch deterministic algorithms in the learner. "
+        "Sync mode only (no oversample_groups); rollouts are slower (README: Reproducible runs)",
+    )
     eval_every: int = Field(
         0,
         ge=0,
@@ -330,6 +338,24 @@ class Config(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _deterministic_needs_sync(self) -> Config:
+        """Which groups a step trains, and which weights sampled them, must not follow timing."""
+        t = self.trainer
+        if t.deterministic and t.mode == "async":
+            raise ValueError(
+                "trainer.deterministic=true needs trainer.mode=sync: in async mode rollouts run "
+                "beside the learner, so which weights sample which turn (and which turns a push "
+                "cuts) depends on timing. Drop trainer.deterministic or use trainer.mode=sync"
+            )
+        if t.deterministic and t.oversample_groups:
+            raise ValueError(
+                "trainer.deterministic=true with trainer.oversample_groups="
+                f"{t.oversample_groups}: the groups kept are the first to finish, which depends "
+                "on timing. Set trainer.oversample_groups=0 or drop trainer.deterministic"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _tp_engines_join_as_tp_ranks(self) -> Config:
         """Every TP rank of a server receives the weights: the update group counts them."""
         tp, ranks = self.engine.tp, self.weight_sync.ranks_per_server
@@ -439,6 +465,14 @@ def training_checks(cfg: Config) -> list[str]:
             "full one, so the ratio and the rollout correction ignore the truncation (tokens "
             "outside the nucleus are never sampled, the rest are slightly under-weighted). "
             "Prefer top_p=1.0 and top_k=-1 for training"
+        )
+    if cfg.trainer.deterministic and cfg.engine.kind == "sglang":
+        warnings.append(
+            "trainer.deterministic=true with engine.kind=sglang: the servers get "
+            "--enable-deterministic-inference and every request a sampling seed, the learner "
+            "torch's deterministic algorithms; equal runs are tested on CPU only. On GPUs also "
+            "set learner.micro_batch_tokens to a number (auto follows free GPU memory) and keep "
+            "the same GPUs and versions (README: Reproducible runs)"
         )
     if (
         cfg.weight_sync.method == "disk"

@@ -525,3 +525,16 @@ def off_version(trajs: list[Trajectory], want: str) -> tuple[int, str | None]:
         "train on off-policy tokens. Check the sync/* metrics and the engine logs; a "
         "weight_sync transport of your own must pass weight_version to the engine's update call"
     )
+
+
+def is_timing(name: str) -> bool:
+    """Wall-clock and throughput metrics: timing_s/*, perf/*, and every name ending in `_s`,
+    `_s_max`, `seconds` or `s_per_mb` (rollout/gen_latency_s, train/step_s, sync/seconds,
+    eval/timing_s, …). They differ between any two runs; trainer.deterministic=true repeats every
+    other metric exactly (tests/e2e/test_reproducible.py)."""
+    leaf = name.rsplit("/", 1)[-1]
+    return (
+        name.startswith(("timing_s/", "perf/"))
+        or leaf.endswith(("_s", "_s_max"))
+        or leaf in ("seconds", "s_per_mb")
+    )

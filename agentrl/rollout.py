@@ -40,6 +40,7 @@ from agentrl.parsers import (
 )
 from agentrl.render import Renderer, RenderError
 from agentrl.sandbox.base import Sandbox, SandboxUnavailable
+from agentrl.seeding import episode_key, group_slot, turn_seed
 from agentrl.tool import ToolContext
 from agentrl.types import (
     Completion,
@@ -196,17 +197,23 @@ class Rollout:
 
     async def run_group(self, task: Task, n: int | None = None) -> list[Trajectory]:
         n = n or self.cfg.group_size
-        return list(await asyncio.gather(*(self.run_episode(task, i) for i in range(n))))
+        slot = group_slot(task.id)  # trainer.deterministic: the seeds' place (agentrl/seeding.py)
+        return list(await asyncio.gather(*(self.run_episode(task, i, slot) for i in range(n))))
 
-    async def run_episode(self, task: Task, sample_index: int = 0) -> Trajectory:
+    async def run_episode(self, task: Task, sample_index: int = 0, slot: int = 0) -> Trajectory:
+        """One episode of `task`; `slot` (the task's n-th group of a seeded round) only enters
+        its requests' sampling seeds (trainer.deterministic; agentrl/seeding.py)."""
         session = f"{task.id}:{sample_index}:{uuid.uuid4().hex[:8]}"
+        seeds = episode_key(task.id, slot, sample_index)
         ctx = ToolContext(session=session, sandbox=self.sandbox, timeout_s=self.cfg.tool_timeout_s)
         st = _State()
         stop, error, env = StopReason.ABORTED, None, None
         t0 = time.monotonic()
         try:
             env = self.env_cls(task, ctx, **self.env_kwargs)
-            stop = await asyncio.wait_for(self._loop(env, st, session), self.cfg.episode_timeout_s)
+            stop = await asyncio.wait_for(
+                self._loop(env, st, session, seeds), self.cfg.episode_timeout_s
+            )
         except SandboxUnavailable as e:
             stop, error = StopReason.SANDBOX_UNAVAILABLE, f"{type(e).__name__}: {e}"
         except TimeoutError:
@@ -251,7 +258,7 @@ class Rollout:
 
     # -- internals -----------------------------------------------------------------------------
 
-    async def _loop(self, env: Env, st: _State, session: str) -> StopReason:
+    async def _loop(self, env: Env, st: _State, session: str, seeds: str | None) -> StopReason:
         cfg, r = self.cfg, self.renderer
         st.messages = list(await env.start())
         st.append(r.prompt_ids(st.messages), None)
@@ -262,7 +269,8 @@ class Rollout:
             if budget <= 0:
                 return StopReason.CONTEXT_OVERFLOW
             try:
-                comp = await self.engine.generate(st.ids, self._params(budget), key=session)
+                params = self._params(budget, turn_seed(seeds, index))
+                comp = await self.engine.generate(st.ids, params, key=session)
             except PromptTooLong:  # the server's context is shorter than max_context_tokens
                 return StopReason.CONTEXT_OVERFLOW
             turn, said = self._record_turn(st, comp, index)
@@ -295,9 +303,10 @@ class Rollout:
             turn.obs_end = len(st.ids)
         return StopReason.MAX_TURNS
 
-    def _params(self, budget: int) -> SamplingParams:
+    def _params(self, budget: int, seed: int | None = None) -> SamplingParams:
         c = self.cfg
         return SamplingParams(
+            seed=seed,
             max_new_tokens=min(c.max_new_tokens, budget),
             temperature=c.temperature,
             top_p=c.top_p,

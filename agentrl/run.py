@@ -51,7 +51,14 @@ from agentrl.render import RenderError
 from agentrl.rollout import Rollout
 from agentrl.runlock import hold_run_dirs
 from agentrl.sandbox import Sandbox, make_sandbox
-from agentrl.servers import Fleet, launch_fleet, launch_router, split_local_gpus, visible_gpus
+from agentrl.servers import (
+    DETERMINISTIC,
+    Fleet,
+    launch_fleet,
+    launch_router,
+    split_local_gpus,
+    visible_gpus,
+)
 from agentrl.settings_diff import compare, refusal, settings_of
 from agentrl.tracking import JsonlSink, Tracker
 from agentrl.types import ConfigError, Task
@@ -130,6 +137,10 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
             engine_cfg = engine_cfg.model_copy(
                 update={"extra_args": [*lora_args, *engine_cfg.extra_args]}
             )
+        if train and cfg.trainer.deterministic and DETERMINISTIC not in engine_cfg.extra_args:
+            engine_cfg = engine_cfg.model_copy(  # batch-invariant servers (restarts keep it)
+                update={"extra_args": [*engine_cfg.extra_args, DETERMINISTIC]}
+            )
         if train:
             ckpt = CheckpointManager(cfg.trainer.checkpoint_config(cfg.run_name))
             resume = resume_point(cfg, ckpt)  # before anything starts: a wrong one is an error
@@ -155,6 +166,8 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
         )
         stack.push_async_callback(_aquietly, "engine client", engine.aclose)
         await engine.wait_healthy(cfg.engine.health_timeout_s)
+        if train and cfg.trainer.deterministic:
+            await check_deterministic(engine)
         await engine.update_weight_version(str(resumed.step if resumed else 0))
         sandbox = make_sandbox(cfg.sandbox)
         stack.push_async_callback(_aquietly, "sandbox", sandbox.aclose)
@@ -190,6 +203,21 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
             stack.push(_close_tracker(run.tracker))
             run.progress = ProgressLine(cfg.trainer.steps, resumed.step if resumed else 0, console)
         yield run
+
+
+async def check_deterministic(engine: EngineClient) -> None:
+    """trainer.deterministic: every server computes each request apart from the others (the
+    ones we start get the flag; servers given by engine.urls must have been started with it)."""
+    infos = await engine.server_info()
+    off = [url for url, info in zip(engine.urls, infos, strict=True)
+           if not info.get("enable_deterministic_inference")]  # fmt: skip
+    if off:
+        raise ConfigError(
+            f"trainer.deterministic=true but the rollout servers {', '.join(off)} were not "
+            f"started with {DETERMINISTIC} (the dev server and SGLang both take it): a request's "
+            "logprobs would follow the requests batched beside it. Restart them with it, or "
+            "drop trainer.deterministic"
+        )
 
 
 def env_classes(cfg: Config) -> dict[str, type[Env]]:
@@ -385,6 +413,8 @@ def _learner_groups(
     """The policy, and the reference and critic when the algorithm needs them; the roles' ranks
     share each GPU (Ray counts GPUs; memory is ours to manage)."""
     base: LearnerConfig = cfg.learner
+    if cfg.trainer.deterministic:
+        base = base.model_copy(update={"deterministic": True})
     if not base.model_path:
         base = base.model_copy(update={"model_path": model_path})
     if not Path(base.profile_dir).is_absolute():  # the run's output dir, not the workers' cwd

@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import random
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -102,6 +103,7 @@ from agentrl.run import (
     save_checkpoint,
 )
 from agentrl.runlock import refuse_if_held
+from agentrl.seeding import sampling_round
 from agentrl.servers import Fleet
 from agentrl.tracking import Tracker
 from agentrl.trajectory_view import pick
@@ -165,6 +167,8 @@ class Trainer(EngineRecovery):
         self.producer: GroupProducer | None = None  # trainer.mode=async: rollouts run ahead
         self.saving: PendingCheckpoint | None = None  # trainer.async_save: files being written
         self.eval_tasks = run.eval_tasks  # trainer.eval_every: the fixed set (agentrl/evaluate.py)
+        # trainer.deterministic: each round's requests are seeded by their place (seeding.py)
+        self.sampling_seed = cfg.seed if cfg.trainer.deterministic else None
         # rollout.truncated: what advantages and the batch do with a length-truncated episode
         self.truncation = Truncation(cfg.rollout.truncated, cfg.rollout.truncated_reward)
 
@@ -172,7 +176,8 @@ class Trainer(EngineRecovery):
 
     async def step(self) -> dict[str, float]:
         cfg, t = self.cfg, Timer()
-        with t("rollout"):  # async: the time the learner waited for finished groups
+        with t("rollout"), sampling_round(self.sampling_seed, f"step {self.step_idx + 1}"):
+            # async: the time the learner waited for finished groups
             collect = self._collect_async if self.producer is not None else self._collect
             groups, recovery = await collect()
             trajs = [tr for g in groups for tr in g]
@@ -568,7 +573,10 @@ class Trainer(EngineRecovery):
         """trainer.eval_every: the fixed evaluation set, rolled out by the weights the engines
         serve now (async: beside the training episodes in flight); one console line. Its
         episodes go to eval_trajectories.jsonl (and W&B eval/turns) at this step."""
-        out, episodes = await evaluate(self.rollout, self.eval_tasks, self.cfg.trainer.eval_samples)
+        with sampling_round(self.sampling_seed, f"eval after step {self.step_idx}"):
+            out, episodes = await evaluate(
+                self.rollout, self.eval_tasks, self.cfg.trainer.eval_samples
+            )
         self.tracker.log_eval(self.step_idx, episodes)
         n, samples = len(self.eval_tasks), self.cfg.trainer.eval_samples
         self.console.print(eval_text(out, self.step_idx, n, samples), soft_wrap=True)
@@ -643,6 +651,9 @@ async def train(cfg: Config, out_dir: Path) -> list[dict[str, float]]:
                 "on, or start another run with run_name=<a new name>"
             )
             return []
+    if cfg.trainer.deterministic:  # this process's own draws (a resumed run restores them)
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.trainer.driver_threads)
     try:

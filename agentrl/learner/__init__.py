@@ -113,6 +113,12 @@ class LearnerConfig(BaseModel):
     reshard_after_forward: bool = True
     lora: LoraConfig = Field(default_factory=LoraConfig)
     seed: int = 0
+    deterministic: bool = Field(
+        False,
+        description="torch.use_deterministic_algorithms in the workers (warn_only: an op with no "
+        "deterministic kernel warns), cuBLAS's fixed workspace and cuDNN without autotuning on "
+        "CUDA; set by trainer.deterministic",
+    )
     profile_step: int = Field(
         0, ge=0, description="profile the update of this step (torch.profiler; 0: never)"
     )

@@ -88,6 +88,11 @@ class LearnerWorker:
         t0 = time.perf_counter()
         fsdp.set_worker_env(store[0] if store else "127.0.0.1")
         torch.set_num_threads(self.cfg.threads_per_worker)
+        if self.cfg.deterministic:  # trainer.deterministic; before CUDA makes a cuBLAS handle
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            # an op with no deterministic kernel (CUDA only) warns rather than stops the run
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            torch.backends.cudnn.benchmark = False
         attention = "sdpa"
         if self.device_type == "cuda":
             torch.cuda.set_device(0)  # Ray exposes exactly this worker's GPU(s)
