@@ -8,7 +8,10 @@ multi-node cluster) stops it first; the next test that asks starts it again.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
+from readme_kit import readme_add_env
 
 from agentrl.learner import RayConfig
 from agentrl.learner.group import start_ray, stop_ray
@@ -24,3 +27,12 @@ def _ray_session():
 def shared_ray(_ray_session):
     start_ray(RayConfig())  # what a run with the default config starts
     yield
+
+
+@pytest.fixture
+def readme_env(tmp_path, monkeypatch):
+    """The README's AddEnv saved as my_env.py in the test's dir and importable: its target."""
+    (tmp_path / "my_env.py").write_text(readme_add_env())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "my_env.AddEnv"
+    sys.modules.pop("my_env", None)

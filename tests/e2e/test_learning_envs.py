@@ -14,9 +14,6 @@ and 6 (and seed 0 once in CI). At 10 steps the evaluation ended at 0.46-0.96 in 
 (two at 0.46 and 0.51, below the rule's 0.49); at 14 steps at 0.89-0.99 over four."""
 
 import asyncio
-import re
-import sys
-from pathlib import Path
 
 import pytest
 from learning_rule import assert_learned, eval_overrides
@@ -26,18 +23,7 @@ from agentrl.train import train
 
 pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's runs (conftest)
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 STEPS = {"readme_add": 20, "units": 14}
-
-
-@pytest.fixture
-def readme_env(tmp_path, monkeypatch):
-    (block,) = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-                if "class AddEnv" in b]  # fmt: skip
-    (tmp_path / "my_env.py").write_text(block)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield "my_env.AddEnv"
-    sys.modules.pop("my_env", None)
 
 
 ENVS = {

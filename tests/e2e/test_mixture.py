@@ -6,8 +6,6 @@ eval/<name>/*) beside the totals; every trajectory names its env."""
 
 import asyncio
 import json
-import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,27 +15,15 @@ from agentrl.train import train
 
 pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's runs (conftest)
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-@pytest.fixture
-def add_env(tmp_path, monkeypatch):
-    (block,) = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-                if "class AddEnv" in b]  # fmt: skip
-    (tmp_path / "my_env.py").write_text(block)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield "my_env.AddEnv"
-    sys.modules.pop("my_env", None)
-
 
 def rows(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
-def test_a_mixture_of_code_exec_and_a_users_env_trains_with_each_env_apart(add_env, tmp_path):
+def test_a_mixture_of_code_exec_and_a_users_env_trains_with_each_env_apart(readme_env, tmp_path):
     cfg = compose([
         "env=mixture", "~env.envs.units", "+env@env.envs.add=custom",
-        f"env.envs.add._target_={add_env}", "env.envs.add.tasks.n=40",
+        f"env.envs.add._target_={readme_env}", "env.envs.add.tasks.n=40",
         "trainer.steps=2", "trainer.tasks_per_step=2", "rollout.group_size=2",
         "rollout.max_new_tokens=48", "rollout.max_turns=2", "ray.num_cpus=2",
         "trainer.eval_every=2", "trainer.eval_size=2", "trainer.eval_samples=1",

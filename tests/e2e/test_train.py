@@ -5,7 +5,6 @@ import asyncio
 import json
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from readme_kit import readme_add_env
 from transformers import AutoModelForCausalLM
 
 from agentrl.config import compose
@@ -351,9 +351,7 @@ def test_the_agentrl_command_imports_the_users_env_from_the_working_directory(tm
     lies: a console script has only its bin/ on sys.path, unlike `python -m`. The user's own
     packages are named `tools`, `envs` and `sandbox`: ours are agentrl.tools (...) and cannot
     shadow them."""
-    readme = (ROOT / "README.md").read_text()
-    (block,) = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S)
-                if "class AddEnv" in b]  # fmt: skip
+    block = readme_add_env()
     for pkg in ("tools", "envs", "sandbox"):
         (tmp_path / pkg).mkdir()
         (tmp_path / pkg / "__init__.py").write_text("")
