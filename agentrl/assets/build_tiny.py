@@ -78,6 +78,8 @@ class TinySpec:
     # build; 0.5-0.7 over 40k dialogues x 3k batches of 128 on an H100 (~8 min) gave partial
     # copies only (bench/tiny_schema.py: right name 0 of 256 on held-out names)
     open_names: float = 0.0
+    # continue from a built model (its tokenizer and weights) instead of starting afresh
+    init: str | None = None
     hidden_size: int = 128
     num_layers: int = 4
     steps: int = 10000
@@ -418,16 +420,24 @@ def build(
 
     data = episodes(spec.dialogues, spec.seed, list(spec.kinds))
     data += examples(spec.toolbox, seed=20_000 + spec.seed, open_names=spec.open_names)
-    draft = _renderers(_wrap(_empty_tokenizer()))  # renders text; ids not used
-    texts = [text for ex in data for text, _ in pieces(draft(ex.tools), ex)]
-    tokenizer = train_tokenizer(texts)
+    if spec.init:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(spec.init)
+    else:
+        draft = _renderers(_wrap(_empty_tokenizer()))  # renders text; ids not used
+        texts = [text for ex in data for text, _ in pieces(draft(ex.tools), ex)]
+        tokenizer = train_tokenizer(texts)
     r = _renderers(tokenizer)
     rows = [encode_episode(r(ex.tools), ex) for ex in data]
     lengths = [len(ids) for ids, _ in rows]
     log(
         f"{len(rows)} dialogues, tokens/dialogue mean {sum(lengths) / len(rows):.0f} max {max(lengths)}"
     )
-    model = make_model(tokenizer, spec)
+    if spec.init:
+        model = AutoModelForCausalLM.from_pretrained(spec.init, dtype=torch.float32)
+    else:
+        model = make_model(tokenizer, spec)
     log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
     families = [0] * spec.dialogues + [1] * spec.toolbox
     loss = sft(model, rows, families, spec, log, device)
@@ -463,6 +473,8 @@ def main() -> None:
     p.add_argument("--toolbox", type=int, default=TinySpec.toolbox)
     p.add_argument("--open-names", type=float, default=TinySpec.open_names)
     p.add_argument("--batch-size", type=int, default=TinySpec.batch_size)
+    p.add_argument("--lr", type=float, default=TinySpec.lr)
+    p.add_argument("--init", default=None, help="a built model to continue from")
     p.add_argument("--device", default="cpu", help="where the warm start runs (cpu, cuda)")
     a = p.parse_args()
     spec = TinySpec(
@@ -472,6 +484,8 @@ def main() -> None:
         toolbox=a.toolbox,
         open_names=a.open_names,
         batch_size=a.batch_size,
+        lr=a.lr,
+        init=a.init,
     )
     print(build(a.out_dir, spec, device=a.device))
 
