@@ -663,6 +663,17 @@ async def train(cfg: Config, out_dir: Path) -> list[dict[str, float]]:
         torch.set_num_threads(threads)
 
 
+def resume_note(cfg: Config) -> str:
+    """Where a stopped run stands and how to go on (Ctrl-C)."""
+    ckpt = CheckpointManager(cfg.trainer.checkpoint_config(cfg.run_name))
+    path = ckpt.resume_path()
+    if path is None:
+        return (f"no checkpoint yet (one every trainer.every={cfg.trainer.every} steps): the same "
+                "command starts over")  # fmt: skip
+    how = "the same command" if cfg.trainer.resume == "auto" else "add trainer.resume=auto: it"
+    return f"the last checkpoint is step {load_trainer_state(path).step} ({path}); {how} resumes from it"
+
+
 def main() -> None:
     @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
     def _run(raw: Any) -> None:
@@ -678,17 +689,6 @@ def main() -> None:
             first, last = history[0], history[-1]
             print(
                 f"done: {len(history)} steps, reward {first.get('reward/mean', math.nan):.3f} → "
-def resume_note(cfg: Config) -> str:
-    """Where a stopped run stands and how to go on (Ctrl-C)."""
-    ckpt = CheckpointManager(cfg.trainer.checkpoint_config(cfg.run_name))
-    path = ckpt.resume_path()
-    if path is None:
-        return (f"no checkpoint yet (one every trainer.every={cfg.trainer.every} steps): the same "
-                "command starts over")  # fmt: skip
-    how = "the same command" if cfg.trainer.resume == "auto" else "add trainer.resume=auto: it"
-    return f"the last checkpoint is step {load_trainer_state(path).step} ({path}); {how} resumes from it"
-
-
                 f"{last.get('reward/mean', math.nan):.3f}, tool_call_rate "
                 f"{first['rollout/tool_call_rate']:.2f} → {last['rollout/tool_call_rate']:.2f}"
             )
