@@ -30,3 +30,9 @@ def test_every_relative_link_resolves():
 def test_every_docs_page_is_linked_from_the_readme():
     linked = {(ROOT / t).resolve() for t in relative_links(README)}
     assert [p.name for p in DOCS if p.resolve() not in linked] == []
+
+
+def test_the_readme_is_a_front_page():
+    """Issue 39: what it is, set-up, quick start, writing an env, the commands, links; the rest
+    lives in docs/."""
+    assert len(README.read_text().splitlines()) <= 250
