@@ -5,7 +5,7 @@ one scheduler admission for a wave of turns. A batch leaves once no call joined 
 call. Each caller gets exactly what its own request would have given: its completion, its retry
 reason (timeouts, connection errors, 5xx: for every member), or its own error (a member the
 server refuses is sent again alone, so the others do not share its fate). The price: a batch
-answers when its slowest member is done. Measured in README.md's GPU section."""
+answers when its slowest member is done. Measured in docs/benchmarks.md."""
 
 from __future__ import annotations
 

@@ -202,7 +202,8 @@ class TrainerConfig(CheckpointConfig):
         "aside): every engine request carries a sampling seed from (seed, step, task, sample, "
         "turn), the dev server computes each request alone with no prefix cache (SGLang: "
         "--enable-deterministic-inference), torch deterministic algorithms in the learner. "
-        "Sync mode only (no oversample_groups); rollouts are slower (README: Reproducible runs)",
+        "Sync mode only (no oversample_groups); rollouts are slower (docs/checkpoints.md: "
+        "Reproducible runs)",
     )
     eval_every: int = Field(
         0,
@@ -472,7 +473,7 @@ def training_checks(cfg: Config) -> list[str]:
             "--enable-deterministic-inference and every request a sampling seed, the learner "
             "torch's deterministic algorithms; equal runs are tested on CPU only. On GPUs also "
             "set learner.micro_batch_tokens to a number (auto follows free GPU memory) and keep "
-            "the same GPUs and versions (README: Reproducible runs)"
+            "the same GPUs and versions (docs/checkpoints.md)"
         )
     if (
         cfg.weight_sync.method == "disk"

@@ -15,7 +15,7 @@ On the GPU host (no network; its own CUDA torch stays as it is):
 `download` writes `requirements.txt` (our pinned dependencies WITHOUT torch, plus sglang with
 --gpu), fetches every wheel as a binary for the target Python and platform, and builds agentrl's own
 wheel. torch is left out on purpose: GPU hosts bring a CUDA build that matches their driver, and
-SGLang must match that torch (SGLang >= 0.5.17; see README, GPU section).
+SGLang must match that torch (SGLang >= 0.5.17; see docs/gpu.md).
 """
 
 from __future__ import annotations

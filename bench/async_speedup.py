@@ -19,7 +19,7 @@ and async's staleness. Two curves per mode, from the run's trajectories.jsonl:
 cores each part used (learner, dev server, sandbox service, trainer process): on a 2-core box
 async mode keeps the machine busy, and its ratio is bounded by the CPU each sample costs.
 On that box: s=2 1.53-1.57x in four runs, s=1 1.41-1.46x (the learner waits for the slowest episode of
-the one batch allowed ahead), s=4 1.47-1.51x (busier machine, no faster step); README, async.
+the one batch allowed ahead), s=4 1.47-1.51x (busier machine, no faster step); docs/async.md.
 """
 
 from __future__ import annotations

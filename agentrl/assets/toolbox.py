@@ -6,7 +6,7 @@ pool per operation); tool and argument names come from a pool per operation, or 
 `open_names` > 0 that share of tools is named for the example (`open_name`, `open_arg`: invented
 syllables, words and affixes), so a name is something to copy from the schema, not to recall.
 The shipped model was built with pooled names only: it calls the pool's names whatever the
-schema says (README, "The shipped model"); `open_names` is the way to a model that copies. The schemas are made by pydantic exactly as a
+schema says (README: "What it can start on"); `open_names` is the way to a model that copies. The schemas are made by pydantic exactly as a
 user's `Tool.Args` would be, and the system prompt asks either for the bare result or for
 `<answer>RESULT</answer>`. The model learns to read the question, pick the tool whose description
 fits it, copy its name and argument names from the schema and values from the question, and

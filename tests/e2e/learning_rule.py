@@ -3,8 +3,8 @@ fixed set before its first step and after its last (trainer.eval_every = its ste
 samples by default), and passes when that evaluation rose by `margin`.
 
 A step's own reward/mean is over the 8 tasks it drew, and their difficulty moves it as much as the
-policy does: rules on the first and last steps' rewards failed runs that had learned (README,
-"Evaluation"; tests/e2e/test_learning_envs.py has an example)."""
+policy does: rules on the first and last steps' rewards failed runs that had learned
+(docs/evaluation.md; tests/e2e/test_learning_envs.py has an example)."""
 
 from __future__ import annotations
 

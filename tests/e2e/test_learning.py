@@ -61,7 +61,7 @@ def test_tiny_model_learns_code_exec_with(algo, tmp_path):
     cfg = compose([*eval_overrides(steps), f"trainer.dir={tmp_path}/ckpt", *PRESETS[algo]])
     history = asyncio.run(train(cfg, tmp_path / "out"))
     print(f"{algo} reward per step:", [round(h["reward/mean"], 3) for h in history])
-    # a step's 8 tasks may come mostly from a family the policy still gets wrong (README,
+    # a step's 8 tasks may come mostly from a family the policy still gets wrong (docs/algorithms.md
     # "Reading a dip": a PPO run in CI dipped 0.438 -> 0.125 at step 6): the fixed evaluation
     # set judges the policy, not the draw
     assert_learned(tmp_path / "out", steps, 0.25, algo)

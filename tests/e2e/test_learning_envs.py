@@ -30,7 +30,7 @@ ENVS = {
     "readme_add": ["env=custom", "env._target_=my_env.AddEnv"],
     # deterministic: a CI run of the default (0.242 -> 0.477 at step 14, timing-dependent
     # sampling) missed the bar that local runs cleared (0.89-0.99); with the flag the run is the
-    # same whatever the machine's load: 0.250 -> 0.898 (README: Reproducible runs; +25 s)
+    # same whatever the machine's load: 0.250 -> 0.898 (docs/checkpoints.md, reproducible; +25 s)
     "units": ["env=units", "trainer.deterministic=true"],
 }
 

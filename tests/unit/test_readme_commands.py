@@ -1,7 +1,7 @@
-"""The README's commands stay true: every `agentrl train|preview` / `python -m agentrl.train`
-command in its fenced blocks composes and validates (the README's own `my_env.AddEnv`, written
-from its Python block, included). What they then run is tested end to end elsewhere; here a
-renamed key, a dropped config group or a stale example fails at once."""
+"""The README's and docs/'s commands stay true: every `agentrl train|preview` /
+`python -m agentrl.train` command in their fenced blocks composes and validates (the README's own
+`my_env.AddEnv`, written from its Python block, included). What they then run is tested end to end
+elsewhere; here a renamed key, a dropped config group or a stale example fails at once."""
 
 from __future__ import annotations
 
@@ -15,17 +15,20 @@ import pytest
 from agentrl.config import compose, training_checks
 from agentrl.env_config import MixtureConfig
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 RUNS = ("agentrl train", "agentrl preview", "python -m agentrl.train")
 
 
-def fenced(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", README.read_text(), flags=re.S)
+def fenced(lang: str, pages: list[Path] = PAGES) -> list[str]:
+    blocks = rf"```{lang}\n(.*?)```"
+    return [b for page in pages for b in re.findall(blocks, page.read_text(), flags=re.S)]
 
 
-def commands() -> list[str]:
+def commands(pages: list[Path] = PAGES) -> list[str]:
     out = []
-    for block in fenced("bash"):
+    for block in fenced("bash", pages):
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split("  #")[0].split(" # ")[0].strip()
             line = line.split("&&")[-1].strip()
@@ -37,8 +40,8 @@ def commands() -> list[str]:
 
 @pytest.fixture
 def my_env(tmp_path, monkeypatch):
-    """The README's user modules, saved as it tells the user to: the AddEnv block as my_env.py,
-    a block that starts with `# name.py` as name.py."""
+    """The user modules of the README and docs/, saved as they tell the user to: the AddEnv block
+    as my_env.py, a block that starts with `# name.py` as name.py."""
     written = []
     for block in fenced("python"):
         name = "my_env" if "class AddEnv" in block else None
@@ -54,7 +57,17 @@ def my_env(tmp_path, monkeypatch):
 
 
 def test_the_readme_has_its_commands():
-    assert len(commands()) >= 10 and any("my_env.AddEnv" in c for c in commands())
+    assert len(commands()) >= 10 and any("my_env.AddEnv" in c for c in commands([README]))
+
+
+def test_the_readme_starts_with_the_two_set_up_commands():
+    """Its first lines: install and train on the embedded default, install and run the tests."""
+    first = README.read_text().split("```bash\n", 1)[1].split("```")[0].splitlines()
+    assert [" ".join(line.split("#")[0].split()) for line in first] == [
+        "pip install -e '.[dev]' && python -m agentrl.train env=code_exec",
+        "pip install -e '.[dev]' && pytest -q",
+    ]
+    assert README.read_text().index("```bash") < README.read_text().index("\n## ")
 
 
 @pytest.mark.parametrize("command", commands())
