@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -509,9 +509,10 @@ def validate(raw: dict[str, Any]) -> Config:
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
 
 
-def load_config(cfg: Any) -> Config:
+def load_config(cfg: DictConfig | dict[str, Any]) -> Config:
     """Validate a Hydra DictConfig (or a plain dict)."""
     raw = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
+    assert isinstance(raw, dict), "a config is a mapping"
     raw.pop("hydra", None)
     return validate(raw)
 

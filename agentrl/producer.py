@@ -7,7 +7,7 @@ background while the trainer scores, updates and pushes weights; each trainer st
 Weight versions: the policy version is the number of trainer steps done (the version the engines
 report for tokens sampled with those weights, `Turn.weight_version`). A step with nothing to train
 on changes no weight yet moves the version on too (the engines relabel the same weights,
-`Trainer._relabel`), so the launch budget below never waits for a push that will not come, and a
+`Handover.relabel`, agentrl/handover.py), so the launch budget below never waits for a push that will not come, and a
 staleness counted in versions is at least the number of updates since the token was sampled. A
 group's staleness, when a step takes it, is the current version minus the oldest version any of
 its turns was sampled with. `trainer.max_staleness` bounds it:

@@ -22,6 +22,10 @@ class ConfigError(ValueError):
     """A configuration that cannot work; the message names the setting and the fix."""
 
 
+class TrainingError(RuntimeError):
+    """The run cannot go on; the message says why and what to do."""
+
+
 class Task(BaseModel):
     """One problem handed to an Env. `data` holds the env-specific fields (question, answer, …)."""
 

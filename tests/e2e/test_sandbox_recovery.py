@@ -53,8 +53,8 @@ async def _run(cfg, out: Path, kill_at: set[int]) -> tuple[list[dict], list[list
     async with open_run(cfg, out) as run:
         tr = Trainer(cfg, run)
         for step in range(1, cfg.trainer.steps + 1):
-            handed.append(sorted(t.id for t in copy.deepcopy(tr.sampler).next(2)))
-            sandbox = tr.rollout.sandbox
+            handed.append(sorted(t.id for t in copy.deepcopy(run.sampler).next(2)))
+            sandbox = run.rollout.sandbox
             killer = asyncio.create_task(_kill_when_busy(sandbox)) if step in kill_at else None
             history.append(await tr.step())
             if killer is not None:

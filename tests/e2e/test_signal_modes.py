@@ -13,7 +13,8 @@ import torch
 from agentrl.advantage import SIGNAL_ATOL, AdvantageConfig, compute_advantages
 from agentrl.config import compose
 from agentrl.envs.code_exec import CodeExecEnv
-from agentrl.train import Trainer, train
+from agentrl.guards import Guards
+from agentrl.train import train
 from agentrl.types import Trajectory
 
 pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's runs (conftest)
@@ -51,13 +52,13 @@ def test_turn_rewards_with_dynamic_sampling_keep_every_group_with_gradient(
     tmp_path: Path, monkeypatch, capsys
 ):
     judged: dict[tuple, list[Trajectory]] = {}  # every group dynamic sampling looked at
-    carries = Trainer._carries
+    carries = Guards.carries
 
     def recording(self, group):
         judged[tuple(key(t) for t in group)] = group
         return carries(self, group)
 
-    monkeypatch.setattr(Trainer, "_carries", recording)
+    monkeypatch.setattr(Guards, "carries", recording)
     cfg = compose([*SMALL, f"trainer.dir={tmp_path}/ckpt", "trainer.steps=2", "trainer.every=2",
                    f"env._target_={__name__}.TurnRewardsOnlyEnv", "trainer.no_signal_steps=1",
                    "algo.advantage.reward_level=turn", "trainer.dynamic_sampling=true"])  # fmt: skip

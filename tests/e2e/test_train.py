@@ -264,14 +264,14 @@ def test_a_dead_engine_is_restarted_with_the_current_weights_then_gives_up(coloc
             tr = Trainer(cfg, run)
             first = await tr.step()
             assert first["engine/restarts"] == 0
-            kill_devserver(tr.engine.urls[0])  # the only server: every episode of step 2 fails
+            kill_devserver(run.engine.urls[0])  # the only server: every episode of step 2 fails
             m = await tr.step()
             # restarted on its port, given the weights of step 1, and the whole step re-issued
             assert m["engine/restarts"] == 1 and m["rollout/reissued"] == 8
             assert m["stop/aborted"] == 0 and m["rollout/trajectories"] == 8
             assert m["train/logprob_diff"] < 1e-4, "the restarted server samples old weights"
-            assert await tr.engine.get_weight_version() == ["2"]
-            kill_devserver(tr.engine.urls[0])  # engine.max_restarts=1: the second death stops
+            assert await run.engine.get_weight_version() == ["2"]
+            kill_devserver(run.engine.urls[0])  # engine.max_restarts=1: the second death stops
             with pytest.raises(TrainingError, match=r"failed again after 1 restarts[\s\S]*log"):
                 await tr.step()
 
@@ -294,14 +294,14 @@ def test_a_server_that_dies_while_the_learner_updates_gets_the_push_after_a_rest
             update = tr._update
 
             def killed_then_update(*args):
-                kill_devserver(tr.engine.urls[0])
+                kill_devserver(run.engine.urls[0])
                 return update(*args)
 
             tr._update = killed_then_update
             m = await tr.step()
             tr._update = update
             assert m["engine/restarts"] == 1 and m["rollout/reissued"] == 0
-            assert await tr.engine.get_weight_version() == ["1"]
+            assert await run.engine.get_weight_version() == ["1"]
             m = await tr.step()  # sampled by the restarted server, with step 1's weights
             assert m["engine/restarts"] == 0 and m["rollout/off_version_turns"] == 0
             assert m["stop/aborted"] == 0 and m["rollout/trajectories"] == 8

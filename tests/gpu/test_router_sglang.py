@@ -38,9 +38,9 @@ def test_a_colocated_server_killed_mid_rollout_comes_back_with_nothing_lost(tmp_
         async with open_run(cfg, tmp_path / "out") as run:
             tr = Trainer(cfg, run)
             router = "smg" if importlib.util.find_spec("smg") else "client"
-            print(f"servers {tr.fleet.urls} via {router}")
+            print(f"servers {run.fleet.urls} via {router}")
             history = [await tr.step()]
-            victim, generate, calls = tr.fleet.procs[0], tr.engine.generate, []
+            victim, generate, calls = run.fleet.procs[0], run.engine.generate, []
 
             async def kill_mid_rollout(*args, **kw):  # step 2's 32nd request: half are sent
                 calls.append(1)
@@ -48,13 +48,13 @@ def test_a_colocated_server_killed_mid_rollout_comes_back_with_nothing_lost(tmp_
                     os.killpg(victim.pid, signal.SIGKILL)
                 return await generate(*args, **kw)
 
-            tr.engine.generate = kill_mid_rollout
+            run.engine.generate = kill_mid_rollout
             history.append(await tr.step())
-            tr.engine.generate = generate
-            assert victim.poll() is not None and tr.fleet.procs[0] is not victim, "not restarted"
+            run.engine.generate = generate
+            assert victim.poll() is not None and run.fleet.procs[0] is not victim, "not restarted"
             while len(history) < STEPS:
                 history.append(await tr.step())
-            versions = await tr.engine.get_weight_version()
+            versions = await run.engine.get_weight_version()
             assert versions == [str(STEPS)] * 2, versions
             return history
 

@@ -8,7 +8,9 @@ ones alike, so a cycle cannot hide behind a lazy import.
   run.py only);
 - ray / torch.distributed / sglang only in agentrl/learner/, weight_sync.py, the dev server and the
   engine launcher; Hydra / OmegaConf only in the entry points;
-- fewer than 10 function-local imports of our own modules, each with a `# local: why` comment.
+- fewer than 10 function-local imports of our own modules, each with a `# local: why` comment;
+- no parameter or attribute named `cfg` annotated `Any` (the way past the layers above: a
+  module that needs settings takes its own typed section, or plain values).
 """
 
 from __future__ import annotations
@@ -173,6 +175,34 @@ def violations(g: Graph) -> list[str]:
     return bad
 
 
+def _is_any(annotation: ast.expr | None) -> bool:
+    if annotation is None:
+        return False
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        return annotation.value.strip() in ("Any", "typing.Any")  # a quoted annotation
+    return ast.unparse(annotation) in ("Any", "typing.Any", "t.Any")
+
+
+def any_configs(root: Path, packages: tuple[str, ...] = PACKAGES) -> list[str]:
+    """`cfg: Any`: parameters, class attributes and `self.cfg: Any = …` named cfg."""
+    bad: list[tuple[str, int, str]] = []
+    for pkg in packages:
+        for path in sorted((root / pkg).rglob("*.py")):
+            where = path.relative_to(root)
+            if pkg == "agentrl" and (root / "agentrl" / where.parts[1]).is_symlink():
+                continue  # agentrl/{envs,tools,sandbox}: walked as the top-level folders
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.arg) and node.arg == "cfg" and _is_any(node.annotation):
+                    bad.append((str(where), node.lineno, "parameter"))
+                elif isinstance(node, ast.AnnAssign) and _is_any(node.annotation):
+                    target = node.target
+                    name = target.attr if isinstance(target, ast.Attribute) else (
+                        target.id if isinstance(target, ast.Name) else "")  # fmt: skip
+                    if name == "cfg":
+                        bad.append((str(where), node.lineno, "attribute"))
+    return [f"{f}:{line}: {what} cfg: Any" for f, line, what in sorted(bad)]
+
+
 def local_imports(g: Graph) -> list[Edge]:
     """Function-local imports of our own modules."""
     return [e for e in g.edges if e.kind == "local" and g.ours(e.dst) is not None]
@@ -194,6 +224,28 @@ def test_few_function_local_imports_each_with_a_reason() -> None:
     assert len(local) < MAX_LOCAL, [f"{e.src}:{e.line}" for e in local]
     unexplained = [f"{e.src}:{e.line}" for e in local if "# local:" not in e.text]
     assert unexplained == [], "say why on the line: `# local: <reason>`"
+
+
+def test_no_config_typed_any() -> None:
+    assert any_configs(ROOT) == [], "type it: the section it needs (TrainerConfig, …) or values"
+
+
+def test_the_any_check_catches_each_form(tmp_path: Path) -> None:
+    pkg = tmp_path / "agentrl"
+    pkg.mkdir()
+    (pkg / "parts.py").write_text(
+        "from typing import Any\nimport typing\n\n"
+        "class Mixin:\n    cfg: Any\n\n"
+        "    def __init__(self, cfg: 'Any', other: Any) -> None:\n        self.cfg: typing.Any = cfg\n\n"
+        "def f(*, cfg: Any = None, config: Any = None) -> None: ...\n"
+        "def ok(cfg: dict[str, Any]) -> None: ...\n"
+    )
+    assert any_configs(tmp_path, ("agentrl",)) == [
+        "agentrl/parts.py:5: attribute cfg: Any",
+        "agentrl/parts.py:7: parameter cfg: Any",
+        "agentrl/parts.py:8: attribute cfg: Any",
+        "agentrl/parts.py:10: parameter cfg: Any",
+    ]
 
 
 def test_the_checks_catch_a_planted_cycle_and_breaches(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """Every combination of modes is tried (issue 37): estimator x reward level x KL mode x dynamic
 sampling x ratio source, on one synthetic step of small groups, through the trainer's own
-judgement (`Trainer._carries`, `_refill`, `_watch_signal` on a fake trainer), the advantages,
+judgement (`Guards.carries`, `SyncGroups.refill`, `Guards.watch_signal` on a fake trainer), the advantages,
 the TrainBatch and its micro-batches, and the loss.
 
 Legend: G group, T tokens (of one trajectory), N tokens (of a batch).
@@ -20,26 +20,28 @@ What each case checks, per group of the step:
 from __future__ import annotations
 
 import asyncio
+import io
 import itertools
 from types import SimpleNamespace
 
 import pytest
 import torch
 from pydantic import ValidationError
+from rich.console import Console
 from torch import Tensor
 
 from agentrl.advantage import ESTIMATORS as REGISTRY
 from agentrl.advantage import (
     SIGNAL_ATOL,
-    carries_gradient,
     compute_advantages,
     needs_values,
 )
 from agentrl.batch import TrainBatch, micro_batches, per_trajectory
 from agentrl.config import Config
+from agentrl.groups import SyncGroups
 from agentrl.loss import LossInputs, get_loss, kl_reward_penalty, reduce_metrics
 from agentrl.metrics import rollout_metrics
-from agentrl.train import Trainer
+from agentrl.train import make_guards
 from agentrl.types import FinishReason, Message, StopReason, Trajectory, Turn
 
 ESTIMATORS = ["grpo", "drgrpo", "rloo", "reinforce_pp_baseline", "gae"]
@@ -104,38 +106,37 @@ def step_groups() -> dict[str, list[Trajectory]]:
 
 
 class FakeTrainer:
-    """The Trainer's own dynamic sampling and no-signal warning on a config, with a scripted
-    rollout for refills."""
-
-    _refill = Trainer._refill
-    _keep = Trainer._keep
-    _warn_ignored_turn_rewards = Trainer._warn_ignored_turn_rewards
-    _watch_signal = Trainer._watch_signal
+    """The trainer's own dynamic sampling (`SyncGroups.refill`) and no-signal warning
+    (`Guards.watch_signal`) on a config, with a scripted rollout for refills."""
 
     def __init__(self, cfg: Config, refills: list[list[Trajectory]] | None = None) -> None:
         self.cfg = cfg
-        self.warned_turn_rewards = False
-        self.no_signal_in_a_row = 0
         self.warnings: list[str] = []
         self.refills = list(refills or [])
+        quiet = Console(file=io.StringIO())
+        self.guards = make_guards(cfg, quiet, lambda title, msg: self.warnings.append(title))
         self.sampler = SimpleNamespace(next=lambda n: [f"task{i}" for i in range(n)])
         self.rollout = SimpleNamespace(run=self._run)
 
     def _carries(self, group: list[Trajectory]) -> bool:
-        """Trainer._carries: the run's estimator and reward level, and whether the KL goes into
-        the reward (kl_mode=reward with kl_coef > 0)."""
-        algo = self.cfg.algo
-        return carries_gradient(group, algo.advantage, reward_penalty=algo.kl_in_reward())
+        """The run's estimator and reward level, and whether the KL goes into the reward
+        (kl_mode=reward with kl_coef > 0)."""
+        return self.guards.carries(group)
+
+    async def _refill(self, groups, want: int, max_rounds: int):
+        source = SyncGroups(self.sampler, self.rollout, self._reissue, want,  # type: ignore[arg-type]
+                            keep=self.guards.keep, max_refill_rounds=max_rounds)  # fmt: skip
+        return await source.refill(groups, step=1)
+
+    def _watch_signal(self, groups: list[list[Trajectory]], metrics: dict[str, float]) -> None:
+        self.guards.watch_signal(groups, metrics)
 
     async def _run(self, tasks: list[str]) -> list[list[Trajectory]]:
         out, self.refills = self.refills[: len(tasks)], self.refills[len(tasks) :]
         return out
 
-    async def _recover_engines(self, tasks, groups):
+    async def _reissue(self, tasks, groups, step):
         return groups, {}
-
-    def _warn(self, title: str, msg: str) -> None:
-        self.warnings.append(title)
 
 
 def make_config(estimator: str, level: str, kl: str, dynamic: bool, ratio: str) -> Config:

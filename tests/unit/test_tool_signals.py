@@ -203,23 +203,22 @@ def test_the_setting_says_the_numbers_the_code_uses():
 
 
 def test_the_trainer_warns_on_the_console_and_as_an_alert_and_counts_the_tool():
-    """Trainer._watch_tools, the glue: the metric, the warning (tool text printed as text, never
-    as console markup), the W&B alert; a fake trainer, no run."""
-    from types import SimpleNamespace
-
+    """Guards.watch_tools, the glue: the metric, the warning (tool text printed as text, never
+    as console markup), the W&B alert; a fake tracker, no run."""
     from rich.console import Console
 
-    from agentrl.train import Trainer
+    from agentrl.config import Config
+    from agentrl.train import make_guards
 
     alerts = []
-    fake = SimpleNamespace(tool_watch=ToolWatch(bar=0.5), step_idx=4,
-                           console=Console(record=True, width=2000),
-                           tracker=SimpleNamespace(alert=lambda title, msg: alerts.append(title)))  # fmt: skip
-    fake._warn = lambda title, msg: Trainer._warn(fake, title, msg)
+    cfg = Config(env={"_target_": "agentrl.envs.code_exec:CodeExecEnv"},
+                 trainer={"warn_tool_fail_rate": 0.5})  # fmt: skip
+    console = Console(record=True, width=2000)
+    guards = make_guards(cfg, console, lambda title, msg: alerts.append(title))
     metrics = {}
     marked = ToolOutcome("python", "exception", "Error: [bold]KeyError[/bold]")
-    Trainer._watch_tools(fake, step_of(8, 8, marked), metrics)
+    guards.watch_tools(step_of(8, 8, marked), metrics, step=5)
     assert metrics == {"rollout/failing_tools": 1.0} and alerts == ["tool failing"]
-    out = fake.console.export_text()
+    out = console.export_text()
     assert "warning: tool 'python' failed on 8 of 8 calls in step 5" in out
     assert "[bold]KeyError[/bold]" in out

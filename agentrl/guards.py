@@ -1,0 +1,219 @@
+"""Run health: what the trainer watches on every step, warns about, and stops on.
+
+Counters, each with its stop or warning (`Limits`, from `trainer.*`):
+- crashed episodes (an exception in the env or its reward) above `max_aborted_frac` of a step:
+  a bug, not noise; the run stops and shows one (`check_crashes`);
+- steps with nothing to train on: skipped, and `max_empty_steps` in a row stop (`trainable`);
+- steps where no group carries gradient (`carries`: every advantage 0): warned every
+  `no_signal_steps` such steps in a row (`watch_signal`); dynamic sampling drops such groups
+  (`keep`);
+- optimizer steps with a non-finite loss or gradient: `max_skipped_steps` in a row stop the run
+  (`count_skip`).
+And warnings: a tool failing on most of its calls (`metrics.ToolWatch`), per-turn rewards the
+reward level ignores (once per run), sync turns sampled by other weights than the last push's,
+the engine and the trainer disagreeing on logprobs (`warn_logprob_gap`; async: any staleness),
+learner memory at its limit. Every warning goes to the log, the console and the tracker's alerts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rich.console import Console
+from rich.markup import escape
+
+from agentrl.advantage import AdvantageConfig, Truncation, carries_gradient
+from agentrl.batch import trainable
+from agentrl.metrics import (
+    ToolWatch,
+    crashed,
+    engine_gap,
+    ignored_turn_rewards,
+    memory_edge,
+    off_version,
+)
+from agentrl.types import TrainingError, Trajectory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The `trainer.*` settings the guards apply (agentrl/config.py: TrainerConfig)."""
+
+    max_aborted_frac: float
+    max_empty_steps: int
+    no_signal_steps: int
+    max_skipped_steps: int
+    warn_logprob_gap: float
+    warn_tool_fail_rate: float
+
+
+@dataclass(frozen=True)
+class Signal:
+    """What makes a group's advantages non-zero in this run: the estimator and reward level,
+    a KL penalty in the reward (kl_mode=reward), what truncated episodes get."""
+
+    advantage: AdvantageConfig
+    reward_penalty: bool = False
+    truncation: Truncation = field(default_factory=Truncation)
+
+
+class Guards:
+    """The run's health counters and warnings (module docstring). `alert` sends a warning to the
+    tracker (W&B alerts); `skipped_in_a_row` is a resumed run's count."""
+
+    def __init__(
+        self,
+        limits: Limits,
+        signal: Signal,
+        console: Console,
+        alert: Callable[[str, str], None],
+        skipped_in_a_row: int = 0,
+    ) -> None:
+        self.limits, self.signal = limits, signal
+        self.console, self.alert = console, alert
+        self.skipped_in_a_row = skipped_in_a_row  # optimizer steps with a non-finite loss
+        self.empty_in_a_row = 0  # steps with nothing to train on
+        self.no_signal_in_a_row = 0  # steps where no group carried gradient
+        self.warned_turn_rewards = False  # per-turn rewards under reward_level=trajectory: once
+        self.tool_watch = ToolWatch(limits.warn_tool_fail_rate)  # tools failing most calls
+
+    def warn(self, title: str, msg: str) -> None:
+        log.warning(msg)
+        self.console.print(f"[bold red]warning:[/] {escape(msg)}")  # tool text is no markup
+        self.alert(title, msg)
+
+    # -- after the rollout ---------------------------------------------------------------------
+
+    def check_crashes(self, trajs: list[Trajectory], step: int) -> None:
+        """Episodes that crashed (an exception in the env or its reward) are not infrastructure
+        noise past `max_aborted_frac` of a step: stop and show one of them."""
+        failed = [tr for tr in trajs if crashed(tr)]
+        bar = self.limits.max_aborted_frac
+        if trajs and len(failed) / len(trajs) > bar:
+            first = failed[0]
+            raise TrainingError(
+                f"{len(failed)} of {len(trajs)} episodes of step {step} crashed "
+                f"(stop reasons {sorted({tr.stop_reason.value for tr in failed})}), above "
+                f"trainer.max_aborted_frac={bar:g}. This is a bug "
+                f"in the env, its tools or its reward, not noise. First one (task "
+                f"{first.task_id!r}, sample {first.sample_index}):\n{first.error}"
+            )
+
+    def after_rollout(
+        self, groups: list[list[Trajectory]], trajs: list[Trajectory], metrics: dict[str, float],
+        step: int, sync: bool,
+    ) -> None:  # fmt: skip
+        """The step's groups as taken: failing tools, old weights (`sync` only: in async mode
+        tokens are older by design), no learning signal."""
+        self.watch_tools(trajs, metrics, step)
+        if sync:  # every turn must come from the weights just pushed
+            self.watch_versions(trajs, metrics, step)
+        self.watch_signal(groups, metrics)
+
+    def watch_tools(self, trajs: list[Trajectory], metrics: dict[str, float], step: int) -> None:
+        """A tool failing on most of its calls: warned at once, then every few steps while it
+        lasts (`metrics.ToolWatch` says when); a note when it recovers."""
+        out, warnings, notes = self.tool_watch.update(trajs, step)
+        metrics.update(out)
+        for msg in warnings:
+            self.warn("tool failing", msg)
+        for msg in notes:
+            self.console.print(escape(msg), style="yellow")
+
+    def watch_versions(self, trajs: list[Trajectory], metrics: dict[str, float], step: int) -> None:
+        """Sync mode: every turn must come from the weights pushed after step `step - 1`."""
+        metrics["rollout/off_version_turns"], msg = off_version(trajs, str(step - 1))
+        if msg:
+            self.warn("engine serves old weights", msg)
+
+    def carries(self, group: list[Trajectory]) -> bool:
+        """Whether the group's advantages can be non-zero under this run's estimator, reward
+        level and KL mode (`advantage.carries_gradient` states the rule)."""
+        s = self.signal
+        return carries_gradient(
+            group, s.advantage, reward_penalty=s.reward_penalty, truncation=s.truncation
+        )
+
+    def keep(self, group: list[Trajectory]) -> bool:
+        """Dynamic sampling's test (`carries`), sync and async. A group it drops is first looked
+        at for per-turn rewards that reward_level=trajectory ignores: such a group is flat there,
+        so `watch_signal`, which sees only the kept groups, would never warn about them."""
+        self.warn_ignored_turn_rewards(group)
+        return self.carries(group)
+
+    def warn_ignored_turn_rewards(self, trajs: list[Trajectory]) -> None:
+        """Once per run: per-turn rewards the reward level ignores."""
+        level = self.signal.advantage.reward_level
+        if not self.warned_turn_rewards and (msg := ignored_turn_rewards(trajs, level)):
+            self.warned_turn_rewards = True
+            self.warn("per-turn rewards ignored", msg)
+
+    def watch_signal(self, groups: list[list[Trajectory]], metrics: dict[str, float]) -> None:
+        """Say so, loudly, when no group carries gradient (`carries`) for `no_signal_steps`
+        steps in a row: every advantage is 0 and the policy gradient is exactly zero. And once
+        per run: per-turn rewards the reward level ignores."""
+        self.warn_ignored_turn_rewards([tr for g in groups for tr in g])
+        flat = not any(self.carries(g) for g in groups)
+        self.no_signal_in_a_row = self.no_signal_in_a_row + 1 if flat else 0
+        metrics["train/no_signal_steps_in_a_row"] = float(self.no_signal_in_a_row)
+        k = self.limits.no_signal_steps
+        if k and self.no_signal_in_a_row and self.no_signal_in_a_row % k == 0:
+            rewards = sorted({tr.reward for g in groups for tr in g})[:5]
+            msg = (
+                f"no learning signal for {self.no_signal_in_a_row} steps: in every group the "
+                f"rewards (outcome values seen: {rewards}; per-turn ones at reward_level=turn) "
+                "are equal, so every advantage is 0. Likely causes: the "
+                "model never calls the tools or never succeeds (reward always 0: check "
+                "rollout/tool_call_rate, stop/*, a trajectory with `agentrl preview`, "
+                "the parser and the reward function), the task is too easy (always 1), or "
+                "rollout.group_size is 1"
+            )
+            self.warn("no learning signal", msg)
+
+    def trainable(self, trajs: list[Trajectory], metrics: dict[str, float], step: int) -> bool:
+        """False (the step is skipped and counted) when no trajectory has a token to train on;
+        `max_empty_steps` such steps in a row stop the run."""
+        ok = any(trainable(tr, self.signal.truncation) for tr in trajs)
+        self.empty_in_a_row = 0 if ok else self.empty_in_a_row + 1
+        metrics["train/empty_steps_in_a_row"] = float(self.empty_in_a_row)
+        if not ok:
+            reasons = sorted({tr.stop_reason.value for tr in trajs})
+            self.console.print(
+                f"[yellow]step {step}: no trajectory to train on (stop reasons "
+                f"{reasons}); skipped[/]"
+            )
+        if self.empty_in_a_row >= self.limits.max_empty_steps:
+            raise TrainingError(
+                f"{self.empty_in_a_row} steps in a row had no trajectory to train on (all "
+                "infrastructure failures, no sampled token, or truncated under "
+                f"rollout.truncated=mask; stop reasons {reasons}). Check "
+                "the engine and sandbox logs in the run's output dir (truncated: raise "
+                "rollout.max_new_tokens / max_context_tokens)"
+            )
+        return ok
+
+    # -- after the update ----------------------------------------------------------------------
+
+    def count_skip(self, out: dict[str, float]) -> None:
+        """One optimizer step's metrics: `max_skipped_steps` non-finite ones in a row stop."""
+        skipped = out.get("policy/skipped", 0.0) > 0 or out.get("critic/skipped", 0.0) > 0
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
+        if self.skipped_in_a_row >= self.limits.max_skipped_steps:
+            raise TrainingError(
+                f"{self.skipped_in_a_row} optimizer steps in a row had a non-finite loss or "
+                f"gradient (last grad_norm={out.get('policy/grad_norm')}); the run diverged. "
+                "Lower learner.lr, check rewards for NaN, then resume with trainer.resume=auto"
+            )
+
+    def watch_update(self, metrics: dict[str, float], step: int, stale: bool) -> None:
+        """Learner memory at its limit; the engine's logprobs far from the trainer's (`stale`,
+        async: any gap, the weights moved on since the tokens were sampled)."""
+        if edge := memory_edge(metrics):
+            self.warn("learner memory at its limit", edge)
+        bar = 0 if stale else self.limits.warn_logprob_gap
+        if gap := engine_gap(metrics, bar, step):
+            self.warn("engine and trainer disagree", gap)

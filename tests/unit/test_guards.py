@@ -1,0 +1,93 @@
+"""Run health (agentrl/guards.py) on made-up steps: each counter counts, resets and stops where
+its setting says; every warning reaches the console and the tracker's alerts. The judgement of
+signal per mode is tests/unit/test_mode_matrix.py; the real runs tests/e2e/test_empty_steps.py,
+test_train_failures.py and test_train.py -k "crash or diverg"."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from agentrl.advantage import AdvantageConfig
+from agentrl.guards import Guards, Limits, Signal
+from agentrl.types import FinishReason, Message, StopReason, TrainingError, Trajectory, Turn
+
+
+def episode(reward: float, stop: StopReason = StopReason.COMPLETED, i: int = 0) -> Trajectory:
+    turn = Turn(start=1, end=2, obs_end=2, weight_version="0", finish_reason=FinishReason.STOP,
+                assistant=Message(role="assistant", content="x"))  # fmt: skip
+    return Trajectory(task_id="t", sample_index=i, token_ids=[1, 2], loss_mask=[0, 1],
+                      logprobs=[0.0, -1.0], prompt_len=1, turns=[turn], messages=[],
+                      stop_reason=stop, reward=reward, error="Traceback: boom")  # fmt: skip
+
+
+def guards(**limits) -> tuple[Guards, list[str], io.StringIO]:
+    alerts: list[str] = []
+    out = io.StringIO()
+    given = dict(max_aborted_frac=0.25, max_empty_steps=2, no_signal_steps=2, max_skipped_steps=2,
+                 warn_logprob_gap=0.5, warn_tool_fail_rate=0.5) | limits  # fmt: skip
+    g = Guards(Limits(**given), Signal(AdvantageConfig(name="grpo")),
+               Console(file=out, width=2000), lambda title, msg: alerts.append(title))  # fmt: skip
+    return g, alerts, out
+
+
+def test_crashed_episodes_above_the_bar_stop_with_one_of_them():
+    g, _, _ = guards()
+    crash = StopReason.REWARD_ERROR
+    g.check_crashes([episode(1.0, crash), *[episode(0.0)] * 3], step=2)  # 1 of 4: at the bar
+    with pytest.raises(TrainingError, match=r"2 of 4 episodes of step 3 crashed[\s\S]*boom"):
+        g.check_crashes([episode(1.0, crash)] * 2 + [episode(0.0)] * 2, step=3)
+
+
+def test_empty_steps_are_skipped_counted_and_stop_the_run_in_a_row():
+    g, _, out = guards()
+    lost = [episode(1.0, StopReason.ABORTED)]
+    assert not g.trainable(lost, m := {}, step=1) and m["train/empty_steps_in_a_row"] == 1
+    assert "step 1: no trajectory to train on" in out.getvalue()
+    assert g.trainable([episode(1.0)], m, step=2) and m["train/empty_steps_in_a_row"] == 0
+    assert not g.trainable(lost, m, step=3)
+    with pytest.raises(TrainingError, match="2 steps in a row had no trajectory"):
+        g.trainable(lost, m, step=4)
+
+
+def test_no_signal_is_warned_every_n_flat_steps_and_a_live_group_resets_it():
+    g, alerts, _ = guards()
+    flat, live = [episode(1.0), episode(1.0, i=1)], [episode(1.0), episode(0.0, i=1)]
+    assert g.keep(live) and not g.keep(flat)
+    for _ in range(3):
+        g.watch_signal([flat], m := {})
+    assert m["train/no_signal_steps_in_a_row"] == 3 and alerts == ["no learning signal"]
+    g.watch_signal([flat, live], m)
+    assert m["train/no_signal_steps_in_a_row"] == 0
+
+
+def test_non_finite_optimizer_steps_in_a_row_stop_the_run():
+    g, _, _ = guards()
+    g.count_skip({"policy/skipped": 1.0})
+    g.count_skip({"policy/skipped": 0.0})
+    assert g.skipped_in_a_row == 0
+    g.count_skip({"critic/skipped": 1.0})
+    with pytest.raises(TrainingError, match="2 optimizer steps in a row had a non-finite loss"):
+        g.count_skip({"policy/skipped": 1.0, "policy/grad_norm": float("nan")})
+
+
+def test_after_the_update_memory_and_the_logprob_gap_are_warned():
+    g, alerts, out = guards()
+    g.watch_update({"train/logprob_diff": 0.4}, step=1, stale=False)
+    assert alerts == []
+    g.watch_update({"train/logprob_diff": 0.6, "policy/alloc_retries": 2}, step=2, stale=False)
+    assert alerts == ["learner memory at its limit", "engine and trainer disagree"]
+    g.watch_update({"train/logprob_diff": 9.0}, step=3, stale=True)  # async: stale by design
+    assert len(alerts) == 2 and "warning:" in out.getvalue()
+
+
+def test_sync_turns_from_other_weights_are_counted_and_warned():
+    g, alerts, _ = guards(no_signal_steps=0)  # one-member groups: never any signal
+    g.after_rollout([[episode(1.0)]], [episode(1.0)], m := {}, step=1, sync=True)
+    assert m["rollout/off_version_turns"] == 0 and alerts == []
+    g.after_rollout([[episode(1.0)]], [episode(1.0)], m := {}, step=2, sync=True)  # "0" != "1"
+    assert m["rollout/off_version_turns"] == 1 and alerts == ["engine serves old weights"]
+    g.after_rollout([[episode(1.0)]], [episode(1.0)], m := {}, step=2, sync=False)
+    assert "rollout/off_version_turns" not in m
