@@ -38,9 +38,9 @@ if TYPE_CHECKING:
 
     from rich.console import Console
 
+    from agentrl.engine import Fleet
     from agentrl.learner.group import LearnerGroup
     from agentrl.rollout import Rollout
-    from agentrl.servers import Fleet
     from agentrl.weight_sync import Transport
 
 

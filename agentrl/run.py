@@ -39,7 +39,16 @@ from agentrl.ckpt import (
 from agentrl.config import Config, training_checks
 from agentrl.data import TaskSampler
 from agentrl.display import ProgressLine, make_console
-from agentrl.engine import EngineClient, EngineConfig
+from agentrl.engine import (
+    DETERMINISTIC,
+    EngineClient,
+    EngineConfig,
+    Fleet,
+    launch_fleet,
+    launch_router,
+    split_local_gpus,
+    visible_gpus,
+)
 from agentrl.env import Env
 from agentrl.env_config import EnvConfig
 from agentrl.evaluate import eval_task_sets
@@ -51,14 +60,6 @@ from agentrl.render import RenderError
 from agentrl.rollout import Rollout
 from agentrl.runlock import hold_run_dirs
 from agentrl.sandbox import Sandbox, make_sandbox
-from agentrl.servers import (
-    DETERMINISTIC,
-    Fleet,
-    launch_fleet,
-    launch_router,
-    split_local_gpus,
-    visible_gpus,
-)
 from agentrl.settings_diff import compare, refusal, settings_of
 from agentrl.tracking import JsonlSink, Tracker
 from agentrl.types import ConfigError, Task

@@ -72,7 +72,7 @@ from agentrl.config import (
 )
 from agentrl.data import TaskSampler
 from agentrl.display import ProgressLine, eval_text, trajectory_panel
-from agentrl.engine import EngineClient, EngineUnavailable
+from agentrl.engine import EngineClient, EngineUnavailable, Fleet
 from agentrl.evaluate import evaluate
 from agentrl.learner.group import LearnerGroup
 from agentrl.loss import kl_reward_penalty
@@ -104,7 +104,6 @@ from agentrl.run import (
 )
 from agentrl.runlock import refuse_if_held
 from agentrl.seeding import sampling_round
-from agentrl.servers import Fleet
 from agentrl.tracking import Tracker
 from agentrl.trajectory_view import pick
 from agentrl.types import Task, Trajectory

@@ -6,7 +6,7 @@ prefix), in the same run.
     python bench/router_scaling.py --engine sglang --model DIR --servers 2 --episodes 256
     python bench/router_scaling.py --engine dev --episodes 16 --new-tokens 32    # CPU smoke run
 
-SGLang server i gets GPU i (engine.num_servers=N, placement local: agentrl.servers). Each side
+SGLang server i gets GPU i (engine.num_servers=N, placement local: agentrl.engine.fleet). Each side
 renders the same prompts, samples with ignore_eos (every turn exactly --new-tokens // --turns
 long; the env answers at once with a fixed tool message: envs/synthetic.py), flushes the servers'
 prefix caches first and runs a short warm-up; best of --rounds. Prints, per server count: tokens/s,
@@ -28,8 +28,7 @@ from typing import Any
 
 from rollout_throughput import engine_config, make_rollout, make_tasks, resolve_model, run_rollout
 
-from agentrl.engine import EngineClient, EngineConfig
-from agentrl.servers import launch_fleet, launch_router
+from agentrl.engine import EngineClient, EngineConfig, launch_fleet, launch_router
 
 
 async def measure(cfg: EngineConfig, urls: list[str], router: str | None, tokenizer: Any, a):

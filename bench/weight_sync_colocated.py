@@ -38,11 +38,10 @@ import torch
 from learner_microbatch import make_batch  # bench/: the learner bench's synthetic batch
 
 from agentrl.assets.build import QWEN25_SHAPES, build_random_qwen25
-from agentrl.engine import EngineClient, EngineConfig
+from agentrl.engine import EngineClient, EngineConfig, launch_engines
 from agentrl.learner import LearnerConfig, RayConfig
 from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
 from agentrl.loss import LossConfig
-from agentrl.servers import launch_engines
 from agentrl.weight_sync import WeightSyncConfig, make_weight_sync
 
 SGLANG_ARGS = ["--attention-backend", "triton", "--enable-memory-saver", "--grammar-backend",

@@ -1,4 +1,4 @@
-"""The dev server's prefix cache (agentrl/devcache.py) on loopback: a turn's prompt that extends
+"""The dev server's prefix cache (agentrl/engine/dev/cache.py) on loopback: a turn's prompt that extends
 the last turn is computed only past what the cache holds, identical prompts admitted together
 are computed once, and every logprob still equals a plain forward over the row's own ids; a
 weight update or /flush_cache empties the cache."""

@@ -1,5 +1,5 @@
 """Issue 36: another local user must not steer a run. The dev server and the router (smg) that
-`agentrl.servers` starts, as a run starts them, refuse every request without the run's Bearer
+`agentrl.engine.fleet` starts, as a run starts them, refuse every request without the run's Bearer
 token (401), answer the run's own client, and keep the token off their command lines and their
 logs' readers. SGLang's side is tests/gpu/test_sglang_auth.py."""
 
@@ -14,8 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentrl.engine import EngineClient, EngineConfig, SamplingParams
-from agentrl.servers import launch_engines, launch_router
+from agentrl.engine import EngineClient, EngineConfig, SamplingParams, launch_engines, launch_router
 
 TINY = Path(__file__).resolve().parents[2] / "agentrl" / "assets" / "tiny"
 CFG = EngineConfig(router="smg", max_retries=0)

@@ -247,7 +247,7 @@ def kill_devserver(url: str) -> None:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError):
             continue
-        if b"agentrl.devserver" in cmd and port.encode() in cmd:
+        if b"agentrl.engine.dev" in cmd and port.encode() in cmd:
             os.kill(int(pid), signal.SIGKILL)
 
 

@@ -1,4 +1,4 @@
-"""Issue 36 on real SGLang: a server `agentrl.servers` starts (as a run does) takes the run's
+"""Issue 36 on real SGLang: a server `agentrl.engine.fleet` starts (as a run does) takes the run's
 token as --api-key and --admin-api-key from its private --config file, refuses requests without
 it (401: its generation, weight, pause, memory and LoRA routes), answers the run's client (normal
 and admin routes), and keeps the token off every command line. With smg installed, the router in
@@ -17,8 +17,7 @@ import httpx
 import pytest
 import torch
 
-from agentrl.engine import EngineClient, EngineConfig, SamplingParams
-from agentrl.servers import launch_engines, launch_router
+from agentrl.engine import EngineClient, EngineConfig, SamplingParams, launch_engines, launch_router
 
 pytestmark = [
     pytest.mark.gpu,

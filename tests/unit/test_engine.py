@@ -231,7 +231,7 @@ async def test_no_server_listening_raises_one_line_engine_unavailable():
             await engine.generate([1, 2], SamplingParams())
         msg = str(info.value)
         assert "\n" not in msg and all(u in msg for u in urls)
-        assert "agentrl.devserver" in msg and "engine.urls" in msg
+        assert "agentrl.engine.dev" in msg and "engine.urls" in msg
         with pytest.raises(EngineUnavailable, match="not healthy"):
             await engine.wait_healthy(timeout_s=0.2, poll_s=0.05)
 
@@ -277,22 +277,22 @@ def test_cached_tokens_are_read_from_meta_info():
 
 
 def test_the_router_is_used_when_asked_or_useful(monkeypatch):
-    from agentrl import servers
+    from agentrl.engine import fleet
 
     def installed(yes):
         monkeypatch.setattr(
-            servers.importlib.util, "find_spec", lambda name: object() if yes else None
+            fleet.importlib.util, "find_spec", lambda name: object() if yes else None
         )
 
     installed(True)
-    assert not servers.router_wanted(EngineConfig(), 1)  # one server needs no router
-    assert servers.router_wanted(EngineConfig(), 2)
-    assert not servers.router_wanted(EngineConfig(router="none"), 2)
-    assert servers.router_wanted(EngineConfig(router="smg"), 1)
+    assert not fleet.router_wanted(EngineConfig(), 1)  # one server needs no router
+    assert fleet.router_wanted(EngineConfig(), 2)
+    assert not fleet.router_wanted(EngineConfig(router="none"), 2)
+    assert fleet.router_wanted(EngineConfig(router="smg"), 1)
     installed(False)
-    assert not servers.router_wanted(EngineConfig(), 2)  # auto: the client balances instead
+    assert not fleet.router_wanted(EngineConfig(), 2)  # auto: the client balances instead
     with pytest.raises(EngineUnavailable, match="pip install smg"):
-        servers.router_wanted(EngineConfig(router="smg"), 2)
+        fleet.router_wanted(EngineConfig(router="smg"), 2)
 
 
 def test_backoff_delay_doubles_and_caps():

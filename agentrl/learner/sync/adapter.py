@@ -27,8 +27,7 @@ from typing import Any
 
 import torch
 
-from agentrl.engine import EngineClient
-from agentrl.engine_config import EngineConfig
+from agentrl.engine import EngineClient, EngineConfig
 from agentrl.learner import LoraConfig, fsdp, lora
 from agentrl.learner.sync.base import Transport, WeightSyncError
 

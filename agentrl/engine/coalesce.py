@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-from agentrl.protocol import (
+from agentrl.engine.protocol import (
     EngineProtocolError,
     error_message,
     parse_generate_response,

@@ -1,4 +1,4 @@
-"""Async client for SGLang's HTTP protocol (and `agentrl.devserver`, which speaks the same subset).
+"""Async client for SGLang's HTTP protocol (and `agentrl.engine.dev`, which speaks the same subset).
 
     async with EngineClient(["http://127.0.0.1:30000"]) as engine:
         await engine.wait_healthy()
@@ -13,9 +13,9 @@ server's prefix cache. Connection errors, dropped connections and 5xx are retrie
 exponential backoff on another healthy server; a 400 is never retried (`PromptTooLong` when the
 prompt does not fit the model's context, `EngineRequestError` otherwise). Admin calls (health,
 weights, memory, pause) fan out to every server at once. The wire format (sampling params,
-responses, stop tokens, error bodies) is `agentrl.protocol`. Every request carries
+responses, stop tokens, error bodies) is `agentrl.engine.protocol`. Every request carries
 `Authorization: Bearer <api_key>`: the servers and the router a run starts refuse requests
-without it (agentrl/engine_config.py says where the token comes from).
+without it (agentrl/engine/config.py says where the token comes from).
 
 HTTP is aiohttp, not httpx: a rollout keeps hundreds of /generate requests in flight, and
 httpcore's pool scans every connection on every request, which cost 5-12 ms of client CPU per
@@ -39,10 +39,11 @@ from typing import Any, Literal
 import aiohttp
 import orjson
 
-from agentrl.coalesce import Coalescer
-from agentrl.engine_config import EngineConfig, default_api_key
-from agentrl.gate import Gate, join
-from agentrl.protocol import (
+from agentrl.engine.coalesce import Coalescer
+from agentrl.engine.config import EngineConfig, default_api_key
+from agentrl.engine.gate import Gate, join
+from agentrl.engine.protocol import (
+    ROUTING_KEY_HEADER,
     EngineError,
     EngineProtocolError,
     EngineRequestError,
@@ -57,7 +58,7 @@ from agentrl.protocol import (
 )
 from agentrl.types import Completion, FinishReason
 
-__all__ = [  # the wire-format names stay importable from here, as before agentrl.protocol
+__all__ = [  # the wire-format names stay importable from here, as before agentrl.engine.protocol
     "EngineClient", "EngineConfig", "EngineError", "EngineProtocolError", "EngineRequestError",
     "EngineUnavailable", "PromptTooLong", "SamplingParams", "backoff_delay",
     "encode_named_tensors", "parse_generate_response",
@@ -66,11 +67,10 @@ __all__ = [  # the wire-format names stay importable from here, as before agentr
 log = logging.getLogger(__name__)
 
 FIX_HINT = (
-    "start one with `python -m agentrl.devserver --model PATH --port PORT` (CPU) or "
+    "start one with `python -m agentrl.engine.dev --model PATH --port PORT` (CPU) or "
     "`python -m sglang.launch_server --model-path PATH --skip-tokenizer-init --port PORT` (GPU), "
     "or fix engine.urls"
 )
-ROUTING_KEY_HEADER = "x-smg-routing-key"  # smg's consistent hashing reads the key from it
 _CLIENT_FIELDS = {
     "timeout_s", "connect_timeout_s", "max_retries", "backoff_s", "max_backoff_s",
     "unhealthy_cooldown_s", "health_timeout_s", "max_connections", "batch_window_ms",
@@ -124,7 +124,7 @@ class EngineClient:
         api_key: str | None = None,
     ):
         """`api_key`: the servers' Bearer token; None: $AGENTRL_ENGINE_API_KEY, else this
-        process's run token (what the servers `agentrl.servers` starts here take)."""
+        process's run token (what the servers `agentrl.engine.fleet` starts here take)."""
         if not urls:
             raise ValueError("EngineClient needs at least one server URL (engine.urls)")
         self._servers = [_Server(u.rstrip("/")) for u in urls]
@@ -249,7 +249,7 @@ class EngineClient:
         """Sample a completion of `input_ids`. `key` pins one trajectory to one server. Waits
         while `exclusive()` holds the engines (a weight update in progress). A turn that a
         pausing push cut short goes on after it under the new weights: one Completion comes
-        back, its `segments` saying which tokens which version sampled (agentrl/gate.py)."""
+        back, its `segments` saying which tokens which version sampled (agentrl/engine/gate.py)."""
         parts: list[Completion] = []
         while True:
             sofar = [t for p in parts for t in p.token_ids]
