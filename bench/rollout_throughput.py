@@ -214,7 +214,7 @@ async def run_bare_turns(http: aiohttp.ClientSession, url: str, prompts, obs: li
 
 async def flush(engine: EngineClient) -> None:
     """Empty the prefix cache, so the side measured second does not find the prompts cached."""
-    if not all(await engine.flush_cache()):
+    if not all(await engine.control.flush_cache()):
         print("warning: /flush_cache refused; the second side may hit cached prompt prefixes")
 
 

@@ -42,7 +42,7 @@ async def measure(cfg: EngineConfig, urls: list[str], router: str | None, tokeni
         tasks, prompts = make_tasks(rollout, a.episodes, a.prompt_tokens, "episode", a.seed)
         best = None
         for _ in range(a.rounds):
-            if not all(await engine.flush_cache()):
+            if not all(await engine.control.flush_cache()):
                 print("warning: /flush_cache refused; cached prefixes may flatter this round")
             tokens, wall = await run_rollout(rollout, tasks, prompts, per_turn)
             if best is None or wall < best[1]:

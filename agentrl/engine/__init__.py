@@ -1,7 +1,9 @@
 """The engine wing: everything between agentrl and the rollout servers. Other packages import only
 what this file exports; the modules behind it are private to agentrl/engine/.
 
-    client.py    EngineClient: routing, retries and fan-out over the servers' HTTP
+    client.py    EngineClient: `gen` (Generation, the data plane: routing, retries, abort) and
+                 `control` (Control, admin.py: health, versions, pause, memory, LoRA, weights)
+    http.py      one place for HTTP: the session per loop, the servers' marks, the fan-out
     protocol.py  the wire format: sampling params, responses, error bodies and their errors
     config.py    EngineConfig (the `engine.*` settings) and the servers' Bearer token
     gate.py      the push gate: /generate waits while weights change; cut turns go on
@@ -10,7 +12,8 @@ what this file exports; the modules behind it are private to agentrl/engine/.
     dev/         the CPU engine, `python -m agentrl.engine.dev` (never imported from outside)
 """
 
-from agentrl.engine.client import EngineClient, backoff_delay, health_probe
+from agentrl.engine.admin import Control
+from agentrl.engine.client import EngineClient, Generation
 from agentrl.engine.config import API_KEY_ENV, RUN_TOKEN, EngineConfig, default_api_key
 from agentrl.engine.fleet import (
     DETERMINISTIC,
@@ -22,6 +25,7 @@ from agentrl.engine.fleet import (
     split_local_gpus,
     visible_gpus,
 )
+from agentrl.engine.http import backoff_delay, health_probe
 from agentrl.engine.protocol import (
     ROUTING_KEY_HEADER,
     EngineError,
@@ -35,9 +39,9 @@ from agentrl.engine.protocol import (
 )
 
 __all__ = [
-    "API_KEY_ENV", "DETERMINISTIC", "ROUTING_KEY_HEADER", "RUN_TOKEN", "EngineClient",
+    "API_KEY_ENV", "DETERMINISTIC", "ROUTING_KEY_HEADER", "RUN_TOKEN", "Control", "EngineClient",
     "EngineConfig", "EngineError", "EngineProtocolError", "EngineRequestError",
-    "EngineUnavailable", "Fleet", "PromptTooLong", "RayServer", "SamplingParams", "backoff_delay",
+    "EngineUnavailable", "Fleet", "Generation", "PromptTooLong", "RayServer", "SamplingParams", "backoff_delay",
     "default_api_key", "encode_named_tensors", "health_probe", "launch_engines", "launch_fleet",
     "launch_router", "parse_generate_response", "split_local_gpus", "visible_gpus",
 ]  # fmt: skip

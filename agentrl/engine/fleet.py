@@ -40,8 +40,8 @@ from pathlib import Path
 
 import httpx
 
-from agentrl.engine.client import health_probe
 from agentrl.engine.config import API_KEY_ENV, EngineConfig
+from agentrl.engine.http import health_probe
 from agentrl.engine.protocol import EngineUnavailable
 from agentrl.sandbox.base import die_with_parent
 from agentrl.types import ConfigError

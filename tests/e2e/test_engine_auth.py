@@ -74,9 +74,9 @@ def test_the_dev_server_refuses_every_route_but_health_without_the_run_token(url
         async with EngineClient.from_config(CFG.model_copy(update={"urls": urls})) as engine:
             params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
             comp = await engine.generate(PROMPT, params)
-            await engine.pause_generation()  # the run's own admin calls pass
-            await engine.continue_generation()
-            return await engine.get_weight_version(), comp.token_ids
+            await engine.control.pause_generation()  # the run's own admin calls pass
+            await engine.control.continue_generation()
+            return await engine.control.get_weight_version(), comp.token_ids
 
     versions, ids = asyncio.run(run())  # nothing of the above landed: not paused, no new version
     assert versions == ["default"] and len(ids) == 4

@@ -85,7 +85,7 @@ def test_learner_spans_nodes_and_engine_runs_on_the_second(cluster: Cluster, tmp
                 [
                     *(n["ip"] for n in nodes),
                     *run.fleet.urls,
-                    *await run.engine.get_weight_version(),
+                    *await run.engine.control.get_weight_version(),
                 ],
             )
 

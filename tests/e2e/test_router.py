@@ -60,7 +60,9 @@ def rollout(urls, router, tasks, kill_after: str | None = None):
                     await asyncio.sleep(0.05)
                 os.killpg(server_pids(urls)[kill_after], signal.SIGKILL)
             groups = await run
-            versions = await engine.update_weight_version("7") if kill_after is None else None
+            versions = (
+                await engine.control.update_weight_version("7") if kill_after is None else None
+            )
             return [t for g in groups for t in g], versions
 
     return asyncio.run(go())

@@ -66,12 +66,12 @@ def test_sglang_started_by_agentrl_wants_the_run_token(model_dir, tmp_path):
 
         async def run() -> tuple[list[str], list[int]]:
             async with EngineClient.from_config(CFG.model_copy(update={"urls": urls})) as engine:
-                await engine.update_weight_version("1")  # an admin route: the admin key
+                await engine.control.update_weight_version("1")  # an admin route: the admin key
                 params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
                 async with engine.exclusive(pause=True):
                     pass  # /abort_request, /pause_generation, /continue_generation
                 comp = await engine.generate(PROMPT, params)
-                return await engine.get_weight_version(), comp.token_ids
+                return await engine.control.get_weight_version(), comp.token_ids
 
         versions, ids = asyncio.run(run())
         assert versions == ["1"] and len(ids) == 4

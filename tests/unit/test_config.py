@@ -283,6 +283,10 @@ def test_colocated_adapter_route_needs_the_servers_host_copy_of_the_base():
         async def server_info(self):
             return [self.info]
 
+        @property
+        def control(self):  # the control plane answers server_info
+            return self
+
     bare, backed = Servers(), Servers(enable_weights_cpu_backup=True)
     assert asyncio.run(resolve_lora_sync("ask", bare, colocate=True)) == "merged"
     assert asyncio.run(resolve_lora_sync("ask", bare, colocate=False)) == "adapter"

@@ -86,13 +86,13 @@ async def test_the_client_sends_the_token_with_every_request() -> None:
     try:
         async with EngineClient.from_config(cfg) as engine:
             await engine.generate([1, 2], SamplingParams(max_new_tokens=1))  # coalesced
-            await engine.health(deep=True)
-            await engine.pause_generation()
-            await engine.continue_generation()
-            await engine.update_weights_from_tensor(["payload"], "1")
-            await engine.load_lora_adapter("a", "/tmp/a")
-            await engine.flush_cache()
-            await engine.abort(abort_all=True)
+            await engine.control.health(deep=True)
+            await engine.control.pause_generation()
+            await engine.control.continue_generation()
+            await engine.control.update_weights_from_tensor(["payload"], "1")
+            await engine.control.load_lora_adapter("a", "/tmp/a")
+            await engine.control.flush_cache()
+            await engine.gen.abort(abort_all=True)
     finally:
         await runner.cleanup()
     assert len(seen) == 8

@@ -234,7 +234,7 @@ class TensorSync(Transport):
             payloads = await asyncio.to_thread(self._payloads, bucket, direct, i)
             t1 = time.perf_counter()
             try:
-                await self.engine.update_weights_from_tensor(
+                await self.engine.control.update_weights_from_tensor(
                     payloads,
                     weight_version=version if last else None,
                     load_format=fmt,
