@@ -8,8 +8,8 @@ the command line before Hydra composes (agentrl/cli/overrides.py), where no key 
       rollout.max_turn: unknown key; did you mean rollout.max_turns?
 
 Nothing below the entry points sees OmegaConf. Sections are owned by the module that uses them
-(RolloutConfig lives in rollout.py, EngineConfig in engine.py, …) and composed here. User classes
-are referenced by import path in `_target_`.
+(RolloutConfig lives in rollout.py, EngineConfig in engine/config.py, …) and composed here. User
+classes are referenced by import path in `_target_`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from agentrl.advantage import AdvantageConfig, needs_values
 from agentrl.assets.build import resolve_builtin
 from agentrl.ckpt import CheckpointConfig
 from agentrl.cli.overrides import check_argv, check_overrides, unknown_key_hint
-from agentrl.engine_config import EngineConfig
+from agentrl.engine import EngineConfig
 from agentrl.env_config import ENV_KINDS, EnvConfig, MixtureConfig, env_kind
 from agentrl.learner import LearnerConfig, RayConfig
 from agentrl.loss import LossConfig
@@ -194,7 +194,7 @@ class TrainerConfig(CheckpointConfig):
         True,
         description="async: a weight push cuts the turns in flight (/abort_request, then "
         "/pause_generation) and they go on under the new weights, keeping what they sampled "
-        "with its version (agentrl/gate.py); false: the push waits for them to finish",
+        "with its version (agentrl/engine/gate.py); false: the push waits for them to finish",
     )
     deterministic: bool = Field(
         False,

@@ -31,13 +31,12 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from agentrl.engine import EngineClient, EngineUnavailable
-from agentrl.engine_config import EngineConfig
+from agentrl.engine import EngineClient, EngineConfig, EngineUnavailable
 from agentrl.types import TrainingError
 
 if TYPE_CHECKING:  # annotations only: the parts come built (agentrl/run.py); no Ray to import
+    from agentrl.engine import Fleet
     from agentrl.learner.group import LearnerGroup
-    from agentrl.servers import Fleet
     from agentrl.weight_sync import Transport
 
 log = logging.getLogger(__name__)

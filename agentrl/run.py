@@ -39,7 +39,16 @@ from agentrl.ckpt import (
 from agentrl.config import Config, training_checks
 from agentrl.data import TaskSampler
 from agentrl.display import ProgressLine, make_console
-from agentrl.engine import EngineClient, EngineConfig
+from agentrl.engine import (
+    DETERMINISTIC,
+    EngineClient,
+    EngineConfig,
+    Fleet,
+    launch_fleet,
+    launch_router,
+    split_local_gpus,
+    visible_gpus,
+)
 from agentrl.env import Env
 from agentrl.env_config import EnvConfig
 from agentrl.evaluate import eval_task_sets
@@ -51,14 +60,6 @@ from agentrl.render import RenderError
 from agentrl.rollout import Rollout
 from agentrl.runlock import hold_run_dirs
 from agentrl.sandbox import Sandbox, make_sandbox
-from agentrl.servers import (
-    DETERMINISTIC,
-    Fleet,
-    launch_fleet,
-    launch_router,
-    split_local_gpus,
-    visible_gpus,
-)
 from agentrl.settings_diff import compare, refusal, settings_of
 from agentrl.tracking import JsonlSink, Tracker
 from agentrl.types import ConfigError, Task
@@ -165,10 +166,10 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
             cfg.engine.model_copy(update={"urls": urls}), router=router
         )
         stack.push_async_callback(_aquietly, "engine client", engine.aclose)
-        await engine.wait_healthy(cfg.engine.health_timeout_s)
+        await engine.control.wait_healthy(cfg.engine.health_timeout_s)
         if train and cfg.trainer.deterministic:
             await check_deterministic(engine)
-        await engine.update_weight_version(str(resumed.step if resumed else 0))
+        await engine.control.update_weight_version(str(resumed.step if resumed else 0))
         sandbox = make_sandbox(cfg.sandbox)
         stack.push_async_callback(_aquietly, "sandbox", sandbox.aclose)
         rollout = make_rollout(cfg, classes, engine, tokenizer, sandbox)
@@ -208,7 +209,7 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
 async def check_deterministic(engine: EngineClient) -> None:
     """trainer.deterministic: every server computes each request apart from the others (the
     ones we start get the flag; servers given by engine.urls must have been started with it)."""
-    infos = await engine.server_info()
+    infos = await engine.control.server_info()
     off = [url for url, info in zip(engine.urls, infos, strict=True)
            if not info.get("enable_deterministic_inference")]  # fmt: skip
     if off:

@@ -150,7 +150,7 @@ class Completion:
     server: str = ""
     latency_s: float = 0.0
     # (tokens, weight_version) per stretch sampled under one version, when a weight push cut
-    # the turn and it went on under new weights (agentrl/gate.py); empty: all weight_version
+    # the turn and it went on under new weights (agentrl/engine/gate.py); empty: all weight_version
     segments: list[tuple[int, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:

@@ -38,7 +38,7 @@ from statistics import fmean
 ENV = ["env=code_exec", "env._target_=agentrl.envs.examples.slow_tools.SlowToolsEnv"]
 
 
-PARTS = {"ray::LearnerWorker": "learner", "agentrl.devserver": "dev server",
+PARTS = {"ray::LearnerWorker": "learner", "agentrl.engine.dev": "dev server",
          "agentrl.sandbox.server": "sandbox", str(os.getpid()): "trainer"}  # fmt: skip
 
 

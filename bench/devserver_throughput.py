@@ -19,13 +19,12 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from agentrl.engine import EngineClient, EngineConfig, SamplingParams
-from agentrl.servers import launch_engines
+from agentrl.engine import EngineClient, EngineConfig, SamplingParams, launch_engines
 
 
 @contextmanager
 def devserver(model: str, threads: int, *args: str):
-    """One dev server on loopback (agentrl.servers does the launch, health wait and stop)."""
+    """One dev server on loopback (agentrl.engine.fleet does the launch, health wait and stop)."""
     cfg = EngineConfig(extra_args=["--threads", str(threads), *args])
     with (
         tempfile.TemporaryDirectory() as logs,

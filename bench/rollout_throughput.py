@@ -24,7 +24,7 @@ the server's turn boundaries cost and what agentrl's client adds. The prefix cac
 before every measured run; a warm-up
 round of short runs on other prompts comes first. Prints, per mode: episodes, turns, generated
 tokens, wall s and tok/s of each side, and the ratio rollout/reference; --json writes them too.
---engine launches the server through agentrl.servers.launch_engines (loopback, stopped at the
+--engine launches the server through agentrl.engine.fleet.launch_engines (loopback, stopped at the
 end): sglang with configs/engine/sglang.yaml's arguments minus --enable-memory-saver (keep it
 with --memory-saver), CUDA graphs on; dev (CPU) serves the tiny random Qwen3 by default.
 """
@@ -46,12 +46,17 @@ import aiohttp
 import httpx
 import orjson
 
-from agentrl.engine import EngineClient, EngineConfig, SamplingParams, parse_generate_response
-from agentrl.engine_config import default_api_key
+from agentrl.engine import (
+    EngineClient,
+    EngineConfig,
+    SamplingParams,
+    default_api_key,
+    launch_engines,
+    parse_generate_response,
+)
 from agentrl.envs.synthetic import FixedLengthEnv
 from agentrl.metrics import rollout_metrics
 from agentrl.rollout import Rollout, RolloutConfig
-from agentrl.servers import launch_engines
 from agentrl.types import Message, StopReason, Task
 
 WORDS = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "tree", "house", "water",
@@ -209,7 +214,7 @@ async def run_bare_turns(http: aiohttp.ClientSession, url: str, prompts, obs: li
 
 async def flush(engine: EngineClient) -> None:
     """Empty the prefix cache, so the side measured second does not find the prompts cached."""
-    if not all(await engine.flush_cache()):
+    if not all(await engine.control.flush_cache()):
         print("warning: /flush_cache refused; the second side may hit cached prompt prefixes")
 
 

@@ -19,8 +19,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from agentrl.engine import EngineClient, EngineConfig, SamplingParams
-from agentrl.servers import launch_engines, launch_router
+from agentrl.engine import EngineClient, EngineConfig, SamplingParams, launch_engines, launch_router
 
 TINY = Path(__file__).resolve().parents[1] / "agentrl" / "assets" / "tiny"
 

@@ -6,7 +6,7 @@ prefix), in the same run.
     python bench/router_scaling.py --engine sglang --model DIR --servers 2 --episodes 256
     python bench/router_scaling.py --engine dev --episodes 16 --new-tokens 32    # CPU smoke run
 
-SGLang server i gets GPU i (engine.num_servers=N, placement local: agentrl.servers). Each side
+SGLang server i gets GPU i (engine.num_servers=N, placement local: agentrl.engine.fleet). Each side
 renders the same prompts, samples with ignore_eos (every turn exactly --new-tokens // --turns
 long; the env answers at once with a fixed tool message: envs/synthetic.py), flushes the servers'
 prefix caches first and runs a short warm-up; best of --rounds. Prints, per server count: tokens/s,
@@ -28,8 +28,7 @@ from typing import Any
 
 from rollout_throughput import engine_config, make_rollout, make_tasks, resolve_model, run_rollout
 
-from agentrl.engine import EngineClient, EngineConfig
-from agentrl.servers import launch_fleet, launch_router
+from agentrl.engine import EngineClient, EngineConfig, launch_fleet, launch_router
 
 
 async def measure(cfg: EngineConfig, urls: list[str], router: str | None, tokenizer: Any, a):
@@ -43,7 +42,7 @@ async def measure(cfg: EngineConfig, urls: list[str], router: str | None, tokeni
         tasks, prompts = make_tasks(rollout, a.episodes, a.prompt_tokens, "episode", a.seed)
         best = None
         for _ in range(a.rounds):
-            if not all(await engine.flush_cache()):
+            if not all(await engine.control.flush_cache()):
                 print("warning: /flush_cache refused; cached prefixes may flatter this round")
             tokens, wall = await run_rollout(rollout, tasks, prompts, per_turn)
             if best is None or wall < best[1]:

@@ -33,16 +33,15 @@ import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from agentrl.engine import EngineClient, EngineConfig
+from agentrl.engine import EngineClient, EngineConfig, launch_engines, visible_gpus
 from agentrl.learner import LearnerConfig, LoraConfig, RayConfig
 from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
-from agentrl.servers import launch_engines, visible_gpus
 from agentrl.weight_sync import WeightSyncConfig, make_weight_sync
 
 
 @contextmanager
 def devserver(model: str, log_dir: str):
-    """One dev server on loopback (agentrl.servers does the launch, health wait and stop)."""
+    """One dev server on loopback (agentrl.engine.fleet does the launch, health wait and stop)."""
     with launch_engines(EngineConfig(), Path(model), Path(log_dir)) as urls:
         yield urls[0]
 

@@ -38,11 +38,10 @@ import torch
 from learner_microbatch import make_batch  # bench/: the learner bench's synthetic batch
 
 from agentrl.assets.build import QWEN25_SHAPES, build_random_qwen25
-from agentrl.engine import EngineClient, EngineConfig
+from agentrl.engine import EngineClient, EngineConfig, launch_engines
 from agentrl.learner import LearnerConfig, RayConfig
 from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
 from agentrl.loss import LossConfig
-from agentrl.servers import launch_engines
 from agentrl.weight_sync import WeightSyncConfig, make_weight_sync
 
 SGLANG_ARGS = ["--attention-backend", "triton", "--enable-memory-saver", "--grammar-backend",
@@ -62,7 +61,9 @@ async def naive_push(
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     payload = MultiprocessingSerializer.serialize(named, output_str=True)
-    await engine.update_weights_from_tensor([payload] * tp, weight_version=v, flush_cache=True)
+    await engine.control.update_weights_from_tensor(
+        [payload] * tp, weight_version=v, flush_cache=True
+    )
     return time.perf_counter() - t0
 
 
@@ -105,15 +106,15 @@ async def measure(args: argparse.Namespace, policy, engine, fmt: str, bucket_mb:
     times, rel, res, split, parts = [], [], [], [], []
     for i in range(args.repeats + 1):  # the first push warms up
         t0 = time.perf_counter()
-        await engine.release_memory_occupation()
+        await engine.control.release_memory_occupation()
         policy.onload()
-        await engine.resume_memory_occupation(["weights"])
+        await engine.control.resume_memory_occupation(["weights"])
         t2 = time.perf_counter()
         metrics = await sync.push(f"{fmt}-{bucket_mb}-{i}")
         assert metrics.get("sync/direct", 0.0) == float(fmt == "direct"), metrics
         t3 = time.perf_counter()
         policy.offload()
-        await engine.resume_memory_occupation(["kv_cache", "cuda_graph"])
+        await engine.control.resume_memory_occupation(["kv_cache", "cuda_graph"])
         t4 = time.perf_counter()
         if i:
             times.append(metrics["sync/seconds"])  # the push's own clock (t3 - t2 less its metrics)

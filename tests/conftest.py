@@ -1,6 +1,6 @@
 """Shared fixtures: the tiny model, free loopback ports, and a real dev server on loopback.
 
-`devserver` (session) is one `python -m agentrl.devserver` on 127.0.0.1 serving the tiny random
+`devserver` (session) is one `python -m agentrl.engine.dev` on 127.0.0.1 serving the tiny random
 model; tests must not change its weights (start your own with `launch_devserver` for that).
 """
 
@@ -32,7 +32,7 @@ def find_free_port() -> int:
 
 @contextmanager
 def run_devserver(model: Path | str, *args: str, log_dir: Path, timeout_s: float = 120.0):
-    """Start `python -m agentrl.devserver` on a free loopback port; yield (url, process).
+    """Start `python -m agentrl.engine.dev` on a free loopback port; yield (url, process).
 
     One torch thread (CI machines are small and shared). Stopped with SIGTERM (then SIGKILL
     after 15 s) when the block exits."""
@@ -41,7 +41,7 @@ def run_devserver(model: Path | str, *args: str, log_dir: Path, timeout_s: float
     cmd = [
         sys.executable,
         "-m",
-        "agentrl.devserver",
+        "agentrl.engine.dev",
         "--model",
         str(model),
         "--host",

@@ -78,7 +78,7 @@ async def test_sampled_logprobs_equal_a_plain_forward_and_seeds_repeat(devserver
 
 async def test_concurrent_requests_are_batched_and_stay_exact(devserver, model0):
     async def state(engine: EngineClient) -> dict:
-        return (await engine.server_info())[0]["internal_states"][0]
+        return (await engine.control.server_info())[0]["internal_states"][0]
 
     async with EngineClient([devserver]) as engine:
         before = await state(engine)
@@ -157,11 +157,11 @@ async def test_batch_input_ids_get_a_list_of_responses(devserver):
 async def test_pause_continue_abort_and_retract(devserver, model0):
     long = SamplingParams(max_new_tokens=3000, temperature=0, ignore_eos=True)
     async with EngineClient([devserver]) as engine:
-        await engine.pause_generation("in_place")
+        await engine.control.pause_generation("in_place")
         task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_new_tokens=3)))
         await asyncio.sleep(0.3)
         assert not task.done()  # the scheduler really is paused
-        await engine.continue_generation()
+        await engine.control.continue_generation()
         assert len((await asyncio.wait_for(task, 10)).token_ids) == 3
 
         async with httpx.AsyncClient(base_url=devserver, timeout=30) as http:
@@ -169,16 +169,16 @@ async def test_pause_continue_abort_and_retract(devserver, model0):
                     "sampling_params": long.to_sglang()}  # fmt: skip
             raw = asyncio.create_task(http.post("/generate", json=body))
             await _wait_running(engine)
-            await engine.abort(rid="abort-me")
+            await engine.gen.abort(rid="abort-me")
             out = (await asyncio.wait_for(raw, 10)).json()
         assert out["meta_info"]["finish_reason"]["type"] == "abort"
         assert 0 < len(out["output_ids"]) < 3000
 
         task = asyncio.create_task(engine.generate(PROMPT, long))
         await _wait_running(engine)
-        await engine.pause_generation("abort")  # aborts what is running, then pauses
+        await engine.control.pause_generation("abort")  # aborts what is running, then pauses
         aborted = await asyncio.wait_for(task, 10)
-        await engine.continue_generation()
+        await engine.control.continue_generation()
         assert aborted.finish_reason is FinishReason.ABORT and len(aborted.token_ids) < 3000
         assert_close(aborted.logprobs, ref_logprobs(model0, PROMPT, aborted.token_ids))
 
@@ -187,8 +187,8 @@ async def test_pause_continue_abort_and_retract(devserver, model0):
             engine.generate(PROMPT, long.model_copy(update={"max_new_tokens": 60}))
         )
         await _wait_running(engine)
-        await engine.pause_generation("retract")
-        await engine.continue_generation()
+        await engine.control.pause_generation("retract")
+        await engine.control.continue_generation()
         done = await asyncio.wait_for(task, 30)
         assert done.finish_reason is FinishReason.LENGTH and len(done.token_ids) == 60
         assert_close(done.logprobs, ref_logprobs(model0, PROMPT, done.token_ids))
@@ -196,7 +196,7 @@ async def test_pause_continue_abort_and_retract(devserver, model0):
 
 async def _wait_running(engine: EngineClient) -> None:
     for _ in range(500):
-        if (await engine.server_info())[0]["internal_states"][0]["num_running_reqs"]:
+        if (await engine.control.server_info())[0]["internal_states"][0]["num_running_reqs"]:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("request never started")
@@ -204,14 +204,14 @@ async def _wait_running(engine: EngineClient) -> None:
 
 async def test_admin_routes_answer(devserver):
     async with EngineClient([devserver]) as engine:
-        await engine.wait_healthy(timeout_s=5)
-        assert await engine.health() == {devserver: True}
-        info = (await engine.model_info())[0]
+        await engine.control.wait_healthy(timeout_s=5)
+        assert await engine.control.health() == {devserver: True}
+        info = (await engine.control.model_info())[0]
         assert info["is_generation"] and info["context_length"] == 4096
-        assert await engine.get_weight_version() == [info["weight_version"]]
-        assert await engine.flush_cache() == [True]
-        await engine.release_memory_occupation()
-        await engine.resume_memory_occupation()
+        assert await engine.control.get_weight_version() == [info["weight_version"]]
+        assert await engine.control.flush_cache() == [True]
+        await engine.control.release_memory_occupation()
+        await engine.control.resume_memory_occupation()
     async with httpx.AsyncClient(base_url=devserver) as http:
         assert (await http.get("/health_generate")).status_code == 200
         assert (await http.get("/get_model_info")).status_code == 200
@@ -224,10 +224,10 @@ async def test_a_generation_while_memory_is_released_kills_the_server_as_it_kill
     that generates did it); the dev server dies as loudly, so such a caller fails on CPU."""
     with launch_devserver(tiny_model_dir) as (url, proc):
         async with EngineClient([url], max_retries=0) as engine:
-            await engine.release_memory_occupation()
-            assert await engine.health() == {url: True}  # a liveness probe is safe
-            await engine.resume_memory_occupation(["weights"])  # the KV cache is still out
-            assert await engine.health() == {url: True}
+            await engine.control.release_memory_occupation()
+            assert await engine.control.health() == {url: True}  # a liveness probe is safe
+            await engine.control.resume_memory_occupation(["weights"])  # the KV cache is still out
+            assert await engine.control.health() == {url: True}
             with pytest.raises(EngineUnavailable):
                 await engine.generate(PROMPT, SamplingParams(max_new_tokens=2))
         assert proc.wait(timeout=30) == 70
@@ -236,12 +236,12 @@ async def test_a_generation_while_memory_is_released_kills_the_server_as_it_kill
 async def test_a_server_resumed_whole_generates_again(tiny_model_dir, launch_devserver):
     with launch_devserver(tiny_model_dir) as (url, _):
         async with EngineClient([url]) as engine:
-            await engine.release_memory_occupation()
-            await engine.resume_memory_occupation(["weights"])
-            await engine.resume_memory_occupation(["kv_cache", "cuda_graph"])
+            await engine.control.release_memory_occupation()
+            await engine.control.resume_memory_occupation(["weights"])
+            await engine.control.resume_memory_occupation(["kv_cache", "cuda_graph"])
             comp = await engine.generate(PROMPT, SamplingParams(max_new_tokens=3, ignore_eos=True))
             assert len(comp.token_ids) == 3
-            assert await engine.health(deep=True) == {url: True}
+            assert await engine.control.health(deep=True) == {url: True}
 
 
 # -- weight updates: on a server of their own, so the shared one keeps its weights ----------------
@@ -265,12 +265,12 @@ async def test_update_weights_from_disk(weights_server, tiny_model_dir, model0, 
     async with EngineClient([weights_server]) as engine:
         ids, lps, _ = await served_logprobs(engine)
         assert_close(lps, ref_logprobs(model0, PROMPT, ids))
-        await engine.update_weights_from_disk(str(model1_dir), weight_version="disk-1")
-        assert await engine.get_weight_version() == ["disk-1"]
+        await engine.control.update_weights_from_disk(str(model1_dir), weight_version="disk-1")
+        assert await engine.control.get_weight_version() == ["disk-1"]
         ids1, lps1, version = await served_logprobs(engine)
         assert version == "disk-1" and (ids1, lps1) != (ids, lps)
         assert_close(lps1, ref_logprobs(model1, PROMPT, ids1))
-        await engine.update_weights_from_disk(str(tiny_model_dir), weight_version="disk-0")
+        await engine.control.update_weights_from_disk(str(tiny_model_dir), weight_version="disk-0")
         assert (await served_logprobs(engine))[:2] == (ids, lps)
 
 
@@ -286,7 +286,9 @@ async def test_update_weights_over_a_gloo_group(weights_server, model0, model1_d
         pg_task = asyncio.create_task(
             asyncio.to_thread(init_update_group, "127.0.0.1", port, 0, 2, "wu", "gloo", 60, sock)
         )
-        await engine.init_weights_update_group("127.0.0.1", port, group_name="wu", backend="gloo")
+        await engine.control.init_weights_update_group(
+            "127.0.0.1", port, group_name="wu", backend="gloo"
+        )
         pg = await pg_task
 
         def broadcast() -> None:
@@ -295,7 +297,7 @@ async def test_update_weights_over_a_gloo_group(weights_server, model0, model1_d
 
         sender = threading.Thread(target=broadcast)
         sender.start()
-        await engine.update_weights_from_distributed(
+        await engine.control.update_weights_from_distributed(
             list(named),
             [t.dtype for t in named.values()],
             [list(t.shape) for t in named.values()],
@@ -303,7 +305,7 @@ async def test_update_weights_over_a_gloo_group(weights_server, model0, model1_d
             weight_version="dist-1",
         )
         sender.join(timeout=60)
-        await engine.destroy_weights_update_group("wu")
+        await engine.control.destroy_weights_update_group("wu")
         torch.distributed.destroy_process_group(pg)
         sock.close()
         ids1, lps1, version = await served_logprobs(engine)
@@ -311,7 +313,7 @@ async def test_update_weights_over_a_gloo_group(weights_server, model0, model1_d
         assert_close(lps1, ref_logprobs(model1, PROMPT, ids1))
         # and back, through /update_weights_from_tensor (safetensors bytes on CPU)
         payload = encode_named_tensors(dict(model0.state_dict()))
-        await engine.update_weights_from_tensor([payload], weight_version="tensor-0")
+        await engine.control.update_weights_from_tensor([payload], weight_version="tensor-0")
         ids0, lps0, version = await served_logprobs(engine)
         assert version == "tensor-0" and ids0 == ids
         assert_close(lps0, lps)
@@ -329,7 +331,7 @@ async def test_a_push_cuts_turns_in_flight_and_they_go_on_under_the_new_weights(
     n = 800
     params = SamplingParams(max_new_tokens=n, temperature=1.0, ignore_eos=True)
     async with EngineClient([weights_server]) as engine:
-        v0 = (await engine.get_weight_version())[0]
+        v0 = (await engine.control.get_weight_version())[0]
         long = [asyncio.create_task(engine.generate(p, params)) for p in (PROMPT, PROMPT[2:])]
         await _wait_running(engine)
         await asyncio.sleep(0.3)
@@ -339,12 +341,14 @@ async def test_a_push_cuts_turns_in_flight_and_they_go_on_under_the_new_weights(
                 update={"max_new_tokens": 8})))  # fmt: skip
             await asyncio.sleep(0.2)
             assert not during.done()
-            await engine.update_weights_from_disk(str(model1_dir), weight_version="partial-1")
+            await engine.control.update_weights_from_disk(
+                str(model1_dir), weight_version="partial-1"
+            )
         cut = await asyncio.wait_for(asyncio.gather(*long), 120)
         late = await asyncio.wait_for(during, 30)
         # back to model0 for the tests after this one
         payload = encode_named_tensors(dict(model0.state_dict()))
-        await engine.update_weights_from_tensor([payload], weight_version=v0)
+        await engine.control.update_weights_from_tensor([payload], weight_version=v0)
     for prompt, comp in zip((PROMPT, PROMPT[2:]), cut, strict=True):
         assert comp.finish_reason is FinishReason.LENGTH and len(comp.token_ids) == n
         assert [v for _, v in comp.segments] == [v0, "partial-1"] and comp.weight_version == v0
@@ -401,8 +405,8 @@ async def test_a_wave_of_calls_one_by_one_leaves_as_one_batch(devserver):
 
     async with EngineClient([devserver], batch_window_ms=100, batch_max_wait_ms=2000) as engine:
         out = await wave(engine, 0.03)
-        assert (engine.coalescer.batches_sent, engine.coalescer.batched_calls) == (1, 4)
+        assert (engine.gen.coalescer.batches_sent, engine.gen.coalescer.batched_calls) == (1, 4)
     async with EngineClient([devserver], batch_window_ms=50, batch_max_wait_ms=60) as engine:
         out2 = await wave(engine, 0.03)
-        assert engine.coalescer.batches_sent >= 2 and engine.coalescer.batched_calls == 4
+        assert engine.gen.coalescer.batches_sent >= 2 and engine.gen.coalescer.batched_calls == 4
     assert [c.token_ids for c in out] == [c.token_ids for c in out2]

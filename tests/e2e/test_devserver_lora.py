@@ -63,14 +63,14 @@ async def test_named_adapters_sample_from_the_merged_weights_and_the_base_stays_
     base = base_model(tiny_model_dir)
     async with EngineClient([lora_server]) as engine:
         before = await engine.generate(PROMPT, GREEDY)
-        await engine.load_lora_adapter("a", str(tmp_path / "a"))
-        await engine.load_lora_adapter("b", str(tmp_path / "b"))
-        info = (await engine.server_info())[0]
+        await engine.control.load_lora_adapter("a", str(tmp_path / "a"))
+        await engine.control.load_lora_adapter("b", str(tmp_path / "b"))
+        info = (await engine.control.server_info())[0]
         assert info["enable_lora"] and set(info["loaded_adapters"]) == {"a", "b"}
         assert await resolve_lora_sync("ask", engine) == "adapter"  # learner.lora.sync=auto
 
         async def sample(name: str | None):
-            engine.lora = name
+            engine.gen.lora = name
             return await engine.generate(PROMPT, GREEDY)
 
         # one after another, then all at once (the scheduler runs one adapter per batch)
@@ -84,14 +84,14 @@ async def test_named_adapters_sample_from_the_merged_weights_and_the_base_stays_
         assert seq[1].token_ids == before.token_ids  # and the base is back, bit for bit
         assert seq[1].logprobs == before.logprobs
 
-        await engine.unload_lora_adapter("a")
-        engine.lora = "a"
+        await engine.control.unload_lora_adapter("a")
+        engine.gen.lora = "a"
         with pytest.raises(EngineRequestError, match="not loaded"):
             await engine.generate(PROMPT, GREEDY)
-        engine.lora = None
+        engine.gen.lora = None
         assert (await engine.generate(PROMPT, GREEDY)).logprobs == before.logprobs
-        await engine.unload_lora_adapter("b")
-        assert (await engine.server_info())[0]["loaded_adapters"] == {}
+        await engine.control.unload_lora_adapter("b")
+        assert (await engine.control.server_info())[0]["loaded_adapters"] == {}
 
 
 async def test_bad_adapters_are_refused_with_the_reason(lora_server, tiny_model_dir, tmp_path):
@@ -101,21 +101,21 @@ async def test_bad_adapters_are_refused_with_the_reason(lora_server, tiny_model_
     (tmp_path / "dora" / "adapter_config.json").write_text(json.dumps(cfg | {"use_dora": True}))
     async with EngineClient([lora_server]) as engine:
         with pytest.raises(EngineError, match="cannot load LoRA adapter"):
-            await engine.load_lora_adapter("missing", str(tmp_path / "nowhere"))
+            await engine.control.load_lora_adapter("missing", str(tmp_path / "nowhere"))
         with pytest.raises(EngineError, match="DoRA"):
-            await engine.load_lora_adapter("dora", str(tmp_path / "dora"))
+            await engine.control.load_lora_adapter("dora", str(tmp_path / "dora"))
         (tmp_path / "no_rank").mkdir()
         (tmp_path / "no_rank" / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
         with pytest.raises(EngineError, match="integer r"):
-            await engine.load_lora_adapter("no_rank", str(tmp_path / "no_rank"))
+            await engine.control.load_lora_adapter("no_rank", str(tmp_path / "no_rank"))
         async with httpx.AsyncClient() as http:  # not an object: a 400, not a server error
             r = await http.post(lora_server + "/load_lora_adapter", json=["a", "b"])
             assert r.status_code == 400 and r.json()["success"] is False
             r = await http.post(lora_server + "/unload_lora_adapter", json={"lora_name": [1]})
             assert r.status_code == 400
-        await engine.load_lora_adapter("ok", str(tmp_path / "ok"))
+        await engine.control.load_lora_adapter("ok", str(tmp_path / "ok"))
         with pytest.raises(EngineError, match="already loaded"):
-            await engine.load_lora_adapter("ok", str(tmp_path / "ok"))
+            await engine.control.load_lora_adapter("ok", str(tmp_path / "ok"))
         with pytest.raises(EngineError, match="not loaded"):
-            await engine.unload_lora_adapter("never")
-        await engine.unload_lora_adapter("ok")
+            await engine.control.unload_lora_adapter("never")
+        await engine.control.unload_lora_adapter("ok")

@@ -1,4 +1,4 @@
-"""The dev server's prefix cache (agentrl/devcache.py) on loopback: a turn's prompt that extends
+"""The dev server's prefix cache (agentrl/engine/dev/cache.py) on loopback: a turn's prompt that extends
 the last turn is computed only past what the cache holds, identical prompts admitted together
 are computed once, and every logprob still equals a plain forward over the row's own ids; a
 weight update or /flush_cache empties the cache."""
@@ -23,7 +23,9 @@ def assert_exact(model, prompt: list[int], comp) -> None:
 
 
 async def prefill_tokens(engine: EngineClient) -> int:
-    return (await engine.server_info())[0]["internal_states"][0]["stats"].get("prefill_tokens", 0)
+    return (await engine.control.server_info())[0]["internal_states"][0]["stats"].get(
+        "prefill_tokens", 0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,7 @@ def sampling(seed: int, n: int = 12) -> SamplingParams:
 async def test_next_turn_reuses_the_last_and_rows_of_mixed_hits_stay_exact(server, tiny_model_dir):
     model = load(tiny_model_dir)
     async with EngineClient([server]) as engine:
-        await engine.flush_cache()
+        await engine.control.flush_cache()
         first = await engine.generate(P, sampling(1))
         assert first.cached_tokens == 0
         assert_exact(model, P, first)
@@ -66,7 +68,7 @@ async def test_identical_prompts_together_are_computed_once(server, tiny_model_d
     model = load(tiny_model_dir)
     prompt = [(13 * j + 1) % 150000 for j in range(50)]
     async with EngineClient([server]) as engine:
-        await engine.flush_cache()
+        await engine.control.flush_cache()
         before = await prefill_tokens(engine)
         comps = await asyncio.gather(*(engine.generate(prompt, sampling(s)) for s in range(6)))
         computed = await prefill_tokens(engine) - before
@@ -84,13 +86,13 @@ async def test_weight_update_and_flush_empty_the_cache(server, tiny_model_dir):
         first = await engine.generate(P, sampling(1))
         again = await engine.generate(P + first.token_ids, sampling(2))
         assert again.cached_tokens > 0
-        await engine.update_weights_from_disk(str(new_dir), weight_version="1")
+        await engine.control.update_weights_from_disk(str(new_dir), weight_version="1")
         after = await engine.generate(P + first.token_ids, sampling(2))
         assert after.cached_tokens == 0  # the old weights' keys/values are gone
         assert_exact(model1, P + first.token_ids, after)
         hit = await engine.generate(P + first.token_ids, sampling(3))
         assert hit.cached_tokens > 0
-        assert await engine.flush_cache() == [True]
+        assert await engine.control.flush_cache() == [True]
         miss = await engine.generate(P + first.token_ids, sampling(3))
         assert miss.cached_tokens == 0
-        await engine.update_weights_from_disk(str(tiny_model_dir), weight_version="0")
+        await engine.control.update_weights_from_disk(str(tiny_model_dir), weight_version="0")

@@ -1,5 +1,5 @@
 """Issue 36: another local user must not steer a run. The dev server and the router (smg) that
-`agentrl.servers` starts, as a run starts them, refuse every request without the run's Bearer
+`agentrl.engine.fleet` starts, as a run starts them, refuse every request without the run's Bearer
 token (401), answer the run's own client, and keep the token off their command lines and their
 logs' readers. SGLang's side is tests/gpu/test_sglang_auth.py."""
 
@@ -14,8 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentrl.engine import EngineClient, EngineConfig, SamplingParams
-from agentrl.servers import launch_engines, launch_router
+from agentrl.engine import EngineClient, EngineConfig, SamplingParams, launch_engines, launch_router
 
 TINY = Path(__file__).resolve().parents[2] / "agentrl" / "assets" / "tiny"
 CFG = EngineConfig(router="smg", max_retries=0)
@@ -75,9 +74,9 @@ def test_the_dev_server_refuses_every_route_but_health_without_the_run_token(url
         async with EngineClient.from_config(CFG.model_copy(update={"urls": urls})) as engine:
             params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
             comp = await engine.generate(PROMPT, params)
-            await engine.pause_generation()  # the run's own admin calls pass
-            await engine.continue_generation()
-            return await engine.get_weight_version(), comp.token_ids
+            await engine.control.pause_generation()  # the run's own admin calls pass
+            await engine.control.continue_generation()
+            return await engine.control.get_weight_version(), comp.token_ids
 
     versions, ids = asyncio.run(run())  # nothing of the above landed: not paused, no new version
     assert versions == ["default"] and len(ids) == 4

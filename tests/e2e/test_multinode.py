@@ -16,11 +16,10 @@ from ray._private import ray_constants
 from ray.cluster_utils import Cluster
 
 from agentrl.config import compose
-from agentrl.engine import EngineConfig
+from agentrl.engine import EngineConfig, RayServer, launch_fleet
 from agentrl.learner import LearnerConfig, LearnerError, RayConfig
 from agentrl.learner.group import LearnerGroup, _loopback, listening_sockets, start_ray, stop_ray
 from agentrl.run import open_run
-from agentrl.servers import RayServer, launch_fleet
 from agentrl.train import Trainer
 
 NODE = {"node_ip_address": "127.0.0.1", "num_cpus": 2, "object_store_memory": 80 * 1024**2}
@@ -86,7 +85,7 @@ def test_learner_spans_nodes_and_engine_runs_on_the_second(cluster: Cluster, tmp
                 [
                     *(n["ip"] for n in nodes),
                     *run.fleet.urls,
-                    *await run.engine.get_weight_version(),
+                    *await run.engine.control.get_weight_version(),
                 ],
             )
 

@@ -8,11 +8,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.assets.build import cached_tiny_toolcaller
-from agentrl.engine import EngineClient, EngineConfig
+from agentrl.engine import EngineClient, EngineConfig, launch_engines
 from agentrl.envs.code_exec import CodeExecEnv
 from agentrl.metrics import rollout_metrics
 from agentrl.rollout import Rollout, RolloutConfig
-from agentrl.servers import launch_engines
 from agentrl.types import StopReason
 
 

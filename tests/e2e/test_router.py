@@ -1,4 +1,4 @@
-"""Two dev servers behind SGLang's real model gateway (smg), started by `agentrl.servers` as a run
+"""Two dev servers behind SGLang's real model gateway (smg), started by `agentrl.engine.fleet` as a run
 does: every episode's turns go to one server (consistent hashing of its routing key), the episodes
 spread over both, admin calls reach both, and a server killed mid-rollout costs no episode (the
 router re-sends its requests to the survivor)."""
@@ -12,10 +12,9 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from agentrl.engine import EngineClient, EngineConfig
+from agentrl.engine import EngineClient, EngineConfig, launch_engines, launch_router
 from agentrl.envs.code_exec import CodeExecEnv
 from agentrl.rollout import Rollout, RolloutConfig
-from agentrl.servers import launch_engines, launch_router
 from agentrl.types import StopReason
 
 pytest.importorskip("smg")
@@ -38,7 +37,7 @@ def server_pids(urls: list[str]) -> dict[str, int]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"agentrl.devserver" in cmd:
+        if b"agentrl.engine.dev" in cmd:
             port = cmd[cmd.index(b"--port") + 1].decode()
             for u in urls:
                 if u.endswith(":" + port):
@@ -61,7 +60,9 @@ def rollout(urls, router, tasks, kill_after: str | None = None):
                     await asyncio.sleep(0.05)
                 os.killpg(server_pids(urls)[kill_after], signal.SIGKILL)
             groups = await run
-            versions = await engine.update_weight_version("7") if kill_after is None else None
+            versions = (
+                await engine.control.update_weight_version("7") if kill_after is None else None
+            )
             return [t for g in groups for t in g], versions
 
     return asyncio.run(go())

@@ -116,8 +116,8 @@ def test_lora_reaches_the_engine_and_a_resumed_run_serves_the_checkpoints(sync, 
 
     async def serve_resumed():
         async with open_run(cfg, tmp_path / "out") as run:
-            info = (await run.engine.server_info())[0]
-            return run.engine.lora, info, await run.engine.generate(prompt, greedy)
+            info = (await run.engine.control.server_info())[0]
+            return run.engine.gen.lora, info, await run.engine.generate(prompt, greedy)
 
     name, info, comp = asyncio.run(serve_resumed())
     assert info["weight_version"] == "2"
@@ -247,7 +247,7 @@ def kill_devserver(url: str) -> None:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError):
             continue
-        if b"agentrl.devserver" in cmd and port.encode() in cmd:
+        if b"agentrl.engine.dev" in cmd and port.encode() in cmd:
             os.kill(int(pid), signal.SIGKILL)
 
 
@@ -270,7 +270,7 @@ def test_a_dead_engine_is_restarted_with_the_current_weights_then_gives_up(coloc
             assert m["engine/restarts"] == 1 and m["rollout/reissued"] == 8
             assert m["stop/aborted"] == 0 and m["rollout/trajectories"] == 8
             assert m["train/logprob_diff"] < 1e-4, "the restarted server samples old weights"
-            assert await run.engine.get_weight_version() == ["2"]
+            assert await run.engine.control.get_weight_version() == ["2"]
             kill_devserver(run.engine.urls[0])  # engine.max_restarts=1: the second death stops
             with pytest.raises(TrainingError, match=r"failed again after 1 restarts[\s\S]*log"):
                 await tr.step()
@@ -301,7 +301,7 @@ def test_a_server_that_dies_while_the_learner_updates_gets_the_push_after_a_rest
             m = await tr.step()
             tr._update = update
             assert m["engine/restarts"] == 1 and m["rollout/reissued"] == 0
-            assert await run.engine.get_weight_version() == ["1"]
+            assert await run.engine.control.get_weight_version() == ["1"]
             m = await tr.step()  # sampled by the restarted server, with step 1's weights
             assert m["engine/restarts"] == 0 and m["rollout/off_version_turns"] == 0
             assert m["stop/aborted"] == 0 and m["rollout/trajectories"] == 8

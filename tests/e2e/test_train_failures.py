@@ -103,7 +103,7 @@ class StampOnlySync(Transport):
     weights came back as garbage did): the versions agree, the models do not."""
 
     async def push(self, version: str) -> dict[str, float]:
-        await self.engine.update_weight_version(version)
+        await self.engine.control.update_weight_version(version)
         return {}
 
 

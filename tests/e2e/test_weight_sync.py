@@ -76,7 +76,7 @@ class ObjectStoreSync(Transport):
         for i, bucket in enumerate(self.buckets):
             tensors = self.rank_call("bucket", bucket)[0]
             last = i == len(self.buckets) - 1
-            await self.engine.update_weights_from_tensor(
+            await self.engine.control.update_weights_from_tensor(
                 [encode_named_tensors(tensors)], weight_version=version if last else None,
                 load_format="safetensors", flush_cache=last)
         self.version = version

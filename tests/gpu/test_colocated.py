@@ -58,16 +58,16 @@ def test_colocated_cycles_serve_trainer_weights_without_memory_growth(
             metrics: dict = {}
             for cycle in range(8):
                 served = await engine.generate(PROMPT, sampling)
-                await engine.release_memory_occupation()
+                await engine.control.release_memory_occupation()
                 group.onload()
                 group.train_step(micro_batches(make_batch(cycle), tp, 400), "ppo_clip", PPO)
                 if cycle == 0:
                     stale = score(group, served.token_ids) - torch.tensor(served.logprobs)
                     stale = stale.abs().mean().item()
-                await engine.resume_memory_occupation(["weights"])
+                await engine.control.resume_memory_occupation(["weights"])
                 metrics = await sync.push(f"c{cycle}")
                 group.offload()
-                await engine.resume_memory_occupation(["kv_cache", "cuda_graph"])
+                await engine.control.resume_memory_occupation(["kv_cache", "cuda_graph"])
                 if cycle == 0:
                     now = await engine.generate(PROMPT, sampling)
                     assert now.weight_version == "c0"

@@ -78,20 +78,20 @@ def test_lora_adapters_reach_colocated_sglang_after_each_push(
             group.offload()
             served = first
             for cycle in range(3):
-                await engine.release_memory_occupation()
+                await engine.control.release_memory_occupation()
                 group.onload()
                 for k in range(2):
                     batch = make_batch(10 * cycle + k)
                     group.train_step(micro_batches(batch, 1, 4096), "ppo_clip", PPO)
                 stale = gap(my_logprobs(group, served.token_ids), served.logprobs)
-                await engine.resume_memory_occupation(["weights"])
+                await engine.control.resume_memory_occupation(["weights"])
                 metrics = await sync.push(f"lora{cycle}")
                 group.offload()
-                await engine.resume_memory_occupation(["kv_cache", "cuda_graph"])
+                await engine.control.resume_memory_occupation(["kv_cache", "cuda_graph"])
                 now = await engine.generate(PROMPT, sampling)
                 assert now.weight_version == f"lora{cycle}"
                 scored = await prefill_logprobs(url, PROMPT + now.token_ids, len(PROMPT),
-                                                engine.lora)  # fmt: skip
+                                                engine.gen.lora)  # fmt: skip
                 group.onload()
                 mine = my_logprobs(group, now.token_ids)
                 group.offload()

@@ -41,16 +41,16 @@ def test_a_push_cuts_generations_and_they_go_on_with_each_tokens_logprob(
     async def scenario(url: str) -> None:
         params = SamplingParams(max_new_tokens=N, temperature=1.0, ignore_eos=True)
         async with EngineClient([url]) as engine:
-            await engine.update_weights_from_disk(str(model_dir), weight_version="0")
+            await engine.control.update_weights_from_disk(str(model_dir), weight_version="0")
             calls = [asyncio.create_task(engine.generate(p, params)) for p in PROMPTS]
             await asyncio.sleep(1.0)
             async with engine.exclusive(pause=True) as inflight:
                 assert inflight == 2
-                await engine.update_weights_from_disk(str(model1_dir), weight_version="1")
+                await engine.control.update_weights_from_disk(str(model1_dir), weight_version="1")
             cut = await asyncio.wait_for(asyncio.gather(*calls), 300)
             new = [await prefill_logprobs(url, p + c.token_ids, len(p)) for p, c in zip(
                 PROMPTS, cut, strict=True)]  # fmt: skip
-            await engine.update_weights_from_disk(str(model_dir), weight_version="0")
+            await engine.control.update_weights_from_disk(str(model_dir), weight_version="0")
             old = [await prefill_logprobs(url, p + c.token_ids, len(p)) for p, c in zip(
                 PROMPTS, cut, strict=True)]  # fmt: skip
         for c, lp_new, lp_old in zip(cut, new, old, strict=True):

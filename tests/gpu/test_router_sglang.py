@@ -54,7 +54,7 @@ def test_a_colocated_server_killed_mid_rollout_comes_back_with_nothing_lost(tmp_
             assert victim.poll() is not None and run.fleet.procs[0] is not victim, "not restarted"
             while len(history) < STEPS:
                 history.append(await tr.step())
-            versions = await run.engine.get_weight_version()
+            versions = await run.engine.control.get_weight_version()
             assert versions == [str(STEPS)] * 2, versions
             return history
 

@@ -1,4 +1,4 @@
-"""Issue 36 on real SGLang: a server `agentrl.servers` starts (as a run does) takes the run's
+"""Issue 36 on real SGLang: a server `agentrl.engine.fleet` starts (as a run does) takes the run's
 token as --api-key and --admin-api-key from its private --config file, refuses requests without
 it (401: its generation, weight, pause, memory and LoRA routes), answers the run's client (normal
 and admin routes), and keeps the token off every command line. With smg installed, the router in
@@ -17,8 +17,7 @@ import httpx
 import pytest
 import torch
 
-from agentrl.engine import EngineClient, EngineConfig, SamplingParams
-from agentrl.servers import launch_engines, launch_router
+from agentrl.engine import EngineClient, EngineConfig, SamplingParams, launch_engines, launch_router
 
 pytestmark = [
     pytest.mark.gpu,
@@ -67,12 +66,12 @@ def test_sglang_started_by_agentrl_wants_the_run_token(model_dir, tmp_path):
 
         async def run() -> tuple[list[str], list[int]]:
             async with EngineClient.from_config(CFG.model_copy(update={"urls": urls})) as engine:
-                await engine.update_weight_version("1")  # an admin route: the admin key
+                await engine.control.update_weight_version("1")  # an admin route: the admin key
                 params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
                 async with engine.exclusive(pause=True):
                     pass  # /abort_request, /pause_generation, /continue_generation
                 comp = await engine.generate(PROMPT, params)
-                return await engine.get_weight_version(), comp.token_ids
+                return await engine.control.get_weight_version(), comp.token_ids
 
         versions, ids = asyncio.run(run())
         assert versions == ["1"] and len(ids) == 4

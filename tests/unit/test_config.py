@@ -148,7 +148,7 @@ def test_the_ray_cluster_doc_command_composes():
 def test_tp_engines_get_their_gpus_and_join_the_update_group_per_rank(monkeypatch):
     from pathlib import Path
 
-    from agentrl.servers import server_command, server_env
+    from agentrl.engine.fleet import server_command, server_env
 
     cfg = compose(["engine.kind=sglang", "engine.tp=2", "engine.num_servers=2",
                    "weight_sync.method=distributed"])  # fmt: skip
@@ -243,7 +243,7 @@ def test_lora_runs_push_adapters_to_engines_that_serve_them():
 def test_disaggregated_learner_and_servers_get_gpus_of_their_own(monkeypatch):
     """engine.colocate=false on a host with GPUs for both: the learner's ranks take the first,
     the servers the next; too few GPUs are shared, except over NCCL (two ranks on one GPU)."""
-    from agentrl.servers import server_env, split_local_gpus
+    from agentrl.engine.fleet import server_env, split_local_gpus
 
     base = ["engine=sglang", "engine.colocate=false", "learner=gpu"]
     one = compose([*base, "weight_sync.method=distributed"]).engine
@@ -283,6 +283,10 @@ def test_colocated_adapter_route_needs_the_servers_host_copy_of_the_base():
         async def server_info(self):
             return [self.info]
 
+        @property
+        def control(self):  # the control plane answers server_info
+            return self
+
     bare, backed = Servers(), Servers(enable_weights_cpu_backup=True)
     assert asyncio.run(resolve_lora_sync("ask", bare, colocate=True)) == "merged"
     assert asyncio.run(resolve_lora_sync("ask", bare, colocate=False)) == "adapter"
@@ -298,7 +302,7 @@ def test_colocated_servers_each_see_only_their_own_gpus(monkeypatch):
     beside it and no CUDA-IPC handle crosses GPUs (agentrl/learner/sync/tensor.py)."""
     from pathlib import Path
 
-    from agentrl.servers import Fleet, own_gpus, server_command, server_env
+    from agentrl.engine.fleet import Fleet, own_gpus, server_command, server_env
 
     two = compose(["engine=sglang", "learner=gpu", "engine.num_servers=2"]).engine
     assert two.colocate

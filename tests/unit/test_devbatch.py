@@ -1,4 +1,4 @@
-"""The dev server's batched draw (agentrl/devbatch.py `_draw`): one inverse-CDF draw for all the
+"""The dev server's batched draw (agentrl/engine/dev/batch.py `_draw`): one inverse-CDF draw for all the
 sampled rows without a seed or filter of their own, which replaced one multinomial call per row;
 and its solo mode (--enable-deterministic-inference), where a request's numbers are its own."""
 
@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from agentrl.devbatch import _draw
+from agentrl.engine.dev.batch import _draw
 
 
 def test_batched_draw_follows_each_rows_distribution() -> None:
@@ -39,7 +39,7 @@ def test_solo_mode_gives_a_request_the_same_ids_and_logprobs_whatever_runs_besid
     import random
 
     from agentrl.assets.build import resolve_builtin
-    from agentrl.devbatch import BatchEngine, Req
+    from agentrl.engine.dev.batch import BatchEngine, Req
 
     rng = random.Random(0)
     prompt = [rng.randrange(1000) for _ in range(40)]

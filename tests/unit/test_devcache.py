@@ -1,11 +1,11 @@
-"""The dev server's prefix cache (agentrl/devcache.py): longest prefix, never the last token,
+"""The dev server's prefix cache (agentrl/engine/dev/cache.py): longest prefix, never the last token,
 a hash collision matches nothing, least recently used entries go first past the byte budget."""
 
 from __future__ import annotations
 
 import torch
 
-from agentrl.devcache import BLOCK, PrefixCache, block_hashes
+from agentrl.engine.dev.cache import BLOCK, PrefixCache, block_hashes
 
 
 def kv(tokens: list[int], layers: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -32,7 +32,9 @@ def test_a_hash_collision_matches_nothing(monkeypatch):
     seq = list(range(40))
     cache.put(seq, kv(seq))
     other = [9] * 40
-    monkeypatch.setattr("agentrl.devcache.block_hashes", lambda t: block_hashes(seq[: len(t)]))
+    monkeypatch.setattr(
+        "agentrl.engine.dev.cache.block_hashes", lambda t: block_hashes(seq[: len(t)])
+    )
     assert cache.get(other) is None
 
 

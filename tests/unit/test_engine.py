@@ -151,12 +151,12 @@ async def test_least_loaded_routing_spreads_concurrent_requests():
         tasks = [asyncio.create_task(engine.generate([1], SamplingParams())) for _ in range(6)]
         while sum(fake.open_now.values()) < 6:
             await asyncio.sleep(0.001)
-        assert engine.inflight == dict.fromkeys(fake.urls, 2)
+        assert engine.gen.inflight == dict.fromkeys(fake.urls, 2)
         assert list(fake.open_now.values()) == [2, 2, 2]
         fake.gate.set()
         comps = await asyncio.gather(*tasks)
         assert sorted(c.server for c in comps) == sorted(fake.urls * 2)
-        assert engine.inflight == dict.fromkeys(fake.urls, 0)
+        assert engine.gen.inflight == dict.fromkeys(fake.urls, 0)
 
 
 async def test_sticky_key_keeps_a_trajectory_on_one_server_until_released():
@@ -168,10 +168,10 @@ async def test_sticky_key_keeps_a_trajectory_on_one_server_until_released():
         t3 = asyncio.create_task(engine.generate([1], SamplingParams(), key="episode-b"))
         fake.gate.set()
         c1, c2, c3 = await asyncio.gather(first, t2, t3)
-        assert c1.server == c2.server == engine.server_for("episode-a")
+        assert c1.server == c2.server == engine.gen.server_for("episode-a")
         assert c3.server != c1.server  # a new key goes to the least-loaded server
         engine.release("episode-a")
-        assert engine.server_for("episode-a") is None
+        assert engine.gen.server_for("episode-a") is None
 
 
 async def _one_open(engine: EngineClient, fake: FakeServers, key: str) -> asyncio.Task:
@@ -186,7 +186,7 @@ async def test_connection_refused_moves_to_another_server():
         dead = f"http://127.0.0.1:{closed_port()}"
         async with client([dead, *fake.urls]) as engine:
             comp = await engine.generate([1], SamplingParams(), key="k")
-            assert comp.server == fake.urls[0] and engine.server_for("k") == comp.server
+            assert comp.server == fake.urls[0] and engine.gen.server_for("k") == comp.server
             # the dead server is cooling down: the next new key is not sent there
             comp2 = await engine.generate([1], SamplingParams(), key="other")
             assert comp2.server == fake.urls[0]
@@ -231,9 +231,9 @@ async def test_no_server_listening_raises_one_line_engine_unavailable():
             await engine.generate([1, 2], SamplingParams())
         msg = str(info.value)
         assert "\n" not in msg and all(u in msg for u in urls)
-        assert "agentrl.devserver" in msg and "engine.urls" in msg
+        assert "agentrl.engine.dev" in msg and "engine.urls" in msg
         with pytest.raises(EngineUnavailable, match="not healthy"):
-            await engine.wait_healthy(timeout_s=0.2, poll_s=0.05)
+            await engine.control.wait_healthy(timeout_s=0.2, poll_s=0.05)
 
 
 async def test_prompt_too_long_is_not_retried():
@@ -277,22 +277,22 @@ def test_cached_tokens_are_read_from_meta_info():
 
 
 def test_the_router_is_used_when_asked_or_useful(monkeypatch):
-    from agentrl import servers
+    from agentrl.engine import fleet
 
     def installed(yes):
         monkeypatch.setattr(
-            servers.importlib.util, "find_spec", lambda name: object() if yes else None
+            fleet.importlib.util, "find_spec", lambda name: object() if yes else None
         )
 
     installed(True)
-    assert not servers.router_wanted(EngineConfig(), 1)  # one server needs no router
-    assert servers.router_wanted(EngineConfig(), 2)
-    assert not servers.router_wanted(EngineConfig(router="none"), 2)
-    assert servers.router_wanted(EngineConfig(router="smg"), 1)
+    assert not fleet.router_wanted(EngineConfig(), 1)  # one server needs no router
+    assert fleet.router_wanted(EngineConfig(), 2)
+    assert not fleet.router_wanted(EngineConfig(router="none"), 2)
+    assert fleet.router_wanted(EngineConfig(router="smg"), 1)
     installed(False)
-    assert not servers.router_wanted(EngineConfig(), 2)  # auto: the client balances instead
+    assert not fleet.router_wanted(EngineConfig(), 2)  # auto: the client balances instead
     with pytest.raises(EngineUnavailable, match="pip install smg"):
-        servers.router_wanted(EngineConfig(router="smg"), 2)
+        fleet.router_wanted(EngineConfig(router="smg"), 2)
 
 
 def test_backoff_delay_doubles_and_caps():
@@ -302,8 +302,8 @@ def test_backoff_delay_doubles_and_caps():
 
 async def test_init_weights_update_group_gives_each_server_its_rank_offset():
     async with FakeServers(3) as fake, client(fake.urls) as engine:
-        await engine.init_weights_update_group("127.0.0.1", 29500, backend="gloo")
-        await engine.update_weights_from_distributed(
+        await engine.control.init_weights_update_group("127.0.0.1", 29500, backend="gloo")
+        await engine.control.update_weights_from_distributed(
             ["w"], ["torch.float32"], [[2, 3]], weight_version="5"
         )
     inits = sorted((i, b) for i, path, b in fake.calls if path == "/init_weights_update_group")
@@ -324,12 +324,12 @@ async def test_admin_failure_names_the_server_and_falls_back_to_old_routes():
         return web.json_response({"success": True, "weight_version": "3"})
 
     async with Servers(2, handler) as srv, EngineClient(srv.urls) as engine:
-        infos = await engine.model_info()  # an older server: /get_model_info
+        infos = await engine.control.model_info()  # an older server: /get_model_info
         assert [i["weight_version"] for i in infos] == ["3", "3"]
-        assert await engine.flush_cache() == [True, False]
+        assert await engine.control.flush_cache() == [True, False]
         bad = srv.urls[1].replace("/", r"\/").replace(".", r"\.")
         with pytest.raises(EngineError, match=rf"1/2 servers: {bad}.*no such dir"):
-            await engine.update_weights_from_disk("/ckpt", weight_version="4")
+            await engine.control.update_weights_from_disk("/ckpt", weight_version="4")
 
 
 async def test_client_survives_a_new_event_loop_and_idle_keepalive():

@@ -12,9 +12,8 @@ import yaml
 from aiohttp import web
 from pydantic import ValidationError
 
-from agentrl.engine import EngineClient, EngineConfig, SamplingParams
-from agentrl.engine_config import API_KEY_ENV, RUN_TOKEN
-from agentrl.servers import router_command, server_command, server_env, write_key_file
+from agentrl.engine import API_KEY_ENV, RUN_TOKEN, EngineClient, EngineConfig, SamplingParams
+from agentrl.engine.fleet import router_command, server_command, server_env, write_key_file
 
 
 def test_the_token_comes_from_config_then_environment_then_the_process(monkeypatch) -> None:
@@ -87,13 +86,13 @@ async def test_the_client_sends_the_token_with_every_request() -> None:
     try:
         async with EngineClient.from_config(cfg) as engine:
             await engine.generate([1, 2], SamplingParams(max_new_tokens=1))  # coalesced
-            await engine.health(deep=True)
-            await engine.pause_generation()
-            await engine.continue_generation()
-            await engine.update_weights_from_tensor(["payload"], "1")
-            await engine.load_lora_adapter("a", "/tmp/a")
-            await engine.flush_cache()
-            await engine.abort(abort_all=True)
+            await engine.control.health(deep=True)
+            await engine.control.pause_generation()
+            await engine.control.continue_generation()
+            await engine.control.update_weights_from_tensor(["payload"], "1")
+            await engine.control.load_lora_adapter("a", "/tmp/a")
+            await engine.control.flush_cache()
+            await engine.gen.abort(abort_all=True)
     finally:
         await runner.cleanup()
     assert len(seen) == 8

@@ -10,7 +10,7 @@ import io
 import pytest
 from rich.console import Console
 
-from agentrl.engine_config import EngineConfig
+from agentrl.engine import EngineConfig
 from agentrl.handover import Handover
 from agentrl.types import TrainingError
 

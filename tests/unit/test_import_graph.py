@@ -8,6 +8,7 @@ ones alike, so a cycle cannot hide behind a lazy import.
   run.py only);
 - ray / torch.distributed / sglang only in agentrl/learner/, weight_sync.py, the dev server and the
   engine launcher; Hydra / OmegaConf only in the entry points;
+- a wing (agentrl/engine/) is imported from outside only through its `__init__.py`;
 - fewer than 10 function-local imports of our own modules, each with a `# local: why` comment;
 - no parameter or attribute named `cfg` annotated `Any` (the way past the layers above: a
   module that needs settings takes its own typed section, or plain values).
@@ -29,8 +30,8 @@ RECORDS = {"agentrl", "agentrl.types", "agentrl.env", "agentrl.tool", "agentrl.p
 ENTRY = ("agentrl.train", "agentrl.cli", "agentrl.config")
 ASSEMBLY = ("agentrl.run",)
 HEAVY = ("ray", "torch.distributed", "sglang")
-HEAVY_OK = ("agentrl.learner", "agentrl.weight_sync", "agentrl.devserver", "agentrl.devbatch",
-            "agentrl.servers")  # fmt: skip
+HEAVY_OK = ("agentrl.learner", "agentrl.weight_sync", "agentrl.engine.dev", "agentrl.engine.fleet")
+WINGS = ("agentrl.engine",)  # packages whose modules are private: others import the package only
 CONFIG = ("hydra", "omegaconf", "agentrl.config")
 CONFIG_OK = (*ENTRY, *ASSEMBLY)
 MAX_LOCAL = 10
@@ -167,6 +168,9 @@ def violations(g: Graph) -> list[str]:
             bad.append(f"{where}: the records layer is torch-free")
         if dst is None or dst == e.src:
             continue
+        for wing in WINGS:
+            if dst.startswith(wing + ".") and not _under(e.src, (wing,)):
+                bad.append(f"{where}: import what {wing}/__init__.py exports, not its modules")
         if _under(e.src, SIDES):
             if not _under(dst, SIDES) and layer(dst):
                 bad.append(f"{where}: envs/, tools/ and sandbox/ use only the records layer")
@@ -260,6 +264,12 @@ def test_the_checks_catch_a_planted_cycle_and_breaches(tmp_path: Path) -> None:
         "from typing import TYPE_CHECKING\nimport ray\nif TYPE_CHECKING:\n    import hydra\n"
     )
     (pkg / "types.py").write_text("import torch\nfrom agentrl.rollout import x\n")
+    (pkg / "engine").mkdir()
+    (pkg / "engine" / "__init__.py").write_text("from agentrl.engine.client import Client\n")
+    (pkg / "engine" / "client.py").write_text("from agentrl.types import x\n")
+    (pkg / "evaluate.py").write_text(
+        "from agentrl.engine import Client\nimport agentrl.engine.client\n"
+    )
     g = build_graph(tmp_path, ("agentrl",))
     assert cycles(g) == [["agentrl.batch", "agentrl.loss"]]
     found = "\n".join(violations(g))
@@ -267,4 +277,7 @@ def test_the_checks_catch_a_planted_cycle_and_breaches(tmp_path: Path) -> None:
     assert "agentrl.rollout:4 imports hydra" in found
     assert "agentrl.types:1 imports torch: the records layer is torch-free" in found
     assert "agentrl.types:2 imports agentrl.rollout.x: a lower layer" in found
+    assert "agentrl.evaluate:1" not in found  # the package's exports are its public face
+    assert "agentrl.evaluate:2 imports agentrl.engine.client: import what agentrl.engine" in found
+    assert found.count("import what") == 1  # the package's own modules import each other freely
     assert [(e.src, e.kind) for e in local_imports(g)] == [("agentrl.loss", "local")]

@@ -27,8 +27,7 @@ from typing import Any
 
 import torch
 
-from agentrl.engine import EngineClient
-from agentrl.engine_config import EngineConfig
+from agentrl.engine import EngineClient, EngineConfig
 from agentrl.learner import LoraConfig, fsdp, lora
 from agentrl.learner.sync.base import Transport, WeightSyncError
 
@@ -56,7 +55,7 @@ async def servers_without_lora(engine: EngineClient, colocate: bool = False) -> 
     do when they serve adapters); colocated, also those that release their weights with the
     memory saver but keep no host copy (`enable_weights_cpu_backup`): their base comes back
     as garbage after the learner's turn, and an adapter push never rewrites it."""
-    infos = await engine.server_info()
+    infos = await engine.control.server_info()
     return [
         u
         for u, i in zip(engine.urls, infos, strict=True)
@@ -154,17 +153,17 @@ class AdapterSync(Transport):
         servers say `version`; the previous adapter is unloaded. A resumed run calls this with
         its checkpoint's adapter/ dir before the first rollout."""
         try:
-            await self.engine.load_lora_adapter(name, str(path))
+            await self.engine.control.load_lora_adapter(name, str(path))
         except Exception as e:
             raise WeightSyncError(
                 f"adapter v{version}: a server could not load {path} ({e}); the servers must see "
                 "the learner's files (same host, or weight_sync.disk_dir on a shared file system)"
             ) from e
-        old, self.engine.lora = self.engine.lora, name
-        await self.engine.update_weight_version(version, abort_all_requests=False)
+        old, self.engine.gen.lora = self.engine.gen.lora, name
+        await self.engine.control.update_weight_version(version, abort_all_requests=False)
         if old is not None:
             try:
-                await self.engine.unload_lora_adapter(old)
+                await self.engine.control.unload_lora_adapter(old)
             except Exception as e:  # a restarted server never had it; the rest hold a spare
                 log.warning("unloading LoRA adapter %s: %s", old, e)
 

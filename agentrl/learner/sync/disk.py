@@ -38,7 +38,7 @@ class DiskSync(Transport):
         os.rename(tmp, final)
         t_write = time.perf_counter() - t0
         try:
-            await self.engine.update_weights_from_disk(str(final), weight_version=version)
+            await self.engine.control.update_weights_from_disk(str(final), weight_version=version)
         except Exception as e:
             raise WeightSyncError(
                 f"weights v{version}: a server could not load {final} ({e}); the servers must "

@@ -99,7 +99,7 @@ class DistributedSync(Transport):
         trainer = self.learner.workers[0].sync_call.remote(
             self.name, "join", name, addr, port, world, backend, self.cfg.timeout_s
         )
-        servers = self.engine.init_weights_update_group(
+        servers = self.engine.control.init_weights_update_group(
             addr, port, group_name=name, backend=backend,
             ranks_per_server=self.cfg.ranks_per_server,
         )  # fmt: skip
@@ -125,7 +125,7 @@ class DistributedSync(Transport):
         try:
             for i, bucket in enumerate(self.buckets):
                 last = i == len(self.buckets) - 1
-                request = self.engine.update_weights_from_distributed(
+                request = self.engine.control.update_weights_from_distributed(
                     [s.name for s in bucket],
                     [s.dtype for s in bucket],
                     [list(s.shape) for s in bucket],
@@ -151,7 +151,9 @@ class DistributedSync(Transport):
             name = self.cfg.group_name
             worker = self.learner.workers[0].sync_call.remote(self.name, "leave", name)
             await asyncio.gather(
-                asyncio.wait_for(self.engine.destroy_weights_update_group(name), timeout=30),
+                asyncio.wait_for(
+                    self.engine.control.destroy_weights_update_group(name), timeout=30
+                ),
                 asyncio.wait_for(await_ref(worker), timeout=30),
                 return_exceptions=True,
             )

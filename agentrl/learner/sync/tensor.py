@@ -11,7 +11,7 @@ that serves it (t mod the learner's world size: the same GPU when they are coloc
 Every learner rank gathers the bucket and cuts its slices, so no GPU ever holds more than one
 bucket of full weights, and no TP rank reads the whole model from GPU 0.
 
-Several colocated servers (`engine.num_servers` > 1, agentrl/servers.py): each server sees only its
+Several colocated servers (`engine.num_servers` > 1, agentrl/engine/fleet.py): each server sees only its
 own GPUs, and every payload it gets is packed by the learner rank on the same GPU (`plan_packers`,
 from the GPU ids the servers were started on, `Transport.server_gpus`, and the ranks' own): no
 handle crosses GPUs. A server GPU without a learner rank is an error at set-up, naming
@@ -234,7 +234,7 @@ class TensorSync(Transport):
             payloads = await asyncio.to_thread(self._payloads, bucket, direct, i)
             t1 = time.perf_counter()
             try:
-                await self.engine.update_weights_from_tensor(
+                await self.engine.control.update_weights_from_tensor(
                     payloads,
                     weight_version=version if last else None,
                     load_format=fmt,

@@ -1,4 +1,4 @@
-"""Requests, batching and sampling for `agentrl.devserver` (the model side; no HTTP here).
+"""Requests, batching and sampling for `agentrl.engine.dev` (the model side; no HTTP here).
 
 `BatchEngine.step` is one scheduler step: drop aborted rows, prefill newly admitted requests as
 one left-padded batch, merge their KV caches into the running batch (left-padding to a common
@@ -6,7 +6,7 @@ length), decode one token for every running row, drop finished rows and trim col
 padding in every row. Positions are tracked per row, so padding never shifts RoPE positions and
 each row's logprobs equal a plain forward over its own ids (tests/e2e/test_devserver.py).
 
-Prefill computes only what the prefix cache (agentrl/devcache.py) does not hold: a row's cached
+Prefill computes only what the prefix cache (agentrl/engine/dev/cache.py) does not hold: a row's cached
 keys/values sit right-aligned before its new tokens (the padding between them is masked), and
 identical prompts admitted together are computed once and their cache rows copied.
 
@@ -32,7 +32,7 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from agentrl.devcache import PrefixCache
+from agentrl.engine.dev.cache import PrefixCache
 
 GREEDY_EPS = 1e-6  # SGLang treats temperature below this as greedy (top_k=1, temperature=1)
 UNSUPPORTED = {  # SGLang sampling params that need a tokenizer or penalties: key -> neutral value
@@ -49,7 +49,7 @@ class Limits:
     vocab_size: int
     context_len: int
     inflight: dict[str, Any]
-    adapters: frozenset[str] = frozenset()  # LoRA adapters a request may name (agentrl/devlora.py)
+    adapters: frozenset[str] = frozenset()  # LoRA adapters a request may name (dev/lora.py)
 
 
 class BadRequest(ValueError):
@@ -102,7 +102,7 @@ def decode_named_tensors(payload: str) -> dict[str, torch.Tensor]:
     except Exception as e:
         raise BadRequest(
             "serialized_named_tensors entries must be base64 safetensors bytes on the dev server "
-            f"(agentrl.protocol.encode_named_tensors), not CUDA-IPC handles: {e}"
+            f"(agentrl.engine.protocol.encode_named_tensors), not CUDA-IPC handles: {e}"
         ) from e
 
 

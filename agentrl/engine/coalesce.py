@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-from agentrl.protocol import (
+from agentrl.engine.protocol import (
     EngineProtocolError,
     error_message,
     parse_generate_response,
@@ -36,7 +36,7 @@ class _Wave:
 
 
 class Coalescer:
-    """Batches /generate calls per server for an `agentrl.engine.EngineClient` (its `_request`,
+    """Batches /generate calls per server for a `Generation` (client.py; its `http.request`,
     `_abort_later`, `_try_generate` and `_background` are used as they are)."""
 
     def __init__(self, client: Any, window_ms: float, max_wait_ms: float) -> None:
@@ -51,7 +51,7 @@ class Coalescer:
         return self.window_s > 0
 
     async def submit(self, s: Any, payload: dict[str, Any]) -> Completion | str:
-        """Join server `s`'s next batch; the same outcome as `EngineClient._try_generate`."""
+        """Join server `s`'s next batch; the same outcome as `Generation._try_generate`."""
         loop = asyncio.get_running_loop()
         wave = self.waves.setdefault(s.url, _Wave())
         fut: asyncio.Future = loop.create_future()
@@ -101,7 +101,7 @@ class Coalescer:
         s.inflight += len(items)
         t0 = time.monotonic()
         try:
-            r = await self.client._request("POST", s.url + "/generate", body)
+            r = await self.client.http.request("POST", s.url + "/generate", body)
         except TimeoutError:
             for p, _ in items:
                 self.client._abort_later(s, p["rid"])

@@ -1,4 +1,4 @@
-"""The dev server's prefix cache (`agentrl.devserver --prefix-cache-mb`): the KV of sequences it
+"""The dev server's prefix cache (`agentrl.engine.dev --prefix-cache-mb`): the KV of sequences it
 has computed, reused for any later prompt that starts with the same tokens, as SGLang's radix
 cache does. An agent's turn k+1 prompt is turn k's prompt + its output + the observation, and the
 samples of a group share their prompt, so most prompt tokens of a multi-turn rollout are cached.

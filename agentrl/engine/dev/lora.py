@@ -28,9 +28,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from safetensors.torch import load_file
 
-from agentrl.devbatch import BadRequest, Req
+from agentrl.engine.dev.batch import BadRequest, Req
 
-DevServer = Any  # agentrl.devserver.DevServer (which imports this module)
+DevServer = Any  # agentrl.engine.dev.server.DevServer (which imports this module)
 
 _PREFIX = "base_model.model."  # PEFT's prefix before the wrapped model's own names
 

@@ -1,13 +1,13 @@
 """A small transformers-backed server speaking the SGLang HTTP subset agentrl uses (CPU machines).
 
-    python -m agentrl.devserver --model PATH --host 127.0.0.1 --port 30000 [--device cpu]
+    python -m agentrl.engine.dev --model PATH --host 127.0.0.1 --port 30000 [--device cpu]
 
 It behaves like `sglang.launch_server --skip-tokenizer-init`: POST /generate takes `input_ids`
 (one list, or a list of lists for a batch) and returns `output_ids` + `meta_info` (finish_reason,
 prompt/completion tokens, weight_version, `output_token_logprobs` = [[logprob, id, null], ...]).
 Logprobs are log_softmax(logits / temperature) of the sampled ids, before top-k/top-p/min-p
 filtering (SGLang's default); temperature 0 is greedy with raw-logit logprobs. Every sampled id
-is returned, the matched stop token included (SGLang does the same: see agentrl/protocol.py).
+is returned, the matched stop token included (SGLang does the same: see agentrl/engine/protocol.py).
 
 Scheduling is continuous batching on one KV cache: each step admits waiting requests (a
 left-padded prefill of all of them), merges their caches into the running batch (left-padding
@@ -16,15 +16,15 @@ to a common length), decodes one token for every running request, and drops fini
 Admin routes follow SGLang: weight updates wait for requests in flight (new ones wait behind
 them) unless generation is paused, and run between scheduler steps. What differs on CPU:
   - /update_weights_from_tensor takes base64 safetensors bytes per entry
-    (`agentrl.protocol.encode_named_tensors`), not pickled CUDA-IPC handles.
+    (`agentrl.engine.protocol.encode_named_tensors`), not pickled CUDA-IPC handles.
   - /release_memory_occupation and /resume_memory_occupation keep the model in host memory but
     track the released tags; a generation (a /generate or /health_generate) while any tag is
     released kills the server, as it kills SGLang's scheduler (its kernels read freed memory).
-  - the prefix cache (`--prefix-cache-mb`, agentrl/devcache.py) keeps whole sequences, not a
+  - the prefix cache (`--prefix-cache-mb`, agentrl/engine/dev/cache.py) keeps whole sequences, not a
     radix tree of pages; `cached_tokens` counts what it held, and /flush_cache empties it (refused
     while requests run, as SGLang does). Weight updates empty it too.
   - no stop strings / regex / penalties / streaming (no tokenizer): such requests get a 400.
-  - LoRA adapters (/load_lora_adapter, `lora_path`): one adapter per batch (agentrl/devlora.py).
+  - LoRA adapters (/load_lora_adapter, `lora_path`): one adapter per batch (agentrl/engine/dev/lora.py).
   - /health answers from the scheduler's state; /health_generate runs a 1-token generation.
   - --enable-deterministic-inference (SGLang's name; trainer.deterministic passes it) computes
     each request alone, a batch of one with no prefix cache: a request's ids and logprobs follow
@@ -34,7 +34,7 @@ them) unless generation is paused, and run between scheduler steps. What differs
     shared in arrival order.
   - the key (SGLang: --api-key, --admin-api-key) comes from $AGENTRL_ENGINE_API_KEY, off the
     command line; with it every route but /health answers 401 without
-    `Authorization: Bearer <key>` (agentrl.devroutes.BearerAuth), /health_generate too.
+    `Authorization: Bearer <key>` (agentrl.engine.dev.routes.BearerAuth), /health_generate too.
 Distributed weight updates join a gloo group the way SGLang's `init_custom_process_group` does
 (tcp store hosted by rank 0, keys prefixed with the group name; server rank = rank_offset), with
 the code learner rank 0 uses too (`agentrl.learner.update_group`), for a dev server or SGLang.
@@ -57,7 +57,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from agentrl.devbatch import (
+from agentrl.engine.config import API_KEY_ENV
+from agentrl.engine.dev.batch import (
     BadRequest,
     BatchEngine,
     Limits,
@@ -69,13 +70,12 @@ from agentrl.devbatch import (
     response,
     torch_dtype,
 )
-from agentrl.devlora import Adapters, add_lora_routes, pick
-from agentrl.devroutes import BearerAuth, add_admin_routes, add_generation_routes
-from agentrl.engine import ROUTING_KEY_HEADER
-from agentrl.engine_config import API_KEY_ENV
+from agentrl.engine.dev.lora import Adapters, add_lora_routes, pick
+from agentrl.engine.dev.routes import BearerAuth, add_admin_routes, add_generation_routes
+from agentrl.engine.protocol import ROUTING_KEY_HEADER
 from agentrl.learner.update_group import init_update_group
 
-log = logging.getLogger("agentrl.devserver")
+log = logging.getLogger("agentrl.engine.dev")
 
 
 @dataclass
@@ -130,7 +130,7 @@ class DevServer:
         self.paused = False
         self.released: set[str] = set()  # memory tags released (/release_memory_occupation)
         self.groups: dict[str, dist.ProcessGroup] = {}
-        self.lora = Adapters()  # LoRA adapters by name (agentrl/devlora.py)
+        self.lora = Adapters()  # LoRA adapters by name (agentrl/engine/dev/lora.py)
         self.task: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -458,7 +458,7 @@ def _raise_stop(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m agentrl.devserver",
+        prog="python -m agentrl.engine.dev",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -510,7 +510,3 @@ def main(argv: list[str] | None = None) -> int:
     except _Stop as e:
         log.warning("devserver on port %d stopped by %s", a.port, e)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

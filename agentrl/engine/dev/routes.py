@@ -1,6 +1,6 @@
-"""The dev server's HTTP routes (agentrl/devserver.py): generation and health, SGLang's admin
+"""The dev server's HTTP routes (agentrl/engine/dev/server.py): generation and health, SGLang's admin
 routes (weight version, cache, abort, pause, memory occupation, weight updates), and the key
-every route but /health asks for (`BearerAuth`). The LoRA routes are in agentrl/devlora.py."""
+every route but /health asks for (`BearerAuth`). The LoRA routes are in agentrl/engine/dev/lora.py."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from agentrl.devbatch import BadRequest
+from agentrl.engine.dev.batch import BadRequest
 
-DevServer = Any  # agentrl.devserver.DevServer (which imports this module)
+DevServer = Any  # agentrl.engine.dev.server.DevServer (which imports this module)
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
-log = logging.getLogger("agentrl.devserver")
+log = logging.getLogger("agentrl.engine.dev")
 
 
 async def _body(request: Request) -> dict[str, Any]:

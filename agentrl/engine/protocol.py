@@ -1,6 +1,6 @@
 """SGLang's HTTP wire format as agentrl uses it: sampling params, /generate responses (with
 logprobs), error bodies, and the errors they become. `agentrl.engine` is the client that sends
-them; `agentrl.devserver` answers in the same format.
+them; `agentrl.engine.dev` answers in the same format.
 
 Stop tokens (SGLang >= 0.5: scheduler_output_processor_mixin.py, detokenizer_manager.py,
 tokenizer_manager.py): the scheduler appends each sampled id to `req.output_ids` before checking
@@ -25,6 +25,8 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.types import Completion, FinishReason
+
+ROUTING_KEY_HEADER = "x-smg-routing-key"  # smg's consistent hashing reads the key from it
 
 _CONTEXT_MARKERS = ("context length", "maximum context length", "requested token count exceeds")
 

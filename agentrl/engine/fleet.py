@@ -40,13 +40,14 @@ from pathlib import Path
 
 import httpx
 
-from agentrl.engine import EngineConfig, EngineUnavailable, health_probe
-from agentrl.engine_config import API_KEY_ENV
+from agentrl.engine.config import API_KEY_ENV, EngineConfig
+from agentrl.engine.http import health_probe
+from agentrl.engine.protocol import EngineUnavailable
 from agentrl.sandbox.base import die_with_parent
 from agentrl.types import ConfigError
 
 # trainer.deterministic: SGLang's flag for batch-invariant inference; the dev server takes the same
-# (each request computed alone, agentrl/devbatch.py)
+# (each request computed alone, agentrl/engine/dev/batch.py)
 DETERMINISTIC = "--enable-deterministic-inference"
 
 
@@ -62,7 +63,7 @@ def server_command(
     """The launch command; SGLang's keys come from `key_file` (`write_key_file`), the dev
     server's from its environment (`server_env`)."""
     if cfg.kind == "dev":
-        return [sys.executable, "-m", "agentrl.devserver", "--model", str(model_path),
+        return [sys.executable, "-m", "agentrl.engine.dev", "--model", str(model_path),
                 "--host", cfg.host, "--port", str(port), "--device", cfg.device, *cfg.extra_args]  # fmt: skip
     tp = ["--tp-size", str(cfg.tp)] if cfg.tp > 1 else []
     keys = ["--config", str(key_file)] if key_file is not None else []

@@ -1,6 +1,6 @@
 """`engine.*`: which rollout servers a run uses (dev server or SGLang), how many, where, and how
 the client talks to them. `agentrl.engine.EngineClient.from_config` reads the client's part;
-`agentrl.servers` launches what `kind`, `num_servers`, `tp` and `placement` ask for.
+`agentrl.engine.fleet` launches what `kind`, `num_servers`, `tp` and `placement` ask for.
 
 Every server, and the router, that a run starts takes the run's token (`api_key`): without
 `Authorization: Bearer <token>` they answer 401 (/health stays open). It is this process's random
@@ -40,7 +40,7 @@ class EngineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["dev", "sglang"] = Field("dev", description="dev: agentrl.devserver (CPU)")
+    kind: Literal["dev", "sglang"] = Field("dev", description="dev: agentrl.engine.dev (CPU)")
     colocate: bool = Field(
         False, description="servers share GPUs with the learner (release/resume memory per step)"
     )
@@ -80,7 +80,7 @@ class EngineConfig(BaseModel):
     )
     router_args: list[str] = Field(default_factory=list, description="appended to smg launch")
     batch_window_ms: float = Field(0.0, ge=0, description="coalesce /generate calls to one "
-                                   "server (agentrl/coalesce.py); 0: off; not behind a router")  # fmt: skip
+                                   "server (agentrl/engine/coalesce.py); 0: off; not behind a router")  # fmt: skip
     batch_max_wait_ms: float = Field(50.0, gt=0, description="the longest a call waits to leave")
     max_restarts: int = Field(
         3, ge=0, description="restarts of one server we started (died or hung) before the run stops"
