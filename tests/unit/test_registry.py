@@ -142,8 +142,16 @@ def test_a_user_loss_computes_through_the_same_inputs():
     assert AdvantageConfig(name="grpo").name == "grpo"
 
 
-def test_an_env_named_by_its_old_top_level_path_is_pointed_to_agentrl_envs() -> None:
+def test_an_env_named_by_its_old_top_level_path_is_pointed_to_agentrl_envs(monkeypatch) -> None:
+    from pathlib import Path
+
     from agentrl.registry import import_path
 
+    root = str(Path(__file__).resolve().parents[2])  # where envs/ sits (PYTHONPATH=. on a GPU host)
+    monkeypatch.setattr(
+        sys, "path", [p for p in sys.path if Path(p or ".").resolve() != Path(root)]
+    )
+    for name in [m for m in sys.modules if m == "envs" or m.startswith("envs.")]:
+        monkeypatch.delitem(sys.modules, name)
     with pytest.raises(ConfigError, match=r"did you mean agentrl\.envs\.code_exec\.CodeExecEnv"):
         import_path("envs.code_exec.CodeExecEnv", "env._target_")
