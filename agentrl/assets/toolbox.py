@@ -90,34 +90,31 @@ def _word(rng: random.Random) -> str:
     return _made_up(rng) if rng.random() < 0.6 else rng.choice(_WORDS + _ITEMS).lower()
 
 
+_NAME_SHAPES: tuple[Callable[[random.Random], str], ...] = (  # as users name functions
+    _made_up,
+    lambda r: f"{r.choice(_AFFIXES)}_{_word(r)}",
+    lambda r: f"{_word(r)}_{_word(r)}",
+    lambda r: f"{_word(r)}_{r.choice(_NOUNS)}",
+    lambda r: r.choice(_AFFIXES) + _word(r).capitalize(),  # camelCase
+    lambda r: f"{_word(r)}{r.randint(1, 99)}",
+)
+_ARG_SHAPES: tuple[Callable[[random.Random], str], ...] = (
+    _made_up,
+    lambda r: f"{_made_up(r)}_{r.choice(_NOUNS)}",
+    lambda r: f"{r.choice(_NOUNS)}_{_word(r)}",
+    lambda r: f"{r.choice(_NOUNS)}{r.randint(1, 9)}",
+    lambda r: r.choice(string.ascii_lowercase) + r.choice(("", "", "_" + r.choice(_NOUNS))),
+)
+
+
 def open_name(rng: random.Random) -> str:
     """A tool name never drawn from a pool: made-up words joined as users name functions."""
-    shape = rng.randrange(6)
-    if shape == 0:
-        return _made_up(rng)
-    if shape == 1:
-        return f"{rng.choice(_AFFIXES)}_{_word(rng)}"
-    if shape == 2:
-        return f"{_word(rng)}_{_word(rng)}"
-    if shape == 3:
-        return f"{_word(rng)}_{rng.choice(_NOUNS)}"
-    if shape == 4:  # camelCase
-        return rng.choice(_AFFIXES) + _word(rng).capitalize()
-    return f"{_word(rng)}{rng.randint(1, 99)}"
+    return rng.choice(_NAME_SHAPES)(rng)
 
 
 def open_arg(rng: random.Random) -> str:
     """An argument name never drawn from a pool."""
-    shape = rng.randrange(5)
-    if shape == 0:
-        return _made_up(rng)
-    if shape == 1:
-        return f"{_made_up(rng)}_{rng.choice(_NOUNS)}"
-    if shape == 2:
-        return f"{rng.choice(_NOUNS)}_{_word(rng)}"
-    if shape == 3:
-        return f"{rng.choice(_NOUNS)}{rng.randint(1, 9)}"
-    return rng.choice(string.ascii_lowercase) + rng.choice(("", "", "_" + rng.choice(_NOUNS)))
+    return rng.choice(_ARG_SHAPES)(rng)
 
 
 def _open_args(rng: random.Random, arity: int) -> tuple[str, ...]:

@@ -14,9 +14,14 @@ what this file exports; the modules behind it are private to agentrl/engine/.
 
 from agentrl.engine.admin import Control
 from agentrl.engine.client import EngineClient, Generation
-from agentrl.engine.config import API_KEY_ENV, RUN_TOKEN, EngineConfig, default_api_key
-from agentrl.engine.fleet import (
+from agentrl.engine.config import (
+    API_KEY_ENV,
     DETERMINISTIC,
+    RUN_TOKEN,
+    EngineConfig,
+    default_api_key,
+)
+from agentrl.engine.fleet import (
     Fleet,
     RayServer,
     launch_engines,

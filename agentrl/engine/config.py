@@ -28,6 +28,9 @@ API_KEY_ENV = "AGENTRL_ENGINE_API_KEY"
 # this process's run token: the servers it starts take it, its clients send it. Never with a
 # leading "-": argparse (SGLang's, smg's) would read it as an option
 RUN_TOKEN = "agentrl-" + secrets.token_urlsafe(32)
+# trainer.deterministic: SGLang's flag for batch-invariant inference; the dev server takes the same
+# (each request computed alone, agentrl/engine/dev/batch.py)
+DETERMINISTIC = "--enable-deterministic-inference"
 
 
 def default_api_key() -> str:

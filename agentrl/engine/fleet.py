@@ -46,10 +46,6 @@ from agentrl.engine.protocol import EngineUnavailable
 from agentrl.sandbox.base import die_with_parent
 from agentrl.types import ConfigError
 
-# trainer.deterministic: SGLang's flag for batch-invariant inference; the dev server takes the same
-# (each request computed alone, agentrl/engine/dev/batch.py)
-DETERMINISTIC = "--enable-deterministic-inference"
-
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -451,6 +451,14 @@ def offload(
         torch.cuda.empty_cache()
 
 
+def set_deterministic() -> None:
+    """torch's deterministic kernels (trainer.deterministic), set before CUDA makes a cuBLAS
+    handle; an op with none (CUDA only) warns rather than stops the run."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+
+
 def set_worker_env(master_ip: str = "127.0.0.1") -> None:
     """With the process group's master on loopback (one node), bind gloo/NCCL's own sockets to
     `lo` unless the user chose an interface; across nodes leave the choice to the user

@@ -89,10 +89,7 @@ class LearnerWorker:
         fsdp.set_worker_env(store[0] if store else "127.0.0.1")
         torch.set_num_threads(self.cfg.threads_per_worker)
         if self.cfg.deterministic:  # trainer.deterministic; before CUDA makes a cuBLAS handle
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            # an op with no deterministic kernel (CUDA only) warns rather than stops the run
-            torch.use_deterministic_algorithms(True, warn_only=True)
-            torch.backends.cudnn.benchmark = False
+            fsdp.set_deterministic()
         attention = "sdpa"
         if self.device_type == "cuda":
             torch.cuda.set_device(0)  # Ray exposes exactly this worker's GPU(s)
@@ -553,9 +550,8 @@ class LearnerWorker:
         return self._ckpt is None or self._ckpt.finish(wait)
 
     def load_checkpoint(self, path: str, optimizer: bool = True) -> dict[str, tuple[Any, Any]]:
-        """Collective: inverse of save_checkpoint (the world size may differ for `sharded`).
-        The optimizer's hyperparameters are then this run's (learner.lr, betas, eps,
-        weight_decay); returns those that differ from the checkpoint's, {name: (then, now)}."""
+        """Collective: inverse of save_checkpoint (the world size may differ for `sharded`); the
+        optimizer then takes this run's hyperparameters: those that changed, {name: (then, now)}."""
         root = Path(path)
         if self._ckpt is not None:
             self._ckpt.guard()

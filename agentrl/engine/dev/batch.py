@@ -193,9 +193,7 @@ class BatchEngine:
 
     def batches(self) -> list[Batch]:
         """The running batches: the batch, or in solo mode one per request."""
-        if self.solo:
-            return self.rows
-        return [] if self.batch is None else [self.batch]
+        return self.rows if self.solo else [b for b in (self.batch,) if b is not None]
 
     def running(self) -> list[Req]:
         return [r for b in self.batches() for r in b.reqs]
