@@ -4,9 +4,9 @@ the push (weights first, then under `EngineClient.exclusive`, then back to the e
 restarts of servers that died or hung.
 
 Colocated (`engine.colocate=true`) a step goes:
-    to_learner(): engine.release_memory_occupation → learners onload
-    push():       engine.resume_memory_occupation(weights) → exclusive → sync.push
-                  → to_engine(): learners offload → engine.resume_memory_occupation(kv, graphs)
+    to_learner(): engine.control.release_memory_occupation → learners onload
+    push():       engine.control.resume_memory_occupation(weights) → exclusive → sync.push
+                  → to_engine(): learners offload → engine.control.resume_memory_occupation(kv, graphs)
 Otherwise only the push under `exclusive` does anything.
 
 Restarts (this run's servers only; servers given by `engine.urls` stop the run with their names):
@@ -68,7 +68,7 @@ class Handover:
     async def to_learner(self) -> None:
         """Colocated: the engine frees its GPU memory, the learners move their state onto it."""
         if self.engine_cfg.colocate:
-            await self.engine.release_memory_occupation()
+            await self.engine.control.release_memory_occupation()
             for g in self.learners:
                 g.onload()
 
@@ -77,12 +77,12 @@ class Handover:
         if self.engine_cfg.colocate:
             for g in self.learners:
                 g.offload()
-            await self.engine.resume_memory_occupation(["kv_cache", "cuda_graph"])
+            await self.engine.control.resume_memory_occupation(["kv_cache", "cuda_graph"])
 
     async def push(self, version: str) -> dict[str, float]:
         """The learner's weights to every engine as `version`, then the GPU back to them."""
         if self.engine_cfg.colocate:  # weights first, so the learner's tensors can land there
-            await self.engine.resume_memory_occupation(["weights"])
+            await self.engine.control.resume_memory_occupation(["weights"])
         # async: the turns in flight are cut and go on after the push (trainer.partial_rollouts)
         # or finish first; new ones wait. Sync: nothing is in flight.
         t0 = time.perf_counter()
@@ -103,7 +103,7 @@ class Handover:
         server that does not answer is restarted by the next rollout's recovery, which pushes
         it this version."""
         try:
-            await self.engine.update_weight_version(version, abort_all_requests=False)
+            await self.engine.control.update_weight_version(version, abort_all_requests=False)
         except EngineUnavailable as e:
             log.warning("weight version %s did not reach every server: %s", version, e)
 
@@ -141,7 +141,7 @@ class Handover:
             for url in restarted:
                 async with EngineClient([url], timeout_s=self.engine_cfg.timeout_s,
                                         api_key=self.engine_cfg.token()) as one:  # fmt: skip
-                    await one.release_memory_occupation()
+                    await one.control.release_memory_occupation()
             for g in self.learners:
                 g.onload()
         return float(len(restarted))
@@ -154,7 +154,7 @@ class Handover:
             return await asyncio.to_thread(self.fleet.down, deep)
         if not deep:
             return []
-        return [url for url, ok in (await self.engine.health(deep=True)).items() if not ok]
+        return [url for url, ok in (await self.engine.control.health(deep=True)).items() if not ok]
 
     async def _restart(self, down: list[str], when: str, step: int) -> list[str]:
         """Restart `down` on their ports and set the weight sync up again (its groups lost a

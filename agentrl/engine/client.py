@@ -328,18 +328,3 @@ class EngineClient:
                control.continue_generation) if pause else ()  # fmt: skip
         async with self.gen.gate.closed(*cut) as inflight:
             yield inflight
-
-    # train.py and recovery.py call these here (they change import lines only while another
-    # branch refactors them); new code calls `control` directly.
-
-    async def health(self, deep: bool = False) -> dict[str, bool]:
-        return await self.control.health(deep)
-
-    async def update_weight_version(self, new_version: str, abort_all_requests: bool = True):
-        return await self.control.update_weight_version(new_version, abort_all_requests)
-
-    async def release_memory_occupation(self, tags: list[str] | None = None) -> list[Any]:
-        return await self.control.release_memory_occupation(tags)
-
-    async def resume_memory_occupation(self, tags: list[str] | None = None) -> list[Any]:
-        return await self.control.resume_memory_occupation(tags)

@@ -21,8 +21,12 @@ class Log(list):
 
 
 class Engine:
+    """EngineClient's surface the hand-over uses: `exclusive`, and the control plane's calls
+    (`engine.control`, here the same object)."""
+
     def __init__(self, log: Log, unhealthy: tuple[str, ...] = ()) -> None:
         self.log, self.unhealthy = log, unhealthy
+        self.control = self
 
     async def release_memory_occupation(self) -> None:
         self.log("engine release")
