@@ -49,6 +49,7 @@ from agentrl.registry import is_import_path
 from agentrl.rollout import RolloutConfig
 from agentrl.sandbox.backends import BACKENDS
 from agentrl.sandbox.config import SandboxConfig
+from agentrl.settings_diff import settings_of
 from agentrl.tracking import LoggingConfig
 from agentrl.types import ConfigError
 from agentrl.weight_sync import WeightSyncConfig
@@ -306,6 +307,10 @@ class Config(BaseModel):
         target = self.env.target if isinstance(self.env, EnvConfig) else "mixture"
         self.run_name = run_name(self.run_name, target)
         return self
+
+    def settings(self) -> dict[str, Any]:
+        """Every setting, dotted keys, no secrets: what a checkpoint records (settings_diff.py)."""
+        return settings_of(self.model_dump(mode="json", by_alias=True))
 
     def identity(self) -> dict[str, Any]:
         """What a run trains; a checkpoint of another identity is not resumed by accident (a

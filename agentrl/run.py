@@ -60,7 +60,7 @@ from agentrl.render import RenderError
 from agentrl.rollout import Rollout
 from agentrl.runlock import hold_run_dirs
 from agentrl.sandbox import Sandbox, make_sandbox
-from agentrl.settings_diff import compare, refusal, settings_of
+from agentrl.settings_diff import compare, refusal
 from agentrl.tracking import JsonlSink, Tracker
 from agentrl.types import ConfigError, Task
 from agentrl.weight_sync import (
@@ -336,8 +336,7 @@ def resume_point(cfg: Config, ckpt: CheckpointManager | None = None) -> Path | N
             f"run_name=<a new name> (or trainer.resume=never), or resume that checkpoint on "
             f"purpose with trainer.resume={path}"
         )
-    now = settings_of(cfg.model_dump(mode="json", by_alias=True))
-    if error := refusal(compare(state.settings, now), state.step, str(path)):
+    if error := refusal(compare(state.settings, cfg.settings()), state.step, str(path)):
         raise ConfigError(error)
     return path
 
@@ -454,7 +453,7 @@ def _resume(
 ) -> TrainerState:
     state = load_trainer_state(path)
     optimizer = cfg.trainer.save_optimizer
-    changes = compare(state.settings, settings_of(cfg.model_dump(mode="json", by_alias=True)))
+    changes = compare(state.settings, cfg.settings())
     for c in changes:  # applied, never silently kept (refused ones stopped resume_point)
         console.print(f"[yellow]{escape(str(c))} from step {state.step + 1}[/]")
     changed = groups["policy"].load_checkpoint(str(path / "policy"), optimizer=optimizer)
@@ -516,7 +515,7 @@ def save_checkpoint(
         rng=capture_rng(),
         consecutive_skips=consecutive_skips,
         identity=run.cfg.identity(),
-        settings=settings_of(run.cfg.model_dump(mode="json", by_alias=True)),
+        settings=run.cfg.settings(),
         wandb_run_id=run.tracker.run_id if run.tracker else None,
         extra=extra or {},
     )

@@ -8,7 +8,7 @@ import pytest
 
 from agentrl.config import compose
 from agentrl.run import resume_point
-from agentrl.settings_diff import IGNORED, REFUSED, compare, refusal, rule_of, settings_of
+from agentrl.settings_diff import IGNORED, REFUSED, compare, refusal, rule_of
 from agentrl.types import ConfigError
 
 
@@ -26,7 +26,7 @@ def _other(v):
 
 
 def _settings(*overrides: str) -> dict:
-    return settings_of(compose(list(overrides)).model_dump(mode="json", by_alias=True))
+    return compose(list(overrides)).settings()
 
 
 def test_every_setting_changed_on_resume_is_applied_and_said_or_refused_with_its_reason():
@@ -72,9 +72,7 @@ def test_resume_point_refuses_a_changed_seed_before_anything_starts(tmp_path):
     mgr = CheckpointManager(cfg.trainer.checkpoint_config(cfg.run_name))
     with mgr.write(2) as staged:
         (staged.path / "policy").mkdir()
-        staged.state = TrainerState(step=2, identity=cfg.identity(),
-                                    settings=settings_of(cfg.model_dump(mode="json",
-                                                                        by_alias=True)))  # fmt: skip
+        staged.state = TrainerState(step=2, identity=cfg.identity(), settings=cfg.settings())
     assert resume_point(cfg) == mgr.resume_path()  # the same settings: resumed
     again = compose([f"trainer.dir={tmp_path}", "seed=4", "learner.lr=0.5"])
     with pytest.raises(ConfigError, match=r"seed 3 → 4: the data order") as e:
