@@ -446,7 +446,8 @@ def resume_note(cfg: Config) -> str:
         return (f"no checkpoint yet (one every trainer.every={cfg.trainer.every} steps): the same "
                 "command starts over")  # fmt: skip
     how = "the same command" if cfg.trainer.resume == "auto" else "add trainer.resume=auto: it"
-    return f"the last checkpoint is step {load_trainer_state(path).step} ({path}); {how} resumes from it"
+    step = load_trainer_state(path).step
+    return f"the last checkpoint is step {step} ({path}); {how} resumes from it"
 
 
 def main() -> None:
