@@ -179,6 +179,12 @@ async def under_attack(url: str, n: int, only: list[str]) -> list[dict]:
 
     async def attacker(code: str, key: str | None, stop: asyncio.Event) -> None:
         sb = ServiceSandbox(url, retries=0)
+        try:
+            await _attack(sb, code, key, stop)
+        finally:  # a cancelled attacker closes its client too
+            await sb.aclose()
+
+    async def _attack(sb: ServiceSandbox, code: str, key: str | None, stop: asyncio.Event) -> None:
         once = "once, then idle" in code or "threading" in code  # holds its session, idle
         while not stop.is_set():
             with contextlib.suppress(Exception):
@@ -193,7 +199,6 @@ async def under_attack(url: str, n: int, only: list[str]) -> list[dict]:
             await asyncio.sleep(0.05)
         if key is not None:
             await sb.close_session(key)
-        await sb.aclose()
 
     rows = []
     lat, failed = await innocent("reference")
