@@ -8,8 +8,9 @@ the command line before Hydra composes (agentrl/cli/overrides.py), where no key 
       rollout.max_turn: unknown key; did you mean rollout.max_turns?
 
 Nothing below the entry points sees OmegaConf. Sections are owned by the module that uses them
-(RolloutConfig lives in rollout.py, EngineConfig in engine/config.py, …) and composed here. User
-classes are referenced by import path in `_target_`.
+(RolloutConfig lives in rollout.py, EngineConfig in engine/config.py, …) and composed here; the
+trainer's groups and the keys an older config may still use (MOVED_KEYS, refused here with their
+new names) in trainer_config.py. User classes are referenced by import path in `_target_`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Run health: what the trainer watches on every step, warns about, and stops on.
 
-Counters, each with its stop or warning (`Limits`, from `trainer.*`):
+Counters, each with its stop or warning (`Limits`, from `trainer.guards.*`):
 - crashed episodes (an exception in the env or its reward) above `max_aborted_frac` of a step:
   a bug, not noise; the run stops and shows one (`check_crashes`);
 - steps with nothing to train on: skipped, and `max_empty_steps` in a row stop (`trainable`);

@@ -364,7 +364,7 @@ def make_guards(
     truncation: Truncation | None = None,  # None: rollout.truncated=train
     skipped_in_a_row: int = 0,
 ) -> Guards:
-    """The run's health checks, with the `trainer.*` limits and the run's signal rule."""
+    """The run's health checks, with the `trainer.guards.*` limits and the run's signal rule."""
     g = cfg.trainer.guards
     limits = Limits(g.max_aborted_frac, g.max_empty_steps, g.no_signal_steps,
                     g.max_skipped_steps, g.warn_logprob_gap, g.warn_tool_fail_rate)  # fmt: skip
