@@ -357,8 +357,9 @@ def carries_gradient(
     truncation: Truncation = Truncation(),
 ) -> bool:
     """Whether this group can move the policy: a sampled token of a valid member (not an
-    infrastructure failure) has a non-zero advantage (|A| > SIGNAL_ATOL). The one test behind dynamic sampling
-    (trainer.dynamic_sampling, sync and async), the no-signal warning and `adv/zero_std_groups`.
+    infrastructure failure) has a non-zero advantage (|A| > SIGNAL_ATOL). The one test behind
+    dynamic sampling (trainer.sampling.dynamic_sampling, sync and async), the no-signal warning
+    and `adv/zero_std_groups`.
 
     It runs in the driver, before the learner's pass, so the rule for what is known only later:
     - no valid member with a sampled token: False (nothing to train);

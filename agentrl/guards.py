@@ -1,6 +1,6 @@
 """Run health: what the trainer watches on every step, warns about, and stops on.
 
-Counters, each with its stop or warning (`Limits`, from `trainer.*`):
+Counters, each with its stop or warning (`Limits`, from `trainer.guards.*`):
 - crashed episodes (an exception in the env or its reward) above `max_aborted_frac` of a step:
   a bug, not noise; the run stops and shows one (`check_crashes`);
 - steps with nothing to train on: skipped, and `max_empty_steps` in a row stop (`trainable`);
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Limits:
-    """The `trainer.*` settings the guards apply (agentrl/config.py: TrainerConfig)."""
+    """The `trainer.guards.*` settings the guards apply (agentrl/trainer_config.py)."""
 
     max_aborted_frac: float
     max_empty_steps: int
@@ -98,7 +98,7 @@ class Guards:
             raise TrainingError(
                 f"{len(failed)} of {len(trajs)} episodes of step {step} crashed "
                 f"(stop reasons {sorted({tr.stop_reason.value for tr in failed})}), above "
-                f"trainer.max_aborted_frac={bar:g}. This is a bug "
+                f"trainer.guards.max_aborted_frac={bar:g}. This is a bug "
                 f"in the env, its tools or its reward, not noise. First one (task "
                 f"{first.task_id!r}, sample {first.sample_index}):\n{first.error}"
             )
@@ -206,7 +206,7 @@ class Guards:
             raise TrainingError(
                 f"{self.skipped_in_a_row} optimizer steps in a row had a non-finite loss or "
                 f"gradient (last grad_norm={out.get('policy/grad_norm')}); the run diverged. "
-                "Lower learner.lr, check rewards for NaN, then resume with trainer.resume=auto"
+                "Lower learner.lr, check rewards for NaN, then resume with checkpoint.resume=auto"
             )
 
     def watch_update(self, metrics: dict[str, float], step: int, stale: bool) -> None:

@@ -4,16 +4,16 @@ One step of `python -m agentrl.train` logs one flat dict (metrics.jsonl, W&B his
 line) with these names; `step_metrics` below is the one place that builds the final names.
 
 reward/ — over the step's trajectories, infrastructure failures excluded: the groups trained, so
-    under trainer.dynamic_sampling the kept groups only (reward/mean_all is over all of them)
+    under trainer.sampling.dynamic_sampling the kept groups only (reward/mean_all: all of them)
     reward/mean, reward/max, reward/min, reward/std     the outcome reward (Trajectory.reward)
     reward/<component>              mean of each named component an env's reward dict returns
     reward/turn_sum                 per-turn rewards (StepResult.reward) summed per trajectory,
                                     mean; only when an env gives them (they are trained on with
                                     algo.advantage.reward_level=turn only)
     reward/return_mean              outcome + per-turn rewards per trajectory, mean (with them)
-    reward/mean_all                 trainer.dynamic_sampling: reward/mean over every group rolled
-                                    out this step, the filtered ones too (async: those not
-                                    dropped as stale)
+    reward/mean_all                 trainer.sampling.dynamic_sampling: reward/mean over every
+                                    group rolled out this step, the filtered ones too (async:
+                                    those not dropped as stale)
 rollout/ — what the rollout produced (per-trajectory means unless the name says otherwise)
     rollout/trajectories            trajectories this step (count)
     rollout/turns, rollout/turns_max                    assistant turns per trajectory
@@ -22,8 +22,8 @@ rollout/ — what the rollout produced (per-trajectory means unless the name say
                                     (succeeded, failed or malformed)
     rollout/parse_errors, rollout/tool_errors           per trajectory (the model's faults)
     rollout/tool_exceptions                             per trajectory: the tool's own code failed
-    rollout/failing_tools           tools that failed on more than trainer.warn_tool_fail_rate
-                                    of their calls this step (with at least TOOL_WARN_MIN_CALLS
+    rollout/failing_tools           tools that failed on more than
+                                    trainer.guards.warn_tool_fail_rate of their calls this step (with at least TOOL_WARN_MIN_CALLS
                                     calls); each is warned about (console, log, W&B alert): at
                                     the first such step, then every TOOL_WARN_EVERY steps
 tools/<name>/ — per tool the env has, over the step's calls, when it was called (totals; from
@@ -55,7 +55,7 @@ tools/<name>/ — per tool the env has, over the step's calls, when it was calle
                                     episode's own history: what turn continuation keeps hot)
 stop/<reason> — trajectories that ended with each StopReason (all reasons, 0 included)
 adv/* — the advantage estimator's own numbers (agentrl/advantage.py): mean, std, max, min, …
-eval/ — trainer.eval_every's fixed set (agentrl/evaluate.py), on the steps it runs (and step 0)
+eval/ — trainer.eval.every's fixed set (agentrl/evaluate.py), on the steps it runs (and step 0)
     eval/reward_mean, eval/reward_std, eval/reward_<component>
     eval/tool_call_rate, eval/turns, eval/parse_errors      as rollout/* over the eval episodes
     eval/tool_calls, eval/tool_errors, eval/tool_exceptions  (and eval/tools/<name>/* as tools/)
@@ -88,8 +88,8 @@ train/ — the learner and the trainer-side logprob pass
                                     policy-gradient term is exactly 0 (clipped, masked, A = 0)
     train/optimizer_steps           optimizer steps this step (algo.ppo_epochs x mini_batches)
     train/kl_reward_penalty         kl_mode=reward: KL penalty summed per trajectory, mean
-    train/empty_steps_in_a_row, train/no_signal_steps_in_a_row   see trainer.max_empty_steps,
-                                    trainer.no_signal_steps
+    train/empty_steps_in_a_row, train/no_signal_steps_in_a_row   see trainer.guards.max_empty_steps,
+                                    trainer.guards.no_signal_steps
     train/tokens, train/loss_tokens, train/micro_batches, train/step_s (learner wall time)
     train/batch_tokens              every token the update ran over (prompts, observations too)
     train/checkpointed_blocks       transformer blocks recomputed in backward this step
@@ -99,20 +99,20 @@ train/ — the learner and the trainer-side logprob pass
     Any other learner key `policy/<k>` becomes `train/<k>`; other roles keep their prefix
     (`critic/…`).
 sync/ — weight sync: seconds, mb, s_per_mb, buckets; drain_s (closing the gate before the push:
-    pausing the servers, or with trainer.partial_rollouts=false waiting for the turns in flight;
-    0 in sync mode); cut_turns (turns the push cut, to go on under the new weights)
+    pausing the servers, or with trainer.async.partial_rollouts=false waiting for the turns in
+    flight; 0 in sync mode); cut_turns (turns the push cut, to go on under the new weights)
 async/ — trainer.mode=async (agentrl/producer.py), over the groups this step trains
     async/staleness_mean, async/staleness_max   versions between the weights that sampled a
                                     trajectory's oldest turn and the weights this step updates
-    async/dropped                   groups dropped as staler than trainer.max_staleness
+    async/dropped                   groups dropped as staler than trainer.async.max_staleness
     async/partial_turns             trained turns sampled under two or more weight versions (cut
-                                    by a push and continued: trainer.partial_rollouts)
+                                    by a push and continued: trainer.async.partial_rollouts)
     async/queued, async/in_flight   finished groups waiting / groups being rolled out, when taken
 engine/restarts — rollout servers restarted this step (died or hung; engine.max_restarts each)
 rollout/oversampled_dropped — groups launched beyond trainer.tasks_per_step and aborted once
-    enough had finished (trainer.oversample_groups)
-rollout/filtered_groups, rollout/refill_rounds — trainer.dynamic_sampling: groups dropped for
-    carrying no gradient (`advantage.carries_gradient`: every advantage 0), and (sync) the extra
+    enough had finished (trainer.sampling.oversample_groups)
+rollout/filtered_groups, rollout/refill_rounds — trainer.sampling.dynamic_sampling: groups
+    dropped for carrying no gradient (`advantage.carries_gradient`: every advantage 0), and (sync) the extra
     rollout rounds run to replace them
 sandbox/restarts — the sandbox service this run started, restarted this step (it died;
     sandbox.max_restarts per run)
@@ -341,10 +341,10 @@ class ToolWatch:
                 "tool's description, its Args and timeout, and the episodes (`agentrl view RUN`)."
             )
         return (
-            f"{what}, above trainer.warn_tool_fail_rate={self.bar:g}: {s.exceptions} raised in "
-            f"the tool, {s.errors} were the model's errors; e.g. {s.example()!r}. {why} Training "
+            f"{what}, above trainer.guards.warn_tool_fail_rate={self.bar:g}: {s.exceptions} "
+            f"raised in the tool, {s.errors} were the model's errors; e.g. {s.example()!r}. {why} Training "
             f"goes on with these errors as observations. Said again every {self.every} steps "
-            "while it lasts (trainer.warn_tool_fail_rate=0: off)"
+            "while it lasts (trainer.guards.warn_tool_fail_rate=0: off)"
         )
 
 
@@ -490,8 +490,8 @@ def engine_gap(metrics: dict[str, float], bar: float, step: int) -> str | None:
         return None
     return (
         f"step {step}: the engine's logprobs of its own samples are {gap:.3f} per token from the "
-        f"trainer's with the same weights (trainer.warn_logprob_gap={bar}): the engine does not "
-        "serve the trained model; check the last weight push (sync/*), the engine's dtype and "
+        f"trainer's with the same weights (trainer.guards.warn_logprob_gap={bar}): the engine "
+        "does not serve the trained model; check the last weight push (sync/*), the engine's dtype and "
         "LoRA settings"
     )
 

@@ -303,7 +303,7 @@ def test_a_resumed_run_continues_its_files_and_a_fresh_one_archives_them(tmp_pat
     assert len((archive / "metrics.jsonl").read_text().splitlines()) == 3  # steps 3, 4, torn
     assert len((archive / "trajectories.jsonl").read_text().splitlines()) == 2
     assert JsonlSink.continue_run(tmp_path, 2) is None  # nothing after step 2 any more
-    # a fresh start in the same dir (trainer.resume=never) moves the earlier run aside
+    # a fresh start in the same dir (checkpoint.resume=never) moves the earlier run aside
     note = JsonlSink.continue_run(tmp_path, None)
     assert "moved to" in note
     assert (
