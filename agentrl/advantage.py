@@ -63,6 +63,10 @@ sampling, the no-signal warning and `adv/zero_std_groups`; its docstring states 
 
 Adding an estimator: a function `(episodes: list[Episode], cfg) -> (advantages, returns | None)`
 decorated with `@register("my_name")`, then `algo.advantage.name=my_name`.
+
+Size: the estimators share one `Episode` record, its group statistics and the rules above (valid
+members, truncation, turn baselines), and this docstring is the reference for their maths; split,
+a rule would sit apart from the code that applies it.
 """
 
 from __future__ import annotations

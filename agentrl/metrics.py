@@ -152,6 +152,23 @@ TRAIN_NAMES: dict[str, str] = {
 _CLIPFRACS = ("train/clipfrac_low", "train/clipfrac_high", "train/clipfrac_dual")
 
 
+def reward_metrics(scored: Sequence[Trajectory]) -> dict[str, float]:
+    """reward/* over the scored trajectories (infrastructure failures left out; none: {})."""
+    if not scored:
+        return {}
+    rewards = [t.reward for t in scored]
+    mean = fmean(rewards)
+    out = {"reward/mean": mean, "reward/max": max(rewards), "reward/min": min(rewards)}
+    out["reward/std"] = fmean((r - mean) ** 2 for r in rewards) ** 0.5  # NaN stays NaN
+    for key in sorted({k for t in scored for k in t.reward_components} - {"total"}):
+        out[f"reward/{key}"] = fmean(t.reward_components.get(key, 0.0) for t in scored)
+    if any(turn.reward is not None for t in scored for turn in t.turns):
+        sums = [sum(turn.reward or 0.0 for turn in t.turns) for t in scored]
+        out["reward/turn_sum"] = fmean(sums)
+        out["reward/return_mean"] = mean + out["reward/turn_sum"]
+    return out
+
+
 def rollout_metrics(
     trajs: list[Trajectory], truncation: Truncation | None = None
 ) -> dict[str, float]:
@@ -163,23 +180,11 @@ def rollout_metrics(
     """
     if not trajs:
         return {}
-    scored = [t for t in trajs if not t.stop_reason.is_infra_failure]
     turns = [turn for t in trajs for turn in t.turns]
     out: dict[str, float] = {f"stop/{r.value}": 0.0 for r in StopReason}
     for reason, n in Counter(t.stop_reason for t in trajs).items():
         out[f"stop/{reason.value}"] = float(n)
-    if scored:
-        rewards = [t.reward for t in scored]
-        out["reward/mean"] = mean = fmean(rewards)
-        out["reward/max"] = max(rewards)
-        out["reward/min"] = min(rewards)
-        out["reward/std"] = fmean((r - mean) ** 2 for r in rewards) ** 0.5  # NaN stays NaN
-        for key in sorted({k for t in scored for k in t.reward_components} - {"total"}):
-            out[f"reward/{key}"] = fmean(t.reward_components.get(key, 0.0) for t in scored)
-        if any(turn.reward is not None for t in scored for turn in t.turns):
-            sums = [sum(turn.reward or 0.0 for turn in t.turns) for t in scored]
-            out["reward/turn_sum"] = fmean(sums)
-            out["reward/return_mean"] = mean + out["reward/turn_sum"]
+    out.update(reward_metrics([t for t in trajs if not t.stop_reason.is_infra_failure]))
     n = len(trajs)
     tool_turns = [t for t in turns if t.num_tool_attempts]
     out["rollout/trajectories"] = float(n)
@@ -449,82 +454,10 @@ def gap_and_kl_metrics(
     return out
 
 
-def crashed(tr: Trajectory) -> bool:
-    """An episode whose env code raised: a reward error, or an abort that carries a traceback
-    (engine aborts and episode timeouts carry none: those are infrastructure)."""
-    if tr.stop_reason.value == "reward_error":
-        return True
-    return tr.stop_reason.value == "aborted" and "Traceback (most recent call last)" in (
-        tr.error or ""
-    )
-
-
 def mean_reward(groups: Sequence[Sequence[Trajectory]]) -> float:
     """The outcome reward's mean over the scored trajectories of these groups (NaN: none)."""
     rewards = [t.reward for g in groups for t in g if not t.stop_reason.is_infra_failure]
     return fmean(rewards) if rewards else math.nan
-
-
-def ignored_turn_rewards(trajs: Sequence[Trajectory], reward_level: str) -> str | None:
-    """The warning to give when an env returns per-turn rewards that the config does not train
-    on (algo.advantage.reward_level=trajectory); None otherwise."""
-    if reward_level != "trajectory":
-        return None
-    n = sum(1 for t in trajs for turn in t.turns if turn.reward not in (None, 0.0))
-    if not n:
-        return None
-    return (
-        f"the env returned per-turn rewards (StepResult.reward, {n} non-zero turns this step) but "
-        "algo.advantage.reward_level=trajectory trains on the outcome reward only, so they are "
-        "ignored (reward/turn_sum shows them). Set algo.advantage.reward_level=turn to train on "
-        "them, or fold them into the env's reward"
-    )
-
-
-def engine_gap(metrics: dict[str, float], bar: float, step: int) -> str | None:
-    """The warning to give when the engine's logprobs of its own samples are further than `bar`
-    per token from the trainer's with the same weights (`train/logprob_diff`): the engine does
-    not serve the trained model. bar 0: not checked."""
-    gap = metrics.get("train/logprob_diff", 0.0)
-    if not bar or gap <= bar:
-        return None
-    return (
-        f"step {step}: the engine's logprobs of its own samples are {gap:.3f} per token from the "
-        f"trainer's with the same weights (trainer.guards.warn_logprob_gap={bar}): the engine "
-        "does not serve the trained model; check the last weight push (sync/*), the engine's dtype and "
-        "LoRA settings"
-    )
-
-
-def memory_edge(metrics: dict[str, float]) -> str | None:
-    """The warning to give when the policy's update ran at the edge of the GPU's memory: the
-    allocator had to free its cache and retry (`policy/alloc_retries`), which synchronises the
-    GPU each time and can cost seconds a step with nothing failing."""
-    n = int(metrics.get("policy/alloc_retries", 0))
-    if n <= 0:
-        return None
-    return (
-        f"the learner's CUDA allocator ran out of cached memory {n} time(s) in this update and "
-        "retried after emptying its cache (a synchronisation each time: slow, not failed). Lower "
-        "learner.micro_batch_tokens, set learner.activation_checkpointing=on, or give the "
-        "engine less (--mem-fraction-static) or the learner more (learner.offload)"
-    )
-
-
-def off_version(trajs: list[Trajectory], want: str) -> tuple[int, str | None]:
-    """Synchronous training: every turn was sampled with the weights the last push set (version
-    `want`). The turns an engine says it sampled with other weights, and the warning to give
-    (None when there are none; engines that report no version are not counted)."""
-    off = [t.weight_version for tr in trajs for t in tr.turns if t.weight_version not in (want, "")]
-    if not off:
-        return 0, None
-    seen = sorted(set(off))[:3]
-    return len(off), (
-        f"{len(off)} turns were sampled with weight version(s) {seen}, not the trainer's {want!r}: "
-        "a weight push did not reach an engine, so it samples an old policy and the updates "
-        "train on off-policy tokens. Check the sync/* metrics and the engine logs; a "
-        "weight_sync transport of your own must pass weight_version to the engine's update call"
-    )
 
 
 def is_timing(name: str) -> bool:
