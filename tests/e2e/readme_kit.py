@@ -8,8 +8,15 @@ from pathlib import Path
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def readme_add_env() -> str:
-    """The source of the README's `my_env.py` (the Python block with `class AddEnv`)."""
+def readme_add_env(tool_name: str | None = None) -> str:
+    """The source of the README's `my_env.py` (the Python block with `class AddEnv`); with
+    `tool_name`, its tool renamed as a user would name theirs (the tool and the system prompt)."""
     (block,) = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
                 if "class AddEnv" in b]  # fmt: skip
+    if tool_name is None:
+        return block
+    for old, new in (('"add", "Add two integers."', f'"{tool_name}", "Add two integers."'),
+                     ("the add tool", f"the {tool_name} tool")):  # fmt: skip
+        assert block.count(old) == 1, f"the README's AddEnv no longer has {old!r}"
+        block = block.replace(old, new)
     return block
