@@ -5,9 +5,10 @@ Each example is one prompt with 1–3 tools drawn from a catalogue of small dete
 pool per operation); tool and argument names come from a pool per operation, or with
 `open_names` > 0 that share of tools is named for the example (`open_name`, `open_arg`: invented
 syllables, words and affixes), so a name is something to copy from the schema, not to recall.
-The shipped model was built with pooled names only: it calls the pool's names whatever the
-schema says (README: "What it can start on"); `open_names` is the way to a model that copies. The schemas are made by pydantic exactly as a
-user's `Tool.Args` would be, and the system prompt asks either for the bare result or for
+The shipped model's base build drew pooled names only and called the pool's names whatever the
+schema said; its second stage (open_names 0.8, agentrl/assets/build_tiny.py) taught it to copy
+(README: "What it can start on"). The schemas are made by pydantic exactly as a user's `Tool.Args`
+would be, and the system prompt asks either for the bare result or for
 `<answer>RESULT</answer>`. The model learns to read the question, pick the tool whose description
 fits it, copy its name and argument names from the schema and values from the question, and
 reply with the tool's result in the asked format. `HELD_OUT_NAMES` never occur, so tests can
@@ -296,7 +297,7 @@ def _offered(rng: random.Random, open_names: float) -> tuple[Op, list[tuple]]:
     op = rng.choice(OPS)
     k = rng.choice([1, 1, 2, 2, 3])
     others = rng.sample([o for o in OPS if o.kind != op.kind], k - 1)
-    if open_names <= 0:  # pooled names only (the shipped model's build draws exactly these)
+    if open_names <= 0:  # pooled names only (the base build draws exactly these)
         chosen = [(o, rng.choice(o.names), rng.choice(o.descriptions), rng.choice(o.args))
                   for o in [op, *others]]  # fmt: skip
     else:
