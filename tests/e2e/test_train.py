@@ -43,6 +43,14 @@ def steps_of(path: Path) -> list[list[str]]:
     return [sorted(set(v)) for _, v in sorted(by_step.items())]
 
 
+def token_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """log p(ids[t] | ids[:t]) of a plain forward, aligned with `ids` (0 at position 0)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1]
+    lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+    return torch.cat([torch.zeros(1), lp])
+
+
 class ThreadsSeenEnv(CodeExecEnv):
     """Records the torch CPU threads of the trainer process its rewards run in."""
 
@@ -96,8 +104,18 @@ def test_lora_reaches_the_engine_and_a_resumed_run_serves_the_checkpoints(sync, 
     """learner.lora.sync=auto on the dev server: each push loads only the adapters (SGLang's LoRA
     routes) and every turn samples from them; a resumed run's engine serves the base model plus
     the checkpoint's adapter. merged: the whole merged model goes, and a resumed engine starts
-    from it. Either way the resumed engine serves exactly the checkpoint's merged model."""
+    from it. Either way the resumed engine serves exactly the checkpoint's merged model.
+
+    And what LoRA trains: each update raises the logprobs of the samples its advantages favour
+    relative to those they disfavour; the checkpoint's adapter/ is PEFT's own format, which PEFT
+    merges onto the base into the checkpoint's model/ (what the engine serves); every weight no
+    adapter touches is the base's, bit for bit. (LoRA is no algorithm family of its own: its
+    learning run, tests/e2e/test_learning.py, is not in CI; AGENTRL_LEARN_ALL=1 runs it.)"""
+    from peft import PeftModel
+
+    from agentrl.advantage import Truncation, compute_advantages
     from agentrl.engine import SamplingParams
+    from agentrl.types import Trajectory
 
     lora = [
         "learner.lora.rank=4",
@@ -137,6 +155,50 @@ def test_lora_reaches_the_engine_and_a_resumed_run_serves_the_checkpoints(sync, 
     base = logprobs(cfg.model.resolve())
     assert max(abs(a - b) for a, b in zip(comp.logprobs, trained, strict=True)) < 1e-4
     assert max(abs(a - b) for a, b in zip(comp.logprobs, base, strict=True)) > 1e-3
+
+    # each update moved the logprobs of the samples its advantages favour up relative to those
+    # they disfavour (per token, on average; at lr 5e-2 a step also shifts every logprob, so
+    # the sum of advantage x change is no test). A step whose groups all scored alike has no
+    # advantages and moves nothing; the weights moved (above), so one of them had some
+    rows = [
+        json.loads(x) for x in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
+    ]
+    truncation = Truncation(cfg.rollout.truncated, cfg.rollout.truncated_reward)
+    weights = [cfg.model.resolve(), *(tmp_path / "ckpt" / f"step_0000000{s}" / "policy" / "model"
+                                      for s in (1, 2))]  # fmt: skip
+    with_signal = []
+    for step in (1, 2):
+        groups: dict[str, list[Trajectory]] = {}
+        for row in rows:
+            if row["step"] == step:
+                groups.setdefault(row["task_id"], []).append(Trajectory.from_dict(row))
+        trajs = [t for g in groups.values() for t in g]
+        adv = compute_advantages(list(groups.values()), cfg.algo.advantage,
+                                 truncation=truncation).advantages  # fmt: skip
+        if not any(a.abs().max() > 0 for a in adv):
+            continue
+        with_signal.append(step)
+        before, after = (AutoModelForCausalLM.from_pretrained(weights[i], dtype=torch.float32)
+                         for i in (step - 1, step))  # fmt: skip
+        moved: dict[bool, list[torch.Tensor]] = {True: [], False: []}  # favoured or not
+        for a, t in zip(adv, trajs, strict=True):
+            if (a != 0).any():
+                delta = token_logprobs(after, t.token_ids) - token_logprobs(before, t.token_ids)
+                moved[bool(a.sum() > 0)].append(delta[a != 0])
+        up, down = (torch.cat(moved[k]).mean().item() for k in (True, False))
+        assert up > down, f"update {step} favoured the samples its advantages rank low: {up, down}"
+    assert with_signal, "no step had a learning signal"
+    # PEFT's adapter merged onto the base is the model the engine serves; only the projections
+    # LoRA adapts moved
+    final = tmp_path / "ckpt" / "step_00000002" / "policy"
+    served = dict(AutoModelForCausalLM.from_pretrained(final / "model").named_parameters())
+    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(cfg.model.resolve()),
+                                     final / "adapter").merge_and_unload()  # fmt: skip
+    merged = dict(peft.named_parameters())
+    assert max((merged[n] - p).abs().max().item() for n, p in served.items()) < 1e-5
+    base_w = dict(AutoModelForCausalLM.from_pretrained(cfg.model.resolve()).named_parameters())
+    moved = {n for n, p in served.items() if not torch.equal(p, base_w[n])}
+    assert moved and all(n.endswith("proj.weight") for n in moved), sorted(moved)[:5]
 
 
 def _train_cmd(tmp: Path, out: str, steps: int, *extra: str) -> list[str]:
