@@ -61,16 +61,24 @@ class ThreadsSeenEnv(CodeExecEnv):
         return await super().reward(trajectory)
 
 
-def test_train_runs_checkpoints_and_syncs(tmp_path, capsys):
-    cfg = compose(overrides(tmp_path, "trainer.steps=2", "checkpoint.every=1",
-                            "trainer.sampling.oversample_groups=1",
-                            f"env._target_={__name__}.ThreadsSeenEnv"))  # fmt: skip
+def test_train_runs_evaluates_checkpoints_and_syncs(tmp_path, capsys):
+    """Three steps, each sampled by the weights the step before pushed, a checkpoint each; the
+    trainer's torch threads while it runs. trainer.eval.every: the untrained policy first (a
+    step-0 row), then after every N steps and the last; the eval episodes are not trained on
+    (trajectories.jsonl has the training groups only), and the eval set comes from
+    env.eval_tasks when given. Resumed for one more step with another lr: no second step-0
+    evaluation, one after the new last step, and the new lr from that step on."""
+    args = ["checkpoint.every=1", "trainer.sampling.oversample_groups=1",
+            f"env._target_={__name__}.ThreadsSeenEnv", "trainer.eval.every=2",
+            "trainer.eval.size=3", "trainer.eval.samples=2", "+env.eval_tasks.seed=7",
+            "+env.eval_tasks.n=20"]  # fmt: skip
+    cfg = compose(overrides(tmp_path, "trainer.steps=3", *args))
     base = AutoModelForCausalLM.from_pretrained(cfg.model.resolve())  # the weights we start from
     torch.set_num_threads(2)
     history = asyncio.run(train(cfg, tmp_path / "out"))
     # trainer.driver_threads=1 while it runs (spinning threads starved the servers), then restored
     assert set(ThreadsSeenEnv.seen) == {1} and torch.get_num_threads() == 2
-    assert [h["step"] for h in history] == [1.0, 2.0]
+    assert [h["step"] for h in history] == [1.0, 2.0, 3.0]
     for h in history:
         assert h["train/skipped"] == 0 and h["sync/seconds"] > 0 and h["timing_s/update"] > 0
         # 3 groups launched, the first 2 to finish kept (2 x 4 samples), the third aborted
@@ -79,24 +87,38 @@ def test_train_runs_checkpoints_and_syncs(tmp_path, capsys):
     rows = [
         json.loads(x) for x in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
     ]
-    # step 1 sampled the initial weights, step 2 the weights pushed after step 1
-    assert {t["weight_version"] for r in rows if r["step"] == 1 for t in r["turns"]} == {"0"}
-    assert {t["weight_version"] for r in rows if r["step"] == 2 for t in r["turns"]} == {"1"}
+    assert len(rows) == 3 * 8  # 2 tasks x 4 samples per step, nothing of the evaluations
+    # step 1 sampled the initial weights, step 2 the weights pushed after step 1, and so on
+    for step in (1, 2, 3):
+        assert {t["weight_version"] for r in rows if r["step"] == step for t in r["turns"]} == {
+            str(step - 1)
+        }
     latest = (tmp_path / "ckpt" / "latest").read_text().strip()
-    assert latest == "step_00000002"
+    assert latest == "step_00000003"
     model_dir = tmp_path / "ckpt" / latest / "policy" / "model"
     trained = AutoModelForCausalLM.from_pretrained(model_dir)
     moved = [n for n, p in trained.named_parameters()
              if not torch.equal(p, dict(base.named_parameters())[n])]  # fmt: skip
     assert moved or all(h["train/grad_norm"] == 0 for h in history), "training changed no parameter"
     assert history[-1]["train/lr"] == pytest.approx(1e-3)  # the tiny model's (constant) lr
+    metrics = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    evals = {int(r["step"]): r for r in metrics if "eval/reward_mean" in r}
+    assert sorted(evals) == [0, 2, 3]  # before step 1, every 2 steps, after the last
+    for r in evals.values():
+        assert r["eval/episodes"] == 6 and r["eval/failed"] == 0
+        assert 0 <= r["eval/reward_mean"] <= 1.5 and "eval/reward_correct" in r
+    assert "eval/reward_mean" not in history[0] and "eval/reward_mean" in history[1]
     # resumed with another lr: it applies from the next step and the run says so (the
     # optimizer state from the checkpoint used to keep the old one, silently)
-    more = compose(overrides(tmp_path, "trainer.steps=3", "learner.lr=5e-3",
-                             f"env._target_={__name__}.ThreadsSeenEnv"))  # fmt: skip
+    more = compose(overrides(tmp_path, "trainer.steps=4", "learner.lr=5e-3", *args))
     again = asyncio.run(train(more, tmp_path / "out"))
-    assert again[-1]["step"] == 3.0 and again[-1]["train/lr"] == pytest.approx(5e-3)
-    assert "learner.lr 0.001 → 0.005 from step 3" in capsys.readouterr().out
+    assert again[-1]["step"] == 4.0 and again[-1]["train/lr"] == pytest.approx(5e-3)
+    assert "learner.lr 0.001 → 0.005 from step 4" in capsys.readouterr().out
+    metrics = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [int(r["step"]) for r in metrics if "eval/reward_mean" in r] == [0, 2, 3, 4]
+    with pytest.raises(ConfigError, match=r"env.eval_tasks.bogus: unknown option"):
+        bad = compose(overrides(tmp_path / "b", "trainer.eval.every=1", "+env.eval_tasks.bogus=1"))
+        asyncio.run(train(bad, tmp_path / "bad"))
 
 
 @pytest.mark.parametrize("sync", ["auto", "merged"])
@@ -443,33 +465,3 @@ def test_dynamic_sampling_trains_only_groups_with_reward_variance(tmp_path):
     # every trained group has reward variance, unless the step found none at all and kept
     # what it had (then the no-signal counter says so)
     assert kept_with_signal or any(h["train/no_signal_steps_in_a_row"] > 0 for h in history)
-
-
-def test_evaluation_scores_a_fixed_set_before_and_during_training(tmp_path):
-    """trainer.eval.every: the untrained policy first (a step-0 row), then after every N steps
-    and the last; the eval episodes are not trained on (trajectories.jsonl has the training
-    groups only), and the eval set comes from env.eval_tasks when given."""
-    cfg_overrides = overrides(tmp_path, "checkpoint.every=3", "trainer.eval.every=2",
-                              "trainer.eval.size=3", "trainer.eval.samples=2",
-                              "+env.eval_tasks.seed=7", "+env.eval_tasks.n=20")  # fmt: skip
-    cfg = compose([*cfg_overrides, "trainer.steps=3"])
-    history = asyncio.run(train(cfg, tmp_path / "out"))
-    rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
-    evals = {int(r["step"]): r for r in rows if "eval/reward_mean" in r}
-    assert sorted(evals) == [0, 2, 3]  # before step 1, every 2 steps, after the last
-    for r in evals.values():
-        assert r["eval/episodes"] == 6 and r["eval/failed"] == 0
-        assert 0 <= r["eval/reward_mean"] <= 1.5 and "eval/reward_correct" in r
-    assert "eval/reward_mean" not in history[0] and "eval/reward_mean" in history[1]
-    trained = [
-        json.loads(x) for x in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
-    ]
-    assert len(trained) == 3 * 8  # 2 tasks x 4 samples per step, nothing of the evaluations
-    # resumed for one more step: no second step-0 evaluation, one after the new last step
-    more = compose([*cfg_overrides, "trainer.steps=4"])
-    asyncio.run(train(more, tmp_path / "out"))
-    rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
-    assert [int(r["step"]) for r in rows if "eval/reward_mean" in r] == [0, 2, 3, 4]
-    with pytest.raises(ConfigError, match=r"env.eval_tasks.bogus: unknown option"):
-        bad = compose(overrides(tmp_path / "b", "trainer.eval.every=1", "+env.eval_tasks.bogus=1"))
-        asyncio.run(train(bad, tmp_path / "bad"))
