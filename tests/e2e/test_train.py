@@ -337,39 +337,15 @@ def kill_devserver(url: str) -> None:
 
 @pytest.mark.parametrize("colocate", ["false", "true"])
 def test_a_dead_engine_is_restarted_with_the_current_weights_then_gives_up(colocate, tmp_path):
-    """Colocated, the current weights reach the restarted server through a step's hand-over
-    (release, onload, push, offload: the dev server accepts the memory calls)."""
+    """Killed after the rollout, before the push: restarted before the push (colocated: with the
+    learner off the GPU meanwhile, its memory released like the others'), so the step's own push
+    reaches it and the next step samples the new weights from it. Killed between steps: every
+    episode of the next step fails; restarted on its port, it gets the current weights
+    (colocated: through a step's hand-over: release, onload, push, offload; the dev server
+    accepts the memory calls) and the whole step is re-issued. Past engine.max_restarts the run
+    stops, naming the server's log."""
     cfg = compose(overrides(tmp_path, "trainer.steps=4", "engine.max_retries=1",
-                            "engine.backoff_s=0.1", "engine.max_restarts=1",
-                            f"engine.colocate={colocate}"))  # fmt: skip
-
-    async def go():
-        async with open_run(cfg, tmp_path / "out") as run:
-            tr = Trainer(cfg, run)
-            first = await tr.step()
-            assert first["engine/restarts"] == 0
-            kill_devserver(run.engine.urls[0])  # the only server: every episode of step 2 fails
-            m = await tr.step()
-            # restarted on its port, given the weights of step 1, and the whole step re-issued
-            assert m["engine/restarts"] == 1 and m["rollout/reissued"] == 8
-            assert m["stop/aborted"] == 0 and m["rollout/trajectories"] == 8
-            assert m["train/logprob_diff"] < 1e-4, "the restarted server samples old weights"
-            assert await run.engine.control.get_weight_version() == ["2"]
-            kill_devserver(run.engine.urls[0])  # engine.max_restarts=1: the second death stops
-            with pytest.raises(TrainingError, match=r"failed again after 1 restarts[\s\S]*log"):
-                await tr.step()
-
-    asyncio.run(go())
-
-
-@pytest.mark.parametrize("colocate", ["false", "true"])
-def test_a_server_that_dies_while_the_learner_updates_gets_the_push_after_a_restart(
-    colocate, tmp_path
-):
-    """Killed after the rollout, before the push: restarted before the push (colocated: with
-    the learner off the GPU meanwhile, its memory released like the others'), so the step's own
-    push reaches it and the next step samples the new weights from it."""
-    cfg = compose(overrides(tmp_path, "trainer.steps=3", "engine.max_restarts=1",
+                            "engine.backoff_s=0.1", "engine.max_restarts=2",
                             f"engine.colocate={colocate}"))  # fmt: skip
 
     async def go():
@@ -384,12 +360,22 @@ def test_a_server_that_dies_while_the_learner_updates_gets_the_push_after_a_rest
             tr._update = killed_then_update
             m = await tr.step()
             tr._update = update
-            assert m["engine/restarts"] == 1 and m["rollout/reissued"] == 0
+            assert m["engine/restarts"] == 1 and m["rollout/reissued"] == 0, "killed in update"
             assert await run.engine.control.get_weight_version() == ["1"]
             m = await tr.step()  # sampled by the restarted server, with step 1's weights
             assert m["engine/restarts"] == 0 and m["rollout/off_version_turns"] == 0
             assert m["stop/aborted"] == 0 and m["rollout/trajectories"] == 8
-            assert m["train/logprob_diff"] < 1e-4, "the restarted server samples old weights"
+            assert m["train/logprob_diff"] < 1e-4, "restarted in step 1: old weights"
+            kill_devserver(run.engine.urls[0])  # the only server: every episode of step 3 fails
+            m = await tr.step()
+            # restarted on its port, given the weights of step 2, and the whole step re-issued
+            assert m["engine/restarts"] == 1 and m["rollout/reissued"] == 8, "killed between steps"
+            assert m["stop/aborted"] == 0 and m["rollout/trajectories"] == 8
+            assert m["train/logprob_diff"] < 1e-4, "restarted in step 3: old weights"
+            assert await run.engine.control.get_weight_version() == ["3"]
+            kill_devserver(run.engine.urls[0])  # engine.max_restarts=2: the third death stops
+            with pytest.raises(TrainingError, match=r"failed again after 2 restarts[\s\S]*log"):
+                await tr.step()
 
     asyncio.run(go())
 
