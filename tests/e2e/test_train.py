@@ -237,8 +237,10 @@ def test_killed_run_resumes_with_the_same_data_order(mode, kill, tmp_path):
     process group): one line says where it stands and how to go on, no traceback."""
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
     extra = [f"trainer.mode={mode}"]
-    subprocess.run(_train_cmd(ref_dir, "out", 3, *extra), cwd=ROOT, check=True,
-                   capture_output=True)  # fmt: skip
+    # the run never killed, in this process (the command line is the killed run's and the
+    # resumed run's): the same settings as _train_cmd's
+    ref_cfg = compose(overrides(ref_dir, "trainer.steps=3", "checkpoint.every=1", *extra))
+    asyncio.run(train(ref_cfg, ref_dir / "out"))
     # the same run, SIGKILLed (whole process group) once step 1 is checkpointed …
     log = tmp_path / "killed.log"
     proc = subprocess.Popen(_train_cmd(run_dir, "out", 3, *extra), cwd=ROOT,
