@@ -403,6 +403,7 @@ def reinforce(inp, cfg):
 '''
 
 
+@pytest.mark.own_ray  # a fresh Ray (below): after the tests sharing one (conftest)
 def test_a_user_estimator_and_loss_train_from_their_own_module(tmp_path, monkeypatch):
     """No edit under agentrl/: the config names them by import path; the learner workers import
     the module too (it must be importable there: installed, or on PYTHONPATH)."""
