@@ -3,18 +3,32 @@
 Starting Ray takes 7-9 s on a 2-core machine; every `train()` used to start and stop its own.
 `shared_ray` starts one before a test when none runs, and `train()` joins it (open_run stops only
 a Ray it started itself). A test that needs a Ray of its own (workers with another environment, a
-multi-node cluster) stops it first; the next test that asks starts it again.
+multi-node cluster, the GPUs it hands out) stops it first and is marked `own_ray`: those run after
+every other e2e test, so the shared Ray starts once instead of again after each of them.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 from readme_kit import readme_add_env
 
 from agentrl.learner import RayConfig
 from agentrl.learner.group import start_ray, stop_ray
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The e2e tests marked `own_ray` last among the e2e tests (each keeps its place otherwise)."""
+    slots = [i for i, item in enumerate(items) if Path(item.path).resolve().is_relative_to(HERE)]
+    e2e = sorted(
+        (items[i] for i in slots), key=lambda it: it.get_closest_marker("own_ray") is not None
+    )
+    for i, item in zip(slots, e2e, strict=True):
+        items[i] = item
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
-"""The learning tests' rule (test_learning*.py, test_async.py): a run evaluates the policy on a
-fixed set before its first step and after its last (trainer.eval.every = its steps; 32 tasks x 4
-samples by default), and passes when that evaluation rose by `margin`.
+"""The learning tests' rule (test_learning*.py): a run evaluates the policy on a fixed set before
+its first step and after its last (trainer.eval.every = its steps; 32 tasks x 4 samples by
+default), and passes when that evaluation rose by `margin`.
 
 A step's own reward/mean is over the 8 tasks it drew, and their difficulty moves it as much as the
 policy does: rules on the first and last steps' rewards failed runs that had learned

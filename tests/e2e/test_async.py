@@ -1,9 +1,18 @@
-"""trainer.mode=async on the whole CPU stack (dev server, sandbox, FSDP2 on Ray, gloo weight sync):
-rollouts run on while the learner trains, within trainer.async.max_staleness, and the quick start
-still learns by the rule of tests/e2e/test_learning.py."""
+"""trainer.mode=async on the whole CPU stack (dev server, sandbox, FSDP2 on Ray, gloo weight sync),
+the quick start's settings: rollouts run on while the learner trains, ahead of it by at least one
+version and never by more than trainer.async.max_staleness, and every trained token carries the
+version that sampled it.
+
+Async is no algorithm family: it learned here by the rule of tests/e2e/learning_rule.py (14 steps:
+evaluation +0.59, +0.74 at max_staleness 1, +0.60, +0.74 at 4, seeds 0-1), and CI keeps one
+learning run per family, so this runs 4 steps at max_staleness 2 and checks the mechanics;
+`AGENTRL_LEARN_ALL=1` runs the learning version (s=1 and s=4). Also covered: the staleness
+accounting by hand in tests/unit/test_producer.py, cut turns that go on under new weights in
+tests/e2e/test_devserver.py, empty steps within the bound in tests/e2e/test_empty_steps.py."""
 
 import asyncio
 import json
+import os
 
 import pytest
 from learning_rule import assert_learned, eval_overrides
@@ -13,25 +22,28 @@ from agentrl.train import train
 
 pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's runs (conftest)
 
-STEPS = 14  # evaluation +0.59, +0.74 (s=1), +0.60, +0.74 (s=4) over seeds 0-1; bar +0.25
-# (s=1 is no longer run in CI: one learning run per algorithm family; the bound itself is checked
-# on every step below, and the staleness accounting in tests/unit/test_producer.py)
+LEARN = bool(os.environ.get("AGENTRL_LEARN_ALL"))
+STEPS = 14 if LEARN else 4  # learning: +0.59, +0.74 (s=1), +0.60, +0.74 (s=4); bar +0.25
 
 
-@pytest.mark.parametrize("staleness", [4])
-def test_quick_start_learns_in_async_mode(staleness, tmp_path):
-    cfg = compose([*eval_overrides(STEPS), f"checkpoint.dir={tmp_path}/ckpt", "trainer.mode=async",
+@pytest.mark.parametrize("staleness", [1, 4] if LEARN else [2])
+def test_quick_start_in_async_mode_stays_within_the_staleness_bound(staleness, tmp_path):
+    learn = eval_overrides(STEPS) if LEARN else [f"trainer.steps={STEPS}", "checkpoint.every=0",
+                                                 "logging=local"]  # fmt: skip
+    cfg = compose([*learn, f"checkpoint.dir={tmp_path}/ckpt", "trainer.mode=async",
                    f"trainer.async.max_staleness={staleness}"])  # fmt: skip
     history = asyncio.run(train(cfg, tmp_path / "out"))
     assert [h["step"] for h in history] == [float(s) for s in range(1, STEPS + 1)]
     rewards = [round(h["reward/mean"], 3) for h in history]
     stale = [h["async/staleness_max"] for h in history]
     print(f"async s={staleness} reward per step:", rewards, "staleness max:", stale)
-    assert_learned(tmp_path / "out", STEPS, 0.25, f"async s={staleness}")
+    if LEARN:
+        assert_learned(tmp_path / "out", STEPS, 0.25, f"async s={staleness}")
     assert all(h["rollout/tool_call_rate"] > 0 for h in history)
     assert max(stale) <= staleness
     assert max(stale) >= 1, "the rollouts never ran ahead of the learner: nothing was async"
-    assert all(h["train/skipped"] == 0 for h in history)
+    # stale_policy=wait launches no group that could be too stale when taken: none dropped
+    assert all(h["train/skipped"] == 0 and h["async/dropped"] == 0 for h in history)
     # turns a push cut (trainer.async.partial_rollouts; here rollouts are quick and often all done
     # before the push: tests/e2e/test_devserver.py cuts long generations on purpose)
     print("cut turns per push:", [h["sync/cut_turns"] for h in history],

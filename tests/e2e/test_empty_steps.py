@@ -53,6 +53,13 @@ def first_tasks(cfg, n: int) -> set[str]:
     return {t.id for t in TaskSampler(tasks, seed=cfg.seed).next(n)}
 
 
+def step_tasks(cfg, steps: int) -> list[list]:
+    """The tasks the run's sampler hands each of its first `steps` sync steps."""
+    tasks = cfg.env.load_tasks(cfg.env.load_class())
+    sampler = TaskSampler(tasks, seed=cfg.seed)
+    return [sampler.next(cfg.trainer.tasks_per_step) for _ in range(steps)]
+
+
 def run(cfg, out: Path):
     return asyncio.run(asyncio.wait_for(train(cfg, out), HANG_S))
 
@@ -88,15 +95,27 @@ def test_async_run_recovers_after_empty_steps_within_the_staleness_bound(tmp_pat
             assert 0 <= int(row["step"]) - 1 - int(turn["weight_version"]) <= 1, row["step"]
 
 
-def test_sync_skipped_step_raises_no_false_push_alarm(tmp_path, capsys, caplog, monkeypatch):
-    cfg = cfg_for(tmp_path, "DownForSomeTasksEnv", "trainer.steps=3")
+def test_sync_skipped_steps_raise_no_false_push_alarm_and_too_many_stop_the_run(
+    tmp_path, capsys, caplog, monkeypatch
+):
+    """Step 1 finds no sandbox for any of its groups: skipped, and the steps after it train with
+    no false alarm; then steps 4 and 5 find none either: trainer.guards.max_empty_steps=2 stops
+    the run at step 5."""
+    cfg = cfg_for(tmp_path, "DownForSomeTasksEnv", "trainer.steps=5",
+                  "trainer.guards.max_empty_steps=2")  # fmt: skip
+    per_step = [sorted(t.id for t in g) for g in step_tasks(cfg, 5)]
     DOWN.clear()
-    DOWN.update(first_tasks(cfg, 2))  # step 1: both its groups
+    DOWN.update(per_step[0] + per_step[3] + per_step[4])
+    assert not DOWN & set(per_step[1] + per_step[2]), per_step  # steps 2 and 3 train
     alerts: list[str] = []  # the W&B alerts' titles
     monkeypatch.setattr(Tracker, "alert", lambda self, title, text: alerts.append(title))
-    history = run(cfg, tmp_path / "out")
-    assert [h["train/empty_steps_in_a_row"] for h in history] == [1.0, 0.0, 0.0]
-    assert [h["rollout/off_version_turns"] for h in history] == [0.0, 0.0, 0.0]
+    with pytest.raises(TrainingError, match="2 steps in a row had no trajectory to train on"):
+        run(cfg, tmp_path / "out")
+    got = rows(tmp_path / "out", "metrics.jsonl")  # the 2nd empty step raised before logging
+    assert [r["train/empty_steps_in_a_row"] for r in got] == [1.0, 0.0, 0.0, 1.0]
+    assert got[0]["stop/sandbox_unavailable"] == 8.0 and "train/loss" not in got[0]
+    assert all("train/loss" in r for r in got[1:3])
+    assert [r["rollout/off_version_turns"] for r in got] == [0.0, 0.0, 0.0, 0.0]
     assert "engine serves old weights" not in alerts
     assert "did not reach an engine" not in capsys.readouterr().out + caplog.text
     # step 2 sampled with the weights after step 1: unchanged, under version 1

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import ray
 
 from agentrl.learner import RayConfig
 from agentrl.learner.group import start_ray, stop_ray
+
+pytestmark = pytest.mark.own_ray  # stops the shared Ray (conftest): runs after its users
 
 
 @ray.remote(num_gpus=1, num_cpus=0)

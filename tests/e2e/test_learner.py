@@ -16,7 +16,7 @@ from agentrl.batch import TrainBatch, global_norm, micro_batches
 from agentrl.learner import LearnerConfig, LearnerError, RayConfig
 from agentrl.learner.forward import token_logprobs
 from agentrl.learner.fsdp import ParamSpec, lr_factor, plan_buckets
-from agentrl.learner.group import LearnerGroup, listening_sockets, start_ray, stop_ray
+from agentrl.learner.group import LearnerGroup, listening_sockets, start_ray
 from agentrl.loss import LossConfig
 
 PPO = LossConfig(name="ppo_clip")
@@ -53,10 +53,9 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 
 @pytest.fixture(scope="module")
-def ray_up():
-    start_ray(RayConfig(num_cpus=2, object_store_mb=100))
-    yield
-    stop_ray()
+def ray_up(_ray_session):
+    """The e2e tests' shared Ray (conftest), left running for the next module's runs."""
+    start_ray(RayConfig())
 
 
 @pytest.fixture(scope="module")

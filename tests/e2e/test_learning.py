@@ -6,6 +6,7 @@ sampled tokens agree, and every parameter moved."""
 
 import asyncio
 import math
+import os
 from statistics import fmean
 
 import pytest
@@ -25,8 +26,13 @@ PRESET_STEPS = {"ppo": 10}  # PPO +0.58, +0.56, +0.62 (GSPO, a GRPO-family loss,
 # checked in tests/unit/test_loss.py)
 # LoRA at lr 5e-3: +0.71, +0.65, +0.74, +0.65. At 1e-2 (before) one run of seeds 0-2 collapsed
 # after step 8 (0.73 -> 0.0 at step 16, parse errors rising; evaluation 0.195 -> 0.180), as a CI
-# run had (0.69 -> 0.16 at step 10)
+# run had (0.69 -> 0.16 at step 10). LoRA is no algorithm family: its learning run is not in CI
+# (AGENTRL_LEARN_ALL=1 runs it). What it adds is checked in CI by
+# tests/e2e/test_train.py::test_lora_reaches_the_engine_and_a_resumed_run_serves_the_checkpoints
+# (the first update follows the advantages; PEFT's adapter merges into what the engine serves;
+# only the adapted projections move) and test_learner.py::test_lora_over_a_bf16_base_trains_...
 LORA_STEPS, LORA_LR = 16, 5e-3
+LEARN_ALL = bool(os.environ.get("AGENTRL_LEARN_ALL"))
 
 
 def test_tiny_model_learns_code_exec(tmp_path):
@@ -78,6 +84,7 @@ def test_tiny_model_learns_code_exec_with(algo, tmp_path):
         assert history[-1]["critic/value_mean"] > history[0]["critic/value_mean"] + 0.2
 
 
+@pytest.mark.skipif(not LEARN_ALL, reason="a learning run outside CI: AGENTRL_LEARN_ALL=1 runs it")
 def test_tiny_model_learns_code_exec_with_lora(tmp_path):
     """learner.lora.rank=8: only the adapters train (PEFT), the engine samples from the merged
     weights; the quick start still learns by the same rule. The checkpoint's adapter/ is PEFT's

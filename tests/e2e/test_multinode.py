@@ -22,6 +22,8 @@ from agentrl.learner.group import LearnerGroup, _loopback, listening_sockets, st
 from agentrl.run import open_run
 from agentrl.train import Trainer
 
+pytestmark = pytest.mark.own_ray  # stops the shared Ray (conftest): runs after its users
+
 NODE = {"node_ip_address": "127.0.0.1", "num_cpus": 2, "object_store_memory": 80 * 1024**2}
 
 

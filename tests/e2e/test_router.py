@@ -56,8 +56,9 @@ def rollout(urls, router, tasks, kill_after: str | None = None):
             ro = Rollout(engine, tok, CodeExecEnv, cfg)
             run = asyncio.ensure_future(ro.run(tasks))
             if kill_after is not None:
-                while not routing_keys(kill_after):  # it has taken work: kill it mid-rollout
-                    await asyncio.sleep(0.05)
+                before = sum(routing_keys(kill_after).values())
+                while sum(routing_keys(kill_after).values()) == before:
+                    await asyncio.sleep(0.05)  # it has taken work: kill it mid-rollout
                 os.killpg(server_pids(urls)[kill_after], signal.SIGKILL)
             groups = await run
             versions = (
@@ -68,16 +69,26 @@ def rollout(urls, router, tasks, kill_after: str | None = None):
     return asyncio.run(go())
 
 
-def test_episodes_are_pinned_per_server_and_spread_over_both(tmp_path):
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """Two servers and the router, shared by the module's tests (the last one kills a server)."""
+    logs = tmp_path_factory.mktemp("router")
+    with launch_engines(CFG, TINY, logs) as urls, launch_router(CFG, urls, logs) as router:
+        yield urls, router
+
+
+def test_episodes_are_pinned_per_server_and_spread_over_both(fleet):
+    urls, router = fleet
+    assert router is not None and router not in urls
     tasks = CodeExecEnv.load_tasks(n=4, seed=5, kinds=["digit_sum", "primes", "fib_mod"])
-    with launch_engines(CFG, TINY, tmp_path) as urls, launch_router(CFG, urls, tmp_path) as router:
-        assert router is not None and router not in urls
-        trajs, versions = rollout(urls, router, tasks)
-        seen = {u: routing_keys(u) for u in urls}
-        assert versions and all(
-            httpx.get(u + "/get_weight_version", headers=AUTH).json()["weight_version"] == "7"
-            for u in urls
-        ), "admin calls go to every server, not through the router"
+    before = {u: routing_keys(u) for u in urls}
+    trajs, versions = rollout(urls, router, tasks)
+    seen = {u: {k: n - before[u].get(k, 0) for k, n in routing_keys(u).items()
+                if n > before[u].get(k, 0)} for u in urls}  # fmt: skip
+    assert versions and all(
+        httpx.get(u + "/get_weight_version", headers=AUTH).json()["weight_version"] == "7"
+        for u in urls
+    ), "admin calls go to every server, not through the router"
     assert len(trajs) == 32 and all(t.stop_reason is not StopReason.ABORTED for t in trajs)
     a, b = (set(k) for k in seen.values())
     assert a and b, f"the router sent every episode to one server: {seen}"
@@ -87,13 +98,15 @@ def test_episodes_are_pinned_per_server_and_spread_over_both(tmp_path):
     assert max(len(t.turns) for t in trajs) >= 2  # multi-turn episodes stayed on their server
 
 
-def test_a_server_killed_mid_rollout_loses_no_episode(tmp_path):
+def test_a_server_killed_mid_rollout_loses_no_episode(fleet):
+    """Last in the module: it kills one of the fleet's servers."""
+    urls, router = fleet
     tasks = CodeExecEnv.load_tasks(n=4, seed=6, kinds=["digit_sum", "primes", "fib_mod"])
-    with launch_engines(CFG, TINY, tmp_path) as urls, launch_router(CFG, urls, tmp_path) as router:
-        trajs, _ = rollout(urls, router, tasks, kill_after=urls[0])
-        survivor = routing_keys(urls[1])
+    before = sum(routing_keys(urls[1]).values())
+    trajs, _ = rollout(urls, router, tasks, kill_after=urls[0])
+    survivor = sum(routing_keys(urls[1]).values()) - before
     assert len(trajs) == 32
     assert all(t.stop_reason not in (StopReason.ABORTED,) and t.error is None for t in trajs), [
         (t.stop_reason, t.error) for t in trajs if t.error
     ]
-    assert sum(survivor.values()) > 0
+    assert survivor > 0

@@ -46,35 +46,38 @@ async def _kill_when_busy(sandbox) -> None:
     os.killpg(owner.proc.pid, signal.SIGKILL)
 
 
-async def _run(cfg, out: Path, kill_at: set[int]) -> tuple[list[dict], list[list[str]]]:
-    """Run the steps, killing the service during those in `kill_at`; returns the metrics and the
-    tasks each step was handed (what a run whose service never died would have rolled out)."""
-    history, handed = [], []
+async def _run(cfg, out: Path, kill_at: set[int], history: list, handed: list) -> None:
+    """Run the steps, killing the service during those in `kill_at`; appends each step's metrics
+    to `history` and the tasks it was handed (what a run whose service never died would have
+    rolled out) to `handed`."""
     async with open_run(cfg, out) as run:
         tr = Trainer(cfg, run)
         for step in range(1, cfg.trainer.steps + 1):
             handed.append(sorted(t.id for t in copy.deepcopy(run.sampler).next(2)))
             sandbox = run.rollout.sandbox
             killer = asyncio.create_task(_kill_when_busy(sandbox)) if step in kill_at else None
-            history.append(await tr.step())
-            if killer is not None:
-                await killer
-    return history, handed
+            try:
+                history.append(await tr.step())
+            finally:
+                if killer is not None:
+                    await killer
 
 
-def test_a_killed_sandbox_service_is_restarted_and_its_groups_reissued(tmp_path):
-    cfg = compose([*SMALL, "trainer.steps=2", f"checkpoint.dir={tmp_path}/ckpt"])
-    history, handed = asyncio.run(_run(cfg, tmp_path / "out", {2}))
+def test_a_killed_sandbox_service_is_restarted_and_its_groups_reissued_then_the_run_stops(
+    tmp_path,
+):
+    """Killed in step 2: restarted, the groups that lost an episode rolled out again. Killed again
+    in step 3, past sandbox.max_restarts=1: the run stops with the cause."""
+    cfg = compose([*SMALL, "trainer.steps=3", "sandbox.max_restarts=1", "sandbox.retries=1",
+                   f"checkpoint.dir={tmp_path}/ckpt"])  # fmt: skip
+    history: list[dict] = []
+    handed: list[list[str]] = []
+    with pytest.raises(TrainingError, match=r"sandbox service[\s\S]*died[\s\S]*resume"):
+        asyncio.run(_run(cfg, tmp_path / "out", {2, 3}, history, handed))
+    assert len(history) == 2, "the run stopped before step 3"
     first, m = history
     assert first["sandbox/restarts"] == 0
     assert m["sandbox/restarts"] == 1, m
     assert m["stop/sandbox_unavailable"] == 0 and m["rollout/trajectories"] == 8, m
     # the same tasks each step as a run whose service never died
-    assert _tasks_per_step(tmp_path / "out" / "trajectories.jsonl") == handed
-
-
-def test_a_sandbox_service_that_keeps_dying_stops_the_run_with_the_cause(tmp_path):
-    cfg = compose([*SMALL, "trainer.steps=1", "sandbox.max_restarts=0", "sandbox.retries=1",
-                   f"checkpoint.dir={tmp_path}/ckpt"])  # fmt: skip
-    with pytest.raises(TrainingError, match=r"sandbox service[\s\S]*died[\s\S]*resume"):
-        asyncio.run(_run(cfg, tmp_path / "out", {1}))
+    assert _tasks_per_step(tmp_path / "out" / "trajectories.jsonl") == handed[:2]

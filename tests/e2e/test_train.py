@@ -43,6 +43,14 @@ def steps_of(path: Path) -> list[list[str]]:
     return [sorted(set(v)) for _, v in sorted(by_step.items())]
 
 
+def token_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """log p(ids[t] | ids[:t]) of a plain forward, aligned with `ids` (0 at position 0)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1]
+    lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+    return torch.cat([torch.zeros(1), lp])
+
+
 class ThreadsSeenEnv(CodeExecEnv):
     """Records the torch CPU threads of the trainer process its rewards run in."""
 
@@ -53,16 +61,24 @@ class ThreadsSeenEnv(CodeExecEnv):
         return await super().reward(trajectory)
 
 
-def test_train_runs_checkpoints_and_syncs(tmp_path, capsys):
-    cfg = compose(overrides(tmp_path, "trainer.steps=2", "checkpoint.every=1",
-                            "trainer.sampling.oversample_groups=1",
-                            f"env._target_={__name__}.ThreadsSeenEnv"))  # fmt: skip
+def test_train_runs_evaluates_checkpoints_and_syncs(tmp_path, capsys):
+    """Three steps, each sampled by the weights the step before pushed, a checkpoint each; the
+    trainer's torch threads while it runs. trainer.eval.every: the untrained policy first (a
+    step-0 row), then after every N steps and the last; the eval episodes are not trained on
+    (trajectories.jsonl has the training groups only), and the eval set comes from
+    env.eval_tasks when given. Resumed for one more step with another lr: no second step-0
+    evaluation, one after the new last step, and the new lr from that step on."""
+    args = ["checkpoint.every=1", "trainer.sampling.oversample_groups=1",
+            f"env._target_={__name__}.ThreadsSeenEnv", "trainer.eval.every=2",
+            "trainer.eval.size=3", "trainer.eval.samples=2", "+env.eval_tasks.seed=7",
+            "+env.eval_tasks.n=20"]  # fmt: skip
+    cfg = compose(overrides(tmp_path, "trainer.steps=3", *args))
     base = AutoModelForCausalLM.from_pretrained(cfg.model.resolve())  # the weights we start from
     torch.set_num_threads(2)
     history = asyncio.run(train(cfg, tmp_path / "out"))
     # trainer.driver_threads=1 while it runs (spinning threads starved the servers), then restored
     assert set(ThreadsSeenEnv.seen) == {1} and torch.get_num_threads() == 2
-    assert [h["step"] for h in history] == [1.0, 2.0]
+    assert [h["step"] for h in history] == [1.0, 2.0, 3.0]
     for h in history:
         assert h["train/skipped"] == 0 and h["sync/seconds"] > 0 and h["timing_s/update"] > 0
         # 3 groups launched, the first 2 to finish kept (2 x 4 samples), the third aborted
@@ -71,24 +87,38 @@ def test_train_runs_checkpoints_and_syncs(tmp_path, capsys):
     rows = [
         json.loads(x) for x in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
     ]
-    # step 1 sampled the initial weights, step 2 the weights pushed after step 1
-    assert {t["weight_version"] for r in rows if r["step"] == 1 for t in r["turns"]} == {"0"}
-    assert {t["weight_version"] for r in rows if r["step"] == 2 for t in r["turns"]} == {"1"}
+    assert len(rows) == 3 * 8  # 2 tasks x 4 samples per step, nothing of the evaluations
+    # step 1 sampled the initial weights, step 2 the weights pushed after step 1, and so on
+    for step in (1, 2, 3):
+        assert {t["weight_version"] for r in rows if r["step"] == step for t in r["turns"]} == {
+            str(step - 1)
+        }
     latest = (tmp_path / "ckpt" / "latest").read_text().strip()
-    assert latest == "step_00000002"
+    assert latest == "step_00000003"
     model_dir = tmp_path / "ckpt" / latest / "policy" / "model"
     trained = AutoModelForCausalLM.from_pretrained(model_dir)
     moved = [n for n, p in trained.named_parameters()
              if not torch.equal(p, dict(base.named_parameters())[n])]  # fmt: skip
     assert moved or all(h["train/grad_norm"] == 0 for h in history), "training changed no parameter"
     assert history[-1]["train/lr"] == pytest.approx(1e-3)  # the tiny model's (constant) lr
+    metrics = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    evals = {int(r["step"]): r for r in metrics if "eval/reward_mean" in r}
+    assert sorted(evals) == [0, 2, 3]  # before step 1, every 2 steps, after the last
+    for r in evals.values():
+        assert r["eval/episodes"] == 6 and r["eval/failed"] == 0
+        assert 0 <= r["eval/reward_mean"] <= 1.5 and "eval/reward_correct" in r
+    assert "eval/reward_mean" not in history[0] and "eval/reward_mean" in history[1]
     # resumed with another lr: it applies from the next step and the run says so (the
     # optimizer state from the checkpoint used to keep the old one, silently)
-    more = compose(overrides(tmp_path, "trainer.steps=3", "learner.lr=5e-3",
-                             f"env._target_={__name__}.ThreadsSeenEnv"))  # fmt: skip
+    more = compose(overrides(tmp_path, "trainer.steps=4", "learner.lr=5e-3", *args))
     again = asyncio.run(train(more, tmp_path / "out"))
-    assert again[-1]["step"] == 3.0 and again[-1]["train/lr"] == pytest.approx(5e-3)
-    assert "learner.lr 0.001 → 0.005 from step 3" in capsys.readouterr().out
+    assert again[-1]["step"] == 4.0 and again[-1]["train/lr"] == pytest.approx(5e-3)
+    assert "learner.lr 0.001 → 0.005 from step 4" in capsys.readouterr().out
+    metrics = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [int(r["step"]) for r in metrics if "eval/reward_mean" in r] == [0, 2, 3, 4]
+    with pytest.raises(ConfigError, match=r"env.eval_tasks.bogus: unknown option"):
+        bad = compose(overrides(tmp_path / "b", "trainer.eval.every=1", "+env.eval_tasks.bogus=1"))
+        asyncio.run(train(bad, tmp_path / "bad"))
 
 
 @pytest.mark.parametrize("sync", ["auto", "merged"])
@@ -96,8 +126,18 @@ def test_lora_reaches_the_engine_and_a_resumed_run_serves_the_checkpoints(sync, 
     """learner.lora.sync=auto on the dev server: each push loads only the adapters (SGLang's LoRA
     routes) and every turn samples from them; a resumed run's engine serves the base model plus
     the checkpoint's adapter. merged: the whole merged model goes, and a resumed engine starts
-    from it. Either way the resumed engine serves exactly the checkpoint's merged model."""
+    from it. Either way the resumed engine serves exactly the checkpoint's merged model.
+
+    And what LoRA trains: each update raises the logprobs of the samples its advantages favour
+    relative to those they disfavour; the checkpoint's adapter/ is PEFT's own format, which PEFT
+    merges onto the base into the checkpoint's model/ (what the engine serves); every weight no
+    adapter touches is the base's, bit for bit. (LoRA is no algorithm family of its own: its
+    learning run, tests/e2e/test_learning.py, is not in CI; AGENTRL_LEARN_ALL=1 runs it.)"""
+    from peft import PeftModel
+
+    from agentrl.advantage import Truncation, compute_advantages
     from agentrl.engine import SamplingParams
+    from agentrl.types import Trajectory
 
     lora = [
         "learner.lora.rank=4",
@@ -138,6 +178,50 @@ def test_lora_reaches_the_engine_and_a_resumed_run_serves_the_checkpoints(sync, 
     assert max(abs(a - b) for a, b in zip(comp.logprobs, trained, strict=True)) < 1e-4
     assert max(abs(a - b) for a, b in zip(comp.logprobs, base, strict=True)) > 1e-3
 
+    # each update moved the logprobs of the samples its advantages favour up relative to those
+    # they disfavour (per token, on average; at lr 5e-2 a step also shifts every logprob, so
+    # the sum of advantage x change is no test). A step whose groups all scored alike has no
+    # advantages and moves nothing; the weights moved (above), so one of them had some
+    rows = [
+        json.loads(x) for x in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
+    ]
+    truncation = Truncation(cfg.rollout.truncated, cfg.rollout.truncated_reward)
+    weights = [cfg.model.resolve(), *(tmp_path / "ckpt" / f"step_0000000{s}" / "policy" / "model"
+                                      for s in (1, 2))]  # fmt: skip
+    with_signal = []
+    for step in (1, 2):
+        groups: dict[str, list[Trajectory]] = {}
+        for row in rows:
+            if row["step"] == step:
+                groups.setdefault(row["task_id"], []).append(Trajectory.from_dict(row))
+        trajs = [t for g in groups.values() for t in g]
+        adv = compute_advantages(list(groups.values()), cfg.algo.advantage,
+                                 truncation=truncation).advantages  # fmt: skip
+        if not any(a.abs().max() > 0 for a in adv):
+            continue
+        with_signal.append(step)
+        before, after = (AutoModelForCausalLM.from_pretrained(weights[i], dtype=torch.float32)
+                         for i in (step - 1, step))  # fmt: skip
+        moved: dict[bool, list[torch.Tensor]] = {True: [], False: []}  # favoured or not
+        for a, t in zip(adv, trajs, strict=True):
+            if (a != 0).any():
+                delta = token_logprobs(after, t.token_ids) - token_logprobs(before, t.token_ids)
+                moved[bool(a.sum() > 0)].append(delta[a != 0])
+        up, down = (torch.cat(moved[k]).mean().item() for k in (True, False))
+        assert up > down, f"update {step} favoured the samples its advantages rank low: {up, down}"
+    assert with_signal, "no step had a learning signal"
+    # PEFT's adapter merged onto the base is the model the engine serves; only the projections
+    # LoRA adapts moved
+    final = tmp_path / "ckpt" / "step_00000002" / "policy"
+    served = dict(AutoModelForCausalLM.from_pretrained(final / "model").named_parameters())
+    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(cfg.model.resolve()),
+                                     final / "adapter").merge_and_unload()  # fmt: skip
+    merged = dict(peft.named_parameters())
+    assert max((merged[n] - p).abs().max().item() for n, p in served.items()) < 1e-5
+    base_w = dict(AutoModelForCausalLM.from_pretrained(cfg.model.resolve()).named_parameters())
+    moved = {n for n, p in served.items() if not torch.equal(p, base_w[n])}
+    assert moved and all(n.endswith("proj.weight") for n in moved), sorted(moved)[:5]
+
 
 def _train_cmd(tmp: Path, out: str, steps: int, *extra: str) -> list[str]:
     return [sys.executable, "-m", "agentrl.train", *overrides(tmp, f"trainer.steps={steps}",
@@ -153,8 +237,10 @@ def test_killed_run_resumes_with_the_same_data_order(mode, kill, tmp_path):
     process group): one line says where it stands and how to go on, no traceback."""
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
     extra = [f"trainer.mode={mode}"]
-    subprocess.run(_train_cmd(ref_dir, "out", 3, *extra), cwd=ROOT, check=True,
-                   capture_output=True)  # fmt: skip
+    # the run never killed, in this process (the command line is the killed run's and the
+    # resumed run's): the same settings as _train_cmd's
+    ref_cfg = compose(overrides(ref_dir, "trainer.steps=3", "checkpoint.every=1", *extra))
+    asyncio.run(train(ref_cfg, ref_dir / "out"))
     # the same run, SIGKILLed (whole process group) once step 1 is checkpointed …
     log = tmp_path / "killed.log"
     proc = subprocess.Popen(_train_cmd(run_dir, "out", 3, *extra), cwd=ROOT,
@@ -253,39 +339,15 @@ def kill_devserver(url: str) -> None:
 
 @pytest.mark.parametrize("colocate", ["false", "true"])
 def test_a_dead_engine_is_restarted_with_the_current_weights_then_gives_up(colocate, tmp_path):
-    """Colocated, the current weights reach the restarted server through a step's hand-over
-    (release, onload, push, offload: the dev server accepts the memory calls)."""
+    """Killed after the rollout, before the push: restarted before the push (colocated: with the
+    learner off the GPU meanwhile, its memory released like the others'), so the step's own push
+    reaches it and the next step samples the new weights from it. Killed between steps: every
+    episode of the next step fails; restarted on its port, it gets the current weights
+    (colocated: through a step's hand-over: release, onload, push, offload; the dev server
+    accepts the memory calls) and the whole step is re-issued. Past engine.max_restarts the run
+    stops, naming the server's log."""
     cfg = compose(overrides(tmp_path, "trainer.steps=4", "engine.max_retries=1",
-                            "engine.backoff_s=0.1", "engine.max_restarts=1",
-                            f"engine.colocate={colocate}"))  # fmt: skip
-
-    async def go():
-        async with open_run(cfg, tmp_path / "out") as run:
-            tr = Trainer(cfg, run)
-            first = await tr.step()
-            assert first["engine/restarts"] == 0
-            kill_devserver(run.engine.urls[0])  # the only server: every episode of step 2 fails
-            m = await tr.step()
-            # restarted on its port, given the weights of step 1, and the whole step re-issued
-            assert m["engine/restarts"] == 1 and m["rollout/reissued"] == 8
-            assert m["stop/aborted"] == 0 and m["rollout/trajectories"] == 8
-            assert m["train/logprob_diff"] < 1e-4, "the restarted server samples old weights"
-            assert await run.engine.control.get_weight_version() == ["2"]
-            kill_devserver(run.engine.urls[0])  # engine.max_restarts=1: the second death stops
-            with pytest.raises(TrainingError, match=r"failed again after 1 restarts[\s\S]*log"):
-                await tr.step()
-
-    asyncio.run(go())
-
-
-@pytest.mark.parametrize("colocate", ["false", "true"])
-def test_a_server_that_dies_while_the_learner_updates_gets_the_push_after_a_restart(
-    colocate, tmp_path
-):
-    """Killed after the rollout, before the push: restarted before the push (colocated: with
-    the learner off the GPU meanwhile, its memory released like the others'), so the step's own
-    push reaches it and the next step samples the new weights from it."""
-    cfg = compose(overrides(tmp_path, "trainer.steps=3", "engine.max_restarts=1",
+                            "engine.backoff_s=0.1", "engine.max_restarts=2",
                             f"engine.colocate={colocate}"))  # fmt: skip
 
     async def go():
@@ -300,12 +362,22 @@ def test_a_server_that_dies_while_the_learner_updates_gets_the_push_after_a_rest
             tr._update = killed_then_update
             m = await tr.step()
             tr._update = update
-            assert m["engine/restarts"] == 1 and m["rollout/reissued"] == 0
+            assert m["engine/restarts"] == 1 and m["rollout/reissued"] == 0, "killed in update"
             assert await run.engine.control.get_weight_version() == ["1"]
             m = await tr.step()  # sampled by the restarted server, with step 1's weights
             assert m["engine/restarts"] == 0 and m["rollout/off_version_turns"] == 0
             assert m["stop/aborted"] == 0 and m["rollout/trajectories"] == 8
-            assert m["train/logprob_diff"] < 1e-4, "the restarted server samples old weights"
+            assert m["train/logprob_diff"] < 1e-4, "restarted in step 1: old weights"
+            kill_devserver(run.engine.urls[0])  # the only server: every episode of step 3 fails
+            m = await tr.step()
+            # restarted on its port, given the weights of step 2, and the whole step re-issued
+            assert m["engine/restarts"] == 1 and m["rollout/reissued"] == 8, "killed between steps"
+            assert m["stop/aborted"] == 0 and m["rollout/trajectories"] == 8
+            assert m["train/logprob_diff"] < 1e-4, "restarted in step 3: old weights"
+            assert await run.engine.control.get_weight_version() == ["3"]
+            kill_devserver(run.engine.urls[0])  # engine.max_restarts=2: the third death stops
+            with pytest.raises(TrainingError, match=r"failed again after 2 restarts[\s\S]*log"):
+                await tr.step()
 
     asyncio.run(go())
 
@@ -331,6 +403,7 @@ def reinforce(inp, cfg):
 '''
 
 
+@pytest.mark.own_ray  # a fresh Ray (below): after the tests sharing one (conftest)
 def test_a_user_estimator_and_loss_train_from_their_own_module(tmp_path, monkeypatch):
     """No edit under agentrl/: the config names them by import path; the learner workers import
     the module too (it must be importable there: installed, or on PYTHONPATH)."""
@@ -381,33 +454,3 @@ def test_dynamic_sampling_trains_only_groups_with_reward_variance(tmp_path):
     # every trained group has reward variance, unless the step found none at all and kept
     # what it had (then the no-signal counter says so)
     assert kept_with_signal or any(h["train/no_signal_steps_in_a_row"] > 0 for h in history)
-
-
-def test_evaluation_scores_a_fixed_set_before_and_during_training(tmp_path):
-    """trainer.eval.every: the untrained policy first (a step-0 row), then after every N steps
-    and the last; the eval episodes are not trained on (trajectories.jsonl has the training
-    groups only), and the eval set comes from env.eval_tasks when given."""
-    cfg_overrides = overrides(tmp_path, "checkpoint.every=3", "trainer.eval.every=2",
-                              "trainer.eval.size=3", "trainer.eval.samples=2",
-                              "+env.eval_tasks.seed=7", "+env.eval_tasks.n=20")  # fmt: skip
-    cfg = compose([*cfg_overrides, "trainer.steps=3"])
-    history = asyncio.run(train(cfg, tmp_path / "out"))
-    rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
-    evals = {int(r["step"]): r for r in rows if "eval/reward_mean" in r}
-    assert sorted(evals) == [0, 2, 3]  # before step 1, every 2 steps, after the last
-    for r in evals.values():
-        assert r["eval/episodes"] == 6 and r["eval/failed"] == 0
-        assert 0 <= r["eval/reward_mean"] <= 1.5 and "eval/reward_correct" in r
-    assert "eval/reward_mean" not in history[0] and "eval/reward_mean" in history[1]
-    trained = [
-        json.loads(x) for x in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
-    ]
-    assert len(trained) == 3 * 8  # 2 tasks x 4 samples per step, nothing of the evaluations
-    # resumed for one more step: no second step-0 evaluation, one after the new last step
-    more = compose([*cfg_overrides, "trainer.steps=4"])
-    asyncio.run(train(more, tmp_path / "out"))
-    rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
-    assert [int(r["step"]) for r in rows if "eval/reward_mean" in r] == [0, 2, 3, 4]
-    with pytest.raises(ConfigError, match=r"env.eval_tasks.bogus: unknown option"):
-        bad = compose(overrides(tmp_path / "b", "trainer.eval.every=1", "+env.eval_tasks.bogus=1"))
-        asyncio.run(train(bad, tmp_path / "bad"))

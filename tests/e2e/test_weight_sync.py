@@ -21,6 +21,8 @@ from agentrl.learner.tp import Heads, plan_tp, shard
 from agentrl.loss import LossConfig
 from agentrl.weight_sync import WeightSyncConfig, make_weight_sync
 
+pytestmark = pytest.mark.own_ray  # stops the shared Ray (conftest): runs after its users
+
 PROMPT = [9707, 11, 1879, 0, 4340, 525, 498, 1207, 33, 271]
 SAMPLING = SamplingParams(max_new_tokens=12, temperature=1.0, seed=7, ignore_eos=True)
 TOL = 1e-4
