@@ -146,6 +146,18 @@ JSON_DECODER = json.JSONDecoder()
 SPACE = re.compile(r"\s*")
 
 
+def next_block(text: str, open_tag: str, pos: int, prose: list[str]) -> int | None:
+    """Where the body of the next `open_tag` block at or after `pos` starts, with the prose before
+    it appended to `prose`; None (the rest appended) when there is none. The tagged formats'
+    scanning step (hermes, qwen3_coder)."""
+    start = text.find(open_tag, pos)
+    if start < 0:
+        prose.append(text[pos:])
+        return None
+    prose.append(text[pos:start])
+    return start + len(open_tag)
+
+
 def read_call(
     raw: str, index: int, tools: dict[str, type[BaseModel]] | None, *, raw_text: str | None = None
 ) -> tuple[ToolCall | None, ParseError | None]:

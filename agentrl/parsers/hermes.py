@@ -11,6 +11,7 @@ from agentrl.parsers.base import (
     ParseErrorKind,
     Parser,
     ParseResult,
+    next_block,
     read_call,
     register,
 )
@@ -28,13 +29,7 @@ class HermesParser(Parser):
         calls: list[ToolCall] = []
         errors: list[ParseError] = []
         pos = 0
-        while True:
-            start = text.find(self.open_tag, pos)
-            if start < 0:
-                prose.append(text[pos:])
-                break
-            prose.append(text[pos:start])
-            body_start = start + len(self.open_tag)
+        while (body_start := next_block(text, self.open_tag, pos, prose)) is not None:
             # a JSON object then the closing tag: the tags may stand inside its strings (code)
             end, after = self._json_then_close(text, body_start)
             if end < 0:  # not a whole JSON object: the body runs to the closing tag

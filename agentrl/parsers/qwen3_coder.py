@@ -12,6 +12,7 @@ from agentrl.parsers.base import (
     Parser,
     ParseResult,
     checked_call,
+    next_block,
     register,
     typed_value,
 )
@@ -52,13 +53,7 @@ class Qwen3CoderParser(Parser):
         calls: list[ToolCall] = []
         errors: list[ParseError] = []
         pos = 0
-        while True:
-            start = text.find(self.open_tag, pos)
-            if start < 0:
-                prose.append(text[pos:])
-                break
-            prose.append(text[pos:start])
-            body_start = start + len(self.open_tag)
+        while (body_start := next_block(text, self.open_tag, pos, prose)) is not None:
             index = len(calls) + len(errors)
             read = self._scan(text, body_start)
             if read is not None:
