@@ -144,6 +144,7 @@ class Episode:
     values_T: Tensor | None = None  # critic, aligned like logprobs (gae only)
     penalty_T: Tensor | None = None  # per-token reward penalty (e.g. coef * KL), subtracted
     trained: bool = True  # False: truncated under rollout.truncated=mask, in baselines, advantage 0
+    member: int = -1  # the group member (episode) it belongs to; -1: its own (see episodes_from)
 
 
 @dataclass
@@ -272,7 +273,10 @@ def episodes_from(
         if xs is not None and len(xs) != len(trajs):
             raise ValueError(f"{name} has {len(xs)} entries for {len(trajs)} trajectories")
     out = []
+    members: dict[tuple[int, str], int] = {}
     for n, (g, t) in enumerate(trajs):
+        session = t.metadata.get("session")  # an agent's sequences share their episode's
+        member = members.setdefault((g, session), n) if session else n
         mask = torch.tensor(t.loss_mask, dtype=torch.bool)
         spans = [(turn.start, turn.end) for turn in t.turns]
         pen = None if token_penalties is None else torch.as_tensor(token_penalties[n]).float()
@@ -308,6 +312,7 @@ def episodes_from(
                 values_T=val,
                 penalty_T=pen,
                 trained=not truncation.masked(t),
+                member=member,
             )
         )
     return out
@@ -442,12 +447,20 @@ def _group_baseline(
 def _per_episode(
     eps: list[Episode], idx: list[int], cfg: AdvantageConfig, kind: str
 ) -> dict[int, Tensor]:
-    """Trajectory level: one baseline over the group's episode scores, on every turn."""
-    scores = torch.tensor([eps[i].score for i in idx], dtype=torch.float64)
-    valid = torch.tensor([eps[i].valid for i in idx], dtype=torch.bool)
+    """Trajectory level: one baseline over the group's episode scores, on every turn. The
+    sequences of one episode (an agent's, `Episode.member`) count once, as their first, and
+    each gets the episode's advantage."""
+    first: dict[int, int] = {}
+    for i in idx:
+        first.setdefault(eps[i].member if eps[i].member >= 0 else i, i)
+    uniq = list(first.values())
+    scores = torch.tensor([eps[i].score for i in uniq], dtype=torch.float64)
+    valid = torch.tensor([eps[i].valid for i in uniq], dtype=torch.bool)
     base, scale = group_stats(scores, valid, kind, cfg.eps)  # type: ignore[arg-type]
+    at = {i: j for j, i in enumerate(uniq)}
     out = {}
-    for j, i in enumerate(idx):
+    for i in idx:
+        j = at[first[eps[i].member if eps[i].member >= 0 else i]]
         adv = (eps[i].returns_K - base[j]) / scale[j]
         if int(valid.sum()) < 2:  # nothing to compare with: no signal
             adv = torch.zeros_like(adv)

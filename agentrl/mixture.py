@@ -177,6 +177,10 @@ class MixtureRollout:
     async def run(self, tasks: list[Task], keep: int | None = None) -> list[list[Trajectory]]:
         return await run_groups(self.run_group, tasks, keep)
 
+    async def aclose(self) -> None:
+        for member in self.members.values():
+            await member.aclose()
+
     async def run_group(self, task: Task, n: int | None = None) -> list[Trajectory]:
         name, inner = self._member(task)
         return self._mark(name, task, await self.members[name].run_group(inner, n))

@@ -22,13 +22,15 @@ import time
 import traceback
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agentrl.agent_env import AgentEnv
+from agentrl.agent_rollout import AgentEpisodes
 from agentrl.engine import EngineUnavailable, PromptTooLong, SamplingParams
 from agentrl.env import AssistantTurn, Env, ToolEnv
+from agentrl.gateway import Gateway, GatewayConfig, GenerationDefaults
 from agentrl.parsers import (
     PARSERS,
     Parser,
@@ -40,6 +42,7 @@ from agentrl.parsers import (
 from agentrl.render import Renderer, RenderError
 from agentrl.sandbox.base import Sandbox, SandboxUnavailable
 from agentrl.seeding import episode_key, group_slot, turn_seed
+from agentrl.sequence import TokenSequence, record_turn
 from agentrl.tool import ToolContext
 from agentrl.types import (
     Completion,
@@ -99,6 +102,10 @@ class RolloutConfig(BaseModel):
     truncated_reward: float = Field(
         0.0, description="rollout.truncated=penalise: the outcome reward of a truncated episode"
     )
+    gateway: GatewayConfig = Field(
+        default_factory=GatewayConfig,
+        description="the OpenAI-compatible gateway AgentEnv episodes run through",
+    )
 
     @field_validator("parser")
     @classmethod
@@ -118,23 +125,6 @@ class Engine(Protocol):
     async def generate(
         self, input_ids: list[int], params: SamplingParams, key: str | None = None
     ) -> Completion: ...
-
-
-@dataclass
-class _State:
-    """An episode in progress; always consistent, so a failure can still be recorded."""
-
-    ids: list[int] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    prompt_len: int = 0
-    turns: list[Turn] = field(default_factory=list)
-    messages: list[Message] = field(default_factory=list)
-
-    def append(self, ids: list[int], logprobs: list[float] | None) -> None:
-        self.ids += ids
-        self.mask += [1 if logprobs is not None else 0] * len(ids)
-        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
 
 
 def _reference(task: Task) -> dict[str, str]:
@@ -163,6 +153,31 @@ class Rollout:
         self.sandbox = sandbox
         self.renderer, self.parser = self.prepare(tokenizer, env_cls, self.cfg)
         self.tool_args = {t.name: t.Args for t in env_cls.tools}
+        self.agents = (
+            self._agent_episodes(tokenizer, env_cls) if issubclass(env_cls, AgentEnv) else None
+        )
+
+    def _agent_episodes(self, tokenizer: Any, env_cls: type[AgentEnv]) -> AgentEpisodes:
+        """An AgentEnv's episodes run through a gateway that samples as this rollout does."""
+        c = self.cfg
+        defaults = GenerationDefaults(
+            max_new_tokens=c.max_new_tokens,
+            max_context_tokens=c.max_context_tokens,
+            temperature=c.temperature,
+            top_p=c.top_p,
+            top_k=c.top_k,
+            stop_token_ids=[self.renderer.eot_id] if c.end_of_turn else [],
+            template_kwargs=c.template_kwargs,
+            end_of_turn=c.end_of_turn,
+        )
+        gateway = Gateway(self.engine, tokenizer, self.parser, c.gateway, defaults)
+        return AgentEpisodes(gateway, env_cls, self.env_kwargs, self.sandbox,
+                             c.tool_timeout_s, c.episode_timeout_s, _reference)  # fmt: skip
+
+    async def aclose(self) -> None:
+        """Stop what the rollout started (an AgentEnv's gateway)."""
+        if self.agents is not None:
+            await self.agents.aclose()
 
     @staticmethod
     def prepare(tokenizer: Any, env_cls: type[Env], cfg: RolloutConfig) -> tuple[Renderer, Parser]:
@@ -177,7 +192,7 @@ class Rollout:
                 "turn can call one. List its tools, or subclass Env for a tool-less env",
                 env_cls.__name__,
             )
-        if env_cls.tools:
+        if env_cls.tools or issubclass(env_cls, AgentEnv):  # an agent brings its own tools
             # the parser holds a turn to as many calls as the template can write (Llama 3.x: 1)
             parser = resolve_parser(cfg.parser, tokenizer, template_max_calls(renderer.render))
             check_template(parser, tokenizer)
@@ -198,6 +213,9 @@ class Rollout:
     async def run_group(self, task: Task, n: int | None = None) -> list[Trajectory]:
         n = n or self.cfg.group_size
         slot = group_slot(task.id)  # trainer.deterministic: the seeds' place (agentrl/seeding.py)
+        if self.agents is not None:  # an agent's episode may leave several sequences
+            runs = [self.agents.run_episode(task, i, slot) for i in range(n)]
+            return [t for ep in await asyncio.gather(*runs) for t in ep]
         return list(await asyncio.gather(*(self.run_episode(task, i, slot) for i in range(n))))
 
     async def run_episode(self, task: Task, sample_index: int = 0, slot: int = 0) -> Trajectory:
@@ -206,7 +224,7 @@ class Rollout:
         session = f"{task.id}:{sample_index}:{uuid.uuid4().hex[:8]}"
         seeds = episode_key(task.id, slot, sample_index)
         ctx = ToolContext(session=session, sandbox=self.sandbox, timeout_s=self.cfg.tool_timeout_s)
-        st = _State()
+        st = TokenSequence()
         stop, error, env = StopReason.ABORTED, None, None
         t0 = time.monotonic()
         try:
@@ -258,7 +276,9 @@ class Rollout:
 
     # -- internals -----------------------------------------------------------------------------
 
-    async def _loop(self, env: Env, st: _State, session: str, seeds: str | None) -> StopReason:
+    async def _loop(
+        self, env: Env, st: TokenSequence, session: str, seeds: str | None
+    ) -> StopReason:
         cfg, r = self.cfg, self.renderer
         st.messages = list(await env.start())
         st.append(r.prompt_ids(st.messages), None)
@@ -316,32 +336,10 @@ class Rollout:
             stop_token_ids=[self.renderer.eot_id] if c.end_of_turn else [],
         )
 
-    def _record_turn(self, st: _State, comp: Completion, index: int) -> tuple[Turn, AssistantTurn]:
-        start = len(st.ids)
-        st.append(comp.token_ids, comp.logprobs)
-        text = self.renderer.assistant_text(comp.token_ids)
-        parsed = self.parser.parse_turn(
-            text, self.tool_args, truncated=comp.finish_reason is FinishReason.LENGTH
-        )
-        msg = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls)
-        st.messages.append(msg)
-        turn = Turn(
-            start=start,
-            end=len(st.ids),
-            obs_end=len(st.ids),
-            weight_version=comp.weight_version,
-            finish_reason=comp.finish_reason,
-            assistant=msg,
-            text=text,
-            num_parse_errors=sum(not e.is_call_error for e in parsed.errors),
-            gen_latency_s=comp.latency_s,
-            prompt_tokens=comp.prompt_tokens or start,
-            cached_tokens=comp.cached_tokens,
-            segments=list(comp.segments),
-        )
-        st.turns.append(turn)
-        said = AssistantTurn(msg, text, parsed.errors, comp.finish_reason, index)
-        return turn, said
+    def _record_turn(
+        self, st: TokenSequence, comp: Completion, index: int
+    ) -> tuple[Turn, AssistantTurn]:
+        return record_turn(st, comp, self.renderer, self.parser, self.tool_args, index)
 
     def _observation(
         self, obs: list[Message], sampled: list[int], turn: Turn

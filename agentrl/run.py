@@ -173,6 +173,7 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
         sandbox = make_sandbox(cfg.sandbox)
         stack.push_async_callback(_aquietly, "sandbox", sandbox.aclose)
         rollout = make_rollout(cfg, classes, engine, tokenizer, sandbox)
+        stack.push_async_callback(_aquietly, "rollout", rollout.aclose)  # an agent's gateway
         single = classes[""] if isinstance(cfg.env, EnvConfig) else None
         run = Run(cfg, out, console, tokenizer, single, sampler, engine, sandbox, rollout,
                   fleet=fleet, ckpt=ckpt, resumed=resumed, eval_tasks=eval_tasks,

@@ -41,10 +41,11 @@ class StopReason(StrEnum):
     The first four are normal endings the policy is scored on; the rest are failures. Of those,
     `parse_error` and `tool_error` are the policy's fault (scored); `reward_error` (the env's
     reward raised on this trajectory) is scored 0 and stays in its group, visible, never hidden as
-    infrastructure; `sandbox_unavailable` and `aborted` (the system stopped the episode, or the
+    infrastructure, and so is `agent_error` (an `AgentEnv`'s agent raised or its command failed:
+    the policy's text can make an agent framework raise, so it must not hide there); `sandbox_unavailable` and `aborted` (the system stopped the episode, or the
     env's start/step raised) are infrastructure failures: excluded from the group baseline, never
-    scored 0. Episodes whose env code raised (`aborted` with a traceback, `reward_error`) count
-    against `trainer.guards.max_aborted_frac`.
+    scored 0. Episodes whose env code raised (`aborted` with a traceback, `reward_error`,
+    `agent_error`) count against `trainer.guards.max_aborted_frac`.
 
     Whose outcome is whose: the one rule (each path is tested to the advantage).
 
@@ -76,6 +77,7 @@ class StopReason(StrEnum):
     PARSE_ERROR = "parse_error"
     TOOL_ERROR = "tool_error"
     REWARD_ERROR = "reward_error"
+    AGENT_ERROR = "agent_error"
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"
     ABORTED = "aborted"
 

@@ -25,14 +25,14 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("agentrl", "envs", "tools", "sandbox")
 SIDES = ("agentrl.envs", "agentrl.tools", "agentrl.sandbox")  # imported so (agentrl/ links them)
 
-RECORDS = {"agentrl", "agentrl.types", "agentrl.env", "agentrl.tool", "agentrl.parsers",
-           "agentrl.render", "agentrl.registry"}  # fmt: skip
+RECORDS = {"agentrl", "agentrl.types", "agentrl.env", "agentrl.agent_env", "agentrl.tool",
+           "agentrl.parsers", "agentrl.render", "agentrl.registry"}  # fmt: skip
 RECORD_PACKAGES = ("agentrl.parsers",)  # their modules are records too (one per tool-call format)
 ENTRY = ("agentrl.train", "agentrl.cli", "agentrl.config")
 ASSEMBLY = ("agentrl.run",)
 HEAVY = ("ray", "torch.distributed", "sglang")
 HEAVY_OK = ("agentrl.learner", "agentrl.weight_sync", "agentrl.engine.dev", "agentrl.engine.fleet")
-WINGS = ("agentrl.engine",)  # packages whose modules are private: others import the package only
+WINGS = ("agentrl.engine", "agentrl.gateway")  # packages whose modules are private: others import the package only
 CONFIG = ("hydra", "omegaconf", "agentrl.config")
 CONFIG_OK = (*ENTRY, *ASSEMBLY)
 MAX_LOCAL = 10

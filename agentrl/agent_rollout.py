@@ -1,0 +1,166 @@
+"""The episodes of an AgentEnv (agentrl/agent_env.py): the user's agent runs against the
+gateway (agentrl/gateway/) with its episode's key, and each training sequence the gateway
+recorded becomes a Trajectory scored with the episode's reward.
+
+`Rollout` (agentrl/rollout.py) hands its AgentEnv episodes here; groups, async training,
+dynamic sampling, evaluation and the logs then see ordinary trajectories. The sequences of one
+episode share `metadata["session"]`: the group baseline counts the episode once
+(agentrl/advantage.py), and every sequence gets its advantage."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import traceback
+import uuid
+from typing import Any
+
+from agentrl.agent_env import AgentEnv
+from agentrl.engine import EngineUnavailable
+from agentrl.gateway import EpisodeCapture, Gateway
+from agentrl.seeding import episode_key
+from agentrl.tool import ToolContext
+from agentrl.types import ConfigError, FinishReason, StopReason, Task, Trajectory
+
+log = logging.getLogger(__name__)
+
+NO_REQUESTS = "AgentEnv: the agent returned without calling the model (no requests)"
+
+
+def openai_client(base_url: str, key: str, timeout_s: float) -> Any:
+    """The client an agent gets: retries off (a refused request is an answer, not a glitch)."""
+    try:
+        import openai  # local: an optional dependency, needed only by AgentEnv runs
+    except ImportError as e:  # pragma: no cover - openai is a dependency
+        raise ConfigError("AgentEnv needs the openai package: pip install openai") from e
+    return openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout_s)
+
+
+class AgentEpisodes:
+    """Runs AgentEnv episodes through one gateway (started at the first episode)."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        env_cls: type[AgentEnv],
+        env_kwargs: dict[str, Any],
+        sandbox: Any,
+        tool_timeout_s: float,
+        episode_timeout_s: float,
+        reference: Any,
+    ) -> None:
+        self.gateway, self.env_cls, self.env_kwargs, self.sandbox = (
+            gateway,
+            env_cls,
+            env_kwargs,
+            sandbox,
+        )
+        self.tool_timeout_s, self.episode_timeout_s = tool_timeout_s, episode_timeout_s
+        self.reference = reference  # task -> {"reference": …} for people reading trajectories
+        self._lock = asyncio.Lock()
+
+    async def aclose(self) -> None:
+        await self.gateway.aclose()
+
+    async def run_episode(
+        self, task: Task, sample_index: int = 0, slot: int = 0
+    ) -> list[Trajectory]:
+        async with self._lock:
+            url = await self.gateway.start()
+        session = f"{task.id}:{sample_index}:{uuid.uuid4().hex[:8]}"
+        ep = self.gateway.open(
+            task.id, sample_index, session, episode_key(task.id, slot, sample_index)
+        )
+        ctx = ToolContext(session=session, sandbox=self.sandbox, timeout_s=self.tool_timeout_s)
+        t0 = time.monotonic()
+        env: AgentEnv | None = None
+        stop, error = StopReason.COMPLETED, None
+        try:
+            env = self.env_cls(task, ctx, **self.env_kwargs)
+            client = openai_client(url, ep.key, self.episode_timeout_s)
+            env.result = await asyncio.wait_for(env.run(task, client), self.episode_timeout_s)
+        except asyncio.CancelledError:
+            self.gateway.close(ep)
+            if env is not None:
+                await _close(env, session)
+            raise
+        except TimeoutError:
+            stop, error = (
+                StopReason.ABORTED,
+                f"episode exceeded rollout.episode_timeout_s={self.episode_timeout_s:g}",
+            )
+        except EngineUnavailable as e:
+            stop, error = StopReason.ABORTED, f"EngineUnavailable: {e}"
+        except ConfigError:
+            raise
+        except Exception as e:
+            log.warning("agent of episode %s raised: %s: %s", session, type(e).__name__, e)
+            stop, error = StopReason.AGENT_ERROR, traceback.format_exc()
+        self.gateway.close(ep)
+        if ep.stop is not None:  # a budget or the engine decided first; the agent only reacted
+            stop, error = ep.stop, ep.error if error is None else f"{ep.error}\n{error}"
+        trajs = self._trajectories(task, sample_index, ep, stop, error)
+        if env is not None:
+            await self._score(env, trajs, session)
+            await _close(env, session)
+        for t in trajs:
+            t.metadata["episode_s"] = time.monotonic() - t0
+        return trajs
+
+    def _trajectories(
+        self, task: Task, sample_index: int, ep: EpisodeCapture, stop: StopReason, error: str | None
+    ) -> list[Trajectory]:
+        seqs = ep.trained()
+        meta = {"session": ep.session, **self.reference(task)}
+        gw = {k: float(v) for k, v in ep.counts.items()}
+        gw["requests"], gw["sequences"] = float(ep.requests), float(len(seqs))
+        if not seqs:
+            return [Trajectory(task.id, sample_index, [], [], [], 0, [], [], StopReason.ABORTED,
+                               metadata={**meta, "gateway": gw},
+                               error=error or NO_REQUESTS)]  # fmt: skip
+        out = []
+        for k, cap in enumerate(seqs):
+            s = cap.seq
+            own = stop
+            if stop is StopReason.COMPLETED and s.turns[-1].finish_reason is FinishReason.LENGTH:
+                own = StopReason.LENGTH
+            extra = {"sequence": k, "origin": cap.origin, **({"gateway": gw} if k == 0 else {})}
+            out.append(Trajectory(task.id, sample_index, s.ids, s.mask, s.logprobs, s.prompt_len,
+                                  s.turns, s.messages, own, metadata={**meta, **extra},
+                                  error=error))  # fmt: skip
+        return out
+
+    async def _score(self, env: AgentEnv, trajs: list[Trajectory], session: str) -> None:
+        """The episode's reward on each of its sequences: 0 for an agent error, none for an
+        infrastructure failure, else `env.reward` of the last sequence."""
+        last = trajs[-1]
+        if last.stop_reason.is_infra_failure or last.stop_reason is StopReason.AGENT_ERROR:
+            return
+        try:
+            value = await env.reward(last)
+            components: dict[str, float] = {}
+            if isinstance(value, dict):
+                if "total" not in value:
+                    raise ValueError(f"reward dict needs a 'total' key, got {sorted(value)}")
+                components = {k: float(v) for k, v in value.items()}
+                value = value["total"]
+            reward = float(value)
+            if not math.isfinite(reward):
+                raise ValueError(f"reward is {reward}; rewards must be finite numbers")
+        except Exception as e:
+            log.warning("reward of %s failed: %s: %s", session, type(e).__name__, e)
+            for t in trajs:
+                t.stop_reason, t.reward = StopReason.REWARD_ERROR, 0.0
+                t.error = f"reward: {traceback.format_exc()}"
+            return
+        for t in trajs:
+            t.reward, t.reward_components = reward, dict(components)
+
+
+async def _close(env: AgentEnv, session: str) -> None:
+    try:
+        await env.close()
+    except Exception as e:
+        log.warning("env.close of %s failed: %s", session, e)

@@ -1,0 +1,336 @@
+"""The gateway: an OpenAI-compatible HTTP server in the run's own process and event loop, in
+front of the run's engines (the same client, router pinning, weight gate and partial rollouts
+as every rollout). An agent written with any framework points its OpenAI client here with its
+episode's key; each chat completion is rendered with the model's chat template, sampled, parsed
+with the run's tool-call parser and recorded token-exact (agentrl/gateway/capture.py).
+
+    gw = Gateway(engine, tokenizer, GatewayConfig(), GenerationDefaults(...))
+    url = await gw.start()                       # http://127.0.0.1:<port>/v1
+    ep = gw.open("task-1", 0, session, seeds)    # ep.key: the agent's api_key
+    ... the agent calls POST {url}/chat/completions with Authorization: Bearer <ep.key> ...
+    gw.close(ep)                                 # later requests with that key: 401
+    await gw.aclose()
+
+Routes: POST /v1/chat/completions (JSON or `stream: true` server-sent events), GET /v1/models,
+and the same under /episodes/<key>/v1/ for clients that cannot set a key. Errors are OpenAI
+error bodies: 401 unknown or finished episode, 400 a request the gateway cannot serve (it says
+why; counted as gateway/bad_requests) or a budget spent (the episode's outcome is then set:
+max_turns for rollout.gateway.max_requests, length for max_sampled_tokens, context_overflow for
+rollout.max_context_tokens), 503 no engine answered (the episode is then an infrastructure
+failure, left out of the baseline).
+
+Streaming sends the whole answer as chunks once it is sampled (role, content, each tool call,
+finish reason, usage when `stream_options.include_usage`), then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from agentrl.engine import EngineUnavailable, PromptTooLong, SamplingParams
+from agentrl.gateway.capture import EpisodeCapture, Plan
+from agentrl.gateway.config import GatewayConfig
+from agentrl.gateway.wire import (
+    ChatRequest,
+    Choice,
+    WireError,
+    bad,
+    completion_body,
+    finish_of,
+    new_id,
+    parse_request,
+    stream_chunks,
+)
+from agentrl.parsers import Parser
+from agentrl.render import Renderer, RenderError
+from agentrl.seeding import turn_seed
+from agentrl.sequence import record_turn
+from agentrl.types import Completion, FinishReason, StopReason
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationDefaults:
+    """What the run samples with (rollout.*): every request's defaults and limits."""
+
+    max_new_tokens: int = 256
+    max_context_tokens: int = 2048
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop_token_ids: list[int] = field(default_factory=list)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    end_of_turn: str | None = None
+
+
+class Gateway:
+    def __init__(
+        self,
+        engine: Any,
+        tokenizer: Any,
+        parser: Parser,
+        cfg: GatewayConfig | None = None,
+        defaults: GenerationDefaults | None = None,
+    ) -> None:
+        self.engine, self.tokenizer, self.parser = engine, tokenizer, parser
+        self.cfg = cfg or GatewayConfig()
+        self.defaults = defaults or GenerationDefaults()
+        self.episodes: dict[str, EpisodeCapture] = {}
+        self._renderers: dict[str, Renderer] = {}
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> str:
+        """Listen (rollout.gateway.host/port); returns the base URL agents use (…/v1)."""
+        if self._runner is not None:
+            return self.url
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        for prefix in ("/v1", "/episodes/{key}/v1"):
+            app.router.add_post(prefix + "/chat/completions", self._chat)
+            app.router.add_get(prefix + "/models", self._models)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.cfg.host, self.cfg.port)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self.url = runner, f"http://{self.cfg.host}:{port}/v1"
+        return self.url
+
+    async def aclose(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    def open(
+        self, task_id: str, sample_index: int, session: str, seeds: str | None = None
+    ) -> EpisodeCapture:
+        ep = EpisodeCapture(task_id, sample_index, session, seeds)
+        self.episodes[ep.key] = ep
+        return ep
+
+    def close(self, ep: EpisodeCapture) -> EpisodeCapture:
+        """The episode is over: its key is refused from now on, its sequences are final."""
+        ep.closed = True
+        self.episodes.pop(ep.key, None)
+        return ep
+
+    # -- HTTP ----------------------------------------------------------------------------------
+
+    def _episode(self, request: web.Request) -> EpisodeCapture:
+        key = request.match_info.get("key")
+        if key is None:
+            auth = request.headers.get("Authorization", "")
+            key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        ep = self.episodes.get(key)
+        if ep is None:
+            raise WireError(
+                401,
+                "invalid_api_key",
+                "unknown or finished episode key: each "
+                "episode's agent uses the key its AgentEnv.run was given",
+            )
+        return ep
+
+    async def _models(self, request: web.Request) -> web.Response:
+        try:
+            self._episode(request)
+        except WireError as e:
+            return web.json_response(e.body(), status=e.status)
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [{"id": "agentrl", "object": "model", "created": 0, "owned_by": "agentrl"}],
+            }
+        )
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        ep: EpisodeCapture | None = None
+        try:
+            ep = self._episode(request)
+            try:
+                body = await request.json(loads=json.loads)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise bad(f"the request body is not JSON: {e}") from e
+            req = parse_request(body)
+            choices, usage = await self.complete(ep, req)
+        except WireError as e:
+            if ep is not None and e.status == 400:
+                ep.counts["bad_requests"] += 1
+            return web.json_response(e.body(), status=e.status)
+        rid = new_id()
+        if not req.stream:
+            return web.json_response(completion_body(rid, req.model, choices, usage))
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)
+        for chunk in stream_chunks(rid, req.model, choices, usage if req.include_usage else None):
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    # -- one request ---------------------------------------------------------------------------
+
+    async def complete(
+        self, ep: EpisodeCapture, req: ChatRequest
+    ) -> tuple[list[Choice], dict[str, int]]:
+        """Serve one request of `ep`: `req.n` samples of its messages, recorded."""
+        if ep.stop is not None:
+            raise bad(f"this episode is over ({ep.stop.value}): {ep.error}", "episode_over")
+        if ep.requests >= self.cfg.max_requests:
+            ep.flag(
+                StopReason.MAX_TURNS, f"past rollout.gateway.max_requests={self.cfg.max_requests}"
+            )
+            raise bad(
+                f"this episode made rollout.gateway.max_requests={self.cfg.max_requests} "
+                "requests; no more are served",
+                "episode_budget_exceeded",
+            )
+        ep.requests += 1
+        if self.cfg.sampling == "run" and (req.temperature is not None or req.top_p is not None):
+            ep.counts["sampling_overridden"] += 1
+        renderer, key = self._renderer(req.tools)
+        index = ep.requests - 1
+        results = await asyncio.gather(
+            *(self._sample(ep, req, renderer, key, index, i) for i in range(req.n))
+        )
+        prompt = results[0][1]
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": sum(r[2] for r in results),
+            "total_tokens": prompt + sum(r[2] for r in results),
+        }
+        return [r[0] for r in results], usage
+
+    async def _sample(
+        self,
+        ep: EpisodeCapture,
+        req: ChatRequest,
+        renderer: Renderer,
+        key: str,
+        index: int,
+        i: int,
+    ) -> tuple[Choice, int, int]:
+        try:
+            plan = ep.plan(req.messages, key, renderer)
+        except RenderError as e:
+            raise bad(f"the model's chat template cannot render these messages: {e}") from e
+        except Exception as e:  # jinja2's raise_exception, TypeError, … from the template
+            raise bad(
+                f"the model's chat template refused these messages: {type(e).__name__}: {e}"
+            ) from e
+        params = self._params(ep, req, plan, turn_seed(ep.seeds, index * 64 + i))
+        cap = ep.commit(plan)
+        try:
+            comp = await self.engine.generate(cap.seq.ids, params, key=ep.session)
+        except PromptTooLong as e:
+            ep.undo(cap, plan)
+            ep.flag(StopReason.CONTEXT_OVERFLOW, str(e))
+            raise bad(
+                f"the prompt is longer than the engine's context: {e}", "context_length_exceeded"
+            ) from e
+        except EngineUnavailable as e:
+            ep.undo(cap, plan)
+            ep.flag(StopReason.ABORTED, f"EngineUnavailable: {e}")
+            raise WireError(503, "engine_unavailable", f"no rollout server answered: {e}") from e
+        except BaseException:
+            ep.undo(cap, plan)
+            raise
+        comp = _cut_at_stop(comp, req.stop, renderer)
+        turn, said = record_turn(cap.seq, comp, renderer, self.parser, None, len(cap.seq.turns))
+        ep.sampled(cap, turn)
+        if comp.finish_reason is FinishReason.ABORT:
+            ep.flag(StopReason.ABORTED, "the engine aborted the request")
+        for e in said.parse_errors:
+            ep.counts["parse_errors"] += 1
+            log.debug("episode %s: %s", ep.session, e.message)
+        return (
+            Choice(said.message, finish_of(said.message, comp.finish_reason)),
+            plan.length,
+            (turn.end - turn.start),
+        )
+
+    def _params(
+        self, ep: EpisodeCapture, req: ChatRequest, plan: Plan, seed: int | None
+    ) -> SamplingParams:
+        d = self.defaults
+        room = d.max_context_tokens - plan.length
+        if room <= 0:
+            ep.flag(
+                StopReason.CONTEXT_OVERFLOW,
+                f"{plan.length} prompt ids, rollout.max_context_tokens={d.max_context_tokens}",
+            )
+            raise bad(
+                f"this request's prompt is {plan.length} tokens, at or past "
+                f"rollout.max_context_tokens={d.max_context_tokens}",
+                "context_length_exceeded",
+            )
+        left = self.cfg.max_sampled_tokens - ep.sampled_tokens
+        if left <= 0:
+            ep.flag(
+                StopReason.LENGTH,
+                f"past rollout.gateway.max_sampled_tokens={self.cfg.max_sampled_tokens}",
+            )
+            raise bad(
+                f"this episode sampled rollout.gateway.max_sampled_tokens="
+                f"{self.cfg.max_sampled_tokens} tokens; no more are served",
+                "episode_budget_exceeded",
+            )
+        own = self.cfg.sampling == "request"
+        return SamplingParams(
+            seed=seed,
+            max_new_tokens=min(d.max_new_tokens, req.max_tokens or d.max_new_tokens, room, left),
+            temperature=req.temperature if own and req.temperature is not None else d.temperature,
+            top_p=req.top_p if own and req.top_p is not None else d.top_p,
+            top_k=d.top_k,
+            stop_token_ids=list(d.stop_token_ids),
+        )
+
+    def _renderer(self, tools: list[dict[str, Any]]) -> tuple[Renderer, str]:
+        key = json.dumps(tools, sort_keys=True)
+        r = self._renderers.get(key)
+        if r is None:
+            d = self.defaults
+            try:
+                r = Renderer(self.tokenizer, tools, d.template_kwargs, d.end_of_turn)
+            except Exception as e:
+                raise bad(
+                    f"the model's chat template cannot render these tools: {type(e).__name__}: {e}"
+                ) from e
+            if len(self._renderers) < 256:
+                self._renderers[key] = r
+        return r, key
+
+
+def _cut_at_stop(comp: Completion, stop: list[str], renderer: Renderer) -> Completion:
+    """The request's `stop` strings: the sampled ids up to the first token whose text completes
+    one (that token kept: ids are never split), finish reason stop. The ids after it were never
+    shown to the agent and are not trained on."""
+    if not stop or not comp.token_ids:
+        return comp
+    for k in range(len(comp.token_ids) - 1):
+        if any(s in renderer.decode(comp.token_ids[: k + 1]) for s in stop):
+            kept, segs = k + 1, []
+            for n, v in comp.segments:
+                if kept - sum(m for m, _ in segs) > 0:
+                    segs.append((min(n, kept - sum(m for m, _ in segs)), v))
+            return dataclasses.replace(
+                comp,
+                token_ids=comp.token_ids[:kept],
+                logprobs=comp.logprobs[:kept],
+                finish_reason=FinishReason.STOP,
+                matched_stop=None,
+                segments=segs,
+            )
+    return comp

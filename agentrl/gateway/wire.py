@@ -1,0 +1,326 @@
+"""OpenAI's chat-completions wire format: requests in (messages, tools, sampling), answers out
+(a chat.completion, or its chat.completion.chunk stream), errors as OpenAI error bodies.
+
+Nothing here samples or tokenizes; a request that cannot be read is a `WireError` carrying the
+HTTP status and OpenAI error code the agent's SDK raises with."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from agentrl.types import FinishReason, Message, ToolCall
+
+
+class WireError(Exception):
+    """A request the gateway refuses: HTTP `status`, OpenAI error `code`, and why."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+    def body(self) -> dict[str, Any]:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": self.message, "type": kind, "code": self.code, "param": None}}
+
+
+def bad(message: str, code: str = "invalid_request") -> WireError:
+    return WireError(400, code, message)
+
+
+@dataclass
+class ChatRequest:
+    messages: list[Message]
+    tools: list[dict[str, Any]]
+    model: str = "agentrl"
+    n: int = 1
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+
+
+ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+}
+UNSUPPORTED = {
+    "response_format": "structured outputs (response_format) are not supported: the model "
+    "samples free text, parsed for tool calls",
+    "logit_bias": "logit_bias would sample from a distribution the learner never sees",
+    "functions": "the legacy `functions` field is not supported; send `tools`",
+}
+
+
+def parse_request(body: Any) -> ChatRequest:
+    """A chat-completions request body → ChatRequest; anything unreadable is a 400 that says
+    which field and why. Unknown fields OpenAI defines but that do not change sampling (user,
+    metadata, store, parallel_tool_calls, seed, …) are accepted and ignored."""
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    for key, why in UNSUPPORTED.items():
+        if body.get(key) not in (None, {"type": "text"}):
+            raise bad(why, "unsupported_parameter")
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise bad("`messages` must be a non-empty list")
+    tools = _tools(body.get("tools"))
+    choice = body.get("tool_choice")
+    if choice not in (None, "auto", "none"):
+        raise bad(
+            f"tool_choice={json.dumps(choice)} is not supported (only auto and none): the "
+            "gateway cannot force a call without changing what the model samples",
+            "unsupported_parameter",
+        )
+    if choice == "none":
+        tools = []
+    messages = _messages(raw)
+    if messages[-1].role == "assistant":
+        raise bad("the last message is an assistant message: prefilling is not supported")
+    n = _int(body, "n", 1)
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None:
+        max_tokens = _int(
+            body, "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens", 1
+        )
+    stop = body.get("stop") or []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
+        raise bad("`stop` must be a string or a list of non-empty strings")
+    options = body.get("stream_options") or {}
+    return ChatRequest(
+        messages=messages,
+        tools=tools,
+        model=str(body.get("model") or "agentrl"),
+        n=n,
+        max_tokens=max_tokens,
+        stop=stop,
+        stream=bool(body.get("stream")),
+        include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
+        temperature=_number(body, "temperature"),
+        top_p=_number(body, "top_p"),
+    )
+
+
+def _int(body: dict[str, Any], key: str, low: int) -> int:
+    v = body.get(key, low)
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise bad(f"`{key}` must be an integer >= {low}, got {json.dumps(v)}")
+    return v
+
+
+def _number(body: dict[str, Any], key: str) -> float | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+        raise bad(f"`{key}` must be a number >= 0, got {json.dumps(v)}")
+    return float(v)
+
+
+def _tools(raw: Any) -> list[dict[str, Any]]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise bad("`tools` must be a list")
+    out = []
+    for i, t in enumerate(raw):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not (
+            isinstance(t, dict)
+            and t.get("type", "function") == "function"
+            and isinstance(fn, dict)
+            and isinstance(fn.get("name"), str)
+            and fn["name"]
+        ):
+            raise bad(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': …}}}}")
+        spec = {
+            "name": fn["name"],
+            "description": fn.get("description") or "",
+            "parameters": fn.get("parameters") or {"type": "object", "properties": {}},
+        }
+        out.append({"type": "function", "function": spec})
+    return out
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's content as text: a string, null, or a list of text parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for p in content:
+            if isinstance(p, dict) and p.get("type") in ("text", "input_text", "output_text"):
+                parts.append(str(p.get("text", "")))
+            else:
+                kind = p.get("type") if isinstance(p, dict) else type(p).__name__
+                raise bad(f"{where}: content part of type {kind!r} is not supported (text only)")
+        return "".join(parts)
+    raise bad(f"{where}: content must be a string, null or a list of text parts")
+
+
+def _messages(raw: list[Any]) -> list[Message]:
+    out: list[Message] = []
+    names: dict[str, str] = {}  # tool call id -> tool name, to name the tool messages
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise bad(f"{where}: role must be one of {sorted(ROLES)}")
+        role = ROLES[m["role"]]
+        content = _text(m.get("content"), where)
+        try:
+            if role == "assistant":
+                calls = [
+                    _call(c, f"{where}.tool_calls[{k}]")
+                    for k, c in enumerate(m.get("tool_calls") or [])
+                ]
+                names.update({c.id: c.name for c in calls})
+                out.append(Message(role="assistant", content=content, tool_calls=calls))
+            elif role == "tool":
+                cid = m.get("tool_call_id")
+                if not isinstance(cid, str):
+                    raise bad(f"{where}: a tool message needs its tool_call_id")
+                out.append(
+                    Message(
+                        role="tool",
+                        content=content,
+                        tool_call_id=cid,
+                        name=m.get("name") or names.get(cid),
+                    )
+                )
+            else:
+                out.append(Message(role=role, content=content))
+        except ValidationError as e:
+            raise bad(f"{where}: {e.errors()[0]['msg']}") from e
+    return out
+
+
+def _call(c: Any, where: str) -> ToolCall:
+    fn = c.get("function") if isinstance(c, dict) else None
+    if not (
+        isinstance(fn, dict) and isinstance(fn.get("name"), str) and isinstance(c.get("id"), str)
+    ):
+        raise bad(
+            f"{where} must be {{'id': …, 'type': 'function', 'function': {{'name', 'arguments'}}}}"
+        )
+    args = fn.get("arguments") or {}
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError as e:
+            raise bad(f"{where}: arguments are not JSON ({e})") from e
+    if not isinstance(args, dict):
+        raise bad(f"{where}: arguments must be a JSON object")
+    return ToolCall(id=c["id"], name=fn["name"], arguments=args)
+
+
+# -- answers -------------------------------------------------------------------------------------
+
+FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "stop"}
+
+
+@dataclass
+class Choice:
+    message: Message
+    finish: str  # stop | length | tool_calls
+
+
+def finish_of(message: Message, reason: FinishReason) -> str:
+    if message.tool_calls and reason is not FinishReason.LENGTH:
+        return "tool_calls"
+    return FINISH[reason]
+
+
+def message_body(message: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "role": "assistant",
+        "content": message.content if message.content or not message.tool_calls else None,
+    }
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+            }
+            for c in message.tool_calls
+        ]
+    return out
+
+
+def new_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex[:24]}"
+
+
+def completion_body(
+    rid: str, model: str, choices: list[Choice], usage: dict[str, int]
+) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": i,
+                "message": message_body(c.message),
+                "finish_reason": c.finish,
+                "logprobs": None,
+            }
+            for i, c in enumerate(choices)
+        ],
+        "usage": usage,
+    }
+
+
+def stream_chunks(
+    rid: str, model: str, choices: list[Choice], usage: dict[str, int] | None
+) -> list[dict[str, Any]]:
+    """The answer as chat.completion.chunk objects: per choice its role, its content, each tool
+    call whole (id, name, arguments), then its finish reason; the usage chunk last when asked."""
+    created = int(time.time())
+
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [
+                {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
+            ],
+        }
+
+    out = []
+    for i, c in enumerate(choices):
+        out.append(chunk(i, {"role": "assistant", "content": ""}))
+        if c.message.content:
+            out.append(chunk(i, {"content": c.message.content}))
+        for k, call in enumerate(message_body(c.message).get("tool_calls", [])):
+            out.append(chunk(i, {"tool_calls": [{"index": k, **call}]}))
+        out.append(chunk(i, {}, c.finish))
+    if usage is not None:
+        out.append(
+            {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": usage,
+            }
+        )
+    return out

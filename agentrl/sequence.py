@@ -1,0 +1,68 @@
+"""One token sequence in the making: the ids a policy read and sampled, their mask and logprobs,
+and its turns. The rollout (agentrl/rollout.py) builds one per episode; the gateway
+(agentrl/gateway/) one per training sequence of an agent's episode. Both record a sampled turn
+the same way (`record_turn`): the engine's ids appended unchanged (mask 1, their logprobs), the
+text decoded and parsed with the run's parser, never tokenized again."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel
+
+from agentrl.env import AssistantTurn
+from agentrl.parsers import Parser
+from agentrl.render import Renderer
+from agentrl.types import Completion, FinishReason, Message, Turn
+
+
+@dataclass
+class TokenSequence:
+    """A sequence in progress; always consistent, so a failure can still be recorded."""
+
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    prompt_len: int = 0
+    turns: list[Turn] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+
+    def append(self, ids: list[int], logprobs: list[float] | None) -> None:
+        """Sampled ids (with their logprobs: mask 1) or template/observation ids (None: mask 0)."""
+        self.ids += ids
+        self.mask += [1 if logprobs is not None else 0] * len(ids)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+
+
+def record_turn(
+    seq: TokenSequence,
+    comp: Completion,
+    renderer: Renderer,
+    parser: Parser,
+    tool_args: dict[str, type[BaseModel]] | None,
+    index: int,
+) -> tuple[Turn, AssistantTurn]:
+    """Append the engine's completion as the next turn of `seq`: its ids unchanged, its text
+    parsed into the assistant message (tool calls checked against `tool_args` when given)."""
+    start = len(seq.ids)
+    seq.append(comp.token_ids, comp.logprobs)
+    text = renderer.assistant_text(comp.token_ids)
+    parsed = parser.parse_turn(text, tool_args, truncated=comp.finish_reason is FinishReason.LENGTH)
+    msg = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls)
+    seq.messages.append(msg)
+    turn = Turn(
+        start=start,
+        end=len(seq.ids),
+        obs_end=len(seq.ids),
+        weight_version=comp.weight_version,
+        finish_reason=comp.finish_reason,
+        assistant=msg,
+        text=text,
+        num_parse_errors=sum(not e.is_call_error for e in parsed.errors),
+        gen_latency_s=comp.latency_s,
+        prompt_tokens=comp.prompt_tokens or start,
+        cached_tokens=comp.cached_tokens,
+        segments=list(comp.segments),
+    )
+    seq.turns.append(turn)
+    return turn, AssistantTurn(msg, text, parsed.errors, comp.finish_reason, index)
