@@ -76,11 +76,12 @@ class AgentEpisodes:
         ctx = ToolContext(session=session, sandbox=self.sandbox, timeout_s=self.tool_timeout_s)
         t0 = time.monotonic()
         env: AgentEnv | None = None
-        stop, error = StopReason.COMPLETED, None
+        stop, error, returned = StopReason.COMPLETED, None, False
         try:
             env = self.env_cls(task, ctx, **self.env_kwargs)
             client = openai_client(url, ep.key, self.episode_timeout_s)
             env.result = await asyncio.wait_for(env.run(task, client), self.episode_timeout_s)
+            returned = True
         except asyncio.CancelledError:
             self.gateway.close(ep)
             if env is not None:
@@ -102,7 +103,7 @@ class AgentEpisodes:
         if ep.stop is not None:  # a budget or the engine decided first; the agent only reacted
             stop, error = ep.stop, ep.error if error is None else f"{ep.error}\n{error}"
         trajs = self._trajectories(task, sample_index, ep, stop, error)
-        if env is not None:
+        if env is not None and returned:  # an agent that raised has no result: scored 0
             await self._score(env, trajs, session)
             await _close(env, session)
         for t in trajs:
@@ -133,10 +134,10 @@ class AgentEpisodes:
         return out
 
     async def _score(self, env: AgentEnv, trajs: list[Trajectory], session: str) -> None:
-        """The episode's reward on each of its sequences: 0 for an agent error, none for an
+        """The episode's reward on each of its sequences, when its agent returned: none for an
         infrastructure failure, else `env.reward` of the last sequence."""
         last = trajs[-1]
-        if last.stop_reason.is_infra_failure or last.stop_reason is StopReason.AGENT_ERROR:
+        if last.stop_reason.is_infra_failure:
             return
         try:
             value = await env.reward(last)

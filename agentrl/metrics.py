@@ -222,6 +222,23 @@ def rollout_metrics(
             sum(t.cached_tokens for t in ts) / read if read else 0.0
         )
     out.update(tool_metrics(trajs))
+    out.update(gateway_metrics(trajs))
+    return out
+
+
+def gateway_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    """An AgentEnv's episodes (agentrl/gateway/): per step, the requests its agents made and how
+    each was captured (start, extend, branch, fork: agentrl/gateway/capture.py), requests refused
+    (bad_requests), parse errors, requests whose own temperature/top_p were overridden, and
+    `gateway/fork_rate` (forks per request: the agents' history rewrites)."""
+    counts: Counter[str] = Counter()
+    for t in trajs:
+        for k, v in t.metadata.get("gateway", {}).items():
+            counts[k] += v
+    if not counts:
+        return {}
+    out = {f"gateway/{k}": float(v) for k, v in counts.items()}
+    out["gateway/fork_rate"] = counts["fork"] / counts["requests"] if counts["requests"] else 0.0
     return out
 
 

@@ -249,6 +249,7 @@ class Gateway:
             raise
         comp = _cut_at_stop(comp, req.stop, renderer)
         turn, said = record_turn(cap.seq, comp, renderer, self.parser, None, len(cap.seq.turns))
+        turn.num_tool_calls = len(said.message.tool_calls)  # well-formed: the agent runs them
         ep.sampled(cap, turn)
         if comp.finish_reason is FinishReason.ABORT:
             ep.flag(StopReason.ABORTED, "the engine aborted the request")

@@ -1,0 +1,263 @@
+"""The gateway (agentrl/gateway/) against the real dev server, with agents written on the real
+`openai` SDK: every sampled turn an agent's episode recorded is exactly what the engine returned
+for exactly the ids it was asked with; a history rewrite forks a second token-exact sequence;
+streaming carries tool calls; failures become the episode's outcome, never a crashed run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from agentrl.advantage import AdvantageConfig, compute_advantages
+from agentrl.agent_env import AgentEnv
+from agentrl.assets.build import resolve_builtin
+from agentrl.engine import EngineClient, EngineConfig, launch_engines
+from agentrl.envs.examples.agent_openai import SYSTEM, TOOLS, AddAgent, add_tasks
+from agentrl.gateway import Gateway, GatewayConfig
+from agentrl.rollout import Rollout, RolloutConfig
+from agentrl.types import StopReason, Task, Trajectory
+
+TINY = resolve_builtin("tiny")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with launch_engines(EngineConfig(), TINY, tmp_path_factory.mktemp("logs")) as urls:
+        yield urls
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(TINY)
+
+
+class Recording:
+    """The real engine client, with every call's prompt ids and returned ids kept."""
+
+    def __init__(self, engine: EngineClient) -> None:
+        self.engine, self.calls = engine, []
+
+    async def generate(self, input_ids, params, key=None):
+        comp = await self.engine.generate(input_ids, params, key)
+        self.calls.append((list(input_ids), list(comp.token_ids), list(comp.logprobs)))
+        return comp
+
+    def release(self, key: str) -> None:
+        self.engine.release(key)
+
+
+async def rollout_of(urls, tok, env_cls, tasks, **cfg) -> tuple[list[list[Trajectory]], Recording]:
+    async with EngineClient(urls) as engine:
+        rec = Recording(engine)
+        ro = Rollout(rec, tok, env_cls, RolloutConfig(max_new_tokens=48, max_context_tokens=700,
+                                                       **cfg))  # fmt: skip
+        try:
+            return await ro.run(tasks), rec
+        finally:
+            await ro.aclose()
+
+
+def assert_token_exact(t: Trajectory, rec: Recording) -> None:
+    """Each sampled turn: the engine was asked with exactly the ids before it and returned
+    exactly its ids and logprobs; the loss mask is 1 on those ids and nowhere else."""
+    t.check()  # the mask is 1 exactly on the turns' sampled spans
+    calls = {(tuple(ids), tuple(out)): lps for ids, out, lps in rec.calls}
+    for turn in t.turns:
+        key = (tuple(t.token_ids[: turn.start]), tuple(t.token_ids[turn.start : turn.end]))
+        assert key in calls, f"turn {turn.start}:{turn.end} is not a call the engine answered"
+        assert calls[key] == t.logprobs[turn.start : turn.end]
+
+
+def test_an_openai_sdk_agent_is_recorded_token_exact(server, tok):
+    groups, rec = asyncio.run(rollout_of(server, tok, AddAgent, add_tasks(3), group_size=4))
+    trajs = [t for g in groups for t in g]
+    assert len(trajs) == 12 and all(t.stop_reason is StopReason.COMPLETED for t in trajs)
+    assert max(len(t.turns) for t in trajs) >= 2, "the tiny model calls the add tool"
+    for t in trajs:
+        assert_token_exact(t, rec)
+        gw = t.metadata["gateway"]
+        assert gw["start"] == 1 and gw.get("fork", 0) == 0 and gw["requests"] == len(t.turns)
+        assert gw.get("extend", 0) == len(t.turns) - 1  # every later request extended
+    # the observation between turns is the template's delta: the tool result, masked
+    two = next(t for t in trajs if len(t.turns) >= 2)
+    obs = tok.decode(two.token_ids[two.turns[0].end : two.turns[0].obs_end])
+    assert "<tool_response>" in obs and set(
+        two.loss_mask[two.turns[0].end : two.turns[0].obs_end]
+    ) == {0}
+    assert len(rec.calls) == sum(len(t.turns) for t in trajs)
+
+
+class Rewriter(AgentEnv):
+    """Calls the add tool, then rewrites its history (drops its own turn and the tool result,
+    folds the result into the user message) before asking for the answer."""
+
+    @classmethod
+    def load_tasks(cls, n: int = 2, seed: int = 0) -> list[Task]:
+        return add_tasks(n)
+
+    async def run(self, task: Task, client: Any) -> float:
+        prompt = task.data["prompt"]
+        first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
+        await client.chat.completions.create(model="m", messages=first, tools=TOOLS)
+        rewritten = [{"role": "system", "content": SYSTEM},
+                     {"role": "user", "content": f"{prompt} (a tool said: {task.data['answer']})"}]  # fmt: skip
+        out = await client.chat.completions.create(model="m", messages=rewritten, tools=TOOLS)
+        return float((out.choices[0].message.content or "").strip() == task.data["answer"])
+
+
+def test_a_rewritten_history_forks_two_token_exact_sequences(server, tok):
+    groups, rec = asyncio.run(rollout_of(server, tok, Rewriter, add_tasks(2), group_size=3))
+    for group in groups:
+        assert len(group) == 6  # three episodes, two sequences each
+        for t in group:
+            assert_token_exact(t, rec)
+            assert len(t.turns) == 1 and t.stop_reason is StopReason.COMPLETED
+        firsts, seconds = group[0::2], group[1::2]
+        assert [t.metadata["origin"] for t in group] == ["start", "fork"] * 3
+        assert all(t.metadata["gateway"]["fork"] == 1 for t in firsts)
+        for a, b in zip(firsts, seconds, strict=True):
+            assert a.metadata["session"] == b.metadata["session"] and a.reward == b.reward
+            # the fork's prompt is the rewritten request rendered whole; nothing of the first
+            # sequence's sampled turn is in it
+            assert "(a tool said:" in tok.decode(b.token_ids[: b.prompt_len])
+            assert (
+                b.prompt_len == b.turns[0].start
+                and sum(b.loss_mask) == b.turns[0].end - b.turns[0].start
+            )
+    # the baseline counts an episode once: both sequences of an episode get its advantage
+    for t, reward in zip(groups[0], [1.0, 1.0, 0.0, 0.0, 0.0, 0.0], strict=True):
+        t.reward = reward
+    adv = compute_advantages([groups[0]], AdvantageConfig(name="drgrpo")).advantages
+    per_seq = [float(a[t.turns[0].start]) for a, t in zip(adv, groups[0], strict=True)]
+    assert per_seq == pytest.approx([2 / 3, 2 / 3, -1 / 3, -1 / 3, -1 / 3, -1 / 3])
+
+
+def test_streaming_answers_carry_the_tool_calls_the_plain_answer_has(server, tok):
+    """The same request, seeded alike, streamed and not: the streamed chunks rebuild the same
+    message (content, tool call ids, names, arguments) and finish reason, and report usage."""
+
+    async def go():
+        async with EngineClient(server) as engine:
+            gw = Gateway(engine, tok, Rollout.prepare(tok, AddAgent, RolloutConfig())[1])
+            url = await gw.start()
+            try:
+                for seed in range(16):  # the first seed whose answer calls the tool
+                    answers = await both(gw, url, f"seed-{seed}")
+                    if answers[0][1]:
+                        return answers
+                raise AssertionError(f"no seed of 16 gave a tool call: {answers}")
+            finally:
+                await gw.aclose()
+
+    async def both(gw, url, seed):
+        answers = []
+        for stream in (False, True):
+            ep = gw.open("t", 0, f"s{stream}", seeds=seed)
+            client = openai.AsyncOpenAI(base_url=url, api_key=ep.key, max_retries=0)
+            msgs = [{"role": "system", "content": SYSTEM},
+                            {"role": "user", "content": "What is 20 + 21?"}]  # fmt: skip
+            if not stream:
+                out = await client.chat.completions.create(model="m", messages=msgs,
+                                                                   tools=TOOLS)  # fmt: skip
+                m = out.choices[0].message
+                answers.append((m.content, [(c.id, c.function.name, json.loads(
+                            c.function.arguments)) for c in m.tool_calls or []],
+                            out.choices[0].finish_reason, out.usage.completion_tokens))  # fmt: skip
+                continue
+            chunks = await client.chat.completions.create(
+                        model="m", messages=msgs, tools=TOOLS, stream=True,
+                        stream_options={"include_usage": True})  # fmt: skip
+            content, calls, finish, usage = "", {}, None, None
+            async for ch in chunks:
+                if ch.usage is not None:
+                    usage = ch.usage.completion_tokens
+                for c in ch.choices:
+                    content += c.delta.content or ""
+                    finish = c.finish_reason or finish
+                    for tc in c.delta.tool_calls or []:
+                        got = calls.setdefault(tc.index, [tc.id, "", ""])
+                        got[1] += tc.function.name or ""
+                        got[2] += tc.function.arguments or ""
+            answers.append((content or None, [(i, n, json.loads(a)) for i, n, a in
+                                                      calls.values()], finish, usage))  # fmt: skip
+        return answers
+
+    plain, streamed = asyncio.run(go())
+    assert plain == streamed
+    assert plain[1] and plain[1][0][1] == "add" and plain[2] == "tool_calls", plain
+
+
+class Failing(AgentEnv):
+    """One behaviour per task: raise, never call the model, run past the request budget, send
+    a request the gateway refuses."""
+
+    @classmethod
+    def load_tasks(cls, n: int = 4, seed: int = 0) -> list[Task]:
+        return [Task(id=k, data={}) for k in ("raise", "silent", "budget", "refused")]
+
+    async def run(self, task: Task, client: Any) -> float:
+        msgs = [{"role": "user", "content": "What is 1 + 2?"}]
+        if task.id == "raise":
+            await client.chat.completions.create(model="m", messages=msgs)
+            raise KeyError("the agent's own bug")
+        if task.id == "silent":
+            return 1.0
+        if task.id == "budget":
+            for _ in range(5):  # rollout.gateway.max_requests=3
+                await client.chat.completions.create(model="m", messages=msgs)
+        if task.id == "refused":
+            try:
+                await client.chat.completions.create(model="m", messages=msgs,
+                                                     tool_choice="required", tools=TOOLS)  # fmt: skip
+            except openai.BadRequestError as e:
+                assert "tool_choice" in str(e)
+            out = await client.chat.completions.create(model="m", messages=msgs)
+            bogus = openai.AsyncOpenAI(base_url=str(client.base_url), api_key="nope", max_retries=0)
+            with pytest.raises(openai.AuthenticationError):
+                await bogus.chat.completions.create(model="m", messages=msgs)
+            return float(bool(out.choices))
+        return 1.0
+
+
+def test_failures_are_the_episodes_outcomes(server, tok):
+    groups, _ = asyncio.run(rollout_of(server, tok, Failing, Failing.load_tasks(), group_size=1,
+                                       gateway=GatewayConfig(max_requests=3)))  # fmt: skip
+    by = {g[0].task_id: g for g in groups}
+    (r,) = by["raise"]
+    assert r.stop_reason is StopReason.AGENT_ERROR and r.reward == 0.0 and r.num_sampled > 0
+    assert 'KeyError: "the agent\'s own bug"' in r.error  # kept in its group, scored, visible
+    (s,) = by["silent"]
+    assert s.stop_reason is StopReason.ABORTED and "without calling the model" in s.error
+    assert s.num_sampled == 0  # nothing to train; out of the baseline
+    b = by["budget"]
+    assert {t.stop_reason for t in b} == {StopReason.MAX_TURNS} and b[0].reward == 0.0
+    assert "max_requests=3" in b[0].error and b[0].metadata["gateway"]["requests"] == 3
+    (f,) = by["refused"]
+    assert f.stop_reason is StopReason.COMPLETED and f.reward == 1.0
+    assert f.metadata["gateway"]["bad_requests"] == 1 and f.metadata["gateway"]["requests"] == 1
+
+
+def test_a_command_agent_gets_the_url_key_and_task(server, tok, tmp_path: Path):
+    script = tmp_path / "agent.py"
+    script.write_text(
+        "import json, os\nfrom openai import OpenAI\n"
+        "task = json.loads(os.environ['AGENTRL_TASK'])\n"
+        "c = OpenAI(max_retries=0)\n"  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
+        "out = c.chat.completions.create(model='m', messages=[{'role': 'user', 'content': task['prompt']}])\n"
+        "print(json.dumps({'total': 0.5, 'answered': float(bool(out.choices[0].message.content))}))\n"
+    )
+
+    class Cmd(AgentEnv):
+        command = ["python", str(script)]
+
+    groups, rec = asyncio.run(rollout_of(server, tok, Cmd, add_tasks(1), group_size=2))
+    for t in groups[0]:
+        assert t.stop_reason is StopReason.COMPLETED and t.reward == 0.5
+        assert set(t.reward_components) == {"total", "answered"}
+        assert_token_exact(t, rec)
