@@ -167,6 +167,7 @@ class Rollout:
             top_p=c.top_p,
             top_k=c.top_k,
             stop_token_ids=[self.renderer.eot_id] if c.end_of_turn else [],
+            ignore_eos=c.ignore_eos,
             template_kwargs=c.template_kwargs,
             end_of_turn=c.end_of_turn,
         )

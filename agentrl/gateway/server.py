@@ -67,6 +67,7 @@ class GenerationDefaults:
     top_p: float = 1.0
     top_k: int = -1
     stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False  # benchmarks: every request samples its max_tokens
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     end_of_turn: str | None = None
 
@@ -296,6 +297,7 @@ class Gateway:
             top_p=req.top_p if own and req.top_p is not None else d.top_p,
             top_k=d.top_k,
             stop_token_ids=list(d.stop_token_ids),
+            ignore_eos=d.ignore_eos,
         )
 
     def _renderer(self, tools: list[dict[str, Any]]) -> tuple[Renderer, str]:

@@ -19,7 +19,7 @@ from agentrl.agent_env import AgentEnv
 from agentrl.assets.build import resolve_builtin
 from agentrl.engine import EngineClient, EngineConfig, launch_engines
 from agentrl.envs.examples.agent_openai import SYSTEM, TOOLS, AddAgent, add_tasks
-from agentrl.gateway import Gateway, GatewayConfig
+from agentrl.gateway import Gateway, GatewayConfig, GenerationDefaults
 from agentrl.rollout import Rollout, RolloutConfig
 from agentrl.types import StopReason, Task, Trajectory
 
@@ -261,3 +261,54 @@ def test_a_command_agent_gets_the_url_key_and_task(server, tok, tmp_path: Path):
         assert t.stop_reason is StopReason.COMPLETED and t.reward == 0.5
         assert set(t.reward_components) == {"total", "answered"}
         assert_token_exact(t, rec)
+
+
+def test_a_request_in_flight_across_a_weight_push_goes_on_as_segments(server, tok, tmp_path):
+    """trainer.async.partial_rollouts: a push (`exclusive(pause=True)`, new weights from disk)
+    cuts a chat completion the gateway is sampling; it goes on under the new weights and the
+    agent gets one whole answer. The recorded turn says which ids which version sampled."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.01)
+    model.save_pretrained(tmp_path / "pushed")
+    n = 400
+
+    async def go():
+        async with EngineClient(server) as engine:
+            v0 = (await engine.control.get_weight_version())[0]
+            parser = Rollout.prepare(tok, AddAgent, RolloutConfig())[1]
+            defaults = GenerationDefaults(max_new_tokens=n, ignore_eos=True)
+            gw = Gateway(engine, tok, parser, GatewayConfig(max_sampled_tokens=n), defaults)
+            url = await gw.start()
+            ep = gw.open("t", 0, "push")
+            client = openai.AsyncOpenAI(base_url=url, api_key=ep.key, max_retries=0)
+            msgs = [{"role": "user", "content": "Count to a thousand."}]
+            ask = asyncio.create_task(client.chat.completions.create(model="m", messages=msgs))
+            try:
+                for _ in range(500):
+                    info = await engine.control.server_info()
+                    if info[0]["internal_states"][0]["num_running_reqs"]:
+                        break
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.3)
+                async with engine.exclusive(pause=True) as inflight:
+                    assert inflight == 1
+                    await engine.control.update_weights_from_disk(
+                        str(tmp_path / "pushed"), weight_version="pushed-1"
+                    )
+                out = await asyncio.wait_for(ask, 120)
+            finally:
+                await engine.control.update_weights_from_disk(str(TINY), weight_version=v0)
+                await gw.aclose()
+            return out, gw.close(ep), v0
+
+    out, ep, v0 = asyncio.run(go())
+    (cap,) = ep.trained()
+    (turn,) = cap.seq.turns
+    assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == n
+    assert [v for _, v in turn.segments] == [v0, "pushed-1"] and 0 < turn.segments[0][0] < n
+    assert turn.end - turn.start == n and sum(cap.seq.mask) == n

@@ -1,0 +1,137 @@
+"""The gateway's pure parts: OpenAI requests read or refused with the reason (agentrl/gateway/
+wire.py), and which sequence a request continues (agentrl/gateway/capture.py), on the shipped
+tiny model's tokenizer and chat template with completions written as ids."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from agentrl.assets.build import resolve_builtin
+from agentrl.gateway import EpisodeCapture, WireError
+from agentrl.gateway.wire import message_body, parse_request, stream_chunks
+from agentrl.parsers import get_parser
+from agentrl.render import Renderer
+from agentrl.sequence import record_turn
+from agentrl.types import Completion, FinishReason, Message
+
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+USER = {"role": "user", "content": "What is 1 + 2?"}
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"messages": []}, "non-empty list"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "role must be one of"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "text only"),
+        (
+            {
+                "messages": [
+                    USER,
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {"id": "c", "function": {"name": "add", "arguments": "{oops"}}
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "c", "content": "3"},
+                ]
+            },
+            "arguments are not JSON",
+        ),  # fmt: skip
+        ({"messages": [USER], "tool_choice": "required", "tools": TOOLS}, "tool_choice"),
+        ({"messages": [USER], "response_format": {"type": "json_object"}}, "structured outputs"),
+        ({"messages": [USER, {"role": "assistant", "content": "The answer is"}]}, "prefilling"),
+        ({"messages": [USER], "n": 0}, "`n` must be an integer >= 1"),
+        ({"messages": [USER], "tools": [{"type": "function"}]}, "tools[0]"),
+        ({"messages": [{"role": "tool", "content": "3"}]}, "tool_call_id"),
+        ([1, 2], "JSON object"),
+    ],
+)
+def test_requests_the_gateway_cannot_serve_are_400s_that_say_why(body, says):
+    with pytest.raises(WireError) as e:
+        parse_request(body)
+    assert e.value.status == 400 and says in e.value.message
+    assert e.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_request_is_read_as_frameworks_send_it():
+    req = parse_request({
+        "model": "gpt-4o", "messages": [
+            {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]}, USER,
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "add", "arguments": "{\"a\": 1, \"b\": 2}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "3"}],
+        "tools": TOOLS, "max_completion_tokens": 9, "stop": "\n\n", "stream": True,
+        "stream_options": {"include_usage": True}, "temperature": 0.2, "parallel_tool_calls": True,
+        "user": "u", "metadata": {"k": "v"},
+    })  # fmt: skip
+    assert [m.role for m in req.messages] == ["system", "user", "assistant", "tool"]
+    assert req.messages[0].content == "Be brief." and req.messages[2].content == ""
+    assert req.messages[2].tool_calls[0].arguments == {"a": 1, "b": 2}
+    assert req.messages[3].name == "add"  # named after the call it answers
+    assert (req.max_tokens, req.stop, req.stream, req.include_usage) == (9, ["\n\n"], True, True)
+    body = message_body(req.messages[2])
+    assert body["content"] is None and body["tool_calls"][0]["function"]["arguments"] == (
+        '{"a": 1, "b": 2}'
+    )
+
+
+@pytest.fixture(scope="module")
+def kit():
+    tok = AutoTokenizer.from_pretrained(resolve_builtin("tiny"))
+    return tok, Renderer(tok, TOOLS), get_parser("hermes")
+
+
+def answer(kit, ep: EpisodeCapture, messages: list[Message], text: str):
+    """Serve one request as the gateway does, the engine's answer given as `text`."""
+    tok, renderer, parser = kit
+    plan = ep.plan(messages, "k", renderer)
+    cap = ep.commit(plan)
+    ids = tok.encode(text + "<|im_end|>", add_special_tokens=False)
+    turn, said = record_turn(cap.seq, Completion(ids, [-0.5] * len(ids), FinishReason.STOP),
+                             renderer, parser, None, len(cap.seq.turns))  # fmt: skip
+    ep.sampled(cap, turn)
+    return plan.kind, said.message, cap
+
+
+def test_retries_and_second_continuations_branch_and_keep_the_shared_ids(kit):
+    ep = EpisodeCapture("t", 0, "s", None)
+    first = [Message(role="user", content="What is 1 + 2?")]
+    kind, said, cap = answer(
+        kit, ep, first, '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    )
+    assert kind == "start" and said.tool_calls[0].name == "add"
+    result = Message(role="tool", content="3", tool_call_id=said.tool_calls[0].id, name="add")
+    kind, _, same = answer(kit, ep, [*first, said, result], "3")
+    assert kind == "extend" and same is cap and len(cap.seq.turns) == 2
+    # the same continuation again (a retry): a branch from the first turn, sharing its ids
+    kind, _, other = answer(kit, ep, [*first, said, result], "It is 3")
+    assert kind == "branch" and other is not cap
+    end = cap.seq.turns[0].obs_end
+    assert other.seq.ids[:end] == cap.seq.ids[:end] and other.seq.mask[:end] == cap.seq.mask[:end]
+    # the first request again: the agent started over, same messages → a new start is a fork
+    kind, _, _ = answer(kit, ep, first, "3")
+    assert kind == "fork"
+    # an echoed assistant message that differs from what was answered → fork, never re-tokenized
+    edited = said.model_copy(update={"content": "let me add"})
+    kind, _, forked = answer(kit, ep, [*first, edited, result], "3")
+    assert (
+        kind == "fork" and forked.seq.mask[: forked.seq.prompt_len] == [0] * forked.seq.prompt_len
+    )
+    assert ep.counts == {"start": 1, "extend": 1, "branch": 1, "fork": 2}
+
+
+def test_stream_chunks_end_with_the_finish_reason_and_usage():
+    from agentrl.gateway.wire import Choice
+    from agentrl.types import ToolCall
+
+    msg = Message(
+        role="assistant", content="", tool_calls=[ToolCall(id="c", name="add", arguments={"a": 1})]
+    )
+    chunks = stream_chunks("id", "m", [Choice(msg, "tool_calls")], {"total_tokens": 3})
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[1]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"] == "add"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"total_tokens": 3}
