@@ -17,6 +17,8 @@ import traceback
 import uuid
 from typing import Any
 
+import openai
+
 from agentrl.agent_env import AgentEnv
 from agentrl.engine import EngineUnavailable
 from agentrl.gateway import EpisodeCapture, Gateway
@@ -29,13 +31,13 @@ log = logging.getLogger(__name__)
 NO_REQUESTS = "AgentEnv: the agent returned without calling the model (no requests)"
 
 
-def openai_client(base_url: str, key: str, timeout_s: float) -> Any:
-    """The client an agent gets: retries off (a refused request is an answer, not a glitch)."""
-    try:
-        import openai  # local: an optional dependency, needed only by AgentEnv runs
-    except ImportError as e:  # pragma: no cover - openai is a dependency
-        raise ConfigError("AgentEnv needs the openai package: pip install openai") from e
-    return openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout_s)
+def openai_client(base_url: str, key: str, timeout_s: float, http: Any = None) -> Any:
+    """The client an agent gets: retries off (a refused request is an answer, not a glitch).
+    `http`: one connection pool for all episodes (a client of its own builds an SSL context
+    and reads the CA bundle: 15 ms an episode, a quarter of the gateway's cost)."""
+    return openai.AsyncOpenAI(
+        base_url=base_url, api_key=key, max_retries=0, timeout=timeout_s, http_client=http
+    )
 
 
 class AgentEpisodes:
@@ -60,9 +62,19 @@ class AgentEpisodes:
         self.tool_timeout_s, self.episode_timeout_s = tool_timeout_s, episode_timeout_s
         self.reference = reference  # task -> {"reference": …} for people reading trajectories
         self._lock = asyncio.Lock()
+        self._http: Any = None
 
     async def aclose(self) -> None:
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.aclose()
         await self.gateway.aclose()
+
+    def _pool(self) -> Any:
+        """The agents' shared connection pool to the gateway (plain HTTP, loopback)."""
+        if self._http is None:
+            self._http = openai.DefaultAsyncHttpxClient(verify=False)
+        return self._http
 
     async def run_episode(
         self, task: Task, sample_index: int = 0, slot: int = 0
@@ -79,7 +91,7 @@ class AgentEpisodes:
         stop, error, returned = StopReason.COMPLETED, None, False
         try:
             env = self.env_cls(task, ctx, **self.env_kwargs)
-            client = openai_client(url, ep.key, self.episode_timeout_s)
+            client = openai_client(url, ep.key, self.episode_timeout_s, self._pool())
             env.result = await asyncio.wait_for(env.run(task, client), self.episode_timeout_s)
             returned = True
         except asyncio.CancelledError:

@@ -226,18 +226,25 @@ def rollout_metrics(
     return out
 
 
+GATEWAY_COUNTS = ("requests", "sequences", "start", "extend", "branch", "fork", "bad_requests",
+                  "parse_errors", "sampling_overridden", "tool_calls")  # fmt: skip
+
+
 def gateway_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     """An AgentEnv's episodes (agentrl/gateway/): per step, the requests its agents made and how
     each was captured (start, extend, branch, fork: agentrl/gateway/capture.py), requests refused
     (bad_requests), parse errors, requests whose own temperature/top_p were overridden, and
     `gateway/fork_rate` (forks per request: the agents' history rewrites)."""
     counts: Counter[str] = Counter()
+    seen = False
     for t in trajs:
+        seen = seen or "gateway" in t.metadata
         for k, v in t.metadata.get("gateway", {}).items():
             counts[k] += v
-    if not counts:
+    if not seen:
         return {}
-    out = {f"gateway/{k}": float(v) for k, v in counts.items()}
+    out = {f"gateway/{k}": float(counts[k]) for k in GATEWAY_COUNTS}
+    out.update({f"gateway/{k}": float(v) for k, v in counts.items()})
     out["gateway/fork_rate"] = counts["fork"] / counts["requests"] if counts["requests"] else 0.0
     return out
 

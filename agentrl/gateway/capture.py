@@ -121,6 +121,12 @@ class EpisodeCapture:
         self.error: str | None = None
         self.closed = False
 
+    def call_id(self) -> str:
+        """A tool call id no other call of this episode has (the parser numbers calls per turn;
+        the OpenAI Agents SDK, for one, refuses an id it saw before)."""
+        self.counts["tool_calls"] += 1
+        return f"call_{self.counts['tool_calls']}"
+
     def flag(self, stop: StopReason, error: str) -> None:
         """The first reason the episode cannot go on wins (a budget, a lost engine)."""
         if self.stop is None:

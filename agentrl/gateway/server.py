@@ -251,6 +251,8 @@ class Gateway:
         comp = _cut_at_stop(comp, req.stop, renderer)
         turn, said = record_turn(cap.seq, comp, renderer, self.parser, None, len(cap.seq.turns))
         turn.num_tool_calls = len(said.message.tool_calls)  # well-formed: the agent runs them
+        for call in said.message.tool_calls:  # ids unique in the episode (agents key calls by id)
+            call.id = ep.call_id()
         ep.sampled(cap, turn)
         if comp.finish_reason is FinishReason.ABORT:
             ep.flag(StopReason.ABORTED, "the engine aborted the request")

@@ -67,11 +67,13 @@ def assert_token_exact(t: Trajectory, rec: Recording) -> None:
     """Each sampled turn: the engine was asked with exactly the ids before it and returned
     exactly its ids and logprobs; the loss mask is 1 on those ids and nowhere else."""
     t.check()  # the mask is 1 exactly on the turns' sampled spans
-    calls = {(tuple(ids), tuple(out)): lps for ids, out, lps in rec.calls}
+    calls: dict[tuple, list] = {}
+    for ids, out, lps in rec.calls:  # two episodes may ask the same and get the same ids
+        calls.setdefault((tuple(ids), tuple(out)), []).append(lps)
     for turn in t.turns:
         key = (tuple(t.token_ids[: turn.start]), tuple(t.token_ids[turn.start : turn.end]))
         assert key in calls, f"turn {turn.start}:{turn.end} is not a call the engine answered"
-        assert calls[key] == t.logprobs[turn.start : turn.end]
+        assert t.logprobs[turn.start : turn.end] in calls[key]
 
 
 def test_an_openai_sdk_agent_is_recorded_token_exact(server, tok):
@@ -84,6 +86,8 @@ def test_an_openai_sdk_agent_is_recorded_token_exact(server, tok):
         gw = t.metadata["gateway"]
         assert gw["start"] == 1 and gw.get("fork", 0) == 0 and gw["requests"] == len(t.turns)
         assert gw.get("extend", 0) == len(t.turns) - 1  # every later request extended
+        ids = [c.id for turn in t.turns for c in turn.assistant.tool_calls]
+        assert len(ids) == len(set(ids)) == gw.get("tool_calls", 0)  # unique in the episode
     # the observation between turns is the template's delta: the tool result, masked
     two = next(t for t in trajs if len(t.turns) >= 2)
     obs = tok.decode(two.token_ids[two.turns[0].end : two.turns[0].obs_end])
@@ -156,36 +160,38 @@ def test_streaming_answers_carry_the_tool_calls_the_plain_answer_has(server, tok
                 await gw.aclose()
 
     async def both(gw, url, seed):
+        msgs = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "What is 20 + 21?"},
+        ]
         answers = []
         for stream in (False, True):
             ep = gw.open("t", 0, f"s{stream}", seeds=seed)
-            client = openai.AsyncOpenAI(base_url=url, api_key=ep.key, max_retries=0)
-            msgs = [{"role": "system", "content": SYSTEM},
-                            {"role": "user", "content": "What is 20 + 21?"}]  # fmt: skip
-            if not stream:
-                out = await client.chat.completions.create(model="m", messages=msgs,
-                                                                   tools=TOOLS)  # fmt: skip
-                m = out.choices[0].message
-                answers.append((m.content, [(c.id, c.function.name, json.loads(
-                            c.function.arguments)) for c in m.tool_calls or []],
-                            out.choices[0].finish_reason, out.usage.completion_tokens))  # fmt: skip
-                continue
-            chunks = await client.chat.completions.create(
-                        model="m", messages=msgs, tools=TOOLS, stream=True,
-                        stream_options={"include_usage": True})  # fmt: skip
-            content, calls, finish, usage = "", {}, None, None
-            async for ch in chunks:
-                if ch.usage is not None:
-                    usage = ch.usage.completion_tokens
-                for c in ch.choices:
-                    content += c.delta.content or ""
-                    finish = c.finish_reason or finish
-                    for tc in c.delta.tool_calls or []:
-                        got = calls.setdefault(tc.index, [tc.id, "", ""])
-                        got[1] += tc.function.name or ""
-                        got[2] += tc.function.arguments or ""
-            answers.append((content or None, [(i, n, json.loads(a)) for i, n, a in
-                                                      calls.values()], finish, usage))  # fmt: skip
+            async with openai.AsyncOpenAI(base_url=url, api_key=ep.key, max_retries=0) as client:
+                ask = client.chat.completions.create
+                if not stream:
+                    out = await ask(model="m", messages=msgs, tools=TOOLS)
+                    m = out.choices[0].message
+                    calls = [(c.id, c.function.name, json.loads(c.function.arguments))
+                             for c in m.tool_calls or []]  # fmt: skip
+                    answers.append((m.content, calls, out.choices[0].finish_reason,
+                                    out.usage.completion_tokens))  # fmt: skip
+                    continue
+                chunks = await ask(model="m", messages=msgs, tools=TOOLS, stream=True,
+                                   stream_options={"include_usage": True})  # fmt: skip
+                content, parts, finish, usage = "", {}, None, None
+                async for ch in chunks:
+                    if ch.usage is not None:
+                        usage = ch.usage.completion_tokens
+                    for c in ch.choices:
+                        content += c.delta.content or ""
+                        finish = c.finish_reason or finish
+                        for tc in c.delta.tool_calls or []:
+                            got = parts.setdefault(tc.index, [tc.id, "", ""])
+                            got[1] += tc.function.name or ""
+                            got[2] += tc.function.arguments or ""
+                calls = [(i, n, json.loads(a)) for i, n, a in parts.values()]
+                answers.append((content or None, calls, finish, usage))
         return answers
 
     plain, streamed = asyncio.run(go())
@@ -218,9 +224,11 @@ class Failing(AgentEnv):
             except openai.BadRequestError as e:
                 assert "tool_choice" in str(e)
             out = await client.chat.completions.create(model="m", messages=msgs)
-            bogus = openai.AsyncOpenAI(base_url=str(client.base_url), api_key="nope", max_retries=0)
-            with pytest.raises(openai.AuthenticationError):
-                await bogus.chat.completions.create(model="m", messages=msgs)
+            async with openai.AsyncOpenAI(
+                base_url=str(client.base_url), api_key="nope", max_retries=0
+            ) as bogus:
+                with pytest.raises(openai.AuthenticationError):
+                    await bogus.chat.completions.create(model="m", messages=msgs)
             return float(bool(out.choices))
         return 1.0
 
@@ -303,6 +311,7 @@ def test_a_request_in_flight_across_a_weight_push_goes_on_as_segments(server, to
                 out = await asyncio.wait_for(ask, 120)
             finally:
                 await engine.control.update_weights_from_disk(str(TINY), weight_version=v0)
+                await client.close()
                 await gw.aclose()
             return out, gw.close(ep), v0
 
