@@ -11,7 +11,8 @@ with the run's tool-call parser and recorded token-exact (agentrl/gateway/captur
     gw.close(ep)                                 # later requests with that key: 401
     await gw.aclose()
 
-Routes: POST /v1/chat/completions (JSON or `stream: true` server-sent events), GET /v1/models,
+Routes: POST /v1/chat/completions (JSON or `stream: true` server-sent events), POST
+/v1/responses (the Responses API, non-streaming: agentrl/gateway/responses.py), GET /v1/models,
 and the same under /episodes/<key>/v1/ for clients that cannot set a key. Errors are OpenAI
 error bodies: 401 unknown or finished episode, 400 a request the gateway cannot serve (it says
 why; counted as gateway/bad_requests) or a budget spent (the episode's outcome is then set:
@@ -37,6 +38,7 @@ from aiohttp import web
 from agentrl.engine import EngineUnavailable, PromptTooLong, SamplingParams
 from agentrl.gateway.capture import EpisodeCapture, Plan
 from agentrl.gateway.config import GatewayConfig
+from agentrl.gateway.responses import parse_responses_request, response_body
 from agentrl.gateway.wire import (
     ChatRequest,
     Choice,
@@ -98,6 +100,7 @@ class Gateway:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         for prefix in ("/v1", "/episodes/{key}/v1"):
             app.router.add_post(prefix + "/chat/completions", self._chat)
+            app.router.add_post(prefix + "/responses", self._responses)
             app.router.add_get(prefix + "/models", self._models)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
@@ -154,7 +157,11 @@ class Gateway:
             }
         )
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    async def _serve(
+        self, request: web.Request, parse: Any
+    ) -> tuple[ChatRequest, list[Choice], dict[str, int]] | web.Response:
+        """Attribute, read (`parse`: body → ChatRequest) and complete one request; a refusal
+        is the OpenAI error response (a 400 counted as the episode's bad request)."""
         ep: EpisodeCapture | None = None
         try:
             ep = self._episode(request)
@@ -162,12 +169,26 @@ class Gateway:
                 body = await request.json(loads=json.loads)
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise bad(f"the request body is not JSON: {e}") from e
-            req = parse_request(body)
+            req = parse(body)
             choices, usage = await self.complete(ep, req)
         except WireError as e:
             if ep is not None and e.status == 400:
                 ep.counts["bad_requests"] += 1
             return web.json_response(e.body(), status=e.status)
+        return req, choices, usage
+
+    async def _responses(self, request: web.Request) -> web.Response:
+        served = await self._serve(request, parse_responses_request)
+        if isinstance(served, web.Response):
+            return served
+        req, choices, usage = served
+        return web.json_response(response_body(req, choices[0], usage))
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        served = await self._serve(request, parse_request)
+        if isinstance(served, web.Response):
+            return served
+        req, choices, usage = served
         rid = new_id()
         if not req.stream:
             return web.json_response(completion_body(rid, req.model, choices, usage))

@@ -154,7 +154,7 @@ def _tools(raw: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _text(content: Any, where: str) -> str:
+def text_of(content: Any, where: str) -> str:
     """A message's content as text: a string, null, or a list of text parts."""
     if content is None:
         return ""
@@ -180,7 +180,7 @@ def _messages(raw: list[Any]) -> list[Message]:
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise bad(f"{where}: role must be one of {sorted(ROLES)}")
         role = ROLES[m["role"]]
-        content = _text(m.get("content"), where)
+        content = text_of(m.get("content"), where)
         try:
             if role == "assistant":
                 calls = [

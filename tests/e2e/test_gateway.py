@@ -321,3 +321,46 @@ def test_a_request_in_flight_across_a_weight_push_goes_on_as_segments(server, to
     assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == n
     assert [v for _, v in turn.segments] == [v0, "pushed-1"] and 0 < turn.segments[0][0] < n
     assert turn.end - turn.start == n and sum(cap.seq.mask) == n
+
+
+class ResponsesSDK(AgentEnv):
+    """The OpenAI Agents SDK on its default model, the Responses API."""
+
+    @classmethod
+    def load_tasks(cls, n: int = 3, seed: int = 0) -> list[Task]:
+        return add_tasks(n)
+
+    async def run(self, task: Task, client: Any) -> float:
+        from agents import (
+            Agent,
+            MaxTurnsExceeded,
+            OpenAIResponsesModel,
+            RunConfig,
+            Runner,
+            function_tool,
+        )
+
+        @function_tool
+        def add(a: int, b: int) -> str:
+            """Add two integers."""
+            return str(a + b)
+
+        agent = Agent(name="adder", instructions=SYSTEM, tools=[add],
+                      model=OpenAIResponsesModel(model="policy", openai_client=client))  # fmt: skip
+        try:
+            out = await Runner.run(agent, task.data["prompt"], max_turns=4,
+                                   run_config=RunConfig(tracing_disabled=True))  # fmt: skip
+        except MaxTurnsExceeded:
+            return 0.0
+        return float(str(out.final_output).strip() == task.data["answer"])
+
+
+def test_the_agents_sdk_on_the_responses_api_extends_its_sequences(server, tok):
+    groups, rec = asyncio.run(rollout_of(server, tok, ResponsesSDK, add_tasks(3), group_size=4))
+    trajs = [t for g in groups for t in g]
+    assert all(t.stop_reason is StopReason.COMPLETED for t in trajs), [t.error for t in trajs]
+    assert max(len(t.turns) for t in trajs) >= 2 and any(t.reward == 1.0 for t in trajs)
+    for t in trajs:
+        assert_token_exact(t, rec)
+        gw = t.metadata["gateway"]
+        assert gw.get("fork", 0) == 0 and gw.get("extend", 0) == len(t.turns) - 1

@@ -135,3 +135,30 @@ def test_stream_chunks_end_with_the_finish_reason_and_usage():
     assert chunks[1]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"] == "add"
     assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"total_tokens": 3}
+
+
+def test_responses_input_items_become_the_messages_a_chat_request_has():
+    from agentrl.gateway.responses import parse_responses_request
+
+    req = parse_responses_request({
+        "model": "m", "instructions": "Be brief.", "tools": [{"type": "function", "name": "add",
+        "parameters": {"type": "object"}, "strict": True}], "input": [
+            {"role": "user", "content": "What is 1 + 2?"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Adding."}]},
+            {"type": "function_call", "call_id": "c1", "name": "add", "arguments": '{"a": 1, "b": 2}'},
+            {"type": "function_call", "call_id": "c2", "name": "add", "arguments": '{"a": 0, "b": 0}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "3"},
+            {"type": "function_call_output", "call_id": "c2", "output": "0"},
+            {"type": "reasoning", "summary": []}],
+        "max_output_tokens": 7})  # fmt: skip
+    assert [m.role for m in req.messages] == ["system", "user", "assistant", "tool", "tool"]
+    said = req.messages[2]
+    assert said.content == "Adding." and [c.id for c in said.tool_calls] == ["c1", "c2"]
+    assert req.messages[3].name == "add" and req.max_tokens == 7
+    assert req.tools[0]["function"]["name"] == "add"
+    for body, says in (({"input": "x", "previous_response_id": "r"}, "whole history"),
+                       ({"input": "x", "stream": True}, "streaming"),
+                       ({"input": "x", "tools": [{"type": "web_search"}]}, "only function tools"),
+                       ({"input": [{"type": "computer_call"}]}, "not supported")):  # fmt: skip
+        with pytest.raises(WireError, match=says):
+            parse_responses_request(body)
