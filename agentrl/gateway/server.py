@@ -102,7 +102,9 @@ class Gateway:
             app.router.add_post(prefix + "/chat/completions", self._chat)
             app.router.add_post(prefix + "/responses", self._responses)
             app.router.add_get(prefix + "/models", self._models)
-        runner = web.AppRunner(app, access_log=None)
+        # an agent that goes away (its episode cancelled: over-sampling, a stop) cancels its
+        # request here, and so the generation on the engine (aborted there)
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, self.cfg.host, self.cfg.port)
         await site.start()
