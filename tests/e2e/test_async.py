@@ -26,17 +26,26 @@ LEARN = bool(os.environ.get("AGENTRL_LEARN_ALL"))
 STEPS = 14 if LEARN else 4  # learning: +0.59, +0.74 (s=1), +0.60, +0.74 (s=4); bar +0.25
 
 
-@pytest.mark.parametrize("staleness", [1, 4] if LEARN else [2])
-def test_quick_start_in_async_mode_stays_within_the_staleness_bound(staleness, tmp_path):
+# an agent of any framework (AgentEnv through the gateway, docs/agents.md) with dynamic sampling
+AGENT = ["env=custom", "env._target_=agentrl.envs.examples.agent_openai.AddAgent",
+         "trainer.sampling.dynamic_sampling=true"]  # fmt: skip
+CASES = {"s1": (1, []), "s4": (4, [])} if LEARN else {"s2": (2, []), "agent-s2": (2, AGENT)}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_quick_start_in_async_mode_stays_within_the_staleness_bound(case, tmp_path):
+    staleness, env = CASES[case]
     learn = eval_overrides(STEPS) if LEARN else [f"trainer.steps={STEPS}", "checkpoint.every=0",
                                                  "logging=local"]  # fmt: skip
-    cfg = compose([*learn, f"checkpoint.dir={tmp_path}/ckpt", "trainer.mode=async",
+    cfg = compose([*env, *learn, f"checkpoint.dir={tmp_path}/ckpt", "trainer.mode=async",
                    f"trainer.async.max_staleness={staleness}"])  # fmt: skip
     history = asyncio.run(train(cfg, tmp_path / "out"))
     assert [h["step"] for h in history] == [float(s) for s in range(1, STEPS + 1)]
     rewards = [round(h["reward/mean"], 3) for h in history]
     stale = [h["async/staleness_max"] for h in history]
-    print(f"async s={staleness} reward per step:", rewards, "staleness max:", stale)
+    print(f"async {case} reward per step:", rewards, "staleness max:", stale)
+    if env:  # every request after an episode's first extended its sequence
+        assert all(h["gateway/extend"] > 0 and h["gateway/fork"] == 0 for h in history)
     if LEARN:
         assert_learned(tmp_path / "out", STEPS, 0.25, f"async s={staleness}")
     assert all(h["rollout/tool_call_rate"] > 0 for h in history)
