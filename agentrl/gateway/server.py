@@ -109,6 +109,9 @@ class Gateway:
         site = web.TCPSite(runner, self.cfg.host, self.cfg.port)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        if self.cfg.host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning("the gateway listens on %s:%d, beyond this host: each episode's key is "
+                        "its only guard, and it is sent in clear HTTP", self.cfg.host, port)  # fmt: skip
         self._runner, self.url = runner, f"http://{self.cfg.host}:{port}/v1"
         return self.url
 
@@ -212,7 +215,7 @@ class Gateway:
         """Serve one request of `ep`: `req.n` samples of its messages, recorded."""
         if ep.stop is not None:
             raise bad(f"this episode is over ({ep.stop.value}): {ep.error}", "episode_over")
-        if ep.requests >= self.cfg.max_requests:
+        if ep.requests + req.n > self.cfg.max_requests:
             ep.flag(
                 StopReason.MAX_TURNS, f"past rollout.gateway.max_requests={self.cfg.max_requests}"
             )
@@ -221,11 +224,11 @@ class Gateway:
                 "requests; no more are served",
                 "episode_budget_exceeded",
             )
-        ep.requests += 1
+        ep.requests += req.n  # each sample counts against rollout.gateway.max_requests
         if self.cfg.sampling == "run" and (req.temperature is not None or req.top_p is not None):
             ep.counts["sampling_overridden"] += 1
         renderer, key = self._renderer(req.tools)
-        index = ep.requests - 1
+        index = ep.requests - req.n
         results = await asyncio.gather(
             *(self._sample(ep, req, renderer, key, index, i) for i in range(req.n))
         )
@@ -254,7 +257,7 @@ class Gateway:
             raise bad(
                 f"the model's chat template refused these messages: {type(e).__name__}: {e}"
             ) from e
-        params = self._params(ep, req, plan, turn_seed(ep.seeds, index * 64 + i))
+        params = self._params(ep, req, plan, turn_seed(ep.seeds, index + i))
         cap = ep.commit(plan)
         try:
             comp = await self.engine.generate(cap.seq.ids, params, key=ep.session)

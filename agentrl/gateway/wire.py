@@ -54,6 +54,7 @@ ROLES = {
     "assistant": "assistant",
     "tool": "tool",
 }
+MAX_N = 16
 UNSUPPORTED = {
     "response_format": "structured outputs (response_format) are not supported: the model "
     "samples free text, parsed for tool calls",
@@ -88,6 +89,8 @@ def parse_request(body: Any) -> ChatRequest:
     if messages[-1].role == "assistant":
         raise bad("the last message is an assistant message: prefilling is not supported")
     n = _int(body, "n", 1)
+    if n > MAX_N:
+        raise bad(f"`n` is {n}; at most {MAX_N} samples per request (each is a training sequence)")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
         max_tokens = _int(
