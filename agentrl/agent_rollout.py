@@ -114,36 +114,13 @@ class AgentEpisodes:
         self.gateway.close(ep)
         if ep.stop is not None:  # a budget or the engine decided first; the agent only reacted
             stop, error = ep.stop, ep.error if error is None else f"{ep.error}\n{error}"
-        trajs = self._trajectories(task, sample_index, ep, stop, error)
+        trajs = episode_trajectories(ep, stop, error, self.reference(task))
         if env is not None and returned:  # an agent that raised has no result: scored 0
             await self._score(env, trajs, session)
             await _close(env, session)
         for t in trajs:
             t.metadata["episode_s"] = time.monotonic() - t0
         return trajs
-
-    def _trajectories(
-        self, task: Task, sample_index: int, ep: EpisodeCapture, stop: StopReason, error: str | None
-    ) -> list[Trajectory]:
-        seqs = ep.trained()
-        meta = {"session": ep.session, **self.reference(task)}
-        gw = {k: float(v) for k, v in ep.counts.items()}
-        gw["requests"], gw["sequences"] = float(ep.requests), float(len(seqs))
-        if not seqs:
-            return [Trajectory(task.id, sample_index, [], [], [], 0, [], [], StopReason.ABORTED,
-                               metadata={**meta, "gateway": gw},
-                               error=error or NO_REQUESTS)]  # fmt: skip
-        out = []
-        for k, cap in enumerate(seqs):
-            s = cap.seq
-            own = stop
-            if stop is StopReason.COMPLETED and s.turns[-1].finish_reason is FinishReason.LENGTH:
-                own = StopReason.LENGTH
-            extra = {"sequence": k, "origin": cap.origin, **({"gateway": gw} if k == 0 else {})}
-            out.append(Trajectory(task.id, sample_index, s.ids, s.mask, s.logprobs, s.prompt_len,
-                                  s.turns, s.messages, own, metadata={**meta, **extra},
-                                  error=error))  # fmt: skip
-        return out
 
     async def _score(self, env: AgentEnv, trajs: list[Trajectory], session: str) -> None:
         """The episode's reward on each of its sequences, when its agent returned: none for an
@@ -170,6 +147,58 @@ class AgentEpisodes:
             return
         for t in trajs:
             t.reward, t.reward_components = reward, dict(components)
+
+
+def episode_trajectories(
+    ep: EpisodeCapture, stop: StopReason, error: str | None, meta: dict[str, Any] | None = None
+) -> list[Trajectory]:
+    """Each training sequence `ep` recorded as a Trajectory (unscored), in the order they began;
+    one empty, `aborted` trajectory when the agent never called the model. They share
+    `metadata["session"]` (one episode in the group baseline); the first carries the episode's
+    gateway counts (`metadata["gateway"]`)."""
+    seqs = ep.trained()
+    meta = {"session": ep.session, **(meta or {})}
+    gw = {k: float(v) for k, v in ep.counts.items()}
+    gw["requests"], gw["sequences"] = float(ep.requests), float(len(seqs))
+    if not seqs:
+        return [
+            Trajectory(
+                ep.task_id,
+                ep.sample_index,
+                [],
+                [],
+                [],
+                0,
+                [],
+                [],
+                StopReason.ABORTED,
+                metadata={**meta, "gateway": gw},
+                error=error or NO_REQUESTS,
+            )
+        ]
+    out = []
+    for k, cap in enumerate(seqs):
+        s = cap.seq
+        own = stop
+        if stop is StopReason.COMPLETED and s.turns[-1].finish_reason is FinishReason.LENGTH:
+            own = StopReason.LENGTH
+        extra = {"sequence": k, "origin": cap.origin, **({"gateway": gw} if k == 0 else {})}
+        out.append(
+            Trajectory(
+                ep.task_id,
+                ep.sample_index,
+                s.ids,
+                s.mask,
+                s.logprobs,
+                s.prompt_len,
+                s.turns,
+                s.messages,
+                own,
+                metadata={**meta, **extra},
+                error=error,
+            )
+        )
+    return out
 
 
 async def _close(env: AgentEnv, session: str) -> None:

@@ -1,4 +1,4 @@
-"""The `agentrl` command: `agentrl train|preview|view …` (the same as `python -m agentrl.train`,
+"""The `agentrl` command: `agentrl train|preview|view|gateway …` (the same as `python -m agentrl.train`,
 `python -m agentrl.cli.preview`, `python -m agentrl.cli.view`). train and preview take Hydra
 overrides (`env=code_exec rollout.group_size=8`); view takes a run directory."""
 
@@ -12,8 +12,9 @@ USAGE = """usage: agentrl COMMAND [ARGS]
   train    train a policy:                  agentrl train env=code_exec trainer.steps=50
   preview  roll out a few groups, print them: agentrl preview env=code_exec preview.tasks=4
   view     HTML view of a run's trajectories: agentrl view runs/<run_name> --step 5
+  gateway  the OpenAI-compatible gateway alone, for agents run by hand: agentrl gateway
 
-train and preview take Hydra overrides (group=option, key=value); `--help` shows the config."""
+train, preview and gateway take Hydra overrides (group=option, key=value); `--help` shows the config."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -28,6 +29,8 @@ def main(argv: list[str] | None = None) -> None:
         from agentrl.cli.preview import main as run  # local: as above
     elif command == "view":
         from agentrl.cli.view import main as run  # local: as above
+    elif command == "gateway":
+        from agentrl.cli.gateway import main as run  # local: as above
     else:
         raise SystemExit(f"agentrl: unknown command {command!r}\n\n{USAGE}")
     sys.argv = [f"agentrl {command}", *rest]  # Hydra reads its overrides from sys.argv

@@ -30,6 +30,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,11 +94,14 @@ class Gateway:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    async def start(self) -> str:
-        """Listen (rollout.gateway.host/port); returns the base URL agents use (…/v1)."""
+    async def start(self, routes: Callable[[web.Application], None] | None = None) -> str:
+        """Listen (rollout.gateway.host/port); returns the base URL agents use (…/v1).
+        `routes` adds more to the app (the standalone command's admin routes)."""
         if self._runner is not None:
             return self.url
         app = web.Application(client_max_size=64 * 1024 * 1024)
+        if routes is not None:
+            routes(app)
         for prefix in ("/v1", "/episodes/{key}/v1"):
             app.router.add_post(prefix + "/chat/completions", self._chat)
             app.router.add_post(prefix + "/responses", self._responses)

@@ -6,6 +6,7 @@ streaming carries tool calls; failures become the episode's outcome, never a cra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -364,3 +365,48 @@ def test_the_agents_sdk_on_the_responses_api_extends_its_sequences(server, tok):
         assert_token_exact(t, rec)
         gw = t.metadata["gateway"]
         assert gw.get("fork", 0) == 0 and gw.get("extend", 0) == len(t.turns) - 1
+
+
+def test_the_standalone_gateway_records_an_agent_run_by_hand(tmp_path):
+    """`agentrl gateway`: episodes opened and closed with the admin token; a closed episode's
+    sequences are written token-exact with the reward given at close."""
+    import httpx
+
+    from agentrl.cli.gateway import serve
+    from agentrl.config import compose
+
+    cfg = compose(["rollout.max_new_tokens=48"])
+
+    async def go():
+        started = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(serve(cfg, tmp_path, started))
+        try:
+            app = await asyncio.wait_for(started, 60)
+            root = app.gateway.url.removesuffix("/v1")
+            admin = {"Authorization": f"Bearer {app.token}"}
+            async with httpx.AsyncClient() as http:
+                assert (await http.post(f"{root}/admin/episodes")).status_code == 401
+                ep = (await http.post(f"{root}/admin/episodes", headers=admin)).json()
+                async with openai.AsyncOpenAI(base_url=ep["base_url"], api_key=ep["key"],
+                                              max_retries=0) as client:  # fmt: skip
+                    msgs = [{"role": "system", "content": SYSTEM},
+                            {"role": "user", "content": "What is 3 + 4?"}]  # fmt: skip
+                    out = await client.chat.completions.create(model="m", messages=msgs,
+                                                               tools=TOOLS)  # fmt: skip
+                    msgs.append(out.choices[0].message.model_dump(exclude_none=True))
+                    msgs.append({"role": "user", "content": "And the answer?"})
+                    await client.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
+                closed = await http.post(f"{root}/admin/episodes/{ep['key']}/close",
+                                         headers=admin, json={"reward": 0.5})  # fmt: skip
+                return closed.json()
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    summary = asyncio.run(go())
+    assert summary["gateway"]["start"] == 1 and summary["gateway"]["extend"] == 1
+    (row,) = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    t = Trajectory.from_dict(row)
+    assert t.reward == 0.5 and len(t.turns) == 2 and t.metadata["origin"] == "start"
+    t.check()
