@@ -77,7 +77,11 @@ async def one(
     finally:
         await ro.aclose()
     trajs = [t for g in groups for t in g]
-    bad = [t for t in trajs if t.stop_reason.value not in ("completed", "max_turns", "length") or t.error]
+    bad = [
+        t
+        for t in trajs
+        if t.stop_reason.value not in ("completed", "max_turns", "length") or t.error
+    ]
     if bad:
         raise RuntimeError(f"{len(bad)} episodes failed: {bad[0].stop_reason} {bad[0].error}")
     forks = sum(t.metadata.get("gateway", {}).get("fork", 0) for t in trajs)

@@ -32,7 +32,10 @@ ENTRY = ("agentrl.train", "agentrl.cli", "agentrl.config")
 ASSEMBLY = ("agentrl.run",)
 HEAVY = ("ray", "torch.distributed", "sglang")
 HEAVY_OK = ("agentrl.learner", "agentrl.weight_sync", "agentrl.engine.dev", "agentrl.engine.fleet")
-WINGS = ("agentrl.engine", "agentrl.gateway")  # packages whose modules are private: others import the package only
+WINGS = (
+    "agentrl.engine",
+    "agentrl.gateway",
+)  # packages whose modules are private: others import the package only
 CONFIG = ("hydra", "omegaconf", "agentrl.config")
 CONFIG_OK = (*ENTRY, *ASSEMBLY)
 MAX_LOCAL = 10
