@@ -16,7 +16,16 @@ import time
 import uuid
 from typing import Any
 
-from agentrl.gateway.wire import ROLES, ChatRequest, Choice, bad, text_of
+from agentrl.gateway.wire import (
+    ROLES,
+    ChatRequest,
+    Choice,
+    arguments_of,
+    bad,
+    function_tool,
+    number_of,
+    text_of,
+)
 from agentrl.types import Message, ToolCall
 
 UNSUPPORTED = {
@@ -66,18 +75,9 @@ def parse_responses_request(body: Any) -> ChatRequest:
         tools=tools,
         model=str(body.get("model") or "agentrl"),
         max_tokens=max_tokens,
-        temperature=_num(body, "temperature"),
-        top_p=_num(body, "top_p"),
+        temperature=number_of(body, "temperature"),
+        top_p=number_of(body, "top_p"),
     )
-
-
-def _num(body: dict[str, Any], key: str) -> float | None:
-    v = body.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
-        raise bad(f"`{key}` must be a number >= 0, got {json.dumps(v)}")
-    return float(v)
 
 
 def _tools(raw: Any) -> list[dict[str, Any]]:
@@ -92,12 +92,7 @@ def _tools(raw: Any) -> list[dict[str, Any]]:
         ):
             kind = t.get("type") if isinstance(t, dict) else type(t).__name__
             raise bad(f"tools[{i}]: only function tools are supported (got {kind!r})")
-        spec = {
-            "name": t["name"],
-            "description": t.get("description") or "",
-            "parameters": t.get("parameters") or {"type": "object", "properties": {}},
-        }
-        out.append({"type": "function", "function": spec})
+        out.append(function_tool(t["name"], t.get("description"), t.get("parameters")))
     return out
 
 
@@ -159,17 +154,10 @@ def _open(raw: list[Any], i: int) -> bool:
 
 
 def _call(item: dict[str, Any], where: str) -> ToolCall:
-    cid, name, args = item.get("call_id"), item.get("name"), item.get("arguments") or "{}"
+    cid, name = item.get("call_id"), item.get("name")
     if not (isinstance(cid, str) and isinstance(name, str)):
         raise bad(f"{where}: a function_call needs call_id and name")
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as e:
-            raise bad(f"{where}: arguments are not JSON ({e})") from e
-    if not isinstance(args, dict):
-        raise bad(f"{where}: arguments must be a JSON object")
-    return ToolCall(id=cid, name=name, arguments=args)
+    return ToolCall(id=cid, name=name, arguments=arguments_of(item.get("arguments"), where))
 
 
 def response_body(req: ChatRequest, choice: Choice, usage: dict[str, int]) -> dict[str, Any]:

@@ -111,8 +111,8 @@ def parse_request(body: Any) -> ChatRequest:
         stop=stop,
         stream=bool(body.get("stream")),
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
-        temperature=_number(body, "temperature"),
-        top_p=_number(body, "top_p"),
+        temperature=number_of(body, "temperature"),
+        top_p=number_of(body, "top_p"),
     )
 
 
@@ -123,7 +123,7 @@ def _int(body: dict[str, Any], key: str, low: int) -> int:
     return v
 
 
-def _number(body: dict[str, Any], key: str) -> float | None:
+def number_of(body: dict[str, Any], key: str) -> float | None:
     v = body.get(key)
     if v is None:
         return None
@@ -148,12 +148,7 @@ def _tools(raw: Any) -> list[dict[str, Any]]:
             and fn["name"]
         ):
             raise bad(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': …}}}}")
-        spec = {
-            "name": fn["name"],
-            "description": fn.get("description") or "",
-            "parameters": fn.get("parameters") or {"type": "object", "properties": {}},
-        }
-        out.append({"type": "function", "function": spec})
+        out.append(function_tool(fn["name"], fn.get("description"), fn.get("parameters")))
     return out
 
 
@@ -219,7 +214,12 @@ def _call(c: Any, where: str) -> ToolCall:
         raise bad(
             f"{where} must be {{'id': …, 'type': 'function', 'function': {{'name', 'arguments'}}}}"
         )
-    args = fn.get("arguments") or {}
+    return ToolCall(id=c["id"], name=fn["name"], arguments=arguments_of(fn.get("arguments"), where))
+
+
+def arguments_of(raw: Any, where: str) -> dict[str, Any]:
+    """A tool call's arguments: a JSON object, or its JSON text (empty: no arguments)."""
+    args = raw or {}
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
@@ -227,7 +227,17 @@ def _call(c: Any, where: str) -> ToolCall:
             raise bad(f"{where}: arguments are not JSON ({e})") from e
     if not isinstance(args, dict):
         raise bad(f"{where}: arguments must be a JSON object")
-    return ToolCall(id=c["id"], name=fn["name"], arguments=args)
+    return args
+
+
+def function_tool(name: str, description: Any, parameters: Any) -> dict[str, Any]:
+    """A function tool as chat templates read it under `tools=`."""
+    spec = {
+        "name": name,
+        "description": description or "",
+        "parameters": parameters or {"type": "object", "properties": {}},
+    }
+    return {"type": "function", "function": spec}
 
 
 # -- answers -------------------------------------------------------------------------------------

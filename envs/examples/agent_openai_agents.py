@@ -1,7 +1,8 @@
 """Train an agent you already have: the README's add task on the OpenAI Agents SDK.
 
 An ordinary `agents.Agent` with a function tool, run by `Runner.run`. Its model is the SDK's
-chat-completions model on the client agentrl hands `run`, so every completion it asks for is
+chat-completions model (`env.args.api=responses`: the SDK's default, the Responses API) on the
+client agentrl hands `run`, so every completion it asks for is
 sampled by the policy in training and recorded token-exact; tracing is off for the run (nothing
 leaves the machine). A call to a tool it lacks is answered with an error, as the hand-written
 loop does; a model that never stops calling tools spends `max_turns` and scores 0.
@@ -17,6 +18,7 @@ from agents import (
     Agent,
     MaxTurnsExceeded,
     OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
     RunConfig,
     Runner,
     function_tool,
@@ -25,6 +27,8 @@ from agents import (
 from agentrl.agent_env import AgentEnv
 from agentrl.envs.examples.agent_openai import SYSTEM, add_tasks
 from agentrl.types import Task
+
+MODELS = {"chat_completions": OpenAIChatCompletionsModel, "responses": OpenAIResponsesModel}
 
 
 @function_tool
@@ -35,6 +39,7 @@ def add(a: int, b: int) -> str:
 
 class AddAgentSDK(AgentEnv):
     max_turns = 4
+    api: str = "chat_completions"  # or "responses" (the SDK's default): env.args.api=responses
 
     @classmethod
     def load_tasks(cls, n: int = 100, seed: int = 0) -> list[Task]:
@@ -45,7 +50,7 @@ class AddAgentSDK(AgentEnv):
             name="adder",
             instructions=SYSTEM,
             tools=[add],
-            model=OpenAIChatCompletionsModel(model="policy", openai_client=client),
+            model=MODELS[self.api](model="policy", openai_client=client),
         )
         try:
             result = await Runner.run(

@@ -20,6 +20,7 @@ from agentrl.agent_env import AgentEnv
 from agentrl.assets.build import resolve_builtin
 from agentrl.engine import EngineClient, EngineConfig, launch_engines
 from agentrl.envs.examples.agent_openai import SYSTEM, TOOLS, AddAgent, add_tasks
+from agentrl.envs.examples.agent_openai_agents import AddAgentSDK
 from agentrl.gateway import Gateway, GatewayConfig, GenerationDefaults
 from agentrl.rollout import Rollout, RolloutConfig
 from agentrl.types import StopReason, Task, Trajectory
@@ -324,36 +325,10 @@ def test_a_request_in_flight_across_a_weight_push_goes_on_as_segments(server, to
     assert turn.end - turn.start == n and sum(cap.seq.mask) == n
 
 
-class ResponsesSDK(AgentEnv):
-    """The OpenAI Agents SDK on its default model, the Responses API."""
+class ResponsesSDK(AddAgentSDK):
+    """The OpenAI Agents SDK example on the SDK's default model, the Responses API."""
 
-    @classmethod
-    def load_tasks(cls, n: int = 3, seed: int = 0) -> list[Task]:
-        return add_tasks(n)
-
-    async def run(self, task: Task, client: Any) -> float:
-        from agents import (
-            Agent,
-            MaxTurnsExceeded,
-            OpenAIResponsesModel,
-            RunConfig,
-            Runner,
-            function_tool,
-        )
-
-        @function_tool
-        def add(a: int, b: int) -> str:
-            """Add two integers."""
-            return str(a + b)
-
-        agent = Agent(name="adder", instructions=SYSTEM, tools=[add],
-                      model=OpenAIResponsesModel(model="policy", openai_client=client))  # fmt: skip
-        try:
-            out = await Runner.run(agent, task.data["prompt"], max_turns=4,
-                                   run_config=RunConfig(tracing_disabled=True))  # fmt: skip
-        except MaxTurnsExceeded:
-            return 0.0
-        return float(str(out.final_output).strip() == task.data["answer"])
+    api = "responses"
 
 
 def test_the_agents_sdk_on_the_responses_api_extends_its_sequences(server, tok):
