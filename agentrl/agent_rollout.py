@@ -10,6 +10,7 @@ episode share `metadata["session"]`: the group baseline counts the episode once
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import math
 import time
@@ -112,6 +113,9 @@ class AgentEpisodes:
             log.warning("agent of episode %s raised: %s: %s", session, type(e).__name__, e)
             stop, error = StopReason.AGENT_ERROR, traceback.format_exc()
         self.gateway.close(ep)
+        release = getattr(self.gateway.engine, "release", None)
+        if release is not None:  # the engine client forgets which server the episode stuck to
+            release(session)
         if ep.stop is not None:  # a budget or the engine decided first; the agent only reacted
             stop, error = ep.stop, ep.error if error is None else f"{ep.error}\n{error}"
         trajs = episode_trajectories(ep, stop, error, self.reference(task))
@@ -124,8 +128,9 @@ class AgentEpisodes:
 
     async def _score(self, env: AgentEnv, trajs: list[Trajectory], session: str) -> None:
         """The episode's reward on each of its sequences, when its agent returned: none for an
-        infrastructure failure, else `env.reward` of the last sequence."""
-        last = trajs[-1]
+        infrastructure failure, else `env.reward` of the sequence that sampled last (the
+        agent's final answer)."""
+        last = next((t for t in trajs if t.metadata.get("last")), trajs[-1])
         if last.stop_reason.is_infra_failure:
             return
         try:
@@ -171,18 +176,26 @@ def episode_trajectories(
                 0,
                 [],
                 [],
-                StopReason.ABORTED,
+                StopReason.ABORTED,  # nothing sampled: nothing the policy did to score
                 metadata={**meta, "gateway": gw},
-                error=error or NO_REQUESTS,
+                error=NO_REQUESTS
+                if stop is StopReason.COMPLETED and error is None
+                else f"AgentEnv: nothing was sampled ({stop.value}): {error}",
             )
         ]
     out = []
     for k, cap in enumerate(seqs):
-        s = cap.seq
+        s = copy.deepcopy(cap.seq)  # the record stays as it is now, whatever comes after
+        if cap.busy:  # a request cut by the end of the episode: its delta was never answered
+            end = cap.marks[-1]
+            del s.ids[end.ids :], s.mask[end.ids :], s.logprobs[end.ids :]
+            del s.messages[end.messages :], s.turns[end.turns :]
+            s.turns[-1].obs_end, s.turns[-1].observations = s.turns[-1].end, []
         own = stop
         if stop is StopReason.COMPLETED and s.turns[-1].finish_reason is FinishReason.LENGTH:
             own = StopReason.LENGTH
-        extra = {"sequence": k, "origin": cap.origin, **({"gateway": gw} if k == 0 else {})}
+        extra = {"sequence": k, "origin": cap.origin, **({"gateway": gw} if k == 0 else {}),
+                 **({"last": True} if cap is ep.last else {})}  # fmt: skip
         out.append(
             Trajectory(
                 ep.task_id,

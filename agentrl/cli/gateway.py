@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 import time
 from pathlib import Path
@@ -72,11 +73,18 @@ class Standalone:
         body: dict[str, Any] = {}
         with contextlib.suppress(Exception):
             body = await request.json()
+        reward = body.get("reward", 0.0) if isinstance(body, dict) else 0.0
+        if (
+            isinstance(reward, bool)
+            or not isinstance(reward, int | float)
+            or not math.isfinite(reward)
+        ):
+            return web.json_response({"error": f"reward must be a finite number, got {reward!r}"},
+                                     status=400)  # fmt: skip
         self.gateway.close(ep)
         trajs = episode_trajectories(ep, ep.stop or StopReason.COMPLETED, ep.error)
-        reward = body.get("reward") if isinstance(body, dict) else None
         for t in trajs:
-            t.reward = float(reward) if isinstance(reward, int | float) else 0.0
+            t.reward = float(reward)
         self.out.mkdir(parents=True, exist_ok=True)
         with (self.out / "trajectories.jsonl").open("a") as f:
             for t in trajs:

@@ -12,8 +12,9 @@ request's, and the assistant messages it answered with), its ids, mask and logpr
             that turn (agentrl/render.py), mask 0
     branch  the same, but from an earlier turn of a sequence (a retry, `n` > 1, an agent that
             runs two continuations of one history), or from the last turn of one that is
-            answering another request right now: a new sequence that copies the ids up to that
-            turn, then the delta
+            answering another request right now: a new sequence whose prompt is the ids up to
+            that turn (as sampled; mask 0 here, they are trained in the sequence that sampled
+            them), then the delta
     fork    anything else, i.e. the agent rewrote its history (dropped, summarised, reordered or
             edited a message, changed the system prompt or the tools, wrote an assistant message
             itself): a new sequence from the whole request rendered as a prompt. Nothing the
@@ -26,11 +27,11 @@ content (whitespace at the ends aside), its tool calls' ids, names and arguments
 
 from __future__ import annotations
 
-import copy
+import asyncio
 import secrets
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from agentrl.render import Renderer
 from agentrl.sequence import TokenSequence
@@ -58,6 +59,7 @@ class Captured:
     origin: Kind
     marks: list[Mark] = field(default_factory=list)
     busy: bool = False  # a request is sampling on it now
+    committed: tuple[int, int, int] = (0, 0, 0)  # ids, turns, messages when it was last planned on
 
     def mark(self) -> None:
         self.marks.append(Mark(len(self.seq.messages), len(self.seq.ids), len(self.seq.turns)))
@@ -120,6 +122,9 @@ class EpisodeCapture:
         self.stop: StopReason | None = None  # set by a budget or the engine: the outcome
         self.error: str | None = None
         self.closed = False
+        self.last: Captured | None = None  # the sequence that sampled last (its reward's)
+        self.reserved = 0  # tokens the requests in flight may still sample
+        self.inflight: set[asyncio.Task[Any]] = set()  # requests being served
 
     def call_id(self) -> str:
         """A tool call id no other call of this episode has (the parser numbers calls per turn;
@@ -150,8 +155,8 @@ class EpisodeCapture:
                 continue
             if best is None or (mark.messages, order) > (best[0], best[1]):
                 best = (mark.messages, order, cap, mark)
-        if best is None:
-            kind: Kind = "fork" if self.sequences else "start"
+        if best is None:  # the first request's samples all start; later, a rewrite forks
+            kind: Kind = "fork" if any(c.marks for c in self.sequences) else "start"
             return Plan(kind, None, None, messages, renderer.prompt_ids(messages), tools_key)
         _, _, cap, mark = best
         turn = cap.seq.turns[mark.turns - 1]
@@ -162,51 +167,46 @@ class EpisodeCapture:
         return Plan("extend" if last else "branch", cap, mark, new, ids, tools_key)
 
     def commit(self, plan: Plan) -> Captured:
-        """Apply the plan: the sequence to sample on, its new ids appended, marked busy."""
+        """Apply the plan: the sequence to sample on, its new ids appended, marked busy. A
+        branch's prompt is the ids it shares with its base (as sampled, mask 0: they are
+        trained in the base) and the new messages' delta."""
         self.counts[plan.kind] += 1
-        if plan.base is None:
-            seq = TokenSequence(messages=list(plan.messages))
-            seq.append(plan.new_ids, None)
-            seq.prompt_len = len(seq.ids)
-            cap = Captured(seq, plan.tools_key, plan.kind)
-            self.sequences.append(cap)
-        else:
-            cap = plan.base if plan.kind == "extend" else self._branch(plan.base, plan.mark)
+        if plan.kind == "extend":
+            assert plan.base is not None
+            cap = plan.base
             turn = cap.seq.turns[-1]
             cap.seq.messages += plan.messages
             cap.seq.append(plan.new_ids, None)
             turn.observations = list(plan.messages)
             turn.obs_end = len(cap.seq.ids)
+        else:
+            shared: list[int] = []
+            messages = list(plan.messages)
+            if plan.base is not None and plan.mark is not None:  # a branch
+                shared = plan.base.seq.ids[: plan.mark.ids]
+                messages = plan.base.seq.messages[: plan.mark.messages] + messages
+            seq = TokenSequence(messages=messages)
+            seq.append(shared + plan.new_ids, None)
+            seq.prompt_len = len(seq.ids)
+            cap = Captured(seq, plan.tools_key, plan.kind)
+            self.sequences.append(cap)
         cap.busy = True
-        return cap
-
-    def _branch(self, base: Captured, mark: Mark | None) -> Captured:
-        assert mark is not None
-        s = base.seq
-        turns = [copy.copy(t) for t in s.turns[: mark.turns]]
-        turns[-1].obs_end, turns[-1].observations = turns[-1].end, []
-        seq = TokenSequence(
-            ids=s.ids[: mark.ids],
-            mask=s.mask[: mark.ids],
-            logprobs=s.logprobs[: mark.ids],
-            prompt_len=s.prompt_len,
-            turns=turns,
-            messages=s.messages[: mark.messages],
-        )
-        cap = Captured(seq, base.tools_key, "branch", base.marks[: base.marks.index(mark) + 1])
-        self.sequences.append(cap)
+        cap.committed = (len(cap.seq.ids), len(cap.seq.turns), len(cap.seq.messages))
         return cap
 
     def undo(self, cap: Captured, plan: Plan) -> None:
         """The request failed before anything was sampled: its sequence goes back as it was
         (a new one is dropped), so a retry matches the same way."""
         cap.busy = False
-        if plan.base is None or plan.kind == "branch":
+        self.counts[plan.kind] -= 1
+        self.counts["failed"] += 1
+        if plan.kind != "extend":
             self.sequences.remove(cap)
             return
-        s = cap.seq
-        del s.messages[len(s.messages) - len(plan.messages) :]
-        n = len(s.ids) - len(plan.new_ids)
+        s, (ids, turns, messages) = cap.seq, cap.committed  # a turn half recorded goes too
+        del s.turns[turns:]
+        del s.messages[messages - len(plan.messages) :]
+        n = ids - len(plan.new_ids)
         del s.ids[n:], s.mask[n:], s.logprobs[n:]
         s.turns[-1].obs_end, s.turns[-1].observations = s.turns[-1].end, []
 
@@ -215,6 +215,7 @@ class EpisodeCapture:
         self.sampled_tokens += turn.end - turn.start
         cap.mark()
         cap.busy = False
+        self.last = cap
 
     def trained(self) -> list[Captured]:
         """The sequences that sampled something, in the order they began."""

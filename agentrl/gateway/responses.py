@@ -142,14 +142,15 @@ def _input(raw: Any, instructions: Any) -> list[Message]:
 
 
 def _open(raw: list[Any], i: int) -> bool:
-    """The function_call at `i` belongs to the assistant turn just before it: the items between
-    that turn's message and it are all function calls (or reasoning)."""
+    """The function_call at `i` belongs to the assistant turn just before it: the item before it
+    (reasoning aside) is an assistant message or another function call of that turn."""
     for item in reversed(raw[:i]):
         kind = item.get("type", "message") if isinstance(item, dict) else None
-        if kind == "message":
-            return item.get("role") == "assistant"
-        if kind not in ("function_call", "reasoning"):
-            return False
+        if kind == "reasoning":
+            continue
+        if kind == "function_call":
+            return True
+        return kind == "message" and item.get("role") == "assistant"
     return False
 
 

@@ -99,7 +99,7 @@ class Gateway:
         `routes` adds more to the app (the standalone command's admin routes)."""
         if self._runner is not None:
             return self.url
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=8 * 1024 * 1024)
         if routes is not None:
             routes(app)
         for prefix in ("/v1", "/episodes/{key}/v1"):
@@ -135,6 +135,8 @@ class Gateway:
         """The episode is over: its key is refused from now on, its sequences are final."""
         ep.closed = True
         self.episodes.pop(ep.key, None)
+        for task in list(ep.inflight):  # its requests still sampling: cancelled, not recorded
+            task.cancel()
         return ep
 
     # -- HTTP ----------------------------------------------------------------------------------
@@ -233,9 +235,15 @@ class Gateway:
             ep.counts["sampling_overridden"] += 1
         renderer, key = self._renderer(req.tools)
         index = ep.requests - req.n
-        results = await asyncio.gather(
-            *(self._sample(ep, req, renderer, key, index, i) for i in range(req.n))
-        )
+        task = asyncio.current_task()
+        assert task is not None
+        ep.inflight.add(task)  # cancelled when the episode closes (Gateway.close)
+        try:
+            results = await asyncio.gather(
+                *(self._sample(ep, req, renderer, key, index, i) for i in range(req.n))
+            )
+        finally:
+            ep.inflight.discard(task)
         prompt = results[0][1]
         usage = {
             "prompt_tokens": prompt,
@@ -263,8 +271,14 @@ class Gateway:
             ) from e
         params = self._params(ep, req, plan, turn_seed(ep.seeds, index + i))
         cap = ep.commit(plan)
+        ep.reserved += params.max_new_tokens  # until sampled: the episode's budget holds
         try:
             comp = await self.engine.generate(cap.seq.ids, params, key=ep.session)
+            if ep.closed:  # the episode ended while this was sampling: nothing is recorded
+                raise WireError(401, "episode_over", "the episode ended during this request")
+            comp, cut = _cut_at_stop(comp, req.stop, renderer)
+            turn, said = record_turn(cap.seq, comp, renderer, self.parser, None,
+                                     len(cap.seq.turns))  # fmt: skip
         except PromptTooLong as e:
             ep.undo(cap, plan)
             ep.flag(StopReason.CONTEXT_OVERFLOW, str(e))
@@ -278,8 +292,10 @@ class Gateway:
         except BaseException:
             ep.undo(cap, plan)
             raise
-        comp = _cut_at_stop(comp, req.stop, renderer)
-        turn, said = record_turn(cap.seq, comp, renderer, self.parser, None, len(cap.seq.turns))
+        finally:
+            ep.reserved -= params.max_new_tokens
+        if cut is not None:  # OpenAI leaves the stop text out of the content
+            said.message.content = said.message.content.split(cut, 1)[0]
         turn.num_tool_calls = len(said.message.tool_calls)  # well-formed: the agent runs them
         for call in said.message.tool_calls:  # ids unique in the episode (agents key calls by id)
             call.id = ep.call_id()
@@ -310,7 +326,7 @@ class Gateway:
                 f"rollout.max_context_tokens={d.max_context_tokens}",
                 "context_length_exceeded",
             )
-        left = self.cfg.max_sampled_tokens - ep.sampled_tokens
+        left = self.cfg.max_sampled_tokens - ep.sampled_tokens - ep.reserved
         if left <= 0:
             ep.flag(
                 StopReason.LENGTH,
@@ -334,7 +350,7 @@ class Gateway:
 
     def _renderer(self, tools: list[dict[str, Any]]) -> tuple[Renderer, str]:
         key = json.dumps(tools, sort_keys=True)
-        r = self._renderers.get(key)
+        r = self._renderers.pop(key, None)
         if r is None:
             d = self.defaults
             try:
@@ -343,29 +359,40 @@ class Gateway:
                 raise bad(
                     f"the model's chat template cannot render these tools: {type(e).__name__}: {e}"
                 ) from e
-            if len(self._renderers) < 256:
-                self._renderers[key] = r
+        self._renderers[key] = r  # the most recent last; the least recent go past 32
+        while len(self._renderers) > 32:
+            del self._renderers[next(iter(self._renderers))]
         return r, key
 
 
-def _cut_at_stop(comp: Completion, stop: list[str], renderer: Renderer) -> Completion:
+def _cut_at_stop(
+    comp: Completion, stop: list[str], renderer: Renderer
+) -> tuple[Completion, str | None]:
     """The request's `stop` strings: the sampled ids up to the first token whose text completes
-    one (that token kept: ids are never split), finish reason stop. The ids after it were never
-    shown to the agent and are not trained on."""
-    if not stop or not comp.token_ids:
-        return comp
-    for k in range(len(comp.token_ids) - 1):
-        if any(s in renderer.decode(comp.token_ids[: k + 1]) for s in stop):
-            kept, segs = k + 1, []
-            for n, v in comp.segments:
-                if kept - sum(m for m, _ in segs) > 0:
-                    segs.append((min(n, kept - sum(m for m, _ in segs)), v))
-            return dataclasses.replace(
-                comp,
-                token_ids=comp.token_ids[:kept],
-                logprobs=comp.logprobs[:kept],
-                finish_reason=FinishReason.STOP,
-                matched_stop=None,
-                segments=segs,
-            )
-    return comp
+    one (that token kept: ids are never split), finish reason stop; and the stop string found.
+    The ids after it were never shown to the agent and are not trained on."""
+    text = renderer.decode(comp.token_ids) if stop and comp.token_ids else ""
+    found = [(text.find(s), s) for s in stop if s in text]
+    if not found:
+        return comp, None
+    at, first = min(found)
+    end = at + len(first)
+    lo, hi = 1, len(comp.token_ids)  # the fewest ids whose text reaches past the stop string
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(renderer.decode(comp.token_ids[:mid])) >= end:
+            hi = mid
+        else:
+            lo = mid + 1
+    if lo == len(comp.token_ids):
+        return comp, first
+    segs: list[tuple[int, str]] = []
+    for n, v in comp.segments:
+        room = lo - sum(m for m, _ in segs)
+        if room > 0:
+            segs.append((min(n, room), v))
+    cut = dataclasses.replace(
+        comp, token_ids=comp.token_ids[:lo], logprobs=comp.logprobs[:lo],
+        finish_reason=FinishReason.STOP, matched_stop=None, segments=segs,
+    )  # fmt: skip
+    return cut, first

@@ -99,8 +99,9 @@ def parse_request(body: Any) -> ChatRequest:
     stop = body.get("stop") or []
     if isinstance(stop, str):
         stop = [stop]
-    if not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
-        raise bad("`stop` must be a string or a list of non-empty strings")
+    if not (isinstance(stop, list) and len(stop) <= 4
+            and all(isinstance(s, str) and 0 < len(s) <= 256 for s in stop)):  # fmt: skip
+        raise bad("`stop` must be a string or a list of at most 4 non-empty strings (256 chars)")
     options = body.get("stream_options") or {}
     return ChatRequest(
         messages=messages,

@@ -385,3 +385,47 @@ def test_the_standalone_gateway_records_an_agent_run_by_hand(tmp_path):
     t = Trajectory.from_dict(row)
     assert t.reward == 0.5 and len(t.turns) == 2 and t.metadata["origin"] == "start"
     t.check()
+
+
+def test_a_closed_episode_cancels_its_requests_and_its_record_stays_and_budgets_hold(server, tok):
+    """An agent that returns with a request still sampling: the request is cancelled, the
+    episode's trajectories keep what they held at the end. And `n` samples of one request
+    never sample past rollout.gateway.max_sampled_tokens together."""
+    from agentrl.agent_rollout import episode_trajectories
+
+    async def go():
+        async with EngineClient(server) as engine:
+            parser = Rollout.prepare(tok, AddAgent, RolloutConfig())[1]
+            defaults = GenerationDefaults(max_new_tokens=300, ignore_eos=True)
+            gw = Gateway(engine, tok, parser, GatewayConfig(max_sampled_tokens=400), defaults)
+            url = await gw.start()
+            try:
+                ep = gw.open("t", 0, "closing")
+                async with openai.AsyncOpenAI(base_url=url, api_key=ep.key, max_retries=0) as c:
+                    msgs = [{"role": "user", "content": "Count."}]
+                    first = await c.chat.completions.create(model="m", messages=msgs,
+                                                            max_tokens=8)  # fmt: skip
+                    msgs += [first.choices[0].message.model_dump(exclude_none=True),
+                             {"role": "user", "content": "More."}]  # fmt: skip
+                    late = asyncio.create_task(c.chat.completions.create(model="m", messages=msgs))
+                    await asyncio.sleep(0.3)  # sampling its 300 tokens
+                    gw.close(ep)
+                    trajs = episode_trajectories(ep, StopReason.COMPLETED, None)
+                    with pytest.raises(openai.APIError):
+                        await late
+                    await asyncio.sleep(0.2)
+                    again = episode_trajectories(ep, StopReason.COMPLETED, None)
+                budget = gw.open("t", 1, "budget")
+                async with openai.AsyncOpenAI(base_url=url, api_key=budget.key,
+                                              max_retries=0) as c:  # fmt: skip
+                    with contextlib.suppress(openai.BadRequestError):
+                        await c.chat.completions.create(model="m", n=4, messages=[
+                            {"role": "user", "content": "Count."}])  # fmt: skip
+                return trajs, again, gw.close(budget)
+            finally:
+                await gw.aclose()
+
+    trajs, again, budget = asyncio.run(go())
+    assert len(trajs) == 1 and len(trajs[0].turns) == 1 and trajs[0].num_sampled == 8
+    assert [t.token_ids for t in again] == [t.token_ids for t in trajs]  # nothing was added
+    assert budget.sampled_tokens <= 400 and budget.stop is StopReason.LENGTH

@@ -110,7 +110,10 @@ def test_retries_and_second_continuations_branch_and_keep_the_shared_ids(kit):
     kind, _, other = answer(kit, ep, [*first, said, result], "It is 3")
     assert kind == "branch" and other is not cap
     end = cap.seq.turns[0].obs_end
-    assert other.seq.ids[:end] == cap.seq.ids[:end] and other.seq.mask[:end] == cap.seq.mask[:end]
+    # … as its prompt: the shared ids as they were sampled, mask 0 (trained once, in `cap`)
+    assert other.seq.ids[:end] == cap.seq.ids[:end] and other.seq.prompt_len == end
+    assert other.seq.mask == [0] * end + [1] * (len(other.seq.ids) - end)
+    assert len(other.seq.turns) == 1 and other.seq.turns[0].start == end
     # the first request again: the agent started over, same messages → a new start is a fork
     kind, _, _ = answer(kit, ep, first, "3")
     assert kind == "fork"
@@ -162,3 +165,14 @@ def test_responses_input_items_become_the_messages_a_chat_request_has():
                        ({"input": [{"type": "computer_call"}]}, "not supported")):  # fmt: skip
         with pytest.raises(WireError, match=says):
             parse_responses_request(body)
+
+
+def test_parallel_function_calls_without_text_are_one_assistant_turn():
+    from agentrl.gateway.responses import parse_responses_request
+
+    calls = [{"type": "function_call", "call_id": f"c{i}", "name": "add", "arguments": "{}"}
+             for i in (1, 2)]  # fmt: skip
+    outs = [{"type": "function_call_output", "call_id": f"c{i}", "output": "0"} for i in (1, 2)]
+    req = parse_responses_request({"input": [{"role": "user", "content": "x"}, *calls, *outs]})
+    assert [m.role for m in req.messages] == ["user", "assistant", "tool", "tool"]
+    assert [c.id for c in req.messages[1].tool_calls] == ["c1", "c2"]
