@@ -23,7 +23,7 @@ pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's r
 STEPS = 12  # the quick start: +0.51, +0.53, +0.62, +0.52
 # PPO +0.58, +0.56, +0.62 with the base build; the shipped model (its name-reading stage) gave a
 # run that fell (0.156 -> 0.047) in a CI run, so the PPO run is trainer.deterministic=true: 0.156
-# -> 0.594 in 8 steps (0.500 in 10), the same run after run (GSPO, a GRPO-family loss, gave +0.63,
+# -> 0.594 in 8 steps (0.500 in 10; 0.094 -> 0.562 with 2 samples a task), the same run after run (GSPO, a GRPO-family loss, gave +0.63,
 # +0.52, +0.64 in 10 steps; one learning test per algorithm family keeps CI short: GSPO's loss is
 # checked in tests/unit/test_loss.py)
 PRESET_STEPS = {"ppo": 8}

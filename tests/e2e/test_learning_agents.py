@@ -3,14 +3,14 @@ task as a hand-written `openai` loop, an OpenAI Agents SDK agent and a LangGraph
 (envs/examples/agent_*.py), trained together in one run (env=mixture: each step draws groups of
 each, one policy) from the shipped tiny model with the quick start's defaults, 10 steps,
 trainer.deterministic=true (the same run on every machine and load). Each framework's own
-evaluation (32 held-out tasks x 4, before the first step and after the last) must rise by the
+evaluation (32 held-out tasks x 2, before the first step and after the last) must rise by the
 learning tests' margin (learning_rule.py); every request after an episode's first extended its
 sequence (no forks: these frameworks echo the gateway's answers exactly); the learner trained
 on what the engine sampled.
 
 One run for the three, not three runs: 70 s against 148 s of CI, and each framework's rise is
-still its own evaluation (seed 1: openai 0.258 -> 0.883, Agents SDK 0.242 -> 0.898, LangGraph
-0.281 -> 0.922). Apart, at seed 1, each rose alone too (0.258 -> 0.906, 0.266 -> 0.930,
+still its own evaluation (seed 1: openai 0.219 -> 0.891, Agents SDK 0.219 -> 0.891, LangGraph
+0.203 -> 0.875; with 4 samples a task 0.258 -> 0.883, 0.242 -> 0.898, 0.281 -> 0.922). Apart, at seed 1, each rose alone too (0.258 -> 0.906, 0.266 -> 0.930,
 0.297 -> 0.961); at seed 0 the LangGraph run alone collapsed (0.312, 0.547, 0.781 by step 3,
 then its entropy fell to 0.06, half its answers skipped the tool and from step 5 it wrote
 garbage: evaluation 0.242 -> 0.047) while the other two rose. RL on the 0.9M-parameter shipped
@@ -51,7 +51,7 @@ def test_three_agent_frameworks_learn_through_the_gateway(tmp_path):
     for name in AGENTS:
         before, after = (evals[s][f"eval/{name}/reward_mean"] for s in (0, STEPS))
         print(f"{name}: evaluation {before:.3f} -> {after:.3f}")
-        assert evals[STEPS][f"eval/{name}/episodes"] == 128
+        assert evals[STEPS][f"eval/{name}/episodes"] == 64
         assert after >= before + 0.25, f"{name}: the evaluation did not rise by 0.25"
         assert sum(h[f"env/{name}/groups"] for h in history) >= STEPS  # trained every few steps
     for h in history:
