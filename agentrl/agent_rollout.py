@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-import math
 import time
 import traceback
 import uuid
@@ -22,6 +21,7 @@ import openai
 
 from agentrl.agent_env import AgentEnv
 from agentrl.engine import EngineUnavailable
+from agentrl.env import read_reward
 from agentrl.gateway import EpisodeCapture, Gateway
 from agentrl.seeding import episode_key
 from agentrl.tool import ToolContext
@@ -134,16 +134,7 @@ class AgentEpisodes:
         if last.stop_reason.is_infra_failure:
             return
         try:
-            value = await env.reward(last)
-            components: dict[str, float] = {}
-            if isinstance(value, dict):
-                if "total" not in value:
-                    raise ValueError(f"reward dict needs a 'total' key, got {sorted(value)}")
-                components = {k: float(v) for k, v in value.items()}
-                value = value["total"]
-            reward = float(value)
-            if not math.isfinite(reward):
-                raise ValueError(f"reward is {reward}; rewards must be finite numbers")
+            reward, components = read_reward(await env.reward(last))
         except Exception as e:
             log.warning("reward of %s failed: %s: %s", session, type(e).__name__, e)
             for t in trajs:

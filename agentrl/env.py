@@ -61,6 +61,7 @@ import asyncio
 import functools
 import inspect
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -276,3 +277,18 @@ class ToolEnv(Env):
             msgs.append(Message(role="system", content=self.system_prompt))
         msgs.append(Message(role="user", content=str(self.task.data["prompt"])))
         return msgs
+
+
+def read_reward(value: Any) -> tuple[float, dict[str, float]]:
+    """What `Env.reward` returned → (the reward, its components): a number, or a dict with
+    `total`; a reward that is not a finite number raises (one NaN would poison its group)."""
+    components: dict[str, float] = {}
+    if isinstance(value, dict):
+        if "total" not in value:
+            raise ValueError(f"reward dict needs a 'total' key, got {sorted(value)}")
+        components = {k: float(v) for k, v in value.items()}
+        value = value["total"]
+    reward = float(value)
+    if not math.isfinite(reward):
+        raise ValueError(f"reward is {reward}; rewards must be finite numbers")
+    return reward, components

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 import traceback
 import uuid
@@ -29,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from agentrl.agent_env import AgentEnv
 from agentrl.agent_rollout import AgentEpisodes
 from agentrl.engine import EngineUnavailable, PromptTooLong, SamplingParams
-from agentrl.env import AssistantTurn, Env, ToolEnv
+from agentrl.env import AssistantTurn, Env, ToolEnv, read_reward
 from agentrl.gateway import Gateway, GatewayConfig, GenerationDefaults
 from agentrl.parsers import (
     PARSERS,
@@ -160,17 +159,7 @@ class Rollout:
     def _agent_episodes(self, tokenizer: Any, env_cls: type[AgentEnv]) -> AgentEpisodes:
         """An AgentEnv's episodes run through a gateway that samples as this rollout does."""
         c = self.cfg
-        defaults = GenerationDefaults(
-            max_new_tokens=c.max_new_tokens,
-            max_context_tokens=c.max_context_tokens,
-            temperature=c.temperature,
-            top_p=c.top_p,
-            top_k=c.top_k,
-            stop_token_ids=[self.renderer.eot_id] if c.end_of_turn else [],
-            ignore_eos=c.ignore_eos,
-            template_kwargs=c.template_kwargs,
-            end_of_turn=c.end_of_turn,
-        )
+        defaults = generation_defaults(c, self.renderer)
         gateway = Gateway(self.engine, tokenizer, self.parser, c.gateway, defaults)
         return AgentEpisodes(gateway, env_cls, self.env_kwargs, self.sandbox,
                              c.tool_timeout_s, c.episode_timeout_s, _reference)  # fmt: skip
@@ -375,16 +364,7 @@ class Rollout:
     async def _finish(self, env: Env, traj: Trajectory) -> None:
         try:
             if not traj.stop_reason.is_infra_failure:
-                value = await env.reward(traj)
-                if isinstance(value, dict):
-                    if "total" not in value:
-                        raise ValueError(f"reward dict needs a 'total' key, got {sorted(value)}")
-                    traj.reward_components = {k: float(v) for k, v in value.items()}
-                    traj.reward = float(value["total"])
-                else:
-                    traj.reward = float(value)
-                if not math.isfinite(traj.reward):  # one NaN would poison its whole group
-                    raise ValueError(f"reward is {traj.reward}; rewards must be finite numbers")
+                traj.reward, traj.reward_components = read_reward(await env.reward(traj))
         except Exception as e:  # the env's scorer failed on this trajectory: scored 0, visible
             log.warning(
                 "reward of %s failed: %s: %s", traj.metadata["session"], type(e).__name__, e
@@ -418,6 +398,21 @@ async def run_groups(
             f.cancel()
         await asyncio.gather(*running, return_exceptions=True)
     return [done[i] for i in sorted(done)]
+
+
+def generation_defaults(cfg: RolloutConfig, renderer: Renderer) -> GenerationDefaults:
+    """What a gateway samples with: the rollout's own settings (`rollout.*`)."""
+    return GenerationDefaults(
+        max_new_tokens=cfg.max_new_tokens,
+        max_context_tokens=cfg.max_context_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k,
+        stop_token_ids=[renderer.eot_id] if cfg.end_of_turn else [],
+        ignore_eos=cfg.ignore_eos,
+        template_kwargs=cfg.template_kwargs,
+        end_of_turn=cfg.end_of_turn,
+    )
 
 
 def check_round_trip(renderer: Renderer, parser: Parser) -> None:

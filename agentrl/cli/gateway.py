@@ -36,8 +36,8 @@ from agentrl.agent_env import AgentEnv
 from agentrl.agent_rollout import episode_trajectories
 from agentrl.config import CONFIG_DIR, Config, check_command_line, errors_for_people, load_config
 from agentrl.engine import EngineClient, launch_fleet
-from agentrl.gateway import EpisodeCapture, Gateway, GenerationDefaults
-from agentrl.rollout import Rollout
+from agentrl.gateway import EpisodeCapture, Gateway
+from agentrl.rollout import Rollout, generation_defaults
 from agentrl.types import StopReason
 
 
@@ -70,9 +70,12 @@ class Standalone:
         ep: EpisodeCapture | None = self.gateway.episodes.get(request.match_info["key"])
         if ep is None:
             return web.json_response({"error": "unknown or closed episode"}, status=404)
-        body: dict[str, Any] = {}
-        with contextlib.suppress(Exception):
-            body = await request.json()
+        body: Any = {}
+        if request.can_read_body:
+            try:
+                body = await request.json()
+            except ValueError as e:  # bad JSON: said, and the episode stays open
+                return web.json_response({"error": f"the body is not JSON: {e}"}, status=400)
         reward = body.get("reward", 0.0) if isinstance(body, dict) else 0.0
         if (
             isinstance(reward, bool)
@@ -104,12 +107,7 @@ async def serve(cfg: Config, out: Path, started: asyncio.Future | None = None) -
     tok = AutoTokenizer.from_pretrained(cfg.model.tokenizer or model_path)
     renderer, parser = Rollout.prepare(tok, AgentEnv, cfg.rollout)
     r = cfg.rollout
-    defaults = GenerationDefaults(
-        max_new_tokens=r.max_new_tokens, max_context_tokens=r.max_context_tokens,
-        temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-        stop_token_ids=[renderer.eot_id] if r.end_of_turn else [],
-        template_kwargs=r.template_kwargs, end_of_turn=r.end_of_turn,
-    )  # fmt: skip
+    defaults = generation_defaults(r, renderer)
     with launch_fleet(cfg.engine, model_path, out) as fleet:
         engine = EngineClient.from_config(cfg.engine.model_copy(update={"urls": fleet.urls}))
         gw = Gateway(engine, tok, parser, r.gateway, defaults)
