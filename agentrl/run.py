@@ -64,6 +64,7 @@ from agentrl.settings_diff import compare, refusal
 from agentrl.tracking import JsonlSink, Tracker
 from agentrl.types import ConfigError, Task
 from agentrl.weight_sync import (
+    SYNC_METHODS,
     AdapterSync,
     Transport,
     lora_sglang_args,
@@ -349,7 +350,7 @@ def _split_gpus(
     if cfg.ray.address or cfg.learner.resolved_device() != "cuda":
         return None, engine_cfg
     want = math.ceil(cfg.learner.num_workers * cfg.learner.num_gpus_per_worker)
-    nccl = cfg.weight_sync.method == "distributed"
+    nccl = SYNC_METHODS.get(cfg.weight_sync.method).needs_nccl_group
     split = split_local_gpus(engine_cfg, want, visible_gpus(), nccl=nccl)
     if split is None:
         return None, engine_cfg
@@ -362,7 +363,7 @@ def _resolve_offload(cfg: Config, groups: dict[str, LearnerGroup], console: Cons
     """Colocated: learner.offload=auto measures the GPU, chooses, tells every rank and says
     why; whatever the mode moves to host memory is checked against each host's, before the
     first rollout rather than at the first offload."""
-    ranks = {role: g.call("memory_stats") for role, g in groups.items()}
+    ranks = {role: g.memory_stats() for role, g in groups.items()}
     mem = ranks["policy"][0]
     if not mem["total_bytes"]:  # CPU: nothing to make room for, nothing moves
         if cfg.learner.offload == "auto":
@@ -402,7 +403,7 @@ def _resolve_offload(cfg: Config, groups: dict[str, LearnerGroup], console: Cons
 
 def _set_offload(groups: dict[str, LearnerGroup], mode: str, line: str, console: Console) -> None:
     for g in groups.values():
-        g.call("set_offload", mode)
+        g.set_offload(mode)
     log.info(line)
     console.print(f"[dim]{line}[/]")
 

@@ -21,8 +21,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Concatenate, TypeVar
 
 import ray
 from ray._private import ray_constants
@@ -35,7 +37,15 @@ from agentrl.learner.fsdp import ParamSpec, plan_buckets
 from agentrl.learner.worker import LearnerWorker
 from agentrl.loss import reduce_metrics
 
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+
+    Worker = ActorHandle[LearnerWorker]  # a rank: its methods called as `w.method.remote(...)`
+
 log = logging.getLogger(__name__)
+P = typing.ParamSpec("P")  # not fsdp.ParamSpec: a function's parameters
+T = TypeVar("T")
 
 
 def start_ray(cfg: RayConfig | None = None, gpus: list[str] | None = None) -> None:
@@ -215,7 +225,7 @@ class LearnerGroup:
             start_ray()
         self.cfg, self.role, self.world_size = cfg, role, cfg.num_workers
         self.name = name or role
-        self.workers: list[Any] = []
+        self.workers: list[Worker] = []
         self.pg = place_ranks(cfg, self.name)
         try:
             on_gpu = cfg.resolved_device() == "cuda"
@@ -260,18 +270,12 @@ class LearnerGroup:
 
     def nodes(self) -> list[dict[str, str]]:
         """Per rank: the Ray node id and address it runs on."""
-        return self.call("node")
+        return self._all(lambda w: w.node.remote())
 
-    # -- fan-out ------------------------------------------------------------------------------
-    def call_async(self, method: str, *args: Any, **kw: Any) -> list[Any]:
-        """Call `method` on every rank with the same arguments; returns the ObjectRefs."""
-        return [getattr(w, method).remote(*args, **kw) for w in self.workers]
-
-    def call(self, method: str, *args: Any, **kw: Any) -> list[Any]:
-        return self._get(self.call_async(method, *args, **kw))
-
-    def call_rank0(self, method: str, *args: Any, **kw: Any) -> Any:
-        return self._get([getattr(self.workers[0], method).remote(*args, **kw)])[0]
+    # -- fan-out: each call names the worker's method as an attribute, never as a string -------
+    def _all(self, call: Callable[[Worker], ObjectRef]) -> list[Any]:
+        """`call(worker)` on every rank (e.g. `lambda w: w.offload.remote()`); their results."""
+        return self._get([call(w) for w in self.workers])
 
     def _get(self, refs: list[Any]) -> list[Any]:
 
@@ -282,25 +286,46 @@ class LearnerGroup:
         except ray.exceptions.RayTaskError as e:
             raise e.as_instanceof_cause() from None
 
-    def call_per_rank(self, method: str, per_rank: list[list[Any]], *args: Any) -> list[Any]:
-        """Call `method(per_rank[r], *args)` on rank r (the same number of micro-batches each)."""
+    def _per_rank(
+        self, what: str, per_rank: list[list[Any]], call: Callable[[Worker, list[Any]], ObjectRef]
+    ) -> list[Any]:
+        """`call(worker r, per_rank[r])` on every rank r (the same number of micro-batches each);
+        `what` names the step in errors."""
         if len(per_rank) != self.world_size:
             raise ValueError(
-                f"{self.name}.{method}: got micro-batches for {len(per_rank)} ranks, the group "
+                f"{self.name}.{what}: got micro-batches for {len(per_rank)} ranks, the group "
                 f"has {self.world_size}; split the batch with num_ranks={self.world_size}"
             )
         counts = {len(mbs) for mbs in per_rank}
         if len(counts) > 1:  # FSDP collectives run once per micro-batch on every rank
             raise ValueError(
-                f"{self.name}.{method}: ranks got different numbers of micro-batches "
+                f"{self.name}.{what}: ranks got different numbers of micro-batches "
                 f"{[len(m) for m in per_rank]}; every rank must run the same number"
             )
-        return self._get(
-            [
-                getattr(w, method).remote(mbs, *args)
-                for w, mbs in zip(self.workers, per_rank, strict=True)
-            ]
-        )
+        return self._get([call(w, mbs) for w, mbs in zip(self.workers, per_rank, strict=True)])
+
+    # -- weight-sync rank halves (agentrl/learner/sync/) ----------------------------------------
+    def on_ranks_async(
+        self, cls: type[Any], fn: Callable[Concatenate[Any, P], T], *args: P.args
+    ) -> list[ObjectRef]:
+        """`fn(state, *args)` on every rank, `state` that rank's instance of `cls` (a transport's
+        `Rank`; `fn` one of its methods, e.g. `TensorSync.Rank.bucket`); the ObjectRefs."""
+        return [w.on_rank.remote(cls, fn, *args) for w in self.workers]
+
+    def on_ranks(
+        self, cls: type[Any], fn: Callable[Concatenate[Any, P], T], *args: P.args
+    ) -> list[T]:
+        """`on_ranks_async`, waited for: every rank's result."""
+        return self._get(self.on_ranks_async(cls, fn, *args))
+
+    def on_rank0_async(
+        self, cls: type[Any], fn: Callable[Concatenate[Any, P], T], *args: P.args
+    ) -> ObjectRef:
+        """`fn(state, *args)` on rank 0 only; its ObjectRef."""
+        return self.workers[0].on_rank.remote(cls, fn, *args)
+
+    def on_rank0(self, cls: type[Any], fn: Callable[Concatenate[Any, P], T], *args: P.args) -> T:
+        return self._get([self.on_rank0_async(cls, fn, *args)])[0]
 
     # -- compute --------------------------------------------------------------------------------
     def micro_batches(self, batch: TrainBatch) -> list[list[TrainBatch]]:
@@ -311,13 +336,17 @@ class LearnerGroup:
 
     def compute_logprobs(self, per_rank: list[list[Any]], temperature: float = 1.0) -> list[Any]:
         """[rank][micro-batch] → logprobs [N] (CPU), for old/reference logprobs."""
-        return self.call_per_rank("compute_logprobs", per_rank, temperature)
+        return self._per_rank(
+            "compute_logprobs", per_rank, lambda w, mbs: w.compute_logprobs.remote(mbs, temperature)
+        )
 
     def update_logprobs(self) -> list[Any]:
-        return self.call("update_logprobs")
+        return self._all(lambda w: w.update_logprobs.remote())
 
     def compute_values(self, per_rank: list[list[Any]]) -> list[Any]:
-        return self.call_per_rank("compute_values", per_rank)
+        return self._per_rank(
+            "compute_values", per_rank, lambda w, mbs: w.compute_values.remote(mbs)
+        )
 
     def train_step(
         self,
@@ -332,9 +361,8 @@ class LearnerGroup:
         grad_norm, lr, skipped (1 when a non-finite loss/grad skipped the step), step_s.
         `old_from_forward`: pi_old from the step's own forward (worker.train_step); then
         `update_logprobs()` gives them per rank and micro-batch, like `compute_logprobs`."""
-        results = self.call_per_rank(
-            "train_step", per_rank, loss_name, loss_cfg, temperature, old_from_forward
-        )
+        results = self._per_rank("train_step", per_rank, lambda w, mbs: w.train_step.remote(
+            mbs, loss_name, loss_cfg, temperature, old_from_forward))  # fmt: skip
         out = reduce_metrics(r["sum"] for r in results)
         out.update(results[0]["global"])
         out["step_s"] = max(r["global"]["step_s"] for r in results)
@@ -343,21 +371,22 @@ class LearnerGroup:
     # -- weights --------------------------------------------------------------------------------
     def param_specs(self, dtype: str | None = None) -> list[ParamSpec]:
         if dtype not in self._specs:
-            self._specs[dtype] = self.call_rank0("param_specs", dtype)
+            self._specs[dtype] = self._get([self.workers[0].param_specs.remote(dtype)])[0]
         return self._specs[dtype]
 
     def model_dtype(self) -> str:
-        return self.call_rank0("model_dtype")
+        return self._get([self.workers[0].model_dtype.remote()])[0]
 
     def buckets(self, bucket_mb: float, dtype: str | None = None) -> list[list[ParamSpec]]:
         return plan_buckets(self.param_specs(dtype), int(bucket_mb * 1024 * 1024))
 
     def full_state(self, dtype: str | None = None) -> dict[str, Any]:
         """Full weights on the driver (CPU tensors). Small models / tests only."""
-        return self.call("full_state", dtype)[0]
+        return self._all(lambda w: w.full_state.remote(dtype))[0]
 
     def save_hf(self, out_dir: str, bucket_mb: float = 512, dtype: str | None = None) -> None:
-        self.call("save_hf", str(out_dir), self.buckets(bucket_mb, dtype))
+        buckets = self.buckets(bucket_mb, dtype)
+        self._all(lambda w: w.save_hf.remote(str(out_dir), buckets))
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(
@@ -373,37 +402,62 @@ class LearnerGroup:
         while training goes on, done when `finish_checkpoint` says so. Returns the most host
         buffers a rank had to allocate in the save (0 after `prepare_checkpoint`)."""
         buckets = self.buckets(bucket_mb)
-        return max(self.call("save_checkpoint", str(path), buckets, optimizer, fmt, background))
+        return max(self._all(lambda w: w.save_checkpoint.remote(
+            str(path), buckets, optimizer, fmt, background)))  # fmt: skip
 
     def prepare_checkpoint(self, bucket_mb: float = 512) -> None:
         """Before the first background save: its host buffers (pinned on GPUs) are allocated
         in a thread behind the next steps instead of in the save."""
-        self.call("prepare_checkpoint", self.buckets(bucket_mb))
+        buckets = self.buckets(bucket_mb)
+        self._all(lambda w: w.prepare_checkpoint.remote(buckets))
 
     def finish_checkpoint(self, wait: bool = True) -> bool:
         """True when every rank has written its part of the last checkpoint."""
-        return all(self.call("finish_checkpoint", wait))
+        return all(self._all(lambda w: w.finish_checkpoint.remote(wait)))
 
     def load_checkpoint(self, path: str, optimizer: bool = True) -> dict[str, tuple[Any, Any]]:
         """Loads on every rank; returns the optimizer settings that now differ from the
         checkpoint's (applied: `fsdp.apply_hparams`), {name: (then, now)}."""
-        return self.call("load_checkpoint", str(path), optimizer)[0]
+        return self._all(lambda w: w.load_checkpoint.remote(str(path), optimizer))[0]
 
     # -- colocated mode -------------------------------------------------------------------------
     def peak_memory(self) -> dict[str, float]:
         """GiB of GPU memory the learner's allocator held at most per phase (logprobs, update,
         sync) since the last call, the most over ranks; empty on CPU."""
         out: dict[str, float] = {}
-        for peaks in self.call("peak_memory"):
+        for peaks in self._all(lambda w: w.peak_memory.remote()):
             for phase, gib in peaks.items():
                 out[phase] = max(gib, out.get(phase, 0.0))
         return out
 
+    def memory_stats(self) -> list[dict[str, Any]]:
+        """Per rank: its GPU memory, and its host's (LearnerWorker.memory_stats)."""
+        return self._all(lambda w: w.memory_stats.remote())
+
+    def set_offload(self, mode: str) -> None:
+        """learner.offload=auto: the mode the driver chose, on every rank."""
+        self._all(lambda w: w.set_offload.remote(mode))
+
     def offload(self) -> None:
-        self.call("offload")
+        self._all(lambda w: w.offload.remote())
 
     def onload(self) -> None:
-        self.call("onload")
+        self._all(lambda w: w.onload.remote())
+
+    # -- for tests: gradients without a step ----------------------------------------------------
+    def accumulate_grads(
+        self, per_rank: list[list[Any]], loss_name: str, loss_cfg: Any, temperature: float = 1.0
+    ) -> list[float]:
+        """Forward + backward without stepping; each rank's loss share."""
+        return self._per_rank("accumulate_grads", per_rank, lambda w, mbs: (
+            w.accumulate_grads.remote(mbs, loss_name, loss_cfg, temperature)))  # fmt: skip
+
+    def full_grads(self) -> dict[str, Any]:
+        """The full gradients (rank 0's, CPU) between `accumulate_grads` and `zero_grad`."""
+        return self._all(lambda w: w.full_grads.remote())[0]
+
+    def zero_grad(self) -> None:
+        self._all(lambda w: w.zero_grad.remote())
 
     def shutdown(self) -> None:
 

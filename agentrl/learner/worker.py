@@ -19,10 +19,10 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 import torch
@@ -32,9 +32,10 @@ from torch.distributed.tensor import DTensor
 from agentrl.learner import LearnerConfig, Role, forward, fsdp, lora, memory
 from agentrl.learner.checkpoint import CheckpointWriter, load_optimizer
 from agentrl.learner.fsdp import ParamSpec
-from agentrl.learner.sync import SYNC_METHODS
 from agentrl.learner.update_group import bind_listen_socket
 from agentrl.loss import LossInputs, get_loss, reduce_metrics
+
+T = TypeVar("T")
 
 
 class LearnerWorker:
@@ -55,7 +56,7 @@ class LearnerWorker:
         self.model: Any = None
         self.opt: torch.optim.Optimizer | None = None
         self.sched: Any = None
-        self._transports: dict[str, Any] = {}  # weight-sync rank halves, by transport name
+        self._rank_states: dict[type, Any] = {}  # weight-sync rank halves, by their class
         self._ckpt: CheckpointWriter | None = None  # made at the first save (a collective)
         self.offload_mode = "all" if cfg.offload == "auto" else cfg.offload  # auto: set_offload
         self.steps_done = 0
@@ -178,13 +179,10 @@ class LearnerWorker:
             "nice": os.nice(0),
         }
 
-    def ping(self) -> int:
-        return os.getpid()
-
     def shutdown(self) -> None:
-        for transport in self._transports.values():
-            transport.close()
-        self._transports.clear()
+        for state in self._rank_states.values():
+            state.close()
+        self._rank_states.clear()
         if dist.is_initialized():
             dist.destroy_process_group()
         if self._store_sock is not None:
@@ -513,13 +511,15 @@ class LearnerWorker:
         dist.barrier()
 
     # -- weight sync ----------------------------------------------------------------------------
-    def sync_call(self, transport: str, method: str, *args: Any) -> Any:
-        """Run `method` of the rank half of the weight-sync transport named `transport` (a
-        registered name or an import path, agentrl/learner/sync/); its state lives here."""
-        if transport not in self._transports:
-            self._transports[transport] = SYNC_METHODS.get(transport).Rank(self)
+    def on_rank(self, cls: type[Any], fn: Callable[..., T], *args: Any) -> T:
+        """`fn(state, *args)`: `fn` a method of `cls`, a transport's rank half (`Transport.Rank`,
+        agentrl/learner/sync/), `state` its one instance in this rank, made on first use."""
+        if not any(vars(k).get(fn.__name__) is fn for k in cls.__mro__):
+            raise TypeError(f"{fn.__qualname__} is not a method of {cls.__qualname__}")
+        if cls not in self._rank_states:
+            self._rank_states[cls] = cls(self)
         with self._peak("sync", keep_max=True):  # a push is several calls: the most of them
-            return getattr(self._transports[transport], method)(*args)
+            return fn(self._rank_states[cls], *args)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(
