@@ -63,6 +63,10 @@ sampling, the no-signal warning and `adv/zero_std_groups`; its docstring states 
 
 Adding an estimator: a function `(episodes: list[Episode], cfg) -> (advantages, returns | None)`
 decorated with `@register("my_name")`, then `algo.advantage.name=my_name`.
+
+Size: the estimators share one `Episode` record, its group statistics and the rules above (valid
+members, truncation, turn baselines), and this docstring is the reference for their maths; split,
+a rule would sit apart from the code that applies it.
 """
 
 from __future__ import annotations
@@ -357,8 +361,9 @@ def carries_gradient(
     truncation: Truncation = Truncation(),
 ) -> bool:
     """Whether this group can move the policy: a sampled token of a valid member (not an
-    infrastructure failure) has a non-zero advantage (|A| > SIGNAL_ATOL). The one test behind dynamic sampling
-    (trainer.dynamic_sampling, sync and async), the no-signal warning and `adv/zero_std_groups`.
+    infrastructure failure) has a non-zero advantage (|A| > SIGNAL_ATOL). The one test behind
+    dynamic sampling (trainer.sampling.dynamic_sampling, sync and async), the no-signal warning
+    and `adv/zero_std_groups`.
 
     It runs in the driver, before the learner's pass, so the rule for what is known only later:
     - no valid member with a sampled token: False (nothing to train);

@@ -61,12 +61,14 @@ class CheckpointError(RuntimeError):
 
 
 class CheckpointConfig(BaseModel):
-    """`trainer.checkpoint` (or wherever the lead composes it)."""
+    """The `checkpoint` section: where, how often, how many, and what a run resumes from."""
 
     model_config = ConfigDict(extra="forbid")
 
-    dir: str = Field("checkpoints", description="root directory of this run's checkpoints")
-    every: int = Field(0, ge=0, description="save every N steps; 0: only at the end")
+    dir: str | None = Field(
+        None, description="checkpoints of this run; None: runs/<run_name>/checkpoints"
+    )
+    every: int = Field(5, ge=0, description="save every N steps (and at the end); 0: at the end")
     keep_last: int = Field(2, ge=1, description="complete checkpoints kept (oldest removed)")
     resume: str = Field("auto", description="auto | never | a checkpoint directory")
     save_optimizer: bool = True
@@ -78,6 +80,10 @@ class CheckpointConfig(BaseModel):
     optimizer_format: Literal["sharded", "full"] = Field(
         "sharded", description="sharded: each rank writes its shard (DCP); full: rank 0, one file"
     )
+
+    def of_run(self, run_name: str = "default") -> CheckpointConfig:
+        """These settings with `dir` filled in: runs/<run_name>/checkpoints unless set."""
+        return self.model_copy(update={"dir": self.dir or f"runs/{run_name}/checkpoints"})
 
 
 class TrainerState(BaseModel):
@@ -230,8 +236,8 @@ def disk_full_error(path: str | Path, exc: BaseException) -> CheckpointError | N
     return CheckpointError(
         f"checkpoint not written: no space left on the device writing {path} ({free}; the "
         f"write failed with: {str(exc).strip().splitlines()[-1][:200]}). `latest` stays on the "
-        "previous checkpoint; this one is discarded. Free space there, lower trainer.keep_last, "
-        "or set trainer.dir to a disk with room"
+        "previous checkpoint; this one is discarded. Free space there, lower checkpoint.keep_last, "
+        "or set checkpoint.dir to a disk with room"
     )
 
 
@@ -241,7 +247,9 @@ class CheckpointManager:
 
     def __init__(self, cfg: CheckpointConfig, root: str | Path | None = None):
         self.cfg = cfg
-        self.root = Path(root or cfg.dir).expanduser().resolve()
+        if root is None and cfg.dir is None:
+            raise ValueError("CheckpointManager: no dir; pass cfg.of_run(run_name) or a root")
+        self.root = Path(root or cfg.dir or "").expanduser().resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.staging = self.root / ".tmp"
         # Leftovers of a killed write: never complete, never pointed to.
@@ -263,7 +271,7 @@ class CheckpointManager:
             self.abandon(pending)
 
     def begin(self, step: int) -> StagedCheckpoint:
-        """A staging dir for a checkpoint of `step`, written over time (trainer.async_save):
+        """A staging dir for a checkpoint of `step`, written over time (checkpoint.async_save):
         `finish` commits it, `abandon` removes it; a kill before `finish` leaves `latest` as
         it was."""
         self.staging.mkdir(parents=True, exist_ok=True)
@@ -399,5 +407,5 @@ def load_trainer_state(path: str | Path) -> TrainerState:
         first = str(e).strip().splitlines()[:3]
         raise CheckpointError(
             f"{f}: not a trainer state agentrl wrote ({' '.join(first)[:300]}); the checkpoint "
-            "was altered or is damaged: resume another one (trainer.resume=<dir>) or start fresh"
+            "was altered or is damaged: resume another one (checkpoint.resume=<dir>) or start fresh"
         ) from None

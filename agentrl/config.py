@@ -8,8 +8,9 @@ the command line before Hydra composes (agentrl/cli/overrides.py), where no key 
       rollout.max_turn: unknown key; did you mean rollout.max_turns?
 
 Nothing below the entry points sees OmegaConf. Sections are owned by the module that uses them
-(RolloutConfig lives in rollout.py, EngineConfig in engine/config.py, …) and composed here. User
-classes are referenced by import path in `_target_`.
+(RolloutConfig lives in rollout.py, EngineConfig in engine/config.py, …) and composed here; the
+trainer's groups and the keys an older config may still use (MOVED_KEYS, refused here with their
+new names) in trainer_config.py. User classes are referenced by import path in `_target_`.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from agentrl.sandbox.backends import BACKENDS
 from agentrl.sandbox.config import SandboxConfig
 from agentrl.settings_diff import settings_of
 from agentrl.tracking import LoggingConfig
+from agentrl.trainer_config import MOVED_KEYS, TrainerConfig
 from agentrl.types import ConfigError
 from agentrl.weight_sync import SYNC_METHODS, WeightSyncConfig
 
@@ -138,140 +140,6 @@ class AlgoConfig(BaseModel):
         return self
 
 
-class TrainerConfig(CheckpointConfig):
-    """The loop: how long, how much per step, when to stop, and checkpointing (resume=auto|never|dir)."""
-
-    dir: str | None = Field(
-        None, description="checkpoints of this run; None: runs/<run_name>/checkpoints"
-    )
-    every: int = Field(5, ge=0, description="save every N steps (and at the end); 0: at the end")
-    steps: int = Field(60, ge=1, description="optimizer steps of the run")
-    tasks_per_step: int = Field(8, ge=1, description="tasks per step; x rollout.group_size samples")
-    oversample_groups: int = Field(
-        0,
-        ge=0,
-        description="roll out this many groups more than tasks_per_step and keep the first "
-        "tasks_per_step to finish (the rest are aborted on the engine): a slow tail never holds "
-        "the step, at the price of a bias towards quickly finished episodes",
-    )
-    dynamic_sampling: bool = Field(
-        False,
-        description="DAPO's dynamic sampling: groups that carry no gradient (every advantage 0, "
-        "e.g. equal outcome and per-turn rewards under a group baseline; "
-        "advantage.carries_gradient states the rule for gae and kl_mode=reward) are dropped and "
-        "more tasks rolled out until tasks_per_step groups carry gradient "
-        "(rollout/filtered_groups); reward/* is then over the kept groups, reward/mean_all over "
-        "all",
-    )
-    max_refill_rounds: int = Field(
-        3, ge=0, description="sync + dynamic_sampling: extra rollout rounds per step at most"
-    )
-    driver_threads: int = Field(
-        1,
-        ge=1,
-        description="torch CPU threads of the trainer process (batching, metrics; the learners "
-        "and servers are processes of their own). More threads' spinning starved the engine's "
-        "and learner's processes: 0.5B step on an H100 6.3 s at 16, 4.5 s at 1 (bench/train_step.py)",
-    )
-    mode: Literal["sync", "async"] = Field(
-        "sync",
-        description="sync: each step rolls out, then trains; async: rollouts run on in the "
-        "background while the learner trains (agentrl/producer.py), within max_staleness",
-    )
-    max_staleness: int = Field(
-        1,
-        ge=0,
-        description="async: the most weight versions a trained token may lag behind. 1 lets one "
-        "batch roll out ahead, so the learner waits for that batch's slowest episode; 2 hides it "
-        "when episodes have long tails (bench/async_speedup.py on 2 cores: 1.53-1.57x sync at 2, "
-        "1.41-1.46x at 1), at the price of staler tokens",
-    )
-    stale_policy: Literal["wait", "drop"] = Field(
-        "wait",
-        description="async: wait (launch no more than the staleness bound allows) or drop "
-        "(launch freely, drop groups found too stale)",
-    )
-    partial_rollouts: bool = Field(
-        True,
-        description="async: a weight push cuts the turns in flight (/abort_request, then "
-        "/pause_generation) and they go on under the new weights, keeping what they sampled "
-        "with its version (agentrl/engine/gate.py); false: the push waits for them to finish",
-    )
-    deterministic: bool = Field(
-        False,
-        description="two runs of the same command give the same metrics, step by step (timings "
-        "aside): every engine request carries a sampling seed from (seed, step, task, sample, "
-        "turn), the dev server computes each request alone with no prefix cache (SGLang: "
-        "--enable-deterministic-inference), torch deterministic algorithms in the learner. "
-        "Sync mode only (no oversample_groups); rollouts are slower (docs/checkpoints.md: "
-        "Reproducible runs)",
-    )
-    eval_every: int = Field(
-        0,
-        ge=0,
-        description="evaluate the policy before the first step and every N steps (and after the "
-        "last): eval_size tasks of the evaluation set (env.eval_tasks), the same ones each time, "
-        "eval_samples episodes each, their episodes never trained on (eval/* metrics); 0: never",
-    )
-    eval_size: int = Field(32, ge=1, description="tasks of each evaluation (the set's first N)")
-    eval_samples: int = Field(4, ge=1, description="episodes per evaluation task")
-    eval_split: Literal["heldout", "shared"] = Field(
-        "heldout",
-        description="heldout: training never samples a task that shares an id or a prompt with "
-        "the evaluation set (drawn from env.tasks, or env.eval_tasks when given, and left out of "
-        "the training list); shared: the training list stays whole",
-    )
-    max_skipped_steps: int = Field(
-        3, ge=1, description="non-finite steps in a row before the run stops with an error"
-    )
-    max_aborted_frac: float = Field(
-        0.2,
-        ge=0,
-        le=1,
-        description="share of a step's episodes that may crash (aborted, reward_error) before "
-        "the run stops with one of their tracebacks",
-    )
-    max_unavailable_frac: float = Field(
-        0.1,
-        ge=0,
-        le=1,
-        description="share of a step's episodes that may still have no sandbox after their "
-        "groups were rolled out again (sandbox_unavailable) before the run stops with the cause",
-    )
-    max_empty_steps: int = Field(
-        3, ge=1, description="steps in a row with no trainable trajectory before the run stops"
-    )
-    no_signal_steps: int = Field(
-        5,
-        ge=0,
-        description="warn after this many steps in a row in which no group carries gradient "
-        "(every advantage 0: advantage.carries_gradient); 0: off",
-    )
-    warn_logprob_gap: float = Field(
-        0.1,
-        ge=0,
-        description="sync: warn (console, log, W&B alert) every step whose train/logprob_diff "
-        "(the engine's logprobs of the tokens it sampled against the trainer's, same weights) "
-        "is above this: the engine is not serving the trained model (a push that did not land "
-        "whole, a wrong adapter, another dtype or tokenizer); bf16 stacks differ by 0.002-0.05 "
-        "per token; 0: off",
-    )
-    warn_tool_fail_rate: float = Field(
-        0.5,
-        ge=0,
-        le=1,
-        description="warn (console, log, W&B alert) when a tool fails on more than this share of "
-        "its calls in a step (8 calls at least; the model's errors and the tool's own exceptions "
-        "both count), naming the tool and one of its errors: at the first such step, then every "
-        "10 steps while it lasts (rollout/failing_tools, tools/<name>/fail_rate); 0: off",
-    )
-
-    def checkpoint_config(self, run_name: str = "default") -> CheckpointConfig:
-        fields = {k: getattr(self, k) for k in CheckpointConfig.model_fields}
-        fields["dir"] = self.dir or f"runs/{run_name}/checkpoints"
-        return CheckpointConfig(**fields)
-
-
 class PreviewConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -300,6 +168,7 @@ class Config(BaseModel):
     ray: RayConfig = Field(default_factory=RayConfig)
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @model_validator(mode="after")
@@ -336,10 +205,10 @@ class Config(BaseModel):
                 "trainer.mode=async needs the engines and the learner on separate devices "
                 "(engine.colocate=false): colocated, they take turns on the GPU"
             )
-        if self.trainer.oversample_groups:
+        if self.trainer.sampling.oversample_groups:
             raise ValueError(
-                "trainer.oversample_groups is for trainer.mode=sync; async rollouts already run "
-                "ahead (trainer.max_staleness)"
+                "trainer.sampling.oversample_groups is for trainer.mode=sync; async rollouts "
+                "already run ahead (trainer.async.max_staleness)"
             )
         return self
 
@@ -353,11 +222,12 @@ class Config(BaseModel):
                 "beside the learner, so which weights sample which turn (and which turns a push "
                 "cuts) depends on timing. Drop trainer.deterministic or use trainer.mode=sync"
             )
-        if t.deterministic and t.oversample_groups:
+        if t.deterministic and t.sampling.oversample_groups:
             raise ValueError(
-                "trainer.deterministic=true with trainer.oversample_groups="
-                f"{t.oversample_groups}: the groups kept are the first to finish, which depends "
-                "on timing. Set trainer.oversample_groups=0 or drop trainer.deterministic"
+                "trainer.deterministic=true with trainer.sampling.oversample_groups="
+                f"{t.sampling.oversample_groups}: the groups kept are the first to finish, which "
+                "depends on timing. Set trainer.sampling.oversample_groups=0 or drop "
+                "trainer.deterministic"
             )
         return self
 
@@ -511,6 +381,9 @@ def validate(raw: dict[str, Any]) -> Config:
             if loc[0] == "env" and len(loc) > 1 and loc[1] in ENV_KINDS:
                 del loc[1]  # the union's tag (a single env or a mixture), not a key
             where = ".".join(str(p) for p in loc)
+            if err["type"] == "extra_forbidden" and where in MOVED_KEYS:  # an older config's key
+                lines.append(f"{where} moved to {MOVED_KEYS[where]} (got {err.get('input')!r})")
+                continue
             if err["type"] == "extra_forbidden":  # a key in YAML or a `+key`: the closest known
                 why += unknown_key_hint(Config, where)
             lines.append(f"{where}: {why} (got {err.get('input')!r})"[:300])

@@ -5,7 +5,7 @@ batch = sampler.next(8)                 # 8 tasks; wraps into a new shuffled epo
 state = sampler.state_dict()            # {"epoch": 0, "index": 8, "tasks": 256} — in checkpoints
 TaskSampler(tasks, seed=0).load_state_dict(state)   # continues with exactly the same tasks
 
-A held-out evaluation (trainer.eval_split=heldout) trains on the rest of the list:
+A held-out evaluation (trainer.eval.split=heldout) trains on the rest of the list:
 
 train = held_out(tasks, eval_tasks)     # no task of eval_tasks' ids, nor of their prompts
 """
@@ -47,14 +47,14 @@ class TaskSampler:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """The cursor of a run over the same list; a list of another length (the evaluation set
-        held out or not: trainer.eval_every, trainer.eval_split) would continue on other tasks."""
+        held out or not: trainer.eval.every, trainer.eval.split) would continue on other tasks."""
         saved = state.get("tasks")
         if saved is not None and int(saved) != len(self.tasks):
             raise ConfigError(
                 f"the checkpoint's run trained on {saved} tasks, this one on {len(self.tasks)}: "
-                "the training list changed (trainer.eval_every or trainer.eval_split, which hold "
+                "the training list changed (trainer.eval.every or trainer.eval.split, which hold "
                 "the evaluation set out of it, or env.tasks). Resume with the settings it ran "
-                "with, or start fresh (trainer.resume=never)"
+                "with, or start fresh (checkpoint.resume=never)"
             )
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
         self._order = self._make_order(self.epoch)

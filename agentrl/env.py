@@ -45,7 +45,7 @@ malformed calls end the episode with `parse_error`. A well-formed call with bad 
 an unknown tool) is a tool error the model reads; tool argument models refuse extra keys unless
 they say otherwise (`model_config = ConfigDict(extra="allow")`). An exception raised by `start` or
 `step` ends that episode with `aborted` (left out of the baseline, counted against
-`trainer.max_aborted_frac` with its traceback); one raised by `reward` ends it with
+`trainer.guards.max_aborted_frac` with its traceback); one raised by `reward` ends it with
 `reward_error` (scored 0, kept in its group, visible). The rest of its group goes on.
 Each call is counted once (`Turn`, agentrl/types.py): `num_tool_calls` the ones that
 succeeded (what a reward for "used the tool" should read: a failed call must not pay),

@@ -33,9 +33,9 @@ class EnvConfig(BaseModel):
     tasks: dict[str, Any] = Field(default_factory=dict, description="kwargs of Env.load_tasks")
     eval_tasks: dict[str, Any] | None = Field(
         None,
-        description="kwargs of Env.load_tasks for the evaluation set (trainer.eval_every), e.g. "
+        description="kwargs of Env.load_tasks for the evaluation set (trainer.eval.every), e.g. "
         "{split: test} or {seed: 1}; None: drawn from the training tasks' list (and left out of "
-        "training unless trainer.eval_split=shared)",
+        "training unless trainer.eval.split=shared)",
     )
 
     def load_tasks(

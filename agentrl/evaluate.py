@@ -1,4 +1,4 @@
-"""Evaluation during training (`trainer.eval_every`): the same tasks, rolled out by the policy
+"""Evaluation during training (`trainer.eval.every`): the same tasks, rolled out by the policy
 before the first step and every N steps, never trained on.
 
 A step's `reward/mean` is over the tasks that step happened to draw, so it moves with how hard
@@ -14,7 +14,7 @@ apart as well, `eval/<env>/reward_mean` and the rest, beside the totals over eve
 The episodes themselves (`trajs`, task by task) are what the trainer saves to
 <out>/eval_trajectories.jsonl (`Tracker.log_eval`), so `agentrl view RUN --eval` can draw them.
 
-Held out by default (trainer.eval_split=heldout): the training list loses every task that shares
+Held out by default (trainer.eval.split=heldout): the training list loses every task that shares
 an id or a prompt with the evaluation set, so the policy is scored on questions it never trained
 on; `shared` keeps the training list whole (the evaluation then re-scores trained questions).
 
@@ -54,7 +54,7 @@ def pick_eval_tasks(tasks: list[Task], size: int, seed: int) -> list[Task]:
     """`size` tasks of the evaluation set: a fixed sample drawn with `seed`, so every evaluation
     of a run (and of the runs resuming it) scores the same tasks."""
     if not tasks:
-        raise ConfigError("trainer.eval_every is set and the evaluation set is empty: "
+        raise ConfigError("trainer.eval.every is set and the evaluation set is empty: "
                           "check env.eval_tasks")  # fmt: skip
     order = list(range(len(tasks)))
     random.Random(seed * 1_000_003 + 7).shuffle(order)
@@ -66,25 +66,25 @@ def eval_task_sets(
 ) -> tuple[list[Task], list[Task], str]:
     """The training tasks, the evaluation tasks and the console line that says which split it is.
     `candidates`: the list env.eval_tasks loads, None to draw from `train` itself; `split`:
-    trainer.eval_split. Held out, the evaluation set is drawn first and the training list
+    trainer.eval.split. Held out, the evaluation set is drawn first and the training list
     loses every task sharing an id or a prompt with it (a ConfigError when none is left)."""
     tasks = pick_eval_tasks(train if candidates is None else candidates, size, seed)
     source = "env.tasks" if candidates is None else "env.eval_tasks"
     if split == "shared":
         shared = len(train) - len(held_out(train, tasks))
         line = (f"evaluation: {len(tasks)} tasks of {source}, not held out "
-                f"(trainer.eval_split=shared): {shared} of the {len(train)} training tasks "
+                f"(trainer.eval.split=shared): {shared} of the {len(train)} training tasks "
                 "share an id or a prompt with them")  # fmt: skip
         return train, tasks, line
     kept = held_out(train, tasks)
     if not kept:
         raise ConfigError(
-            f"trainer.eval_split=heldout: the {len(tasks)} evaluation tasks share an id or a "
+            f"trainer.eval.split=heldout: the {len(tasks)} evaluation tasks share an id or a "
             f"prompt with all {len(train)} tasks of env.tasks, leaving none to train on; lower "
-            "trainer.eval_size, give env.eval_tasks its own tasks, or set "
-            "trainer.eval_split=shared"
+            "trainer.eval.size, give env.eval_tasks its own tasks, or set "
+            "trainer.eval.split=shared"
         )
-    line = (f"evaluation: {len(tasks)} held-out tasks of {source} (trainer.eval_split=heldout): "
+    line = (f"evaluation: {len(tasks)} held-out tasks of {source} (trainer.eval.split=heldout): "
             f"training on the other {len(kept)} of {len(train)}, none sharing an id or a "
             "prompt with them")  # fmt: skip
     return kept, tasks, line

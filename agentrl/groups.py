@@ -1,9 +1,9 @@
 """Where a step's groups come from: one protocol (`GroupSource`), two implementations.
 
 - `SyncGroups` (trainer.mode=sync): the step's tasks are rolled out now, with
-  `trainer.oversample_groups` extra (the first `tasks_per_step` to finish are kept); with
-  `trainer.dynamic_sampling` the groups that carry no gradient are dropped and more tasks rolled
-  out, up to `trainer.max_refill_rounds` extra rounds.
+  `trainer.sampling.oversample_groups` extra (the first `tasks_per_step` to finish are kept);
+  with `trainer.sampling.dynamic_sampling` the groups that carry no gradient are dropped and more
+  tasks rolled out, up to `trainer.sampling.max_refill_rounds` extra rounds.
 - `AsyncGroups` (trainer.mode=async): rollouts run ahead of the learner in a `GroupProducer`
   (agentrl/producer.py: staleness, launch budget, dynamic sampling there too); a step takes the
   next groups in launch order.
@@ -12,7 +12,8 @@ In both, every group set goes through `Reissue` before the step sees it: the san
 this run started is restarted if it died; dead or hung rollout servers are restarted (by the
 hand-over, agentrl/handover.py) and get the current weights; the groups that lost an episode to
 either are rolled out again, whole, so every group's baseline compares samples of one policy.
-Episodes still without a sandbox past `trainer.max_unavailable_frac` of the step stop the run.
+Episodes still without a sandbox past `trainer.guards.max_unavailable_frac` of the step stop the
+run.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ class Reissue:
             await sandbox.revive()
         except SandboxUnavailable as e:
             raise TrainingError(
-                f"step {step}: {e}. Fix the cause, then resume with trainer.resume=auto"
+                f"step {step}: {e}. Fix the cause, then resume with checkpoint.resume=auto"
             ) from None
         seen, self.sandbox_restarts = self.sandbox_restarts, sandbox.restarts
         return sandbox.restarts - seen
@@ -124,9 +125,9 @@ class Reissue:
         if still and len(still) / total > self.max_unavailable_frac:
             raise TrainingError(
                 f"step {step}: {len(still)} of {total} episodes had no sandbox even "
-                f"after their groups were rolled out again (trainer.max_unavailable_frac="
+                f"after their groups were rolled out again (trainer.guards.max_unavailable_frac="
                 f"{self.max_unavailable_frac:g}). The sandbox service is down or "
-                f"refusing calls: {still[0].error}. Fix it, then resume with trainer.resume=auto"
+                f"refusing calls: {still[0].error}. Fix it, then resume with checkpoint.resume=auto"
             )
 
 

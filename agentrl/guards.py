@@ -1,6 +1,6 @@
 """Run health: what the trainer watches on every step, warns about, and stops on.
 
-Counters, each with its stop or warning (`Limits`, from `trainer.*`):
+Counters, each with its stop or warning (`Limits`, from `trainer.guards.*`):
 - crashed episodes (an exception in the env or its reward) above `max_aborted_frac` of a step:
   a bug, not noise; the run stops and shows one (`check_crashes`);
 - steps with nothing to train on: skipped, and `max_empty_steps` in a row stop (`trainable`);
@@ -12,13 +12,15 @@ Counters, each with its stop or warning (`Limits`, from `trainer.*`):
 And warnings: a tool failing on most of its calls (`metrics.ToolWatch`), per-turn rewards the
 reward level ignores (once per run), sync turns sampled by other weights than the last push's,
 the engine and the trainer disagreeing on logprobs (`warn_logprob_gap`; async: any staleness),
-learner memory at its limit. Every warning goes to the log, the console and the tracker's alerts.
+learner memory at its limit. Every warning goes to the log, the console and the tracker's alerts;
+its text comes from a pure function of the step's trajectories or metrics (`crashed`,
+`off_version`, `ignored_turn_rewards`, `engine_gap`, `memory_edge`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rich.console import Console
@@ -26,22 +28,93 @@ from rich.markup import escape
 
 from agentrl.advantage import AdvantageConfig, Truncation, carries_gradient
 from agentrl.batch import trainable
-from agentrl.metrics import (
-    ToolWatch,
-    crashed,
-    engine_gap,
-    ignored_turn_rewards,
-    memory_edge,
-    off_version,
-)
+from agentrl.metrics import ToolWatch
 from agentrl.types import TrainingError, Trajectory
 
 log = logging.getLogger(__name__)
 
 
+# -- what each warning says (pure: trajectories and metrics in, text out) -------------------------
+
+
+def crashed(tr: Trajectory) -> bool:
+    """An episode whose env code raised: a reward error, or an abort that carries a traceback
+    (engine aborts and episode timeouts carry none: those are infrastructure)."""
+    if tr.stop_reason.value == "reward_error":
+        return True
+    return tr.stop_reason.value == "aborted" and "Traceback (most recent call last)" in (
+        tr.error or ""
+    )
+
+
+def ignored_turn_rewards(trajs: Sequence[Trajectory], reward_level: str) -> str | None:
+    """The warning to give when an env returns per-turn rewards that the config does not train
+    on (algo.advantage.reward_level=trajectory); None otherwise."""
+    if reward_level != "trajectory":
+        return None
+    n = sum(1 for t in trajs for turn in t.turns if turn.reward not in (None, 0.0))
+    if not n:
+        return None
+    return (
+        f"the env returned per-turn rewards (StepResult.reward, {n} non-zero turns this step) but "
+        "algo.advantage.reward_level=trajectory trains on the outcome reward only, so they are "
+        "ignored (reward/turn_sum shows them). Set algo.advantage.reward_level=turn to train on "
+        "them, or fold them into the env's reward"
+    )
+
+
+def engine_gap(metrics: dict[str, float], bar: float, step: int) -> str | None:
+    """The warning to give when the engine's logprobs of its own samples are further than `bar`
+    per token from the trainer's with the same weights (`train/logprob_diff`): the engine does
+    not serve the trained model. bar 0: not checked."""
+    gap = metrics.get("train/logprob_diff", 0.0)
+    if not bar or gap <= bar:
+        return None
+    return (
+        f"step {step}: the engine's logprobs of its own samples are {gap:.3f} per token from the "
+        f"trainer's with the same weights (trainer.guards.warn_logprob_gap={bar}): the engine does not "
+        "serve the trained model; check the last weight push (sync/*), the engine's dtype and "
+        "LoRA settings"
+    )
+
+
+def memory_edge(metrics: dict[str, float]) -> str | None:
+    """The warning to give when the policy's update ran at the edge of the GPU's memory: the
+    allocator had to free its cache and retry (`policy/alloc_retries`), which synchronises the
+    GPU each time and can cost seconds a step with nothing failing."""
+    n = int(metrics.get("policy/alloc_retries", 0))
+    if n <= 0:
+        return None
+    return (
+        f"the learner's CUDA allocator ran out of cached memory {n} time(s) in this update and "
+        "retried after emptying its cache (a synchronisation each time: slow, not failed). Lower "
+        "learner.micro_batch_tokens, set learner.activation_checkpointing=on, or give the "
+        "engine less (--mem-fraction-static) or the learner more (learner.offload)"
+    )
+
+
+def off_version(trajs: list[Trajectory], want: str) -> tuple[int, str | None]:
+    """Synchronous training: every turn was sampled with the weights the last push set (version
+    `want`). The turns an engine says it sampled with other weights, and the warning to give
+    (None when there are none; engines that report no version are not counted)."""
+    off = [t.weight_version for tr in trajs for t in tr.turns if t.weight_version not in (want, "")]
+    if not off:
+        return 0, None
+    seen = sorted(set(off))[:3]
+    return len(off), (
+        f"{len(off)} turns were sampled with weight version(s) {seen}, not the trainer's {want!r}: "
+        "a weight push did not reach an engine, so it samples an old policy and the updates "
+        "train on off-policy tokens. Check the sync/* metrics and the engine logs; a "
+        "weight_sync transport of your own must pass weight_version to the engine's update call"
+    )
+
+
+# -- the guards -----------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Limits:
-    """The `trainer.*` settings the guards apply (agentrl/config.py: TrainerConfig)."""
+    """The `trainer.guards.*` settings the guards apply (agentrl/trainer_config.py)."""
 
     max_aborted_frac: float
     max_empty_steps: int
@@ -98,7 +171,7 @@ class Guards:
             raise TrainingError(
                 f"{len(failed)} of {len(trajs)} episodes of step {step} crashed "
                 f"(stop reasons {sorted({tr.stop_reason.value for tr in failed})}), above "
-                f"trainer.max_aborted_frac={bar:g}. This is a bug "
+                f"trainer.guards.max_aborted_frac={bar:g}. This is a bug "
                 f"in the env, its tools or its reward, not noise. First one (task "
                 f"{first.task_id!r}, sample {first.sample_index}):\n{first.error}"
             )
@@ -206,7 +279,7 @@ class Guards:
             raise TrainingError(
                 f"{self.skipped_in_a_row} optimizer steps in a row had a non-finite loss or "
                 f"gradient (last grad_norm={out.get('policy/grad_norm')}); the run diverged. "
-                "Lower learner.lr, check rewards for NaN, then resume with trainer.resume=auto"
+                "Lower learner.lr, check rewards for NaN, then resume with checkpoint.resume=auto"
             )
 
     def watch_update(self, metrics: dict[str, float], step: int, stale: bool) -> None:

@@ -46,7 +46,7 @@ class Handover:
     """Weights and GPU memory between the learner groups and the engines (module docstring).
     `fleet`: the servers this run started (None or not `owned`: none to restart); `cut`: a push
     cuts the turns in flight, which go on under the new weights (async with
-    trainer.partial_rollouts), else it waits for them (nothing is in flight in sync mode)."""
+    trainer.async.partial_rollouts), else it waits for them (nothing is in flight in sync mode)."""
 
     def __init__(
         self,
@@ -83,8 +83,8 @@ class Handover:
         """The learner's weights to every engine as `version`, then the GPU back to them."""
         if self.engine_cfg.colocate:  # weights first, so the learner's tensors can land there
             await self.engine.control.resume_memory_occupation(["weights"])
-        # async: the turns in flight are cut and go on after the push (trainer.partial_rollouts)
-        # or finish first; new ones wait. Sync: nothing is in flight.
+        # async: the turns in flight are cut and go on after the push
+        # (trainer.async.partial_rollouts) or finish first; new ones wait. Sync: nothing is in flight.
         t0 = time.perf_counter()
         async with self.engine.exclusive(pause=self.cut) as inflight:
             waited = time.perf_counter() - t0
@@ -164,7 +164,7 @@ class Handover:
         if self.fleet is None or not self.fleet.owned:
             raise TrainingError(
                 f"rollout server(s) {down} stopped answering {when} step {step} "
-                f"(logs in {self.out}); fix the cause and resume with trainer.resume=auto"
+                f"(logs in {self.out}); fix the cause and resume with checkpoint.resume=auto"
             )
         restarted = [u for u in down if u in self.fleet.urls]
         self.console.print(

@@ -4,16 +4,16 @@ One step of `python -m agentrl.train` logs one flat dict (metrics.jsonl, W&B his
 line) with these names; `step_metrics` below is the one place that builds the final names.
 
 reward/ — over the step's trajectories, infrastructure failures excluded: the groups trained, so
-    under trainer.dynamic_sampling the kept groups only (reward/mean_all is over all of them)
+    under trainer.sampling.dynamic_sampling the kept groups only (reward/mean_all: all of them)
     reward/mean, reward/max, reward/min, reward/std     the outcome reward (Trajectory.reward)
     reward/<component>              mean of each named component an env's reward dict returns
     reward/turn_sum                 per-turn rewards (StepResult.reward) summed per trajectory,
                                     mean; only when an env gives them (they are trained on with
                                     algo.advantage.reward_level=turn only)
     reward/return_mean              outcome + per-turn rewards per trajectory, mean (with them)
-    reward/mean_all                 trainer.dynamic_sampling: reward/mean over every group rolled
-                                    out this step, the filtered ones too (async: those not
-                                    dropped as stale)
+    reward/mean_all                 trainer.sampling.dynamic_sampling: reward/mean over every
+                                    group rolled out this step, the filtered ones too (async:
+                                    those not dropped as stale)
 rollout/ — what the rollout produced (per-trajectory means unless the name says otherwise)
     rollout/trajectories            trajectories this step (count)
     rollout/turns, rollout/turns_max                    assistant turns per trajectory
@@ -22,8 +22,8 @@ rollout/ — what the rollout produced (per-trajectory means unless the name say
                                     (succeeded, failed or malformed)
     rollout/parse_errors, rollout/tool_errors           per trajectory (the model's faults)
     rollout/tool_exceptions                             per trajectory: the tool's own code failed
-    rollout/failing_tools           tools that failed on more than trainer.warn_tool_fail_rate
-                                    of their calls this step (with at least TOOL_WARN_MIN_CALLS
+    rollout/failing_tools           tools that failed on more than
+                                    trainer.guards.warn_tool_fail_rate of their calls this step (with at least TOOL_WARN_MIN_CALLS
                                     calls); each is warned about (console, log, W&B alert): at
                                     the first such step, then every TOOL_WARN_EVERY steps
 tools/<name>/ — per tool the env has, over the step's calls, when it was called (totals; from
@@ -55,7 +55,7 @@ tools/<name>/ — per tool the env has, over the step's calls, when it was calle
                                     episode's own history: what turn continuation keeps hot)
 stop/<reason> — trajectories that ended with each StopReason (all reasons, 0 included)
 adv/* — the advantage estimator's own numbers (agentrl/advantage.py): mean, std, max, min, …
-eval/ — trainer.eval_every's fixed set (agentrl/evaluate.py), on the steps it runs (and step 0)
+eval/ — trainer.eval.every's fixed set (agentrl/evaluate.py), on the steps it runs (and step 0)
     eval/reward_mean, eval/reward_std, eval/reward_<component>
     eval/tool_call_rate, eval/turns, eval/parse_errors      as rollout/* over the eval episodes
     eval/tool_calls, eval/tool_errors, eval/tool_exceptions  (and eval/tools/<name>/* as tools/)
@@ -88,8 +88,8 @@ train/ — the learner and the trainer-side logprob pass
                                     policy-gradient term is exactly 0 (clipped, masked, A = 0)
     train/optimizer_steps           optimizer steps this step (algo.ppo_epochs x mini_batches)
     train/kl_reward_penalty         kl_mode=reward: KL penalty summed per trajectory, mean
-    train/empty_steps_in_a_row, train/no_signal_steps_in_a_row   see trainer.max_empty_steps,
-                                    trainer.no_signal_steps
+    train/empty_steps_in_a_row, train/no_signal_steps_in_a_row   see trainer.guards.max_empty_steps,
+                                    trainer.guards.no_signal_steps
     train/tokens, train/loss_tokens, train/micro_batches, train/step_s (learner wall time)
     train/batch_tokens              every token the update ran over (prompts, observations too)
     train/checkpointed_blocks       transformer blocks recomputed in backward this step
@@ -99,20 +99,20 @@ train/ — the learner and the trainer-side logprob pass
     Any other learner key `policy/<k>` becomes `train/<k>`; other roles keep their prefix
     (`critic/…`).
 sync/ — weight sync: seconds, mb, s_per_mb, buckets; drain_s (closing the gate before the push:
-    pausing the servers, or with trainer.partial_rollouts=false waiting for the turns in flight;
-    0 in sync mode); cut_turns (turns the push cut, to go on under the new weights)
+    pausing the servers, or with trainer.async.partial_rollouts=false waiting for the turns in
+    flight; 0 in sync mode); cut_turns (turns the push cut, to go on under the new weights)
 async/ — trainer.mode=async (agentrl/producer.py), over the groups this step trains
     async/staleness_mean, async/staleness_max   versions between the weights that sampled a
                                     trajectory's oldest turn and the weights this step updates
-    async/dropped                   groups dropped as staler than trainer.max_staleness
+    async/dropped                   groups dropped as staler than trainer.async.max_staleness
     async/partial_turns             trained turns sampled under two or more weight versions (cut
-                                    by a push and continued: trainer.partial_rollouts)
+                                    by a push and continued: trainer.async.partial_rollouts)
     async/queued, async/in_flight   finished groups waiting / groups being rolled out, when taken
 engine/restarts — rollout servers restarted this step (died or hung; engine.max_restarts each)
 rollout/oversampled_dropped — groups launched beyond trainer.tasks_per_step and aborted once
-    enough had finished (trainer.oversample_groups)
-rollout/filtered_groups, rollout/refill_rounds — trainer.dynamic_sampling: groups dropped for
-    carrying no gradient (`advantage.carries_gradient`: every advantage 0), and (sync) the extra
+    enough had finished (trainer.sampling.oversample_groups)
+rollout/filtered_groups, rollout/refill_rounds — trainer.sampling.dynamic_sampling: groups
+    dropped for carrying no gradient (`advantage.carries_gradient`: every advantage 0), and (sync) the extra
     rollout rounds run to replace them
 sandbox/restarts — the sandbox service this run started, restarted this step (it died;
     sandbox.max_restarts per run)
@@ -152,6 +152,23 @@ TRAIN_NAMES: dict[str, str] = {
 _CLIPFRACS = ("train/clipfrac_low", "train/clipfrac_high", "train/clipfrac_dual")
 
 
+def reward_metrics(scored: Sequence[Trajectory]) -> dict[str, float]:
+    """reward/* over the scored trajectories (infrastructure failures left out; none: {})."""
+    if not scored:
+        return {}
+    rewards = [t.reward for t in scored]
+    mean = fmean(rewards)
+    out = {"reward/mean": mean, "reward/max": max(rewards), "reward/min": min(rewards)}
+    out["reward/std"] = fmean((r - mean) ** 2 for r in rewards) ** 0.5  # NaN stays NaN
+    for key in sorted({k for t in scored for k in t.reward_components} - {"total"}):
+        out[f"reward/{key}"] = fmean(t.reward_components.get(key, 0.0) for t in scored)
+    if any(turn.reward is not None for t in scored for turn in t.turns):
+        sums = [sum(turn.reward or 0.0 for turn in t.turns) for t in scored]
+        out["reward/turn_sum"] = fmean(sums)
+        out["reward/return_mean"] = mean + out["reward/turn_sum"]
+    return out
+
+
 def rollout_metrics(
     trajs: list[Trajectory], truncation: Truncation | None = None
 ) -> dict[str, float]:
@@ -163,23 +180,11 @@ def rollout_metrics(
     """
     if not trajs:
         return {}
-    scored = [t for t in trajs if not t.stop_reason.is_infra_failure]
     turns = [turn for t in trajs for turn in t.turns]
     out: dict[str, float] = {f"stop/{r.value}": 0.0 for r in StopReason}
     for reason, n in Counter(t.stop_reason for t in trajs).items():
         out[f"stop/{reason.value}"] = float(n)
-    if scored:
-        rewards = [t.reward for t in scored]
-        out["reward/mean"] = mean = fmean(rewards)
-        out["reward/max"] = max(rewards)
-        out["reward/min"] = min(rewards)
-        out["reward/std"] = fmean((r - mean) ** 2 for r in rewards) ** 0.5  # NaN stays NaN
-        for key in sorted({k for t in scored for k in t.reward_components} - {"total"}):
-            out[f"reward/{key}"] = fmean(t.reward_components.get(key, 0.0) for t in scored)
-        if any(turn.reward is not None for t in scored for turn in t.turns):
-            sums = [sum(turn.reward or 0.0 for turn in t.turns) for t in scored]
-            out["reward/turn_sum"] = fmean(sums)
-            out["reward/return_mean"] = mean + out["reward/turn_sum"]
+    out.update(reward_metrics([t for t in trajs if not t.stop_reason.is_infra_failure]))
     n = len(trajs)
     tool_turns = [t for t in turns if t.num_tool_attempts]
     out["rollout/trajectories"] = float(n)
@@ -341,10 +346,10 @@ class ToolWatch:
                 "tool's description, its Args and timeout, and the episodes (`agentrl view RUN`)."
             )
         return (
-            f"{what}, above trainer.warn_tool_fail_rate={self.bar:g}: {s.exceptions} raised in "
-            f"the tool, {s.errors} were the model's errors; e.g. {s.example()!r}. {why} Training "
+            f"{what}, above trainer.guards.warn_tool_fail_rate={self.bar:g}: {s.exceptions} "
+            f"raised in the tool, {s.errors} were the model's errors; e.g. {s.example()!r}. {why} Training "
             f"goes on with these errors as observations. Said again every {self.every} steps "
-            "while it lasts (trainer.warn_tool_fail_rate=0: off)"
+            "while it lasts (trainer.guards.warn_tool_fail_rate=0: off)"
         )
 
 
@@ -449,82 +454,10 @@ def gap_and_kl_metrics(
     return out
 
 
-def crashed(tr: Trajectory) -> bool:
-    """An episode whose env code raised: a reward error, or an abort that carries a traceback
-    (engine aborts and episode timeouts carry none: those are infrastructure)."""
-    if tr.stop_reason.value == "reward_error":
-        return True
-    return tr.stop_reason.value == "aborted" and "Traceback (most recent call last)" in (
-        tr.error or ""
-    )
-
-
 def mean_reward(groups: Sequence[Sequence[Trajectory]]) -> float:
     """The outcome reward's mean over the scored trajectories of these groups (NaN: none)."""
     rewards = [t.reward for g in groups for t in g if not t.stop_reason.is_infra_failure]
     return fmean(rewards) if rewards else math.nan
-
-
-def ignored_turn_rewards(trajs: Sequence[Trajectory], reward_level: str) -> str | None:
-    """The warning to give when an env returns per-turn rewards that the config does not train
-    on (algo.advantage.reward_level=trajectory); None otherwise."""
-    if reward_level != "trajectory":
-        return None
-    n = sum(1 for t in trajs for turn in t.turns if turn.reward not in (None, 0.0))
-    if not n:
-        return None
-    return (
-        f"the env returned per-turn rewards (StepResult.reward, {n} non-zero turns this step) but "
-        "algo.advantage.reward_level=trajectory trains on the outcome reward only, so they are "
-        "ignored (reward/turn_sum shows them). Set algo.advantage.reward_level=turn to train on "
-        "them, or fold them into the env's reward"
-    )
-
-
-def engine_gap(metrics: dict[str, float], bar: float, step: int) -> str | None:
-    """The warning to give when the engine's logprobs of its own samples are further than `bar`
-    per token from the trainer's with the same weights (`train/logprob_diff`): the engine does
-    not serve the trained model. bar 0: not checked."""
-    gap = metrics.get("train/logprob_diff", 0.0)
-    if not bar or gap <= bar:
-        return None
-    return (
-        f"step {step}: the engine's logprobs of its own samples are {gap:.3f} per token from the "
-        f"trainer's with the same weights (trainer.warn_logprob_gap={bar}): the engine does not "
-        "serve the trained model; check the last weight push (sync/*), the engine's dtype and "
-        "LoRA settings"
-    )
-
-
-def memory_edge(metrics: dict[str, float]) -> str | None:
-    """The warning to give when the policy's update ran at the edge of the GPU's memory: the
-    allocator had to free its cache and retry (`policy/alloc_retries`), which synchronises the
-    GPU each time and can cost seconds a step with nothing failing."""
-    n = int(metrics.get("policy/alloc_retries", 0))
-    if n <= 0:
-        return None
-    return (
-        f"the learner's CUDA allocator ran out of cached memory {n} time(s) in this update and "
-        "retried after emptying its cache (a synchronisation each time: slow, not failed). Lower "
-        "learner.micro_batch_tokens, set learner.activation_checkpointing=on, or give the "
-        "engine less (--mem-fraction-static) or the learner more (learner.offload)"
-    )
-
-
-def off_version(trajs: list[Trajectory], want: str) -> tuple[int, str | None]:
-    """Synchronous training: every turn was sampled with the weights the last push set (version
-    `want`). The turns an engine says it sampled with other weights, and the warning to give
-    (None when there are none; engines that report no version are not counted)."""
-    off = [t.weight_version for tr in trajs for t in tr.turns if t.weight_version not in (want, "")]
-    if not off:
-        return 0, None
-    seen = sorted(set(off))[:3]
-    return len(off), (
-        f"{len(off)} turns were sampled with weight version(s) {seen}, not the trainer's {want!r}: "
-        "a weight push did not reach an engine, so it samples an old policy and the updates "
-        "train on off-policy tokens. Check the sync/* metrics and the engine logs; a "
-        "weight_sync transport of your own must pass weight_version to the engine's update call"
-    )
 
 
 def is_timing(name: str) -> bool:

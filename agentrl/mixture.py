@@ -23,7 +23,7 @@ env.envs.mine._target_=my_env.AddEnv` adds one, `~env.envs.units` drops one. Wha
   together; grpo, drgrpo and rloo are per group.
 - Metrics: the totals as in a single-env run, and per env `env/<name>/*` (`env_metrics`); each
   trajectory's `metadata["env"]` names its env (trajectories.jsonl, `agentrl view --env NAME`).
-- Evaluation (trainer.eval_every): each env's own held-out set of trainer.eval_size tasks (from
+- Evaluation (trainer.eval.every): each env's own held-out set of trainer.eval.size tasks (from
   its tasks, or its eval_tasks), `eval/<name>/*` beside the totals over every episode (the envs
   weigh by their set's size, not by their weight).
 
@@ -156,7 +156,7 @@ class MixtureSampler:
             raise ConfigError(
                 f"the checkpoint's run drew from {was}, this one from {sorted(self.samplers)} "
                 "(env.envs): resume with the envs it ran with, or start fresh "
-                "(trainer.resume=never, or another run_name)"
+                "(checkpoint.resume=never, or another run_name)"
             )
         for name, sampler in self.samplers.items():
             sampler.load_state_dict(state["envs"][name])

@@ -10,7 +10,7 @@ on changes no weight yet moves the version on too (the engines relabel the same 
 `Handover.relabel`, agentrl/handover.py), so the launch budget below never waits for a push that will not come, and a
 staleness counted in versions is at least the number of updates since the token was sampled. A
 group's staleness, when a step takes it, is the current version minus the oldest version any of
-its turns was sampled with. `trainer.max_staleness` bounds it:
+its turns was sampled with. `trainer.async.max_staleness` bounds it:
 
 - stale_policy=wait (default): the producer launches a group only while
   launched < (steps + max_staleness + 1) x tasks_per_step (counted from this process's start),
@@ -22,7 +22,7 @@ its turns was sampled with. `trainer.max_staleness` bounds it:
 
 Weight updates while episodes are in flight (`EngineClient.exclusive`): new turns wait for the
 push; the turns in flight are cut (/abort_request, then /pause_generation) and go on under the
-new weights (`trainer.partial_rollouts`, agentrl/gate.py: each token keeps the version that
+new weights (`trainer.async.partial_rollouts`, agentrl/gate.py: each token keeps the version that
 sampled it, `Turn.segments`), or the push waits for them (`sync/drain_s`). A trajectory may mix
 versions within and across turns; its staleness counts from its oldest token. The learner scores
 every trained token with the weights about to be updated (the proximal policy of decoupled PPO),

@@ -31,7 +31,6 @@ from agentrl.engine import EngineUnavailable, PromptTooLong, SamplingParams
 from agentrl.env import AssistantTurn, Env, ToolEnv
 from agentrl.parsers import (
     PARSERS,
-    ConfigError,
     Parser,
     check_template,
     get_parser,
@@ -44,6 +43,7 @@ from agentrl.seeding import episode_key, group_slot, turn_seed
 from agentrl.tool import ToolContext
 from agentrl.types import (
     Completion,
+    ConfigError,
     FinishReason,
     Message,
     StopReason,

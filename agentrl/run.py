@@ -99,7 +99,7 @@ class Run:
     resumed: TrainerState | None = None  # the checkpoint this run continues, if any
     tracker: Tracker | None = None
     progress: ProgressLine | None = None
-    eval_tasks: list[Task] = field(default_factory=list)  # trainer.eval_every's fixed set
+    eval_tasks: list[Task] = field(default_factory=list)  # trainer.eval.every's fixed set
 
     def learner_groups(self) -> list[LearnerGroup]:
         return [g for g in (self.policy, self.reference, self.critic) if g is not None]
@@ -117,7 +117,7 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
     out.mkdir(parents=True, exist_ok=True)
     async with AsyncExitStack() as stack:
         # one run per dir (agentrl/runlock.py): before anything there is moved or written
-        ckpt_dir = cfg.trainer.checkpoint_config(cfg.run_name).dir if train else None
+        ckpt_dir = cfg.checkpoint.of_run(cfg.run_name).dir if train else None
         stack.enter_context(hold_run_dirs(out, ckpt_dir, lambda s: console.print(f"note: {s}")))
         model_path = cfg.model.resolve()
         tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or model_path)
@@ -144,7 +144,7 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
                 update={"extra_args": [*engine_cfg.extra_args, DETERMINISTIC]}
             )
         if train:
-            ckpt = CheckpointManager(cfg.trainer.checkpoint_config(cfg.run_name))
+            ckpt = CheckpointManager(cfg.checkpoint.of_run(cfg.run_name))
             resume = resume_point(cfg, ckpt)  # before anything starts: a wrong one is an error
             if not ray_running():  # a Ray the caller runs (a script, a test session)
                 learner_gpus, engine_cfg = _split_gpus(cfg, engine_cfg, console)
@@ -256,19 +256,19 @@ def task_sets(
     section: EnvConfig | None = None,
     where: str = "env",
 ) -> tuple[list[Task], list[Task], str]:
-    """The training tasks, the evaluation tasks (trainer.eval_every; none when it is 0 or not
-    training) and the line that says whether they are held out (trainer.eval_split), of
+    """The training tasks, the evaluation tasks (trainer.eval.every; none when it is 0 or not
+    training) and the line that says whether they are held out (trainer.eval.split), of
     `section` (default: cfg.env; a mixture's member at `where`)."""
     env = section or cfg.env
     assert isinstance(env, EnvConfig), "a mixture's tasks are its envs' (samplers)"
     tasks = env.load_tasks(env_cls, where=where)
-    if not (train and cfg.trainer.eval_every):
+    if not (train and cfg.trainer.eval.every):
         return tasks, [], ""
     candidates = (
         None if env.eval_tasks is None else env.load_tasks(env_cls, evaluation=True, where=where)
     )
-    t = cfg.trainer
-    return eval_task_sets(tasks, candidates, t.eval_size, cfg.seed, t.eval_split)
+    ev = cfg.trainer.eval
+    return eval_task_sets(tasks, candidates, ev.size, cfg.seed, ev.split)
 
 
 def make_rollout(
@@ -317,12 +317,12 @@ def _works_without_thinking(tokenizer: Any, env_cls: type[Env], cfg: Config) -> 
 
 
 def resume_point(cfg: Config, ckpt: CheckpointManager | None = None) -> Path | None:
-    """The checkpoint this run continues from (trainer.resume), or None. A checkpoint of another
+    """The checkpoint this run continues from (checkpoint.resume), or None. A checkpoint of another
     run (env, tasks, model or algorithm differ) found by `resume=auto` is a ConfigError: resuming
     it would continue someone else's weights and data cursor without a word."""
-    ckpt = ckpt or CheckpointManager(cfg.trainer.checkpoint_config(cfg.run_name))
+    ckpt = ckpt or CheckpointManager(cfg.checkpoint.of_run(cfg.run_name))
     path = ckpt.resume_path()
-    if path is None or cfg.trainer.resume != "auto":  # an explicit dir: resumed on purpose
+    if path is None or cfg.checkpoint.resume != "auto":  # an explicit dir: resumed on purpose
         return path
     state = load_trainer_state(path)
     theirs, ours = state.identity, cfg.identity()
@@ -334,8 +334,8 @@ def resume_point(cfg: Config, ckpt: CheckpointManager | None = None) -> Path | N
         )
         raise ConfigError(
             f"{ckpt.root} holds another run ({diff}). Start this one fresh with "
-            f"run_name=<a new name> (or trainer.resume=never), or resume that checkpoint on "
-            f"purpose with trainer.resume={path}"
+            f"run_name=<a new name> (or checkpoint.resume=never), or resume that checkpoint on "
+            f"purpose with checkpoint.resume={path}"
         )
     if error := refusal(compare(state.settings, cfg.settings()), state.step, str(path)):
         raise ConfigError(error)
@@ -453,7 +453,7 @@ def _resume(
     console: Console,
 ) -> TrainerState:
     state = load_trainer_state(path)
-    optimizer = cfg.trainer.save_optimizer
+    optimizer = cfg.checkpoint.save_optimizer
     changes = compare(state.settings, cfg.settings())
     for c in changes:  # applied, never silently kept (refused ones stopped resume_point)
         console.print(f"[yellow]{escape(str(c))} from step {state.step + 1}[/]")
@@ -466,7 +466,7 @@ def _resume(
             raise ConfigError(
                 f"checkpoint {path} has no critic (it was trained without one), but "
                 f"algo.advantage.name={cfg.algo.advantage.name} needs it; resume with the "
-                "same algo, or start fresh with trainer.resume=never (or another run_name)"
+                "same algo, or start fresh with checkpoint.resume=never (or another run_name)"
             )
         changed = groups["critic"].load_checkpoint(str(path / "critic"), optimizer=optimizer)
         for name, (then, now) in sorted(changed.items()):
@@ -478,10 +478,10 @@ def _resume(
 
 
 def prepare_checkpoints(run: Run) -> None:
-    """trainer.async_save: the learners allocate their host buffers for the checkpoints
+    """checkpoint.async_save: the learners allocate their host buffers for the checkpoints
     (pinned on GPUs) in a thread while the first rollout runs, so the first save does not stop
     training for it."""
-    if not run.cfg.trainer.async_save or run.policy is None:
+    if not run.cfg.checkpoint.async_save or run.policy is None:
         return
     for group in (run.policy, run.critic):
         if group is not None:
@@ -495,11 +495,11 @@ def save_checkpoint(
     run id: everything a resumed run needs to continue as if never stopped. `extra`: the
     trainer's own state (async mode: the groups in flight, agentrl/producer.py).
 
-    trainer.async_save: returns once the learners' state is copied to CPU memory, with the
+    checkpoint.async_save: returns once the learners' state is copied to CPU memory, with the
     checkpoint still to commit (`finish_checkpoint`, once the background writes are done; the
     state recorded here is this step's). Otherwise committed before it returns (None)."""
     assert run.ckpt is not None and run.policy is not None, "a preview run has no checkpoints"
-    cfg = run.cfg.trainer
+    cfg = run.cfg.checkpoint
     pending = run.ckpt.begin(step)
     groups = {n: g for n, g in (("policy", run.policy), ("critic", run.critic)) if g is not None}
     try:
@@ -529,7 +529,7 @@ def save_checkpoint(
 
 @dataclass
 class PendingCheckpoint:
-    """A checkpoint whose files the learners are still writing (trainer.async_save)."""
+    """A checkpoint whose files the learners are still writing (checkpoint.async_save)."""
 
     staged: StagedCheckpoint
     groups: list[LearnerGroup]

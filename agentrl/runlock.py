@@ -1,5 +1,5 @@
 """One run per directory. A training run holds `.agentrl.lock` in its output dir (runs/<run_name>/)
-and, when trainer.dir puts its checkpoints elsewhere, in that dir too, from before anything there
+and, when checkpoint.dir puts its checkpoints elsewhere, in that dir too, from before anything there
 is moved or written (the archive step, the checkpoint staging cleanup) until it exits.
 
 The lock is `fcntl.flock` on the file: the kernel drops it when the holder exits, however it exits
@@ -125,5 +125,5 @@ def _dirs(out: Path, ckpt_dir: Path | None) -> list[tuple[Path, str]]:
     if ckpt_dir is not None:
         ckpt = Path(ckpt_dir).expanduser().resolve()
         if not ckpt.is_relative_to(out):  # inside it: the output dir's lock covers it
-            dirs.append((ckpt, "its checkpoint dir, trainer.dir"))
+            dirs.append((ckpt, "its checkpoint dir, checkpoint.dir"))
     return dirs

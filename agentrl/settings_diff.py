@@ -19,6 +19,8 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
+from agentrl.trainer_config import moved_settings
+
 # pattern -> why a running run cannot take a new value
 REFUSED: dict[str, str] = {
     "seed": "the data order and the random states continue from the checkpoint's",
@@ -29,8 +31,8 @@ REFUSED: dict[str, str] = {
     "env.envs.*.tasks": "the data order is a cursor over the checkpoint's task lists",
     "env.eval_tasks": "the held-out tasks decide the training list the data cursor walks",
     "env.envs.*.eval_tasks": "the held-out tasks decide the training list the data cursor walks",
-    "trainer.eval_split": "the held-out tasks decide the training list the data cursor walks",
-    "trainer.eval_size": "the held-out tasks decide the training list the data cursor walks",
+    "trainer.eval.split": "the held-out tasks decide the training list the data cursor walks",
+    "trainer.eval.size": "the held-out tasks decide the training list the data cursor walks",
     "model": "the checkpoint's weights and token ids are of its model",
     "learner.model_path": "the checkpoint's weights are of its model",
     "algo.advantage.name": "another algorithm is another run",
@@ -42,7 +44,7 @@ REFUSED: dict[str, str] = {
     "learner.lora.target_modules": "the checkpoint's adapter has its targets",
     "trainer.mode": "a checkpoint holds the groups in flight of its mode",
 }
-IGNORED = ("run_name", "trainer.dir", "trainer.resume")  # they name the checkpoint found
+IGNORED = ("run_name", "checkpoint.dir", "checkpoint.resume")  # they name the checkpoint found
 SECRET = ("*api_key", "*token")  # never written into a checkpoint
 
 
@@ -90,7 +92,9 @@ def _show(v: Any) -> str:
 
 def compare(saved: dict[str, Any], now: dict[str, Any]) -> list[Change]:
     """Every setting whose value differs, in key order. A key the checkpoint does not have (a
-    setting newer than it) or that `settings_of` left out is not compared."""
+    setting newer than it) or that `settings_of` left out is not compared; one it records under
+    an older name (`trainer.eval_every`) is compared under its new one (`MOVED_KEYS`)."""
+    saved = moved_settings(saved)
     out = []
     for key in sorted(set(saved) & set(now)):
         if saved[key] == now[key] or any(_matches(key, p) for p in IGNORED):
@@ -108,5 +112,5 @@ def refusal(changes: list[Change], step: int, path: str) -> str | None:
     return (
         f"this command changes settings that a resumed run cannot change (checkpoint {path}, "
         f"step {step}):\n{lines}\nGive them the checkpoint's values to resume it, or start "
-        "another run (run_name=<a new name>, or trainer.resume=never)"
+        "another run (run_name=<a new name>, or checkpoint.resume=never)"
     )

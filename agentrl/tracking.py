@@ -9,7 +9,7 @@ Sinks, each step:
             `trajectories/html` (a few whole trajectories, tokens coloured by loss mask and by
             |rollout - trainer| logprob)
 
-Each evaluation (`trainer.eval_every`, agentrl/evaluate.py), `Tracker.log_eval`:
+Each evaluation (`trainer.eval.every`, agentrl/evaluate.py), `Tracker.log_eval`:
     JSONL   <out>/eval_trajectories.jsonl: its episodes, one line each, as trajectories.jsonl
             (`Trajectory.to_dict()` + step, no trainer logprobs) with `"eval": true`; the step is
             the one its eval/* metrics are logged at (0: the untrained policy)
@@ -264,7 +264,7 @@ class WandbSink:
     def log(self, rec: StepRecord) -> None:
         cfg, wandb = self.cfg, self.wandb
         payload: dict[str, Any] = dict(rec.metrics)
-        # an evaluation's episodes: every one of them (its steps are already every eval_every)
+        # an evaluation's episodes: every one of them (its steps are already trainer.eval.every's)
         prefix, every = ("eval", 1) if rec.evaluation else ("trajectories", None)
         if cfg.turn_table and rec.trajs and rec.step % (every or cfg.table_every) == 0:
             rows = turn_rows(rec.step, rec.trajs, rec.trainer_logprobs, cfg.max_text_chars)

@@ -8,7 +8,7 @@
    (per-token penalty subtracted before the advantages).
 4. Advantages: per group from rewards (grpo, rloo, drgrpo, …) or a critic (gae); a step where
    no group carries gradient (`advantage.carries_gradient`: every advantage 0) is loudly
-   reported after `trainer.no_signal_steps` such steps; dynamic sampling drops such groups.
+   reported after `trainer.guards.no_signal_steps` such steps; dynamic sampling drops such groups.
 5. Optimizer steps per batch: ppo_epochs x mini_batches (default 1 x 1, the on-policy case).
 6. Weights go to the engines after the last optimizer step; every token records its version.
 
@@ -25,9 +25,9 @@ In more detail, in the order they happen:
 - What is trained on: every trajectory with at least one sampled token whose StopReason is not an
   infrastructure failure (aborted, sandbox_unavailable: left out of the batch and of the group
   baselines, counted as stop/<reason>). Episodes whose env or reward code raised count against
-  `trainer.max_aborted_frac`; above it the run stops and shows one traceback. A step with nothing
-  to train on is skipped (`trainer.max_empty_steps` in a row stop the run): the engines keep
-  their weights under the next version, in both modes (`Handover.relabel`).
+  `trainer.guards.max_aborted_frac`; above it the run stops and shows one traceback. A step with
+  nothing to train on is skipped (`trainer.guards.max_empty_steps` in a row stop the run): the
+  engines keep their weights under the next version, in both modes (`Handover.relabel`).
 - Old logprobs (`trainer_old_logprobs`): the policy's logprobs of the sampled tokens before any
   update; a pass of their own, or with one optimizer step per batch that step's own forward
   (`algo.old_logprobs=auto`). With `algo.loss.ratio=trainer` they are the ratio's denominator;
@@ -42,7 +42,7 @@ In more detail, in the order they happen:
   step per batch. The critic takes a step on each same mini-batch.
 - The new weights go to the engines after the last optimizer step; every completion records the
   weight version it was sampled with.
-- Evaluation (`trainer.eval_every`): a fixed task set rolled out before the first step and after
+- Evaluation (`trainer.eval.every`): a fixed task set rolled out before the first step and after
   every N-th and the last, never trained on (agentrl/evaluate.py; `eval/*` in the step's metrics,
   and a step-0 row of its own for the untrained policy).
 """
@@ -135,13 +135,13 @@ class Trainer:
         self.truncation = Truncation(cfg.rollout.truncated, cfg.rollout.truncated_reward)
         skipped = run.resumed.consecutive_skips if run.resumed else 0
         self.guards = make_guards(cfg, run.console, run.tracker.alert, self.truncation, skipped)
-        cut = cfg.trainer.mode == "async" and cfg.trainer.partial_rollouts
+        cut = cfg.trainer.mode == "async" and cfg.trainer.async_.partial_rollouts
         self.handover = Handover(run.engine, run.sync, run.learner_groups(), cfg.engine,
                                  run.fleet, cut, run.out, run.console)  # fmt: skip
         self.groups: GroupSource = make_groups(cfg, run, self.handover, self.guards, self.step_idx)
         self.history: list[dict[str, float]] = []
         self.trainer_logprobs: dict[int, torch.Tensor] = {}  # this step's, by trajectory index
-        self.saving: PendingCheckpoint | None = None  # trainer.async_save: files being written
+        self.saving: PendingCheckpoint | None = None  # checkpoint.async_save: files being written
         # trainer.deterministic: each round's requests are seeded by their place (seeding.py)
         self.sampling_seed = cfg.seed if cfg.trainer.deterministic else None
 
@@ -201,7 +201,7 @@ class Trainer:
             metrics["perf/sampled_tokens_per_s"] = metrics["rollout/sampled_tokens"] / max(
                 t.times["timing_s/rollout"], 1e-9
             )
-        every = self.cfg.trainer.eval_every
+        every = self.cfg.trainer.eval.every
         if every and (self.step_idx % every == 0 or self.step_idx == self.cfg.trainer.steps):
             metrics.update(await self._evaluate())  # its time is eval/timing_s, not the step's
         self._log(metrics, trajs)
@@ -293,11 +293,11 @@ class Trainer:
 
     async def run(self) -> list[dict[str, float]]:
         """`trainer.steps` steps (from the resumed one), with the untrained policy's evaluation
-        first (trainer.eval_every); the checkpoint being written is committed, also on error."""
+        first (trainer.eval.every); the checkpoint being written is committed, also on error."""
         tc = self.cfg.trainer
         try:
             prepare_checkpoints(self.parts)  # pinned buffers, allocated behind the first rollout
-            if tc.eval_every and self.step_idx == 0:  # the untrained policy: the curve's start
+            if tc.eval.every and self.step_idx == 0:  # the untrained policy: the curve's start
                 initial = await self._evaluate()
                 self.tracker.log_step(0, {**initial, "step": 0.0})
             async with self.groups:  # async: the producer runs ahead inside
@@ -313,10 +313,10 @@ class Trainer:
         return self.history
 
     async def _evaluate(self) -> dict[str, float]:
-        """trainer.eval_every: the fixed evaluation set, rolled out by the weights the engines
+        """trainer.eval.every: the fixed evaluation set, rolled out by the weights the engines
         serve now (async: beside the training episodes in flight); one console line. Its
         episodes go to eval_trajectories.jsonl (and W&B eval/turns) at this step."""
-        tasks, samples = self.parts.eval_tasks, self.cfg.trainer.eval_samples
+        tasks, samples = self.parts.eval_tasks, self.cfg.trainer.eval.samples
         with sampling_round(self.sampling_seed, f"eval after step {self.step_idx}"):
             out, episodes = await evaluate(self.parts.rollout, tasks, samples)
         self.tracker.log_eval(self.step_idx, episodes)
@@ -364,10 +364,10 @@ def make_guards(
     truncation: Truncation | None = None,  # None: rollout.truncated=train
     skipped_in_a_row: int = 0,
 ) -> Guards:
-    """The run's health checks, with the `trainer.*` limits and the run's signal rule."""
-    tc = cfg.trainer
-    limits = Limits(tc.max_aborted_frac, tc.max_empty_steps, tc.no_signal_steps,
-                    tc.max_skipped_steps, tc.warn_logprob_gap, tc.warn_tool_fail_rate)  # fmt: skip
+    """The run's health checks, with the `trainer.guards.*` limits and the run's signal rule."""
+    g = cfg.trainer.guards
+    limits = Limits(g.max_aborted_frac, g.max_empty_steps, g.no_signal_steps,
+                    g.max_skipped_steps, g.warn_logprob_gap, g.warn_tool_fail_rate)  # fmt: skip
     signal = Signal(cfg.algo.advantage, cfg.algo.kl_in_reward(), truncation or Truncation())
     return Guards(limits, signal, console, alert, skipped_in_a_row)
 
@@ -377,15 +377,15 @@ def make_groups(
 ) -> GroupSource:
     """trainer.mode: rolled out when a step asks (sync), or ahead of it (async, from policy
     version `version`); dynamic sampling keeps the groups `guards.keep` keeps."""
-    tc = cfg.trainer
-    reissue = Reissue(run.rollout, handover, cfg.rollout.group_size, tc.max_unavailable_frac,
-                      str(run.out))  # fmt: skip
-    keep = guards.keep if tc.dynamic_sampling else None
+    tc, sampling = cfg.trainer, cfg.trainer.sampling
+    reissue = Reissue(run.rollout, handover, cfg.rollout.group_size,
+                      tc.guards.max_unavailable_frac, str(run.out))  # fmt: skip
+    keep = guards.keep if sampling.dynamic_sampling else None
     if tc.mode == "sync":
         return SyncGroups(run.sampler, run.rollout, reissue, tc.tasks_per_step,
-                          tc.oversample_groups, keep, tc.max_refill_rounds)  # fmt: skip
-    producer = GroupProducer(run.rollout, run.sampler, tc.tasks_per_step, tc.max_staleness,
-                             tc.stale_policy, version, keep=keep)  # fmt: skip
+                          sampling.oversample_groups, keep, sampling.max_refill_rounds)  # fmt: skip
+    producer = GroupProducer(run.rollout, run.sampler, tc.tasks_per_step, tc.async_.max_staleness,
+                             tc.async_.stale_policy, version, keep=keep)  # fmt: skip
     resumed = run.resumed.extra.get("async") if run.resumed is not None else None
     return AsyncGroups(producer, reissue, tc.tasks_per_step, resumed)
 
@@ -415,7 +415,7 @@ def peak_memory(run: Run) -> dict[str, float]:
 async def train(cfg: Config, out_dir: Path) -> list[dict[str, float]]:
     """Build the run, train `trainer.steps` steps (from the checkpoint it resumes), close it.
     A run already at its last step says so and starts nothing."""
-    refuse_if_held(out_dir, cfg.trainer.checkpoint_config(cfg.run_name).dir)  # before the lookup
+    refuse_if_held(out_dir, cfg.checkpoint.of_run(cfg.run_name).dir)  # before the lookup
     resume = resume_point(cfg)
     if resume is not None:
         done = load_trainer_state(resume).step
@@ -440,12 +440,13 @@ async def train(cfg: Config, out_dir: Path) -> list[dict[str, float]]:
 
 def resume_note(cfg: Config) -> str:
     """Where a stopped run stands and how to go on (Ctrl-C)."""
-    ckpt = CheckpointManager(cfg.trainer.checkpoint_config(cfg.run_name))
+    ckpt = CheckpointManager(cfg.checkpoint.of_run(cfg.run_name))
     path = ckpt.resume_path()
     if path is None:
-        return (f"no checkpoint yet (one every trainer.every={cfg.trainer.every} steps): the same "
-                "command starts over")  # fmt: skip
-    how = "the same command" if cfg.trainer.resume == "auto" else "add trainer.resume=auto: it"
+        return (f"no checkpoint yet (one every checkpoint.every={cfg.checkpoint.every} steps): "
+                "the same command starts over")  # fmt: skip
+    auto = cfg.checkpoint.resume == "auto"
+    how = "the same command" if auto else "add checkpoint.resume=auto: it"
     step = load_trainer_state(path).step
     return f"the last checkpoint is step {step} ({path}); {how} resumes from it"
 

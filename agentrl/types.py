@@ -44,7 +44,7 @@ class StopReason(StrEnum):
     infrastructure; `sandbox_unavailable` and `aborted` (the system stopped the episode, or the
     env's start/step raised) are infrastructure failures: excluded from the group baseline, never
     scored 0. Episodes whose env code raised (`aborted` with a traceback, `reward_error`) count
-    against `trainer.max_aborted_frac`.
+    against `trainer.guards.max_aborted_frac`.
 
     Whose outcome is whose: the one rule (each path is tested to the advantage).
 
@@ -64,7 +64,7 @@ class StopReason(StrEnum):
     - **The infrastructure's** (`sandbox_unavailable`, `aborted` without a traceback: out of the
       baseline, the group rolled out again, counted): only evidence the code cannot forge. The
       sandbox service refused the connection, answered busy after its queue wait, failed (5xx),
-      or died (restarted, the group re-issued; past `trainer.max_unavailable_frac` the run
+      or died (restarted, the group re-issued; past `trainer.guards.max_unavailable_frac` the run
       stops); an engine died or hung (restarted, re-issued). Waiting for a sandbox slot is the
       service's time, never the code's timeout (`ExecResult.queue_s`, `Tool.timeout_grace_s`).
     """

@@ -109,8 +109,8 @@ def run(mode: list[str], steps: int, overrides: list[str], cpu: bool = False):
     from agentrl.train import train
 
     tmp = Path(tempfile.mkdtemp(prefix="agentrl-async-"))
-    cfg = compose([*ENV, f"trainer.steps={steps}", f"trainer.every={steps}",
-                   f"trainer.dir={tmp}/ckpt", "trainer.resume=never", "logging=local",
+    cfg = compose([*ENV, f"trainer.steps={steps}", f"checkpoint.every={steps}",
+                   f"checkpoint.dir={tmp}/ckpt", "checkpoint.resume=never", "logging=local",
                    *mode, *overrides])  # fmt: skip
     meter = CpuMeter(warm_s=25.0)
     if cpu:
@@ -163,7 +163,7 @@ def main() -> None:
     samples = c.trainer.tasks_per_step * c.rollout.group_size
     runs = {"sync": run(["trainer.mode=sync"], a.steps, a.overrides, a.cpu)}
     for s in a.staleness:
-        mode = ["trainer.mode=async", f"trainer.max_staleness={s}"]
+        mode = ["trainer.mode=async", f"trainer.async.max_staleness={s}"]
         runs[f"async s={s}"] = run(mode, a.steps, a.overrides, a.cpu)
     print(f"\n{a.steps} steps x {samples} samples, slow tools (50-500 ms, 5 % 2 s)")
     res = {k: summary(k, v, samples) for k, v in runs.items()}

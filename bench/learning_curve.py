@@ -133,7 +133,7 @@ def run(overrides: list[str]) -> Path:
     from agentrl.train import train
 
     tmp = Path(tempfile.mkdtemp(prefix="agentrl-curve-"))
-    cfg = compose([f"trainer.dir={tmp}/ckpt", *overrides])
+    cfg = compose([f"checkpoint.dir={tmp}/ckpt", *overrides])
     t0 = time.monotonic()
     asyncio.run(train(cfg, tmp / "out"))
     print(f"wall time, start-up included: {time.monotonic() - t0:.0f}s (run dir {tmp})")

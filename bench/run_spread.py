@@ -2,7 +2,7 @@
 
     python bench/run_spread.py                                  # the quick start x3, default
     python bench/run_spread.py --runs 2 --modes default deterministic trainer.steps=3
-    python bench/run_spread.py --runs 5 trainer.eval_every=10   # + evaluations (eval/*)
+    python bench/run_spread.py --runs 5 trainer.eval.every=10   # + evaluations (eval/*)
 
 Each run is a fresh `python -m agentrl.train env=code_exec [overrides]` process, one after the
 other, in a directory of its own under --out; `--modes deterministic` adds
@@ -36,8 +36,8 @@ MODES = {"default": [], "deterministic": ["trainer.deterministic=true"]}
 
 def train(run_dir: Path, overrides: list[str]) -> list[dict[str, float]]:
     """One run of the command; its metrics.jsonl rows (an evaluation before step 1 has its own)."""
-    cmd = [*COMMAND, f"hydra.run.dir={run_dir}", f"trainer.dir={run_dir}/checkpoints",
-           "trainer.resume=never", *overrides]  # fmt: skip
+    cmd = [*COMMAND, f"hydra.run.dir={run_dir}", f"checkpoint.dir={run_dir}/checkpoints",
+           "checkpoint.resume=never", *overrides]  # fmt: skip
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:
         done = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)

@@ -84,9 +84,9 @@ def overrides(args: argparse.Namespace, model: Path, tmp: Path) -> list[str]:
         *([f"rollout.max_obs_tokens={int(1.1 * args.obs_words) + 64}"] if args.obs_words else []),
         f"trainer.steps={args.steps}",
         f"trainer.tasks_per_step={args.tasks}",
-        f"trainer.every={args.steps}",  # one checkpoint, after the last step
-        f"trainer.dir={tmp}/ckpt",
-        "trainer.resume=never",
+        f"checkpoint.every={args.steps}",  # one checkpoint, after the last step
+        f"checkpoint.dir={tmp}/ckpt",
+        "checkpoint.resume=never",
         *args.hydra,
     ]
 
@@ -103,7 +103,7 @@ def report(history: list[dict[str, float]], n_params: int, peak: float, wall_s: 
     rows = history[1:] or history  # the first step warms up (compiles, allocates)
     med = {p: statistics.median(h.get(f"timing_s/{p}", 0.0) for h in rows) for p in PHASES}
     step_s = sum(med.values())
-    # the trainer checkpoints every trainer.every steps and always after the last one: a cost of
+    # the trainer checkpoints every checkpoint.every steps and always after the last one: a cost of
     # the run, not of a step (TRL's reference saves nothing), so shown apart
     ckpt = [h["timing_s/checkpoint"] for h in history if h.get("timing_s/checkpoint", 0) >= 0.01]
     tokens = statistics.median(h["train/batch_tokens"] for h in rows)

@@ -156,13 +156,7 @@ class ServiceSandbox:
         limit = aiohttp.ClientTimeout(total=timeout, sock_connect=10.0)
         for attempt in range(self.retries + 1):
             wait = None
-            if session is not None and self._sessions.get(session, self._generation) != (
-                self._generation
-            ):
-                raise SandboxUnavailable(
-                    f"the sandbox service at {self.url} was restarted after it died; session "
-                    f"{session!r} lost its state ({last or 'restarted'})"
-                )
+            self._check_alive(session, last)
             try:
                 async with self._client().post(
                     f"{self.url}{path}", json=body, timeout=limit
@@ -199,6 +193,17 @@ class ServiceSandbox:
             "Is `python -m agentrl.sandbox.server` running and reachable, and is it overloaded "
             "(see /health)?"
         )
+
+    def _check_alive(self, session: str | None, last: str) -> None:
+        """SandboxUnavailable when `session` began before the service was restarted: its state
+        (variables, files) died with the old one."""
+        if session is not None and self._sessions.get(session, self._generation) != (
+            self._generation
+        ):
+            raise SandboxUnavailable(
+                f"the sandbox service at {self.url} was restarted after it died; session "
+                f"{session!r} lost its state ({last or 'restarted'})"
+            )
 
     def _started(self, session: str) -> None:
         """Remember which service generation a session's state lives in."""

@@ -57,7 +57,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from agentrl.sandbox.cgroups import Cgroup
+from agentrl.sandbox.cgroups import Cgroup, CgroupRoot
 from agentrl.sandbox.config import ServerConfig
 from agentrl.sandbox.seccomp import fprog as seccomp_fprog
 from agentrl.sandbox.seccomp import program as seccomp_program
@@ -417,6 +417,52 @@ facts["top_level"] = sorted(os.listdir("/"))
 facts["processes_visible"] = sum(p.isdigit() for p in os.listdir("/proc"))
 print(__import__("json").dumps(facts))
 """
+
+
+def capabilities(
+    mode: str, launcher: Launcher, probe: dict, root: bool, cg: CgroupRoot | None
+) -> Capabilities:
+    """What a sandbox started by `launcher` isolates on this host, and in words what it does
+    not (`not_isolated`, served on /health): from the isolation mode, the start-up probe's
+    findings (`probe_code`), whether the service runs as root, and the cgroup controllers."""
+    caps = Capabilities(
+        mode=mode,
+        bwrap=launcher.bwrap,
+        namespaces=["user", "pid", "net", "mount", "ipc", "uts"] if mode == "bwrap" else [],
+        per_worker_uid=root,
+        cgroup=f"v{cg.version}: {','.join(cg.controllers)}" if cg else None,
+        seccomp=launcher.seccomp_prog is not None,
+        private_tmp="tmpfs" if mode == "bwrap" or root else "host dir",
+        probe=probe,
+    )
+    notes = [
+        "the kernel is shared (namespaces, not a VM)",
+        "CPU is not shared fairly between sandboxes (no cpu cgroup quota)",
+    ]
+    if mode != "bwrap":
+        if not root:
+            notes.append("network: the code can reach the network and host loopback")
+            notes.append("disk: the working directory is a host dir without a size limit")
+        notes += [
+            "filesystem: readable as far as the worker's uid may read",
+            "processes: other processes on the host are visible",
+        ]
+    if probe.get("host_loopback_reachable"):
+        notes.append("network: host loopback services were reachable in the probe")
+    if not cg or "memory" not in cg.controllers:
+        notes.append("memory: limited per process (RLIMIT_AS), not per sandbox")
+    if not cg or "pids" not in cg.controllers:
+        notes.append(
+            "processes: limited per uid (RLIMIT_NPROC)" if root else "processes: not limited"
+        )
+    if not caps.seccomp:
+        notes.append("system calls: no seccomp filter")
+    if not root:
+        notes.append("identity: workers run as the service's own uid")
+        if mode != "bwrap" and not cg:
+            notes.append("processes: daemons that leave the process group can outlive a call")
+    caps.not_isolated = notes
+    return caps
 
 
 def probe_code(port: int) -> str:

@@ -98,6 +98,29 @@ class BodyLimit:
         return counted
 
 
+def add_error_answers(app: FastAPI) -> None:
+    """The HTTP answer to each error a call can end in: full (503 + Retry-After), no worker
+    (503), the client gone (499), a malformed call (400)."""
+
+    @app.exception_handler(Busy)
+    async def busy(request: Request, exc: Busy) -> JSONResponse:
+        headers = {"Retry-After": str(max(1, round(exc.retry_after)))}
+        return JSONResponse({"error": "busy", "detail": str(exc)}, 503, headers)
+
+    @app.exception_handler(WorkerStartError)
+    async def no_worker(request: Request, exc: WorkerStartError) -> JSONResponse:
+        log.error("%s", exc)
+        return JSONResponse({"error": "unavailable", "detail": str(exc)}, 503, {"Retry-After": "1"})
+
+    @app.exception_handler(ConnectionAbortedError)
+    async def gone(request: Request, exc: ConnectionAbortedError) -> Response:
+        return Response(status_code=499)  # the client left; its call was stopped
+
+    @app.exception_handler(ValueError)
+    async def bad(request: Request, exc: ValueError) -> JSONResponse:
+        return JSONResponse({"error": "bad_request", "detail": str(exc)}, 400)
+
+
 def create_app(cfg: ServerConfig, port: int | None = None, on_ready=None) -> FastAPI:
     """The ASGI app. `port` is the bound port (for the start-up isolation probe)."""
     svc = ExecService(cfg, probe_port=port)
@@ -121,24 +144,7 @@ def create_app(cfg: ServerConfig, port: int | None = None, on_ready=None) -> Fas
 
     app = FastAPI(title="agentrl sandbox", lifespan=lifespan)
     app.state.service = svc
-
-    @app.exception_handler(Busy)
-    async def busy(request: Request, exc: Busy) -> JSONResponse:
-        headers = {"Retry-After": str(max(1, round(exc.retry_after)))}
-        return JSONResponse({"error": "busy", "detail": str(exc)}, 503, headers)
-
-    @app.exception_handler(WorkerStartError)
-    async def no_worker(request: Request, exc: WorkerStartError) -> JSONResponse:
-        log.error("%s", exc)
-        return JSONResponse({"error": "unavailable", "detail": str(exc)}, 503, {"Retry-After": "1"})
-
-    @app.exception_handler(ConnectionAbortedError)
-    async def gone(request: Request, exc: ConnectionAbortedError) -> Response:
-        return Response(status_code=499)  # the client left; its call was stopped
-
-    @app.exception_handler(ValueError)
-    async def bad(request: Request, exc: ValueError) -> JSONResponse:
-        return JSONResponse({"error": "bad_request", "detail": str(exc)}, 400)
+    add_error_answers(app)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

@@ -12,6 +12,9 @@ interpreter kept when the code lets itself be interrupted (a MemoryError is an o
 exception too); when the interpreter dies or must be killed (an uninterruptible call, the
 cgroup's OOM killer, SIGXFSZ, an output flood, `os._exit`), the call says `session_reset`. Background threads and processes a session starts live (within its
 limits) until the session ends; their output lands in the next call's.
+
+Size: one state machine over the running slots, the queue, the session table and evictions, which
+all read and change the same counts; split, its invariants would spread over files.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from agentrl.sandbox.config import ServerConfig
 from agentrl.sandbox.isolation import (
     Capabilities,
     Launcher,
+    capabilities,
     find_bwrap,
     probe_code,
     probe_interpreter,
@@ -152,7 +156,7 @@ class ExecService:
                 log.warning("sandbox isolation %r unavailable here: %s", mode, e)
                 continue
             self.pool = pool
-            self.caps = self._capabilities(mode, launcher, probe, root)
+            self.caps = capabilities(mode, launcher, probe, root, self._cgroups)
             break
         if self.pool is None:
             raise RuntimeError(
@@ -178,47 +182,6 @@ class ExecService:
         if res.exit_code != 0:
             raise WorkerStartError(f"probe failed: {res.stderr[-1000:]}")
         return json.loads(res.stdout.strip().splitlines()[-1])
-
-    def _capabilities(self, mode: str, launcher: Launcher, probe: dict, root: bool) -> Capabilities:
-        cg = self._cgroups
-        caps = Capabilities(
-            mode=mode,
-            bwrap=launcher.bwrap,
-            namespaces=["user", "pid", "net", "mount", "ipc", "uts"] if mode == "bwrap" else [],
-            per_worker_uid=root,
-            cgroup=f"v{cg.version}: {','.join(cg.controllers)}" if cg else None,
-            seccomp=launcher.seccomp_prog is not None,
-            private_tmp="tmpfs" if mode == "bwrap" or root else "host dir",
-            probe=probe,
-        )
-        notes = [
-            "the kernel is shared (namespaces, not a VM)",
-            "CPU is not shared fairly between sandboxes (no cpu cgroup quota)",
-        ]
-        if mode != "bwrap":
-            if not root:
-                notes.append("network: the code can reach the network and host loopback")
-                notes.append("disk: the working directory is a host dir without a size limit")
-            notes += [
-                "filesystem: readable as far as the worker's uid may read",
-                "processes: other processes on the host are visible",
-            ]
-        if probe.get("host_loopback_reachable"):
-            notes.append("network: host loopback services were reachable in the probe")
-        if not cg or "memory" not in cg.controllers:
-            notes.append("memory: limited per process (RLIMIT_AS), not per sandbox")
-        if not cg or "pids" not in cg.controllers:
-            notes.append(
-                "processes: limited per uid (RLIMIT_NPROC)" if root else "processes: not limited"
-            )
-        if not caps.seccomp:
-            notes.append("system calls: no seccomp filter")
-        if not root:
-            notes.append("identity: workers run as the service's own uid")
-            if mode != "bwrap" and not cg:
-                notes.append("processes: daemons that leave the process group can outlive a call")
-        caps.not_isolated = notes
-        return caps
 
     async def stop(self) -> None:
         if self._reaper is not None:

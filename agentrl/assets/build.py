@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from agentrl.assets.build_tiny import TINY_DIR
 from agentrl.envs.code_exec import SYSTEM_PROMPT, CodeExecEnv, generate_tasks
@@ -159,19 +160,10 @@ def build_random_qwen25(out_dir: str | Path, shape: str = "0.5b", seed: int = 0)
     return out
 
 
-def build_tiny_toolcaller(
-    out_dir: str | Path, seed: int = 0, steps: int = 300, dialogues: int = 256
-) -> Path:
-    """The tiny random model, briefly fine-tuned on scripted code_exec dialogues (call `python`
-    with the expression, read the result, answer in <answer> tags) so that sampling from it gives
-    real multi-turn tool use — good and broken — for rollout tests and demos. Loss only on the
-    assistant tokens, built through the same Renderer the rollout uses."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    out = build_tiny_random(out_dir, "qwen3", seed)
-    tok = AutoTokenizer.from_pretrained(out)
-    model = AutoModelForCausalLM.from_pretrained(out)
+def _toolcaller_rows(tok: Any, dialogues: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    """(ids, loss mask) of `dialogues` scripted arith episodes: call `python` with the
+    expression, read its result, answer it in <answer> tags; the ids as the rollout's Renderer
+    builds them (prompt, sampled turn, observation delta)."""
     r = Renderer(tok, [t.schema() for t in CodeExecEnv.tools])
     rows = []
     for task in generate_tasks(dialogues, seed=seed + 1, kinds=["arith"]):
@@ -188,6 +180,23 @@ def build_tiny_toolcaller(
         for part, m in ((a1, 1), (obs, 0), (a2, 1)):
             ids, mask = ids + part, mask + [m] * len(part)
         rows.append((ids, mask))
+    return rows
+
+
+def build_tiny_toolcaller(
+    out_dir: str | Path, seed: int = 0, steps: int = 300, dialogues: int = 256
+) -> Path:
+    """The tiny random model, briefly fine-tuned on scripted code_exec dialogues (call `python`
+    with the expression, read the result, answer in <answer> tags) so that sampling from it gives
+    real multi-turn tool use — good and broken — for rollout tests and demos. Loss only on the
+    assistant tokens, built through the same Renderer the rollout uses."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = build_tiny_random(out_dir, "qwen3", seed)
+    tok = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    rows = _toolcaller_rows(tok, dialogues, seed)
     # The tiny model only "knows" the tokens of its data, the 256 byte tokens and the specials:
     # every other embedding row is zero, so those tokens get logit exactly 0 and stay improbable.
     # Training runs on a compact copy of the known rows (~1k instead of 152k: ~100x cheaper on

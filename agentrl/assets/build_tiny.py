@@ -4,12 +4,9 @@
 
 What it makes, in order:
 
-1. **Dialogues**: synthetic code_exec episodes (envs/code_exec.py tasks) of mixed quality. Per
-   task one of three behaviours is drawn: call `python` with the right program and answer with its
-   output (`good`); call it with a plausible wrong program (parentheses dropped, digits counted
-   instead of summed, gcd for lcm, …) and answer with that output (`wrong_code`); or answer at once
-   with a guess of the right length (`no_tool`, almost always wrong). Tool outputs come from
-   running the programs.
+1. **Dialogues**: synthetic code_exec episodes (envs/code_exec.py tasks) of mixed quality
+   (agentrl/assets/code_exec_dialogues.py: the right program, a plausible wrong one, or a guess)
+   and tool-use dialogues over the agentrl/assets/toolbox.py catalogue.
 2. **Tokenizer**: byte-level BPE trained with `tokenizers` on those dialogues' text (digits are
    always single tokens; merges may cross spaces, so the fixed system prompt stays short), the
    chat / tool special tokens as added tokens, and agentrl's Qwen3 chat template
@@ -29,11 +26,8 @@ settings and the final SFT loss.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import math
-import random
 import re
 import shutil
 import tempfile
@@ -42,11 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrl.assets.code_exec_dialogues import MODES, episodes
 from agentrl.assets.toolbox import MODES as TOOLBOX_MODES
 from agentrl.assets.toolbox import Example, examples
-from agentrl.envs.code_exec import SYSTEM_PROMPT, CodeExecEnv, generate_tasks
 from agentrl.render import Renderer
-from agentrl.types import Message, Task, ToolCall
+from agentrl.types import Message
 
 TINY_DIR = Path(__file__).parent / "tiny"
 TEMPLATE = Path(__file__).parent / "templates" / "qwen3.jinja"
@@ -60,7 +54,6 @@ ADDED = [
 ]  # fmt: skip
 VOCAB_SIZE = 1024  # at most: BPE tokens + ADDED (merges of one occurrence are not made)
 MAX_TOKEN_CHARS = 16  # merges may cross spaces, up to this many characters
-MODES = {"good": 0.3, "wrong_code": 0.3, "no_tool": 0.4}  # behaviour mixture of the SFT data
 
 
 @dataclass(frozen=True)
@@ -76,7 +69,10 @@ class TinySpec:
     toolbox: int = 6000
     # the share of toolbox tools named for their dialogue (toolbox.open_name): 0 in the shipped
     # build; 0.5-0.7 over 40k dialogues x 3k batches of 128 on an H100 (~8 min) gave partial
-    # copies only (bench/tiny_schema.py: right name 0 of 256 on held-out names)
+    # copies only (bench/tiny_schema.py: right name 0 of 256 on held-out names); 0.8 over 60k,
+    # continued from the shipped model for 5.5k batches of 256 (7 min 15 s, loss 0.30): right name
+    # 0.16 / 0.11, right arguments 0.016 / 0.055 (add / convert), and RL on the README's AddEnv
+    # renamed still saw reward 0 (argument names not copied)
     open_names: float = 0.0
     # continue from a built model (its tokenizer and weights) instead of starting afresh
     init: str | None = None
@@ -88,97 +84,7 @@ class TinySpec:
     warmup: int = 50
 
 
-# -- dialogues ---------------------------------------------------------------------------------
-
-
-def _programs(task: Task) -> tuple[str, str]:
-    """(right program, plausible wrong program) for a generated code_exec task."""
-    p, kind = task.data["prompt"], task.id.split("-")[0]
-    nums = [int(x) for x in re.findall(r"-?\d+", p)]
-    if kind == "arith":
-        expr = p.removeprefix("Compute ").removesuffix(".")
-        if expr.startswith("("):  # (a op b) * c  → a op b * c
-            wrong = expr[1:].replace(")", "", 1)
-        else:  # a op b * c  → (a op b) * c
-            a, op, b, _, c = expr.split()
-            wrong = f"({a} {op} {b}) * {c}"
-        return f"print({expr})", f"print({wrong})"
-    if kind == "digit_sum":
-        pw = f"{nums[0]}**{nums[1]}"
-        return f"print(sum(int(d) for d in str({pw})))", f"print(len(str({pw})))"
-    if kind == "primes":
-        prime = "all(k % d for d in range(2, int(k**0.5) + 1))"
-        return f"print(sum({prime} for k in range(2, {nums[0]})))", (
-            f"print(sum({prime} for k in range({nums[0]})))"
-        )
-    if kind == "fib_mod":
-        n, m = nums[-2], nums[-1]
-        loop = f"a, b = 0, 1\nfor _ in range({n}):\n    a, b = b, a + b\n"
-        return f"{loop}print(a % {m})", f"{loop}print(b % {m})"
-    if kind == "sort_kth":
-        k, xs = nums[0], p[p.index("[") : p.index("]") + 1]
-        return f"print(sorted({xs})[{k} - 1])", f"print(sorted({xs})[-{k}])"
-    if kind == "gcd_lcm":
-        a, b = nums
-        right, other = ("gcd", "lcm") if "divisor" in p else ("lcm", "gcd")
-        return (
-            f"import math\nprint(math.{right}({a}, {b}))",
-            f"import math\nprint(math.{other}({a}, {b}))",
-        )
-    raise ValueError(f"no programs for task kind {kind!r}")
-
-
-def run_program(code: str) -> str:
-    """What the `python` tool shows for a program that prints and exits cleanly."""
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        exec(code, {})  # our own generated programs only
-    return buf.getvalue().rstrip("\n") or "[no output]"
-
-
-def _guess(answer: str, rng: random.Random) -> str:
-    """A wrong answer of the right shape: same sign, same number of digits."""
-    sign, digits = ("-", answer[1:]) if answer.startswith("-") else ("", answer)
-    while True:
-        lo = 10 ** (len(digits) - 1) if len(digits) > 1 else 0
-        guess = str(rng.randint(lo, 10 ** len(digits) - 1))
-        if guess != digits:
-            return sign + guess
-
-
-def dialogue(task: Task, mode: str, rng: random.Random) -> list[tuple[Message, list[Message]]]:
-    """The assistant turns of one episode, each with the observations that answer it."""
-    if mode == "no_tool":
-        answer = _guess(task.data["answer"], rng)
-        return [(Message(role="assistant", content=f"<answer>{answer}</answer>"), [])]
-    right, wrong = _programs(task)
-    code = right if mode == "good" else wrong
-    out = run_program(code)
-    if mode == "good" and out != task.data["answer"]:
-        raise AssertionError(
-            f"{task.id}: program printed {out!r}, expected {task.data['answer']!r}"
-        )
-    call = ToolCall(id="call_0", name="python", arguments={"code": code})
-    return [
-        (
-            Message(role="assistant", content="", tool_calls=[call]),
-            [Message(role="tool", content=out, tool_call_id="call_0", name="python")],
-        ),
-        (Message(role="assistant", content=f"<answer>{out}</answer>"), []),
-    ]
-
-
-def episodes(n: int, seed: int, kinds: list[str] | None = None) -> list[Example]:
-    """`n` code_exec dialogues; tasks from code_exec's generator with a seed of their own."""
-    rng = random.Random(seed)
-    names, weights = list(MODES), list(MODES.values())
-    tools = [t.schema() for t in CodeExecEnv.tools]
-    out = []
-    for task in generate_tasks(n, seed=10_000 + seed, kinds=kinds):
-        mode = rng.choices(names, weights)[0]
-        turns = dialogue(task, mode, rng)
-        out.append(Example(SYSTEM_PROMPT, tools, task.data["prompt"], task.data["answer"], turns))
-    return out
+# -- encoding ----------------------------------------------------------------------------------
 
 
 def pieces(renderer: Any, ex: Example) -> list[tuple[str, int]]:
@@ -332,6 +238,40 @@ def batches(rows: list, families: list[int], size: int, gen: Any) -> list[list[i
     return [out[i] for i in torch.randperm(len(out), generator=gen).tolist()]
 
 
+def _lr_at(step: int, spec: TinySpec) -> float:
+    """Linear warm-up over `spec.warmup` steps, then cosine decay to 5 % of `spec.lr`."""
+    if step < spec.warmup:
+        return spec.lr * (step + 1) / spec.warmup
+    frac = (step - spec.warmup) / max(spec.steps - spec.warmup, 1)
+    return spec.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def _batch_loss(model: Any, batch: list[tuple[list[int], list[int]]], device: str) -> Any:
+    """Next-token cross-entropy over the mask-1 tokens of `batch`: the shared prefix runs once
+    and every row continues from its (repeated) KV cache."""
+    import torch
+
+    pad = model.config.pad_token_id
+    n_pre = max(common_prefix(batch), 1)
+    if any(any(m[:n_pre]) for _, m in batch):
+        raise AssertionError("the shared prefix contains trained tokens")
+    prefix = torch.tensor([batch[0][0][:n_pre]], device=device)
+    width = max(len(ids) for ids, _ in batch) - n_pre
+    ids_BT = torch.tensor(
+        [ids[n_pre:] + [pad] * (width + n_pre - len(ids)) for ids, _ in batch], device=device
+    )
+    mask_BT = torch.tensor(
+        [m[n_pre:] + [0] * (width + n_pre - len(m)) for _, m in batch],
+        dtype=torch.bool,
+        device=device,
+    )
+    cache = model.model(input_ids=prefix, use_cache=True).past_key_values
+    cache.batch_repeat_interleave(len(batch))
+    logits_BTV = model(input_ids=ids_BT, past_key_values=cache).logits[:, :-1]
+    sel_BT = mask_BT[:, 1:]  # token t+1 is predicted at position t
+    return torch.nn.functional.cross_entropy(logits_BTV[sel_BT], ids_BT[:, 1:][sel_BT])
+
+
 def sft(
     model: Any,
     rows: list[tuple[list[int], list[int]]],
@@ -349,41 +289,15 @@ def sft(
 
     model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01, betas=(0.9, 0.98))
-
-    def lr_at(step: int) -> float:
-        if step < spec.warmup:
-            return spec.lr * (step + 1) / spec.warmup
-        frac = (step - spec.warmup) / max(spec.steps - spec.warmup, 1)
-        return spec.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
-
     gen = torch.Generator().manual_seed(spec.seed)
-    pad = model.config.pad_token_id
     model.train()
     queue: list[list[int]] = []
     ema = math.nan
     for step in range(spec.steps):
         queue = queue or batches(rows, families, spec.batch_size, gen)
-        batch = [rows[i] for i in queue.pop()]
-        n_pre = max(common_prefix(batch), 1)
-        if any(any(m[:n_pre]) for _, m in batch):
-            raise AssertionError("the shared prefix contains trained tokens")
-        prefix = torch.tensor([batch[0][0][:n_pre]], device=device)
-        width = max(len(ids) for ids, _ in batch) - n_pre
-        ids_BT = torch.tensor(
-            [ids[n_pre:] + [pad] * (width + n_pre - len(ids)) for ids, _ in batch], device=device
-        )
-        mask_BT = torch.tensor(
-            [m[n_pre:] + [0] * (width + n_pre - len(m)) for _, m in batch],
-            dtype=torch.bool,
-            device=device,
-        )
-        cache = model.model(input_ids=prefix, use_cache=True).past_key_values
-        cache.batch_repeat_interleave(len(batch))
-        logits_BTV = model(input_ids=ids_BT, past_key_values=cache).logits[:, :-1]
-        sel_BT = mask_BT[:, 1:]  # token t+1 is predicted at position t
-        loss = torch.nn.functional.cross_entropy(logits_BTV[sel_BT], ids_BT[:, 1:][sel_BT])
+        loss = _batch_loss(model, [rows[i] for i in queue.pop()], device)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step)
+            g["lr"] = _lr_at(step, spec)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -411,6 +325,36 @@ def _renderers(tokenizer: Any) -> Callable[[list[dict[str, Any]]], Renderer]:
     return get
 
 
+def _encode_chunk(chunk: list[Example]) -> list[tuple[list[int], list[int]]]:
+    r = _renderers(_WORKER_TOKENIZER)
+    return [encode_episode(r(ex.tools), ex) for ex in chunk]
+
+
+_WORKER_TOKENIZER: Any = None  # set before the pool forks: the workers inherit it
+
+
+def encode_all(tokenizer: Any, data: list[Example]) -> list[tuple[list[int], list[int]]]:
+    """Every dialogue's (ids, mask), in order; over a process pool when there are many (each
+    takes ~1.4 ms, most of it a Renderer per distinct tool list: 60k open-name dialogues are 85 s
+    on one core)."""
+    global _WORKER_TOKENIZER
+    import multiprocessing as mp
+    import os
+
+    workers = min(16, os.cpu_count() or 1)
+    if len(data) < 5000 or workers < 3:
+        r = _renderers(tokenizer)
+        return [encode_episode(r(ex.tools), ex) for ex in data]
+    _WORKER_TOKENIZER = tokenizer
+    size = math.ceil(len(data) / (4 * workers))
+    chunks = [data[i : i + size] for i in range(0, len(data), size)]
+    try:
+        with mp.get_context("fork").Pool(workers) as pool:
+            return [row for part in pool.map(_encode_chunk, chunks) for row in part]
+    finally:
+        _WORKER_TOKENIZER = None
+
+
 def build(
     out_dir: str | Path, spec: TinySpec = TinySpec(), log: Callable = print, device: str = "cpu"
 ) -> Path:
@@ -428,8 +372,7 @@ def build(
         draft = _renderers(_wrap(_empty_tokenizer()))  # renders text; ids not used
         texts = [text for ex in data for text, _ in pieces(draft(ex.tools), ex)]
         tokenizer = train_tokenizer(texts)
-    r = _renderers(tokenizer)
-    rows = [encode_episode(r(ex.tools), ex) for ex in data]
+    rows = encode_all(tokenizer, data)
     lengths = [len(ids) for ids, _ in rows]
     log(
         f"{len(rows)} dialogues, tokens/dialogue mean {sum(lengths) / len(rows):.0f} max {max(lengths)}"

@@ -290,7 +290,9 @@ def _json_value(v: Any, arg_type: type) -> Any:
     return float(v) if arg_type is float and not isinstance(v, int) else v
 
 
-def example(rng: random.Random, mode: str, open_names: float = 0.0) -> Example:
+def _offered(rng: random.Random, open_names: float) -> tuple[Op, list[tuple]]:
+    """The task's op and the tools the prompt offers, shuffled: (op, name, description, argument
+    names) for the op and one or two others of other kinds, their names distinct."""
     op = rng.choice(OPS)
     k = rng.choice([1, 1, 2, 2, 3])
     others = rng.sample([o for o in OPS if o.kind != op.kind], k - 1)
@@ -305,26 +307,15 @@ def example(rng: random.Random, mode: str, open_names: float = 0.0) -> Example:
                 name, args = _names(o, rng, open_names)
             chosen.append((o, name, rng.choice(o.descriptions), args))
     rng.shuffle(chosen)
-    tools = [tool_schema(n, d, a, o.arg_type, rng) for o, n, d, a in chosen]
-    target = next(c for c in chosen if c[0] is op)
-    _, name, _, arg_names = target
-    values = op.values(rng)
-    question = rng.choice(op.questions).format(*values)
-    right = op.fn(*values)
+    return op, chosen
 
-    tag = rng.random() < 0.35
-    prompts = TAG_PROMPTS if tag else BARE_PROMPTS
-    if not op.numeric:
-        prompts = tuple(p for p in prompts if p is None or "number" not in p)
-    system = rng.choice(prompts)
-    if system is not None:
-        system = system.format(tool=name)
 
-    def reply(text: str) -> Message:
-        return Message(role="assistant", content=f"<answer>{text}</answer>" if tag else text)
-
-    if mode == "no_tool":
-        return Example(system, tools, question, right, [(reply(_guess(right, rng)), [])])
+def _call(
+    chosen: list[tuple], target: tuple, values: tuple, mode: str, rng: random.Random
+) -> tuple[ToolCall, str]:
+    """The call the assistant makes and what the tool answers: the target tool with the task's
+    values (`good`), or under `wrong_call` a same-shaped other tool or one wrong value."""
+    op, name, _, arg_names = target
     call_name, call_args, call_op = name, arg_names, op
     call_values = values
     if mode == "wrong_call":
@@ -346,7 +337,32 @@ def example(rng: random.Random, mode: str, open_names: float = 0.0) -> Example:
     arguments = {
         a: _json_value(v, call_op.arg_type) for a, v in zip(call_args, call_values, strict=True)
     }
-    call = ToolCall(id="call_0", name=call_name, arguments=arguments)
+    return ToolCall(id="call_0", name=call_name, arguments=arguments), out
+
+
+def example(rng: random.Random, mode: str, open_names: float = 0.0) -> Example:
+    op, chosen = _offered(rng, open_names)
+    tools = [tool_schema(n, d, a, o.arg_type, rng) for o, n, d, a in chosen]
+    target = next(c for c in chosen if c[0] is op)
+    name = target[1]
+    values = op.values(rng)
+    question = rng.choice(op.questions).format(*values)
+    right = op.fn(*values)
+
+    tag = rng.random() < 0.35
+    prompts = TAG_PROMPTS if tag else BARE_PROMPTS
+    if not op.numeric:
+        prompts = tuple(p for p in prompts if p is None or "number" not in p)
+    system = rng.choice(prompts)
+    if system is not None:
+        system = system.format(tool=name)
+
+    def reply(text: str) -> Message:
+        return Message(role="assistant", content=f"<answer>{text}</answer>" if tag else text)
+
+    if mode == "no_tool":
+        return Example(system, tools, question, right, [(reply(_guess(right, rng)), [])])
+    call, out = _call(chosen, target, values, mode, rng)
     return Example(
         system,
         tools,
@@ -355,7 +371,7 @@ def example(rng: random.Random, mode: str, open_names: float = 0.0) -> Example:
         [
             (
                 Message(role="assistant", content="", tool_calls=[call]),
-                [Message(role="tool", content=out, tool_call_id="call_0", name=call_name)],
+                [Message(role="tool", content=out, tool_call_id="call_0", name=call.name)],
             ),
             (reply(out), []),
         ],

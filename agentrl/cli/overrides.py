@@ -10,6 +10,8 @@ models first:
     env=code_exex        ConfigError: env=code_exex: configs/env/ has no code_exex.yaml; did you
                          mean env=code_exec? (choices: code_exec, code_exec_turns, custom, units)
     env.args.max_turns=6 goes to Hydra as ++env.args.max_turns=6 (add or override)
+    trainer.eval_every=5 ConfigError: trainer.eval_every moved to trainer.eval.every: write
+                         trainer.eval.every=5 (agentrl/trainer_config.py: MOVED_KEYS)
 
 A known key always goes on as `++key=value`: the schema has vouched for it, and the value is
 checked in validation (the env's own options by `EnvConfig.load_tasks` and `load_class`).
@@ -33,6 +35,7 @@ from hydra.core.override_parser.types import OverrideType
 from hydra.errors import HydraException
 from pydantic import BaseModel
 
+from agentrl.trainer_config import MOVED_KEYS
 from agentrl.types import ConfigError
 
 
@@ -145,6 +148,11 @@ def check_overrides(
                     f"{line}: configs/{key}/ has no {value}.yaml{hint} "
                     f"(choices: {', '.join(options)})"
                 )
+            out.append(line)
+            continue
+        if key in MOVED_KEYS and unknown_part(schema, parts) is not None:  # an older config's
+            new = MOVED_KEYS[key]
+            errors.append(f"{key} moved to {new}: write {new}{line[len(key) :]}")
             out.append(line)
             continue
         where = unknown_part(schema, parts)

@@ -2,7 +2,7 @@
 of a run's trajectories, token by token (agentrl/trajectory_view.py draws it), for runs without
 W&B. Reads the run's trajectories.jsonl (runs/<run_name>/, or the newest of its preview/ folders
 when it has not trained yet), or with --eval its eval_trajectories.jsonl (the episodes of each
-evaluation, trainer.eval_every; --step picks the evaluation after that step, 0 the untrained
+evaluation, trainer.eval.every; --step picks the evaluation after that step, 0 the untrained
 policy's); --env shows only one env's episodes of a mixture (env=mixture: each trajectory's
 metadata names its env); the tokenizer comes from the run's saved Hydra config (or --tokenizer)."""
 
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     path = _find_trajectories(a.run, "eval_trajectories.jsonl" if a.eval else "trajectories.jsonl")
     if not path.exists():
-        hint = " (evaluations are saved by runs with trainer.eval_every)" if a.eval else ""
+        hint = " (evaluations are saved by runs with trainer.eval.every)" if a.eval else ""
         raise SystemExit(
             f"{path}: no such file (give a run's dir, runs/<run_name>, a preview's folder or a "
             f"{path.name}){hint}"

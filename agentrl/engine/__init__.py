@@ -9,7 +9,8 @@ what this file exports; the modules behind it are private to agentrl/engine/.
     config.py    EngineConfig (the `engine.*` settings) and the servers' Bearer token
     gate.py      the push gate: /generate waits while weights change; cut turns go on
     coalesce.py  concurrent /generate calls to one server leave as one request
-    fleet.py     launch, health-wait, restart and stop servers (local, Ray) and the router
+    fleet.py     launch, health-wait, restart and stop servers (local, Ray)
+    router.py    SGLang's model gateway (smg) in front of several servers
     dev/         the CPU engine, `python -m agentrl.engine.dev` (never imported from outside)
 """
 
@@ -27,7 +28,6 @@ from agentrl.engine.fleet import (
     RayServer,
     launch_engines,
     launch_fleet,
-    launch_router,
     split_local_gpus,
     visible_gpus,
 )
@@ -43,6 +43,7 @@ from agentrl.engine.protocol import (
     encode_named_tensors,
     parse_generate_response,
 )
+from agentrl.engine.router import launch_router
 
 __all__ = [
     "API_KEY_ENV", "DETERMINISTIC", "ROUTING_KEY_HEADER", "RUN_TOKEN", "Control", "EngineClient",

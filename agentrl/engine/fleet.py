@@ -3,30 +3,25 @@
     with launch_engines(cfg.engine, model_path, log_dir) as urls:
         async with EngineClient(urls) as engine: ...
 
-    with launch_router(cfg.engine, urls, log_dir) as router:   # None: no router wanted / needed
-        async with EngineClient(urls, router=router) as engine: ...
-
 With `engine.urls` set, no engine is started: the servers are the user's, and we only wait for
-them to be healthy. The router (SGLang's model gateway, `smg`) fronts several servers: /generate
-goes through it, pinned per episode by consistent hashing of the routing key. Every process we start gets its own process group and is stopped (SIGTERM, then
-SIGKILL) when the block exits, also on errors and Ctrl-C. A server that dies during start-up is
-reported with the tail of its log.
+them to be healthy. A router in front of them: agentrl/engine/router.py. Every process we start
+gets its own process group and is stopped (SIGTERM, then SIGKILL) when the block exits, also on
+errors and Ctrl-C; one that dies during start-up is reported with the tail of its log.
 
 With `engine.placement=ray` each server is started instead by a `ServerActor` on the node Ray
 picks (`engine.ray_num_cpus` / `ray_num_gpus` / `ray_resources`), bound to that node's address;
 the actor stops its process group and restarts it on the same port (docs/ray_cluster.md).
 
-Every server and the router we start takes the run's token (`engine.api_key`, else this process's
-random one: `EngineConfig.token()`) and refuses a request without `Authorization: Bearer <token>`
-with 401; /health stays open. The token stays off their command lines, which any local user can
-read (/proc/PID/cmdline): SGLang reads `--api-key` and `--admin-api-key` (its weight, memory,
-pause and LoRA routes take the admin key) from a 0600 `--config` YAML beside its log; the dev
-server and smg read $AGENTRL_ENGINE_API_KEY. Logs are 0600 too: SGLang logs its arguments.
+Every server we start takes the run's token (`engine.api_key`, else this process's random one:
+`EngineConfig.token()`) and refuses a request without `Authorization: Bearer <token>` with 401;
+/health stays open. The token stays off their command lines, which any local user can read
+(/proc/PID/cmdline): SGLang reads `--api-key` and `--admin-api-key` (its weight, memory, pause and
+LoRA routes take the admin key) from a 0600 `--config` YAML beside its log; the dev server reads
+$AGENTRL_ENGINE_API_KEY. Logs are 0600 too: SGLang logs its arguments.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -83,7 +78,7 @@ def _key_file(log_path: Path) -> Path:
     return log_path.with_name(f".{log_path.stem}.keys.yaml")
 
 
-def _private_log(path: Path, mode: str):
+def private_log(path: Path, mode: str):
     """`path` opened for writing (mode w or a), readable by this user alone: SGLang logs its
     arguments, the key among them."""
     f = open(path, mode, opener=lambda p, flags: os.open(p, flags, 0o600))  # noqa: SIM115
@@ -187,6 +182,10 @@ def split_local_gpus(
     return None
 
 
+def auth_headers(cfg: EngineConfig) -> dict[str, str]:
+    return {"Authorization": f"Bearer {cfg.token()}"}
+
+
 def _loopback_host(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
@@ -199,7 +198,7 @@ def _popen(cfg: EngineConfig, model_path: Path, index: int, port: int, log_path:
     key_file = None
     if cfg.kind == "sglang":
         key_file = write_key_file(_key_file(log_path), cfg.token())
-    with _private_log(log_path, mode) as log:
+    with private_log(log_path, mode) as log:
         if mode == "a":
             log.write(f"\n---- restarted by agentrl at {time.strftime('%H:%M:%S')} ----\n")
             log.flush()
@@ -398,7 +397,7 @@ class Fleet:
                 out.append(url)
                 continue
             if self._http is None:
-                self._http = httpx.Client(headers=_auth(self.cfg))
+                self._http = httpx.Client(headers=auth_headers(self.cfg))
             try:
                 ok = self._http.get(url + path, timeout=timeout_s).status_code == 200
             except httpx.HTTPError:
@@ -455,104 +454,6 @@ def launch_engines(cfg: EngineConfig, model_path: Path, log_dir: Path) -> Iterat
     """The servers' URLs, for callers that need no restarts."""
     with launch_fleet(cfg, model_path, log_dir) as fleet:
         yield fleet.urls
-
-
-def router_wanted(cfg: EngineConfig, n_servers: int) -> bool:
-    """`engine.router`: smg asked for (an error when it is not installed), or auto (smg fronts
-    more than one server when it is installed; one server needs no router)."""
-    installed = importlib.util.find_spec("smg") is not None
-    if cfg.router == "smg" and not installed:
-        raise EngineUnavailable(
-            "engine.router=smg but SGLang's model gateway is not installed: pip install smg "
-            "(or engine.router=none: the client balances the servers itself)"
-        )
-    return cfg.router == "smg" or (cfg.router == "auto" and n_servers > 1 and installed)
-
-
-def _auth(cfg: EngineConfig) -> dict[str, str]:
-    return {"Authorization": f"Bearer {cfg.token()}"}
-
-
-# smg takes its key on the command line only; this adds it inside the process, from the
-# environment. `--api-key` is both what smg asks of every client (its /generate and, with no
-# control-plane keys, its /workers and other admin routes: model_gateway/src/server.rs, build_app)
-# and the Bearer it sends the servers
-_SMG_MAIN = (
-    "import os, sys; from smg.launch_router import launch_router, parse_router_args; "
-    f"key = os.environ.pop({API_KEY_ENV!r}); "
-    "launch_router(parse_router_args([*sys.argv[1:], '--api-key=' + key]))"
-)
-
-
-def router_command(cfg: EngineConfig, urls: list[str], port: int, log_dir: Path) -> list[str]:
-    """smg on loopback in front of `urls`, its key from $AGENTRL_ENGINE_API_KEY (`_SMG_MAIN`).
-    Its own retries re-send a request whose server died to another one (sampling is stateless:
-    the prompt ids carry the whole episode); the circuit breaker's cool-down is short so a
-    restarted server takes work again within seconds."""
-    return [sys.executable, "-c", _SMG_MAIN, "--host", cfg.host, "--port", str(port),
-            "--worker-urls", *urls, "--policy", cfg.router_policy,
-            "--prometheus-host", cfg.host, "--prometheus-port", str(free_port(cfg.host)),
-            "--request-timeout-secs", str(int(cfg.timeout_s)),
-            "--health-check-interval-secs", "2", "--cb-timeout-duration-secs", "5",
-            "--log-dir", str(log_dir), "--log-level", "warn", *cfg.router_args]  # fmt: skip
-
-
-@contextmanager
-def launch_router(cfg: EngineConfig, urls: list[str], log_dir: Path) -> Iterator[str | None]:
-    """Start smg in front of `urls` when `router_wanted`; yield its URL (None without one) once
-    it lists every server as healthy; stop it on exit."""
-    if not router_wanted(cfg, len(urls)):
-        yield None
-        return
-    log_dir.mkdir(parents=True, exist_ok=True)
-    (log_dir / "router").mkdir(mode=0o700, exist_ok=True)
-    port = free_port(cfg.host)
-    log = log_dir / "router.log"
-    with _private_log(log, "w") as f:
-        proc = subprocess.Popen(
-            router_command(cfg, urls, port, log_dir / "router"),
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-            env={**os.environ, API_KEY_ENV: cfg.token()},
-        )
-    url = f"http://{cfg.host}:{port}"
-    try:
-        wait_router(url, len(urls), proc, log, cfg.health_timeout_s, _auth(cfg))
-        yield url
-    finally:
-        stop_processes([proc])
-
-
-def wait_router(
-    url: str,
-    n_servers: int,
-    proc: subprocess.Popen,
-    log: Path,
-    timeout_s: float,
-    headers: dict[str, str] | None = None,
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if proc.poll() is not None:
-            raise EngineUnavailable(
-                f"the router (smg) exited with code {proc.returncode} during start-up; its log "
-                f"({log}) ends with:\n{log.read_text()[-2000:]}"
-            )
-        try:
-            r = httpx.get(url + "/workers", timeout=2.0, headers=headers)
-            workers = r.json().get("workers", [])
-            if sum(bool(w.get("is_healthy")) for w in workers) >= n_servers:
-                return
-        except (httpx.HTTPError, ValueError, AttributeError):
-            pass
-        if time.monotonic() > deadline:
-            raise EngineUnavailable(
-                f"the router at {url} did not list {n_servers} healthy servers within "
-                f"{timeout_s:g}s; see {log}"
-            )
-        time.sleep(0.2)
 
 
 def wait_healthy(urls: list[str], procs: list[Server], timeout_s: float, logs: list[Path]) -> None:

@@ -5,9 +5,9 @@ several requests), so `EngineClient.exclusive()` closes the gate: new turns wait
 happens to the turns already in flight depends on `pause`:
 
 - `pause=False` (sync training, restarts): they finish first, then the body runs.
-- `pause=True` (async training, `trainer.partial_rollouts`): every request in flight is aborted
-  (`/abort_request`, abort_all), which returns it at once with the ids and logprobs sampled so
-  far, and the servers are paused (`/pause_generation`, abort mode: nothing is left to abort).
+- `pause=True` (async training, `trainer.async.partial_rollouts`): every request in flight is
+  aborted (`/abort_request`, abort_all), which returns it at once with the ids and logprobs
+  sampled so far, and the servers are paused (`/pause_generation`, abort mode: nothing is left to abort).
   The body (the push) runs; `/continue_generation` then lets the servers go on, and each cut
   turn is sent again as prompt + what it had sampled, for the tokens it had left, under the new
   weights. The caller gets one `Completion` whose

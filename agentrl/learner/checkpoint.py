@@ -1,6 +1,6 @@
 """One learner rank's half of a checkpoint: `model/` (a transformers dir) and `optim/`.
 
-With `background=True` (trainer.async_save) training does not wait for the files, and on a GPU
+With `background=True` (checkpoint.async_save) training does not wait for the files, and on a GPU
 not for the copies either: the weights (gathered on rank 0) and the optimizer shards are copied
 into this writer's own pinned host buffers on a side CUDA stream, and the next step's kernels wait
 for those copies on the GPU (`guard`), so the save returns once the copies are queued (state that

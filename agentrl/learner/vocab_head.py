@@ -196,6 +196,11 @@ def _compiled_stats(logits, tgt, temperature, with_entropy):
 
 @functools.cache
 def _triton_ops() -> _Ops:
+    """The Triton kernels, compiled on first use (triton is imported here, not at import)."""
+    return _Ops(_triton_stats(), _triton_grad())
+
+
+def _triton_stats() -> Callable:
     import triton
     import triton.language as tl
 
@@ -232,6 +237,25 @@ def _triton_ops() -> _Ops:
         if WITH_ENT:
             tl.store(ent_ptr + row, lse - tl.sum(t * w, 0) / total)
 
+    stats_block = 2048
+
+    def stats(logits, tgt, temperature, lp_out, lse_out, ent_out):
+        rows, v = logits.shape
+        if rows == 0:
+            return
+        with_ent = ent_out is not None
+        stats_kernel[(rows,)](
+            logits, tgt, lp_out, lse_out, ent_out if with_ent else lse_out, v, logits.stride(0),
+            1.0 / temperature, WITH_ENT=with_ent, BLOCK=stats_block, num_warps=8,
+        )  # fmt: skip
+
+    return stats
+
+
+def _triton_grad() -> Callable:
+    import triton
+    import triton.language as tl
+
     @triton.jit
     def grad_kernel(
         logits_ptr, tgt_ptr, lse_ptr, ent_ptr, glp_ptr, gent_ptr, V, stride, inv_t,
@@ -252,17 +276,7 @@ def _triton_ops() -> _Ops:
         g = tl.where(cols == tl.load(tgt_ptr + row), g + g_lp, g)
         tl.store(ptr, (g * inv_t).to(logits_ptr.dtype.element_ty), mask=mask)
 
-    stats_block, grad_block = 2048, 4096
-
-    def stats(logits, tgt, temperature, lp_out, lse_out, ent_out):
-        rows, v = logits.shape
-        if rows == 0:
-            return
-        with_ent = ent_out is not None
-        stats_kernel[(rows,)](
-            logits, tgt, lp_out, lse_out, ent_out if with_ent else lse_out, v, logits.stride(0),
-            1.0 / temperature, WITH_ENT=with_ent, BLOCK=stats_block, num_warps=8,
-        )  # fmt: skip
+    grad_block = 4096
 
     def grad(logits, tgt, lse, ent, g_lp, g_ent, temperature):
         rows, v = logits.shape
@@ -277,4 +291,4 @@ def _triton_ops() -> _Ops:
         )  # fmt: skip
         return logits
 
-    return _Ops(stats, grad)
+    return grad

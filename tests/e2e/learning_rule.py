@@ -1,5 +1,5 @@
 """The learning tests' rule (test_learning*.py, test_async.py): a run evaluates the policy on a
-fixed set before its first step and after its last (trainer.eval_every = its steps; 32 tasks x 4
+fixed set before its first step and after its last (trainer.eval.every = its steps; 32 tasks x 4
 samples by default), and passes when that evaluation rose by `margin`.
 
 A step's own reward/mean is over the 8 tasks it drew, and their difficulty moves it as much as the
@@ -14,7 +14,7 @@ from pathlib import Path
 
 def eval_overrides(steps: int) -> list[str]:
     """The Hydra overrides of a learning test's run of `steps` steps."""
-    return [f"trainer.steps={steps}", f"trainer.every={steps}", f"trainer.eval_every={steps}",
+    return [f"trainer.steps={steps}", f"checkpoint.every={steps}", f"trainer.eval.every={steps}",
             "logging=local"]  # fmt: skip
 
 

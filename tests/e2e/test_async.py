@@ -1,6 +1,6 @@
 """trainer.mode=async on the whole CPU stack (dev server, sandbox, FSDP2 on Ray, gloo weight sync):
-rollouts run on while the learner trains, within trainer.max_staleness, and the quick start still
-learns by the rule of tests/e2e/test_learning.py."""
+rollouts run on while the learner trains, within trainer.async.max_staleness, and the quick start
+still learns by the rule of tests/e2e/test_learning.py."""
 
 import asyncio
 import json
@@ -20,8 +20,8 @@ STEPS = 14  # evaluation +0.59, +0.74 (s=1), +0.60, +0.74 (s=4) over seeds 0-1; 
 
 @pytest.mark.parametrize("staleness", [4])
 def test_quick_start_learns_in_async_mode(staleness, tmp_path):
-    cfg = compose([*eval_overrides(STEPS), f"trainer.dir={tmp_path}/ckpt", "trainer.mode=async",
-                   f"trainer.max_staleness={staleness}"])  # fmt: skip
+    cfg = compose([*eval_overrides(STEPS), f"checkpoint.dir={tmp_path}/ckpt", "trainer.mode=async",
+                   f"trainer.async.max_staleness={staleness}"])  # fmt: skip
     history = asyncio.run(train(cfg, tmp_path / "out"))
     assert [h["step"] for h in history] == [float(s) for s in range(1, STEPS + 1)]
     rewards = [round(h["reward/mean"], 3) for h in history]
@@ -32,7 +32,7 @@ def test_quick_start_learns_in_async_mode(staleness, tmp_path):
     assert max(stale) <= staleness
     assert max(stale) >= 1, "the rollouts never ran ahead of the learner: nothing was async"
     assert all(h["train/skipped"] == 0 for h in history)
-    # turns a push cut (trainer.partial_rollouts; here rollouts are quick and often all done
+    # turns a push cut (trainer.async.partial_rollouts; here rollouts are quick and often all done
     # before the push: tests/e2e/test_devserver.py cuts long generations on purpose)
     print("cut turns per push:", [h["sync/cut_turns"] for h in history],
           "trained turns with two versions:", [h["async/partial_turns"] for h in history])  # fmt: skip

@@ -322,7 +322,7 @@ async def test_update_weights_over_a_gloo_group(weights_server, model0, model1_d
 async def test_a_push_cuts_turns_in_flight_and_they_go_on_under_the_new_weights(
     weights_server, model0, model1_dir
 ):
-    """trainer.partial_rollouts: `exclusive(pause=True)` cuts two long sampled generations
+    """trainer.async.partial_rollouts: `exclusive(pause=True)` cuts two long sampled generations
     (/pause_generation, abort mode), model1 is loaded, and each generation goes on from where it
     was cut. Every kept token keeps the logprob model0 gave it and its version; every later token
     has model1's logprob given everything before it. A call made during the push waits and runs

@@ -1,8 +1,8 @@
 """Steps with nothing to train on (every episode an infrastructure failure) are skipped alike in
 both modes: the engines' weights keep their values but carry the next version, so async rollouts
-go on within trainer.max_staleness (no hang), sync mode raises no false 'weight push did not
-reach an engine' alarm, and trainer.max_empty_steps stops a run that never recovers. Real stack:
-dev server, sandbox, FSDP2 on Ray."""
+go on within trainer.async.max_staleness (no hang), sync mode raises no false 'weight push did
+not reach an engine' alarm, and trainer.guards.max_empty_steps stops a run that never recovers.
+Real stack: dev server, sandbox, FSDP2 on Ray."""
 
 import asyncio
 import json
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's r
 
 SMALL = ["trainer.tasks_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=48",
          "rollout.max_turns=2", "ray.num_cpus=2", "logging=local",
-         "trainer.max_unavailable_frac=1"]  # fmt: skip  # reach the empty-steps guard
+         "trainer.guards.max_unavailable_frac=1"]  # fmt: skip  # reach the empty-steps guard
 HANG_S = 90  # a hung run is stopped here and fails the test
 
 DOWN: set[str] = set()  # the tasks whose episodes find no sandbox (set by each test)
@@ -44,7 +44,7 @@ class DownForSomeTasksEnv(CodeExecEnv):
 
 
 def cfg_for(tmp: Path, env: str, *extra: str):
-    return compose([*SMALL, f"trainer.dir={tmp}/ckpt", f"env._target_={__name__}.{env}", *extra])
+    return compose([*SMALL, f"checkpoint.dir={tmp}/ckpt", f"env._target_={__name__}.{env}", *extra])
 
 
 def first_tasks(cfg, n: int) -> set[str]:
@@ -64,8 +64,9 @@ def rows(out: Path, name: str) -> list[dict]:
 def test_async_empty_steps_past_the_staleness_bound_stop_the_run_not_hang(tmp_path):
     # max_staleness=1: before the fix the launch budget ran out after 2 skipped steps and the
     # third waited for a group that was never launched
-    cfg = cfg_for(tmp_path, "NoSandboxEnv", "trainer.mode=async", "trainer.stale_policy=wait",
-                  "trainer.max_staleness=1", "trainer.max_empty_steps=3", "trainer.steps=5")  # fmt: skip
+    cfg = cfg_for(tmp_path, "NoSandboxEnv", "trainer.mode=async", "trainer.async.stale_policy=wait",
+                  "trainer.async.max_staleness=1", "trainer.guards.max_empty_steps=3",
+                  "trainer.steps=5")  # fmt: skip
     with pytest.raises(TrainingError, match="3 steps in a row had no trajectory to train on"):
         run(cfg, tmp_path / "out")
     got = rows(tmp_path / "out", "metrics.jsonl")
@@ -74,7 +75,7 @@ def test_async_empty_steps_past_the_staleness_bound_stop_the_run_not_hang(tmp_pa
 
 def test_async_run_recovers_after_empty_steps_within_the_staleness_bound(tmp_path):
     cfg = cfg_for(tmp_path, "DownForSomeTasksEnv", "trainer.mode=async", "trainer.steps=4",
-                  "trainer.stale_policy=wait", "trainer.max_staleness=1")  # fmt: skip
+                  "trainer.async.stale_policy=wait", "trainer.async.max_staleness=1")  # fmt: skip
     DOWN.clear()
     DOWN.update(first_tasks(cfg, 2 * 2))  # steps 1 and 2: all their groups
     history = run(cfg, tmp_path / "out")

@@ -122,7 +122,7 @@ def test_two_ranks_match_one_rank_then_skip_nan_then_checkpoint(groups, tmp_path
     two.load_checkpoint(str(tmp_path / "full"))
     assert max_diff(two.full_state(), one.full_state()) == 0.0
 
-    # In the background (trainer.async_save): a step trains while the files are written, and
+    # In the background (checkpoint.async_save): a step trains while the files are written, and
     # what was written is the state at the save (weights and optimizer), not after that step.
     at_save = two.full_state()
     two.prepare_checkpoint()  # the buffers it copies into, made ahead (under the save's keys)

@@ -30,7 +30,9 @@ LORA_STEPS, LORA_LR = 16, 5e-3
 
 
 def test_tiny_model_learns_code_exec(tmp_path):
-    cfg = compose([*eval_overrides(STEPS), f"trainer.dir={tmp_path}/ckpt", "algo.reference=true"])
+    cfg = compose(
+        [*eval_overrides(STEPS), f"checkpoint.dir={tmp_path}/ckpt", "algo.reference=true"]
+    )
     assert cfg.model.path == "builtin:tiny"
     history = asyncio.run(train(cfg, tmp_path / "out"))
     assert len(history) == STEPS
@@ -58,7 +60,7 @@ PRESETS = {
 @pytest.mark.parametrize("algo", sorted(PRESETS))
 def test_tiny_model_learns_code_exec_with(algo, tmp_path):
     steps = PRESET_STEPS[algo]
-    cfg = compose([*eval_overrides(steps), f"trainer.dir={tmp_path}/ckpt", *PRESETS[algo]])
+    cfg = compose([*eval_overrides(steps), f"checkpoint.dir={tmp_path}/ckpt", *PRESETS[algo]])
     history = asyncio.run(train(cfg, tmp_path / "out"))
     print(f"{algo} reward per step:", [round(h["reward/mean"], 3) for h in history])
     # a step's 8 tasks may come mostly from a family the policy still gets wrong (docs/algorithms.md
@@ -83,7 +85,7 @@ def test_tiny_model_learns_code_exec_with_lora(tmp_path):
     served), and every weight the adapters do not touch is the base's, bit for bit."""
     from peft import PeftModel
 
-    cfg = compose([*eval_overrides(LORA_STEPS), f"trainer.dir={tmp_path}/ckpt",
+    cfg = compose([*eval_overrides(LORA_STEPS), f"checkpoint.dir={tmp_path}/ckpt",
                    "learner.lora.rank=8", f"learner.lr={LORA_LR}"])  # fmt: skip
     history = asyncio.run(train(cfg, tmp_path / "out"))
     print("lora reward per step:", [round(h["reward/mean"], 3) for h in history])

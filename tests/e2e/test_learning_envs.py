@@ -1,6 +1,6 @@
 """A user's own env learns on a laptop: the README's AddEnv (its code taken from the README's
 Python block, as a user would save it), trained from the shipped tiny model with the quick start's
-defaults (fewer steps): the policy's reward on a fixed evaluation set (trainer.eval_every: 32 tasks
+defaults (fewer steps): the policy's reward on a fixed evaluation set (trainer.eval.every: 32 tasks
 x 4 samples, before the first step and after the last) rises by 0.25 or more, the policy calls the
 tool, and the learner trains on what the engine sampled.
 
@@ -33,7 +33,7 @@ if os.environ.get("AGENTRL_LEARN_ALL"):  # not in CI (see above)
 @pytest.mark.parametrize("name", sorted(ENVS))
 def test_users_env_learns_from_the_shipped_tiny_model(name, readme_env, tmp_path):
     steps = STEPS[name]
-    cfg = compose([*ENVS[name], *eval_overrides(steps), f"trainer.dir={tmp_path}/ckpt"])
+    cfg = compose([*ENVS[name], *eval_overrides(steps), f"checkpoint.dir={tmp_path}/ckpt"])
     assert cfg.model.path == "builtin:tiny"
     history = asyncio.run(train(cfg, tmp_path / "out"))
     assert len(history) == steps

@@ -26,8 +26,8 @@ def test_a_mixture_of_code_exec_and_a_users_env_trains_with_each_env_apart(readm
         f"env.envs.add._target_={readme_env}", "env.envs.add.tasks.n=40",
         "trainer.steps=2", "trainer.tasks_per_step=2", "rollout.group_size=2",
         "rollout.max_new_tokens=48", "rollout.max_turns=2", "ray.num_cpus=2",
-        "trainer.eval_every=2", "trainer.eval_size=2", "trainer.eval_samples=1",
-        f"trainer.dir={tmp_path}/ckpt",
+        "trainer.eval.every=2", "trainer.eval.size=2", "trainer.eval.samples=1",
+        f"checkpoint.dir={tmp_path}/ckpt",
     ])  # fmt: skip
     history = asyncio.run(train(cfg, tmp_path / "out"))
     assert len(history) == 2

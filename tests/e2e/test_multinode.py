@@ -64,7 +64,7 @@ def test_learner_spans_nodes_and_engine_runs_on_the_second(cluster: Cluster, tmp
         f"ray.address={cluster.address}", "learner.num_workers=2", "learner.placement=spread",
         "learner.num_cpus_per_worker=1", "engine.placement=ray", "engine.ray_num_cpus=1",
         "+engine.ray_resources={node2: 1}", "weight_sync.method=distributed",
-        "trainer.steps=1", "trainer.every=0", f"trainer.dir={tmp_path}/ckpt",
+        "trainer.steps=1", "checkpoint.every=0", f"checkpoint.dir={tmp_path}/ckpt",
         "trainer.tasks_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=16",
         "rollout.max_turns=1",
     ])  # fmt: skip

@@ -18,14 +18,14 @@ from agentrl.types import ConfigError
 
 SMALL = ["trainer.tasks_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=48",
          "rollout.max_turns=2", "ray.num_cpus=2", "+env.args.format_reward=0.5",
-         "trainer.steps=3", "trainer.every=0", "trainer.eval_every=3", "trainer.eval_size=2",
-         "trainer.eval_samples=2", "logging=local", "trainer.deterministic=true"]  # fmt: skip
+         "trainer.steps=3", "checkpoint.every=0", "trainer.eval.every=3", "trainer.eval.size=2",
+         "trainer.eval.samples=2", "logging=local", "trainer.deterministic=true"]  # fmt: skip
 
 
 def run(tmp: Path) -> tuple[list[dict[str, float]], list[tuple]]:
     """One run's metrics.jsonl rows (the step-0 evaluation's too), timings left out, and what
     each episode sampled."""
-    asyncio.run(train(compose([*SMALL, f"trainer.dir={tmp}/ckpt"]), tmp / "out"))
+    asyncio.run(train(compose([*SMALL, f"checkpoint.dir={tmp}/ckpt"]), tmp / "out"))
     rows = [json.loads(x) for x in (tmp / "out" / "metrics.jsonl").read_text().splitlines()]
     episodes = [
         json.loads(x) for x in (tmp / "out" / "trajectories.jsonl").read_text().splitlines()

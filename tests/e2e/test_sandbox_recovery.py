@@ -63,7 +63,7 @@ async def _run(cfg, out: Path, kill_at: set[int]) -> tuple[list[dict], list[list
 
 
 def test_a_killed_sandbox_service_is_restarted_and_its_groups_reissued(tmp_path):
-    cfg = compose([*SMALL, "trainer.steps=2", f"trainer.dir={tmp_path}/ckpt"])
+    cfg = compose([*SMALL, "trainer.steps=2", f"checkpoint.dir={tmp_path}/ckpt"])
     history, handed = asyncio.run(_run(cfg, tmp_path / "out", {2}))
     first, m = history
     assert first["sandbox/restarts"] == 0
@@ -75,6 +75,6 @@ def test_a_killed_sandbox_service_is_restarted_and_its_groups_reissued(tmp_path)
 
 def test_a_sandbox_service_that_keeps_dying_stops_the_run_with_the_cause(tmp_path):
     cfg = compose([*SMALL, "trainer.steps=1", "sandbox.max_restarts=0", "sandbox.retries=1",
-                   f"trainer.dir={tmp_path}/ckpt"])  # fmt: skip
+                   f"checkpoint.dir={tmp_path}/ckpt"])  # fmt: skip
     with pytest.raises(TrainingError, match=r"sandbox service[\s\S]*died[\s\S]*resume"):
         asyncio.run(_run(cfg, tmp_path / "out", {1}))

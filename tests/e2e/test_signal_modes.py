@@ -59,9 +59,10 @@ def test_turn_rewards_with_dynamic_sampling_keep_every_group_with_gradient(
         return carries(self, group)
 
     monkeypatch.setattr(Guards, "carries", recording)
-    cfg = compose([*SMALL, f"trainer.dir={tmp_path}/ckpt", "trainer.steps=2", "trainer.every=2",
-                   f"env._target_={__name__}.TurnRewardsOnlyEnv", "trainer.no_signal_steps=1",
-                   "algo.advantage.reward_level=turn", "trainer.dynamic_sampling=true"])  # fmt: skip
+    cfg = compose([*SMALL, f"checkpoint.dir={tmp_path}/ckpt", "trainer.steps=2",
+                   "checkpoint.every=2", f"env._target_={__name__}.TurnRewardsOnlyEnv",
+                   "trainer.guards.no_signal_steps=1", "algo.advantage.reward_level=turn",
+                   "trainer.sampling.dynamic_sampling=true"])  # fmt: skip
     history = asyncio.run(train(cfg, tmp_path / "out"))
     rows = (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
     trained = {key(Trajectory.from_dict(json.loads(r))) for r in rows}

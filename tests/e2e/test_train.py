@@ -31,7 +31,7 @@ SMALL = ["trainer.tasks_per_step=2", "rollout.group_size=4", "rollout.max_new_to
 
 
 def overrides(tmp: Path, *extra: str) -> list[str]:
-    return [*SMALL, f"trainer.dir={tmp}/ckpt", *extra]
+    return [*SMALL, f"checkpoint.dir={tmp}/ckpt", *extra]
 
 
 def steps_of(path: Path) -> list[list[str]]:
@@ -54,8 +54,8 @@ class ThreadsSeenEnv(CodeExecEnv):
 
 
 def test_train_runs_checkpoints_and_syncs(tmp_path, capsys):
-    cfg = compose(overrides(tmp_path, "trainer.steps=2", "trainer.every=1",
-                            "trainer.oversample_groups=1",
+    cfg = compose(overrides(tmp_path, "trainer.steps=2", "checkpoint.every=1",
+                            "trainer.sampling.oversample_groups=1",
                             f"env._target_={__name__}.ThreadsSeenEnv"))  # fmt: skip
     base = AutoModelForCausalLM.from_pretrained(cfg.model.resolve())  # the weights we start from
     torch.set_num_threads(2)
@@ -102,7 +102,7 @@ def test_lora_reaches_the_engine_and_a_resumed_run_serves_the_checkpoints(sync, 
     lora = [
         "learner.lora.rank=4",
         "learner.lr=5e-2",
-        "trainer.every=1",
+        "checkpoint.every=1",
         f"learner.lora.sync={sync}",
     ]
     cfg = compose(overrides(tmp_path, "trainer.steps=2", *lora))
@@ -141,14 +141,14 @@ def test_lora_reaches_the_engine_and_a_resumed_run_serves_the_checkpoints(sync, 
 
 def _train_cmd(tmp: Path, out: str, steps: int, *extra: str) -> list[str]:
     return [sys.executable, "-m", "agentrl.train", *overrides(tmp, f"trainer.steps={steps}",
-            "trainer.every=1", f"hydra.run.dir={tmp}/{out}", *extra)]  # fmt: skip
+            "checkpoint.every=1", f"hydra.run.dir={tmp}/{out}", *extra)]  # fmt: skip
 
 
 @pytest.mark.parametrize("mode,kill", [("sync", "writing"), ("async", "committed")])
 def test_killed_run_resumes_with_the_same_data_order(mode, kill, tmp_path):
     """Also in async mode, where a checkpoint holds the groups in flight (finished ones as they
     were, unfinished ones rolled out again on resume): nothing lost, nothing trained twice. And
-    killed while step 2's checkpoint is being written behind step 3 (trainer.async_save): the
+    killed while step 2's checkpoint is being written behind step 3 (checkpoint.async_save): the
     run resumes from step 1's. The async run is stopped as Ctrl-C stops it (SIGINT to the
     process group): one line says where it stands and how to go on, no traceback."""
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
@@ -231,8 +231,8 @@ class NaNLossEnv(CodeExecEnv):
 
 
 def test_nan_loss_skips_steps_then_stops_the_run(tmp_path):
-    cfg = compose(overrides(tmp_path, "trainer.steps=6", "trainer.max_skipped_steps=2", "algo=drgrpo",
-                            f"env._target_={__name__}.NaNLossEnv"))  # fmt: skip
+    cfg = compose(overrides(tmp_path, "trainer.steps=6", "trainer.guards.max_skipped_steps=2",
+                            "algo=drgrpo", f"env._target_={__name__}.NaNLossEnv"))  # fmt: skip
     with pytest.raises(TrainingError, match="2 optimizer steps in a row had a non-finite loss"):
         asyncio.run(train(cfg, tmp_path / "out"))
     rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
@@ -369,8 +369,8 @@ def test_the_agentrl_command_imports_the_users_env_from_the_working_directory(tm
 
 
 def test_dynamic_sampling_trains_only_groups_with_reward_variance(tmp_path):
-    cfg = compose(overrides(tmp_path, "trainer.steps=2", "trainer.every=2",
-                            "trainer.dynamic_sampling=true"))  # fmt: skip
+    cfg = compose(overrides(tmp_path, "trainer.steps=2", "checkpoint.every=2",
+                            "trainer.sampling.dynamic_sampling=true"))  # fmt: skip
     history = asyncio.run(train(cfg, tmp_path / "out"))
     assert all("rollout/filtered_groups" in h and "rollout/refill_rounds" in h for h in history)
     rewards: dict[tuple, set] = {}
@@ -384,11 +384,11 @@ def test_dynamic_sampling_trains_only_groups_with_reward_variance(tmp_path):
 
 
 def test_evaluation_scores_a_fixed_set_before_and_during_training(tmp_path):
-    """trainer.eval_every: the untrained policy first (a step-0 row), then after every N steps
+    """trainer.eval.every: the untrained policy first (a step-0 row), then after every N steps
     and the last; the eval episodes are not trained on (trajectories.jsonl has the training
     groups only), and the eval set comes from env.eval_tasks when given."""
-    cfg_overrides = overrides(tmp_path, "trainer.every=3", "trainer.eval_every=2",
-                              "trainer.eval_size=3", "trainer.eval_samples=2",
+    cfg_overrides = overrides(tmp_path, "checkpoint.every=3", "trainer.eval.every=2",
+                              "trainer.eval.size=3", "trainer.eval.samples=2",
                               "+env.eval_tasks.seed=7", "+env.eval_tasks.n=20")  # fmt: skip
     cfg = compose([*cfg_overrides, "trainer.steps=3"])
     history = asyncio.run(train(cfg, tmp_path / "out"))
@@ -409,5 +409,5 @@ def test_evaluation_scores_a_fixed_set_before_and_during_training(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [int(r["step"]) for r in rows if "eval/reward_mean" in r] == [0, 2, 3, 4]
     with pytest.raises(ConfigError, match=r"env.eval_tasks.bogus: unknown option"):
-        bad = compose(overrides(tmp_path / "b", "trainer.eval_every=1", "+env.eval_tasks.bogus=1"))
+        bad = compose(overrides(tmp_path / "b", "trainer.eval.every=1", "+env.eval_tasks.bogus=1"))
         asyncio.run(train(bad, tmp_path / "bad"))

@@ -24,7 +24,7 @@ SMALL = ["trainer.tasks_per_step=2", "rollout.group_size=4", "rollout.max_new_to
 
 def cfg_for(tmp: Path, *extra: str, env: str | None = None):
     target = [f"env._target_={__name__}.{env}"] if env else []
-    return compose([*SMALL, f"trainer.dir={tmp}/ckpt", *target, *extra])
+    return compose([*SMALL, f"checkpoint.dir={tmp}/ckpt", *target, *extra])
 
 
 def metrics_rows(out: Path) -> list[dict]:
@@ -57,15 +57,15 @@ def test_crashing_env_stops_the_run_with_its_traceback(tmp_path):
     with pytest.raises(TrainingError) as err:
         asyncio.run(train(cfg, tmp_path / "out"))
     msg = str(err.value)
-    assert "crashed" in msg and "trainer.max_aborted_frac=0.2" in msg
+    assert "crashed" in msg and "trainer.guards.max_aborted_frac=0.2" in msg
     assert "boom in CrashingEnv.step" in msg  # one episode's error, shown whole
 
 
 def test_steps_without_trainable_trajectories_are_skipped_then_stop(tmp_path):
-    # the sandbox guard (trainer.max_unavailable_frac) would stop this at step 1: off, to reach
-    # the guard of empty steps
-    cfg = cfg_for(tmp_path, "trainer.steps=5", "trainer.max_empty_steps=2",
-                  "trainer.max_unavailable_frac=1", env="NoSandboxEnv")  # fmt: skip
+    # the sandbox guard (trainer.guards.max_unavailable_frac) would stop this at step 1: off, to
+    # reach the guard of empty steps
+    cfg = cfg_for(tmp_path, "trainer.steps=5", "trainer.guards.max_empty_steps=2",
+                  "trainer.guards.max_unavailable_frac=1", env="NoSandboxEnv")  # fmt: skip
     with pytest.raises(TrainingError, match="2 steps in a row had no trajectory to train on"):
         asyncio.run(train(cfg, tmp_path / "out"))
     rows = metrics_rows(tmp_path / "out")
@@ -74,7 +74,9 @@ def test_steps_without_trainable_trajectories_are_skipped_then_stop(tmp_path):
 
 
 def test_no_reward_variance_is_loud(tmp_path, capsys):
-    cfg = cfg_for(tmp_path, "trainer.steps=2", "trainer.no_signal_steps=2", env="ConstantRewardEnv")
+    cfg = cfg_for(
+        tmp_path, "trainer.steps=2", "trainer.guards.no_signal_steps=2", env="ConstantRewardEnv"
+    )
     history = asyncio.run(train(cfg, tmp_path / "out"))
     assert [h["train/no_signal_steps_in_a_row"] for h in history] == [1.0, 2.0]
     assert all(h["adv/std"] == 0.0 for h in history)
@@ -126,14 +128,14 @@ def test_an_engine_serving_another_model_under_the_right_version_is_loud(tmp_pat
     history = asyncio.run(train(cfg, tmp_path / "out"))
     assert [h["rollout/off_version_turns"] for h in history] == [0, 0]  # the stamps agree
     gaps = [h["train/logprob_diff"] for h in history]
-    assert all(g > cfg.trainer.warn_logprob_gap for g in gaps), gaps
+    assert all(g > cfg.trainer.guards.warn_logprob_gap for g in gaps), gaps
     out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
     assert out.count("engine does not serve the trained model") == 2  # every such step
     assert "step 1: the engine's logprobs of its own samples are" in out
 
 
 def test_ppo_critic_with_kl_reward_penalty_checkpoints_and_resumes(tmp_path):
-    kl = ["algo=ppo", "algo.loss.kl_mode=reward", "algo.loss.kl_coef=0.5", "trainer.every=1"]
+    kl = ["algo=ppo", "algo.loss.kl_mode=reward", "algo.loss.kl_coef=0.5", "checkpoint.every=1"]
     first = asyncio.run(train(cfg_for(tmp_path, "trainer.steps=2", *kl), tmp_path / "out1"))
     # step 1: the policy is the reference, so the penalty is exactly 0; then it is not
     assert first[0]["train/kl_reward_penalty"] == 0.0

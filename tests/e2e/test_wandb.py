@@ -19,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's r
 
 SMALL = ["trainer.tasks_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=48",
          "rollout.max_turns=2", "ray.num_cpus=2", "+env.args.format_reward=0.5",
-         "trainer.steps=1", "trainer.every=1", "logging.wandb.enabled=true"]  # fmt: skip
+         "trainer.steps=1", "checkpoint.every=1", "logging.wandb.enabled=true"]  # fmt: skip
 NAMES = [
     "reward/mean", "reward/max", "rollout/turns", "rollout/tool_calls", "rollout/tool_call_rate",
     "rollout/sampled_tokens", "rollout/tool_latency_s", "stop/completed", "timing_s/rollout",
@@ -35,7 +35,7 @@ def trained(tmp_path_factory):
     for k in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DISABLED", "WANDB_DIR", "WANDB_RUN_ID"):
         env.delenv(k, raising=False)  # offline, whatever the machine has
     tmp = tmp_path_factory.mktemp("wandb")
-    cfg = compose([*SMALL, f"trainer.dir={tmp}/ckpt"])
+    cfg = compose([*SMALL, f"checkpoint.dir={tmp}/ckpt"])
     history = asyncio.run(train(cfg, tmp / "out"))
     yield tmp, cfg, history
     env.undo()

@@ -1,8 +1,8 @@
 """trainer.mode=async on ONE GPU with real SGLang: the shipped tiny model on code_exec, SGLang and
 the FSDP2 learner both resident (engine.colocate=false; NCCL cannot place two ranks on one GPU, so
 weights go through disk). Rollouts run on while the learner trains; every trained turn carries a
-weight version agentrl set, within trainer.max_staleness of the weights it updates, and SGLang's
-logprobs of turns sampled with the current weights match the learner's."""
+weight version agentrl set, within trainer.async.max_staleness of the weights it updates, and
+SGLang's logprobs of turns sampled with the current weights match the learner's."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ def test_async_training_on_sglang_keeps_versions_within_the_bound(tmp_path):
     pytest.importorskip("sglang")
     cfg = compose([
         "engine=sglang", "engine.colocate=false", "learner=gpu", "weight_sync.method=disk",
-        "trainer.mode=async", f"trainer.max_staleness={STALENESS}", f"trainer.steps={STEPS}",
-        f"trainer.every={STEPS}", f"trainer.dir={tmp_path}/ckpt", "logging=local",
+        "trainer.mode=async", f"trainer.async.max_staleness={STALENESS}", f"trainer.steps={STEPS}",
+        f"checkpoint.every={STEPS}", f"checkpoint.dir={tmp_path}/ckpt", "logging=local",
     ])  # fmt: skip
     history = asyncio.run(train(cfg, tmp_path / "out"))
     for h in history:

@@ -161,7 +161,7 @@ def test_triton_head_matches_torch_at_qwen_size() -> None:
 
 @pytest.mark.parametrize("offload", ["none", "all"])
 def test_background_save_copies_behind_the_next_step(ray_on, model_dir, tmp_path, offload) -> None:
-    """trainer.async_save on a GPU: the save returns once its copies to pinned host memory are
+    """checkpoint.async_save on a GPU: the save returns once its copies to pinned host memory are
     queued on a side stream; the next step trains at once (its optimizer step waits for the
     copies on the GPU), and what was written is the state at the save, optimizer included. With
     learner.offload=all the state is on the host at the save (as in a colocated step) and the

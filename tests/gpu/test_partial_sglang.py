@@ -1,5 +1,5 @@
-"""Partial rollouts on real SGLang (trainer.partial_rollouts): a weight push cuts two long sampled
-generations with /pause_generation (abort mode); they go on under the new weights. The tokens
+"""Partial rollouts on real SGLang (trainer.async.partial_rollouts): a weight push cuts two long
+sampled generations with /pause_generation (abort mode); they go on under the new weights. The tokens
 kept from before the push have the old weights' logprobs and version, the later ones the new
 weights' (each checked against SGLang's own prefill scoring of the whole sequence under each
 model), and nothing was sampled twice."""

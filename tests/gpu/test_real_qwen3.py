@@ -107,14 +107,12 @@ def test_real_qwen3_template_code_exec_on_colocated_sglang(tmp_path):
         "env=code_exec", "engine=sglang", "learner=gpu", "weight_sync.method=tensor",
         "model=local", f"model.path={model_dir}", "logging=local",
         f"trainer.steps={STEPS}", f"trainer.tasks_per_step={TASKS}", f"rollout.group_size={SAMPLES}",
-        f"trainer.every={STEPS}", f"trainer.dir={tmp_path}/ckpt", "trainer.resume=never",
+        f"checkpoint.every={STEPS}", f"checkpoint.dir={tmp_path}/ckpt", "checkpoint.resume=never",
         # reward variance even when no answer is right, so advantages (and gradients) are not all 0
         "+env.args.format_reward=0.1",
     ]  # fmt: skip
-    if hasattr(compose(overrides).trainer, "max_aborted_frac"):
-        # never stop early on aborted episodes: this test counts them itself and prints them
-        overrides.append("trainer.max_aborted_frac=1.0")
-    cfg = compose(overrides)
+    # never stop early on aborted episodes: this test counts them itself and prints them
+    cfg = compose([*overrides, "trainer.guards.max_aborted_frac=1.0"])
     out = tmp_path / "out"
     history: list[dict] = []
     t0 = time.monotonic()

@@ -30,7 +30,7 @@ def test_a_colocated_server_killed_mid_rollout_comes_back_with_nothing_lost(tmp_
     cfg = compose([
         "engine=sglang", "learner=gpu", "weight_sync.method=tensor", "engine.num_servers=2",
         "learner.num_workers=2", f"trainer.steps={STEPS}", f"trainer.tasks_per_step={TASKS}",
-        f"rollout.group_size={GROUP}", f"trainer.dir={tmp_path}/ckpt", "trainer.every=100",
+        f"rollout.group_size={GROUP}", f"checkpoint.dir={tmp_path}/ckpt", "checkpoint.every=100",
         "logging=local",
     ])  # fmt: skip
 

@@ -28,7 +28,7 @@ def test_tiny_model_trains_on_colocated_sglang(tmp_path):
     pytest.importorskip("sglang")
     cfg = compose([
         "engine=sglang", "learner=gpu", "weight_sync.method=tensor", "algo.reference=true",
-        f"trainer.steps={STEPS}", f"trainer.every={STEPS}", f"trainer.dir={tmp_path}/ckpt",
+        f"trainer.steps={STEPS}", f"checkpoint.every={STEPS}", f"checkpoint.dir={tmp_path}/ckpt",
         "logging=local",
     ])  # fmt: skip
     history = asyncio.run(train(cfg, tmp_path / "out"))

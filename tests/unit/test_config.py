@@ -1,7 +1,7 @@
 import pytest
 
 from agentrl.config import compose
-from agentrl.parsers import ConfigError
+from agentrl.types import ConfigError
 
 
 @pytest.mark.parametrize(

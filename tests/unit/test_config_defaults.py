@@ -57,7 +57,7 @@ def test_yaml_carries_only_overrides(path: Path) -> None:
 
 
 def test_any_setting_overrides_without_plus_and_the_schema_default_applies() -> None:
-    cfg = compose(["ray.num_cpus=2", "weight_sync.bucket_mb=8", "trainer.every=1"])
-    assert cfg.ray.num_cpus == 2 and cfg.weight_sync.bucket_mb == 8 and cfg.trainer.every == 1
+    cfg = compose(["ray.num_cpus=2", "weight_sync.bucket_mb=8", "checkpoint.every=1"])
+    assert cfg.ray.num_cpus == 2 and cfg.weight_sync.bucket_mb == 8 and cfg.checkpoint.every == 1
     assert cfg.sandbox.backend == "service" and cfg.trainer.steps == 60  # from the schema
-    assert cfg.trainer.checkpoint_config(cfg.run_name).dir == "runs/code_exec/checkpoints"
+    assert cfg.checkpoint.of_run(cfg.run_name).dir == "runs/code_exec/checkpoints"

@@ -28,7 +28,7 @@ def test_resume_continues_the_same_sequence():
 
 
 def test_a_cursor_over_another_list_is_refused():
-    """Holding the evaluation set out (trainer.eval_every, eval_split) changes the training list;
+    """Holding the evaluation set out (trainer.eval.every, eval.split) changes the training list;
     the saved cursor would continue on other tasks."""
     state = TaskSampler(TASKS, seed=3).state_dict()
     with pytest.raises(ConfigError, match="trained on 5 tasks, this one on 4"):

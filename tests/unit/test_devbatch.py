@@ -39,7 +39,8 @@ def test_solo_mode_gives_a_request_the_same_ids_and_logprobs_whatever_runs_besid
     import random
 
     from agentrl.assets.build import resolve_builtin
-    from agentrl.engine.dev.batch import BatchEngine, Req
+    from agentrl.engine.dev.batch import BatchEngine
+    from agentrl.engine.dev.request import Req
 
     rng = random.Random(0)
     prompt = [rng.randrange(1000) for _ in range(40)]

@@ -277,22 +277,22 @@ def test_cached_tokens_are_read_from_meta_info():
 
 
 def test_the_router_is_used_when_asked_or_useful(monkeypatch):
-    from agentrl.engine import fleet
+    from agentrl.engine import router
 
     def installed(yes):
         monkeypatch.setattr(
-            fleet.importlib.util, "find_spec", lambda name: object() if yes else None
+            router.importlib.util, "find_spec", lambda name: object() if yes else None
         )
 
     installed(True)
-    assert not fleet.router_wanted(EngineConfig(), 1)  # one server needs no router
-    assert fleet.router_wanted(EngineConfig(), 2)
-    assert not fleet.router_wanted(EngineConfig(router="none"), 2)
-    assert fleet.router_wanted(EngineConfig(router="smg"), 1)
+    assert not router.router_wanted(EngineConfig(), 1)  # one server needs no router
+    assert router.router_wanted(EngineConfig(), 2)
+    assert not router.router_wanted(EngineConfig(router="none"), 2)
+    assert router.router_wanted(EngineConfig(router="smg"), 1)
     installed(False)
-    assert not fleet.router_wanted(EngineConfig(), 2)  # auto: the client balances instead
+    assert not router.router_wanted(EngineConfig(), 2)  # auto: the client balances instead
     with pytest.raises(EngineUnavailable, match="pip install smg"):
-        fleet.router_wanted(EngineConfig(router="smg"), 2)
+        router.router_wanted(EngineConfig(router="smg"), 2)
 
 
 def test_backoff_delay_doubles_and_caps():

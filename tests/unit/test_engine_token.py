@@ -13,7 +13,8 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from agentrl.engine import API_KEY_ENV, RUN_TOKEN, EngineClient, EngineConfig, SamplingParams
-from agentrl.engine.fleet import router_command, server_command, server_env, write_key_file
+from agentrl.engine.fleet import server_command, server_env, write_key_file
+from agentrl.engine.router import router_command
 
 
 def test_the_token_comes_from_config_then_environment_then_the_process(monkeypatch) -> None:

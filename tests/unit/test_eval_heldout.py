@@ -1,4 +1,4 @@
-"""The evaluation set is held out of training by default (trainer.eval_split), and a chat template
+"""The evaluation set is held out of training by default (trainer.eval.split), and a chat template
 that cannot work is a one-line start-up error whose advice names a setting that exists."""
 
 import pytest
@@ -12,7 +12,7 @@ from agentrl.render import Renderer, RenderError
 from agentrl.run import prepare_rollout, task_sets
 from agentrl.types import ConfigError, Task
 
-QUICK_START = ["env=code_exec", "trainer.eval_every=10"]  # README: + a fixed evaluation set
+QUICK_START = ["env=code_exec", "trainer.eval.every=10"]  # README: + a fixed evaluation set
 
 
 def overlap(train: list[Task], evaluation: list[Task]) -> tuple[int, int]:
@@ -30,18 +30,18 @@ def test_the_quick_starts_evaluation_shares_no_task_with_training():
     train, evaluation, line = sets(QUICK_START)
     assert len(evaluation) == 32 and overlap(train, evaluation) == (0, 0)
     # the generated list holds some questions twice: those copies leave training too
-    assert len(train) == 256 - 32 - 5 and "held-out" in line and "eval_split=heldout" in line
+    assert len(train) == 256 - 32 - 5 and "held-out" in line and "eval.split=heldout" in line
     # asked for, the old way: every evaluation task is a training task
-    train, evaluation, line = sets([*QUICK_START, "trainer.eval_split=shared"])
+    train, evaluation, line = sets([*QUICK_START, "trainer.eval.split=shared"])
     assert len(train) == 256 and overlap(train, evaluation) == (32, 32)
-    assert "not held out (trainer.eval_split=shared)" in line
+    assert "not held out (trainer.eval.split=shared)" in line
 
 
 def test_an_eval_list_of_its_own_is_held_out_by_prompt_too():
     """The README's example, another seed of the generator: 2 of its 32 questions are in the
     training list; held out, training drops them."""
     other = [*QUICK_START, "+env.eval_tasks.seed=1"]
-    train, evaluation, _ = sets([*other, "trainer.eval_split=shared"])
+    train, evaluation, _ = sets([*other, "trainer.eval.split=shared"])
     assert len(train) == 256 and overlap(train, evaluation) == (0, 2)
     train, evaluation, line = sets(other)
     assert len(train) == 254 and overlap(train, evaluation) == (0, 0) and "env.eval_tasks" in line
@@ -66,7 +66,7 @@ def test_held_out_drops_same_ids_and_same_prompts():
 
 def test_an_evaluation_that_leaves_nothing_to_train_on_is_a_config_error():
     tasks = [Task(id=str(i), data={"prompt": f"q{i}"}) for i in range(10)]
-    with pytest.raises(ConfigError, match=r"leaving none to train on.*trainer.eval_split=shared"):
+    with pytest.raises(ConfigError, match=r"leaving none to train on.*trainer.eval.split=shared"):
         eval_task_sets(tasks, None, 32, 0, "heldout")
     train, evaluation, _ = eval_task_sets(tasks, None, 32, 0, "shared")
     assert train == tasks and len(evaluation) == 10

@@ -148,7 +148,8 @@ def make_config(estimator: str, level: str, kl: str, dynamic: bool, ratio: str) 
             "old_logprobs": ratio.split("/")[1] if "/" in ratio else "auto"}  # fmt: skip
     try:
         return Config(env={"_target_": "agentrl.envs.code_exec:CodeExecEnv"}, algo=algo,
-                      trainer={"dynamic_sampling": dynamic, "no_signal_steps": 1})  # fmt: skip
+                      trainer={"sampling": {"dynamic_sampling": dynamic},
+                               "guards": {"no_signal_steps": 1}})  # fmt: skip
     except ValidationError as e:
         pytest.skip(f"config refuses {estimator}/{level}/{kl}/{dynamic}/{ratio}: {e}")
 

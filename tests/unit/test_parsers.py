@@ -5,7 +5,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from agentrl.parsers import ConfigError, ParseErrorKind, check_template, get_parser
+from agentrl.parsers import ParseErrorKind, check_template, get_parser
+from agentrl.types import ConfigError
 
 
 class CodeArgs(BaseModel):

@@ -15,7 +15,7 @@ from agentrl.train import train
 
 
 def checkpoint(cfg, step: int, identity: dict) -> str:
-    mgr = CheckpointManager(cfg.trainer.checkpoint_config(cfg.run_name))
+    mgr = CheckpointManager(cfg.checkpoint.of_run(cfg.run_name))
     with mgr.write(step) as pending:
         pending.state = TrainerState(step=step, identity=identity)
     return str(mgr.latest())
@@ -28,19 +28,21 @@ def test_the_default_run_name_comes_from_the_env():
 
 
 def test_a_checkpoint_of_another_run_is_not_resumed_by_accident(tmp_path):
-    cfg = compose(["env=code_exec", f"trainer.dir={tmp_path}"])
+    cfg = compose(["env=code_exec", f"checkpoint.dir={tmp_path}"])
     other = {**cfg.identity(), "env": "my_env.AddEnv"}
     path = checkpoint(cfg, 2, other)
     with pytest.raises(ConfigError, match=r"holds another run \(env: 'my_env.AddEnv' there"):
         resume_point(cfg)
-    on_purpose = compose(["env=code_exec", f"trainer.dir={tmp_path}", f"trainer.resume={path}"])
+    on_purpose = compose(
+        ["env=code_exec", f"checkpoint.dir={tmp_path}", f"checkpoint.resume={path}"]
+    )
     assert str(resume_point(on_purpose)) == path
-    assert resume_point(compose(["env=code_exec", f"trainer.dir={tmp_path}",
-                                 "trainer.resume=never"])) is None  # fmt: skip
+    assert resume_point(compose(["env=code_exec", f"checkpoint.dir={tmp_path}",
+                                 "checkpoint.resume=never"])) is None  # fmt: skip
 
 
 def test_a_finished_run_says_so_and_starts_nothing(tmp_path, capsys):
-    cfg = compose(["env=code_exec", f"trainer.dir={tmp_path}", "trainer.steps=3"])
+    cfg = compose(["env=code_exec", f"checkpoint.dir={tmp_path}", "trainer.steps=3"])
     checkpoint(cfg, 3, cfg.identity())
     assert asyncio.run(train(cfg, tmp_path / "out")) == []
     assert not (tmp_path / "out").exists()  # nothing was built: no Ray, no servers, no W&B

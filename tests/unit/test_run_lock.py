@@ -24,8 +24,8 @@ async def _open(cfg, out):
 
 
 def test_a_second_run_in_a_live_dir_is_refused_and_moves_nothing(tmp_path):
-    ckpt = tmp_path / "ckpt"  # trainer.dir outside the run dir: locked too
-    cfg = compose(["env=code_exec", f"trainer.dir={ckpt}"])
+    ckpt = tmp_path / "ckpt"  # checkpoint.dir outside the run dir: locked too
+    cfg = compose(["env=code_exec", f"checkpoint.dir={ckpt}"])
     out = tmp_path / "run"
     out.mkdir()
     (out / "metrics.jsonl").write_text('{"step": 1}\n')
@@ -40,8 +40,8 @@ def test_a_second_run_in_a_live_dir_is_refused_and_moves_nothing(tmp_path):
         assert (out / "metrics.jsonl").read_text() == '{"step": 1}\n'
         assert not (out / "archive").exists()
         assert (ckpt / ".tmp" / "step_2-writing").is_dir()  # the lookup did not clear it
-        cfg_elsewhere = compose(["env=code_exec", f"trainer.dir={ckpt}", "run_name=other"])
-        with pytest.raises(ConfigError, match=r"ckpt \(its checkpoint dir, trainer.dir\)"):
+        cfg_elsewhere = compose(["env=code_exec", f"checkpoint.dir={ckpt}", "run_name=other"])
+        with pytest.raises(ConfigError, match=r"ckpt \(its checkpoint dir, checkpoint.dir\)"):
             asyncio.run(_open(cfg_elsewhere, tmp_path / "other"))
 
 

@@ -78,7 +78,7 @@ async def test_seeds_follow_each_requests_place_not_the_timing(qwen_tokenizer):
 @pytest.mark.parametrize(
     "setting, why",
     [("trainer.mode=async", "needs trainer.mode=sync"),
-     ("trainer.oversample_groups=2", "first to finish")],
+     ("trainer.sampling.oversample_groups=2", "first to finish")],
 )  # fmt: skip
 def test_deterministic_refuses_what_follows_timing(setting, why):
     compose([setting])  # fine alone

@@ -68,13 +68,13 @@ def test_no_secret_goes_into_a_checkpoint():
 def test_resume_point_refuses_a_changed_seed_before_anything_starts(tmp_path):
     from agentrl.ckpt import CheckpointManager, TrainerState
 
-    cfg = compose([f"trainer.dir={tmp_path}", "seed=3"])
-    mgr = CheckpointManager(cfg.trainer.checkpoint_config(cfg.run_name))
+    cfg = compose([f"checkpoint.dir={tmp_path}", "seed=3"])
+    mgr = CheckpointManager(cfg.checkpoint.of_run(cfg.run_name))
     with mgr.write(2) as staged:
         (staged.path / "policy").mkdir()
         staged.state = TrainerState(step=2, identity=cfg.identity(), settings=cfg.settings())
     assert resume_point(cfg) == mgr.resume_path()  # the same settings: resumed
-    again = compose([f"trainer.dir={tmp_path}", "seed=4", "learner.lr=0.5"])
+    again = compose([f"checkpoint.dir={tmp_path}", "seed=4", "learner.lr=0.5"])
     with pytest.raises(ConfigError, match=r"seed 3 → 4: the data order") as e:
         resume_point(again)
     assert "learner.lr" not in str(e.value)  # applied, not refused

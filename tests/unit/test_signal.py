@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from agentrl.advantage import SIGNAL_ATOL, AdvantageConfig, carries_gradient, compute_advantages
-from agentrl.metrics import ignored_turn_rewards, mean_reward, rollout_metrics
+from agentrl.guards import ignored_turn_rewards
+from agentrl.metrics import mean_reward, rollout_metrics
 from agentrl.types import FinishReason, Message, StopReason, Trajectory, Turn
 
 TURN = AdvantageConfig(name="grpo", reward_level="turn")

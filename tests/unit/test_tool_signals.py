@@ -12,12 +12,12 @@ import asyncio
 from pydantic import BaseModel
 
 from agentrl import Message, Task, Tool, ToolEnv, ToolResult
-from agentrl.config import TrainerConfig
 from agentrl.display import eval_text, progress_text
 from agentrl.env import AssistantTurn
 from agentrl.evaluate import evaluate
 from agentrl.metrics import TOOL_WARN_EVERY, TOOL_WARN_MIN_CALLS, ToolWatch, rollout_metrics
 from agentrl.parsers import ParseError, ParseErrorKind
+from agentrl.trainer_config import GuardsConfig
 from agentrl.trajectory_view import pick
 from agentrl.types import FinishReason, StopReason, ToolCall, ToolOutcome, Trajectory, Turn
 
@@ -198,7 +198,7 @@ def test_the_warning_says_whose_fault_and_holds_back_below_its_bars():
 
 
 def test_the_setting_says_the_numbers_the_code_uses():
-    text = TrainerConfig.model_fields["warn_tool_fail_rate"].description
+    text = GuardsConfig.model_fields["warn_tool_fail_rate"].description
     assert f"{TOOL_WARN_MIN_CALLS} calls at least" in text and f"every {TOOL_WARN_EVERY} " in text
 
 
@@ -212,7 +212,7 @@ def test_the_trainer_warns_on_the_console_and_as_an_alert_and_counts_the_tool():
 
     alerts = []
     cfg = Config(env={"_target_": "agentrl.envs.code_exec:CodeExecEnv"},
-                 trainer={"warn_tool_fail_rate": 0.5})  # fmt: skip
+                 trainer={"guards": {"warn_tool_fail_rate": 0.5}})  # fmt: skip
     console = Console(record=True, width=2000)
     guards = make_guards(cfg, console, lambda title, msg: alerts.append(title))
     metrics = {}

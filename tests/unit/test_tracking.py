@@ -303,7 +303,7 @@ def test_a_resumed_run_continues_its_files_and_a_fresh_one_archives_them(tmp_pat
     assert len((archive / "metrics.jsonl").read_text().splitlines()) == 3  # steps 3, 4, torn
     assert len((archive / "trajectories.jsonl").read_text().splitlines()) == 2
     assert JsonlSink.continue_run(tmp_path, 2) is None  # nothing after step 2 any more
-    # a fresh start in the same dir (trainer.resume=never) moves the earlier run aside
+    # a fresh start in the same dir (checkpoint.resume=never) moves the earlier run aside
     note = JsonlSink.continue_run(tmp_path, None)
     assert "moved to" in note
     assert (
@@ -337,7 +337,7 @@ def test_segments_must_cover_their_turn(qwen_tokenizer):
 
 def test_an_update_at_the_memory_edge_is_warned_about_and_documented():
     import agentrl.metrics
-    from agentrl.metrics import memory_edge
+    from agentrl.guards import memory_edge
 
     assert memory_edge({"policy/alloc_retries": 0.0}) is None
     assert memory_edge({}) is None  # a CPU learner never reports retries

@@ -28,7 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from safetensors.torch import load_file
 
-from agentrl.engine.dev.batch import BadRequest, Req
+from agentrl.engine.dev.request import BadRequest, Req
 
 DevServer = Any  # agentrl.engine.dev.server.DevServer (which imports this module)
 

@@ -1,5 +1,5 @@
 """The dev server's HTTP routes (agentrl/engine/dev/server.py): generation and health, SGLang's admin
-routes (weight version, cache, abort, pause, memory occupation, weight updates), and the key
+routes (weight version, cache, abort, pause, memory occupation), its weight updates, and the key
 every route but /health asks for (`BearerAuth`). The LoRA routes are in agentrl/engine/dev/lora.py."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from agentrl.engine.dev.batch import BadRequest
+from agentrl.engine.dev.request import BadRequest
 
 DevServer = Any  # agentrl.engine.dev.server.DevServer (which imports this module)
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
@@ -144,6 +144,9 @@ def add_admin_routes(app: FastAPI, server: DevServer) -> None:
         msg = f"released {sorted(server.released)} (the dev server keeps them in host memory)"
         return _ok({"success": True, "message": msg})
 
+
+def add_weight_routes(app: FastAPI, server: DevServer) -> None:
+    """SGLang's weight-update routes: a failure answers {"success": false, "message"} with 400."""
     admin = {
         "/update_weights_from_disk": server.update_from_disk,
         "/init_weights_update_group": server.init_group,

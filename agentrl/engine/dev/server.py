@@ -42,36 +42,36 @@ the code learner rank 0 uses too (`agentrl.learner.update_group`), for a dev ser
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
-import signal
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from agentrl.engine.config import API_KEY_ENV
-from agentrl.engine.dev.batch import (
+from agentrl.engine.dev.batch import BatchEngine
+from agentrl.engine.dev.lora import Adapters, add_lora_routes, pick
+from agentrl.engine.dev.request import (
     BadRequest,
-    BatchEngine,
     Limits,
     Req,
-    RWLock,
     abort_reason,
     decode_named_tensors,
     parse_generate,
     response,
     torch_dtype,
 )
-from agentrl.engine.dev.lora import Adapters, add_lora_routes, pick
-from agentrl.engine.dev.routes import BearerAuth, add_admin_routes, add_generation_routes
+from agentrl.engine.dev.routes import (
+    BearerAuth,
+    add_admin_routes,
+    add_generation_routes,
+    add_weight_routes,
+)
 from agentrl.engine.protocol import ROUTING_KEY_HEADER
 from agentrl.learner.update_group import init_update_group
 
@@ -106,6 +106,44 @@ def die_released(released: set[str]) -> None:
     )
     logging.shutdown()
     os._exit(70)
+
+
+class RWLock:
+    """Many readers (requests in flight) or one writer (a weight update); writers go first."""
+
+    def __init__(self) -> None:
+        self._cond = asyncio.Condition()
+        self._readers = 0
+        self._writer = False
+        self._writers_waiting = 0
+
+    @asynccontextmanager
+    async def read(self):
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._writer and not self._writers_waiting)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @asynccontextmanager
+    async def write(self):
+        async with self._cond:
+            self._writers_waiting += 1
+            try:
+                await self._cond.wait_for(lambda: not self._writer and not self._readers)
+            finally:
+                self._writers_waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._writer = False
+                self._cond.notify_all()
 
 
 class DevServer:
@@ -442,71 +480,8 @@ def build_app(server: DevServer, api_key: str | None = None) -> FastAPI:
 
     add_generation_routes(app, server)
     add_admin_routes(app, server)
+    add_weight_routes(app, server)
     add_lora_routes(app, server)
     if api_key:
         app.add_middleware(BearerAuth, key=api_key)
     return app
-
-
-class _Stop(Exception):
-    """SIGTERM / SIGINT: leave uvicorn's loop and exit 0."""
-
-
-def _raise_stop(signum: int, frame: Any) -> None:
-    raise _Stop(signal.Signals(signum).name)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m agentrl.engine.dev",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--model", "--model-path", dest="model", required=True, help="HF model dir")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--attn-implementation", default="sdpa", choices=["sdpa", "eager"])
-    p.add_argument("--context-length", type=int, default=None, help="default: the model's")
-    p.add_argument("--max-running-requests", type=int, default=64)
-    p.add_argument("--max-prefill-tokens", type=int, default=8192)
-    p.add_argument("--scheduler", default="continuous", choices=["continuous", "dynamic"])
-    p.add_argument("--weight-version", default="default")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed of unseeded requests")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument(
-        "--prefix-cache-mb", type=float, default=256.0, help="KV of past sequences kept; 0: off"
-    )
-    p.add_argument(
-        "--enable-deterministic-inference",
-        action="store_true",
-        help="each request computed alone, no prefix cache: ids and logprobs that depend only on "
-        "the request (and its sampling_seed), never on the others; slower",
-    )
-    p.add_argument("--log-level", default="warning")
-    a = p.parse_args(argv)
-    logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    signal.signal(signal.SIGTERM, _raise_stop)
-    signal.signal(signal.SIGINT, _raise_stop)
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    fields = {k: v for k, v in vars(a).items() if k in ServerArgs.__dataclass_fields__}
-    api_key = os.environ.pop(API_KEY_ENV, None)
-    if not api_key:
-        log.warning("no $%s: any local user can steer this server (weights, pause, exit)",
-                    API_KEY_ENV)  # fmt: skip
-    try:
-        server = DevServer(ServerArgs(**fields))
-        config = uvicorn.Config(
-            build_app(server, api_key),
-            host=a.host,
-            port=a.port,
-            log_level=a.log_level,
-            access_log=False,
-            timeout_graceful_shutdown=3,
-        )
-        uvicorn.Server(config).run()
-    except _Stop as e:
-        log.warning("devserver on port %d stopped by %s", a.port, e)
-    return 0

@@ -1,0 +1,258 @@
+"""The parsers' common ground: the result records, the `Parser` base and its registry
+(`rollout.parser` names), the JSON call reader the formats share, and the start-up checks of a chat
+template against a parser (`check_template`, `template_max_calls`). The formats are one module each
+(hermes.py, qwen3_coder.py, llama3.py); `agentrl.parsers` imports them all."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from agentrl.registry import Registry, is_import_path
+from agentrl.types import ConfigError, Message, ToolCall
+
+
+class ParseErrorKind(StrEnum):
+    BAD_JSON = "bad_json"
+    NOT_A_CALL = "not_a_call"  # JSON, but not {"name": str, "arguments": object}
+    UNCLOSED_TAG = "unclosed_tag"
+    TRUNCATED = "truncated"  # unclosed because the length limit cut it
+    UNKNOWN_TOOL = "unknown_tool"
+    INVALID_ARGS = "invalid_args"
+    TOO_MANY_CALLS = "too_many_calls"  # more calls than the chat template can write in one turn
+
+
+@dataclass
+class ParseError:
+    kind: ParseErrorKind
+    message: str  # shown to the model as an error observation
+    raw: str = ""
+    name: str | None = None  # the tool name, when it could be read
+
+    @property
+    def is_call_error(self) -> bool:
+        """A well-formed call the tool refuses (unknown tool, bad arguments): a tool error the
+        model reads, not a parse error."""
+        return self.kind in (ParseErrorKind.INVALID_ARGS, ParseErrorKind.UNKNOWN_TOOL)
+
+
+@dataclass
+class ParseResult:
+    content: str  # text outside the calls (stripped)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    errors: list[ParseError] = field(default_factory=list)
+
+    @property
+    def truncated(self) -> bool:
+        return any(e.kind is ParseErrorKind.TRUNCATED for e in self.errors)
+
+
+class Parser:
+    """Subclasses implement `parse`; the rollout calls `parse_turn` (parse, then the template's
+    limit on calls per turn)."""
+
+    name: str = ""
+
+    def __init__(self, max_calls: int | None = None) -> None:
+        self.max_calls = max_calls  # calls one turn may hold (`template_max_calls`); None: any
+
+    def parse_turn(
+        self,
+        text: str,
+        tools: dict[str, type[BaseModel]] | None = None,
+        truncated: bool = False,
+    ) -> ParseResult:
+        """`parse`, then a turn with more calls than the template can write runs none of them:
+        one error the model reads, instead of a turn the template fails to render."""
+        res = self.parse(text, tools, truncated)
+        made = len(res.tool_calls) + sum(e.is_call_error for e in res.errors)
+        if self.max_calls is None or made <= self.max_calls:
+            return res
+        limit = f"{self.max_calls} tool call" + ("s" if self.max_calls > 1 else "")
+        msg = f"this model's chat template allows {limit} per turn; this turn made {made}, so "
+        msg += "none of them ran. Make one call, read its result, then make the next"
+        kept = [e for e in res.errors if not e.is_call_error]
+        return ParseResult(
+            res.content, [], [ParseError(ParseErrorKind.TOO_MANY_CALLS, msg, text), *kept]
+        )
+
+    def parse(
+        self,
+        text: str,
+        tools: dict[str, type[BaseModel]] | None = None,
+        truncated: bool = False,
+    ) -> ParseResult:
+        """Parse one turn. `tools` maps tool name → Args model: unknown names and arguments that
+        fail validation become errors. `truncated`: the engine stopped at the length limit."""
+        raise NotImplementedError
+
+
+PARSERS: Registry[type[Parser]] = Registry("tool-call parser", setting="rollout.parser")
+
+
+def register(name: str) -> Callable[[type[Parser]], type[Parser]]:
+    """Class decorator: a Parser subclass under `name` (also sets `cls.name`)."""
+
+    def deco(cls: type[Parser]) -> type[Parser]:
+        cls.name = name
+        return PARSERS.register(name)(cls)
+
+    return deco
+
+
+def get_parser(name: str, max_calls: int | None = None) -> Parser:
+    """A fresh parser: a registered name or an import path `module:ParserClass`; `max_calls`:
+    the most tool calls one turn may hold (`template_max_calls`)."""
+    if name == "auto" or not (name in PARSERS or is_import_path(name)):
+        raise ConfigError(
+            f"rollout.parser={name!r}: unknown tool-call parser; known: "
+            f"{', '.join(['auto', *PARSERS.names()])}, or an import path `module:ParserClass`"
+        )
+    cls = PARSERS.get(name)
+    if not (isinstance(cls, type) and issubclass(cls, Parser)):
+        raise ConfigError(f"rollout.parser={name!r} is not a subclass of agentrl.parsers.Parser")
+    return cls() if max_calls is None else cls(max_calls=max_calls)
+
+
+def resolve_parser(name: str, tokenizer: Any, max_calls: int | None = None) -> Parser:
+    """The parser `rollout.parser` names; `auto`: the one that reads back a tool call the way
+    the tokenizer's chat template writes it (`check_template`), or a ConfigError."""
+    if name != "auto":
+        return get_parser(name, max_calls)
+    tried = []
+    for candidate in PARSERS.names():
+        parser = get_parser(candidate, max_calls)
+        try:
+            check_template(parser, tokenizer)
+        except ConfigError as e:
+            tried.append(f"{candidate}: {str(e).split(';')[0]}")
+            continue
+        return parser
+    raise ConfigError(
+        "rollout.parser=auto: no known parser reads tool calls the way this model's chat "
+        "template writes them (" + " | ".join(tried)[:600] + "); register a parser for the "
+        "template's format and set rollout.parser to it"
+    )
+
+
+JSON_DECODER = json.JSONDecoder()
+SPACE = re.compile(r"\s*")
+
+
+def read_call(
+    raw: str, index: int, tools: dict[str, type[BaseModel]] | None, *, raw_text: str | None = None
+) -> tuple[ToolCall | None, ParseError | None]:
+    """Read one JSON call body; `raw_text` is what errors quote (default: `raw`)."""
+    quote = raw if raw_text is None else raw_text
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        return None, ParseError(
+            ParseErrorKind.BAD_JSON, f"tool call is not valid JSON ({e})", quote
+        )
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None, ParseError(
+            ParseErrorKind.NOT_A_CALL,
+            'tool call must be a JSON object {"name": <tool>, "arguments": {...}}',
+            quote,
+        )
+    name = obj["name"]
+    args: Any = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):  # some models emit arguments as a JSON string
+        with contextlib.suppress(ValueError, RecursionError):
+            args = json.loads(args)
+    if not isinstance(args, dict):
+        return None, ParseError(
+            ParseErrorKind.NOT_A_CALL, f"arguments of '{name}' must be a JSON object", quote, name
+        )
+    if tools is not None:
+        if name not in tools:
+            return None, ParseError(
+                ParseErrorKind.UNKNOWN_TOOL,
+                f"unknown tool '{name}'; available tools: {', '.join(sorted(tools)) or 'none'}",
+                quote,
+                name,
+            )
+        try:
+            tools[name].model_validate(args)
+        except ValidationError as e:
+            detail = "; ".join(
+                f"{'.'.join(map(str, x['loc'])) or '<args>'}: {x['msg']}" for x in e.errors()
+            )
+            return None, ParseError(
+                ParseErrorKind.INVALID_ARGS,
+                f"invalid arguments for '{name}': {detail}",
+                quote,
+                name,
+            )
+    return ToolCall(id=f"call_{index}", name=name, arguments=args), None
+
+
+def typed_value(value: str, model: type[BaseModel] | None, key: str) -> Any:
+    """A parameter's text as the tool's Args field wants it: JSON unless the field is a str."""
+    field_info = model.model_fields.get(key) if model is not None else None
+    if field_info is not None and field_info.annotation is str:
+        return value
+    try:
+        return json.loads(value)
+    except (ValueError, RecursionError):
+        return value
+
+
+def checked_call(
+    name: str, args: dict[str, Any], raw: str, index: int, tools: dict[str, type[BaseModel]] | None
+) -> tuple[ToolCall | None, ParseError | None]:
+    return read_call(json.dumps({"name": name, "arguments": args}), index, tools, raw_text=raw)
+
+
+_PROBE_ARGS = {"probe": "x"}
+
+
+def check_template(parser: Parser, tokenizer: Any) -> None:
+    """Fail at start-up unless the chat template renders an assistant tool call that `parser` reads back."""
+    call = ToolCall(id="call_0", name="probe_tool", arguments=_PROBE_ARGS)
+    base = [{"role": "user", "content": "hi"}]
+    with_call = base + [{"role": "assistant", "content": "", "tool_calls": [call.to_template()]}]
+    try:
+        rendered = tokenizer.apply_chat_template(with_call, tokenize=False)
+        prefix = tokenizer.apply_chat_template(base, tokenize=False, add_generation_prompt=True)
+    except Exception as e:
+        raise ConfigError(
+            f"the model's chat template cannot render tool calls ({type(e).__name__}: {e}); "
+            "use a model/tokenizer whose chat template supports tools"
+        ) from e
+    tail = rendered[len(prefix) :] if rendered.startswith(prefix) else rendered
+    eos = getattr(tokenizer, "eos_token", None)
+    tail = tail.rstrip()
+    if eos and tail.endswith(eos):  # the turn's end marker is not part of what is parsed
+        tail = tail[: -len(eos)]
+    res = parser.parse(tail)
+    ok = [c for c in res.tool_calls if c.name == "probe_tool" and c.arguments == _PROBE_ARGS]
+    if not ok:
+        raise ConfigError(
+            f"tool-call parser {parser.name!r} cannot read tool calls the way this model's chat "
+            f"template writes them (rendered: {tail[:160]!r}); set rollout.parser to the model's "
+            f"format (known: {PARSERS.names()})"
+        )
+
+
+def template_max_calls(render: Callable[[list[Message]], str]) -> int | None:
+    """The most tool calls one assistant turn may hold in the chat template `render` applies:
+    1 when it refuses a turn with two (Llama 3.x raises "This model only supports single
+    tool-calls at once!"), None when it writes them. Probed at start-up so the parser holds a turn
+    to what the template can render (`Parser.parse_turn`)."""
+    calls = [ToolCall(id=f"call_{i}", name="probe_tool", arguments=_PROBE_ARGS) for i in (0, 1)]
+    results = [Message(role="tool", content="42", tool_call_id=c.id, name=c.name) for c in calls]
+    user = Message(role="user", content="hi")
+    try:
+        render([user, Message(role="assistant", content="", tool_calls=calls), *results])
+    except Exception:  # the template's own refusal (jinja2 raise_exception, or any error)
+        return 1
+    return None
