@@ -53,8 +53,9 @@ from agentrl.env import Env
 from agentrl.env_config import EnvConfig
 from agentrl.evaluate import eval_task_sets
 from agentrl.learner import LearnerConfig
-from agentrl.learner.group import LearnerGroup, ray_running, start_ray, stop_ray
+from agentrl.learner.group import LearnerGroup
 from agentrl.learner.memory import check_host, choose_offload, engine_fraction, host_bytes
+from agentrl.learner.ray_start import ray_running, start_ray, stop_ray
 from agentrl.mixture import MixtureRollout, MixtureSampler, namespaced
 from agentrl.render import RenderError
 from agentrl.rollout import Rollout

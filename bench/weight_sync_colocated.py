@@ -40,7 +40,8 @@ from learner_microbatch import make_batch  # bench/: the learner bench's synthet
 from agentrl.assets.build import QWEN25_SHAPES, build_random_qwen25
 from agentrl.engine import EngineClient, EngineConfig, launch_engines
 from agentrl.learner import LearnerConfig, RayConfig
-from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
+from agentrl.learner.group import LearnerGroup
+from agentrl.learner.ray_start import start_ray, stop_ray
 from agentrl.loss import LossConfig
 from agentrl.weight_sync import WeightSyncConfig, make_weight_sync
 

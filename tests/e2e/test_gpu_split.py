@@ -9,7 +9,7 @@ import os
 import ray
 
 from agentrl.learner import RayConfig
-from agentrl.learner.group import start_ray, stop_ray
+from agentrl.learner.ray_start import start_ray, stop_ray
 
 
 @ray.remote(num_gpus=1, num_cpus=0)

@@ -14,8 +14,9 @@ from transformers import AutoConfig
 from agentrl.batch import TrainBatch, global_norm, micro_batches
 from agentrl.engine import EngineClient, SamplingParams
 from agentrl.learner import LearnerConfig, RayConfig
-from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
+from agentrl.learner.group import LearnerGroup
 from agentrl.learner.memory import heads_of
+from agentrl.learner.ray_start import start_ray, stop_ray
 from agentrl.learner.sync import SYNC_METHODS
 from agentrl.learner.sync.tensor import TensorSync, plan_direct
 from agentrl.learner.tp import Heads, plan_tp, shard

@@ -24,7 +24,6 @@ SIZE_REASON = re.compile(r"(?m)^Size: \S")
 PENDING = {
     "agentrl/run.py",
     "agentrl/learner/worker.py",
-    "agentrl/learner/group.py",
 }
 
 
