@@ -54,7 +54,7 @@ from agentrl.settings_diff import settings_of
 from agentrl.tracking import LoggingConfig
 from agentrl.trainer_config import MOVED_KEYS, TrainerConfig
 from agentrl.types import ConfigError
-from agentrl.weight_sync import WeightSyncConfig
+from agentrl.weight_sync import SYNC_METHODS, WeightSyncConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # -> ../configs in a checkout
 
@@ -246,9 +246,10 @@ class Config(BaseModel):
 
     @model_validator(mode="after")
     def _engines_placed_by_ray(self) -> Config:
-        if self.engine.placement == "ray" and self.weight_sync.method == "tensor":
+        method = self.weight_sync.method
+        if self.engine.placement == "ray" and SYNC_METHODS.get(method).same_host:
             raise ValueError(
-                "weight_sync.method=tensor hands CUDA-IPC handles to servers on the learner's "
+                f"weight_sync.method={method} {SYNC_METHODS.get(method).summary} on the learner's "
                 "host, but engine.placement=ray may start them on other nodes; use "
                 "weight_sync.method=distributed (NCCL/gloo) or disk (a shared filesystem)"
             )
@@ -350,14 +351,16 @@ def training_checks(cfg: Config) -> list[str]:
             "set learner.micro_batch_tokens to a number (auto follows free GPU memory) and keep "
             "the same GPUs and versions (docs/checkpoints.md)"
         )
+    sync = cfg.weight_sync
     if (
-        cfg.weight_sync.method == "disk"
-        and not cfg.weight_sync.disk_dir
+        SYNC_METHODS.get(sync.method).shared_filesystem
+        and not sync.disk_dir
         and (cfg.engine.placement == "ray" or cfg.ray.address)
     ):
         warnings.append(
-            "weight_sync.method=disk writes under learner rank 0's /tmp; servers on other nodes "
-            "will not see it: set weight_sync.disk_dir to a filesystem every node shares"
+            f"weight_sync.method={sync.method} writes under learner rank 0's /tmp; servers on "
+            "other nodes will not see it: set weight_sync.disk_dir to a filesystem every node "
+            "shares"
         )
     return warnings
 

@@ -9,7 +9,7 @@ them down in reverse order, whatever failed.
 Build order (each part's closer is registered as it is built, so teardown is the exact reverse):
 tokenizer and env → tasks and sampler → checkpoint lookup → Ray (loopback) and the learner groups
 (policy; reference when KL is on; critic when the estimator needs values), resumed from the
-checkpoint → rollout servers (from the resumed weights) → engine client → sandbox → rollout →
+checkpoint (agentrl/run_learners.py) → rollout servers (from the resumed weights) → engine client → sandbox → rollout →
 weight sync → tracker (closed first, so W&B marks a failed run as failed) → progress line.
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -25,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from transformers import AutoTokenizer
 
 from agentrl.ckpt import (
@@ -34,7 +32,6 @@ from agentrl.ckpt import (
     TrainerState,
     capture_rng,
     load_trainer_state,
-    restore_rng,
 )
 from agentrl.config import Config, training_checks
 from agentrl.data import TaskSampler
@@ -46,18 +43,15 @@ from agentrl.engine import (
     Fleet,
     launch_fleet,
     launch_router,
-    split_local_gpus,
-    visible_gpus,
 )
 from agentrl.env import Env
 from agentrl.env_config import EnvConfig
 from agentrl.evaluate import eval_task_sets
-from agentrl.learner import LearnerConfig
-from agentrl.learner.group import LearnerGroup, ray_running, start_ray, stop_ray
-from agentrl.learner.memory import check_host, choose_offload, engine_fraction, host_bytes
+from agentrl.learner.group import LearnerGroup
 from agentrl.mixture import MixtureRollout, MixtureSampler, namespaced
 from agentrl.render import RenderError
 from agentrl.rollout import Rollout
+from agentrl.run_learners import start_learners
 from agentrl.runlock import hold_run_dirs
 from agentrl.sandbox import Sandbox, make_sandbox
 from agentrl.settings_diff import compare, refusal
@@ -126,47 +120,21 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
             console.print(f"[dim]{line}[/]")
         for env_cls in classes.values():  # template and parser: before any server
             prepare_rollout(tokenizer, env_cls, cfg)
-        groups: dict[str, LearnerGroup] = {}
-        ckpt = resumed = None
-        engine_model, engine_cfg = model_path, cfg.engine
         # LoRA: adapters through SGLang's LoRA routes (the servers serve the base), or merged
         lora_mode = planned_lora_sync(cfg.learner.lora, cfg.engine) if train else None
-        if lora_mode == "adapter" and engine_cfg.kind == "sglang":
-            lora_args = lora_sglang_args(
-                cfg.learner.lora, engine_cfg.extra_args, colocate=engine_cfg.colocate
-            )
-            engine_cfg = engine_cfg.model_copy(
-                update={"extra_args": [*lora_args, *engine_cfg.extra_args]}
-            )
-        if train and cfg.trainer.deterministic and DETERMINISTIC not in engine_cfg.extra_args:
-            engine_cfg = engine_cfg.model_copy(  # batch-invariant servers (restarts keep it)
-                update={"extra_args": [*engine_cfg.extra_args, DETERMINISTIC]}
-            )
+        engine_cfg = _engine_config(cfg, lora_mode, train)
+        groups: dict[str, LearnerGroup] = {}
+        ckpt = resumed = resume = None
+        engine_model = model_path
         if train:
             ckpt = CheckpointManager(cfg.checkpoint.of_run(cfg.run_name))
             resume = resume_point(cfg, ckpt)  # before anything starts: a wrong one is an error
-            if not ray_running():  # a Ray the caller runs (a script, a test session)
-                learner_gpus, engine_cfg = _split_gpus(cfg, engine_cfg, console)
-                start_ray(cfg.ray, gpus=learner_gpus)  # is theirs to stop; one this run starts,
-                stack.callback(_quietly, "Ray", stop_ray)  # it stops
-            groups = _learner_groups(cfg, str(model_path), stack, out)
-            if resume is not None:
-                resumed = _resume(cfg, resume, groups, sampler, console)
-                if lora_mode != "adapter":  # else the base; its adapter comes after the start
-                    engine_model = resume / "policy" / "model"
-                console.print(f"[green]resumed from {resume} at step {resumed.step}[/]")
-            if cfg.engine.colocate:  # the engine takes the GPU first; the learner waits on CPU
-                _resolve_offload(cfg, groups, console)
-                for group in groups.values():
-                    group.offload()
-        fleet = stack.enter_context(launch_fleet(engine_cfg, engine_model, out))
-        urls = fleet.urls
-        router = stack.enter_context(launch_router(cfg.engine, urls, out))
-        engine = EngineClient.from_config(
-            cfg.engine.model_copy(update={"urls": urls}), router=router
-        )
-        stack.push_async_callback(_aquietly, "engine client", engine.aclose)
-        await engine.control.wait_healthy(cfg.engine.health_timeout_s)
+            groups, resumed, engine_cfg = start_learners(
+                cfg, engine_cfg, str(model_path), resume, sampler, stack, out, console
+            )
+            if resume is not None and lora_mode != "adapter":  # else the base; its adapter
+                engine_model = resume / "policy" / "model"  # comes after the start
+        fleet, engine = await _start_engines(cfg, engine_cfg, engine_model, out, stack)
         if train and cfg.trainer.deterministic:
             await check_deterministic(engine)
         await engine.control.update_weight_version(str(resumed.step if resumed else 0))
@@ -179,32 +147,75 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
                   fleet=fleet, ckpt=ckpt, resumed=resumed, eval_tasks=eval_tasks,
                   **groups)  # fmt: skip
         if train:
-            lora_mode = await resolve_lora_sync(lora_mode, engine, cfg.engine.colocate)
-            if lora_mode is not None:
-                what = "the adapters (LoRA routes)" if lora_mode == "adapter" else "merged weights"
-                console.print(f"[dim]learner.lora.sync={cfg.learner.lora.sync}: the engines get "
-                              f"{what}[/]")  # fmt: skip
-            run.sync = make_weight_sync(
-                cfg.weight_sync, groups["policy"], engine, adapters=lora_mode == "adapter"
-            )
-            stack.push_async_callback(_aquietly, "weight sync", run.sync.close)
-            run.sync.server_gpus = fleet.gpus if cfg.engine.colocate else None
-            await run.sync.setup()
-            if resume is not None and isinstance(run.sync, AdapterSync):
-                version = str(resumed.step)
-                await run.sync.serve(f"agentrl-v{version}-resumed", resume / "policy" / "adapter",
-                                     version)  # fmt: skip
-            moved = JsonlSink.continue_run(out, resumed.step if resumed else None)
-            if moved:
-                console.print(f"[yellow]note:[/] {moved}")
-            run.tracker = Tracker(
-                cfg.logging, out, run_name=cfg.run_name, config=cfg.model_dump(mode="json"),
-                run_id=resumed.wandb_run_id if resumed else None, tokenizer=tokenizer,
-                console=console,
-            )  # fmt: skip
-            stack.push(_close_tracker(run.tracker))
-            run.progress = ProgressLine(cfg.trainer.steps, resumed.step if resumed else 0, console)
+            await _start_training(run, stack, lora_mode, resume)
         yield run
+
+
+def _engine_config(cfg: Config, lora_mode: str | None, train: bool) -> EngineConfig:
+    """engine.* with the server flags the run adds: SGLang's LoRA routes for adapters, and
+    batch-invariant servers for trainer.deterministic (restarts keep them)."""
+    engine_cfg = cfg.engine
+    if lora_mode == "adapter" and engine_cfg.kind == "sglang":
+        lora_args = lora_sglang_args(
+            cfg.learner.lora, engine_cfg.extra_args, colocate=engine_cfg.colocate
+        )
+        engine_cfg = engine_cfg.model_copy(
+            update={"extra_args": [*lora_args, *engine_cfg.extra_args]}
+        )
+    if train and cfg.trainer.deterministic and DETERMINISTIC not in engine_cfg.extra_args:
+        engine_cfg = engine_cfg.model_copy(  # batch-invariant servers (restarts keep it)
+            update={"extra_args": [*engine_cfg.extra_args, DETERMINISTIC]}
+        )
+    return engine_cfg
+
+
+async def _start_engines(
+    cfg: Config, engine_cfg: EngineConfig, model: Path, out: Path, stack: AsyncExitStack
+) -> tuple[Fleet, EngineClient]:
+    """The rollout servers this run starts (none for engine.urls), the router when one is
+    wanted, and the client over them, once every server answers its health check."""
+    fleet = stack.enter_context(launch_fleet(engine_cfg, model, out))
+    urls = fleet.urls
+    router = stack.enter_context(launch_router(cfg.engine, urls, out))
+    engine = EngineClient.from_config(cfg.engine.model_copy(update={"urls": urls}), router=router)
+    stack.push_async_callback(_aquietly, "engine client", engine.aclose)
+    await engine.control.wait_healthy(cfg.engine.health_timeout_s)
+    return fleet, engine
+
+
+async def _start_training(
+    run: Run, stack: AsyncExitStack, lora_mode: str | None, resume: Path | None
+) -> None:
+    """The training parts of `run` once its servers answer: the weight sync (serving a resumed
+    run's adapters), the tracker (continuing the resumed run's JSONL and W&B run) and the
+    progress line."""
+    cfg, engine, console, resumed = run.cfg, run.engine, run.console, run.resumed
+    assert run.policy is not None and run.fleet is not None
+    lora_mode = await resolve_lora_sync(lora_mode, engine, cfg.engine.colocate)
+    if lora_mode is not None:
+        what = "the adapters (LoRA routes)" if lora_mode == "adapter" else "merged weights"
+        console.print(f"[dim]learner.lora.sync={cfg.learner.lora.sync}: the engines get "
+                      f"{what}[/]")  # fmt: skip
+    run.sync = make_weight_sync(
+        cfg.weight_sync, run.policy, engine, adapters=lora_mode == "adapter"
+    )
+    stack.push_async_callback(_aquietly, "weight sync", run.sync.close)
+    run.sync.server_gpus = run.fleet.gpus if cfg.engine.colocate else None
+    await run.sync.setup()
+    if resume is not None and resumed is not None and isinstance(run.sync, AdapterSync):
+        version = str(resumed.step)
+        await run.sync.serve(f"agentrl-v{version}-resumed", resume / "policy" / "adapter",
+                             version)  # fmt: skip
+    moved = JsonlSink.continue_run(run.out, resumed.step if resumed else None)
+    if moved:
+        console.print(f"[yellow]note:[/] {moved}")
+    run.tracker = Tracker(
+        cfg.logging, run.out, run_name=cfg.run_name, config=cfg.model_dump(mode="json"),
+        run_id=resumed.wandb_run_id if resumed else None, tokenizer=run.tokenizer,
+        console=console,
+    )  # fmt: skip
+    stack.push(_close_tracker(run.tracker))
+    run.progress = ProgressLine(cfg.trainer.steps, resumed.step if resumed else 0, console)
 
 
 async def check_deterministic(engine: EngineClient) -> None:
@@ -342,141 +353,6 @@ def resume_point(cfg: Config, ckpt: CheckpointManager | None = None) -> Path | N
     return path
 
 
-def _split_gpus(
-    cfg: Config, engine_cfg: EngineConfig, console: Console
-) -> tuple[list[str] | None, EngineConfig]:
-    """engine.colocate=false on one host: the learner's ranks and the SGLang servers this run
-    starts get GPUs of their own (servers.split_local_gpus); the run says which."""
-    if cfg.ray.address or cfg.learner.resolved_device() != "cuda":
-        return None, engine_cfg
-    want = math.ceil(cfg.learner.num_workers * cfg.learner.num_gpus_per_worker)
-    nccl = cfg.weight_sync.method == "distributed"
-    split = split_local_gpus(engine_cfg, want, visible_gpus(), nccl=nccl)
-    if split is None:
-        return None, engine_cfg
-    learner, engine_cfg = split
-    console.print(f"[dim]GPUs: learner {','.join(learner)}, servers {','.join(engine_cfg.gpus)}[/]")
-    return learner, engine_cfg
-
-
-def _resolve_offload(cfg: Config, groups: dict[str, LearnerGroup], console: Console) -> None:
-    """Colocated: learner.offload=auto measures the GPU, chooses, tells every rank and says
-    why; whatever the mode moves to host memory is checked against each host's, before the
-    first rollout rather than at the first offload."""
-    ranks = {role: g.call("memory_stats") for role, g in groups.items()}
-    mem = ranks["policy"][0]
-    if not mem["total_bytes"]:  # CPU: nothing to make room for, nothing moves
-        if cfg.learner.offload == "auto":
-            _set_offload(groups, "none", "learner.offload=auto chose none (no GPU)", console)
-        return
-    # what trains holds gradients and Adam moments; a frozen reference and a LoRA policy's base
-    # weights do not (its adapters are a rounding error)
-    lora_policy = cfg.learner.lora.rank > 0
-    params = {role: (sum(math.prod(s.shape) for s in g.param_specs()),
-                     role == "critic" or (role == "policy" and not lora_policy))
-              for role, g in groups.items()}  # fmt: skip
-    frozen_bytes = 2 if cfg.learner.use_bf16("cuda") else 4  # fsdp.store_frozen_in
-    mode = cfg.learner.offload
-    if mode == "auto":
-        available = mem["free_bytes"] + sum(r[0]["reserved_gib"] * 2**30 for r in ranks.values())
-        choice = choose_offload(
-            list(params.values()), groups["policy"].world_size, available, mem["total_bytes"],
-            engine_fraction(cfg.engine.extra_args), frozen_bytes,
-        )  # fmt: skip
-        mode = choice.mode
-        _set_offload(groups, mode, choice.describe(), console)
-    moved: dict[str, float] = {}
-    free: dict[str, float] = {}
-    for role, g in groups.items():
-        share = host_bytes([params[role]], mode, frozen_bytes) / g.world_size
-        for r in ranks[role]:
-            moved[r["host"]] = moved.get(r["host"], 0.0) + share
-            # what an offloaded learner holds there now is freed when it moves back
-            free[r["host"]] = free.get(r["host"], r["host_available_bytes"]) + r["host_state_bytes"]
-    error, warning = check_host(mode, moved, free)
-    if error:
-        raise ConfigError(error)
-    if warning:
-        log.warning(warning)
-        console.print(f"[yellow]warning: {warning}[/]")
-
-
-def _set_offload(groups: dict[str, LearnerGroup], mode: str, line: str, console: Console) -> None:
-    for g in groups.values():
-        g.call("set_offload", mode)
-    log.info(line)
-    console.print(f"[dim]{line}[/]")
-
-
-def _learner_groups(
-    cfg: Config, model_path: str, stack: AsyncExitStack, out_dir: Path
-) -> dict[str, Any]:
-    """The policy, and the reference and critic when the algorithm needs them; the roles' ranks
-    share each GPU (Ray counts GPUs; memory is ours to manage)."""
-    base: LearnerConfig = cfg.learner
-    if cfg.trainer.deterministic:
-        base = base.model_copy(update={"deterministic": True})
-    if not base.model_path:
-        base = base.model_copy(update={"model_path": model_path})
-    if not Path(base.profile_dir).is_absolute():  # the run's output dir, not the workers' cwd
-        base = base.model_copy(
-            update={"profile_dir": str(Path(out_dir).resolve() / base.profile_dir)}
-        )
-    with_ref = cfg.algo.reference or cfg.algo.loss.kl_coef > 0
-    with_critic = cfg.algo.uses_critic()
-    roles = 1 + with_ref + with_critic
-    if roles > 1 and base.num_gpus_per_worker >= 1:
-        base = base.model_copy(update={"num_gpus_per_worker": base.num_gpus_per_worker / roles})
-    out: dict[str, Any] = {}
-    for role, wanted in (("policy", True), ("reference", with_ref), ("critic", with_critic)):
-        if not wanted:
-            continue
-        lcfg = base
-        if role == "critic":
-            c = cfg.algo.critic
-            update: dict[str, Any] = {"model_path": c.model_path or base.model_path}
-            if c.lr is not None:
-                update["lr"] = c.lr
-            if c.warmup_steps is not None:
-                update["warmup_steps"] = c.warmup_steps
-            lcfg = base.model_copy(update=update)
-        out[role] = group = LearnerGroup(lcfg, role)  # type: ignore[arg-type]
-        stack.callback(_quietly, f"{role} learner", group.shutdown)
-    return out
-
-
-def _resume(
-    cfg: Config,
-    path: Path,
-    groups: dict[str, LearnerGroup],
-    sampler: TaskSampler | MixtureSampler,
-    console: Console,
-) -> TrainerState:
-    state = load_trainer_state(path)
-    optimizer = cfg.checkpoint.save_optimizer
-    changes = compare(state.settings, cfg.settings())
-    for c in changes:  # applied, never silently kept (refused ones stopped resume_point)
-        console.print(f"[yellow]{escape(str(c))} from step {state.step + 1}[/]")
-    changed = groups["policy"].load_checkpoint(str(path / "policy"), optimizer=optimizer)
-    for name, (then, now) in sorted(changed.items()):  # said above, unless the checkpoint is
-        if not state.settings:  # older than its settings record
-            console.print(f"[yellow]learner.{name} {then} → {now} from step {state.step + 1}[/]")
-    if "critic" in groups:
-        if not (path / "critic").exists():
-            raise ConfigError(
-                f"checkpoint {path} has no critic (it was trained without one), but "
-                f"algo.advantage.name={cfg.algo.advantage.name} needs it; resume with the "
-                "same algo, or start fresh with checkpoint.resume=never (or another run_name)"
-            )
-        changed = groups["critic"].load_checkpoint(str(path / "critic"), optimizer=optimizer)
-        for name, (then, now) in sorted(changed.items()):
-            if not state.settings:
-                console.print(f"[yellow]critic {name} {then} → {now} from step {state.step + 1}[/]")
-    sampler.load_state_dict(state.data_cursor)
-    restore_rng(state.rng)
-    return state
-
-
 def prepare_checkpoints(run: Run) -> None:
     """checkpoint.async_save: the learners allocate their host buffers for the checkpoints
     (pinned on GPUs) in a thread while the first rollout runs, so the first save does not stop
@@ -554,14 +430,6 @@ def _close_tracker(tracker: Tracker) -> Callable[..., None]:
         tracker.close(failed=exc_type is not None)
 
     return close
-
-
-def _quietly(what: str, fn: Callable[[], Any]) -> None:
-    """Teardown goes on when one part fails to close; say which."""
-    try:
-        fn()
-    except Exception as e:
-        log.warning("closing the %s failed: %s", what, e)
 
 
 async def _aquietly(what: str, fn: Callable[[], Any]) -> None:

@@ -23,7 +23,7 @@ from agentrl.learner.sync.adapter import sglang_args as lora_sglang_args
 from agentrl.learner.sync.base import Learner
 
 __all__ = [
-    "AdapterSync", "Transport", "WeightSyncConfig", "WeightSyncError", "lora_sglang_args",
+    "SYNC_METHODS", "AdapterSync", "Transport", "WeightSyncConfig", "WeightSyncError", "lora_sglang_args",
     "make_weight_sync", "planned_lora_sync", "resolve_lora_sync",
 ]  # fmt: skip
 
@@ -39,7 +39,9 @@ def make_weight_sync(
         raise WeightSyncError(
             f"weight_sync.method={cfg.method!r} is not a subclass of agentrl.weight_sync.Transport"
         )
-    if cls.name != cfg.method and cfg.method not in SYNC_METHODS:
-        # an import-path transport: the workers resolve it by the same path
-        cls = type(cls.__name__, (cls,), {"name": cfg.method})
+    if cls.gpu_only and learner.cfg.resolved_device() != "cuda":
+        raise WeightSyncError(
+            f"weight_sync.method={cfg.method} {cls.summary} and needs the learner on a GPU; "
+            "use weight_sync.method=distributed (or disk) on CPU"
+        )
     return cls(cfg, learner, engine)

@@ -35,7 +35,8 @@ from pathlib import Path
 
 from agentrl.engine import EngineClient, EngineConfig, launch_engines, visible_gpus
 from agentrl.learner import LearnerConfig, LoraConfig, RayConfig
-from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
+from agentrl.learner.group import LearnerGroup
+from agentrl.learner.ray_start import start_ray, stop_ray
 from agentrl.weight_sync import WeightSyncConfig, make_weight_sync
 
 

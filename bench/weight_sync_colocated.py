@@ -40,7 +40,8 @@ from learner_microbatch import make_batch  # bench/: the learner bench's synthet
 from agentrl.assets.build import QWEN25_SHAPES, build_random_qwen25
 from agentrl.engine import EngineClient, EngineConfig, launch_engines
 from agentrl.learner import LearnerConfig, RayConfig
-from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
+from agentrl.learner.group import LearnerGroup
+from agentrl.learner.ray_start import start_ray, stop_ray
 from agentrl.loss import LossConfig
 from agentrl.weight_sync import WeightSyncConfig, make_weight_sync
 
@@ -155,12 +156,12 @@ async def run(args: argparse.Namespace, url: str, model: Path) -> list[dict]:
                     policy.onload()
                     policy.train_step(policy.micro_batches(batch), "ppo_clip",
                                       LossConfig(name="ppo_clip"))  # fmt: skip
-                before = policy.call("memory_stats")
+                before = policy.memory_stats()
                 policy.offload()
                 # what the offload moved, per rank (the floor copies as much)
                 moved_gib = max(
                     b["allocated_gib"] - a["allocated_gib"]
-                    for b, a in zip(before, policy.call("memory_stats"), strict=True)
+                    for b, a in zip(before, policy.memory_stats(), strict=True)
                 )
                 for fmt, bucket_mb in [(f, b) for f in args.formats for b in args.bucket_mb]:
                     row = await measure(args, policy, engine, fmt, bucket_mb)

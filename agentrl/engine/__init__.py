@@ -3,7 +3,8 @@ what this file exports; the modules behind it are private to agentrl/engine/.
 
     client.py    EngineClient: `gen` (Generation, the data plane: routing, retries, abort) and
                  `control` (Control, admin.py: health, versions, pause, memory, LoRA, weights)
-    http.py      one place for HTTP: the session per loop, the servers' marks, the fan-out
+    http.py      one place for HTTP: the session per loop, the servers' marks, the fan-out; a
+                 server's `Endpoint` and blocking admin posts for a learner rank
     protocol.py  the wire format: sampling params, responses, error bodies and their errors
     config.py    EngineConfig (the `engine.*` settings) and the servers' Bearer token
     gate.py      the push gate: /generate waits while weights change; cut turns go on
@@ -30,7 +31,7 @@ from agentrl.engine.fleet import (
     split_local_gpus,
     visible_gpus,
 )
-from agentrl.engine.http import backoff_delay, health_probe
+from agentrl.engine.http import Endpoint, backoff_delay, health_probe, post_admin, post_each
 from agentrl.engine.protocol import (
     ROUTING_KEY_HEADER,
     EngineError,
@@ -46,8 +47,9 @@ from agentrl.engine.router import launch_router
 
 __all__ = [
     "API_KEY_ENV", "DETERMINISTIC", "ROUTING_KEY_HEADER", "RUN_TOKEN", "Control", "EngineClient",
-    "EngineConfig", "EngineError", "EngineProtocolError", "EngineRequestError",
+    "Endpoint", "EngineConfig", "EngineError", "EngineProtocolError", "EngineRequestError",
     "EngineUnavailable", "Fleet", "Generation", "PromptTooLong", "RayServer", "SamplingParams", "backoff_delay",
     "default_api_key", "encode_named_tensors", "health_probe", "launch_engines", "launch_fleet",
-    "launch_router", "parse_generate_response", "split_local_gpus", "visible_gpus",
+    "launch_router", "parse_generate_response", "post_admin", "post_each", "split_local_gpus",
+    "visible_gpus",
 ]  # fmt: skip

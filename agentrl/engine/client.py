@@ -37,7 +37,7 @@ from agentrl.engine.admin import Control
 from agentrl.engine.coalesce import Coalescer
 from agentrl.engine.config import EngineConfig
 from agentrl.engine.gate import Gate, join
-from agentrl.engine.http import FIX_HINT, Http, Server, backoff_delay
+from agentrl.engine.http import FIX_HINT, Endpoint, Http, Server, backoff_delay
 from agentrl.engine.protocol import (
     ROUTING_KEY_HEADER,
     EngineProtocolError,
@@ -292,6 +292,11 @@ class EngineClient:
     @property
     def urls(self) -> list[str]:
         return self.http.urls
+
+    def endpoints(self) -> list[Endpoint]:
+        """Every server's admin address with this client's token and timeouts, for a process
+        that posts to them itself (a learner rank's weight update: agentrl/learner/sync/)."""
+        return self.http.endpoints()
 
     @property
     def router(self) -> str | None:

@@ -9,15 +9,22 @@ HTTP is aiohttp, not httpx: a rollout keeps hundreds of /generate requests in fl
 httpcore's pool scans every connection on every request, which cost 5-12 ms of client CPU per
 request at 256 in flight against 0.3-0.4 ms for aiohttp (measured against an instant loopback
 server; `python bench/rollout_overhead.py --http`). orjson reads the logprob-heavy bodies.
+
+`Endpoint` is one server's admin address as a process without an EngineClient holds it (a
+learner rank posting its own weight update, agentrl/learner/sync/tensor.py): the client's URL,
+token and timeouts, and a blocking `post_admin` (httpx: one request at a time, no event loop)
+with the same checks as `Http.admin`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import httpx
 import orjson
 
 from agentrl.engine.config import default_api_key
@@ -81,7 +88,8 @@ class Http:
         self.router = Server(router.rstrip("/")) if router else None
         self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
         self.max_connections = max_connections
-        self._auth = {"Authorization": f"Bearer {api_key or default_api_key()}"}
+        self.api_key = api_key or default_api_key()
+        self._auth = {"Authorization": f"Bearer {self.api_key}"}
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -142,17 +150,7 @@ class Http:
 
     async def admin(self, s: Server, method: str, path: str, body: Any = None) -> Any:
         """An admin call: its JSON (or text); a 4xx or `success: false` raises."""
-        r = await self.call(s, method, path, body)
-        if r.status >= 400:
-            raise request_error(r, s.url, path)
-        try:
-            data = r.json()
-        except ValueError:
-            return r.text
-        if isinstance(data, dict) and data.get("success") is False:
-            msg = data.get("message") or data.get("error_message")  # the latter: LoRA routes
-            raise EngineRequestError(f"{s.url}{path}: {msg}", r.status, s.url)
-        return data
+        return admin_answer(await self.call(s, method, path, body), s.url, path)
 
     async def fanout(self, method: str, path: str, bodies: list[Any] | Any = None) -> list[Any]:
         """The admin call on every server at once (one body each, or the same for all)."""
@@ -166,12 +164,80 @@ class Http:
             *(self.admin(s, method, path, b) for s, b in zip(self.servers, bodies, strict=True)),
             return_exceptions=True,
         )
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
-            if all(isinstance(r, EngineUnavailable) for r in failed):
-                raise failed[0]
-            raise EngineError(
-                f"{path} failed on {len(failed)}/{len(results)} servers: "
-                + "; ".join(str(r) for r in failed)
-            )
-        return results
+        return fanout_results(path, results)
+
+    def endpoints(self) -> list[Endpoint]:
+        """Every server (not the router) as an `Endpoint`: this client's token and timeouts."""
+        return [
+            Endpoint(s.url, self.api_key, self.timeout_s, self.connect_timeout_s)
+            for s in self.servers
+        ]
+
+
+def admin_answer(r: Reply, url: str, path: str) -> Any:
+    """An admin call's JSON (or text); a 4xx or `success: false` raises."""
+    if r.status >= 400:
+        raise request_error(r, url, path)
+    try:
+        data = r.json()
+    except ValueError:
+        return r.text
+    if isinstance(data, dict) and data.get("success") is False:
+        msg = data.get("message") or data.get("error_message")  # the latter: LoRA routes
+        raise EngineRequestError(f"{url}{path}: {msg}", r.status, url)
+    return data
+
+
+def fanout_results(path: str, results: list[Any]) -> list[Any]:
+    """The answers of one admin call on several servers; any failure raises: the first
+    `EngineUnavailable` when every failure is one, else an EngineError naming them all."""
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:
+        if all(isinstance(r, EngineUnavailable) for r in failed):
+            raise failed[0]
+        raise EngineError(
+            f"{path} failed on {len(failed)}/{len(results)} servers: "
+            + "; ".join(str(r) for r in failed)
+        )
+    return results
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One server's admin address, token and timeouts (`Http.endpoints`), for a process that
+    posts to it without an EngineClient; picklable (a Ray actor receives it)."""
+
+    url: str
+    api_key: str = field(repr=False)
+    timeout_s: float
+    connect_timeout_s: float
+
+
+def post_admin(client: httpx.Client, server: Endpoint, path: str, body: Any) -> Any:
+    """A blocking admin POST with `Http.admin`'s checks and errors (one attempt, no retry; an
+    unreachable server is `EngineUnavailable`). `client`: a pooled httpx.Client, kept by the
+    caller across requests."""
+    headers = {**_JSON_HEADERS, "Authorization": f"Bearer {server.api_key}"}
+    timeout = httpx.Timeout(server.timeout_s, connect=server.connect_timeout_s)
+    try:
+        r = client.post(server.url + path, content=orjson.dumps(body), headers=headers,
+                        timeout=timeout)  # fmt: skip
+    except httpx.HTTPError as e:
+        what = f"{type(e).__name__}: {e}".strip().rstrip(":")
+        raise EngineUnavailable(f"{server.url}{path}: {what}; {FIX_HINT}") from e
+    return admin_answer(Reply(r.status_code, r.content), server.url, path)
+
+
+def post_each(client: httpx.Client, path: str, calls: list[tuple[Endpoint, Any]]) -> list[Any]:
+    """`post_admin` to several servers at once (a thread each), failing as `Http.fanout` does."""
+    if len(calls) <= 1:
+        return [post_admin(client, server, path, body) for server, body in calls]
+
+    def one(call: tuple[Endpoint, Any]) -> Any:
+        try:
+            return post_admin(client, call[0], path, call[1])
+        except EngineError as e:
+            return e
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return fanout_results(path, list(pool.map(one, calls)))

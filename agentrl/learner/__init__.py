@@ -2,13 +2,15 @@
 models live here, so importing this package pulls in neither ray nor torch.distributed:
 
     from agentrl.learner import LearnerConfig, RayConfig
-    from agentrl.learner.group import LearnerGroup, start_ray
+    from agentrl.learner.group import LearnerGroup
+    from agentrl.learner.ray_start import start_ray
 
     fsdp.py          model/optimizer of one rank (build, shard, clip, gather, save, offload)
     forward.py       logprobs, entropies, values of a packed micro-batch (from hidden states)
     vocab_head.py    the vocabulary head's logprobs/entropies: fused Triton or torch kernels
     worker.py        `LearnerWorker`, the Ray actor of one rank (algorithm-blind)
-    group.py         `LearnerGroup`, N workers of one role; `start_ray` (loopback only)
+    group.py         `LearnerGroup`, N workers of one role
+    ray_start.py     `start_ray`: a local Ray on loopback only, or a cluster's
     update_group.py  the trainer→engines process group (shared with the dev server)
     sync/            weight-sync transports, one module each (driver half + rank half)
     ipc.py           CUDA-IPC payloads for SGLang (colocated)

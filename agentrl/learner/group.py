@@ -1,19 +1,17 @@
 """The learner group: starts N `LearnerWorker` Ray actors of one role, wires torch.distributed
 between them (gloo on CPU, NCCL on GPU) and fans calls out.
 
-    start_ray(RayConfig())                               # loopback only; one-line error if it fails
+    start_ray(RayConfig())                               # loopback only (ray_start.py)
     policy = LearnerGroup(LearnerConfig(model_path=path, num_workers=2), role="policy")
     old_lp = policy.compute_logprobs(per_rank)           # per_rank[r]: rank r's micro-batches
     metrics = policy.train_step(per_rank, "ppo_clip", loss_cfg)
     policy.save_checkpoint(tmp_dir)                      # tmp_dir/model (HF) + tmp_dir/optim
     policy.shutdown()
 
-Ray binds every socket it opens to 127.0.0.1: `start_ray` sets RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
-(which makes Ray keep 127.0.0.1 as the node address; by default it swaps in the host's routable
-address and its gRPC servers listen on it) and checks the node address afterwards. The learner's
-own process group rendezvous through a TCP store that rank 0 binds to its node's address only
-(127.0.0.1 here), and gloo/NCCL bind to `lo` when that address is loopback. Joining a cluster
-(`ray.address`), the ranks may span nodes (`learner.placement`); docs/ray_cluster.md.
+The ranks' own process group rendezvous through a TCP store that rank 0 binds to its node's
+address only (127.0.0.1 on the local Ray), and gloo/NCCL bind to `lo` when that address is
+loopback. Joining a cluster (`ray.address`), the ranks may span nodes (`learner.placement`);
+docs/ray_cluster.md.
 """
 
 from __future__ import annotations
@@ -21,183 +19,30 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from pathlib import Path
-from typing import Any
+import typing
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Concatenate, TypeVar
 
 import ray
-from ray._private import ray_constants
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from agentrl.batch import TrainBatch, micro_batches
-from agentrl.learner import LearnerConfig, LearnerError, RayConfig, Role
+from agentrl.learner import LearnerConfig, LearnerError, Role
 from agentrl.learner.fsdp import ParamSpec, plan_buckets
+from agentrl.learner.ray_start import start_ray
 from agentrl.learner.worker import LearnerWorker
 from agentrl.loss import reduce_metrics
 
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+
+    Worker = ActorHandle[LearnerWorker]  # a rank: its methods called as `w.method.remote(...)`
+
 log = logging.getLogger(__name__)
-
-
-def start_ray(cfg: RayConfig | None = None, gpus: list[str] | None = None) -> None:
-    """Start a loopback-only local Ray instance (or join `cfg.address`); idempotent. `gpus`: the
-    GPU ids a started instance may hand out (the rest are the rollout servers')."""
-    cfg = cfg or RayConfig()
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    # Ray's raylet starts workers at nice 15: a learner rank would then lose every core it shares
-    # with the dev server, the sandbox or the trainer (in async mode on a 2-core box its update
-    # took 2.4 s instead of 1.3 s). Read by the raylet this process starts (not a joined cluster)
-    os.environ.setdefault("RAY_worker_niceness", "0")
-
-    if ray.is_initialized():
-        return
-    # Read once at `import ray`; if ray was imported before the env var was set, force it.
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    kw: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
-    if cfg.address:
-        kw["address"] = cfg.address
-    else:
-        kw.update(
-            address="local",  # a new instance, never a cluster `ray start` left running here
-            _node_ip_address="127.0.0.1",
-            num_cpus=cfg.num_cpus or os.cpu_count(),
-            num_gpus=cfg.num_gpus,
-            object_store_memory=cfg.object_store_mb * 1024 * 1024,
-        )
-        if cfg.temp_dir:
-            kw["_temp_dir"] = cfg.temp_dir
-    logging.getLogger(_AUTH_LOGGER).addFilter(_not_auth_on_notice)  # once: same filter object
-    before = listening_sockets()
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if gpus is not None and not cfg.address:  # Ray reads the driver's view when it starts
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        kw["num_gpus"] = len(gpus) if cfg.num_gpus is None else min(cfg.num_gpus, len(gpus))
-    try:
-        ray.init(**kw)
-    except Exception as e:  # noqa: BLE001 - one line, whatever Ray raised
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise LearnerError(
-            f"could not start Ray on 127.0.0.1 ({type(e).__name__}: {first}); check free memory "
-            "and disk under /tmp/ray (or ray.temp_dir), stop stale `ray` processes, or set "
-            "ray.address to a running cluster"
-        ) from None
-    finally:  # this process and the servers it starts keep the caller's view
-        if gpus is not None and visible is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        elif gpus is not None:
-            os.environ["CUDA_VISIBLE_DEVICES"] = visible
-    if cfg.address:  # a cluster the user started: its nodes' addresses are theirs to choose
-        return
-    ip = ray.util.get_node_ip_address()
-    if ip != "127.0.0.1":
-        ray.shutdown()
-        raise LearnerError(
-            f"Ray chose node address {ip}, not 127.0.0.1; its servers would be reachable from "
-            "the network. Import agentrl.learner before ray, or set "
-            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 in the environment"
-        )
-    exposed = sorted(
-        addr
-        for key, addr in listening_sockets().items()
-        if key not in before and not _loopback(addr)
-    )
-    if exposed:
-        ray.shutdown()
-        raise LearnerError(
-            f"Ray opened sockets beyond loopback ({', '.join(exposed)}); refusing to run. "
-            "Check RAY_* environment overrides of the node address"
-        )
-
-
-# Ray turns token auth on for every new local instance (RAY_AUTH_MODE unset) and says so in a
-# warning each time. Setting RAY_AUTH_MODE=token here instead is too late: `import ray` has read
-# the mode, and its GCS then refuses the driver. Only that notice is dropped; "token auth is
-# disabled" and every other warning still print.
-_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
-
-
-def _not_auth_on_notice(record: logging.LogRecord) -> bool:
-    return not record.getMessage().startswith("Token authentication is enabled for this Ray")
-
-
-_LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
-
-
-def _loopback(addr: str) -> bool:
-    host = addr.rsplit(":", 1)[0].strip("[]")
-    return host in _LOOPBACK or host.startswith("127.")
-
-
-def listening_sockets(root_pid: int | None = None) -> dict[tuple[int, str], str]:
-    """(pid, socket inode) → "host:port" of every listening TCP socket held by `root_pid`
-    (default: this process) or its descendants. Linux /proc only; {} elsewhere."""
-    import ipaddress
-
-    table: dict[str, str] = {}
-    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(path).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            f = line.split()
-            if f[3] != "0A":  # TCP_LISTEN
-                continue
-            hexip, hexport = f[1].split(":")
-            raw = bytes.fromhex(hexip)
-            # /proc prints each 32-bit word in host (little-endian) order
-            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-            ip = ipaddress.ip_address(raw)
-            if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
-                ip = ip.ipv4_mapped
-            table[f[9]] = f"{ip}:{int(hexport, 16)}"
-    out: dict[tuple[int, str], str] = {}
-    for pid in _descendants(root_pid or os.getpid()):
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            inode = link[8:-1] if link.startswith("socket:[") else ""
-            if inode in table:
-                out[(pid, inode)] = table[inode]
-    return out
-
-
-def _descendants(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    try:
-        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
-    except OSError:
-        return {root}
-    for pid in pids:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(pid)
-    seen, todo = set(), [root]
-    while todo:
-        p = todo.pop()
-        seen.add(p)
-        todo.extend(c for c in children.get(p, ()) if c not in seen)
-    return seen
-
-
-def ray_running() -> bool:
-    """This process is connected to a Ray (one it started, or the caller's)."""
-    return ray.is_initialized()
-
-
-def stop_ray() -> None:
-
-    if ray.is_initialized():
-        ray.shutdown()
+P = typing.ParamSpec("P")  # not fsdp.ParamSpec: a function's parameters
+T = TypeVar("T")
 
 
 class LearnerGroup:
@@ -208,14 +53,13 @@ class LearnerGroup:
     the local loopback Ray)."""
 
     def __init__(self, cfg: LearnerConfig, role: Role = "policy", name: str | None = None):
-
         if not cfg.model_path:
             raise LearnerError(f"{role} learner: model_path is empty; set learner.model_path")
         if not ray.is_initialized():
             start_ray()
         self.cfg, self.role, self.world_size = cfg, role, cfg.num_workers
         self.name = name or role
-        self.workers: list[Any] = []
+        self.workers: list[Worker] = []
         self.pg = place_ranks(cfg, self.name)
         try:
             on_gpu = cfg.resolved_device() == "cuda"
@@ -260,18 +104,12 @@ class LearnerGroup:
 
     def nodes(self) -> list[dict[str, str]]:
         """Per rank: the Ray node id and address it runs on."""
-        return self.call("node")
+        return self._all(lambda w: w.node.remote())
 
-    # -- fan-out ------------------------------------------------------------------------------
-    def call_async(self, method: str, *args: Any, **kw: Any) -> list[Any]:
-        """Call `method` on every rank with the same arguments; returns the ObjectRefs."""
-        return [getattr(w, method).remote(*args, **kw) for w in self.workers]
-
-    def call(self, method: str, *args: Any, **kw: Any) -> list[Any]:
-        return self._get(self.call_async(method, *args, **kw))
-
-    def call_rank0(self, method: str, *args: Any, **kw: Any) -> Any:
-        return self._get([getattr(self.workers[0], method).remote(*args, **kw)])[0]
+    # -- fan-out: each call names the worker's method as an attribute, never as a string -------
+    def _all(self, call: Callable[[Worker], ObjectRef]) -> list[Any]:
+        """`call(worker)` on every rank (e.g. `lambda w: w.offload.remote()`); their results."""
+        return self._get([call(w) for w in self.workers])
 
     def _get(self, refs: list[Any]) -> list[Any]:
 
@@ -282,25 +120,46 @@ class LearnerGroup:
         except ray.exceptions.RayTaskError as e:
             raise e.as_instanceof_cause() from None
 
-    def call_per_rank(self, method: str, per_rank: list[list[Any]], *args: Any) -> list[Any]:
-        """Call `method(per_rank[r], *args)` on rank r (the same number of micro-batches each)."""
+    def _per_rank(
+        self, what: str, per_rank: list[list[Any]], call: Callable[[Worker, list[Any]], ObjectRef]
+    ) -> list[Any]:
+        """`call(worker r, per_rank[r])` on every rank r (the same number of micro-batches each);
+        `what` names the step in errors."""
         if len(per_rank) != self.world_size:
             raise ValueError(
-                f"{self.name}.{method}: got micro-batches for {len(per_rank)} ranks, the group "
+                f"{self.name}.{what}: got micro-batches for {len(per_rank)} ranks, the group "
                 f"has {self.world_size}; split the batch with num_ranks={self.world_size}"
             )
         counts = {len(mbs) for mbs in per_rank}
         if len(counts) > 1:  # FSDP collectives run once per micro-batch on every rank
             raise ValueError(
-                f"{self.name}.{method}: ranks got different numbers of micro-batches "
+                f"{self.name}.{what}: ranks got different numbers of micro-batches "
                 f"{[len(m) for m in per_rank]}; every rank must run the same number"
             )
-        return self._get(
-            [
-                getattr(w, method).remote(mbs, *args)
-                for w, mbs in zip(self.workers, per_rank, strict=True)
-            ]
-        )
+        return self._get([call(w, mbs) for w, mbs in zip(self.workers, per_rank, strict=True)])
+
+    # -- weight-sync rank halves (agentrl/learner/sync/) ----------------------------------------
+    def on_ranks_async(
+        self, cls: type[Any], fn: Callable[Concatenate[Any, P], T], *args: P.args
+    ) -> list[ObjectRef]:
+        """`fn(state, *args)` on every rank, `state` that rank's instance of `cls` (a transport's
+        `Rank`; `fn` one of its methods, e.g. `TensorSync.Rank.bucket`); the ObjectRefs."""
+        return [w.on_rank.remote(cls, fn, *args) for w in self.workers]
+
+    def on_ranks(
+        self, cls: type[Any], fn: Callable[Concatenate[Any, P], T], *args: P.args
+    ) -> list[T]:
+        """`on_ranks_async`, waited for: every rank's result."""
+        return self._get(self.on_ranks_async(cls, fn, *args))
+
+    def on_rank0_async(
+        self, cls: type[Any], fn: Callable[Concatenate[Any, P], T], *args: P.args
+    ) -> ObjectRef:
+        """`fn(state, *args)` on rank 0 only; its ObjectRef."""
+        return self.workers[0].on_rank.remote(cls, fn, *args)
+
+    def on_rank0(self, cls: type[Any], fn: Callable[Concatenate[Any, P], T], *args: P.args) -> T:
+        return self._get([self.on_rank0_async(cls, fn, *args)])[0]
 
     # -- compute --------------------------------------------------------------------------------
     def micro_batches(self, batch: TrainBatch) -> list[list[TrainBatch]]:
@@ -311,13 +170,17 @@ class LearnerGroup:
 
     def compute_logprobs(self, per_rank: list[list[Any]], temperature: float = 1.0) -> list[Any]:
         """[rank][micro-batch] → logprobs [N] (CPU), for old/reference logprobs."""
-        return self.call_per_rank("compute_logprobs", per_rank, temperature)
+        return self._per_rank(
+            "compute_logprobs", per_rank, lambda w, mbs: w.compute_logprobs.remote(mbs, temperature)
+        )
 
     def update_logprobs(self) -> list[Any]:
-        return self.call("update_logprobs")
+        return self._all(lambda w: w.update_logprobs.remote())
 
     def compute_values(self, per_rank: list[list[Any]]) -> list[Any]:
-        return self.call_per_rank("compute_values", per_rank)
+        return self._per_rank(
+            "compute_values", per_rank, lambda w, mbs: w.compute_values.remote(mbs)
+        )
 
     def train_step(
         self,
@@ -332,9 +195,8 @@ class LearnerGroup:
         grad_norm, lr, skipped (1 when a non-finite loss/grad skipped the step), step_s.
         `old_from_forward`: pi_old from the step's own forward (worker.train_step); then
         `update_logprobs()` gives them per rank and micro-batch, like `compute_logprobs`."""
-        results = self.call_per_rank(
-            "train_step", per_rank, loss_name, loss_cfg, temperature, old_from_forward
-        )
+        results = self._per_rank("train_step", per_rank, lambda w, mbs: w.train_step.remote(
+            mbs, loss_name, loss_cfg, temperature, old_from_forward))  # fmt: skip
         out = reduce_metrics(r["sum"] for r in results)
         out.update(results[0]["global"])
         out["step_s"] = max(r["global"]["step_s"] for r in results)
@@ -343,21 +205,22 @@ class LearnerGroup:
     # -- weights --------------------------------------------------------------------------------
     def param_specs(self, dtype: str | None = None) -> list[ParamSpec]:
         if dtype not in self._specs:
-            self._specs[dtype] = self.call_rank0("param_specs", dtype)
+            self._specs[dtype] = self._get([self.workers[0].param_specs.remote(dtype)])[0]
         return self._specs[dtype]
 
     def model_dtype(self) -> str:
-        return self.call_rank0("model_dtype")
+        return self._get([self.workers[0].model_dtype.remote()])[0]
 
     def buckets(self, bucket_mb: float, dtype: str | None = None) -> list[list[ParamSpec]]:
         return plan_buckets(self.param_specs(dtype), int(bucket_mb * 1024 * 1024))
 
     def full_state(self, dtype: str | None = None) -> dict[str, Any]:
         """Full weights on the driver (CPU tensors). Small models / tests only."""
-        return self.call("full_state", dtype)[0]
+        return self._all(lambda w: w.full_state.remote(dtype))[0]
 
     def save_hf(self, out_dir: str, bucket_mb: float = 512, dtype: str | None = None) -> None:
-        self.call("save_hf", str(out_dir), self.buckets(bucket_mb, dtype))
+        buckets = self.buckets(bucket_mb, dtype)
+        self._all(lambda w: w.save_hf.remote(str(out_dir), buckets))
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(
@@ -373,37 +236,62 @@ class LearnerGroup:
         while training goes on, done when `finish_checkpoint` says so. Returns the most host
         buffers a rank had to allocate in the save (0 after `prepare_checkpoint`)."""
         buckets = self.buckets(bucket_mb)
-        return max(self.call("save_checkpoint", str(path), buckets, optimizer, fmt, background))
+        return max(self._all(lambda w: w.save_checkpoint.remote(
+            str(path), buckets, optimizer, fmt, background)))  # fmt: skip
 
     def prepare_checkpoint(self, bucket_mb: float = 512) -> None:
         """Before the first background save: its host buffers (pinned on GPUs) are allocated
         in a thread behind the next steps instead of in the save."""
-        self.call("prepare_checkpoint", self.buckets(bucket_mb))
+        buckets = self.buckets(bucket_mb)
+        self._all(lambda w: w.prepare_checkpoint.remote(buckets))
 
     def finish_checkpoint(self, wait: bool = True) -> bool:
         """True when every rank has written its part of the last checkpoint."""
-        return all(self.call("finish_checkpoint", wait))
+        return all(self._all(lambda w: w.finish_checkpoint.remote(wait)))
 
     def load_checkpoint(self, path: str, optimizer: bool = True) -> dict[str, tuple[Any, Any]]:
         """Loads on every rank; returns the optimizer settings that now differ from the
         checkpoint's (applied: `fsdp.apply_hparams`), {name: (then, now)}."""
-        return self.call("load_checkpoint", str(path), optimizer)[0]
+        return self._all(lambda w: w.load_checkpoint.remote(str(path), optimizer))[0]
 
     # -- colocated mode -------------------------------------------------------------------------
     def peak_memory(self) -> dict[str, float]:
         """GiB of GPU memory the learner's allocator held at most per phase (logprobs, update,
         sync) since the last call, the most over ranks; empty on CPU."""
         out: dict[str, float] = {}
-        for peaks in self.call("peak_memory"):
+        for peaks in self._all(lambda w: w.peak_memory.remote()):
             for phase, gib in peaks.items():
                 out[phase] = max(gib, out.get(phase, 0.0))
         return out
 
+    def memory_stats(self) -> list[dict[str, Any]]:
+        """Per rank: its GPU memory, and its host's (LearnerWorker.memory_stats)."""
+        return self._all(lambda w: w.memory_stats.remote())
+
+    def set_offload(self, mode: str) -> None:
+        """learner.offload=auto: the mode the driver chose, on every rank."""
+        self._all(lambda w: w.set_offload.remote(mode))
+
     def offload(self) -> None:
-        self.call("offload")
+        self._all(lambda w: w.offload.remote())
 
     def onload(self) -> None:
-        self.call("onload")
+        self._all(lambda w: w.onload.remote())
+
+    # -- for tests: gradients without a step ----------------------------------------------------
+    def accumulate_grads(
+        self, per_rank: list[list[Any]], loss_name: str, loss_cfg: Any, temperature: float = 1.0
+    ) -> list[float]:
+        """Forward + backward without stepping; each rank's loss share."""
+        return self._per_rank("accumulate_grads", per_rank, lambda w, mbs: (
+            w.accumulate_grads.remote(mbs, loss_name, loss_cfg, temperature)))  # fmt: skip
+
+    def full_grads(self) -> dict[str, Any]:
+        """The full gradients (rank 0's, CPU) between `accumulate_grads` and `zero_grad`."""
+        return self._all(lambda w: w.full_grads.remote())[0]
+
+    def zero_grad(self) -> None:
+        self._all(lambda w: w.zero_grad.remote())
 
     def shutdown(self) -> None:
 

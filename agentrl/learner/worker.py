@@ -7,6 +7,9 @@ N of these, wires torch.distributed between them and fans calls out; nothing els
 
 Roles: `policy` (trains; its weights go to the rollout engines), `reference` (frozen; logprobs for
 KL), `critic` (token-classification head with one output: values; trains with a value loss).
+
+Size: one Ray actor class, whose methods are every call the driver makes on a rank and share its
+model, optimizer and device state; its building blocks live in fsdp.py, forward.py, memory.py.
 """
 
 from __future__ import annotations
@@ -19,10 +22,10 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 import torch
@@ -32,9 +35,10 @@ from torch.distributed.tensor import DTensor
 from agentrl.learner import LearnerConfig, Role, forward, fsdp, lora, memory
 from agentrl.learner.checkpoint import CheckpointWriter, load_optimizer
 from agentrl.learner.fsdp import ParamSpec
-from agentrl.learner.sync import SYNC_METHODS
 from agentrl.learner.update_group import bind_listen_socket
 from agentrl.loss import LossInputs, get_loss, reduce_metrics
+
+T = TypeVar("T")
 
 
 class LearnerWorker:
@@ -55,7 +59,7 @@ class LearnerWorker:
         self.model: Any = None
         self.opt: torch.optim.Optimizer | None = None
         self.sched: Any = None
-        self._transports: dict[str, Any] = {}  # weight-sync rank halves, by transport name
+        self._rank_states: dict[type, Any] = {}  # weight-sync rank halves, by their class
         self._ckpt: CheckpointWriter | None = None  # made at the first save (a collective)
         self.offload_mode = "all" if cfg.offload == "auto" else cfg.offload  # auto: set_offload
         self.steps_done = 0
@@ -86,6 +90,35 @@ class LearnerWorker:
         """Join the process group (through rank 0's TCP store at `store`, from `bind_store`, or
         this worker's `init_method`), load + shard the model, build the optimizer."""
         t0 = time.perf_counter()
+        attention = self._set_device(store)
+        self._join_process_group(store)
+        torch.manual_seed(self.cfg.seed)
+        model, kernels = self._build_model()
+        n_blocks, checkpointing, frozen_saved = self._shard(model)
+        if self.role == "reference":
+            self.model.eval()
+        else:
+            self.opt, self.sched = fsdp.make_optimizer(self.model, self.cfg)
+        n = sum(p.numel() for p in self.model.parameters())
+        return {
+            "micro_batch_tokens": self._micro_batch_tokens(n_blocks),
+            "rank": self.rank,
+            "params": n,
+            "device": str(self.device),
+            "bf16": self.cfg.use_bf16(self.device_type),
+            "checkpointing": ("auto" if self._ckpt_blocks else True) if checkpointing else False,
+            "fused_kernels": kernels,
+            "compiled": self.compiled,
+            "head_kernel": self.head_kernel,
+            "attention": attention,
+            "frozen_bf16_gb": frozen_saved / 2**30,
+            "setup_s": time.perf_counter() - t0,
+            "nice": os.nice(0),
+        }
+
+    def _set_device(self, store: tuple[str, int] | None) -> str:
+        """This process's settings (threads, determinism, its device, the attention backends);
+        the attention backends on, joined by "+"."""
         fsdp.set_worker_env(store[0] if store else "127.0.0.1")
         torch.set_num_threads(self.cfg.threads_per_worker)
         if self.cfg.deterministic:  # trainer.deterministic; before CUDA makes a cuBLAS handle
@@ -102,6 +135,10 @@ class LearnerWorker:
             attention = "+".join(n for n, enabled in on.items() if enabled)
         else:
             self.device = torch.device("cpu")
+        return attention
+
+    def _join_process_group(self, store: tuple[str, int] | None) -> None:
+        """The ranks' process group: NCCL on GPUs, gloo on CPU."""
         timeout = timedelta(seconds=self.cfg.dist_timeout_s)
         rendezvous: dict[str, Any] = {"init_method": self.init_method}
         if store is not None:
@@ -118,7 +155,10 @@ class LearnerWorker:
             timeout=timeout,
             **rendezvous,
         )
-        torch.manual_seed(self.cfg.seed)
+
+    def _build_model(self) -> tuple[Any, Any]:
+        """The role's model, unsharded: kernels fused, LoRA added, frozen or compiled as the
+        config says; and the fused kernels' description."""
         model = fsdp.load_model(self.cfg.model_path, self.role)
         self.compiled = self.cfg.use_compile(self.device_type)
         self.head_kernel = self.cfg.head_kernel_for(self.device_type)
@@ -132,6 +172,12 @@ class LearnerWorker:
             model.requires_grad_(False)
         if self.compiled:
             fsdp.compile_blocks(model)
+        return model, kernels
+
+    def _shard(self, model: Any) -> tuple[int, bool, int]:
+        """Shard `model` into `self.model`, planning activation checkpointing (auto: the blocks
+        and their bytes per token, `_plan_checkpointing` chooses each step); the number of
+        blocks, whether checkpointing is on, the bytes frozen weights saved by bf16 storage."""
         bf16 = self.cfg.use_bf16(self.device_type)
         checkpointing = self.cfg.use_checkpointing(self.device_type) and self.role != "reference"
         # one token's activations per block: what activation checkpointing=auto and
@@ -150,41 +196,23 @@ class LearnerWorker:
             checkpointing=checkpointing,
             reshard=self.cfg.reshard_after_forward,
         )
-        if self.role == "reference":
-            self.model.eval()
-        else:
-            self.opt, self.sched = fsdp.make_optimizer(self.model, self.cfg)
-        n = sum(p.numel() for p in self.model.parameters())
+        return len(blocks), checkpointing, frozen_saved
+
+    def _micro_batch_tokens(self, n_blocks: int) -> int:
+        """learner.micro_batch_tokens, auto sized by this rank's GPU (the least on CPU)."""
         mb_tokens = self.cfg.micro_batch_tokens
         if mb_tokens == "auto":
             on_gpu = self.device_type == "cuda"
-            per_token = len(blocks) * self._block_bytes
+            per_token = n_blocks * self._block_bytes
             mb_tokens = (
                 self._auto_micro_batch_tokens(per_token) if on_gpu else memory.MIN_MICRO_BATCH
             )
-        return {
-            "micro_batch_tokens": mb_tokens,
-            "rank": self.rank,
-            "params": n,
-            "device": str(self.device),
-            "bf16": self.cfg.use_bf16(self.device_type),
-            "checkpointing": ("auto" if self._ckpt_blocks else True) if checkpointing else False,
-            "fused_kernels": kernels,
-            "compiled": self.compiled,
-            "head_kernel": self.head_kernel,
-            "attention": attention,
-            "frozen_bf16_gb": frozen_saved / 2**30,
-            "setup_s": time.perf_counter() - t0,
-            "nice": os.nice(0),
-        }
-
-    def ping(self) -> int:
-        return os.getpid()
+        return mb_tokens
 
     def shutdown(self) -> None:
-        for transport in self._transports.values():
-            transport.close()
-        self._transports.clear()
+        for state in self._rank_states.values():
+            state.close()
+        self._rank_states.clear()
         if dist.is_initialized():
             dist.destroy_process_group()
         if self._store_sock is not None:
@@ -263,16 +291,7 @@ class LearnerWorker:
                 tokens += int(mb.loss_mask.sum())
                 batch_tokens += 0 if getattr(mb, "is_padding", False) else mb.token_ids.numel()
                 per_mb.append(metrics)
-            grad_norm = fsdp.grad_norm_and_clip(self.model, self.cfg.grad_clip)
-            ok = fsdp.all_ranks_finite(loss_sum, self.device) and math.isfinite(grad_norm)
-            lr = self.sched.get_last_lr()[0]
-            if ok:
-                if self._ckpt is not None:  # a background save's copies read these in place
-                    self._ckpt.guard()
-                self.opt.step()
-                self.sched.step()
-                self.steps_done += 1
-            self.opt.zero_grad(set_to_none=True)
+            grad_norm, ok, lr = self._step_if_finite(loss_sum)
         summed = reduce_metrics(per_mb)
         summed.update(
             loss=loss_sum,
@@ -291,6 +310,22 @@ class LearnerWorker:
                 "step_s": time.perf_counter() - t0,
             },
         }
+
+    def _step_if_finite(self, loss_sum: float) -> tuple[float, bool, float]:
+        """Clip the gradients and step the optimizer and schedule, unless the loss or the
+        gradient norm is non-finite on any rank; the gradients are dropped either way. Returns
+        (grad norm, stepped, the lr the step used)."""
+        grad_norm = fsdp.grad_norm_and_clip(self.model, self.cfg.grad_clip)
+        ok = fsdp.all_ranks_finite(loss_sum, self.device) and math.isfinite(grad_norm)
+        lr = self.sched.get_last_lr()[0]
+        if ok:
+            if self._ckpt is not None:  # a background save's copies read these in place
+                self._ckpt.guard()
+            self.opt.step()
+            self.sched.step()
+            self.steps_done += 1
+        self.opt.zero_grad(set_to_none=True)
+        return grad_norm, ok, lr
 
     def _alloc_retries(self) -> int:
         """The CUDA caching allocator's count of allocations it retried after freeing its cache
@@ -513,13 +548,15 @@ class LearnerWorker:
         dist.barrier()
 
     # -- weight sync ----------------------------------------------------------------------------
-    def sync_call(self, transport: str, method: str, *args: Any) -> Any:
-        """Run `method` of the rank half of the weight-sync transport named `transport` (a
-        registered name or an import path, agentrl/learner/sync/); its state lives here."""
-        if transport not in self._transports:
-            self._transports[transport] = SYNC_METHODS.get(transport).Rank(self)
+    def on_rank(self, cls: type[Any], fn: Callable[..., T], *args: Any) -> T:
+        """`fn(state, *args)`: `fn` a method of `cls`, a transport's rank half (`Transport.Rank`,
+        agentrl/learner/sync/), `state` its one instance in this rank, made on first use."""
+        if not any(vars(k).get(fn.__name__) is fn for k in cls.__mro__):
+            raise TypeError(f"{fn.__qualname__} is not a method of {cls.__qualname__}")
+        if cls not in self._rank_states:
+            self._rank_states[cls] = cls(self)
         with self._peak("sync", keep_max=True):  # a push is several calls: the most of them
-            return getattr(self._transports[transport], method)(*args)
+            return fn(self._rank_states[cls], *args)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(

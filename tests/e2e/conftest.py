@@ -16,7 +16,7 @@ import pytest
 from readme_kit import readme_add_env
 
 from agentrl.learner import RayConfig
-from agentrl.learner.group import start_ray, stop_ray
+from agentrl.learner.ray_start import start_ray, stop_ray
 
 HERE = Path(__file__).resolve().parent
 

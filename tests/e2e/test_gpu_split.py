@@ -10,7 +10,7 @@ import pytest
 import ray
 
 from agentrl.learner import RayConfig
-from agentrl.learner.group import start_ray, stop_ray
+from agentrl.learner.ray_start import start_ray, stop_ray
 
 pytestmark = pytest.mark.own_ray  # stops the shared Ray (conftest): runs after its users
 

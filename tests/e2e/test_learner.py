@@ -16,7 +16,8 @@ from agentrl.batch import TrainBatch, global_norm, micro_batches
 from agentrl.learner import LearnerConfig, LearnerError, RayConfig
 from agentrl.learner.forward import token_logprobs
 from agentrl.learner.fsdp import ParamSpec, lr_factor, plan_buckets
-from agentrl.learner.group import LearnerGroup, listening_sockets, start_ray
+from agentrl.learner.group import LearnerGroup
+from agentrl.learner.ray_start import listening_sockets, start_ray
 from agentrl.loss import LossConfig
 
 PPO = LossConfig(name="ppo_clip")
@@ -75,11 +76,11 @@ def test_two_ranks_match_one_rank_then_skip_nan_then_checkpoint(groups, tmp_path
     assert len(mbs2[0]) == len(mbs2[1]) and len(mbs1[0]) != len(mbs2[0])  # uneven splits
 
     # Same loss and gradients: the ranks' loss shares add up to the 1-rank loss.
-    loss1 = sum(one.call_per_rank("accumulate_grads", mbs1, "ppo_clip", PPO))
-    loss2 = sum(two.call_per_rank("accumulate_grads", mbs2, "ppo_clip", PPO))
-    grads1, grads2 = one.call("full_grads")[0], two.call("full_grads")[0]
-    one.call("zero_grad")
-    two.call("zero_grad")
+    loss1 = sum(one.accumulate_grads(mbs1, "ppo_clip", PPO))
+    loss2 = sum(two.accumulate_grads(mbs2, "ppo_clip", PPO))
+    grads1, grads2 = one.full_grads(), two.full_grads()
+    one.zero_grad()
+    two.zero_grad()
     assert loss1 == pytest.approx(loss2, abs=1e-6)
     assert len(grads1) == 24 and max(g.abs().max().item() for g in grads1.values()) > 0.1
     assert max_diff(grads1, grads2) < 1e-5

@@ -18,7 +18,8 @@ from ray.cluster_utils import Cluster
 from agentrl.config import compose
 from agentrl.engine import EngineConfig, RayServer, launch_fleet
 from agentrl.learner import LearnerConfig, LearnerError, RayConfig
-from agentrl.learner.group import LearnerGroup, _loopback, listening_sockets, start_ray, stop_ray
+from agentrl.learner.group import LearnerGroup
+from agentrl.learner.ray_start import _loopback, listening_sockets, start_ray, stop_ray
 from agentrl.run import open_run
 from agentrl.train import Trainer
 

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from agentrl.config import compose
 from agentrl.envs.code_exec import CodeExecEnv
-from agentrl.learner.group import stop_ray
+from agentrl.learner.ray_start import stop_ray
 from agentrl.run import open_run
 from agentrl.train import Trainer, TrainingError, train
 from agentrl.types import ConfigError

@@ -14,9 +14,11 @@ from transformers import AutoConfig
 from agentrl.batch import TrainBatch, global_norm, micro_batches
 from agentrl.engine import EngineClient, SamplingParams
 from agentrl.learner import LearnerConfig, RayConfig
-from agentrl.learner.group import LearnerGroup, start_ray, stop_ray
+from agentrl.learner.group import LearnerGroup
 from agentrl.learner.memory import heads_of
-from agentrl.learner.sync.tensor import plan_direct
+from agentrl.learner.ray_start import start_ray, stop_ray
+from agentrl.learner.sync import SYNC_METHODS
+from agentrl.learner.sync.tensor import TensorSync, plan_direct
 from agentrl.learner.tp import Heads, plan_tp, shard
 from agentrl.loss import LossConfig
 from agentrl.weight_sync import WeightSyncConfig, make_weight_sync
@@ -58,7 +60,8 @@ def train_once(policy: LearnerGroup, completion: list[int], adv: float) -> None:
 
 # A transport written outside agentrl/ (one file, named by import path): every rank gathers each
 # bucket, rank 0 hands the full tensors back through Ray's object store, the driver posts them to
-# the servers. Its rank half runs inside the learner workers, so they must import this module.
+# the servers. Its rank half runs inside the learner workers (the driver names its methods by
+# reference: `self.ranks(ObjectStoreSync.Rank.bucket, …)`), so they must import this module.
 USER_TRANSPORT = """
 import time
 from agentrl.engine import encode_named_tensors
@@ -76,7 +79,7 @@ class ObjectStoreSync(Transport):
             await self.setup()
         t0 = time.perf_counter()
         for i, bucket in enumerate(self.buckets):
-            tensors = self.rank_call("bucket", bucket)[0]
+            tensors = self.ranks(ObjectStoreSync.Rank.bucket, bucket)[0]
             last = i == len(self.buckets) - 1
             await self.engine.control.update_weights_from_tensor(
                 [encode_named_tensors(tensors)], weight_version=version if last else None,
@@ -145,11 +148,12 @@ def test_each_learner_rank_cuts_its_tp_ranks_slices(policy, tiny_model_dir, tp_s
     assert sum(g is not None for g in groups) > 2  # several direct buckets
     heads = heads_of(AutoConfig.from_pretrained(tiny_model_dir))
     assert heads == Heads(4, 2, 16)
+    user = SYNC_METHODS.get("user_transport:ObjectStoreSync")
     for bucket, fused in zip(buckets, groups, strict=True):
         if fused is None:  # a vocabulary the engine pads: full tensors, the server's loader
             continue
-        per_rank = policy.call("sync_call", "tensor", "tp_views", bucket, tp_size)
-        full = policy.call("sync_call", "user_transport:ObjectStoreSync", "bucket", bucket)[0]
+        per_rank = policy.on_ranks(TensorSync.Rank, TensorSync.Rank.tp_views, bucket, tp_size)
+        full = policy.on_ranks(user.Rank, user.Rank.bucket, bucket)[0]
         plan = plan_tp([(s.name, s.shape) for s in bucket], tp_size, heads)
         for rank, got in enumerate(per_rank):
             assert sorted(got) == [t for t in range(tp_size) if t % 2 == rank]
@@ -162,7 +166,7 @@ def test_each_learner_rank_cuts_its_tp_ranks_slices(policy, tiny_model_dir, tp_s
         # two servers whose TP ranks' GPUs hold the learner ranks the other way round: each
         # learner rank cuts the slices it packs, for both servers
         swapped = [[(t + 1) % 2 for t in range(tp_size)]] * 2
-        mine = policy.call("sync_call", "tensor", "tp_views", bucket, tp_size, swapped)
+        mine = policy.on_ranks(TensorSync.Rank, TensorSync.Rank.tp_views, bucket, tp_size, swapped)
         assert [sorted(got) for got in mine] == [
             [t for t in range(tp_size) if (t + 1) % 2 == r] for r in (0, 1)
         ]
@@ -174,9 +178,9 @@ def test_a_bf16_gather_casts_each_shard_first_and_gives_the_same_numbers(policy)
     bf16 = [s for b in policy.buckets(1.0, "bfloat16") for s in b]
     fp32 = [s for b in policy.buckets(1.0, "float32") for s in b]
     assert [s.name for s in bf16] == [s.name for s in fp32]
-    user = "user_transport:ObjectStoreSync"
-    got = policy.call("sync_call", user, "bucket", bf16)[0]
-    ref = policy.call("sync_call", user, "bucket", fp32)[0]
+    user = SYNC_METHODS.get("user_transport:ObjectStoreSync")  # the class the config names
+    got = policy.on_ranks(user.Rank, user.Rank.bucket, bf16)[0]
+    ref = policy.on_ranks(user.Rank, user.Rank.bucket, fp32)[0]
     assert got and set(got) == set(ref)
     for name, t in got.items():
         assert t.dtype == torch.bfloat16 and torch.equal(t, ref[name].to(torch.bfloat16)), name

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agentrl.learner import RayConfig
-from agentrl.learner.group import start_ray, stop_ray
+from agentrl.learner.ray_start import start_ray, stop_ray
 
 
 @pytest.fixture(scope="module")

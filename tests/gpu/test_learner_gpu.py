@@ -28,9 +28,9 @@ PPO_ENGINE = LossConfig(name="ppo_clip", ratio="engine")
 
 def grads_and_loss(group: LearnerGroup, batch: TrainBatch) -> tuple[float, dict]:
     per_rank = micro_batches(batch, group.world_size, max_tokens=400)
-    loss = sum(group.call_per_rank("accumulate_grads", per_rank, "ppo_clip", PPO))
-    grads = group.call("full_grads")[0]
-    group.call("zero_grad")
+    loss = sum(group.accumulate_grads(per_rank, "ppo_clip", PPO))
+    grads = group.full_grads()
+    group.zero_grad()
     return loss, grads
 
 
@@ -67,9 +67,9 @@ def test_offload_frees_gpu_and_onload_restores(ray_on, model_dir) -> None:
     try:
         per_rank = micro_batches(make_batch(), 1, 400)
         group.train_step(per_rank, "ppo_clip", PPO)  # optimizer state exists now
-        before, state = group.call("memory_stats")[0], group.full_state()
+        before, state = group.memory_stats()[0], group.full_state()
         group.offload()
-        offloaded = group.call("memory_stats")[0]
+        offloaded = group.memory_stats()[0]
         group.onload()
         back = group.full_state()
         m = group.train_step(per_rank, "ppo_clip", PPO)

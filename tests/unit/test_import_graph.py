@@ -3,15 +3,19 @@ and sandbox/. Every import statement counts: top-level, function-local and `if T
 ones alike, so a cycle cannot hide behind a lazy import.
 
 - no import cycles between modules;
-- layers: records (torch-free) ← library ← assembly (run.py) ← entry points (train.py, cli/,
-  config.py); a module imports only its own layer or those below (config.py: entry points and
-  run.py only);
+- layers: records (torch-free) ← library ← assembly (run.py, run_learners.py) ← entry points
+  (train.py, cli/, config.py); a module imports only its own layer or those below (config.py:
+  entry points and the assembly only);
 - ray / torch.distributed / sglang only in agentrl/learner/, weight_sync.py, the dev server and the
   engine launcher; Hydra / OmegaConf only in the entry points;
 - a wing (agentrl/engine/) is imported from outside only through its `__init__.py`;
 - fewer than 10 function-local imports of our own modules, each with a `# local: why` comment;
 - no parameter or attribute named `cfg` annotated `Any` (the way past the layers above: a
-  module that needs settings takes its own typed section, or plain values).
+  module that needs settings takes its own typed section, or plain values);
+- no method name crosses the Ray boundary as a string: the driver calls a learner rank's method
+  as an attribute (`w.memory_stats.remote()`) and a transport's rank half by reference
+  (`learner.on_ranks(TensorSync.Rank, TensorSync.Rank.bucket, …)`), so a type checker and a
+  reader follow every call (`string_dispatch`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ RECORDS = {"agentrl", "agentrl.types", "agentrl.env", "agentrl.agent_env", "agen
            "agentrl.parsers", "agentrl.render", "agentrl.registry"}  # fmt: skip
 RECORD_PACKAGES = ("agentrl.parsers",)  # their modules are records too (one per tool-call format)
 ENTRY = ("agentrl.train", "agentrl.cli", "agentrl.config")
-ASSEMBLY = ("agentrl.run",)
+ASSEMBLY = ("agentrl.run", "agentrl.run_learners")
 HEAVY = ("ray", "torch.distributed", "sglang")
 HEAVY_OK = ("agentrl.learner", "agentrl.weight_sync", "agentrl.engine.dev", "agentrl.engine.fleet")
 WINGS = (
@@ -171,7 +175,7 @@ def violations(g: Graph) -> list[str]:
         if _under(e.dst, HEAVY) and not _under(e.src, HEAVY_OK):
             bad.append(f"{where}: ray/torch.distributed/sglang belong in {HEAVY_OK}")
         if _under(e.dst, CONFIG) and not _under(e.src, CONFIG_OK):
-            bad.append(f"{where}: the config and Hydra stay in the entry points and run.py")
+            bad.append(f"{where}: the config and Hydra stay in the entry points and the assembly")
         if is_record(e.src) and _under(e.dst, ("torch",)):
             bad.append(f"{where}: the records layer is torch-free")
         if dst is None or dst == e.src:
@@ -218,6 +222,64 @@ def any_configs(root: Path, packages: tuple[str, ...] = PACKAGES) -> list[str]:
 def local_imports(g: Graph) -> list[Edge]:
     """Function-local imports of our own modules."""
     return [e for e in g.edges if e.kind == "local" and g.ours(e.dst) is not None]
+
+
+# string-dispatch fan-outs (the old LearnerGroup API and its relatives): a literal first argument
+# is a method name looked up on the far side
+DISPATCHERS = {"call", "call_async", "call_rank0", "call_per_rank", "sync_call", "rank_call"}
+WORKERISH = {"w", "worker", "self.worker"}
+
+
+def _is_str(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def _remote_ok(target: ast.expr) -> bool:
+    """`X.remote(...)` is fine when X is a method named as an attribute (`w.offload`,
+    `self.workers[0].node`) or an actor or task being made (`ray.remote(C).options(...)`)."""
+    if isinstance(target, ast.Attribute) or ast.unparse(target) == "ray":  # ray.remote(C)
+        return True
+    if isinstance(target, ast.Call):
+        f = target.func
+        return ast.unparse(f) == "ray.remote" or (isinstance(f, ast.Attribute)
+                                                   and f.attr == "options")  # fmt: skip
+    return False
+
+
+def string_dispatch(root: Path, package: str = "agentrl") -> list[str]:
+    """Calls that name a method by a string where it crosses to a Ray actor: a string-literal
+    first argument to a dispatcher (`g.call("memory_stats")`, `sync_call("tensor", "bucket")`),
+    `.remote` on anything but an attribute (`getattr(w, name).remote()`), `.remote` on a
+    dispatcher (`w.sync_call.remote(name, …)`), and, in learner code,
+    `getattr` on a worker or a getattr'd method called at once (`getattr(state, method)(...)`;
+    torch's own switches aside)."""
+    bad: list[tuple[str, int, str]] = []
+    for path in sorted((root / package).rglob("*.py")):
+        where = path.relative_to(root)
+        if (root / package / where.parts[1]).is_symlink():
+            continue  # agentrl/{envs,tools,sandbox}: no Ray there
+        learner = where.parts[1] == "learner"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            f, text = node.func, ast.unparse(node)[:80]
+            named = node.args and _is_str(node.args[0])
+            if isinstance(f, ast.Attribute) and f.attr in DISPATCHERS and named:
+                bad.append((str(where), node.lineno, f"method named by a string: {text}"))
+            if isinstance(f, ast.Attribute) and f.attr == "remote":
+                if not _remote_ok(f.value):
+                    bad.append((str(where), node.lineno, f".remote on a looked-up method: {text}"))
+                elif isinstance(f.value, ast.Attribute) and f.value.attr in DISPATCHERS:
+                    bad.append((str(where), node.lineno, f"a dispatcher over Ray: {text}"))
+            if learner and isinstance(f, ast.Call) and ast.unparse(f.func) == "getattr":
+                obj, name = f.args[0], f.args[1]
+                if not _is_str(name) and not ast.unparse(obj).startswith("torch."):
+                    bad.append((str(where), node.lineno, f"a method called by name: {text}"))
+            if learner and ast.unparse(f) == "getattr" and node.args:
+                obj = ast.unparse(node.args[0])
+                if obj in WORKERISH or "workers" in obj:
+                    bad.append((str(where), node.lineno, f"getattr on a worker: {text}"))
+    return [f"{f}:{line}: {what}" for f, line, what in sorted(bad)]
 
 
 # -- the tests ----------------------------------------------------------------------------------
@@ -289,3 +351,41 @@ def test_the_checks_catch_a_planted_cycle_and_breaches(tmp_path: Path) -> None:
     assert "agentrl.evaluate:2 imports agentrl.engine.client: import what agentrl.engine" in found
     assert found.count("import what") == 1  # the package's own modules import each other freely
     assert [(e.src, e.kind) for e in local_imports(g)] == [("agentrl.loss", "local")]
+
+
+def test_no_method_name_crosses_the_ray_boundary_as_a_string() -> None:
+    assert string_dispatch(ROOT) == [], "call the method as an attribute, or pass it by reference"
+
+
+def test_the_dispatch_check_catches_each_form(tmp_path: Path) -> None:
+    """Today's typed calls pass; each string-dispatch form of the old API is caught."""
+    (tmp_path / "agentrl" / "learner").mkdir(parents=True)
+    (tmp_path / "agentrl" / "run.py").write_text(
+        "g.call('memory_stats')\n"  # 1
+        "g.call_rank0('model_dtype')\n"  # 2
+        "g.memory_stats()\n"
+        "http.call(s, 'GET', '/health')\n"  # a first argument that is no method name
+        "actor = ray.remote(Server).options(num_cpus=1).remote(cfg)\n"
+    )
+    (tmp_path / "agentrl" / "learner" / "group.py").write_text(
+        "refs = [getattr(w, method).remote(*args) for w in self.workers]\n"  # 1
+        "x = getattr(self.workers[0], 'node')\n"  # 2
+        "self.call_async('sync_call', self.name, 'release')\n"  # 3
+        "refs = [w.offload.remote() for w in self.workers]\n"
+        "ref = self.workers[0].on_rank.remote(cls, fn, 1)\n"
+        "w.sync_call.remote('tensor', 'join')\n"  # 4
+        "m = w.node\nm.remote()\n"  # 5: a name, not an attribute
+    )
+    (tmp_path / "agentrl" / "learner" / "worker.py").write_text(
+        "out = getattr(self._transports[transport], method)(*args)\n"  # 1
+        "getattr(torch.backends.cuda, f'enable_{name}_sdp')(True)\n"
+        "pad = getattr(mb, 'is_padding', False)\n"
+        "fn(self._rank_states[cls], *args)\n"
+    )
+    found = string_dispatch(tmp_path)
+    lines = sorted({f.split(": ", 1)[0] for f in found})
+    assert lines == [
+        "agentrl/learner/group.py:1", "agentrl/learner/group.py:2", "agentrl/learner/group.py:3",
+        "agentrl/learner/group.py:6", "agentrl/learner/group.py:8", "agentrl/learner/worker.py:1",
+        "agentrl/run.py:1", "agentrl/run.py:2",
+    ], found  # fmt: skip

@@ -118,7 +118,7 @@ def test_user_estimator_loss_parser_backend_and_sync_by_import_path(user_ext):
     asyncio.run(sb.aclose())
     assert res.stdout == "42\n"
     sync = make_weight_sync(cfg.weight_sync, learner=None, engine=None)  # type: ignore[arg-type]
-    assert isinstance(sync, ext.MySync) and sync.name == "user_ext:MySync"
+    assert type(sync) is ext.MySync  # the class itself: its rank half is run by reference
     assert ext.CALLS[:2] == ["estimator", "sandbox"]
 
 

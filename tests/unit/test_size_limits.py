@@ -19,14 +19,6 @@ MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 SIZE_REASON = re.compile(r"(?m)^Size: \S")
 
-# Over a limit today and being split on other branches of issue 39. This set must shrink to
-# empty: take a file out when it lands within the limits (the last test fails until you do).
-PENDING = {
-    "agentrl/run.py",
-    "agentrl/learner/worker.py",
-    "agentrl/learner/group.py",
-}
-
 
 def _modules() -> list[Path]:
     """Every .py file of the packages, relative to ROOT, the linked directories left out."""
@@ -73,10 +65,5 @@ def test_the_walk_sees_every_package_once():
 
 
 def test_modules_and_functions_are_within_the_limits():
-    problems = [p for rel in _modules() if str(rel) not in PENDING for p in _problems(rel)]
+    problems = [p for rel in _modules() for p in _problems(rel)]
     assert not problems, "\n".join(problems)
-
-
-def test_pending_files_still_need_it():
-    done = [f for f in sorted(PENDING) if (ROOT / f).exists() and not _problems(Path(f))]
-    assert not done, f"within the limits now: take {done} out of PENDING"

@@ -3,7 +3,8 @@ transport (see base.py for the contract):
 
     distributed  a trainer+servers process group, rank 0 broadcasts (gloo on CPU, NCCL on GPU)
     disk         rank 0 writes a transformers dir; the servers reload it
-    tensor       colocated GPUs: CUDA-IPC handles of one buffer per bucket
+    tensor       colocated GPUs: CUDA-IPC handles of one buffer per bucket, each learner rank
+                 posting them to the server on its GPU
 
 and, for LoRA runs (learner.lora.sync, not a method), only the adapters, through SGLang's LoRA routes (adapter.py).
 

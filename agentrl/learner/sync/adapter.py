@@ -101,9 +101,10 @@ def sglang_args(lora_cfg: LoraConfig, extra_args: list[str], colocate: bool = Fa
 
 
 class AdapterSync(Transport):
-    # not a weight_sync.method of its own (learner.lora.sync picks it); the ranks find their
-    # half by this import path
-    name = "agentrl.learner.sync.adapter:AdapterSync"
+    """Not a weight_sync.method of its own: learner.lora.sync picks it."""
+
+    summary = "writes PEFT's adapter dir the servers load"
+    shared_filesystem = True
 
     class Rank(Transport.Rank):
         def write(self, path: str, dtype: str) -> int:
@@ -137,7 +138,7 @@ class AdapterSync(Transport):
         self.pushes += 1
         name = f"agentrl-v{version}-{self.pushes}"  # a restarted server's push reuses a version
         path = self.root / name
-        sizes = await asyncio.to_thread(self.rank_call, "write", str(path), self.dtype)
+        sizes = await asyncio.to_thread(self.ranks, AdapterSync.Rank.write, str(path), self.dtype)
         self.total_bytes = sizes[0]
         t_write = time.perf_counter() - t0
         await self.serve(name, path, version)

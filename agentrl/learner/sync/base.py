@@ -1,13 +1,25 @@
-"""What every weight-sync transport shares: its settings, its registry, and the 30-line base.
+"""What every weight-sync transport shares: its settings, its registry, and the base class.
 
 A transport moves the policy's full weights to the rollout engines after an optimizer step. It is
 one class with two halves, in one file under `agentrl/learner/sync/`:
 
-- the driver half (`setup`, `push(version)`, `close`), in the trainer process: it asks the learner
-  group to gather and send, and tells the engines what arrives (SGLang's HTTP protocol);
-- the rank half (`Transport.Rank`), one instance inside every learner rank, created on first use:
-  the driver reaches it with `learner.call("sync_call", name, "method", ...)` (every rank, a
-  collective such as gathering a bucket) or `learner.call_rank0(...)`.
+- the rank half (`Transport.Rank`), one instance inside every learner rank (a Ray actor), created
+  on first use and kept by its class: the weights leave from here. It gathers the FSDP shards
+  (a collective) and sends them itself: a broadcast (distributed), files (disk), or its own
+  HTTP request to the server on its GPU (tensor: CUDA-IPC handles, `agentrl.engine.post_each`);
+- the driver half (`setup`, `push(version)`, `close`), in the trainer process, only orders the
+  steps: it runs the rank half's methods and tells the engines what they need to know (SGLang's
+  HTTP protocol through `engine.control`: memory, versions, cache, the names of a broadcast).
+
+The driver runs a rank method by reference, never by its name, so a type checker follows the
+call and its arguments:
+
+    self.ranks(TensorSync.Rank.gpu_id)                 # every rank; their results
+    self.learner.on_rank0(self.Rank, DistributedSync.Rank.prepare, name, address)
+
+Each transport states what it needs of the deployment as class attributes (`same_host`,
+`shared_filesystem`, `needs_nccl_group`, `gpu_only`); the config and the run check those of the
+resolved class, never the method's name.
 
 Adding a transport is one new module here (plus its import in `__init__.py`), or none at all: a
 class anywhere, named in the config by import path (`weight_sync.method=my_pkg.sync:MySync`).
@@ -17,9 +29,11 @@ from __future__ import annotations
 
 import math
 import os
+import typing
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Concatenate, Literal, Protocol, TypeVar
 
 import ray
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -29,6 +43,11 @@ from agentrl.learner import LearnerConfig
 from agentrl.learner.fsdp import ParamSpec
 from agentrl.registry import Registry
 
+if TYPE_CHECKING:
+    from agentrl.learner.worker import LearnerWorker
+
+P = typing.ParamSpec("P")  # not fsdp.ParamSpec: a function's parameters
+T = TypeVar("T")
 SYNC_METHODS: Registry[type[Transport]] = Registry("weight-sync method", "weight_sync.method")
 
 
@@ -70,7 +89,12 @@ class WeightSyncConfig(BaseModel):
     @field_validator("method")
     @classmethod
     def _known(cls, v: str) -> str:
-        return SYNC_METHODS.check(v)
+        found = SYNC_METHODS.get(SYNC_METHODS.check(v))
+        if not (isinstance(found, type) and issubclass(found, Transport)):
+            raise ValueError(  # its requirements (`same_host`, ...) are read from the class
+                f"weight_sync.method={v!r} is not a subclass of agentrl.weight_sync.Transport"
+            )
+        return v
 
     @field_validator("bucket_mb")
     @classmethod
@@ -88,26 +112,41 @@ class Learner(Protocol):
     """What a transport needs of the policy's `LearnerGroup` (agentrl/learner/group.py)."""
 
     cfg: LearnerConfig
-    workers: list[Any]
+    world_size: int
 
-    def call(self, method: str, *args: Any) -> list[Any]: ...
-    def call_async(self, method: str, *args: Any) -> list[Any]: ...
-    def call_rank0(self, method: str, *args: Any) -> Any: ...
+    def on_ranks(
+        self, cls: type[Any], fn: Callable[Concatenate[Any, P], T], *args: P.args
+    ) -> list[T]: ...
+    def on_ranks_async(
+        self, cls: type[Any], fn: Callable[Concatenate[Any, P], T], *args: P.args
+    ) -> list[Any]: ...
+    def on_rank0(
+        self, cls: type[Any], fn: Callable[Concatenate[Any, P], T], *args: P.args
+    ) -> T: ...
+    def on_rank0_async(
+        self, cls: type[Any], fn: Callable[Concatenate[Any, P], T], *args: P.args
+    ) -> Any: ...
     def model_dtype(self) -> str: ...
     def buckets(self, bucket_mb: float, dtype: str | None = None) -> list[list[ParamSpec]]: ...
 
 
 class Transport:
-    """Base of the transports. Subclasses set `name` (what `learner.call("sync_call", …)` resolves
-    in the worker: a registered name or an import path) and implement `push`."""
+    """Base of the transports. Subclasses implement `push`, define their `Rank` half when they
+    need state in the ranks, and say what they need of the deployment (checked by the config
+    and the run before anything starts)."""
 
-    name: ClassVar[str] = ""
     default_bucket_mb: ClassVar[float] = 256.0  # weight_sync.bucket_mb=auto
+    # what the transport does, for errors that name a requirement ("hands CUDA-IPC handles ...")
+    summary: ClassVar[str] = "sends the weights"
+    same_host: ClassVar[bool] = False  # the servers must run on the learner's host
+    shared_filesystem: ClassVar[bool] = False  # the servers read files the learner writes
+    needs_nccl_group: ClassVar[bool] = False  # a process group with the servers (NCCL on GPU)
+    gpu_only: ClassVar[bool] = False  # the learner must run on CUDA
 
     class Rank:
         """The rank half: state kept inside one learner worker (e.g. a process group)."""
 
-        def __init__(self, worker: Any) -> None:
+        def __init__(self, worker: LearnerWorker) -> None:
             self.worker = worker  # the LearnerWorker: .model, .rank, .device, .world_size
 
         def close(self) -> None:
@@ -138,9 +177,11 @@ class Transport:
     async def close(self) -> None:
         return None
 
-    def rank_call(self, method: str, *args: Any) -> list[Any]:
-        """Run `Rank.method(*args)` on every learner rank (blocking); their results."""
-        return self.learner.call("sync_call", self.name, method, *args)
+    def ranks(self, fn: Callable[Concatenate[Any, P], T], *args: P.args) -> list[T]:
+        """`fn(state, *args)` on every learner rank (blocking), `state` the rank's instance of
+        this transport's `Rank` and `fn` one of its methods (`MySync.Rank.bucket`); the results
+        in rank order."""
+        return self.learner.on_ranks(self.Rank, fn, *args)
 
     def _plan(self) -> None:
         dtype = self.learner.model_dtype() if self.cfg.dtype == "auto" else self.cfg.dtype

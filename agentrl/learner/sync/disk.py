@@ -1,7 +1,8 @@
 """`weight_sync.method=disk`: learner rank 0 writes a transformers dir (safetensors, one shard per
-bucket) under `disk_dir/v<version>` (every rank gathers with it), then every server reloads it
-with `/update_weights_from_disk`. Needs a file system the servers see; the slowest transport, and
-the one that works wherever the others do not."""
+bucket) under `disk_dir/v<version>` (every rank gathers with it: `DiskSync.Rank.write`), then every
+server reloads it with `/update_weights_from_disk` (the driver sends the path, nothing else).
+Needs a file system the servers see; the slowest transport, and the one that works wherever the
+others do not."""
 
 from __future__ import annotations
 
@@ -11,14 +12,25 @@ import shutil
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
+from agentrl.learner.fsdp import ParamSpec
 from agentrl.learner.sync.base import SYNC_METHODS, Transport, WeightSyncError
 
 
 @SYNC_METHODS.register("disk")
 class DiskSync(Transport):
-    name = "disk"
-    root: Path | None = None
+    summary = "writes a transformers dir the servers load"
+    shared_filesystem = True  # the servers read what learner rank 0 writes
+
+    class Rank(Transport.Rank):
+        def write(self, out_dir: str, buckets: list[list[ParamSpec]]) -> None:
+            """Collective: every rank gathers each bucket; rank 0 writes it as a shard."""
+            self.worker.save_hf(out_dir, buckets, copy_aux=False)
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.root: Path | None = None
 
     async def setup(self) -> None:
         self._plan()
@@ -32,7 +44,7 @@ class DiskSync(Transport):
         final = self.root / f"v{version}"
         tmp = self.root / f".v{version}-{uuid.uuid4().hex[:8]}"
         # rank 0 writes; the others gather with it
-        await asyncio.to_thread(self.learner.call, "save_hf", str(tmp), self.buckets, False)
+        await asyncio.to_thread(self.ranks, DiskSync.Rank.write, str(tmp), self.buckets)
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)

@@ -5,7 +5,8 @@ Learner rank 0 is rank 0 of the group and hosts its store on `master_address` (b
 Ray node's address: loopback on the local Ray, the node's own across a cluster); each server joins with `/init_weights_update_group` (once). Per push and bucket, every
 learner rank gathers the bucket's full tensors, rank 0 broadcasts them in order, while the
 servers get `/update_weights_from_distributed` (names, dtypes, shapes) and receive them. The last
-bucket stamps the servers with the new weight version.
+bucket stamps the servers with the new weight version. The weights go from rank 0 straight to the
+servers; the driver sends only what it planned itself (the names, dtypes and shapes).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from agentrl.learner.update_group import bind_listen_socket, init_update_group
 
 @SYNC_METHODS.register("distributed")
 class DistributedSync(Transport):
-    name = "distributed"
+    summary = "broadcasts over a process group the servers join"
+    needs_nccl_group = True  # on GPUs: NCCL, which cannot put two ranks on one GPU
 
     class Rank(Transport.Rank):
         def __init__(self, worker: Any) -> None:
@@ -92,13 +94,14 @@ class DistributedSync(Transport):
         if backend == "auto":
             backend = "nccl" if self.learner.cfg.resolved_device() == "cuda" else "gloo"
         name = self.cfg.group_name
-        addr, port = self.learner.call_rank0(
-            "sync_call", self.name, "prepare", name, self.cfg.master_address
+        addr, port = self.learner.on_rank0(
+            self.Rank, DistributedSync.Rank.prepare, name, self.cfg.master_address
         )
         world = 1 + len(self.engine.urls) * self.cfg.ranks_per_server
-        trainer = self.learner.workers[0].sync_call.remote(
-            self.name, "join", name, addr, port, world, backend, self.cfg.timeout_s
-        )
+        trainer = self.learner.on_rank0_async(
+            self.Rank, DistributedSync.Rank.join, name, addr, port, world, backend,
+            self.cfg.timeout_s,
+        )  # fmt: skip
         servers = self.engine.control.init_weights_update_group(
             addr, port, group_name=name, backend=backend,
             ranks_per_server=self.cfg.ranks_per_server,
@@ -119,8 +122,8 @@ class DistributedSync(Transport):
         if not self.ready:
             await self.setup()
         t0 = time.perf_counter()
-        refs = self.learner.call_async(
-            "sync_call", self.name, "broadcast", self.buckets, self.cfg.group_name
+        refs = self.learner.on_ranks_async(
+            self.Rank, DistributedSync.Rank.broadcast, self.buckets, self.cfg.group_name
         )
         try:
             for i, bucket in enumerate(self.buckets):
@@ -149,7 +152,7 @@ class DistributedSync(Transport):
         if self.ready:
             self.ready = False
             name = self.cfg.group_name
-            worker = self.learner.workers[0].sync_call.remote(self.name, "leave", name)
+            worker = self.learner.on_rank0_async(self.Rank, DistributedSync.Rank.leave, name)
             await asyncio.gather(
                 asyncio.wait_for(
                     self.engine.control.destroy_weights_update_group(name), timeout=30

@@ -4,12 +4,20 @@ server loads them (agentrl/learner/ipc.py): `direct` copies fused tensors straig
 parameters, about twice as fast as `flattened_bucket`, which runs the model's `load_weights`.
 The learner and the servers must share the host (and, for speed, the GPU).
 
+The weights leave from the learner ranks: per bucket, every rank gathers it (a collective), the
+ranks that pack for a server serialize their buffers' handles, and the one that packs a server's
+TP rank 0 posts that server's request itself (`Rank.push_bucket`, with the run's token: the
+`Endpoint`s the driver hands over at set-up). The driver only orders the buckets and reads the
+ranks' timings; no handle passes through it.
+
 A tensor-parallel server (`engine.tp` = N, `ranks_per_server`) gets one payload per TP rank: in
 the `direct` format each TP rank t receives only its own slices of every parameter (q/k/v heads,
 gate/up rows, o/down columns, vocabulary rows; agentrl/learner/tp.py), packed by the learner rank
 that serves it (t mod the learner's world size: the same GPU when they are colocated one to one).
 Every learner rank gathers the bucket and cuts its slices, so no GPU ever holds more than one
-bucket of full weights, and no TP rank reads the whole model from GPU 0.
+bucket of full weights, and no TP rank reads the whole model from GPU 0. A server's request
+carries every TP rank's payload (SGLang's protocol), so when several learner ranks pack for one
+server they first exchange the payloads (short strings) over the learner's own process group.
 
 Several colocated servers (`engine.num_servers` > 1, agentrl/engine/fleet.py): each server sees only its
 own GPUs, and every payload it gets is packed by the learner rank on the same GPU (`plan_packers`,
@@ -25,8 +33,11 @@ import os
 import time
 from typing import Any
 
+import httpx
 import torch
+import torch.distributed as dist
 
+from agentrl.engine import Endpoint, EngineError, post_each
 from agentrl.learner import fsdp, ipc, lora, memory, tp
 from agentrl.learner.fsdp import ParamSpec
 from agentrl.learner.sync.base import SYNC_METHODS, Transport, WeightSyncError
@@ -40,7 +51,9 @@ VOCAB_PAD = 64
 
 @SYNC_METHODS.register("tensor")
 class TensorSync(Transport):
-    name = "tensor"
+    summary = "hands CUDA-IPC handles to the servers"
+    same_host = True  # CUDA IPC: the handles open only on this host's GPUs
+    gpu_only = True
     # one bucket is one server request (~5 ms of HTTP and scheduling each) and one transient
     # buffer on the GPU: at 1.5B, 512 MB buckets pushed in 0.064 s, 4096 MB ones in 0.034 s
     # (bench/weight_sync_colocated.py, H100)
@@ -51,6 +64,9 @@ class TensorSync(Transport):
             super().__init__(worker)
             self.hold = ipc.IpcHold()
             self.times: dict[str, float] = {}  # this push so far: see `take_times`
+            self.servers: list[Endpoint] = []  # every server, in the driver's order
+            self.rows: list[list[int]] = []  # [server][TP rank] -> the learner rank packing it
+            self.http: httpx.Client | None = None
 
         def _timed(self, key: str, t0: float) -> float:
             now = time.perf_counter()
@@ -76,7 +92,8 @@ class TensorSync(Transport):
             """Seconds this rank spent in the push since the last call, by part: `pending` (GPU
             work queued before the push), `pack` (gather, cast, copy: host time; the direct
             format splits it into pack_gather, pack_alloc, pack_copy), `serialize`
-            (the IPC handles), `wait` (the packing copies still running on the GPU)."""
+            (the IPC handles), `wait` (the packing copies still running on the GPU), `post`
+            (this rank's requests to the servers, their loading included)."""
             out, self.times = self.times, {}
             return out
 
@@ -160,30 +177,80 @@ class TensorSync(Transport):
             self._handed(self._timed("serialize", t0))
             return out
 
+        def connect(self, servers: list[Endpoint], rows: list[list[int]]) -> None:
+            """Every server's address and token, and per server the learner rank that packs
+            each TP rank's payload (`TensorSync.rows`): the one packing TP rank 0 posts."""
+            self.servers, self.rows = servers, rows
+            if self.http is None:
+                self.http = httpx.Client()
+
+        def push_bucket(
+            self, bucket: list[ParamSpec], groups: list | None, version: str | None, last: bool
+        ) -> list[str]:
+            """Collective: pack one bucket (`tp_bucket` for a direct bucket at TP > 1, else
+            `direct_bucket` with its fused `groups` or `bucket`) and post each server whose TP
+            rank 0 this rank packs `/update_weights_from_tensor`; `last` flushes their cache,
+            `version` stamps them. Returns what the servers refused (empty: all loaded it)."""
+            w, rows = self.worker, self.rows
+            self.hold.release()  # the last bucket's: every server has answered for it
+            n = len(rows[0])
+            if groups is not None and n > 1:  # each TP rank's own slices
+                got = {w.rank: self.tp_bucket(bucket, n, rows)}
+                if any(r != row[0] for row in rows for r in row):  # several packers a server
+                    everyone: list[Any] = [None] * w.world_size
+                    dist.all_gather_object(everyone, got[w.rank])
+                    got = dict(enumerate(everyone))
+                mine = {s: [got[r][t] for t, r in enumerate(row)]
+                        for s, row in enumerate(rows) if row[0] == w.rank}  # fmt: skip
+            else:  # the same full tensors for every TP rank: its loader cuts its slices
+                packers = sorted({row[0] for row in rows})
+                one = (self.direct_bucket(bucket, groups, packers) if groups is not None
+                       else self.bucket(bucket, packers))  # fmt: skip
+                mine = {s: [one] * n for s, row in enumerate(rows) if row[0] == w.rank}
+            fmt = "flattened_bucket" if groups is None else "direct"
+            body = {"weight_version": version, "load_format": fmt, "flush_cache": last}
+            calls = [(self.servers[s], {"serialized_named_tensors": p, **body})
+                     for s, p in mine.items()]  # fmt: skip
+            if self.http is None:
+                raise RuntimeError("TensorSync.Rank.push_bucket before connect (setup)")
+            t0 = time.perf_counter()
+            try:
+                post_each(self.http, "/update_weights_from_tensor", calls)
+            except EngineError as e:
+                return [str(e)]
+            finally:
+                self._timed("post", t0)
+            return []
+
         def release(self) -> None:
             self.hold.release()
 
         def close(self) -> None:
             self.hold.release()
+            if self.http is not None:
+                self.http.close()
+                self.http = None
 
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self.groups: list = []
         self.packers: list[list[int]] | None = None  # [server][TP rank] -> learner rank
-        self.learner_s = self.engine_s = 0.0
+        self.rows: list[list[int]] = []  # the same for every server (packers, or t % ranks)
 
     async def setup(self) -> None:
-        if self.learner.cfg.resolved_device() != "cuda":
-            raise WeightSyncError(
-                "weight_sync.method=tensor shares CUDA memory and needs the learner on a GPU; "
-                "use weight_sync.method=distributed (or disk) on CPU"
-            )
         self._plan()
+        n = self.cfg.ranks_per_server
+        self.packers = None
         if self.server_gpus:
-            ranks = self.rank_call("gpu_id")
-            self.packers = plan_packers(self.server_gpus, ranks, self.cfg.ranks_per_server)
+            ranks = self.ranks(TensorSync.Rank.gpu_id)
+            self.packers = plan_packers(self.server_gpus, ranks, n)
             log.info("colocated push: learner ranks on GPUs %s pack for servers on %s: %s",
                      ranks, self.server_gpus, self.packers)  # fmt: skip
+        # without the servers' GPUs: TP rank t's payload from learner rank t mod the world size,
+        # the same for every server (one server, or several sharing these GPUs)
+        default = [t % self.learner.world_size for t in range(n)]
+        self.rows = self.packers or [default] * len(self.engine.urls)
+        self.ranks(TensorSync.Rank.connect, self.engine.endpoints(), self.rows)
         fmt, self.groups = self.cfg.load_format, []
         if fmt in ("direct", "auto"):
             self.buckets, self.groups = plan_direct(
@@ -199,17 +266,19 @@ class TensorSync(Transport):
         except BaseException:
             # the ranks' timings of a failed push are not the next one's (not awaited: a dead
             # rank must not hide this error behind its own)
-            self.learner.call_async("sync_call", self.name, "take_times")
+            self.learner.on_ranks_async(self.Rank, TensorSync.Rank.take_times)
             raise
         self.version = version
         seconds = time.perf_counter() - t0
-        per_rank = self.rank_call("take_times")
+        per_rank = self.ranks(TensorSync.Rank.take_times)
         parts = {k: max(r.get(k, 0.0) for r in per_rank) for k in {k for r in per_rank for k in r}}
+        engine_s = parts.pop("post", 0.0)
         return {
             **self._metrics(seconds),
             "sync/direct": float(bool(self.groups)),
-            "sync/learner_s": self.learner_s,  # gather + pack + IPC handles (learner rank 0)
-            "sync/engine_s": self.engine_s,  # the servers' update requests
+            # gather + pack + IPC handles and the calls to the ranks: the push less its requests
+            "sync/learner_s": seconds - engine_s,
+            "sync/engine_s": engine_s,  # the servers' update requests (the slowest rank's)
             **{f"sync/learner_{k}_s": v for k, v in parts.items()},  # the slowest rank's, by part
         }
 
@@ -225,51 +294,27 @@ class TensorSync(Transport):
             await self._send(version)  # every parameter again: the model's own loader
 
     async def _send(self, version: str) -> None:
-        self.learner_s = self.engine_s = 0.0
-        for i, bucket in enumerate(self.buckets):
-            last = i == len(self.buckets) - 1
-            direct = bool(self.groups) and self.groups[i] is not None
-            fmt = "direct" if direct else "flattened_bucket"
-            t0 = time.perf_counter()
-            payloads = await asyncio.to_thread(self._payloads, bucket, direct, i)
-            t1 = time.perf_counter()
-            try:
-                await self.engine.control.update_weights_from_tensor(
-                    payloads,
-                    weight_version=version if last else None,
-                    load_format=fmt,
-                    flush_cache=last,
-                )
-            except Exception as e:
-                raise WeightSyncError(
-                    f"weights v{version}: a server rejected bucket {i} over CUDA IPC "
-                    f"(load_format={fmt}: {e}); the servers must run on this host's GPUs "
-                    "(or use weight_sync.method=distributed)"
-                ) from e
-            finally:
-                # the server has copied the bucket: drop the buffer. Not awaited: the actor runs
-                # calls in order, so it is freed before the next bucket or anything else
-                self.learner.call_async("sync_call", self.name, "release")
-            self.learner_s += t1 - t0
-            self.engine_s += time.perf_counter() - t1
-
-    def _payloads(
-        self, bucket: list[ParamSpec], direct: bool, i: int
-    ) -> list[str] | list[list[str]]:
-        """One payload per TP rank: the TP ranks' own slices (direct, TP > 1), or the same full
-        tensors for every rank, whose loader cuts its slices itself; each packed by the learner
-        rank `packers` names. Per server when the servers' GPUs are known, else one list that
-        every server gets."""
-        n = self.cfg.ranks_per_server
-        packers = self.packers or [[t % len(self.learner.workers) for t in range(n)]]
-        if direct and n > 1:
-            got = self.rank_call("tp_bucket", bucket, n, packers)
-            rows = [[got[r][t] for t, r in enumerate(row)] for row in packers]
-        else:
-            args = ("direct_bucket", bucket, self.groups[i]) if direct else ("bucket", bucket)
-            got = self.rank_call(*args, sorted({row[0] for row in packers}))
-            rows = [[got[row[0]]] * n for row in packers]
-        return rows if self.packers else rows[0]
+        """Bucket by bucket, the ranks pack and post (`Rank.push_bucket`); the last one stamps
+        the servers with `version` and flushes their cache."""
+        try:
+            for i, bucket in enumerate(self.buckets):
+                last = i == len(self.buckets) - 1
+                groups = self.groups[i] if self.groups else None
+                refused = await asyncio.to_thread(
+                    self.ranks, TensorSync.Rank.push_bucket, bucket, groups,
+                    version if last else None, last,
+                )  # fmt: skip
+                if errors := [e for per_rank in refused for e in per_rank]:
+                    fmt = "flattened_bucket" if groups is None else "direct"
+                    raise WeightSyncError(
+                        f"weights v{version}: a server rejected bucket {i} over CUDA IPC "
+                        f"(load_format={fmt}: {'; '.join(errors)}); the servers must run on this "
+                        "host's GPUs (or use weight_sync.method=distributed)"
+                    )
+        finally:
+            # every server has copied the last bucket (or failed): drop its buffers. Not
+            # awaited: the actor runs calls in order, so they are freed before anything else
+            self.learner.on_ranks_async(self.Rank, TensorSync.Rank.release)
 
 
 def plan_packers(
