@@ -4,7 +4,9 @@ With `background=True` (checkpoint.async_save) training does not wait for the fi
 not for the copies either: the weights (gathered on rank 0) and the optimizer shards are copied
 into this writer's own pinned host buffers on a side CUDA stream, and the next step's kernels wait
 for those copies on the GPU (`guard`), so the save returns once the copies are queued (state that
-`learner.offload` left in pinned host memory is copied in the writer's thread instead). Threads
+`learner.offload` left in host memory is copied before it returns: copying it in the writer's
+thread instead wrote a state that was not the one at the save on an H100, the step from the
+reloaded checkpoint off by as much as the step itself, tests/gpu/test_learner_gpu.py). Threads
 then write the files from the host buffers while the next steps train (the optimizer through
 `torch.distributed.checkpoint.save`, on a gloo group of its own, never the training group the
 main thread uses meanwhile). The driver commits the checkpoint (agentrl/ckpt.py: COMPLETE marker,
@@ -86,8 +88,6 @@ class CheckpointWriter:
         self.copied: torch.cuda.Event | None = None  # the last save's copies, recorded on stream
         self.reserving: Future | None = None  # reserve()'s allocation
         self.fresh_in_save = 0
-        # (host buffer, offloaded source) copies the next write() does in its thread
-        self.deferred: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.root: Path | None = None  # the checkpoint being saved (named by a full disk's error)
 
     def save(
@@ -141,7 +141,6 @@ class CheckpointWriter:
             _save_optimizer(model, opt, sched, root / "optim", fmt, self.rank, self)
         if self.stream is not None:
             self.copied = self.stream.record_event()
-        _copy_all(self.deferred)  # staged for no write of this rank: copied now
         dist.barrier()
         return self.fresh_in_save
 
@@ -185,12 +184,11 @@ class CheckpointWriter:
         if not background:
             fn(*args)
             return
-        stream, copies, self.deferred, root = self.stream, self.deferred, [], self.root
+        stream, root = self.stream, self.root
 
         def run() -> Any:
             if stream is not None:
                 stream.synchronize()  # the host buffers hold the copies
-            _copy_all(copies)  # offloaded state: host to host, here instead of blocking
             if root is None:
                 return fn(*args)
             with _naming_a_full_disk(root):
@@ -225,23 +223,14 @@ class CheckpointWriter:
             buf = self.host[key] = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
             self.fresh_in_save += 1
         if t.is_cuda and self.stream is not None:
+            # `t` may come from kernels queued after the save began (a bucket's gather and cast)
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self.stream):
                 buf.copy_(t, non_blocking=True)
             t.record_stream(self.stream)  # its memory is not reused before the copy is done
-        elif self._offloaded(t):
-            self.deferred.append((buf, t))
         else:
             buf.copy_(t)
         return buf
-
-    def _offloaded(self, t: torch.Tensor) -> bool:
-        """A GPU learner's state in pinned host memory: what `learner.offload` moved there. It
-        is never written in place (the onload copies it to new GPU tensors, the next offload
-        into new host blocks), so holding it until the writer's thread has copied it is a
-        snapshot, and the host-to-host copy (18 GB at 1.5B with offload=all, whose saves blocked
-        2.8-3.3 s against 1.5 s with offload=none) leaves the critical path. Anything else on the
-        host (a CPU learner's parameters, Adam's step counters) is live and copied now."""
-        return self.stream is not None and not t.is_cuda and t.is_pinned()
 
     def finish(self, wait: bool) -> bool:
         """True when this rank's writes are done (raising their error); `wait` blocks for them."""
@@ -251,13 +240,6 @@ class CheckpointWriter:
             f.result()
         self.pending = []
         return True
-
-
-def _copy_all(copies: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    """(host buffer, source) pairs copied, then dropped: the sources' memory may be reused."""
-    for buf, src in copies:
-        buf.copy_(src)
-    copies.clear()
 
 
 def _save_optimizer(
