@@ -120,9 +120,12 @@ def test_lora_adapters_reach_colocated_sglang_after_each_push(
     for r in rows:
         if fp16:  # no bf16 floor to hide behind: the bar
             assert r["fresh"] <= 0.01 and r["fresh_prefill"] <= 0.01
-        # after a push the engine serves the trainer's model: no further from it than identical
-        # weights are (the floor), or than 0.01
-        assert r["fresh"] < max(1.5 * floor["sampled"], 0.01)
-        assert r["fresh_prefill"] < max(1.5 * floor["prefill"], 0.01)
+        # after a push the engine serves the trainer's model: about as far from it as identical
+        # weights are (the floor), or within 0.01. Merged, the engine's weights are W + s·BA
+        # rounded to bf16 once more than the learner's: 1.27-1.57x the floor on an H100
+        # (2026-11-27), where the stale model is 4-5x
+        bound = 2.0 if route == "merged" else 1.5
+        assert r["fresh"] < max(bound * floor["sampled"], 0.01)
+        assert r["fresh_prefill"] < max(bound * floor["prefill"], 0.01)
         # and what the engine served before the push is measurably off the trained model
         assert r["stale"] > 2 * r["fresh"]
