@@ -20,6 +20,7 @@ from typing import Any
 import openai
 
 from agentrl.agent_env import AgentEnv
+from agentrl.agent_workers import AgentRaised, AgentWorkerDied, AgentWorkers, Job, openai_client
 from agentrl.engine import EngineUnavailable
 from agentrl.env import read_reward
 from agentrl.gateway import EpisodeCapture, Gateway
@@ -30,15 +31,6 @@ from agentrl.types import ConfigError, FinishReason, StopReason, Task, Trajector
 log = logging.getLogger(__name__)
 
 NO_REQUESTS = "AgentEnv: the agent returned without calling the model (no requests)"
-
-
-def openai_client(base_url: str, key: str, timeout_s: float, http: Any = None) -> Any:
-    """The client an agent gets: retries off (a refused request is an answer, not a glitch).
-    `http`: one connection pool for all episodes (a client of its own builds an SSL context
-    and reads the CA bundle: 15 ms an episode, a quarter of the gateway's cost)."""
-    return openai.AsyncOpenAI(
-        base_url=base_url, api_key=key, max_retries=0, timeout=timeout_s, http_client=http
-    )
 
 
 class AgentEpisodes:
@@ -64,8 +56,12 @@ class AgentEpisodes:
         self.reference = reference  # task -> {"reference": …} for people reading trajectories
         self._lock = asyncio.Lock()
         self._http: Any = None
+        n = gateway.cfg.agent_workers
+        self.workers = AgentWorkers(n) if n and env_cls.command is None else None
 
     async def aclose(self) -> None:
+        if self.workers is not None:
+            await self.workers.aclose()
         if self._http is not None:
             http, self._http = self._http, None
             await http.aclose()
@@ -92,8 +88,9 @@ class AgentEpisodes:
         stop, error, returned = StopReason.COMPLETED, None, False
         try:
             env = self.env_cls(task, ctx, **self.env_kwargs)
-            client = openai_client(url, ep.key, self.episode_timeout_s, self._pool())
-            env.result = await asyncio.wait_for(env.run(task, client), self.episode_timeout_s)
+            env.result = await asyncio.wait_for(
+                self._agent(env, task, session, url, ep.key), self.episode_timeout_s
+            )
             returned = True
         except asyncio.CancelledError:
             self.gateway.close(ep)
@@ -107,8 +104,13 @@ class AgentEpisodes:
             )
         except EngineUnavailable as e:
             stop, error = StopReason.ABORTED, f"EngineUnavailable: {e}"
+        except AgentWorkerDied as e:
+            stop, error = StopReason.ABORTED, str(e)
         except ConfigError:
             raise
+        except AgentRaised as e:
+            log.warning("agent of episode %s raised (in its worker): %s", session, e)
+            stop, error = StopReason.AGENT_ERROR, e.tb
         except Exception as e:
             log.warning("agent of episode %s raised: %s: %s", session, type(e).__name__, e)
             stop, error = StopReason.AGENT_ERROR, traceback.format_exc()
@@ -125,6 +127,22 @@ class AgentEpisodes:
         for t in trajs:
             t.metadata["episode_s"] = time.monotonic() - t0
         return trajs
+
+    async def _agent(self, env: AgentEnv, task: Task, session: str, url: str, key: str) -> Any:
+        """`env.run(task, client)` here, or in an agent worker (rollout.gateway.agent_workers),
+        whose env's attributes set by `run` are copied onto `env`."""
+        if self.workers is None:
+            return await env.run(
+                task, openai_client(url, key, self.episode_timeout_s, self._pool())
+            )
+        copy_of = getattr(self.sandbox, "worker_copy", None)  # the service's: one client each
+        job = Job(type(env), task, self.env_kwargs, session, self.tool_timeout_s,
+                  copy_of() if copy_of is not None else None,
+                  "" if self.sandbox is None else type(self.sandbox).__name__, url,
+                  key, self.episode_timeout_s)  # fmt: skip
+        result, state = await self.workers.run(job)
+        env.__dict__.update(state)
+        return result
 
     async def _score(self, env: AgentEnv, trajs: list[Trajectory], session: str) -> None:
         """The episode's reward on each of its sequences, when its agent returned: none for an

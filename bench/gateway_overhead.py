@@ -3,13 +3,16 @@ gateway (an `openai` SDK agent per episode), on the same server, in the same run
 
     python bench/gateway_overhead.py [--episodes 32] [--turns 4] [--tokens 32] [--repeats 3]
     python bench/gateway_overhead.py --url http://127.0.0.1:30000 --model DIR   # SGLang (GPU)
+    python bench/gateway_overhead.py --agent-workers 4   # the agents in 4 processes of their own
 
 Workload: --episodes episodes in flight together, each --turns assistant turns of exactly
 --tokens sampled ids (ignore_eos), a user message "continue" after each turn but the last. The
 native side is agentrl's Rollout on an Env doing that; the gateway side is an AgentEnv whose
 agent sends the whole conversation to /v1/chat/completions each turn, with the assistant
 messages it got back (every request extends its sequence: checked). Without --url the dev
-server runs the shipped tiny model on CPU. Runs alternate, --repeats each; prints sampled
+server runs the shipped tiny model on CPU. With --agent-workers N the agents run in N processes
+(rollout.gateway.agent_workers), not in the rollout's loop; "gateway" is then measured both ways.
+Runs alternate, --repeats each; prints sampled
 tokens/s of both (median), the ratio gateway / native, and the gateway's extra wall time per
 request.
 """
@@ -33,13 +36,12 @@ from agentrl.env import AssistantTurn, Env, StepResult
 from agentrl.rollout import Rollout, RolloutConfig
 from agentrl.types import Message, Task, Trajectory
 
-TURNS = 4
 NEXT = "continue"
 
 
-def tasks(n: int) -> list[Task]:
-    return [Task(id=f"b{i}", data={"prompt": f"Task {i}: write about rivers and stones."})
-            for i in range(n)]  # fmt: skip
+def tasks(n: int, turns: int) -> list[Task]:
+    return [Task(id=f"b{i}", data={"prompt": f"Task {i}: write about rivers and stones.",
+                                   "turns": turns}) for i in range(n)]  # fmt: skip
 
 
 class Native(Env):
@@ -47,7 +49,7 @@ class Native(Env):
         return [Message(role="user", content=self.task.data["prompt"])]
 
     async def step(self, turn: AssistantTurn) -> StepResult:
-        if turn.index + 1 >= TURNS:
+        if turn.index + 1 >= self.task.data["turns"]:
             return StepResult(done=True)
         return StepResult(messages=[Message(role="user", content=NEXT)])
 
@@ -58,24 +60,19 @@ class Native(Env):
 class ThroughGateway(AgentEnv):
     async def run(self, task: Task, client: Any) -> float:
         messages: list[dict[str, Any]] = [{"role": "user", "content": task.data["prompt"]}]
-        for k in range(TURNS):
+        turns = task.data["turns"]
+        for k in range(turns):
             out = await client.chat.completions.create(model="m", messages=messages)
             messages.append(out.choices[0].message.model_dump(exclude_none=True))
-            if k + 1 < TURNS:
+            if k + 1 < turns:
                 messages.append({"role": "user", "content": NEXT})
         return 0.0
 
 
-async def one(
-    engine: Any, tok: Any, env_cls: type[Env], cfg: RolloutConfig, n: int
-) -> tuple[float, int, int]:
-    ro = Rollout(engine, tok, env_cls, cfg)
-    try:
-        t0 = time.perf_counter()
-        groups = await ro.run(tasks(n))
-        wall = time.perf_counter() - t0
-    finally:
-        await ro.aclose()
+async def one(ro: Rollout, n: int, turns: int) -> tuple[float, int, int]:
+    t0 = time.perf_counter()
+    groups = await ro.run(tasks(n, turns))
+    wall = time.perf_counter() - t0
     trajs = [t for g in groups for t in g]
     bad = [
         t
@@ -91,28 +88,42 @@ async def one(
 
 
 async def main(a: argparse.Namespace, urls: list[str], model: str) -> None:
-    global TURNS
-    TURNS = a.turns
     tok = AutoTokenizer.from_pretrained(model)
     cfg = RolloutConfig(group_size=1, max_new_tokens=a.tokens, ignore_eos=True,
                         max_context_tokens=4096, max_turns=a.turns)  # fmt: skip
-    rows: dict[str, list[tuple[float, int, int]]] = {"native": [], "gateway": []}
+    kinds: dict[str, tuple[type[Env], RolloutConfig]] = {
+        "native": (Native, cfg), "gateway": (ThroughGateway, cfg)}  # fmt: skip
+    if a.agent_workers:
+        gw = cfg.gateway.model_copy(update={"agent_workers": a.agent_workers})
+        kinds[f"gateway, {a.agent_workers} agent workers"] = (
+            ThroughGateway, cfg.model_copy(update={"gateway": gw}))  # fmt: skip
+    rows: dict[str, list[tuple[float, int, int]]] = {k: [] for k in kinds}
     async with EngineClient(urls) as engine:
-        await one(engine, tok, Native, cfg, 2)  # warm both paths
-        await one(engine, tok, ThroughGateway, cfg, 2)
-        for _ in range(a.repeats):
-            rows["native"].append(await one(engine, tok, Native, cfg, a.episodes))
-            rows["gateway"].append(await one(engine, tok, ThroughGateway, cfg, a.episodes))
+        # one Rollout per kind for all runs, as a training run keeps its own (agent workers and
+        # the gateway start once); a small run of each first warms them
+        ros = {k: Rollout(engine, tok, env_cls, c) for k, (env_cls, c) in kinds.items()}
+        try:
+            for ro in ros.values():
+                await one(ro, 2, a.turns)
+            for _ in range(a.repeats):
+                for k, ro in ros.items():
+                    rows[k].append(await one(ro, a.episodes, a.turns))
+        finally:
+            for ro in ros.values():
+                await ro.aclose()
     rate = {k: statistics.median(s / w for w, s, _ in v) for k, v in rows.items()}
     wall = {k: statistics.median(w for w, _, _ in v) for k, v in rows.items()}
     requests = rows["gateway"][0][2]
     print(f"workload: {a.episodes} episodes x {a.turns} turns x {a.tokens} tokens, in flight "
           f"together; {a.repeats} runs each (median)")  # fmt: skip
     for k in rows:
-        print(f"  {k:8s} {rate[k]:9.1f} sampled tokens/s   wall {wall[k]:.3f} s")
-    print(f"ratio gateway / native: {rate['gateway'] / rate['native']:.3f}")
-    extra = (wall["gateway"] - wall["native"]) / requests * 1e3
-    print(f"gateway extra wall per request: {extra:.2f} ms ({requests} requests per run)")
+        print(f"  {k:31s} {rate[k]:9.1f} sampled tokens/s   wall {wall[k]:.3f} s")
+    for k in rows:
+        if k == "native":
+            continue
+        extra = (wall[k] - wall["native"]) / requests * 1e3
+        print(f"ratio {k} / native: {rate[k] / rate['native']:.3f}; extra wall per request "
+              f"{extra:.2f} ms ({requests} requests per run)")  # fmt: skip
 
 
 if __name__ == "__main__":
@@ -125,6 +136,8 @@ if __name__ == "__main__":
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--url", help="a running SGLang server (else the dev server, on CPU)")
     p.add_argument("--model", help="the server's model dir (its tokenizer)")
+    p.add_argument("--agent-workers", type=int, default=0,
+                   help="also run the gateway side with the agents in N processes")  # fmt: skip
     a = p.parse_args()
     if a.url:
         asyncio.run(main(a, [a.url], a.model))

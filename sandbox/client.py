@@ -64,6 +64,7 @@ class ServiceSandbox:
         self.backoff_s = backoff_s
         self.backoff_max_s = backoff_max_s
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._token = token
         self._max_concurrency = max_concurrency
         self._http: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -128,6 +129,15 @@ class ServiceSandbox:
         async with self._client().get(f"{self.url}/health", timeout=timeout) as resp:
             resp.raise_for_status()
             return await resp.json()
+
+    def worker_copy(self) -> ServiceSandbox:
+        """A client of the same service for another process (an agent worker): same URL, token
+        and limits; it owns nothing (the service stays this client's to stop)."""
+        return ServiceSandbox(
+            self.url, token=self._token, retries=self.retries, backoff_s=self.backoff_s,
+            backoff_max_s=self.backoff_max_s, max_concurrency=self._max_concurrency,
+            max_restarts=0,
+        )  # fmt: skip
 
     async def aclose(self) -> None:
         self._closed = True

@@ -30,3 +30,12 @@ class GatewayConfig(BaseModel):
         "learner's logprobs assume them); a request's own temperature/top_p are ignored and "
         "counted (gateway/sampling_overridden). request: the request's are used",
     )
+    agent_workers: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description="0: AgentEnv agents run in the rollout's own event loop. N: in N processes "
+        "of their own (agentrl/agent_workers.py), so the agents' framework CPU (the SDK building "
+        "and parsing each request) does not queue behind the gateway and the engine client; "
+        "for agents heavier than a few ms a request, or a fast GPU engine",
+    )

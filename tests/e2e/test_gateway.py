@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -429,3 +430,59 @@ def test_a_closed_episode_cancels_its_requests_and_its_record_stays_and_budgets_
     assert len(trajs) == 1 and len(trajs[0].turns) == 1 and trajs[0].num_sampled == 8
     assert [t.token_ids for t in again] == [t.token_ids for t in trajs]  # nothing was added
     assert budget.sampled_tokens <= 400 and budget.stop is StopReason.LENGTH
+
+
+class InWorker(AddAgent):
+    """AddAgent that notes the process it ran in (an attribute set in run, read by reward);
+    task "raise" raises after its first request, task "die" ends its worker process."""
+
+    async def run(self, task: Task, client: Any) -> Any:
+        self.pid = os.getpid()
+        if task.id in ("raise", "die"):
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}]
+            )
+            if task.id == "die":
+                os._exit(3)
+            raise ValueError("the agent's own bug, in its worker")
+        return await super().run(task, client)
+
+    async def reward(self, trajectory: Trajectory) -> dict[str, float]:
+        return {"total": float(self.result), "pid": float(self.pid)}
+
+
+def test_agents_in_worker_processes_are_recorded_the_same_and_fail_the_same(server, tok):
+    """rollout.gateway.agent_workers=2: run() executes in two processes of their own, each
+    sampled turn is still token-exact, an attribute run() set reaches reward(), an agent that
+    raises is the episode's agent_error with its worker's traceback, a worker that dies aborts
+    its episode (infrastructure) and the next episode gets a fresh worker."""
+    cfg = RolloutConfig(max_new_tokens=48, max_context_tokens=700, group_size=3,
+                        gateway=GatewayConfig(agent_workers=2))  # fmt: skip
+
+    async def go():
+        async with EngineClient(server) as engine:
+            rec = Recording(engine)
+            ro = Rollout(rec, tok, InWorker, cfg)
+            try:
+                first = await ro.run(add_tasks(4))
+                raised = await ro.run([Task(id="raise", data={})])
+                died = await ro.run([Task(id="die", data={})])  # apart: it takes its worker's
+                after = await ro.run(add_tasks(2))
+            finally:
+                await ro.aclose()
+            return first, raised + died, after, rec
+
+    first, bad, after, rec = asyncio.run(go())
+    trajs = [t for g in first + after for t in g]
+    assert all(t.stop_reason is StopReason.COMPLETED for t in trajs)
+    pids = {t.reward_components["pid"] for t in trajs}
+    assert len(pids) >= 2 and float(os.getpid()) not in pids  # two workers, not this process
+    assert sum(t.reward for t in trajs) > 0
+    for t in trajs:
+        assert_token_exact(t, rec)
+    by = {g[0].task_id: g for g in bad}
+    assert all(t.stop_reason is StopReason.AGENT_ERROR for t in by["raise"])
+    assert "ValueError: the agent's own bug, in its worker" in by["raise"][0].error
+    assert "Traceback" in by["raise"][0].error and by["raise"][0].num_sampled > 0
+    assert all(t.stop_reason is StopReason.ABORTED for t in by["die"])
+    assert "agent worker process ended (exit code 3)" in by["die"][0].error
