@@ -51,7 +51,7 @@ from agentrl.learner.group import LearnerGroup
 from agentrl.mixture import MixtureRollout, MixtureSampler, namespaced
 from agentrl.render import RenderError
 from agentrl.rollout import Rollout
-from agentrl.run_learners import start_learners
+from agentrl.run_learners import split_gpus, start_learners
 from agentrl.runlock import hold_run_dirs
 from agentrl.sandbox import Sandbox, make_sandbox
 from agentrl.settings_diff import compare, refusal
@@ -124,17 +124,22 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
         lora_mode = planned_lora_sync(cfg.learner.lora, cfg.engine) if train else None
         engine_cfg = _engine_config(cfg, lora_mode, train)
         groups: dict[str, LearnerGroup] = {}
-        ckpt = resumed = resume = None
+        ckpt = resumed = resume = fleet = None
         engine_model = model_path
         if train:
             ckpt = CheckpointManager(cfg.checkpoint.of_run(cfg.run_name))
             resume = resume_point(cfg, ckpt)  # before anything starts: a wrong one is an error
-            groups, resumed, engine_cfg = start_learners(
-                cfg, engine_cfg, str(model_path), resume, sampler, stack, out, console
-            )
             if resume is not None and lora_mode != "adapter":  # else the base; its adapter
                 engine_model = resume / "policy" / "model"  # comes after the start
-        fleet, engine = await _start_engines(cfg, engine_cfg, engine_model, out, stack)
+            learner_gpus, engine_cfg = split_gpus(cfg, engine_cfg, console)
+            if not cfg.engine.colocate and engine_cfg.placement == "local":
+                # the servers load while the learners start (colocated, the learner goes
+                # first and steps aside; servers Ray places need Ray up)
+                fleet = stack.enter_context(launch_fleet(engine_cfg, engine_model, out, False))
+            groups, resumed = start_learners(
+                cfg, learner_gpus, str(model_path), resume, sampler, stack, out, console
+            )
+        fleet, engine = await _start_engines(cfg, engine_cfg, engine_model, out, stack, fleet)
         if train and cfg.trainer.deterministic:
             await check_deterministic(engine)
         await engine.control.update_weight_version(str(resumed.step if resumed else 0))
@@ -170,11 +175,20 @@ def _engine_config(cfg: Config, lora_mode: str | None, train: bool) -> EngineCon
 
 
 async def _start_engines(
-    cfg: Config, engine_cfg: EngineConfig, model: Path, out: Path, stack: AsyncExitStack
+    cfg: Config,
+    engine_cfg: EngineConfig,
+    model: Path,
+    out: Path,
+    stack: AsyncExitStack,
+    fleet: Fleet | None = None,
 ) -> tuple[Fleet, EngineClient]:
-    """The rollout servers this run starts (none for engine.urls), the router when one is
-    wanted, and the client over them, once every server answers its health check."""
-    fleet = stack.enter_context(launch_fleet(engine_cfg, model, out))
+    """The rollout servers this run starts (none for engine.urls; `fleet`: started already,
+    maybe still loading), the router when one is wanted, and the client over them, once every
+    server answers its health check."""
+    if fleet is None:
+        fleet = stack.enter_context(launch_fleet(engine_cfg, model, out))
+    else:
+        fleet.wait()
     urls = fleet.urls
     router = stack.enter_context(launch_router(cfg.engine, urls, out))
     engine = EngineClient.from_config(cfg.engine.model_copy(update={"urls": urls}), router=router)

@@ -34,21 +34,20 @@ log = logging.getLogger(__name__)
 
 def start_learners(
     cfg: Config,
-    engine_cfg: EngineConfig,
+    learner_gpus: list[str] | None,
     model_path: str,
     resume: Path | None,
     sampler: TaskSampler | MixtureSampler,
     stack: AsyncExitStack,
     out: Path,
     console: Console,
-) -> tuple[dict[str, LearnerGroup], TrainerState | None, EngineConfig]:
-    """Ray (unless the caller runs one), the learner groups, loaded from `resume` (with the
-    sampler's cursor and the RNG states), offloaded in colocated mode so the engine takes the
-    GPU first; each closer on `stack`. Returns the groups by role, the resumed state and the
-    engine's config with the GPUs left to the servers."""
+) -> tuple[dict[str, LearnerGroup], TrainerState | None]:
+    """Ray (unless the caller runs one; on `learner_gpus`, from `split_gpus`), the learner
+    groups, loaded from `resume` (with the sampler's cursor and the RNG states), offloaded in
+    colocated mode so the engine takes the GPU first; each closer on `stack`. Returns the groups
+    by role and the resumed state."""
     resumed = None
     if not ray_running():  # a Ray the caller runs (a script, a test session)
-        learner_gpus, engine_cfg = _split_gpus(cfg, engine_cfg, console)
         start_ray(cfg.ray, gpus=learner_gpus)  # is theirs to stop; one this run starts,
         stack.callback(_quietly, "Ray", stop_ray)  # it stops
     groups = _learner_groups(cfg, model_path, stack, out)
@@ -59,15 +58,16 @@ def start_learners(
         _resolve_offload(cfg, groups, console)
         for group in groups.values():
             group.offload()
-    return groups, resumed, engine_cfg
+    return groups, resumed
 
 
-def _split_gpus(
+def split_gpus(
     cfg: Config, engine_cfg: EngineConfig, console: Console
 ) -> tuple[list[str] | None, EngineConfig]:
     """engine.colocate=false on one host: the learner's ranks and the SGLang servers this run
-    starts get GPUs of their own (servers.split_local_gpus); the run says which."""
-    if cfg.ray.address or cfg.learner.resolved_device() != "cuda":
+    starts get GPUs of their own (servers.split_local_gpus); the run says which. Nothing to
+    split under a Ray the caller runs (its GPUs are placed already)."""
+    if ray_running() or cfg.ray.address or cfg.learner.resolved_device() != "cuda":
         return None, engine_cfg
     want = math.ceil(cfg.learner.num_workers * cfg.learner.num_gpus_per_worker)
     nccl = SYNC_METHODS.get(cfg.weight_sync.method).needs_nccl_group

@@ -28,9 +28,8 @@ from agentrl.engine.fleet import (
     RayServer,
     launch_engines,
     launch_fleet,
-    split_local_gpus,
-    visible_gpus,
 )
+from agentrl.engine.gpus import split_local_gpus, visible_gpus
 from agentrl.engine.http import Endpoint, backoff_delay, health_probe, post_admin, post_each
 from agentrl.engine.protocol import (
     ROUTING_KEY_HEADER,

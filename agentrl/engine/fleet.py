@@ -29,17 +29,17 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import httpx
 
 from agentrl.engine.config import API_KEY_ENV, EngineConfig
+from agentrl.engine.gpus import own_gpus
 from agentrl.engine.http import health_probe
 from agentrl.engine.protocol import EngineUnavailable
 from agentrl.sandbox.base import die_with_parent
-from agentrl.types import ConfigError
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -86,41 +86,6 @@ def private_log(path: Path, mode: str):
     return f
 
 
-def visible_gpus() -> list[str]:
-    """The GPU ids this process sees, as the host names them: CUDA_VISIBLE_DEVICES, else all."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        return visible.split(",")
-    import torch  # CUDA is asked only when the environment does not say
-
-    return [str(i) for i in range(torch.cuda.device_count())]
-
-
-def _server_gpus(cfg: EngineConfig, env: Mapping[str, str]) -> list[str]:
-    """The GPU ids the local servers share out: engine.gpus, else the visible ones."""
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    want = cfg.num_servers * cfg.tp
-    return list(cfg.gpus) or (visible.split(",") if visible else [str(g) for g in range(want)])
-
-
-def own_gpus(cfg: EngineConfig, index: int, env: Mapping[str, str] | None = None) -> list[str]:
-    """The GPU ids (as this host names them) that local SGLang server `index` computes on:
-    i*tp .. i*tp+tp-1 of engine.gpus, else of the visible ones; the only GPUs it sees when there
-    are several servers or TP ranks (server_env). Too few for TP: EngineUnavailable."""
-    env = os.environ if env is None else env
-    gpus, want = _server_gpus(cfg, env), cfg.num_servers * cfg.tp
-    if cfg.tp > 1 and len(gpus) < want:
-        visible = env.get("CUDA_VISIBLE_DEVICES")
-        where = f"engine.gpus={cfg.gpus}" if cfg.gpus else f"CUDA_VISIBLE_DEVICES={visible}"
-        raise EngineUnavailable(
-            f"{cfg.num_servers} server(s) x engine.tp={cfg.tp} need {want} GPUs; "
-            f"{where} has {len(gpus)}"
-        )
-    if cfg.tp > 1:
-        return gpus[index * cfg.tp : (index + 1) * cfg.tp]
-    return [gpus[index % len(gpus)]]
-
-
 def server_env(cfg: EngineConfig, index: int) -> dict[str, str]:
     """Loopback-only collectives for a server on loopback; SGLang server i gets GPUs
     i*tp .. i*tp+tp-1 of engine.gpus, else of the visible ones (several servers or TP on one host;
@@ -144,42 +109,6 @@ def server_env(cfg: EngineConfig, index: int) -> dict[str, str]:
     if cfg.kind == "sglang" and (several or cfg.gpus) and cfg.placement == "local":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(own_gpus(cfg, index, env))
     return env
-
-
-def split_local_gpus(
-    cfg: EngineConfig, learner_gpus: int, visible: list[str], nccl: bool
-) -> tuple[list[str], EngineConfig] | None:
-    """Disaggregated on one host (engine.colocate=false, SGLang servers started here): the
-    learner's ranks take the first `learner_gpus` of the `visible` GPUs, the servers the next
-    num_servers x tp (or engine.gpus as given, the learner the rest). Returns the learner's GPUs and
-    the engine config with its GPUs named, or None when there is nothing to split (no GPU learner,
-    colocated, dev or Ray-placed servers, running servers). With too few GPUs for both they share
-    (disk sync works so), except over NCCL, which cannot put two ranks on one GPU: a ConfigError."""
-    if (
-        not learner_gpus
-        or cfg.colocate
-        or cfg.kind != "sglang"
-        or cfg.placement != "local"
-        or cfg.urls
-    ):
-        return None
-    want = cfg.num_servers * cfg.tp
-    if cfg.gpus:
-        learner = [g for g in visible if g not in cfg.gpus][:learner_gpus]
-        engine = list(cfg.gpus)
-    else:
-        learner, engine = visible[:learner_gpus], visible[learner_gpus : learner_gpus + want]
-    if len(learner) >= learner_gpus and len(engine) >= want:
-        return learner, cfg.model_copy(update={"gpus": engine})
-    if nccl:
-        raise ConfigError(
-            f"engine.colocate=false with weight_sync.method=distributed: the learner's "
-            f"{learner_gpus} rank(s) and {cfg.num_servers} server(s) x engine.tp={cfg.tp} need "
-            f"{learner_gpus + want} GPUs of their own (NCCL cannot put two ranks on one GPU), "
-            f"{len(visible)} visible ({','.join(visible) or 'none'}); use engine.colocate=true "
-            "with weight_sync.method=tensor, or weight_sync.method=disk to share them"
-        )
-    return None
 
 
 def auth_headers(cfg: EngineConfig) -> dict[str, str]:
@@ -356,9 +285,19 @@ class Fleet:
         return [own_gpus(self.cfg, i) for i in range(self.cfg.num_servers)]
 
     def start(self) -> None:
+        self.spawn()
+        self.wait()
+
+    def wait(self) -> None:
+        """Until every server answers /health (or one exits: its log tail is the error)."""
+        wait_healthy(self.urls, self.procs if self.owned else [], self.cfg.health_timeout_s,
+                     self.logs)  # fmt: skip
+
+    def spawn(self) -> None:
+        """Start the servers' processes without waiting for them to load (`wait` does):
+        the caller may do other work meanwhile (the run starts its learners)."""
         if self.cfg.urls:
             self.urls = list(self.cfg.urls)
-            wait_healthy(self.urls, [], self.cfg.health_timeout_s, [])
             return
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for i in range(self.cfg.num_servers):
@@ -371,7 +310,6 @@ class Fleet:
             port = free_port(self.cfg.host)
             self.urls.append(f"http://{self.cfg.host}:{port}")
             self.procs.append(_popen(self.cfg, self.model_path, i, port, self.logs[i], "w"))
-        wait_healthy(self.urls, self.procs, self.cfg.health_timeout_s, self.logs)
 
     def _respawn(self, i: int, port: int) -> None:
         proc = self.procs[i]
@@ -440,10 +378,16 @@ class Fleet:
 
 
 @contextmanager
-def launch_fleet(cfg: EngineConfig, model_path: Path, log_dir: Path) -> Iterator[Fleet]:
+def launch_fleet(
+    cfg: EngineConfig, model_path: Path, log_dir: Path, wait: bool = True
+) -> Iterator[Fleet]:
+    """The fleet, started (with `wait=False` its servers may still be loading: call
+    `fleet.wait()`), stopped on exit."""
     fleet = Fleet(cfg, model_path, log_dir)
     try:
-        fleet.start()
+        fleet.spawn()
+        if wait:
+            fleet.wait()
         yield fleet
     finally:
         fleet.stop()

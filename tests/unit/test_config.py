@@ -243,7 +243,8 @@ def test_lora_runs_push_adapters_to_engines_that_serve_them():
 def test_disaggregated_learner_and_servers_get_gpus_of_their_own(monkeypatch):
     """engine.colocate=false on a host with GPUs for both: the learner's ranks take the first,
     the servers the next; too few GPUs are shared, except over NCCL (two ranks on one GPU)."""
-    from agentrl.engine.fleet import server_env, split_local_gpus
+    from agentrl.engine.fleet import server_env
+    from agentrl.engine.gpus import split_local_gpus
 
     base = ["engine=sglang", "engine.colocate=false", "learner=gpu"]
     one = compose([*base, "weight_sync.method=distributed"]).engine
@@ -302,7 +303,8 @@ def test_colocated_servers_each_see_only_their_own_gpus(monkeypatch):
     beside it and no CUDA-IPC handle crosses GPUs (agentrl/learner/sync/tensor.py)."""
     from pathlib import Path
 
-    from agentrl.engine.fleet import Fleet, own_gpus, server_command, server_env
+    from agentrl.engine.fleet import Fleet, server_command, server_env
+    from agentrl.engine.gpus import own_gpus
 
     two = compose(["engine=sglang", "learner=gpu", "engine.num_servers=2"]).engine
     assert two.colocate
