@@ -7,6 +7,7 @@ import argparse
 import logging
 import os
 import signal
+import sys
 from typing import Any
 
 import torch
@@ -84,4 +85,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # nothing is left to write: skip the interpreter's teardown (torch's thread pools), which
+    # took 1.0 of the 1.15 s between SIGTERM and the exit, in every run's shutdown
+    os._exit(code)
