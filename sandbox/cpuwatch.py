@@ -113,13 +113,15 @@ class CpuWatch:
                 continue
             proc, cpu = got
             used = cpu - self.base.get(proc, 0.0)
+            # SIGXCPU first, always: also for a process that passed the budget and its grace
+            # between two checks (a long poll on a busy machine)
+            if used >= self.budget and proc not in self.warned:
+                self.warned.add(proc)
+                _signal(pid, signal.SIGXCPU)
             if used >= self.budget + GRACE_CPU_S:
                 if proc == self.agent:
                     return None
                 _signal(pid, signal.SIGKILL)
-            elif used >= self.budget and proc not in self.warned:
-                self.warned.add(proc)
-                _signal(pid, signal.SIGXCPU)
             worst = max(worst, used)
         return worst
 
