@@ -94,6 +94,9 @@ class TinySpec:
     batch_size: int = 32
     lr: float = 3e-3
     warmup: int = 50
+    # a wall-clock budget for the SFT loop (0: none): past it the loop stops where it is and the
+    # model is saved, build_info.json saying at which step (a GPU call has a time limit)
+    max_minutes: float = 0.0
 
 
 # -- encoding ----------------------------------------------------------------------------------
@@ -291,15 +294,20 @@ def sft(
     spec: TinySpec,
     log: Callable,
     device: str = "cpu",
-) -> float:
+) -> tuple[float, int]:
     """Next-token cross-entropy on the mask-1 tokens; AdamW, warm-up then cosine decay.
 
     The rows of a batch share a prefix (code_exec's system prompt with its tool), so each batch
     runs that prefix once and continues all rows from its (repeated) KV cache: the same logits as
-    full rows, a third of the compute for code_exec batches."""
+    full rows, a third of the compute for code_exec batches. Returns the final loss (an average
+    over the last steps) and the number of steps run (fewer than `spec.steps` past
+    `spec.max_minutes`)."""
+    import time
+
     import torch
 
     model.to(device)
+    start = time.monotonic()
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01, betas=(0.9, 0.98))
     gen = torch.Generator().manual_seed(spec.seed)
     model.train()
@@ -315,10 +323,17 @@ def sft(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         ema = loss.item() if math.isnan(ema) else 0.95 * ema + 0.05 * loss.item()
+        elapsed = time.monotonic() - start
         if step % 50 == 0 or step == spec.steps - 1:
-            log(f"sft step {step}/{spec.steps} loss {ema:.4f}")
+            log(f"sft step {step}/{spec.steps} loss {ema:.4f} ({elapsed:.0f} s)")
+        if spec.max_minutes and elapsed > 60 * spec.max_minutes and step < spec.steps - 1:
+            log(f"sft stopped at step {step + 1} of {spec.steps}: past --max-minutes")
+            done = step + 1
+            break
+    else:
+        done = spec.steps
     model.to("cpu").eval()
-    return float(ema)
+    return float(ema), done
 
 
 # -- the build ---------------------------------------------------------------------------------
@@ -343,6 +358,28 @@ def _encode_chunk(chunk: list[Example]) -> list[tuple[list[int], list[int]]]:
 
 
 _WORKER_TOKENIZER: Any = None  # set before the pool forks: the workers inherit it
+
+
+def _toolbox_chunk(args: tuple[int, int, float]) -> list[Example]:
+    return examples(*args)
+
+
+CHUNK = 20_000  # toolbox dialogues drawn per process past this many (each takes ~0.5 ms)
+
+
+def toolbox_examples(n: int, seed: int, open_names: float) -> list[Example]:
+    """`n` toolbox dialogues: one seeded draw up to CHUNK (the base build's 6,000 are exactly
+    `examples(n, seed)`), else chunks of CHUNK drawn in a process pool, chunk k from seed
+    `seed * 1000 + k` (300k dialogues are 2.5 min on one core)."""
+    import multiprocessing as mp
+    import os
+
+    if n <= CHUNK:
+        return examples(n, seed=seed, open_names=open_names)
+    parts = [(min(CHUNK, n - i), seed * 1000 + k, open_names)
+             for k, i in enumerate(range(0, n, CHUNK))]  # fmt: skip
+    with mp.get_context("fork").Pool(min(16, os.cpu_count() or 1)) as pool:
+        return [ex for part in pool.map(_toolbox_chunk, parts) for ex in part]
 
 
 def encode_all(tokenizer: Any, data: list[Example]) -> list[tuple[list[int], list[int]]]:
@@ -375,7 +412,7 @@ def build(
     from transformers import GenerationConfig
 
     data = episodes(spec.dialogues, spec.seed, list(spec.kinds))
-    data += examples(spec.toolbox, seed=20_000 + spec.seed, open_names=spec.open_names)
+    data += toolbox_examples(spec.toolbox, 20_000 + spec.seed, spec.open_names)
     if spec.init:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -395,7 +432,7 @@ def build(
         model = make_model(tokenizer, spec)
     log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
     families = [0] * spec.dialogues + [1] * spec.toolbox
-    loss = sft(model, rows, families, spec, log, device)
+    loss, done = sft(model, rows, families, spec, log, device)
 
     out = Path(out_dir)
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=out.parent if out.parent.exists() else None))
@@ -406,7 +443,7 @@ def build(
         GenerationConfig(eos_token_id=eos, pad_token_id=model.config.pad_token_id).save_pretrained(
             tmp
         )
-        info = {**spec.__dict__, "modes": MODES, "toolbox_modes": TOOLBOX_MODES, "sft_loss": round(loss, 4),
+        info = {**spec.__dict__, "modes": MODES, "toolbox_modes": TOOLBOX_MODES, "sft_loss": round(loss, 4), "steps_done": done,
                 "torch": torch.__version__, "threads": torch.get_num_threads(),
                 "device": torch.cuda.get_device_name() if device.startswith("cuda") else device}  # fmt: skip
         (tmp / "build_info.json").write_text(json.dumps(info, indent=1) + "\n")
@@ -431,6 +468,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=TinySpec.lr)
     p.add_argument("--init", default=None, help="a built model to continue from")
     p.add_argument("--device", default="cpu", help="where the warm start runs (cpu, cuda)")
+    p.add_argument("--max-minutes", type=float, default=0.0, help="stop the SFT loop past this")
     a = p.parse_args()
     spec = TinySpec(
         seed=a.seed,
@@ -441,6 +479,7 @@ def main() -> None:
         batch_size=a.batch_size,
         lr=a.lr,
         init=a.init,
+        max_minutes=a.max_minutes,
     )
     print(build(a.out_dir, spec, device=a.device))
 
