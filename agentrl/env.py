@@ -10,7 +10,8 @@ rendering, sampling, parsing tool calls, budgets, masks — and calls, in order:
     await env.close()                            # always, also after errors
 
 The common case lists tools and defines `reward`; the default `step` runs the turn's tool calls
-(concurrently) and ends the episode on a turn without calls. A complete env (copy, paste, run
+(concurrently) and ends the episode on a turn without calls, or after a call whose result says
+`ends_episode` (a `submit` tool, agentrl/tools/submit.py). A complete env (copy, paste, run
 with `agentrl preview env=custom env._target_=my_module.AddEnv`):
 
     from pydantic import BaseModel
@@ -206,13 +207,14 @@ class Env:
             self._tool_error_streak + 1 if attempted and errors == attempted else 0
         )
         stop = None
+        ended = any(r.ends_episode and not r.is_error for r in results)  # a `submit`
         if self._parse_error_streak >= self.max_parse_errors:
             stop = StopReason.PARSE_ERROR
         elif self._tool_error_streak >= self.max_tool_errors:
             stop = StopReason.TOOL_ERROR
         return StepResult(
             messages=obs,
-            done=stop is not None,
+            done=stop is not None or ended,
             stop_reason=stop,
             tool_calls=ok,
             tool_errors=errors,

@@ -63,6 +63,8 @@ class ToolResult(BaseModel):
     # machine-readable details (exit code, limit hit, …) for metrics and rewards; not shown to the model
     metadata: dict[str, Any] = {}
     latency_s: float = 0.0
+    # the episode ends once this turn's calls have run (a `submit` tool); Env.step reads it
+    ends_episode: bool = False
 
     @property
     def is_tool_fault(self) -> bool:

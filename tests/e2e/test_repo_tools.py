@@ -1,0 +1,133 @@
+"""The repository tools (`bash`, `str_replace_editor`, `submit`) on the real sandbox service:
+the shell keeps its directory and variables between calls, cuts long output, survives a
+timeout and restarts when it must; the editor's edits, refusals and undo; two episodes' shells
+and files are apart; `submit` ends the episode after its turn."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from agentrl.env import AssistantTurn, ToolEnv
+from agentrl.sandbox import Limits, ServerConfig, ServiceSandbox
+from agentrl.sandbox.server import LocalService
+from agentrl.tool import ToolContext
+from agentrl.tools.editor import EditorTool
+from agentrl.tools.shell import BashTool
+from agentrl.tools.submit import SubmitTool
+from agentrl.types import Message, Task, ToolCall
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[LocalService]:
+    cfg = ServerConfig(warm_workers=2, max_running=4, limits=Limits(wall_s=30, memory_mb=512))
+    with LocalService(cfg) as svc:
+        yield svc
+
+
+def ctx(sandbox: ServiceSandbox, session: str, timeout: float = 3.0) -> ToolContext:
+    return ToolContext(session=session, sandbox=sandbox, timeout_s=timeout)
+
+
+@pytest.fixture
+async def client(service: LocalService):
+    sb = ServiceSandbox(service.url)
+    yield sb
+    await sb.aclose()
+
+
+async def test_the_shell_persists_cuts_and_survives_timeouts(client: ServiceSandbox) -> None:
+    c, bash = ctx(client, "shell"), BashTool(cwd="/tmp", max_output_chars=200)
+
+    async def run(**args):
+        return await bash.invoke(args, c)
+
+    r = await run(command="mkdir -p work && cd work && export NAME=agent && echo ready")
+    assert (r.content, r.is_error) == ("ready", False)
+    r = await run(command="pwd; echo $NAME; ls /nonexistent")
+    assert r.content.startswith("/tmp/work\nagent\nls: ") and r.content.endswith("[exit code 2]")
+    assert not r.is_error and r.metadata["exit_code"] == 2  # a failing command is an answer
+    assert (await run(command="cat")).content == "[no output]"  # stdin is at end of file
+    r = await run(command="seq 1 100000")
+    assert r.content.startswith("1\n2\n3\n") and r.content.endswith("99999\n100000")
+    assert "bytes cut ...]" in r.content and len(r.content) < 300
+    r = await run(command="sleep 30")  # the command is killed, the shell carries on
+    assert r.is_error and "timed out after 3s: interrupted" in r.content
+    assert (await run(command="echo $NAME $PWD")).content == "agent /tmp/work"
+    r = await run(command="while true; do :; done")  # the shell itself is busy: a new one
+    assert r.is_error and "the shell was restarted" in r.content
+    assert (await run(command="echo ${NAME:-gone} $PWD")).content == "gone /tmp"
+    r = await run(command="exit 4")
+    assert "the shell exited with status 4" in r.content and r.metadata["exit_code"] == 4
+    assert (await run(command="echo back")).content == "back"
+    r = await run(command="echo 'unclosed")
+    assert "unexpected EOF" in r.content and r.content.endswith("[exit code 2]")
+    await run(command="export KEEP=1")
+    r = await run(command="echo ${KEEP:-none}", restart=True)
+    assert r.content == "none"
+    r = await run()
+    assert r.is_error and "give a command" in r.content
+
+
+async def test_the_editor_edits_refuses_and_undoes(client: ServiceSandbox) -> None:
+    c, ed = ctx(client, "editor"), EditorTool()
+
+    async def edit(**args):
+        return await ed.invoke(args, c)
+
+    src = "def f(x):\n    return x + 1\n\n\ndef g(x):\n    return x + 1\n"
+    r = await edit(command="create", path="/tmp/pkg/m.py", file_text=src)
+    assert r.content == "Created /tmp/pkg/m.py (6 lines)"
+    r = await edit(command="view", path="/tmp/pkg/m.py", view_range=[5, -1])
+    assert r.content == "     5\tdef g(x):\n     6\t    return x + 1"
+    r = await edit(command="str_replace", path="/tmp/pkg/m.py", old_str="return x + 1", new_str="")
+    assert r.is_error and "occurs 2 times" in r.content and "[2, 6]" in r.content
+    r = await edit(command="str_replace", path="/tmp/pkg/m.py", old_str="absent", new_str="x")
+    assert r.is_error and "was not found" in r.content
+    old, new = "def g(x):\n    return x + 1", "def g(x):\n    return x * 2"
+    r = await edit(command="str_replace", path="/tmp/pkg/m.py", old_str=old, new_str=new)
+    assert not r.is_error and "     6\t    return x * 2" in r.content
+    r = await edit(command="insert", path="/tmp/pkg/m.py", insert_line=0, new_str="import os")
+    assert "     1\timport os\n     2\tdef f(x):" in r.content
+    assert (await edit(command="undo_edit", path="/tmp/pkg/m.py")).content.startswith("Undid")
+    shell = await BashTool(cwd="/tmp/pkg").invoke(
+        {"command": "python3 -c 'import m; print(m.g(5))'; head -1 m.py"}, c
+    )
+    assert shell.content == "10\ndef f(x):"  # the edits are the sandbox's files
+    refusals = [
+        {"command": "view", "path": "pkg/m.py"},  # relative
+        {"command": "create", "path": "/tmp/pkg/m.py", "file_text": "x"},  # exists
+        {"command": "view", "path": "/tmp/pkg/m.py", "view_range": [9, 12]},
+        {"command": "insert", "path": "/tmp/pkg/m.py", "insert_line": 99, "new_str": "x"},
+        {"command": "view", "path": "/nowhere"},
+        {"command": "delete", "path": "/tmp/pkg/m.py"},  # not a command: the schema refuses
+    ]
+    for args in refusals:
+        r = await ed.invoke(args, c)
+        assert r.is_error and r.content.startswith("Error"), (args, r.content)
+    assert (await edit(command="view", path="/tmp/pkg")).content.endswith("/tmp/pkg/m.py")
+
+
+async def test_two_episodes_have_their_own_shell_and_files(client: ServiceSandbox) -> None:
+    a, b = ctx(client, "episode-a"), ctx(client, "episode-b")
+    await BashTool().invoke({"command": "cd /tmp && echo secret-a > mine.txt && export W=a"}, a)
+    r = await BashTool().invoke({"command": "cat /tmp/mine.txt; echo ${W:-unset}"}, b)
+    assert "No such file" in r.content and r.content.splitlines()[-1] == "unset"
+
+
+class _RepoEnv(ToolEnv):
+    tools = [BashTool(), SubmitTool()]
+
+
+async def test_submit_ends_the_episode_after_its_turn(client: ServiceSandbox) -> None:
+    env = _RepoEnv(Task(id="t", data={"prompt": "go"}), ctx(client, "submit"))
+
+    def turn(*calls: ToolCall) -> AssistantTurn:
+        return AssistantTurn(Message(role="assistant", content="", tool_calls=list(calls)), "")
+
+    bash = ToolCall(id="1", name="bash", arguments={"command": "echo hi"})
+    assert not (await env.step(turn(bash))).done
+    res = await env.step(turn(bash, ToolCall(id="2", name="submit", arguments={"message": "ok"})))
+    assert res.done and res.stop_reason is None and res.messages[-1].content == "Submitted."
+    await env.close()

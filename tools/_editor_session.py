@@ -1,0 +1,149 @@
+"""The file editor behind `str_replace_editor` (tools/editor.py), as it runs in the sandbox.
+
+Not imported by agentrl: sent to the episode's sandbox session and run there (stdlib only), so
+every file it reads or writes is the sandbox's, under the sandbox's user and limits. The undo
+history lives in the session (one list of earlier contents per file).
+"""
+
+import os
+
+SNIPPET = 4  # lines shown around an edit
+
+
+class AgentrlEditor:
+    def __init__(self, cap):
+        self.cap = cap
+        self.history = {}
+
+    def call(self, a):
+        """(answer, is_error) for one call; `a` holds the tool's arguments."""
+        path = a.get("path") or ""
+        if not path.startswith("/"):
+            return (
+                f"Error: the path {path!r} is not absolute; give the full path (starting with /)",
+                True,
+            )
+        command = a.get("command")
+        try:
+            if command == "view":
+                return self._cut(self.view(path, a.get("view_range"))), False
+            if command == "create":
+                return self.create(path, a.get("file_text"))
+            if command == "str_replace":
+                return self.replace(path, a.get("old_str"), a.get("new_str") or "")
+            if command == "insert":
+                return self.insert(path, a.get("insert_line"), a.get("new_str"))
+            if command == "undo_edit":
+                return self.undo(path)
+        except (OSError, UnicodeDecodeError) as e:
+            return f"Error: {type(e).__name__}: {e}", True
+        return f"Error: unknown command {command!r}", True
+
+    def _cut(self, text):
+        if len(text) <= self.cap:
+            return text
+        half = self.cap // 2
+        return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut; view a range ...]\n{text[-half:]}"
+
+    def _read(self, path):
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+
+    def _write(self, path, text):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    def view(self, path, rng):
+        if os.path.isdir(path):
+            lines = []
+            base = path.rstrip("/") or "/"
+            for root, dirs, files in os.walk(base):
+                depth = root[len(base) :].count("/")
+                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and depth < 1)
+                for name in sorted(dirs) + sorted(f for f in files if not f.startswith(".")):
+                    lines.append(os.path.join(root, name))
+            return f"Files and directories up to 2 levels deep in {base}:\n" + "\n".join(lines)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"no such file or directory: {path}")
+        lines = self._read(path).splitlines()
+        start, end = 1, len(lines)
+        if rng is not None:
+            if len(rng) != 2 or not all(isinstance(x, int) for x in rng):
+                raise OSError("view_range must be two integers [start, end] (end -1: to the end)")
+            start, end = rng[0], (len(lines) if rng[1] == -1 else rng[1])
+            if not 1 <= start <= len(lines) or end < start or end > len(lines):
+                raise OSError(f"view_range {rng} is outside the file's lines 1-{len(lines)}")
+        return "\n".join(f"{i:6}\t{lines[i - 1]}" for i in range(start, end + 1))
+
+    def _snippet(self, path, text, first, last):
+        lines = text.splitlines()
+        lo, hi = max(1, first - SNIPPET), min(len(lines), last + SNIPPET)
+        body = "\n".join(f"{i:6}\t{lines[i - 1]}" for i in range(lo, hi + 1))
+        return self._cut(f"{path} lines {lo}-{hi} after the edit:\n{body}")
+
+    def create(self, path, text):
+        if text is None:
+            return "Error: create needs file_text", True
+        if os.path.exists(path):
+            return f"Error: {path} already exists; edit it with str_replace or insert", True
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        self._write(path, text)
+        self.history.setdefault(path, []).append(None)
+        return f"Created {path} ({len(text.splitlines())} lines)", False
+
+    def replace(self, path, old, new):
+        if old is None or old == "":
+            return "Error: str_replace needs a non-empty old_str", True
+        text = self._read(path)
+        count = text.count(old)
+        if count == 0:
+            return (
+                f"Error: old_str was not found in {path}; nothing was replaced (it must match exactly, whitespace included)",
+                True,
+            )
+        if count > 1:
+            at, lines = 0, []
+            for _ in range(count):
+                at = text.index(old, at)
+                lines.append(text.count("\n", 0, at) + 1)
+                at += 1
+            return (
+                f"Error: old_str occurs {count} times in {path} (lines {lines}); nothing was replaced: include more context so it is unique",
+                True,
+            )
+        first = text.count("\n", 0, text.index(old)) + 1
+        updated = text.replace(old, new, 1)
+        self.history.setdefault(path, []).append(text)
+        self._write(path, updated)
+        return self._snippet(path, updated, first, first + new.count("\n")), False
+
+    def insert(self, path, line, new):
+        if new is None or not isinstance(line, int):
+            return "Error: insert needs insert_line (an integer) and new_str", True
+        text = self._read(path)
+        lines = text.splitlines(True)
+        if not 0 <= line <= len(lines):
+            return (
+                f"Error: insert_line {line} is outside 0-{len(lines)} (0 inserts at the top)",
+                True,
+            )
+        if lines and not lines[-1].endswith("\n"):
+            lines[-1] += "\n"
+        block = new if new.endswith("\n") else new + "\n"
+        updated = "".join(lines[:line]) + block + "".join(lines[line:])
+        self.history.setdefault(path, []).append(text)
+        self._write(path, updated)
+        return self._snippet(path, updated, line + 1, line + block.count("\n")), False
+
+    def undo(self, path):
+        past = self.history.get(path)
+        if not past:
+            return f"Error: no edit of {path} to undo", True
+        before = past.pop()
+        if before is None:
+            os.remove(path)
+            return f"Undid the creation of {path} (removed)", False
+        self._write(path, before)
+        return f"Undid the last edit of {path}", False

@@ -1,0 +1,104 @@
+"""`bash`: a persistent shell in the episode's sandbox, as repository agents use one.
+
+    from agentrl.tools.shell import BashTool
+    tools = [BashTool(cwd="/repo", max_output_chars=8000)]
+
+One `bash` process per episode (per `ToolContext.session`), started on the first call inside the
+episode's sandbox session: `cd`, `export`, functions and background jobs persist between calls.
+Each call runs `command` with stdin from /dev/null and answers with its output (stdout and
+stderr merged, in order) and, when it failed, `[exit code N]`. Long output keeps its first and
+last halves of `max_output_chars` with a note of what was cut. Past the timeout (the tool's
+`timeout_s`, else the context's) the command's processes are killed and the shell carries on (a timeout is the model's error;
+a failing command is not: its status is part of the answer);
+a shell busy in a builtin loop is restarted and the answer says so. `restart: true` starts a new
+shell. The schema is the one common agent scaffolds give their models (`command`, `restart`).
+
+It needs a sandbox with sessions (the service backend, e2b, or your own); the shell itself is
+tools/_bash_session.py, sent to the session and run there.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from agentrl.sandbox.client import CALL_MARGIN_S
+from agentrl.tool import Tool, ToolContext, ToolResult
+
+_SOURCE = (Path(__file__).parent / "_bash_session.py").read_text()
+KILL_MARGIN_S = 5.0  # the sandbox call outlives the command by this much: the kill, the answer
+
+
+def session_code(name: str, setup: str, call: str) -> str:
+    """Code for a sandbox session that defines `name` from `setup` once (again after the
+    session restarted) and evaluates `call` as the cell's trailing expression."""
+    return f"if {name!r} not in globals():\n    exec({setup!r}, globals())\n{call}"
+
+
+class BashTool(Tool):
+    name = "bash"
+    description = (
+        "Run a bash command in a persistent shell: the working directory, environment "
+        "variables and background jobs carry over between calls. stdin is not available "
+        "(interactive programs get end of file). Long output is cut in the middle. "
+        "Use restart=true to start a fresh shell."
+    )
+
+    class Args(BaseModel):
+        command: str | None = Field(None, description="The bash command to run.")
+        restart: bool = Field(False, description="Start a new shell (before running command).")
+
+    timeout_grace_s = CALL_MARGIN_S + KILL_MARGIN_S + 15.0
+
+    def __init__(
+        self, cwd: str | None = None, max_output_chars: int = 8000, timeout_s: float | None = None
+    ) -> None:
+        self.cwd = cwd
+        self.max_output_chars = max_output_chars
+        self.timeout_s = timeout_s
+
+    async def __call__(self, args: BashTool.Args, ctx: ToolContext) -> ToolResult:
+        if not args.command and not args.restart:
+            return ToolResult(content="Error: give a command (or restart=true)", is_error=True)
+        if ctx.sandbox is None:
+            return ToolResult(
+                content="Error: the bash tool needs a sandbox with sessions (sandbox.backend=service)",
+                is_error=True,
+                metadata={"error": "exception"},
+            )
+        timeout = self.timeout_s if self.timeout_s is not None else ctx.timeout_s
+        setup = f"{_SOURCE}\n_agentrl_bash = AgentrlBash({self.cwd!r})\n"
+        call = (
+            f"_agentrl_bash.run({args.command or ''!r}, {timeout!r}, "
+            f"{self.max_output_chars!r}, restart={args.restart!r})"
+        )
+        res = await ctx.sandbox.run(
+            session_code("_agentrl_bash", setup, call),
+            "python",
+            timeout=timeout + KILL_MARGIN_S,
+            session=ctx.session,
+        )
+        try:
+            output, status, state = ast.literal_eval(res.result or "")
+        except (ValueError, SyntaxError, TypeError):
+            # the session itself failed (its limits, a reset) or the policy replaced the shell
+            detail = (res.stderr or res.stdout or "no answer").strip()[-2000:]
+            return ToolResult(
+                content=f"Error: the shell did not answer: {detail}",
+                is_error=True,
+                metadata={"limit": res.limit, "session_reset": res.session_reset},
+            )
+        text = str(output).rstrip("\n")
+        if state in ("timeout", "restarted"):
+            return ToolResult(content=text, is_error=True, metadata={"error": "timeout"})
+        if isinstance(status, int) and status != 0 and state == "ok":
+            text = f"{text}\n[exit code {status}]" if text else f"[exit code {status}]"
+        if state == "started":
+            text = "[a new shell was started]"
+        # a command that fails (a test run, a grep with no match) is an answer, not the model's
+        # error: only a timeout or a shell that would not answer counts against it
+        return ToolResult(
+            content=text or "[no output]", metadata={"exit_code": status, "state": state}
+        )
