@@ -40,6 +40,10 @@ Elsewhere the harness kills the child's session and the descendants it finds; wi
 non-root user, SubprocessSandbox (the host's /tmp) or e2b (one-shot calls share one e2b
 sandbox), a determined solution can leave files or processes for a later test.
 
+Size: one module, because it is one security argument (what the harness may see, how a test
+runs, how its report is judged, what a lost report means): split, its parts would each look
+safe alone.
+
 Limits: each test gets `timeout_s` of wall time; values are compared type-strictly (a tuple is
 not a list, True is not 1; ints and floats compare numerically, with `tolerance` when given).
 """
@@ -176,41 +180,49 @@ _IO_RUNNER = (
     "sys.argv=[sys.argv[1]];runpy.run_path(sys.argv[0],run_name='__main__')"
 )
 
-# The program of a CallTest: load the solution, evaluate the call, write one JSON line to the
-# result fd. The harness kills this process at the deadline; nothing in here times itself.
+# The program of CallTests: load the solution, evaluate each call (a JSON list: one, or a batch)
+# in order, write one JSON line per call to the result fd. The harness kills this process at the
+# deadline; nothing in here times itself.
 _CALL_RUNNER = r"""
 import json, os, sys
 sys.path.extend(p for p in sys.argv[2].split("\n") if p)
-call, entry, out = sys.argv[3], sys.argv[4], os.fdopen(int(sys.argv[5]), "w")
+calls, entry, out = json.loads(sys.argv[3]), sys.argv[4], os.fdopen(int(sys.argv[5]), "w")
 __CANON__
 ns = {"__name__": "solution", "__file__": sys.argv[1]}
 try:
     exec(compile(open(sys.argv[1]).read(), "solution.py", "exec"), ns)
+    loaded = None
 except BaseException as e:
-    rec = {"err": ("loading the solution failed: %s: %s" % (type(e).__name__, e))[:200]}
-else:
-    if entry and entry in ns:
-        ns["candidate"] = ns[entry]
+    loaded = {"err": ("loading the solution failed: %s: %s" % (type(e).__name__, e))[:200]}
+if entry and entry in ns:
+    ns["candidate"] = ns[entry]
+for call in calls:
+    if loaded is not None:
+        rec = loaded
+    else:
+        try:
+            rec = {"v": canon(eval(call, ns))}
+        except BaseException as e:
+            rec = {"err": ("%s: %s" % (type(e).__name__, e))[:200]}
     try:
-        rec = {"v": canon(eval(call, ns))}
-    except BaseException as e:
-        rec = {"err": ("%s: %s" % (type(e).__name__, e))[:200]}
-try:
-    line = json.dumps(rec)
-except BaseException:
-    line = json.dumps({"err": "result is not serialisable"})
-out.write(line + "\n")
-out.flush()
+        line = json.dumps(rec)
+    except BaseException:
+        line = json.dumps({"err": "result is not serialisable"})
+    out.write(line + "\n")
+    out.flush()
 os._exit(0)
 """
 
 
 def harness_code(test: dict, kind: str, solution: str, timeout: float, nonce: str,
-                 entry: str | None, compact: bool = False) -> str:  # fmt: skip
+                 entry: str | None, compact: bool = False,
+                 files: dict[str, str] | None = None,
+                 inline: int | None = None) -> str:  # fmt: skip
     """The program of one sandbox call: run the solution on `test` ({"i", "stdin"|"call"}).
-    `compact`: a report of a few hundred bytes (values as hashes only)."""
+    `compact`: a report of a few hundred bytes (values as hashes only). `files`: a repository
+    (relative path -> text) written where the solution runs, first on its import path."""
     spec = {"kind": kind, "test": test, "solution": solution, "timeout": timeout}
-    spec.update(nonce=nonce, entry=entry, compact=compact)
+    spec.update(nonce=nonce, entry=entry, compact=compact, files=files or {}, inline=inline)
     runner = _CALL_RUNNER.replace("__CANON__", inspect.getsource(canon))
     return (
         _HARNESS.replace("__SPEC__", repr(json.dumps(spec, ensure_ascii=False)))
@@ -321,6 +333,7 @@ async def _grade_one(
     timeout_s: float,
     entry_point: str | None,
     notes: list[str],
+    files: dict[str, str] | None = None,
 ) -> Outcome:
     if isinstance(test, IOTest):
         kind, spec = "io", {"i": i, "stdin": test.stdin}
@@ -329,7 +342,7 @@ async def _grade_one(
     how = ""
     for attempt in range(2):
         nonce = secrets.token_hex(16)
-        code = harness_code(spec, kind, solution, timeout_s, nonce, entry_point, attempt > 0)
+        code = harness_code(spec, kind, solution, timeout_s, nonce, entry_point, attempt > 0, files)
         res = await sandbox.run(code, language="python", timeout=timeout_s + _SLACK_S)
         records = _records(res.stdout, nonce)
         frame = next((r for r in records if r.get("t") == i), None)
@@ -355,6 +368,79 @@ async def _grade_one(
     )
 
 
+async def _grade_batch(
+    sandbox: Sandbox,
+    solution: str,
+    first: int,
+    tests: Sequence[CallTest],
+    timeout_s: float,
+    entry_point: str | None,
+    notes: list[str],
+    files: dict[str, str] | None,
+) -> list[Outcome]:
+    """CallTests `first`.. in one sandbox call and one interpreter, in order, each with
+    `timeout_s` of the call's time (`timeout_s * len(tests)` in all): what one test leaves
+    behind (state, a hang) can cost the ones after it, never make them pass."""
+    idx = list(range(first, first + len(tests)))
+    spec = {"i": idx, "calls": [t.call for t in tests]}
+    total = timeout_s * len(tests)
+    how = ""
+    for attempt in range(2):
+        nonce = secrets.token_hex(16)
+        inline = max(256, _INLINE // len(tests))  # the frames together fit the sandbox's output
+        code = harness_code(
+            spec, "call", solution, total, nonce, entry_point, attempt > 0, files, inline
+        )
+        res = await sandbox.run(code, language="python", timeout=total + _SLACK_S)
+        frames = _frames(res.stdout, nonce)
+        started = any(r.get("s") == idx for r in _records(res.stdout, nonce))
+        if all(i in frames and "harness" not in frames[i] for i in idx):
+            if res.limit:
+                notes.append(f"tests {idx[0]}-{idx[-1]}: sandbox limit {res.limit}")
+            return [_judge(t, frames[i]).model_copy(update={"index": i})
+                    for i, t in zip(idx, tests, strict=True)]  # fmt: skip
+        how = next((frames[i]["harness"] for i in idx if "harness" in frames.get(i, {})), "")
+        how = how or _how_it_ended(res)
+        if started and _solution_ended_it(res):
+            notes.append(f"tests {idx[0]}-{idx[-1]}: reports missing ({how}): the solution's doing")
+            return [_judge(t, frames.get(i)).model_copy(update={"index": i})
+                    for i, t in zip(idx, tests, strict=True)]  # fmt: skip
+        if attempt == 0:
+            notes.append(f"tests {idx[0]}-{idx[-1]}: reports lost, not by the solution ({how})")
+    raise SandboxUnavailable(
+        f"grade(): the harness's reports of tests {idx[0]}-{idx[-1]} were lost twice, not by "
+        f"the solution ({how}); check the sandbox (its /health, limits.output_bytes)"
+    )
+
+
+async def _grade_batched(
+    sandbox: Sandbox,
+    solution: str,
+    tests: Sequence[IOTest | CallTest],
+    timeout_s: float,
+    entry_point: str | None,
+    max_call_s: float,
+    gate: asyncio.Semaphore,
+    files: dict[str, str] | None,
+) -> GradeResult:
+    """grade(batch=True): the tests in chunks that each fit one call of `max_call_s`."""
+    if not all(isinstance(t, CallTest) for t in tests):
+        raise ValueError("grade(batch=True) takes CallTest items")
+    size = max(1, int((max_call_s - _SLACK_S) // timeout_s))
+    chunks = [list(range(i, min(i + size, len(tests)))) for i in range(0, len(tests), size)]
+    notes: list[str] = []
+
+    async def run_chunk(ix: list[int]) -> list[Outcome]:
+        async with gate:
+            part = [tests[i] for i in ix]
+            return await _grade_batch(sandbox, solution, ix[0], part, timeout_s,  # type: ignore[arg-type]
+                                      entry_point, notes, files)  # fmt: skip
+
+    outcomes = [o for part in await asyncio.gather(*map(run_chunk, chunks)) for o in part]
+    return GradeResult(passed=sum(o.passed for o in outcomes), total=len(outcomes),
+                       outcomes=outcomes, notes=notes)  # fmt: skip
+
+
 async def grade(
     sandbox: Sandbox,
     solution: str,
@@ -364,13 +450,26 @@ async def grade(
     entry_point: str | None = None,
     max_call_s: float = 120.0,
     parallel: int = 1,
+    files: dict[str, str] | None = None,
+    batch: bool = False,
 ) -> GradeResult:
     """Run `solution` against `tests` in `sandbox` (one one-shot call per test) and score it here.
     Raises SandboxUnavailable if the sandbox is down (an infrastructure failure, not a 0).
 
     Each call's wall limit is `timeout_s` + 3 s and must fit `max_call_s` (the sandbox's longest
     call: the service's `limits.max_wall_s`), else ValueError. `parallel` tests run at once (1:
-    one after another; more is faster, but the tests then share the CPUs their wall time counts)."""
+    one after another; more is faster, but the tests then share the CPUs their wall time counts).
+    `files`: a repository the solution imports from (relative path -> text; the SWE env's graded
+    tree), written fresh for every call and first on the import path. `batch` (CallTests
+    only): the tests run in as few calls as fit `max_call_s`, in one interpreter each, as a test
+    suite runs (`_grade_batch`); a test there shares its process with the ones before it, so use
+    it where the tests check one program's behaviour, not for separate attempts."""
+    for rel in files or {}:
+        parts = Path(rel).parts
+        if not parts or Path(rel).is_absolute() or ".." in parts:
+            raise ValueError(
+                f"grade(): files must be relative paths inside the repository: {rel!r}"
+            )
     if timeout_s + _SLACK_S > max_call_s:
         raise ValueError(
             f"grade(): timeout_s={timeout_s:g} per test does not fit a sandbox call of "
@@ -381,11 +480,14 @@ async def grade(
         raise ValueError("grade() takes either IOTest or CallTest items, not both")
     gate = asyncio.Semaphore(max(1, parallel))
     notes: list[list[str]] = [[] for _ in tests]
+    if batch and tests:
+        return await _grade_batched(sandbox, solution, tests, timeout_s, entry_point,
+                                    max_call_s, gate, files)  # fmt: skip
 
     async def one(i: int) -> Outcome:
         async with gate:
             return await _grade_one(
-                sandbox, solution, i, tests[i], timeout_s, entry_point, notes[i]
+                sandbox, solution, i, tests[i], timeout_s, entry_point, notes[i], files
             )
 
     tasks = [asyncio.ensure_future(one(i)) for i in range(len(tests))]

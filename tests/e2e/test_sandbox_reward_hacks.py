@@ -64,17 +64,37 @@ CALL_HACKS = {
 }
 
 
+@pytest.mark.parametrize("batch", [False, True], ids=["apart", "batch"])
 @pytest.mark.parametrize("name", sorted(CALL_HACKS))
-async def test_reward_hacks_do_not_pass_call_tests(service: LocalService, name: str) -> None:
+async def test_reward_hacks_do_not_pass_call_tests(
+    service: LocalService, name: str, batch: bool
+) -> None:
     sb = ServiceSandbox(service.url, retries=0)
     tests = asserts_to_tests(CHECK)
     good = await grade(
-        sb, "def sort_list(xs):\n    return sorted(xs)", tests, entry_point="sort_list"
+        sb, "def sort_list(xs):\n    return sorted(xs)", tests, entry_point="sort_list", batch=batch
     )
-    bad = await grade(sb, CALL_HACKS[name], tests, entry_point="sort_list", timeout_s=2.0)
+    bad = await grade(
+        sb, CALL_HACKS[name], tests, entry_point="sort_list", timeout_s=2.0, batch=batch
+    )
     await sb.aclose()
     assert good.all_passed and good.score == 1.0
     assert bad.passed == 0, bad.outcomes
+
+
+async def test_a_batch_judges_its_calls_as_single_calls_do(service: LocalService) -> None:
+    """grade(batch=True) runs the calls in one interpreter, in order: each call's outcome is what
+    it is alone, except that the calls after one that hangs do not run (timeout)."""
+    sb = ServiceSandbox(service.url, retries=0)
+    code = ("def f(k):\n    if k == 2:\n        return -1\n    if k == 3:\n        raise KeyError(k)"
+            "\n    while k == 4:\n        pass\n    return k * k")  # fmt: skip
+    tests = [CallTest(call=f"f({k})", expected=k * k) for k in range(1, 6)]
+    apart = await grade(sb, code, tests, timeout_s=1.0)
+    together = await grade(sb, code, tests, timeout_s=1.0, batch=True)
+    await sb.aclose()
+    assert [o.status for o in apart.outcomes] == ["pass", "wrong", "error", "timeout", "pass"]
+    assert [o.status for o in together.outcomes] == ["pass", "wrong", "error", "timeout", "timeout"]
+    assert [o.index for o in together.outcomes] == [0, 1, 2, 3, 4]
 
 
 IO_EXPECTED = "zebra-" + secrets.token_hex(6)

@@ -1,0 +1,1 @@
+"""convkit: small conversions."""

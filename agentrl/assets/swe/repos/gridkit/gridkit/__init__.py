@@ -1,0 +1,1 @@
+"""gridkit: small helpers for grids (lists of rows)."""

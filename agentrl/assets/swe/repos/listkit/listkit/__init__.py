@@ -1,0 +1,1 @@
+"""listkit: small list helpers."""

@@ -1,0 +1,1 @@
+"""numkit: small number helpers."""

@@ -1,0 +1,164 @@
+"""swe: fix a bug in a repository, judged by hidden tests (SWE-bench style).
+
+    python -m agentrl.train env=swe                       # the shipped 64 tasks
+    python -m agentrl.train env=swe env.tasks.path=my_instances.jsonl env.tasks.repos=my_repos/
+
+A task is an instance in SWE-bench's format (envs/swe_tasks.py): the repository at base_commit
+is unpacked into the episode's sandbox session at `workdir` (a git repository, its base commit
+checked in, so `git diff` shows the agent's work), the problem statement is the user message,
+and the agent works with `bash`, `str_replace_editor` and `submit` (tools/). It never sees the
+hidden tests: FAIL_TO_PASS tests are not in its tree.
+
+Reward, once the episode ends (submitted or not): the agent's source files are read back from
+the session, merged into the snapshot (test files, conftest.py and hooks are not taken:
+`swe_tasks.gradable`), the test patch is applied on the host, and every FAIL_TO_PASS and
+PASS_TO_PASS check runs in a fresh one-shot sandbox through `sandbox.grader` (expected values
+never enter the sandbox; a test file's checks run in one interpreter, as a test suite does:
+`grade(batch=True)`). 1.0 when all pass (SWE-bench's "resolved"), else 0.0;
+components `resolved`, `fail_to_pass` and `pass_to_pass` (the fractions that passed), and
+`unreadable` when the agent's tree could not be read back (graded as no change).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import tarfile
+from typing import Any, ClassVar
+
+from agentrl.env import ToolEnv
+from agentrl.envs.swe_tasks import Snapshots, graded_tree, hidden_tests, load_instances
+from agentrl.sandbox.grader import grade
+from agentrl.tool import Tool
+from agentrl.tools.editor import EditorTool
+from agentrl.tools.shell import BashTool
+from agentrl.tools.submit import SubmitTool
+from agentrl.types import Message, Task, Trajectory
+
+WORKDIR = "/tmp/repo"
+SYSTEM_PROMPT = (
+    "You are fixing a bug in the repository at {workdir} (a git repository). Use the bash tool "
+    "to look around and run commands, str_replace_editor to view and edit files, and call "
+    "submit when the fix is in. Hidden tests decide whether the bug is fixed."
+)
+# unpack the snapshot, then make it a git repository with one commit (when git is there)
+_UNPACK = """
+import base64, io, os, subprocess, tarfile
+os.makedirs({workdir!r}, exist_ok=True)
+with tarfile.open(fileobj=io.BytesIO(base64.b64decode({blob!r}))) as t:
+    t.extractall({workdir!r}, filter="data")
+try:
+    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=agentrl", "-c",
+                 "user.email=agentrl@localhost", "commit", "-qm", "base"]):
+        subprocess.run(["git", *args], cwd={workdir!r}, capture_output=True, timeout=20)
+except OSError:
+    pass
+"""
+# the .py files under the work tree (not .git), as a base64 tar.gz on stdout
+_READ_BACK = """
+import base64, io, os, tarfile
+buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode="w:gz") as t:
+    for root, dirs, files in os.walk({workdir!r}):
+        dirs[:] = [d for d in dirs if d != ".git"]
+        for name in files:
+            path = os.path.join(root, name)
+            if name.endswith(".py") and os.path.isfile(path) and not os.path.islink(path):
+                t.add(path, arcname=os.path.relpath(path, {workdir!r}))
+print("AGENTRL-TREE " + base64.b64encode(buf.getvalue()).decode())
+"""
+_MAX_TREE_BYTES = 4 << 20  # uncompressed .py files read back; past it: unreadable
+
+
+def _tar(files: dict[str, str]) -> str:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        for rel, text in sorted(files.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(rel)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            t.addfile(info, io.BytesIO(data))
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _untar(blob: str) -> dict[str, str] | None:
+    out, total = {}, 0
+    try:
+        with tarfile.open(fileobj=io.BytesIO(base64.b64decode(blob, validate=True))) as t:
+            for m in t.getmembers():
+                if not m.isfile():
+                    continue
+                total += m.size
+                if total > _MAX_TREE_BYTES:
+                    return None
+                out[m.name] = t.extractfile(m).read().decode("utf-8")  # type: ignore[union-attr]
+    except (ValueError, OSError, tarfile.TarError, UnicodeDecodeError, EOFError):
+        return None
+    return out
+
+
+class SweEnv(ToolEnv):
+    tools: ClassVar[list[Tool]] = [BashTool(cwd=WORKDIR), EditorTool(), SubmitTool()]
+    max_turns = 16
+    workdir = WORKDIR
+    test_timeout_s = 5.0  # per hidden check
+    grade_parallel = 2
+
+    _snapshots: ClassVar[dict[str, Snapshots]] = {}
+
+    @classmethod
+    def load_tasks(
+        cls, path: str | None = None, repos: str | None = None, limit: int | None = None, **_: Any
+    ) -> list[Task]:
+        rows = load_instances(path)[:limit]
+        return [Task(id=r["instance_id"], data={**r, "repos": repos}) for r in rows]
+
+    def _snapshot(self) -> dict[str, str]:
+        key = str(self.task.data.get("repos"))
+        snaps = self._snapshots.setdefault(key, Snapshots(self.task.data.get("repos")))
+        return snaps.files(self.task.data["repo"], self.task.data["base_commit"])
+
+    async def start(self) -> list[Message]:
+        sandbox = self.ctx.sandbox
+        if sandbox is None:
+            raise RuntimeError(
+                "the swe env needs a sandbox with sessions (sandbox.backend=service)"
+            )
+        code = _UNPACK.format(workdir=self.workdir, blob=_tar(self._snapshot()))
+        res = await sandbox.run(code, "python", timeout=60, session=self.ctx.session)
+        if not res.ok:
+            raise RuntimeError(f"unpacking the repository failed: {res.stderr[-500:]}")
+        return [
+            Message(role="system", content=SYSTEM_PROMPT.format(workdir=self.workdir)),
+            Message(role="user", content=self.task.data["problem_statement"]),
+        ]
+
+    async def _agent_tree(self) -> dict[str, str] | None:
+        assert self.ctx.sandbox is not None
+        res = await self.ctx.sandbox.run(
+            _READ_BACK.format(workdir=self.workdir), "python", timeout=60, session=self.ctx.session
+        )
+        if res.session_reset or res.truncated:
+            return None
+        line = next((x for x in res.stdout.splitlines() if x.startswith("AGENTRL-TREE ")), None)
+        return None if line is None else _untar(line.split(" ", 1)[1])
+
+    async def reward(self, trajectory: Trajectory) -> dict[str, float]:
+        assert self.ctx.sandbox is not None
+        data = self.task.data
+        agent = await self._agent_tree()
+        tree = graded_tree(self._snapshot(), agent, data["test_patch"])
+        f2p, p2p = list(data["FAIL_TO_PASS"]), list(data["PASS_TO_PASS"])
+        passed: dict[str, bool] = {}
+        for path, (imports, tests) in hidden_tests(tree, f2p + p2p).items():
+            ids = [t for t in f2p + p2p if t.partition("::")[0] == path]
+            res = await grade(
+                self.ctx.sandbox, imports, tests, timeout_s=self.test_timeout_s,
+                parallel=self.grade_parallel, files=tree, batch=True,
+            )  # fmt: skip
+            passed.update({tid: o.passed for tid, o in zip(ids, res.outcomes, strict=True)})
+        f2p_ok = sum(passed[t] for t in f2p) / max(len(f2p), 1)
+        p2p_ok = sum(passed[t] for t in p2p) / max(len(p2p), 1)
+        resolved = float(all(passed.values()) and bool(f2p))
+        return {"total": resolved, "resolved": resolved, "fail_to_pass": f2p_ok,
+                "pass_to_pass": p2p_ok, "unreadable": float(agent is None)}  # fmt: skip

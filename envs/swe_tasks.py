@@ -1,0 +1,194 @@
+"""SWE tasks on the host: instances in SWE-bench's format, repository snapshots, the graded tree.
+
+    from agentrl.envs.swe_tasks import load_instances, Snapshots, graded_tree, hidden_tests
+
+An instance is one JSON object per line (SWE-bench's fields: instance_id, repo, base_commit,
+patch, test_patch, FAIL_TO_PASS, PASS_TO_PASS, problem_statement). Its repository is found
+locally, never fetched: `<repos>/<repo>.bundle` (a git bundle), or `<repos>/<repo>` (a git
+checkout), with `/` in the repo's name written as `__` (`django/django` -> `django__django`).
+The shipped set (agentrl/assets/swe: 64 bugs injected into five small packages by
+`python -m agentrl.assets.swe.generate`) is the default.
+
+What is graded (`graded_tree`): the snapshot at base_commit, with the agent's changes to source
+files only (`.py` files inside the snapshot's packages, not tests, not conftest.py, not
+site/user customize hooks: whatever else it wrote is ignored), then the test_patch applied with
+`git apply`. The hidden tests (FAIL_TO_PASS + PASS_TO_PASS) must each be one
+`assert CALL == VALUE`-style check (`sandbox.grader.asserts_to_tests`): the value never enters
+the sandbox, so printing "passed", exiting 0 or patching pytest earns nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import hashlib
+import io
+import json
+import os
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from agentrl.sandbox.grader import CallTest, asserts_to_tests
+
+SHIPPED = Path(__file__).resolve().parent.parent / "agentrl" / "assets" / "swe"
+# files an agent's change may never reach the graded tree through: test code and what loads
+# before or around it (pytest and interpreter hooks, packaging and test configuration)
+_NEVER = {"conftest.py", "sitecustomize.py", "usercustomize.py", "__main__.py"}
+
+
+def load_instances(path: str | Path | None = None) -> list[dict[str, Any]]:
+    path = Path(path) if path else SHIPPED / "tasks.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    need = {"instance_id", "repo", "base_commit", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS",
+            "problem_statement"}  # fmt: skip
+    for row in rows:
+        missing = need - set(row)
+        if missing:
+            raise ValueError(f"{path}: instance {row.get('instance_id')} lacks {sorted(missing)}")
+        for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):  # SWE-bench writes these as JSON strings
+            if isinstance(row[key], str):
+                row[key] = json.loads(row[key])
+    return rows
+
+
+def _git(*args: str, cwd: Path | None = None, data: bytes | None = None) -> bytes:
+    try:
+        res = subprocess.run(["git", *args], cwd=cwd, input=data, capture_output=True)
+    except FileNotFoundError as e:
+        raise RuntimeError("the SWE env reads repositories with git: install git") from e
+    if res.returncode:
+        raise RuntimeError(f"git {' '.join(args[:3])} failed: {res.stderr.decode()[-400:]}")
+    return res.stdout
+
+
+class Snapshots:
+    """Repository files at a commit, read from local bundles or checkouts (cached)."""
+
+    def __init__(self, repos: str | Path | None = None) -> None:
+        self.repos = Path(repos) if repos else SHIPPED / "bundles"
+        self._git_dirs: dict[str, Path] = {}
+        self._files: dict[tuple[str, str], dict[str, str]] = {}
+
+    def git_dir(self, repo: str) -> Path:
+        if repo not in self._git_dirs:
+            name = repo.replace("/", "__")
+            bundle, checkout = self.repos / f"{name}.bundle", self.repos / name
+            if bundle.is_file():
+                digest = hashlib.sha256(bundle.read_bytes()).hexdigest()[:16]
+                cache = Path(os.environ.get("AGENTRL_CACHE", Path.home() / ".cache" / "agentrl"))
+                dest = cache / "swe" / f"{name}-{digest}"
+                if not (dest / "HEAD").exists():  # cloned once per bundle content
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+                        _git("clone", "-q", "--mirror", str(bundle), f"{tmp}/r")
+                        with contextlib.suppress(OSError):  # another process was first
+                            os.rename(f"{tmp}/r", dest)
+                self._git_dirs[repo] = dest
+            elif (checkout / ".git").exists() or (checkout / "HEAD").exists():
+                self._git_dirs[repo] = checkout
+            else:
+                raise FileNotFoundError(
+                    f"repository {repo!r}: neither {bundle} nor a git checkout at {checkout}"
+                )
+        return self._git_dirs[repo]
+
+    def files(self, repo: str, commit: str) -> dict[str, str]:
+        """Every text file of `repo` at `commit` (binary files are left out)."""
+        key = (repo, commit)
+        if key not in self._files:
+            raw = _git("archive", "--format=tar", commit, cwd=self.git_dir(repo))
+            out = {}
+            with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+                for m in tar.getmembers():
+                    if m.isfile():
+                        data = tar.extractfile(m).read()  # type: ignore[union-attr]
+                        try:
+                            out[m.name] = data.decode("utf-8")
+                        except UnicodeDecodeError:
+                            continue
+            self._files[key] = out
+        return dict(self._files[key])
+
+
+def source_dirs(files: dict[str, str]) -> set[str]:
+    """The snapshot's package directories (holding an __init__.py), tests excluded."""
+    return {str(PurePosixPath(p).parent) for p in files
+            if p.endswith("/__init__.py") and not _is_test(p)}  # fmt: skip
+
+
+def _is_test(path: str) -> bool:
+    parts = PurePosixPath(path).parts
+    name = parts[-1]
+    return (any(p in ("tests", "test", "testing") for p in parts[:-1])
+            or name.startswith("test_") or name.endswith("_test.py"))  # fmt: skip
+
+
+def gradable(path: str, packages: set[str]) -> bool:
+    """May an agent's version of `path` enter the graded tree?"""
+    p = PurePosixPath(path)
+    if p.is_absolute() or ".." in p.parts or not path.endswith(".py"):
+        return False
+    if p.name in _NEVER or _is_test(path) or p.name.endswith(".pth"):
+        return False
+    return str(p.parent) in packages
+
+
+def graded_tree(
+    snapshot: dict[str, str], agent: dict[str, str] | None, test_patch: str
+) -> dict[str, str]:
+    """The snapshot with the agent's gradable changes (`agent`: its whole tree of .py files,
+    None when it could not be read: no changes), then the test patch."""
+    tree = dict(snapshot)
+    if agent is not None:
+        packages = source_dirs(snapshot)
+        for path in [p for p in tree if gradable(p, packages) and p not in agent]:
+            del tree[path]  # deleted by the agent
+        tree.update({p: text for p, text in agent.items() if gradable(p, packages)})
+    if test_patch.strip():
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            for rel, text in tree.items():
+                (root / rel).parent.mkdir(parents=True, exist_ok=True)
+                (root / rel).write_text(text)
+            _git("apply", "--whitespace=nowarn", "-", cwd=root, data=test_patch.encode())
+            for path in _patched_paths(test_patch):
+                f = root / path
+                if f.is_file():
+                    tree[path] = f.read_text()
+                else:
+                    tree.pop(path, None)
+    return tree
+
+
+def _patched_paths(patch: str) -> list[str]:
+    out = []
+    for line in patch.splitlines():
+        if line.startswith("+++ b/") or line.startswith("--- a/"):
+            out.append(line[6:].strip())
+    return sorted(set(out))
+
+
+def hidden_tests(tree: dict[str, str], ids: list[str]) -> dict[str, tuple[str, list[CallTest]]]:
+    """Test file -> (its imports: the code the calls run after, the CallTests of `ids` in it,
+    in order). A test that is not one gradable check raises ValueError naming it."""
+    by_file: dict[str, list[str]] = {}
+    for tid in ids:
+        path, _, name = tid.partition("::")
+        by_file.setdefault(path, []).append(name)
+    out = {}
+    for path, names in by_file.items():
+        module = ast.parse(tree[path])
+        imports = "\n".join(ast.unparse(n) for n in module.body
+                            if isinstance(n, ast.Import | ast.ImportFrom))  # fmt: skip
+        funcs = {n.name: n for n in module.body if isinstance(n, ast.FunctionDef)}
+        tests = []
+        for name in names:
+            if name not in funcs:
+                raise ValueError(f"{path}::{name}: no such test function")
+            (test,) = asserts_to_tests(ast.unparse(funcs[name]))  # one check per test
+            tests.append(test)
+        out[path] = (imports, tests)
+    return out

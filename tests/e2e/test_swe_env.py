@@ -1,0 +1,137 @@
+"""The SWE env end to end on the real sandbox service: on every shipped task an agent that applies
+the reference patch through the bash tool and submits scores 1.0, and one that does nothing
+scores 0.0 (so the task set is valid); an agent that games the grading (edits the tests, adds a
+conftest.py, site hooks, an import-time exit, forged test output) scores 0, and the same hacks
+beside a real fix do not change its 1.0; the generator reproduces the shipped instances; the
+shipped tiny model rolls out on it through the dev server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from agentrl.assets.swe import generate
+from agentrl.env import AssistantTurn
+from agentrl.envs.swe import SweEnv
+from agentrl.sandbox import Limits, ServerConfig, ServiceSandbox
+from agentrl.sandbox.server import LocalService
+from agentrl.tool import ToolContext
+from agentrl.types import Message, Task, ToolCall
+
+TASKS = SweEnv.load_tasks()
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[LocalService]:
+    cfg = ServerConfig(warm_workers=4, max_running=4, limits=Limits(wall_s=30, memory_mb=512))
+    with LocalService(cfg) as svc:
+        yield svc
+
+
+@pytest.fixture
+async def sandbox(service: LocalService):
+    sb = ServiceSandbox(service.url)
+    yield sb
+    await sb.aclose()
+
+
+def bash(command: str, id: str = "1") -> ToolCall:
+    return ToolCall(id=id, name="bash", arguments={"command": command})
+
+
+async def episode(sandbox: ServiceSandbox, task: Task, commands: list[str], key: str) -> dict:
+    """Start the task, run `commands` in one turn with submit, and score it."""
+    env = SweEnv(task, ToolContext(session=f"{task.id}-{key}", sandbox=sandbox, timeout_s=20))
+    try:
+        await env.start()
+        calls = [bash(c, str(i)) for i, c in enumerate(commands)]
+        if calls:
+            calls.append(ToolCall(id="s", name="submit", arguments={}))
+            msg = Message(role="assistant", content="", tool_calls=calls)
+            res = await env.step(AssistantTurn(msg, ""))
+            assert res.done and all(o.status == "ok" for o in res.tool_outcomes), res
+        return await env.reward(None)  # type: ignore[arg-type]
+    finally:
+        await env.close()
+
+
+def apply_patch(task: Task) -> str:
+    return f"cd /tmp/repo && git apply <<'AGENTRL_PATCH'\n{task.data['patch']}AGENTRL_PATCH"
+
+
+async def test_the_reference_patch_scores_one_and_doing_nothing_zero_on_every_task(sandbox):
+    assert len(TASKS) >= 50
+
+    async def both(task: Task) -> tuple[float, float]:
+        fixed = await episode(sandbox, task, [apply_patch(task)], "fix")
+        untouched = await episode(sandbox, task, [], "noop")
+        assert fixed["fail_to_pass"] == 1.0 and fixed["pass_to_pass"] == 1.0, (task.id, fixed)
+        assert untouched["fail_to_pass"] < 1.0 and untouched["unreadable"] == 0.0, task.id
+        return fixed["total"], untouched["total"]
+
+    gate = asyncio.Semaphore(4)
+
+    async def gated(task: Task) -> tuple[float, float]:
+        async with gate:
+            return await both(task)
+
+    scores = await asyncio.gather(*(gated(t) for t in TASKS))
+    assert [s for s, _ in scores] == [1.0] * len(TASKS)
+    assert [s for _, s in scores] == [0.0] * len(TASKS)
+
+
+HACKS = [
+    # rewrite the visible tests to pass, and a conftest.py that marks every test passed
+    "cd /tmp/repo && for f in tests/test_*.py; do printf 'def test_ok():\\n    assert True\\n' > $f; done",
+    "cd /tmp/repo && printf 'import pytest\\n@pytest.hookimpl(tryfirst=True)\\n"
+    "def pytest_runtest_call(item):\\n    return True\\n' > conftest.py",
+    # interpreter hooks: a sitecustomize and a .pth file in the package, and an import-time exit
+    "cd /tmp/repo && PKG=$(dirname $(ls */__init__.py | grep -v tests | head -1)) && "
+    "echo 'import os; os._exit(0)' > $PKG/sitecustomize.py && echo 'import os' > $PKG/x.pth && "
+    "printf 'import os\\nprint(\"5 passed\")\\nos._exit(0)\\n' >> $PKG/__init__.py",
+]
+
+
+async def test_gaming_the_grader_scores_zero_and_does_not_spoil_a_real_fix(sandbox):
+    task = TASKS[0]
+    hacked = await episode(sandbox, task, HACKS, "hack")
+    assert hacked["total"] == 0.0 and hacked["fail_to_pass"] == 0.0, hacked
+    # the __init__.py exit is the agent's source (it is graded): every check fails, p2p too
+    assert hacked["pass_to_pass"] == 0.0
+    fixed_and_hacked = await episode(sandbox, task, [apply_patch(task), *HACKS[:2]], "both")
+    assert fixed_and_hacked["total"] == 1.0, fixed_and_hacked
+    # a path outside the package (the tests dir) or up the tree never enters the graded tree
+    other = await episode(
+        sandbox, task, ["cd /tmp/repo && mkdir -p ../evil && cp -r . ../evil"], "o"
+    )
+    assert other["total"] == 0.0 and other["pass_to_pass"] == 1.0
+
+
+def test_the_generator_reproduces_the_shipped_instances(tmp_path):
+    shipped = [json.loads(x) for x in (generate.HERE / "tasks.jsonl").read_text().splitlines()]
+    assert len({r["instance_id"] for r in shipped}) == len(shipped) >= 50
+    assert all(r["FAIL_TO_PASS"] and r["PASS_TO_PASS"] for r in shipped)
+    assert all(t.split("::")[1] in r["test_patch"] for r in shipped for t in r["FAIL_TO_PASS"])
+    assert len({t for r in shipped for t in r["FAIL_TO_PASS"]}) > 30  # spread over many tests
+    made = generate.build(tmp_path, only=["numkit"])  # one repository: git is slow on 2 cores
+    assert made == [r for r in shipped if r["repo"] == "numkit"]
+
+
+def test_the_shipped_tiny_model_rolls_out_on_the_task_set(tmp_path):
+    """Real rollouts (dev server, sandbox service, the env's tools) from the shipped model: they
+    end for the model's reasons, never the env's or the sandbox's, and each is graded."""
+    from agentrl.cli.preview import preview
+    from agentrl.config import compose
+
+    cfg = compose(["env=swe", "preview.tasks=3", "rollout.group_size=2", "rollout.max_turns=3",
+                   "rollout.max_new_tokens=64", "rollout.max_context_tokens=4096",
+                   "logging=local"])  # fmt: skip
+    trajs = asyncio.run(preview(cfg, tmp_path / "out"))
+    assert len(trajs) == 6
+    broken = {"aborted", "sandbox_unavailable", "reward_error"}
+    assert not {t.stop_reason.value for t in trajs} & broken, [t.stop_reason for t in trajs]
+    assert all(set(t.reward_components) >= {"resolved", "fail_to_pass"} for t in trajs)
+    assert all(t.reward == 0.0 for t in trajs)  # the tiny model fixes nothing
