@@ -109,7 +109,7 @@ async def test_server_serves_trainer_weights_after_push(
     method: str, policy, launch_devserver, tiny_model_dir, tmp_path: Path, monkeypatch
 ) -> None:
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # the dev server's gloo end binds loopback too
-    cfg = WeightSyncConfig(method=method, bucket_mb=0.1, disk_dir=str(tmp_path / "weights"))
+    cfg = WeightSyncConfig(method=method, bucket_mb=0.15, disk_dir=str(tmp_path / "weights"))
     with launch_devserver(tiny_model_dir) as (url, _):
         async with EngineClient([url]) as engine:
             sync = make_weight_sync(cfg, policy, engine)
