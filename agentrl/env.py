@@ -62,6 +62,7 @@ import asyncio
 import functools
 import inspect
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,6 +117,7 @@ class StepResult:
         return self.tool_calls, self.tool_errors, self.tool_exceptions
 
 
+log = logging.getLogger(__name__)
 _ASYNC_METHODS = ("start", "step", "reward", "close")
 
 
@@ -247,6 +249,11 @@ class Env:
         raise NotImplementedError(f"{type(self).__name__} must implement async reward()")
 
     async def close(self) -> None:
+        for tool in self.tools:  # what a tool holds for this episode (an MCP server, …)
+            try:
+                await tool.end_episode(self.ctx)
+            except Exception:  # one tool's clean-up never skips the others' or the sandbox's
+                log.exception("%s.end_episode failed", type(tool).__name__)
         if self.ctx.sandbox is not None:
             await self.ctx.sandbox.close_session(self.ctx.session)
 

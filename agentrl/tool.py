@@ -107,6 +107,10 @@ class Tool:
     async def __call__(self, args: Any, ctx: ToolContext) -> ToolResult:
         raise NotImplementedError(f"{type(self).__name__} must implement async __call__")
 
+    async def end_episode(self, ctx: ToolContext) -> None:
+        """Called by `Env.close` once the episode (`ctx.session`) is over: release what this tool
+        holds for it (an MCP server of its own, …). Default: nothing."""
+
     def schema(self) -> dict[str, Any]:
         """The OpenAI-style function schema that chat templates render under `tools=`."""
         params = self.Args.model_json_schema()

@@ -1,0 +1,99 @@
+"""MCP servers' tools as agentrl tools (tools/mcp_tools.py) with the official SDK: a server
+written here (tests/e2e/mcp_counter_server.py, stdio) is listed, called, and its errors come
+back as tool results; per-episode servers keep their own state and stop with the episode; a
+server that will not start is a clear error; and a real server from PyPI (mcp-server-git)
+reads a repository the test made."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentrl.env import ToolEnv
+from agentrl.tool import ToolContext
+from agentrl.tools.mcp_tools import McpServer, close_connections, mcp_tools
+from agentrl.types import Task, ToolCall
+
+HERE = Path(__file__).parent
+COUNTER = McpServer(command=[sys.executable, str(HERE / "mcp_counter_server.py")])
+
+
+async def test_a_servers_tools_are_listed_called_and_fail_cleanly() -> None:
+    tools = {t.name: t for t in mcp_tools(COUNTER)}
+    assert sorted(tools) == ["add", "divide", "stats"]
+    schema = tools["add"].schema()["function"]
+    assert schema["parameters"]["required"] == ["amount"] and "counter" in schema["description"]
+    ctx = ToolContext(session="one")
+    try:
+        assert (await tools["add"].invoke({"amount": 2}, ctx)).content == "2"
+        r = await tools["add"].invoke({"amount": 3, "note": "more"}, ctx)
+        assert (r.content, r.is_error) == ("5 more", False)
+        r = await tools["add"].invoke({"amount": "three"}, ctx)  # refused before the server
+        assert r.is_error and "amount: 'three' is not of type 'integer'" in r.content
+        r = await tools["divide"].invoke({"a": 1, "b": 0}, ctx)  # the tool raised: isError
+        assert r.is_error and not r.is_tool_fault
+        assert (await tools["divide"].invoke({"a": 1, "b": 4}, ctx)).content == "0.25"
+        assert '"count": 5' in (await tools["stats"].invoke({}, ctx)).content  # structured only
+    finally:
+        await close_connections()
+    prefixed = mcp_tools(McpServer(command=COUNTER.command, prefix="c_"), only=["add"])
+    assert [t.name for t in prefixed] == ["c_add"]
+    with pytest.raises(ValueError, match="no tools"):
+        mcp_tools(COUNTER, only=["absent"])
+    with pytest.raises(RuntimeError, match="listing the tools of MCP server"):
+        mcp_tools(McpServer(command=[sys.executable, "-c", "raise SystemExit(3)"], timeout_s=10))
+
+
+class CounterEnv(ToolEnv):
+    tools = mcp_tools(McpServer(command=COUNTER.command, scope="episode"))
+
+
+async def test_per_episode_servers_keep_their_own_state_and_stop_with_the_episode() -> None:
+    a = CounterEnv(Task(id="a", data={"prompt": ""}), ToolContext(session="ep-a"))
+    b = CounterEnv(Task(id="b", data={"prompt": ""}), ToolContext(session="ep-b"))
+    add = a.tool_map["add"]
+
+    async def add_to(env: CounterEnv, amount: int) -> str:
+        call = ToolCall(id="1", name="add", arguments={"amount": amount})
+        return (await env.call_tool(call)).content
+
+    assert await add_to(a, 5) == "5"
+    assert await add_to(b, 1) == "1"  # its own server
+    assert await add_to(a, 1) == "6"
+    from agentrl.tools.mcp_tools import _CONNECTIONS
+
+    assert sum(k[0] == add.server.key for k in _CONNECTIONS) == 2
+    await a.close()
+    await b.close()
+    assert not any(k[0] == add.server.key for k in _CONNECTIONS)
+
+
+@pytest.mark.skipif(shutil.which("mcp-server-git") is None, reason="pip install mcp-server-git")
+async def test_the_git_server_from_pypi_reads_a_repository(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost"]
+    subprocess.run([*git, "init", "-q"], cwd=repo, check=True)
+    (repo / "a.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "a.py"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "first commit"], cwd=repo, check=True)
+    (repo / "a.py").write_text("x = 2\n")
+    server = McpServer(command=["mcp-server-git", "--repository", str(repo)], timeout_s=60)
+    tools = {t.name: t for t in mcp_tools(server)}
+    assert {"git_status", "git_diff_unstaged", "git_log"} <= set(tools)
+    ctx = ToolContext(session="git")
+    try:
+        status = await tools["git_status"].invoke({"repo_path": str(repo)}, ctx)
+        assert "a.py" in status.content and not status.is_error
+        diff = await tools["git_diff_unstaged"].invoke({"repo_path": str(repo)}, ctx)
+        assert "-x = 1" in diff.content and "+x = 2" in diff.content
+        log = await tools["git_log"].invoke({"repo_path": str(repo)}, ctx)
+        assert "first commit" in log.content
+        bad = await tools["git_log"].invoke({"repo_path": str(tmp_path / "nowhere")}, ctx)
+        assert bad.is_error
+    finally:
+        await close_connections()
