@@ -66,6 +66,7 @@ class ServiceSandbox:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._token = token
         self._max_concurrency = max_concurrency
+        self._images: dict[str, str] = {}  # session -> image (use_image)
         self._http: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sem = asyncio.Semaphore(max_concurrency)
@@ -99,9 +100,15 @@ class ServiceSandbox:
         language: str = "python",
         timeout: float = 10.0,
         session: str | None = None,
+        image: str | None = None,
     ) -> ExecResult:
+        """Run one call; in `image` when given, else in the image `use_image` bound to the
+        session (None: the host-view sandbox)."""
         key = session_key(session) if session is not None else None
+        image = image or (self._images.get(session) if session is not None else None)
         body = {"code": code, "language": language, "timeout": timeout, "session": key}
+        if image is not None:
+            body["image"] = image
         async with self._sem:
             status, text = await self._post(
                 "/v1/run", body, timeout + CALL_MARGIN_S, replay=session is None, session=key
@@ -114,9 +121,19 @@ class ServiceSandbox:
             )
         return ExecResult.model_validate_json(text)
 
+    def use_image(self, session: str, image: str | None) -> None:
+        """Every call of `session` runs in `image` (a name the service was given, ServerConfig.
+        images): the env of a task with a root filesystem of its own sets it before the first
+        call, and the session's tools need not know."""
+        if image is None:
+            self._images.pop(session, None)
+        else:
+            self._images[session] = image
+
     async def close_session(self, session: str) -> None:
         key = session_key(session)
         self._sessions.pop(key, None)
+        self._images.pop(session, None)
         if self._closed:  # an episode cancelled at shut-down: the service reaps it (its lease)
             return
         try:

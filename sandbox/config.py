@@ -59,6 +59,12 @@ class ServerConfig(BaseModel):
     max_sessions: int = Field(512, ge=0)
     session_ttl_s: float = Field(900.0, gt=0, description="idle lease of a session")
     max_code_bytes: int = Field(1 << 20, gt=0)
+    images: dict[str, str] = Field(
+        default_factory=dict,
+        description="name -> a root filesystem (directory or tarball) a call may run in: "
+        "run(image=name) (sandbox/images.py; bwrap isolation only)",
+    )
+    image_warm_workers: int = Field(1, ge=0, description="pre-started workers per image")
     python: str | None = Field(None, description="interpreter inside the sandbox (default: ours)")
     preload: list[str] = Field(
         default_factory=list, description="modules imported by warm workers (e.g. numpy)"

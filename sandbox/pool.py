@@ -23,7 +23,13 @@ class WorkerPool:
     """Starts workers (each with its own uid slot and cgroup) and keeps `warm` of them ready."""
 
     def __init__(
-        self, launcher: Launcher, lim: Limits, warm: int, cgroups: CgroupRoot | None, uids: int
+        self,
+        launcher: Launcher,
+        lim: Limits,
+        warm: int,
+        cgroups: CgroupRoot | None,
+        uids: int,
+        slots: list[Slot] | None = None,
     ) -> None:
         self.launcher, self.lim, self.warm = launcher, lim, warm
         self.cgroups = cgroups
@@ -32,7 +38,12 @@ class WorkerPool:
             base = 200_000 + (os.getpid() % 30_000) * 65_536
         use_uids = launcher.root
         # FIFO reuse over many uids: a uid comes back only long after its sandbox died
-        self._free = [Slot(i, base + i if use_uids else None) for i in range(uids)]
+        # (shared with the service's other pools, images', when given: one uid per live worker)
+        self._free = (
+            slots
+            if slots is not None
+            else [Slot(i, base + i if use_uids else None) for i in range(uids)]
+        )
         self._ready: asyncio.Queue[Worker] = asyncio.Queue()
         self._refill: asyncio.Task | None = None
         self._spawning: set[asyncio.Task] = set()
@@ -40,6 +51,11 @@ class WorkerPool:
         self._closing = False
         self.started = 0
         self.spawn_s = 0.0
+
+    @property
+    def slots(self) -> list[Slot]:
+        """The free worker slots (a pool built with `slots=` shares them)."""
+        return self._free
 
     def start(self) -> None:
         self._refill = asyncio.create_task(self._refill_loop())

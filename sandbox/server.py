@@ -4,7 +4,7 @@
     curl -s localhost:8470/health                       # isolation measured at start, pool, limits
     curl -s localhost:8470/v1/run -d '{"code": "print(6*7)"}' -H 'content-type: application/json'
 
-Routes: `POST /v1/run` {code, language="python"|"bash", timeout, session} -> ExecResult JSON;
+Routes: `POST /v1/run` {code, language="python"|"bash", timeout, session, image} -> ExecResult JSON;
 `POST /v1/sessions/{key}/close`; `GET /health`; the e2b protocol under `/e2b`
 (sandbox/e2b_compat.py). A full service answers 503 with Retry-After (`{"error": "busy"}`);
 clients retry with backoff (sandbox/client.py). If `token` is set, every route but /health wants
@@ -64,6 +64,7 @@ class RunRequest(BaseModel):
     language: str = "python"
     timeout: float | None = Field(None, gt=0)
     session: str | None = Field(None, min_length=1, max_length=256)
+    image: str | None = Field(None, min_length=1, max_length=128)
 
 
 class BodyLimit:
@@ -153,7 +154,7 @@ def create_app(cfg: ServerConfig, port: int | None = None, on_ready=None) -> Fas
     @app.post("/v1/run", dependencies=[Depends(auth)])
     async def run(req: RunRequest, request: Request) -> ExecResult:
         return await until_disconnect(
-            request, svc.run(req.code, req.language, req.timeout, req.session)
+            request, svc.run(req.code, req.language, req.timeout, req.session, req.image)
         )
 
     @app.post("/v1/sessions/close", dependencies=[Depends(auth)])

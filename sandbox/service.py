@@ -36,6 +36,8 @@ from pathlib import Path
 from agentrl.sandbox.base import ExecResult
 from agentrl.sandbox.cgroups import CgroupRoot
 from agentrl.sandbox.config import ServerConfig
+from agentrl.sandbox.images import ImageLauncher
+from agentrl.sandbox.images import resolve as resolve_image
 from agentrl.sandbox.isolation import (
     Capabilities,
     Launcher,
@@ -87,6 +89,7 @@ class Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
     calls: int = 0
+    image: str | None = None  # the root filesystem it runs in (sandbox/images.py), None: host view
 
 
 class ExecService:
@@ -95,6 +98,7 @@ class ExecService:
         self.lim = cfg.limits
         self.caps = Capabilities()
         self.pool: WorkerPool | None = None
+        self._image_pools: dict[str, WorkerPool] = {}  # one per configured image (bwrap only)
         self._probe_port = probe_port or cfg.port
         self._sem = asyncio.Semaphore(cfg.max_running)
         self._waiting = 0
@@ -166,7 +170,41 @@ class ExecService:
         if self.caps.mode != "bwrap":
             log.warning("sandbox runs WITHOUT namespaces (%s): %s", errors, self.caps.not_isolated)
         self.pool.start()
+        for name in self.cfg.images:
+            self._image_pools[name] = await self._start_image(name)
         self._reaper = asyncio.create_task(self._reap_loop())
+
+    async def _start_image(self, name: str) -> WorkerPool:
+        """The warm pool of an image's workers; its first worker proves the image runs."""
+        assert self.pool is not None and self._workdir is not None
+        if self.caps.mode != "bwrap":
+            raise RuntimeError(f"image {name!r}: images need bwrap isolation, this host gave "
+                               f"{self.caps.mode}")  # fmt: skip
+        root = await asyncio.to_thread(resolve_image, self.cfg.images[name])
+        workdir = self._workdir / f"image-{len(self._image_pools)}"
+        workdir.mkdir(mode=0o755)
+        launcher = await asyncio.to_thread(ImageLauncher, self.cfg, workdir, root)
+        launcher.has_cgroup = self._cgroups is not None
+        pool = WorkerPool(launcher, self.lim, self.cfg.image_warm_workers, self._cgroups,
+                          self._uids(), slots=self.pool.slots)  # fmt: skip
+        try:
+            w = await pool.spawn()
+        except WorkerStartError as e:
+            raise RuntimeError(f"image {name!r} ({root}) does not start a worker: {e}") from e
+        await pool.release(w)
+        pool.start()
+        return pool
+
+    def _pool_for(self, image: str | None) -> WorkerPool:
+        assert self.pool is not None
+        if image is None:
+            return self.pool
+        pool = self._image_pools.get(image)
+        if pool is None:
+            raise ValueError(
+                f"unknown image {image!r}: this service has {sorted(self._image_pools)}"
+            )
+        return pool
 
     def _uids(self) -> int:
         """Worker slots (one host uid each, reused FIFO): far more than can be alive at once."""
@@ -188,8 +226,9 @@ class ExecService:
             self._reaper.cancel()
         for s in list(self._sessions.values()):
             await self._drop(s, "service stopped")
-        if self.pool is not None:
-            await self.pool.close()
+        for pool in [self.pool, *self._image_pools.values()]:
+            if pool is not None:
+                await pool.close()
         for t in list(self._bg):
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await t
@@ -328,17 +367,20 @@ class ExecService:
         language: str = "python",
         timeout: float | None = None,
         session: str | None = None,
+        image: str | None = None,
     ) -> ExecResult:
-        """Run one call (see the module docstring). Raises Busy or ValueError."""
+        """Run one call (see the module docstring), in `image` when given (a session keeps the
+        image of its first call). Raises Busy or ValueError."""
         assert self.pool is not None, "ExecService.start() first"
+        pool = self._pool_for(image)
         refused = self._check(code, language)
         timeout = self._timeout(timeout)
         if refused is not None:
             return refused
         self.counters["runs"] += 1
         if session is None or language != "python":
-            return await self._oneshot(code, language, timeout)
-        return await self._session_call(session, code, timeout)
+            return await self._oneshot(code, language, timeout, pool)
+        return await self._session_call(session, code, timeout, image)
 
     def _timeout(self, timeout: float | None) -> float:
         """The call's wall time: the default when None; never silently changed otherwise."""
@@ -355,27 +397,31 @@ class ExecService:
             )
         return float(timeout)
 
-    async def _oneshot(self, code: str, language: str, timeout: float) -> ExecResult:
-        assert self.pool is not None
+    async def _oneshot(
+        self, code: str, language: str, timeout: float, pool: WorkerPool
+    ) -> ExecResult:
         async with self._slot() as queued_s:
-            w = await self.pool.acquire()
+            w = await pool.acquire()
             self._oneshots.add(w)
             try:
                 res = await w.execute(code, language, timeout, session=False)
             finally:
                 self._oneshots.discard(w)
-                self._background(self.pool.release(w))
+                self._background(pool.release(w))
         res.queue_s = queued_s
         return res
 
-    async def _session_call(self, key: str, code: str, timeout: float) -> ExecResult:
-        assert self.pool is not None
+    async def _session_call(
+        self, key: str, code: str, timeout: float, image: str | None
+    ) -> ExecResult:
         s = self._sessions.get(key)
         if s is None:
             if len(self._sessions) >= self.cfg.max_sessions:
                 self.counters["busy"] += 1
                 raise Busy(f"sandbox busy: {len(self._sessions)} open sessions (max_sessions)")
-            s = self._sessions[key] = Session(key)
+            s = self._sessions[key] = Session(key, image=image)
+        elif s.image != image:
+            raise ValueError(f"session {key!r} runs in image {s.image!r}, not {image!r}")
         try:
             return await self._session_locked(s, code, timeout)
         except Busy:
@@ -396,7 +442,7 @@ class ExecService:
             )
         async with s.lock, self._slot() as queued_s:
             if s.worker is None:
-                s.worker = await self.pool.acquire()
+                s.worker = await self._pool_for(s.image).acquire()
             s.calls += 1
             w = s.worker
             try:
@@ -466,6 +512,7 @@ class ExecService:
             "isolation": self.caps.to_dict(),
             "limits": self.lim.model_dump(),
             "pool": self.pool.stats() if self.pool else {},
+            "images": {name: pool.stats() for name, pool in self._image_pools.items()},
             "running": self._running,
             "waiting": self._waiting,
             "sessions": len(self._sessions),
