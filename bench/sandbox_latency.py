@@ -18,6 +18,14 @@ ends); it prints the innocent calls' p50/p99, how many failed, and the p50 ratio
 session with no attack, measured in the same run. `memory_cap_fill` and `process_cap_fill` hold
 past 90 % of the service's caps (2048 MB and 1024 tasks here) and fill again once evicted;
 `sleepers_70` keeps 70 calls asleep. `--attacks a,b` runs a subset.
+
+`--images`: sessions from an image (sandbox/images.py: python3.11 + bash + coreutils built from
+this host's Debian packages). Two services, measured in the same run: one with no warm image
+workers (every session start is cold: a bwrap worker on the image's overlay, its interpreter
+started) and one with a warm pool of `--warm-workers` per image; for each, `n` session starts
+(first call `pass`, p50/p99), one-shot image calls per second at each concurrency, and the
+memory of `--idle` idle image sessions (the sandboxes' cgroup, per session). The reference is
+the host-view sandbox's session start in the warm service, so the ratio is the cost of the image.
 """
 
 from __future__ import annotations
@@ -109,6 +117,82 @@ async def bench(url: str, n: int, concurrencies: list[int]) -> list[dict]:
             await sb.close_session(f"bench-{w}")
     await sb.aclose()
     return rows
+
+
+async def image_starts(url: str, n: int, image: str | None) -> list[float]:
+    """Latencies of `n` session starts (first call `pass`), one after another."""
+    sb = ServiceSandbox(url, retries=8)
+    lat = []
+    for i in range(n):
+        key = f"start-{image}-{i}"
+        if image is not None:
+            sb.use_image(key, image)
+        t0 = time.perf_counter()
+        res = await sb.run("pass", session=key, timeout=30)
+        lat.append(time.perf_counter() - t0)
+        assert res.ok, res
+        await sb.close_session(key)
+        await asyncio.sleep(0.05)  # the warm pool refills between starts, as between episodes
+    await sb.aclose()
+    return lat
+
+
+async def image_idle_mb(url: str, k: int) -> float | None:
+    """Memory of the sandboxes per idle image session (cgroup; None where there is none)."""
+    sb = ServiceSandbox(url, retries=8)
+    async with httpx.AsyncClient() as http:
+        before = (await http.get(f"{url}/health")).json()["memory_mb"]
+        for i in range(k):
+            sb.use_image(f"idle-{i}", "img")
+            await sb.run("x = 1", session=f"idle-{i}", timeout=30)
+        after = (await http.get(f"{url}/health")).json()["memory_mb"]
+    for i in range(k):
+        await sb.close_session(f"idle-{i}")
+    await sb.aclose()
+    return None if before is None else (after["used"] - before["used"]) / k
+
+
+async def _image_service(url: str, n: int, label: str, warm: bool, conc: list[int],
+                         idle: int) -> list[dict]:  # fmt: skip
+    starts = await image_starts(url, n, "img")
+    rows = [_row(f"image start, {label}", 1, starts, sum(starts))]
+    if warm:
+        ref = await image_starts(url, n, None)
+        rows.append(_row("host-view start (reference)", 1, ref, sum(ref)))
+    sb = ServiceSandbox(url, retries=8, max_concurrency=max(conc))
+
+    async def oneshot(_w: int, _i: int) -> None:
+        res = await sb.run(SNIPPET, timeout=30, image="img")
+        assert res.stdout == EXPECTED, res
+
+    for c in conc:
+        lat, wall = await _drive(n, c, oneshot)
+        rows.append(_row(f"image one-shot, {label}", c, lat, wall))
+    await sb.aclose()
+    if warm:
+        mb = await image_idle_mb(url, idle)
+        print(f"memory per idle image session: {mb if mb is None else round(mb, 1)} MB "
+              f"(over {idle} sessions, the sandboxes' cgroup)")  # fmt: skip
+    return rows
+
+
+def images_bench(n: int, warm: int, concurrencies: list[int], idle: int) -> None:
+    from agentrl.sandbox.images import build_image
+
+    root = build_image(
+        ["python3.11-minimal", "libpython3.11-stdlib", "bash", "coreutils"], name="bench"
+    )
+    print(f"image {root}")
+    rows = []
+    for label, w in (("cold", 0), ("warm pool", warm)):
+        cfg = ServerConfig(warm_workers=warm, images={"img": str(root)}, image_warm_workers=w)
+        with LocalService(cfg) as svc:
+            rows += asyncio.run(_image_service(svc.url, n, label, w > 0, concurrencies, idle))
+    ref_p50 = next(r["p50_ms"] for r in rows if r["mode"].startswith("host-view"))
+    for r in rows:
+        ratio = r["p50_ms"] / ref_p50
+        print(f"{r['mode']:<34} c={r['c']:<3} p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms"
+              f"  {r['exec_s']:7.1f}/s  p50 vs host-view start x{ratio:.2f}")  # fmt: skip
 
 
 def report(rows: list[dict], health: dict) -> None:
@@ -243,6 +327,8 @@ def main() -> None:
     p.add_argument("--warm-workers", type=int, default=8)
     p.add_argument("--max-running", type=int, default=None, help="default: the service's")
     p.add_argument("--under-attack", action="store_true", help="innocent latency per attack")
+    p.add_argument("--images", action="store_true", help="image sessions: cold, warm pool")
+    p.add_argument("--idle", type=int, default=16, help="--images: idle sessions to weigh")
     p.add_argument("--attacks", default="", help=f"comma-separated subset of {list(ATTACKS)}")
     p.add_argument(
         "--service-memory-mb",
@@ -258,6 +344,9 @@ def main() -> None:
     )
     args = p.parse_args()
     conc = [int(c) for c in args.concurrency.split(",")]
+    if args.images:
+        images_bench(args.n, args.warm_workers, conc, args.idle)
+        return
     cfg = ServerConfig(warm_workers=args.warm_workers, service_memory_mb=args.service_memory_mb,
                        service_processes=args.service_processes)  # fmt: skip
     if args.max_running is not None:
