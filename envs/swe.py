@@ -17,6 +17,11 @@ never enter the sandbox; a test file's checks run in one interpreter, as a test 
 `grade(batch=True)`). 1.0 when all pass (SWE-bench's "resolved"), else 0.0;
 components `resolved`, `fail_to_pass` and `pass_to_pass` (the fractions that passed), and
 `unreadable` when the agent's tree could not be read back (graded as no change).
+
+With `image` (an env setting, or a task's "image" field: the name of one of the sandbox
+service's images, sandbox/images.py) the episode's session and every grading call run in that
+root filesystem instead of the host view: the image brings the task's interpreter and tools
+(python3, git, the repository's dependencies).
 """
 
 from __future__ import annotations
@@ -46,7 +51,10 @@ _UNPACK = """
 import base64, io, os, subprocess, tarfile
 os.makedirs({workdir!r}, exist_ok=True)
 with tarfile.open(fileobj=io.BytesIO(base64.b64decode({blob!r}))) as t:
-    t.extractall({workdir!r}, filter="data")
+    try:
+        t.extractall({workdir!r}, filter="data")
+    except TypeError:  # an image's Python before 3.11.4 (the archive is the host's own)
+        t.extractall({workdir!r})
 try:
     for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=agentrl", "-c",
                  "user.email=agentrl@localhost", "commit", "-qm", "base"]):
@@ -97,12 +105,36 @@ def _untar(blob: str) -> dict[str, str] | None:
     return out
 
 
+class _InImage:
+    """A sandbox whose every call runs in `image` (the grader's one-shot calls)."""
+
+    def __init__(self, sandbox: Any, image: str) -> None:
+        self.sandbox, self.image = sandbox, image
+
+    async def run(self, code: str, language: str = "python", timeout: float = 10.0,
+                  session: str | None = None) -> Any:  # fmt: skip
+        return await self.sandbox.run(code, language, timeout, session, image=self.image)
+
+    async def close_session(self, session: str) -> None:
+        await self.sandbox.close_session(session)
+
+    async def aclose(self) -> None:
+        return None
+
+
 class SweEnv(ToolEnv):
     tools: ClassVar[list[Tool]] = [BashTool(cwd=WORKDIR), EditorTool(), SubmitTool()]
     max_turns = 16
     workdir = WORKDIR
     test_timeout_s = 5.0  # per hidden check
     grade_parallel = 2
+    # a root filesystem the episode and its grading run in: the name of one of the sandbox
+    # service's images (sandbox.server.images; sandbox/images.py), or the task's "image" field;
+    # None: the host-view sandbox
+    image: str | None = None
+
+    def _image(self) -> str | None:
+        return self.task.data.get("image") or self.image
 
     _snapshots: ClassVar[dict[str, Snapshots]] = {}
 
@@ -124,6 +156,12 @@ class SweEnv(ToolEnv):
             raise RuntimeError(
                 "the swe env needs a sandbox with sessions (sandbox.backend=service)"
             )
+        image = self._image()
+        if image is not None:
+            if not hasattr(sandbox, "use_image"):
+                raise RuntimeError(f"image {image!r}: {type(sandbox).__name__} runs no images "
+                                   "(the local sandbox service does: sandbox.backend=service)")  # fmt: skip
+            sandbox.use_image(self.ctx.session, image)
         code = _UNPACK.format(workdir=self.workdir, blob=_tar(self._snapshot()))
         res = await sandbox.run(code, "python", timeout=60, session=self.ctx.session)
         if not res.ok:
@@ -152,8 +190,9 @@ class SweEnv(ToolEnv):
         passed: dict[str, bool] = {}
         for path, (imports, tests) in hidden_tests(tree, f2p + p2p).items():
             ids = [t for t in f2p + p2p if t.partition("::")[0] == path]
+            image = self._image()
             res = await grade(
-                self.ctx.sandbox, imports, tests, timeout_s=self.test_timeout_s,
+                _InImage(self.ctx.sandbox, image) if image else self.ctx.sandbox, imports, tests, timeout_s=self.test_timeout_s,
                 parallel=self.grade_parallel, files=tree, batch=True,
             )  # fmt: skip
             passed.update({tid: o.passed for tid, o in zip(ids, res.outcomes, strict=True)})

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from agentrl.sandbox.isolation import Interp, Launcher
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2  # a change to what is built changes every image's hash
 
 
 def cache_root() -> Path:
@@ -214,6 +214,10 @@ def build_image(
                 if path.startswith("/") and not path.startswith(("/proc", "/dev", "/sys")):
                     _copy(path, root)
         py = image_python(root)
+        for alias in ("python3", "python"):  # what agents type (python-is-python3)
+            link = root / "usr" / "bin" / alias
+            if not link.exists() and not link.is_symlink():
+                os.symlink(os.path.basename(py), link)
         if wheels:
             site = root / "usr" / "lib" / "python3" / "dist-packages"
             site.mkdir(parents=True, exist_ok=True)

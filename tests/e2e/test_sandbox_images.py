@@ -3,11 +3,13 @@ this host's Debian packages (one with a wheel of its own) run sessions that see 
 filesystem only, never each other's files or the host's; writes land in a throw-away overlay
 (the session keeps them, the next one and the image on disk never see them); the image's own
 interpreter runs the code; escapes from the root (the host's files, the service's loopback,
-other processes, privileges, writing the image's files) fail; a session stays in its image."""
+other processes, privileges, writing the image's files) fail; a session stays in its image; the
+SWE env runs in an image with git (its reference patch scores 1.0, doing nothing 0.0)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,8 +33,11 @@ def _wheel(tmp: Path) -> str:
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory) -> dict[str, Path]:
+    if shutil.which("dpkg-query") is None:
+        pytest.skip("build_image reads Debian packages: this host has no dpkg")
     tmp = tmp_path_factory.mktemp("wheels")
-    return {"a": build_image(BASE, name="test-a"), "b": build_image(BASE, [_wheel(tmp)], "test-b")}
+    return {"a": build_image(BASE, name="test-a"), "b": build_image(BASE, [_wheel(tmp)], "test-b"),
+            "git": build_image([*BASE, "git"], name="test-git")}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +87,7 @@ async def look(sb: ServiceSandbox, **where) -> dict:
 async def test_sessions_see_their_own_image_and_nothing_else(sb, images) -> None:
     host = await look(sb)
     a, b = await look(sb, image="a"), await look(sb, image="b")
-    assert a["python"] == b["python"] == "/usr/bin/python3.11"  # the image's interpreter
+    assert a["python"] == b["python"] == "/usr/bin/python3"  # the image's interpreter
     assert host["python"] != a["python"] and host["host_python"] and not host["image_json"]
     assert (a["mark"], b["mark"], host["mark"]) == (None, "image b", None)
     for seen in (a, b):
@@ -125,3 +130,26 @@ async def test_escapes_from_an_image_fail(sb, service, name: str) -> None:
     res = await sb.run(code, image="a")
     assert not res.ok, (name, res)
     assert (await sb.run("print('ok')", image="a")).stdout == "ok\n"  # and it serves the next
+
+
+async def test_the_swe_env_runs_and_grades_in_an_image(sb) -> None:
+    from agentrl.env import AssistantTurn
+    from agentrl.envs.swe import SweEnv
+    from agentrl.tool import ToolContext
+    from agentrl.types import Message, ToolCall
+
+    for task in SweEnv.load_tasks(limit=3):
+        for fix in (True, False):
+            ctx = ToolContext(session=f"{task.id}-{fix}", sandbox=sb, timeout_s=20)
+            env = SweEnv(task, ctx, image="git")
+            await env.start()
+            cmd = "cd /tmp/repo && python3 --version && git log --oneline | wc -l"
+            if fix:
+                cmd += f" && git apply <<'EOF'\n{task.data['patch']}EOF"
+            calls = [ToolCall(id="1", name="bash", arguments={"command": cmd})]
+            said = await env.step(AssistantTurn(Message(role="assistant", content="",
+                                                        tool_calls=calls), ""))  # fmt: skip
+            assert said.messages[0].content.startswith("Python 3.11.2\n1"), said.messages[0]
+            reward = await env.reward(None)  # type: ignore[arg-type]
+            await env.close()
+            assert reward["total"] == (1.0 if fix else 0.0), (task.id, fix, reward)
