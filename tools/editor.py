@@ -16,7 +16,6 @@ never on the host; a refused call is an error the model reads.
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 from typing import Literal
 
@@ -24,7 +23,7 @@ from pydantic import BaseModel, Field
 
 from agentrl.sandbox.client import CALL_MARGIN_S
 from agentrl.tool import Tool, ToolContext, ToolResult
-from agentrl.tools.shell import session_code
+from agentrl.tools.shell import in_session
 
 _SOURCE = (Path(__file__).parent / "_editor_session.py").read_text()
 
@@ -57,24 +56,11 @@ class EditorTool(Tool):
         self.timeout_s = timeout_s
 
     async def __call__(self, args: EditorTool.Args, ctx: ToolContext) -> ToolResult:
-        if ctx.sandbox is None:
-            return ToolResult(
-                content="Error: the editor needs a sandbox with sessions (sandbox.backend=service)",
-                is_error=True,
-                metadata={"error": "exception"},
-            )
         timeout = self.timeout_s if self.timeout_s is not None else ctx.timeout_s
         setup = f"{_SOURCE}\n_agentrl_editor = AgentrlEditor({self.max_output_chars!r})\n"
         call = f"_agentrl_editor.call({args.model_dump(exclude_none=True)!r})"
-        res = await ctx.sandbox.run(
-            session_code("_agentrl_editor", setup, call),
-            "python",
-            timeout=timeout,
-            session=ctx.session,
-        )
-        try:
-            text, is_error = ast.literal_eval(res.result or "")
-        except (ValueError, SyntaxError, TypeError):
-            detail = (res.stderr or res.stdout or "no answer").strip()[-2000:]
-            return ToolResult(content=f"Error: the editor did not answer: {detail}", is_error=True)
+        got = await in_session(ctx, "the editor", "_agentrl_editor", setup, call, timeout)
+        if isinstance(got, ToolResult):
+            return got
+        text, is_error = got
         return ToolResult(content=str(text), is_error=bool(is_error))

@@ -37,6 +37,35 @@ def session_code(name: str, setup: str, call: str) -> str:
     return f"if {name!r} not in globals():\n    exec({setup!r}, globals())\n{call}"
 
 
+async def in_session(
+    ctx: ToolContext, what: str, name: str, setup: str, call: str, timeout: float
+) -> tuple | ToolResult:
+    """Evaluate `call` in the episode's sandbox session (after `setup` defined `name` there):
+    the literal tuple it returns, or the error result the model reads (no sandbox; a session
+    that failed, reset, or whose helper the policy replaced)."""
+    if ctx.sandbox is None:
+        return ToolResult(
+            content=f"Error: {what} needs a sandbox with sessions (sandbox.backend=service)",
+            is_error=True,
+            metadata={"error": "exception"},
+        )
+    res = await ctx.sandbox.run(
+        session_code(name, setup, call), "python", timeout=timeout, session=ctx.session
+    )
+    try:
+        out = ast.literal_eval(res.result or "")
+        if isinstance(out, tuple):
+            return out
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        pass
+    detail = (res.stderr or res.stdout or "no answer").strip()[-2000:]
+    return ToolResult(
+        content=f"Error: {what} did not answer: {detail}",
+        is_error=True,
+        metadata={"limit": res.limit, "session_reset": res.session_reset},
+    )
+
+
 class BashTool(Tool):
     name = "bash"
     description = (
@@ -62,34 +91,18 @@ class BashTool(Tool):
     async def __call__(self, args: BashTool.Args, ctx: ToolContext) -> ToolResult:
         if not args.command and not args.restart:
             return ToolResult(content="Error: give a command (or restart=true)", is_error=True)
-        if ctx.sandbox is None:
-            return ToolResult(
-                content="Error: the bash tool needs a sandbox with sessions (sandbox.backend=service)",
-                is_error=True,
-                metadata={"error": "exception"},
-            )
         timeout = self.timeout_s if self.timeout_s is not None else ctx.timeout_s
         setup = f"{_SOURCE}\n_agentrl_bash = AgentrlBash({self.cwd!r})\n"
         call = (
             f"_agentrl_bash.run({args.command or ''!r}, {timeout!r}, "
             f"{self.max_output_chars!r}, restart={args.restart!r})"
         )
-        res = await ctx.sandbox.run(
-            session_code("_agentrl_bash", setup, call),
-            "python",
-            timeout=timeout + KILL_MARGIN_S,
-            session=ctx.session,
+        got = await in_session(
+            ctx, "the shell", "_agentrl_bash", setup, call, timeout + KILL_MARGIN_S
         )
-        try:
-            output, status, state = ast.literal_eval(res.result or "")
-        except (ValueError, SyntaxError, TypeError):
-            # the session itself failed (its limits, a reset) or the policy replaced the shell
-            detail = (res.stderr or res.stdout or "no answer").strip()[-2000:]
-            return ToolResult(
-                content=f"Error: the shell did not answer: {detail}",
-                is_error=True,
-                metadata={"limit": res.limit, "session_reset": res.session_reset},
-            )
+        if isinstance(got, ToolResult):
+            return got
+        output, status, state = got
         text = str(output).rstrip("\n")
         if state in ("timeout", "restarted"):
             return ToolResult(content=text, is_error=True, metadata={"error": "timeout"})
