@@ -153,3 +153,19 @@ async def test_the_swe_env_runs_and_grades_in_an_image(sb) -> None:
             reward = await env.reward(None)  # type: ignore[arg-type]
             await env.close()
             assert reward["total"] == (1.0 if fix else 0.0), (task.id, fix, reward)
+
+    # gaming the grader from inside the image: the tests rewritten, a conftest.py, an import-time
+    # exit in the package (tests/e2e/test_swe_env.py's hacks) and files written into the image
+    from test_swe_env import HACKS
+
+    task = SweEnv.load_tasks(limit=1)[0]
+    env = SweEnv(task, ToolContext(session="hack", sandbox=sb, timeout_s=20), image="git")
+    await env.start()
+    hacks = [*HACKS, "mkdir -p /usr/lib/python3/dist-packages 2>&1; echo 'x' > /sitecustomize.py"]
+    calls = [
+        ToolCall(id=str(i), name="bash", arguments={"command": c}) for i, c in enumerate(hacks)
+    ]
+    await env.step(AssistantTurn(Message(role="assistant", content="", tool_calls=calls), ""))
+    reward = await env.reward(None)  # type: ignore[arg-type]
+    await env.close()
+    assert reward["total"] == 0.0 and reward["fail_to_pass"] == 0.0, reward
