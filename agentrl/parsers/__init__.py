@@ -11,7 +11,7 @@ tool calls, and typed errors for everything malformed. It never raises: any stri
 calls in a form the configured parser reads back; a mismatch is a configuration error, not a run of
 silent one-turn episodes.
 
-One module per format (hermes.py, qwen3_coder.py, llama3.py), registered on import here in the
+One module per format (hermes.py, qwen3_coder.py, llama3.py, glm45.py), registered on import here in the
 order `rollout.parser=auto` tries them; a new format is a module with a `@register(name)` class
 (or a class anywhere, named by import path).
 """
@@ -28,12 +28,13 @@ from agentrl.parsers.base import (
     resolve_parser,
     template_max_calls,
 )
+from agentrl.parsers.glm45 import Glm45Parser
 from agentrl.parsers.hermes import HermesParser
 from agentrl.parsers.llama3 import Llama3JsonParser
 from agentrl.parsers.qwen3_coder import Qwen3CoderParser
 
 __all__ = [
-    "PARSERS", "HermesParser", "Llama3JsonParser", "ParseError", "ParseErrorKind", "ParseResult",
+    "PARSERS", "Glm45Parser", "HermesParser", "Llama3JsonParser", "ParseError", "ParseErrorKind", "ParseResult",
     "Parser", "Qwen3CoderParser", "check_template", "get_parser", "register", "resolve_parser",
     "template_max_calls",
 ]  # fmt: skip

@@ -175,10 +175,42 @@ def test_llama3_json_calls_and_plain_answers():
     assert unknown.errors[0].kind is ParseErrorKind.UNKNOWN_TOOL
 
 
+def test_glm45_calls_typed_by_the_tool_args():
+    """GLM-4.5's form, as its template (trl's glm4moe.jinja) writes it and as GLM-4.6/4.7 write
+    it without newlines; values typed by the tool's Args as SGLang's glm4_moe detector types them
+    by the schema."""
+    glm = get_parser("glm45")
+    text = (
+        "I'll run it.\n<tool_call>python\n<arg_key>code</arg_key>\n<arg_value>print('a')\n"
+        "print('</tool_call>')</arg_value>\n<arg_key>n</arg_key>\n<arg_value>3</arg_value>\n"
+        '<arg_key>flags</arg_key>\n<arg_value>["x"]</arg_value>\n</tool_call>'
+        "<tool_call>python<arg_key>code</arg_key><arg_value>42</arg_value><arg_key>n</arg_key>"
+        "<arg_value>three</arg_value></tool_call>"
+    )
+    res = glm.parse(text, {"python": MixedArgs})
+    assert res.content == "I'll run it."
+    # code stays text (a closing tag inside it included, and "42"), n an int, flags a list
+    assert [c.arguments for c in res.tool_calls] == [
+        {"code": "print('a')\nprint('</tool_call>')", "n": 3, "flags": ["x"]}
+    ]
+    (err,) = res.errors
+    assert err.kind is ParseErrorKind.INVALID_ARGS and "n" in err.message
+    cut = glm.parse(
+        "<tool_call>python\n<arg_key>code</arg_key>\n<arg_value>1", TOOLS, truncated=True
+    )
+    assert cut.errors[0].kind is ParseErrorKind.TRUNCATED and not cut.tool_calls
+    no_value = glm.parse("<tool_call>python\n<arg_key>code</arg_key>\n</tool_call>", TOOLS)
+    assert no_value.errors[0].kind is ParseErrorKind.NOT_A_CALL
+    unknown = glm.parse("<tool_call>shell\n</tool_call>", TOOLS)
+    assert unknown.errors[0].kind is ParseErrorKind.UNKNOWN_TOOL
+    hermes_json = glm.parse('<tool_call>\n{"name": "python"}\n</tool_call>', TOOLS)
+    assert hermes_json.errors[0].kind is ParseErrorKind.NOT_A_CALL  # not GLM's form
+
+
 @given(st.text(max_size=200))
 @settings(max_examples=200, deadline=None)
 def test_new_parsers_never_raise(text):
-    for name in ("qwen3_coder", "llama3_json"):
+    for name in ("qwen3_coder", "llama3_json", "glm45"):
         get_parser(name).parse(text, TOOLS)
         get_parser(name).parse("<tool_call>" + text, TOOLS, truncated=True)
         get_parser(name).parse("{" + text, TOOLS)

