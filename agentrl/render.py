@@ -20,6 +20,11 @@ never an episode failure). The end-of-turn marker is the text of the token the e
 (<|im_end|>, <|eot_id|>, <|call|>, …), else the tokenizer's end of turn; when the sampled turn did
 not end with it, it is supplied at the head of the delta, masked.
 
+Templates that write no marker after an assistant turn, where the next message's tag ends it
+(GLM-4.5: `<|observation|>` before a tool result, `<|user|>` before a user message) are
+`opens_next`: the engines stop on those tags (`stop_ids`), and the delta is everything the
+template writes after the turn, less the tag when the model sampled it (it stopped on it).
+
 The delta is tokenized on its own, so tool output can never merge with the sampled tokens before
 it, and templates that rewrite history (Qwen3 drops earlier <think> blocks) cannot change ids the
 model already produced.
@@ -48,6 +53,7 @@ turns and render as the template writes them (their <think>/<tool_call> markup i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from typing import Any
@@ -91,12 +97,27 @@ class Renderer:
                 f"{_EOT_FIX.format(marker='<its turn-end token>')}"
             )
         self.eot_id = eot_ids[0]
+        self.markup = Markup(tokenizer)
         base = self.render(_BASE)
-        if not base.rstrip().endswith(self.eot):
+        # GLM-4.5's form: no marker after an assistant turn, the next message's role tag ends it
+        # (<|user|>, <|observation|>), and the model stops on that tag
+        self.opens_next = (
+            not base.rstrip().endswith(self.eot) and self._tag_after([*_BASE], [_USER]) == self.eot
+        )
+        if not base.rstrip().endswith(self.eot) and not self.opens_next:
             raise RenderError(_turn_end_advice(tokenizer, base, self.eot))
         self._base_text = base
-        self.separator = base[base.rindex(self.eot) + len(self.eot) :]
-        self.markup = Markup(tokenizer)
+        self.separator = "" if self.opens_next else base[base.rindex(self.eot) + len(self.eot) :]
+        # the tags a turn ends on: the end of turn, and (opens_next) the tag of a tool message
+        self.stop_tags = [self.eot]
+        if self.opens_next:
+            call = ToolCall(id="call_0", name="probe_tool", arguments={"probe": "x"})
+            asked = Message(role="assistant", content="", tool_calls=[call])
+            answer = Message(role="tool", content="42", tool_call_id="call_0", name="probe_tool")
+            with contextlib.suppress(Exception):  # a template without tool messages
+                tag = self._tag_after([_USER, asked], [answer])
+                if tag is not None and tag not in self.stop_tags:
+                    self.stop_tags.append(tag)
         self._warned = False  # the zero-width-space fallback was logged
         # the split encoding must be the tokenizer's own on markup-free content, else never used
         self._split_ok = self.markup.split_encode(_clean(base), base, 0) == self.encode(base)
@@ -196,6 +217,43 @@ class Renderer:
             )
         return self.encode(text[cut:])
 
+    @property
+    def stop_ids(self) -> list[int]:
+        """Ids the engine must stop on besides the model's eos: the turn-end tags of a template
+        whose next message's tag ends a turn (`opens_next`), else the end of turn."""
+        return [self.encode(t)[0] for t in self.stop_tags]
+
+    def _tag_after(self, before: list[Message], after: list[Message]) -> str | None:
+        """The markup token the template writes first after `before`'s last turn when `after`
+        follows (None: the rendering of `before` is not a prefix, or no tag comes first)."""
+        turn = self.render(before)
+        full = self.render([*before, *after])
+        if not full.startswith(turn):
+            return None
+        rest = full[len(turn) :]
+        tags = [t for t in self.markup.ids if rest.startswith(t)]
+        return max(tags, key=len) if tags else None
+
+    def _opened_ids(
+        self, new: list[Message], sampled: list[int], assistant: Message | None
+    ) -> list[int]:
+        """`observation_ids` of an `opens_next` template: everything the template writes after
+        the assistant's turn, less the opening tag when the model already sampled that tag (it
+        stopped on it); a turn that stopped elsewhere gets the tag supplied, masked."""
+        before = [_USER, assistant or _default_assistant(new)]
+        turn = self.render(before)
+        full = self.render(before + new, add_generation_prompt=True)
+        if not full.startswith(turn):
+            raise RenderError(
+                "the chat template renders the assistant's turn differently once messages follow "
+                "it; the observation delta is undefined"
+            )
+        cut = len(turn)
+        tag = next((t for t in self.stop_tags if full.startswith(t, cut)), None)
+        if tag is not None and sampled and self.decode(sampled[-1:]) == tag:
+            cut += len(tag)
+        return self._ids_after(before, new, full, cut)
+
     def observation_ids(
         self, new: list[Message], sampled: list[int], assistant: Message | None = None
     ) -> list[int]:
@@ -208,6 +266,8 @@ class Renderer:
         turn that ended with an end-of-message token (`TOOL_WAIT_ENDS`) needs none: the tool
         result follows it, as the model card writes it.
         """
+        if self.opens_next:
+            return self._opened_ids(new, sampled, assistant)
         last = self.decode(sampled[-1:]) if sampled else ""
         markers = [m for m in (last, self.eot) if m and m.strip()]
         error: RenderError | None = None
@@ -225,7 +285,7 @@ class Renderer:
     def assistant_text(self, sampled: list[int]) -> str:
         """The decoded turn without its final end-of-turn / stop token."""
         text = self.decode(sampled)
-        for stop in (self.eot, self.tok.eos_token, self.tok.pad_token, *TOOL_WAIT_ENDS):
+        for stop in (*self.stop_tags, self.tok.eos_token, self.tok.pad_token, *TOOL_WAIT_ENDS):
             if stop and text.endswith(stop):
                 return text[: -len(stop)]
         return text

@@ -323,7 +323,10 @@ class Rollout:
             top_k=c.top_k,
             ignore_eos=c.ignore_eos,
             # a turn end that is not the model's eos (rollout.end_of_turn) must stop it too
-            stop_token_ids=[self.renderer.eot_id] if c.end_of_turn else [],
+            # (and a template whose next message's tag ends a turn: every such tag, GLM-4.5)
+            stop_token_ids=self.renderer.stop_ids
+            if c.end_of_turn or self.renderer.opens_next
+            else [],
         )
 
     def _record_turn(
@@ -408,7 +411,7 @@ def generation_defaults(cfg: RolloutConfig, renderer: Renderer) -> GenerationDef
         temperature=cfg.temperature,
         top_p=cfg.top_p,
         top_k=cfg.top_k,
-        stop_token_ids=[renderer.eot_id] if cfg.end_of_turn else [],
+        stop_token_ids=renderer.stop_ids if cfg.end_of_turn or renderer.opens_next else [],
         ignore_eos=cfg.ignore_eos,
         template_kwargs=cfg.template_kwargs,
         end_of_turn=cfg.end_of_turn,
