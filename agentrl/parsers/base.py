@@ -224,6 +224,67 @@ def checked_call(
     return read_call(json.dumps({"name": name, "arguments": args}), index, tools, raw_text=raw)
 
 
+class ScannedParser(Parser):
+    """Formats whose call is a name and key/value pairs inside <tool_call>…</tool_call>, read by
+    scanning the structure from the opening tag (qwen3_coder, glm45). A subclass gives `_scan`
+    (name, pairs and the end of the closing tag for a call that reads whole, else None) and
+    `shape` (what a call must look like); a body that does not scan runs to the first closing
+    tag and is read by `_read` (default: a NOT_A_CALL error naming the shape). Values are typed by
+    the tool's Args (`typed_value`) after `_value` (default: unchanged)."""
+
+    open_tag, close_tag = "<tool_call>", "</tool_call>"
+    shape = ""
+
+    def parse(self, text, tools=None, truncated=False) -> ParseResult:
+        prose: list[str] = []
+        calls: list[ToolCall] = []
+        errors: list[ParseError] = []
+        pos = 0
+        while (start := next_block(text, self.open_tag, pos, prose)) is not None:
+            index = len(calls) + len(errors)
+            read = self._scan(text, start)
+            if read is not None:
+                name, pairs, pos = read
+                call, err = self._call(name, pairs, text[start:pos], index, tools)
+            else:  # not the call's structure: the body runs to the first closing tag
+                end = text.find(self.close_tag, start)
+                if end < 0:
+                    kind = ParseErrorKind.TRUNCATED if truncated else ParseErrorKind.UNCLOSED_TAG
+                    msg = f"tool call is missing its closing {self.close_tag} tag"
+                    errors.append(ParseError(kind, msg, text[start:]))
+                    break
+                pos = end + len(self.close_tag)
+                call, err = self._read(text[start:end], index, tools)
+            if call is not None:
+                calls.append(call)
+            if err is not None:
+                errors.append(err)
+        return ParseResult(content="".join(prose).strip(), tool_calls=calls, errors=errors)
+
+    def _scan(self, text: str, i: int) -> tuple[str, list[tuple[str, str]], int] | None:
+        raise NotImplementedError
+
+    def _read(
+        self, raw: str, index: int, tools: dict[str, type[BaseModel]] | None
+    ) -> tuple[ToolCall | None, ParseError | None]:
+        return None, ParseError(ParseErrorKind.NOT_A_CALL, self.shape, raw)
+
+    def _value(self, value: str) -> str:
+        return value
+
+    def _call(
+        self,
+        name: str,
+        pairs: list[tuple[str, str]],
+        raw: str,
+        index: int,
+        tools: dict[str, type[BaseModel]] | None,
+    ) -> tuple[ToolCall | None, ParseError | None]:
+        model = (tools or {}).get(name)
+        args = {key: typed_value(self._value(value), model, key) for key, value in pairs}
+        return checked_call(name, args, raw, index, tools)
+
+
 _PROBE_ARGS = {"probe": "x"}
 
 

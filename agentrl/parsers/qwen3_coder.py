@@ -6,21 +6,12 @@ import re
 
 from pydantic import BaseModel
 
-from agentrl.parsers.base import (
-    ParseError,
-    ParseErrorKind,
-    Parser,
-    ParseResult,
-    checked_call,
-    next_block,
-    register,
-    typed_value,
-)
+from agentrl.parsers.base import ParseError, ScannedParser, register
 from agentrl.types import ToolCall
 
 
 @register("qwen3_coder")
-class Qwen3CoderParser(Parser):
+class Qwen3CoderParser(ScannedParser):
     """Qwen3-Coder / Qwen3.5+ XML form, any number of calls:
 
         <tool_call>
@@ -39,7 +30,10 @@ class Qwen3CoderParser(Parser):
     (as SGLang's qwen3_coder detector reads it).
     """
 
-    open_tag, close_tag = "<tool_call>", "</tool_call>"
+    shape = (
+        "tool call must be <function=NAME> with <parameter=KEY>VALUE</parameter> inside, "
+        "closed by </function>"
+    )
     _FUNC = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*$", re.S)
     _PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
     _FUNC_OPEN = re.compile(r"\s*<function=([^>\n]+)>")
@@ -47,33 +41,6 @@ class Qwen3CoderParser(Parser):
     _PARAM_CLOSE = re.compile(r"</parameter>\s*(?=<parameter=|</function>)")
     _FUNC_END = re.compile(r"\s*</function>\s*</tool_call>")
     _NEXT_PARAM = re.compile(r"(?<=\n)<parameter=[^>\n]+>\n")  # one on a line of its own
-
-    def parse(self, text, tools=None, truncated=False) -> ParseResult:
-        prose: list[str] = []
-        calls: list[ToolCall] = []
-        errors: list[ParseError] = []
-        pos = 0
-        while (body_start := next_block(text, self.open_tag, pos, prose)) is not None:
-            index = len(calls) + len(errors)
-            read = self._scan(text, body_start)
-            if read is not None:
-                name, params, pos = read
-                raw = text[body_start:pos]
-                call, err = self._call(name, params, raw, index, tools)
-            else:  # not the call's structure: the body runs to the first closing tag
-                end = text.find(self.close_tag, body_start)
-                if end < 0:
-                    kind = ParseErrorKind.TRUNCATED if truncated else ParseErrorKind.UNCLOSED_TAG
-                    msg = f"tool call is missing its closing {self.close_tag} tag"
-                    errors.append(ParseError(kind, msg, text[body_start:]))
-                    break
-                pos = end + len(self.close_tag)
-                call, err = self._read(text[body_start:end], index, tools)
-            if call is not None:
-                calls.append(call)
-            if err is not None:
-                errors.append(err)
-        return ParseResult(content="".join(prose).strip(), tool_calls=calls, errors=errors)
 
     def _scan(self, text: str, i: int) -> tuple[str, list[tuple[str, str]], int] | None:
         """(name, [(key, value)], end of </tool_call>) for a call whose structure reads whole
@@ -109,30 +76,13 @@ class Qwen3CoderParser(Parser):
             return nxt.start(), nxt.start()
         return (end.start(), end.start()) if end is not None else (-1, -1)
 
-    def _call(
-        self,
-        name: str,
-        params: list[tuple[str, str]],
-        raw: str,
-        index: int,
-        tools: dict[str, type[BaseModel]] | None,
-    ) -> tuple[ToolCall | None, ParseError | None]:
-        model = (tools or {}).get(name)
-        args = {
-            key: typed_value(value.removeprefix("\n").removesuffix("\n"), model, key)
-            for key, value in params
-        }
-        return checked_call(name, args, raw, index, tools)
+    def _value(self, value: str) -> str:
+        return value.removeprefix("\n").removesuffix("\n")
 
     def _read(
         self, raw: str, index: int, tools: dict[str, type[BaseModel]] | None
     ) -> tuple[ToolCall | None, ParseError | None]:
         m = self._FUNC.match(raw)
         if m is None:
-            return None, ParseError(
-                ParseErrorKind.NOT_A_CALL,
-                "tool call must be <function=NAME> with <parameter=KEY>VALUE</parameter> inside, "
-                "closed by </function>",
-                raw,
-            )
+            return super()._read(raw, index, tools)
         return self._call(m.group(1).strip(), self._PARAM.findall(m.group(2)), raw, index, tools)
