@@ -53,7 +53,6 @@ turns and render as the template writes them (their <think>/<tool_call> markup i
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 from typing import Any
@@ -98,29 +97,36 @@ class Renderer:
             )
         self.eot_id = eot_ids[0]
         self.markup = Markup(tokenizer)
+        self.explicit_eot = bool(end_of_turn)
         base = self.render(_BASE)
+        ends = base.rstrip().endswith(self.eot)
         # GLM-4.5's form: no marker after an assistant turn, the next message's role tag ends it
         # (<|user|>, <|observation|>), and the model stops on that tag
-        self.opens_next = (
-            not base.rstrip().endswith(self.eot) and self._tag_after([*_BASE], [_USER]) == self.eot
-        )
-        if not base.rstrip().endswith(self.eot) and not self.opens_next:
+        self.opens_next = not ends and self._tag_after(_BASE, [_USER]) == self.eot
+        if not ends and not self.opens_next:
             raise RenderError(_turn_end_advice(tokenizer, base, self.eot))
         self._base_text = base
         self.separator = "" if self.opens_next else base[base.rindex(self.eot) + len(self.eot) :]
         # the tags a turn ends on: the end of turn, and (opens_next) the tag of a tool message
-        self.stop_tags = [self.eot]
-        if self.opens_next:
-            call = ToolCall(id="call_0", name="probe_tool", arguments={"probe": "x"})
-            asked = Message(role="assistant", content="", tool_calls=[call])
-            answer = Message(role="tool", content="42", tool_call_id="call_0", name="probe_tool")
-            with contextlib.suppress(Exception):  # a template without tool messages
-                tag = self._tag_after([_USER, asked], [answer])
-                if tag is not None and tag not in self.stop_tags:
-                    self.stop_tags.append(tag)
+        self.stop_tags = [self.eot, *self._tool_tag()]
         self._warned = False  # the zero-width-space fallback was logged
         # the split encoding must be the tokenizer's own on markup-free content, else never used
         self._split_ok = self.markup.split_encode(_clean(base), base, 0) == self.encode(base)
+
+    def _tool_tag(self) -> list[str]:
+        """[the tag an `opens_next` template opens a tool message with], or []."""
+        if not self.opens_next:
+            return []
+        call = ToolCall(id="call_0", name="probe_tool", arguments={"probe": "x"})
+        asked = Message(role="assistant", content="", tool_calls=[call])
+        answer = Message(role="tool", content="42", tool_call_id="call_0", name="probe_tool")
+        try:
+            tag = self._tag_after([_USER, asked], [answer])
+        except Exception as e:  # noqa: BLE001 - a template that renders no tool messages
+            log.warning("the chat template renders no tool message after a call (%s): turns "
+                        "stop on %r only", e, self.eot)  # fmt: skip
+            return []
+        return [tag] if tag is not None and tag != self.eot else []
 
     # -- text ----------------------------------------------------------------------------------
 
@@ -219,8 +225,11 @@ class Renderer:
 
     @property
     def stop_ids(self) -> list[int]:
-        """Ids the engine must stop on besides the model's eos: the turn-end tags of a template
-        whose next message's tag ends a turn (`opens_next`), else the end of turn."""
+        """Ids the engines must stop on besides the model's eos: every turn-end tag of a template
+        whose next message's tag ends a turn (`opens_next`), or an end of turn given explicitly
+        (`rollout.end_of_turn`); else none."""
+        if not (self.opens_next or self.explicit_eot):
+            return []
         return [self.encode(t)[0] for t in self.stop_tags]
 
     def _tag_after(self, before: list[Message], after: list[Message]) -> str | None:

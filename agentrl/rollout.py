@@ -322,11 +322,8 @@ class Rollout:
             top_p=c.top_p,
             top_k=c.top_k,
             ignore_eos=c.ignore_eos,
-            # a turn end that is not the model's eos (rollout.end_of_turn) must stop it too
-            # (and a template whose next message's tag ends a turn: every such tag, GLM-4.5)
-            stop_token_ids=self.renderer.stop_ids
-            if c.end_of_turn or self.renderer.opens_next
-            else [],
+            # a turn end that is not the model's eos (rollout.end_of_turn, GLM-4.5's tags)
+            stop_token_ids=self.renderer.stop_ids,
         )
 
     def _record_turn(
@@ -411,7 +408,7 @@ def generation_defaults(cfg: RolloutConfig, renderer: Renderer) -> GenerationDef
         temperature=cfg.temperature,
         top_p=cfg.top_p,
         top_k=cfg.top_k,
-        stop_token_ids=renderer.stop_ids if cfg.end_of_turn or renderer.opens_next else [],
+        stop_token_ids=renderer.stop_ids,
         ignore_eos=cfg.ignore_eos,
         template_kwargs=cfg.template_kwargs,
         end_of_turn=cfg.end_of_turn,
