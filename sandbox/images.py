@@ -31,6 +31,7 @@ import subprocess
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 from agentrl.sandbox.isolation import Interp, Launcher
@@ -50,15 +51,28 @@ def resolve(path: str) -> Path:
     if not p.is_file():
         raise FileNotFoundError(f"image {path}: no such directory or tarball")
     digest = hashlib.sha256(p.read_bytes()).hexdigest()[:20]
-    dest = cache_root() / f"tar-{digest}"
-    if not dest.is_dir():
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
-            with tarfile.open(p) as t:
-                t.extractall(tmp, filter="tar")  # a root filesystem: links may point anywhere
-            with contextlib.suppress(OSError):
-                os.rename(tmp, dest)
-            Path(tmp).mkdir(exist_ok=True)  # TemporaryDirectory removes it
+
+    def unpack(root: Path) -> None:
+        with tarfile.open(p) as t:
+            t.extractall(root, filter="tar")  # a root filesystem: links may point anywhere
+
+    return made_once(cache_root() / f"tar-{digest}", unpack)
+
+
+def made_once(dest: Path, make: Callable[[Path], None]) -> Path:
+    """`dest`, made by `make(dir)` in a temporary directory beside it and renamed into place
+    whole, so a cached image is never half-made (another process that finished first keeps
+    its copy; this one's is removed)."""
+    if dest.is_dir():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".build-"))
+    try:
+        make(tmp / "root")
+        with contextlib.suppress(OSError):  # there already: made by another process
+            os.rename(tmp / "root", dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
 
@@ -195,13 +209,8 @@ def build_image(
                     for w in wheels or []}  # fmt: skip
     spec = {"v": BUILDER_VERSION, "packages": closure, "wheels": wheel_hashes}
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
-    dest = cache_root() / f"{name or 'deb'}-{digest}"
-    if (dest / ".agentrl-image.json").is_file():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".build-"))
-    try:
-        root = tmp / "root"
+
+    def make(root: Path) -> None:
         for d in ("usr/bin", "usr/lib", "etc", "tmp", "proc", "dev", "root"):
             (root / d).mkdir(parents=True, exist_ok=True)
         for f in ("etc/passwd", "etc/group"):  # mount points the sandbox binds its own over
@@ -225,8 +234,5 @@ def build_image(
                 with zipfile.ZipFile(w) as z:
                     z.extractall(site)
         (root / ".agentrl-image.json").write_text(json.dumps({**spec, "python": py}, indent=1))
-        with contextlib.suppress(OSError):
-            os.rename(root, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+
+    return made_once(cache_root() / f"{name or 'deb'}-{digest}", make)

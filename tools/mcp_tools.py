@@ -25,8 +25,8 @@ Each connection lives in a task of its own, as the SDK's context managers requir
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -34,6 +34,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from agentrl.tool import Tool, ToolContext, ToolResult
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ class _Connection:
                         if not fut.done():
                             fut.set_result(result)
         except Exception as e:  # noqa: BLE001 - the server did not start or broke
+            log.warning("MCP server %s stopped: %s: %s", self.server.key, type(e).__name__, e)
             if not self.ready.done():
                 self.ready.set_exception(e)
             while not self.queue.empty():
@@ -104,8 +107,10 @@ class _Connection:
     async def close(self) -> None:
         if not self.task.done():
             await self.queue.put(None)
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.wait_for(asyncio.shield(self.task), 10)
+            except Exception as e:  # noqa: BLE001 - stopping it anyway (cancelled below)
+                log.warning("MCP server %s did not stop cleanly: %s", self.server.key, e)
         self.task.cancel()
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import ast
 import io
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -36,6 +37,7 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
+log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 REPOS = HERE / "repos"
 PER_FUNCTION = 3
@@ -215,7 +217,9 @@ def repo_tasks(repo: Repo) -> list[dict]:
         source = m.apply(repo.module)
         try:
             result = run_checks(source, tests)
-        except Exception:  # the module no longer imports: not a bug a test names
+        except Exception as e:  # the module no longer imports: not a bug a test names
+            log.info("%s: %r -> %r on line %d breaks the import (%s): no task", repo.name,
+                     m.old, m.new, m.line, type(e).__name__)  # fmt: skip
             continue
         failing = frozenset(n for n, (ok, _) in result.items() if not ok)
         if not failing or failing in seen:
