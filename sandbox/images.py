@@ -125,23 +125,13 @@ class ImageLauncher(Launcher):
             env["LANG"] = env["LC_ALL"] = "C"  # (Python then reads and writes UTF-8 anyway)
         return env
 
-    def _bwrap_argv(self) -> list[str]:
-        assert self.bwrap is not None
-        a = [self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
-        a += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
-        a += ["--uid", "1000", "--gid", "1000"]
+    def _root_argv(self) -> list[str]:
         # a root under a directory the per-worker uid may not enter (~root/.cache): staged, as
         # the host view's interpreter is (the worker's preexec bind-mounts it there)
-        a += ["--overlay-src", self._stage_if_needed(str(self.image_root)), "--tmp-overlay", "/"]
-        a += ["--ro-bind", str(self.workdir / "passwd"), "/etc/passwd"]
-        a += ["--ro-bind", str(self.workdir / "group"), "/etc/group"]
-        tmp = str(self.lim.tmp_mb << 20)
-        a += ["--proc", "/proc", "--dev", "/dev", "--size", tmp, "--tmpfs", "/dev/shm"]
-        a += ["--size", tmp, "--tmpfs", "/tmp", "--remount-ro", "/dev"]
-        a += ["--chdir", "/tmp", "--clearenv"]
-        for k, v in self.env("/tmp").items():
-            a += ["--setenv", k, v]
-        return a
+        return ["--overlay-src", self._stage_if_needed(str(self.image_root)), "--tmp-overlay", "/"]
+
+    def _after_tmp_argv(self) -> list[str]:
+        return ["--remount-ro", "/dev"]  # the root stays writable: its writes are the overlay's
 
 
 # -- the builder -------------------------------------------------------------------------------

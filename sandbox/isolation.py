@@ -232,7 +232,22 @@ class Launcher:
         a = [self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
         a += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
         a += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
-        a += ["--ro-bind", "/usr", "/usr"]
+        a += self._root_argv()
+        a += ["--ro-bind", str(self.workdir / "passwd"), "/etc/passwd"]
+        a += ["--ro-bind", str(self.workdir / "group"), "/etc/group"]
+        tmp = str(self.lim.tmp_mb << 20)
+        a += ["--proc", "/proc", "--dev", "/dev", "--size", tmp, "--tmpfs", "/dev/shm"]
+        a += ["--size", tmp, "--tmpfs", "/tmp"]
+        a += self._after_tmp_argv()
+        a += ["--chdir", "/tmp", "--clearenv"]
+        for k, v in self.env("/tmp").items():
+            a += ["--setenv", k, v]
+        return a
+
+    def _root_argv(self) -> list[str]:
+        """The root filesystem: the host's /usr (and /bin, /lib* links), a few /etc files,
+        read-only (an image's launcher gives its overlay instead: sandbox/images.py)."""
+        a = ["--ro-bind", "/usr", "/usr"]
         for d in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
             if os.path.islink(d):
                 a += ["--symlink", os.readlink(d), d]
@@ -240,20 +255,16 @@ class Launcher:
                 a += ["--ro-bind", d, d]
         for p in _ETC:
             a += ["--ro-bind-try", p, p]
-        a += ["--ro-bind", str(self.workdir / "passwd"), "/etc/passwd"]
-        a += ["--ro-bind", str(self.workdir / "group"), "/etc/group"]
-        tmp = str(self.lim.tmp_mb << 20)
-        # /tmp first, then the read-only binds: code that lives under /tmp (a checkout there)
-        # is bound on top of the private tmpfs instead of being hidden by it
-        a += ["--proc", "/proc", "--dev", "/dev", "--size", tmp, "--tmpfs", "/dev/shm"]
-        a += ["--size", tmp, "--tmpfs", "/tmp"]
+        return a
+
+    def _after_tmp_argv(self) -> list[str]:
+        """After /tmp: the read-only interpreter paths (code that lives under /tmp, a checkout
+        there, is bound on top of the private tmpfs instead of being hidden by it), then the
+        whole root read-only."""
+        a = []
         for p in self._paths:
             a += ["--ro-bind", self._staged[p], p]
-        a += ["--remount-ro", "/dev", "--remount-ro", "/"]
-        a += ["--chdir", "/tmp", "--clearenv"]
-        for k, v in self.env("/tmp").items():
-            a += ["--setenv", k, v]
-        return a
+        return [*a, "--remount-ro", "/dev", "--remount-ro", "/"]
 
     def command(self, sock_fd: int, seccomp_fd: int | None) -> list[str]:
         bare = self._argv is None
