@@ -24,6 +24,7 @@ from agentrl.envs.examples.agent_openai import SYSTEM, TOOLS, AddAgent, add_task
 from agentrl.envs.examples.agent_openai_agents import AddAgentSDK
 from agentrl.gateway import Gateway, GatewayConfig, GenerationDefaults
 from agentrl.rollout import Rollout, RolloutConfig
+from agentrl.seeding import sampling_round
 from agentrl.types import StopReason, Task, Trajectory
 
 TINY = resolve_builtin("tiny")
@@ -56,12 +57,16 @@ class Recording:
 
 
 async def rollout_of(urls, tok, env_cls, tasks, **cfg) -> tuple[list[list[Trajectory]], Recording]:
+    """The rollout in a seeded round (trainer.deterministic's seeds): what the tiny model samples
+    is the same on every machine and under any load, so a test asking for a solved episode
+    cannot fail on an unlucky draw."""
     async with EngineClient(urls) as engine:
         rec = Recording(engine)
         ro = Rollout(rec, tok, env_cls, RolloutConfig(max_new_tokens=48, max_context_tokens=700,
                                                        **cfg))  # fmt: skip
         try:
-            return await ro.run(tasks), rec
+            with sampling_round(0, "test"):
+                return await ro.run(tasks), rec
         finally:
             await ro.aclose()
 
@@ -464,10 +469,12 @@ def test_agents_in_worker_processes_are_recorded_the_same_and_fail_the_same(serv
             rec = Recording(engine)
             ro = Rollout(rec, tok, InWorker, cfg)
             try:
-                first = await ro.run(add_tasks(4))
+                with sampling_round(0, "first"):  # seeded: some episode solves its task
+                    first = await ro.run(add_tasks(4))
                 raised = await ro.run([Task(id="raise", data={})])
                 died = await ro.run([Task(id="die", data={})])  # apart: it takes its worker's
-                after = await ro.run(add_tasks(2))
+                with sampling_round(0, "after"):
+                    after = await ro.run(add_tasks(2))
             finally:
                 await ro.aclose()
             return first, raised + died, after, rec

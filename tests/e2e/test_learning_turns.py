@@ -24,7 +24,11 @@ STEPS = 12 if LEARN else 3  # learning: the evaluation rose by 0.53, 0.63, 0.63 
 
 
 def test_tiny_model_learns_with_per_turn_rewards(tmp_path):
-    learn = eval_overrides(STEPS) if LEARN else [f"trainer.steps={STEPS}", "logging=local"]
+    learn = (
+        eval_overrides(STEPS)
+        if LEARN
+        else [f"trainer.steps={STEPS}", "logging=local", "trainer.deterministic=true"]
+    )
     cfg = compose(["env=code_exec_turns", "algo.advantage.reward_level=turn", *learn,
                    f"checkpoint.dir={tmp_path}/ckpt"])  # fmt: skip
     history = asyncio.run(train(cfg, tmp_path / "out"))
