@@ -54,9 +54,9 @@ turns and render as the template writes them (their <think>/<tool_call> markup i
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
+from agentrl.markup import Markup
 from agentrl.types import Message, ToolCall
 
 log = logging.getLogger(__name__)
@@ -64,8 +64,6 @@ log = logging.getLogger(__name__)
 _BASE = [Message(role="user", content="x"), Message(role="assistant", content="y")]
 _USER = Message(role="user", content="x")
 _SENTINELS = ("\u27e61", "\u27e72")  # differ at their first character
-TEXT_ROLES = frozenset({"system", "user", "tool"})  # their content is text, never markup
-_ZWSP = "\u200b"
 # end-of-message tokens that close a turn waiting for a tool result, in place of the template's
 # end of turn (Llama 3.1 with tools: `Environment: ipython`, the call, <|eom_id|>, then the
 # ipython message; the template itself writes <|eot_id|> there)
@@ -98,6 +96,7 @@ class Renderer:
         self.eot_id = eot_ids[0]
         self.markup = Markup(tokenizer)
         self.explicit_eot = bool(end_of_turn)
+        self.string_args = self._needs_string_args()
         base = self.render(_BASE)
         ends = base.rstrip().endswith(self.eot)
         # GLM-4.5's form: no marker after an assistant turn, the next message's role tag ends it
@@ -107,8 +106,13 @@ class Renderer:
             raise RenderError(_turn_end_advice(tokenizer, base, self.eot))
         self._base_text = base
         self.separator = "" if self.opens_next else base[base.rindex(self.eot) + len(self.eot) :]
-        # the tags a turn ends on: the end of turn, and (opens_next) the tag of a tool message
+        # the tags a turn ends on: the end of turn, and (opens_next) the tag of a tool message,
+        # or the tag a tool-call turn ends with when it is not the end of turn (gpt-oss <|call|>)
         self.stop_tags = [self.eot, *self._tool_tag()]
+        self.stop_tags += self._call_end()
+        # the tag the template closes an earlier answer with when it is not the end of turn the
+        # model stopped on (gpt-oss: <|return|> sampled, <|end|> in history)
+        self.history_end = self._history_end()
         self._warned = False  # the zero-width-space fallback was logged
         # the split encoding must be the tokenizer's own on markup-free content, else never used
         self._split_ok = self.markup.split_encode(_clean(base), base, 0) == self.encode(base)
@@ -128,11 +132,76 @@ class Renderer:
             return []
         return [tag] if tag is not None and tag != self.eot else []
 
+    def _needs_string_args(self) -> bool:
+        """True when the template concatenates a call's arguments as text (DeepSeek-V3's) and
+        fails on the dict most templates `tojson`; then calls render with their JSON text."""
+        call = ToolCall(id="call_0", name="probe_tool", arguments={"probe": "x"})
+        asked = [_USER, Message(role="assistant", content="", tool_calls=[call])]
+        self.string_args = False
+        try:
+            self.render(asked)
+        except TypeError:
+            self.string_args = True
+            self.render(asked)  # any other failure is the template's own, raised as it is
+        except Exception:  # noqa: BLE001 - a template without tool calls: checked elsewhere
+            pass
+        return self.string_args
+
+    def _turn_tail(self, msg: Message) -> str:
+        """What the template writes for the assistant turn `msg` after a user message, past the
+        part it shares with the generation prompt."""
+        return _continuation(self.render([_USER], add_generation_prompt=True),
+                             self.render([_USER, msg]))[1]  # fmt: skip
+
+    def _call_end(self) -> list[str]:
+        """[the markup a tool-call turn ends with], when it is not the end of turn (gpt-oss's
+        <|call|>; the engines stop on it), else []."""
+        if self.opens_next:  # the turn ends with the next message's tag (its own tags close
+            return []  # the call: GLM's </tool_call>)
+        call = ToolCall(id="call_0", name="probe_tool", arguments={"probe": "x"})
+        try:
+            tail = self._turn_tail(Message(role="assistant", content="", tool_calls=[call]))
+        except Exception:  # noqa: BLE001 - a template without tool calls: checked elsewhere
+            return []
+        ends = [t for t in self.markup.ids if tail.rstrip().endswith(t)]
+        tag = max(ends, key=len) if ends else None
+        closing = tag is not None and tag.startswith("</")  # a call's own closing tag
+        return [tag] if tag and not closing and tag not in self.stop_tags else []
+
+    def _history_end(self) -> str | None:
+        """The markup an earlier answer ends with once a user message follows it, when that is
+        not the end of turn (gpt-oss closes a sampled <|return|> with <|end|> in history)."""
+        if self.opens_next:
+            return None
+        with_next = self.render([*_BASE, _USER])
+        after = with_next[with_next.rfind(_BASE[-1].content) + len(_BASE[-1].content) :]
+        tags = [t for t in self.markup.ids if after.startswith(t)]
+        tag = max(tags, key=len) if tags else None
+        return tag if tag and tag != self.eot else None
+
+    def written_turn(self, history: list[Message], msg: Message, reasoning: str = "") -> str:
+        """The text a model that follows its template samples for the assistant turn `msg` after
+        `history`'s generation prompt, up to and including the tag it stops on. A prompt that
+        opens a reasoning block the rendered turn lacks (DeepSeek's `<think>` prefill) gets
+        `reasoning` and the block's close first. RenderError when the turn is not the prompt's
+        continuation any other way."""
+        prompt = self.render(history, add_generation_prompt=True)
+        thinking, turn = _continuation(prompt, self.render([*history, msg]))
+        if thinking:
+            turn = reasoning + (turn if turn.startswith("</think>") else "</think>" + turn)
+        if self.opens_next:  # the turn ends with the tag of the message that follows
+            return turn + (self.stop_tags[-1] if msg.tool_calls else self.eot)
+        found = [(i, t) for t in self.stop_tags if (i := turn.find(t)) >= 0]
+        if not found:
+            return turn
+        i, tag = min(found)
+        return turn[: i + len(tag)]
+
     # -- text ----------------------------------------------------------------------------------
 
     def render(self, messages: list[Message], add_generation_prompt: bool = False) -> str:
         return self.tok.apply_chat_template(
-            [m.to_template() for m in messages],
+            [m.to_template(self.string_args) for m in messages],
             tools=self.tools,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
@@ -228,7 +297,7 @@ class Renderer:
         """Ids the engines must stop on besides the model's eos: every turn-end tag of a template
         whose next message's tag ends a turn (`opens_next`), or an end of turn given explicitly
         (`rollout.end_of_turn`); else none."""
-        if not (self.opens_next or self.explicit_eot):
+        if not (self.opens_next or self.explicit_eot or len(self.stop_tags) > 1):
             return []
         return [self.encode(t)[0] for t in self.stop_tags]
 
@@ -278,7 +347,7 @@ class Renderer:
         if self.opens_next:
             return self._opened_ids(new, sampled, assistant)
         last = self.decode(sampled[-1:]) if sampled else ""
-        markers = [m for m in (last, self.eot) if m and m.strip()]
+        markers = [m for m in (last, self.eot, self.history_end) if m and m.strip()]
         error: RenderError | None = None
         for marker in dict.fromkeys(markers):
             try:
@@ -286,7 +355,10 @@ class Renderer:
             except RenderError as e:
                 error = error or e
                 continue
+            # the sampled stop closes the turn; also in place of the template's history form
+            # of it (gpt-oss: the model's <|return|> stays where the template writes <|end|>)
             closed = marker == last or last in TOOL_WAIT_ENDS
+            closed |= marker == self.history_end and last in self.stop_tags
             head = [] if closed else self.encode(marker)  # the eot, one markup id
             return head + self._ids_after(base, new, full, cut)
         raise error or RenderError("the sampled turn has no end-of-turn marker to cut at")
@@ -308,6 +380,19 @@ class Renderer:
         return self.decode(ids[:max_tokens]) + f"\n…[{cut} tokens truncated]", cut
 
 
+def _continuation(prompt: str, full: str) -> tuple[bool, str]:
+    """(whether the prompt opened a reasoning block the rendering lacks, the assistant turn's
+    text after the prompt) for `full`, a rendering that adds one assistant turn to `prompt`'s
+    messages. DeepSeek's and thinking Qwen's prompts end with `<think>`, their renderings of the
+    turn drop it with its reasoning; any other mismatch is a RenderError."""
+    if full.startswith(prompt):
+        return False, full[len(prompt) :]
+    base = prompt.rstrip()
+    if base.endswith("<think>") and full.startswith(base[: -len("<think>")]):
+        return True, full[len(base) - len("<think>") :]
+    raise RenderError("the template renders an assistant turn not after its own prompt")
+
+
 def _common_prefix(a: str, b: str) -> str:
     n = min(len(a), len(b))
     i = next((k for k in range(n) if a[k] != b[k]), n)
@@ -323,107 +408,6 @@ def _default_assistant(new: list[Message]) -> Message:
         if m.role == "tool"
     ]
     return Message(role="assistant", content="y", tool_calls=calls)
-
-
-class Markup:
-    """The tokenizer's added tokens as strings, and its ordinary tokenization without them."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tok = tokenizer
-        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
-        self.ids = {str(getattr(t, "content", t)): i for i, t in added.items()}
-        longest_first = sorted(self.ids, key=len, reverse=True)  # leftmost-longest, as HF splits
-        self.pattern = re.compile("|".join(map(re.escape, longest_first))) if self.ids else None
-        self.plain = _without_added_tokens(tokenizer)
-
-    def find(self, text: str) -> list[re.Match[str]]:
-        return list(self.pattern.finditer(text)) if self.pattern else []
-
-    def plain_encode(self, text: str) -> list[int]:
-        """`text` through the normalizer, pre-tokenizer and model only: no markup ids."""
-        if not text:
-            return []
-        if self.plain is not None:
-            return list(self.plain.encode(text, add_special_tokens=False).ids)
-        return list(self.tok.encode(self.defang_text(text), add_special_tokens=False))  # slow
-
-    def split_encode(self, marks_in: str, text: str, start: int) -> list[int] | None:
-        """Ids of `text[start:]`: markup ids exactly where `marks_in` (aligned with `text`) holds
-        markup strings, ordinary tokenization between them. None if that cannot be exact."""
-        if self.plain is None:
-            return None
-        ids: list[int] = []
-        pos = start
-        for m in self.find(marks_in):
-            if m.end() <= start:
-                continue
-            if m.start() < start:
-                return None
-            ids += self.plain_encode(text[pos : m.start()])
-            ids.append(self.ids[m.group()])
-            pos = m.end()
-        return ids + self.plain_encode(text[pos:])
-
-    def aligned_encode(self, text: str, neutral: str, start: int, fill: str) -> list[int] | None:
-        """Ids of `text[start:]` with the markup of `neutral` (the same rendering with content's
-        markup strings filled with `fill`) as the only markup ids; None unless the two agree
-        everywhere but at the filled characters."""
-        if len(text) != len(neutral):
-            return None
-        pos = 0
-        for run in re.finditer(re.escape(fill) + "+", neutral):
-            if text[pos : run.start()] != neutral[pos : run.start()]:
-                return None
-            pos = run.end()
-        if text[pos:] != neutral[pos:]:
-            return None
-        ids = self.split_encode(neutral, text, start)
-        markup = set(self.ids.values())
-        expected = sum(1 for m in self.find(neutral) if m.start() >= start)
-        if ids is None or sum(i in markup for i in ids) != expected:
-            return None  # the ordinary tokenization made a markup id: not exact, fall back
-        return ids
-
-    def neutral(self, msg: Message, fill: str) -> Message:
-        """`msg` with each markup string in its text replaced by as many `fill` characters."""
-        return self._map(msg, lambda s: self.pattern.sub(lambda m: fill * len(m.group()), s))
-
-    def defang(self, msg: Message) -> Message:
-        """`msg` with a zero-width space after the first character of each markup string."""
-        return self._map(msg, self.defang_text)
-
-    def defang_text(self, text: str) -> str:
-        if self.pattern is None:
-            return text
-        while (m := self.pattern.search(text)) is not None:
-            text = text[: m.start() + 1] + _ZWSP + text[m.start() + 1 :]
-        return text
-
-    def _map(self, msg: Message, f: Any) -> Message:
-        if self.pattern is None or msg.role not in TEXT_ROLES:
-            return msg
-        update = {
-            k: f(v)
-            for k in ("content", "reasoning_content")
-            if isinstance(v := getattr(msg, k), str) and self.pattern.search(v)
-        }
-        return msg.model_copy(update=update) if update else msg
-
-
-def _without_added_tokens(tokenizer: Any) -> Any:
-    """A fast tokenizer's normalizer, pre-tokenizer and model (shared, not copied) with no added
-    tokens; None for a slow tokenizer."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return None
-    from tokenizers import Tokenizer
-
-    plain = Tokenizer(backend.model)
-    if backend.normalizer is not None:
-        plain.normalizer = backend.normalizer
-    if backend.pre_tokenizer is not None:
-        plain.pre_tokenizer = backend.pre_tokenizer
-    return plain
 
 
 _EOT_FIX = "set rollout.end_of_turn={marker!r} (the engines then stop on it too)"

@@ -424,13 +424,8 @@ def check_round_trip(renderer: Renderer, parser: Parser) -> None:
     asked = Message(role="assistant", content="", tool_calls=[call])
     where = f"rollout.parser={parser.name!r} with this model's chat template"
     try:
-        prompt = renderer.render(user, add_generation_prompt=True)
-        written = renderer.render([*user, asked])
-        if not written.startswith(prompt):
-            raise RenderError("the template renders an assistant turn not after its own prompt")
-        turn = written[len(prompt) :]
-        end = turn.find(renderer.eot)
-        sampled = renderer.encode(turn[: end + len(renderer.eot)] if end >= 0 else turn)
+        turn = renderer.written_turn(user, asked)
+        sampled = renderer.encode(turn)
         said = parser.parse(renderer.assistant_text(sampled))
         if [(c.name, c.arguments) for c in said.tool_calls] != [(call.name, call.arguments)]:
             raise RenderError(f"the parser read {said.tool_calls} from {turn[:160]!r}")

@@ -48,7 +48,8 @@ def record_turn(
     seq.append(comp.token_ids, comp.logprobs)
     text = renderer.assistant_text(comp.token_ids)
     parsed = parser.parse_turn(text, tool_args, truncated=comp.finish_reason is FinishReason.LENGTH)
-    msg = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls)
+    msg = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls,
+                  reasoning_content=parsed.reasoning)  # fmt: skip
     seq.messages.append(msg)
     turn = Turn(
         start=start,

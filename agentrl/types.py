@@ -103,12 +103,17 @@ class ToolCall(BaseModel):
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
 
-    def to_template(self) -> dict[str, Any]:
-        """OpenAI-style dict, the shape HF chat templates expect under `tool_calls`."""
+    def to_template(self, string_args: bool = False) -> dict[str, Any]:
+        """OpenAI-style dict, the shape HF chat templates expect under `tool_calls`; arguments
+        as a dict (most templates `tojson` them), or as their JSON text (`string_args`: templates
+        that concatenate them as a string, DeepSeek-V3's)."""
+        args: Any = (
+            json.dumps(self.arguments, ensure_ascii=False) if string_args else self.arguments
+        )
         return {
             "id": self.id,
             "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
+            "function": {"name": self.name, "arguments": args},
         }
 
 
@@ -124,17 +129,17 @@ class Message(BaseModel):
     name: str | None = None
     reasoning_content: str | None = None
 
-    def to_template(self) -> dict[str, Any]:
-        """The dict passed to `tokenizer.apply_chat_template`."""
+    def to_template(self, string_args: bool = False) -> dict[str, Any]:
+        """The dict passed to `tokenizer.apply_chat_template` (`string_args`: ToolCall's)."""
         out: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.tool_calls:
-            out["tool_calls"] = [c.to_template() for c in self.tool_calls]
+            out["tool_calls"] = [c.to_template(string_args) for c in self.tool_calls]
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
         if self.name is not None:
             out["name"] = self.name
-        if self.reasoning_content is not None:
-            out["reasoning_content"] = self.reasoning_content
+        if self.reasoning_content is not None:  # Qwen3's and DeepSeek's key; gpt-oss reads
+            out["reasoning_content"] = out["thinking"] = self.reasoning_content  # `thinking`
         return out
 
 

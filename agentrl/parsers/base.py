@@ -48,6 +48,7 @@ class ParseResult:
     content: str  # text outside the calls (stripped)
     tool_calls: list[ToolCall] = field(default_factory=list)
     errors: list[ParseError] = field(default_factory=list)
+    reasoning: str | None = None  # the turn's reasoning, where the format marks it apart
 
     @property
     def truncated(self) -> bool:
@@ -70,8 +71,13 @@ class Parser:
         truncated: bool = False,
     ) -> ParseResult:
         """`parse`, then a turn with more calls than the template can write runs none of them:
-        one error the model reads, instead of a turn the template fails to render."""
+        one error the model reads, instead of a turn the template fails to render. A reasoning
+        block (`<think>…</think>`, or one the turn never closed) is set apart first, as SGLang's
+        reasoning parsers do: calls written while thinking do not run, and it is not content."""
+        thought, text = split_reasoning(text)
         res = self.parse(text, tools, truncated)
+        if thought is not None:
+            res.reasoning = thought if res.reasoning is None else f"{thought}\n{res.reasoning}"
         made = len(res.tool_calls) + sum(e.is_call_error for e in res.errors)
         if self.max_calls is None or made <= self.max_calls:
             return res
@@ -79,9 +85,8 @@ class Parser:
         msg = f"this model's chat template allows {limit} per turn; this turn made {made}, so "
         msg += "none of them ran. Make one call, read its result, then make the next"
         kept = [e for e in res.errors if not e.is_call_error]
-        return ParseResult(
-            res.content, [], [ParseError(ParseErrorKind.TOO_MANY_CALLS, msg, text), *kept]
-        )
+        errors = [ParseError(ParseErrorKind.TOO_MANY_CALLS, msg, text), *kept]
+        return ParseResult(res.content, [], errors, res.reasoning)
 
     def parse(
         self,
@@ -92,6 +97,22 @@ class Parser:
         """Parse one turn. `tools` maps tool name → Args model: unknown names and arguments that
         fail validation become errors. `truncated`: the engine stopped at the length limit."""
         raise NotImplementedError
+
+
+THINK = ("<think>", "</think>")
+
+
+def split_reasoning(text: str) -> tuple[str | None, str]:
+    """(the turn's reasoning block, the rest). The block runs to the first `</think>` (from a
+    `<think>` the turn opened, or one the prompt opened, DeepSeek's and Qwen3's thinking
+    prefills); a `<think>` never closed (a length cut) holds the whole turn; no tags: (None, text)."""
+    opened, closed = THINK
+    head, sep, rest = text.partition(closed)
+    if sep:
+        return head.strip().removeprefix(opened).strip(), rest
+    if text.lstrip().startswith(opened):
+        return text.lstrip()[len(opened) :].strip(), ""
+    return None, text
 
 
 PARSERS: Registry[type[Parser]] = Registry("tool-call parser", setting="rollout.parser")
@@ -224,6 +245,70 @@ def checked_call(
     return read_call(json.dumps({"name": name, "arguments": args}), index, tools, raw_text=raw)
 
 
+def named_call(
+    name: str,
+    raw: str,
+    quote: str,
+    index: int,
+    tools: dict[str, type[BaseModel]] | None,
+    cut: bool = False,
+) -> tuple[ToolCall | None, ParseError | None]:
+    """The call to `name` whose arguments are the JSON object `raw` (empty: none), checked
+    against `tools`; `quote` is what errors quote, `cut`: the turn ended at the length limit
+    inside it (bad JSON is then truncated). The formats that write the name apart from its JSON
+    arguments (harmony, deepseek_v3, kimi_k2)."""
+    try:
+        args = json.loads(raw) if raw.strip() else {}
+    except (ValueError, RecursionError) as e:
+        kind = ParseErrorKind.TRUNCATED if cut else ParseErrorKind.BAD_JSON
+        msg = f"arguments of the call to '{name}' are not valid JSON ({e})"
+        return None, ParseError(kind, msg, quote, name)
+    if not isinstance(args, dict):
+        msg = f"arguments of '{name}' must be a JSON object"
+        return None, ParseError(ParseErrorKind.NOT_A_CALL, msg, quote, name)
+    return checked_call(name, args, quote, index, tools)
+
+
+class SectionParser(Parser):
+    """Formats that put a turn's calls in one section of markup-delimited calls (deepseek_v3,
+    kimi_k2): `section` and `call` are the (open, close) tags, `_read` reads one call's body.
+    Text outside the section is the content; a call the turn never closes is truncated (at the
+    length limit) or unclosed; a section missing only its closing tag runs its whole calls, as
+    SGLang's detectors do."""
+
+    section: tuple[str, str] = ("", "")
+    call: tuple[str, str] = ("", "")
+
+    def parse(self, text, tools=None, truncated=False) -> ParseResult:
+        begin, end = self.section
+        at = text.find(begin)
+        if at < 0:
+            return ParseResult(text.strip())
+        close = text.find(end, at)
+        section = text[at + len(begin) : close if close >= 0 else len(text)]
+        content = text[:at] + (text[close + len(end) :] if close >= 0 else "")
+        calls: list[ToolCall] = []
+        errors: list[ParseError] = []
+        pos = 0
+        while (start := section.find(self.call[0], pos)) >= 0:
+            stop = section.find(self.call[1], start)
+            body = section[start + len(self.call[0]) : stop if stop >= 0 else len(section)]
+            if stop < 0:
+                kind = ParseErrorKind.TRUNCATED if truncated else ParseErrorKind.UNCLOSED_TAG
+                errors.append(ParseError(kind, "tool call is missing its closing tag", body))
+                break
+            call, err = self._read(body, len(calls) + len(errors), tools)
+            calls += [call] if call is not None else []
+            errors += [err] if err is not None else []
+            pos = stop + len(self.call[1])
+        return ParseResult(content.strip(), calls, errors)
+
+    def _read(
+        self, body: str, index: int, tools: dict[str, type[BaseModel]] | None
+    ) -> tuple[ToolCall | None, ParseError | None]:
+        raise NotImplementedError
+
+
 class ScannedParser(Parser):
     """Formats whose call is a name and key/value pairs inside <tool_call>…</tool_call>, read by
     scanning the structure from the opening tag (qwen3_coder, glm45). A subclass gives `_scan`
@@ -292,9 +377,16 @@ def check_template(parser: Parser, tokenizer: Any) -> None:
     """Fail at start-up unless the chat template renders an assistant tool call that `parser` reads back."""
     call = ToolCall(id="call_0", name="probe_tool", arguments=_PROBE_ARGS)
     base = [{"role": "user", "content": "hi"}]
-    with_call = base + [{"role": "assistant", "content": "", "tool_calls": [call.to_template()]}]
+
+    def with_call(string_args: bool) -> list[dict[str, Any]]:
+        asked = {"role": "assistant", "content": "", "tool_calls": [call.to_template(string_args)]}
+        return [*base, asked]
+
     try:
-        rendered = tokenizer.apply_chat_template(with_call, tokenize=False)
+        try:
+            rendered = tokenizer.apply_chat_template(with_call(False), tokenize=False)
+        except TypeError:  # a template that concatenates the arguments as text (DeepSeek-V3)
+            rendered = tokenizer.apply_chat_template(with_call(True), tokenize=False)
         prefix = tokenizer.apply_chat_template(base, tokenize=False, add_generation_prompt=True)
     except Exception as e:
         raise ConfigError(

@@ -39,9 +39,30 @@ FAMILIES = {  # template -> (parser auto must pick, tokenizer kind, history re-r
     # no marker after an assistant turn: the next message's tag (<|observation|>, <|user|>) ends
     # it, and the model stops on that tag (Renderer.opens_next)
     "glm4moe": ("glm45", "glm", True),
+    # harmony: channels, `to=functions.NAME` recipients, a tool-call turn stops on <|call|>
+    "gptoss": ("harmony", "harmony", False),  # drops the analysis of turns before an answer
+    "deepseek_v31": ("deepseek_v3", "deepseek", False),  # ours (agentrl/assets/templates)
+    "kimi_k2": ("kimi_k2", "kimi", True),  # ours; call ids are the model's functions.NAME:N
 }
+OURS = Path(__file__).parents[2] / "agentrl" / "assets" / "templates"  # written for agentrl
 GLM_SPECIAL = ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>",
                "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"]  # fmt: skip
+HARMONY_SPECIAL = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
+                   "<|return|>", "<|call|>"]  # fmt: skip
+DEEPSEEK_SPECIAL = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
+                    "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
+                    "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "<｜tool▁outputs▁begin｜>",
+                    "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>"]  # fmt: skip
+KIMI_SPECIAL = ["<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>",
+                "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+                "<|tool_call_argument_begin|>", "<|tool_call_end|>"]  # fmt: skip
+SPECIAL = {  # kind -> (added tokens, bos, eos): each family's markup over the Qwen BPE
+    "llama": (None, "<|begin_of_text|>", "<|eot_id|>"),
+    "glm": (None, None, "<|user|>"),
+    "harmony": (HARMONY_SPECIAL, None, "<|return|>"),
+    "deepseek": (DEEPSEEK_SPECIAL, "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
+    "kimi": (KIMI_SPECIAL, None, "<|im_end|>"),
+}
 LLAMA_SPECIAL = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
                  "<|eom_id|>", "<|python_tag|>"]  # fmt: skip
 
@@ -58,14 +79,18 @@ def tokenizers():
     def get(kind: str, template: str):
         if kind not in made:
             tok = AutoTokenizer.from_pretrained(qwen_dir)
-            if kind == "llama":
-                tok.add_special_tokens({"additional_special_tokens": LLAMA_SPECIAL})
-                tok.bos_token, tok.eos_token = "<|begin_of_text|>", "<|eot_id|>"
-            if kind == "glm":  # GLM-4.5's role and argument tokens over the Qwen BPE
-                tok.add_special_tokens({"additional_special_tokens": GLM_SPECIAL})
-                tok.eos_token = "<|user|>"
+            if kind in SPECIAL:
+                added, bos, eos = SPECIAL[kind]
+                added = added or {"llama": LLAMA_SPECIAL, "glm": GLM_SPECIAL}[kind]
+                tok.add_special_tokens({"additional_special_tokens": added})
+                tok.eos_token = eos
+                if bos:
+                    tok.bos_token = bos
             made[kind] = tok
-        made[kind].chat_template = (TEMPLATES / f"{template}.jinja").read_text()
+        path = TEMPLATES / f"{template}.jinja"
+        made[kind].chat_template = (
+            path if path.exists() else OURS / f"{template}.jinja"
+        ).read_text()
         return made[kind]
 
     return get
@@ -74,13 +99,7 @@ def tokenizers():
 def as_written(r: Renderer, history: list[Message], msg: Message) -> list[int]:
     """What a model that follows its template samples for `msg` after `history`: the template's
     own rendering of that assistant turn, up to and including its end-of-turn token."""
-    prompt = r.render(history, add_generation_prompt=True)
-    full = r.render([*history, msg])
-    assert full.startswith(prompt)
-    turn = full[len(prompt) :]
-    if r.opens_next:  # the model ends its turn with the tag of the message that follows
-        return r.encode(turn + (r.stop_tags[-1] if msg.tool_calls else r.eot))
-    return r.encode(turn[: turn.index(r.eot) + len(r.eot)])
+    return r.encode(r.written_turn(history, msg, reasoning="Run it.\n"))
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
