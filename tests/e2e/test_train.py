@@ -148,6 +148,7 @@ def test_lora_reaches_the_engine_and_a_resumed_run_serves_the_checkpoints(sync, 
         # a step whose groups all scored alike trains nothing; one CI run drew two such steps
         # (8 samples each) and its weights never moved: such groups are redrawn
         "trainer.sampling.dynamic_sampling=true",
+        "trainer.deterministic=true",  # and seeded: the same draws on every machine
         "checkpoint.every=1",
         f"learner.lora.sync={sync}",
     ]
