@@ -183,10 +183,15 @@ class Renderer:
         """The text a model that follows its template samples for the assistant turn `msg` after
         `history`'s generation prompt, up to and including the tag it stops on. A prompt that
         opens a reasoning block the rendered turn lacks (DeepSeek's `<think>` prefill) gets
-        `reasoning` and the block's close first. RenderError when the turn is not the prompt's
-        continuation any other way."""
+        `reasoning` and the block's close first. A template that renders `history` otherwise
+        once `msg` follows (gpt-oss drops the analysis of earlier tool turns before an answer)
+        gives the turn as it writes it after a lone user message."""
         prompt = self.render(history, add_generation_prompt=True)
-        thinking, turn = _continuation(prompt, self.render([*history, msg]))
+        try:
+            thinking, turn = _continuation(prompt, self.render([*history, msg]))
+        except RenderError:
+            alone = self.render([_USER], add_generation_prompt=True)
+            thinking, turn = _continuation(alone, self.render([_USER, msg]))
         if thinking:
             turn = reasoning + (turn if turn.startswith("</think>") else "</think>" + turn)
         if self.opens_next:  # the turn ends with the tag of the message that follows

@@ -147,19 +147,21 @@ def resolve_parser(name: str, tokenizer: Any, max_calls: int | None = None) -> P
     the tokenizer's chat template writes it (`check_template`), or a ConfigError."""
     if name != "auto":
         return get_parser(name, max_calls)
-    tried = []
+    try:
+        tail = rendered_call(tokenizer)
+    except ConfigError as e:
+        raise ConfigError(f"rollout.parser=auto: {e}") from e
     for candidate in PARSERS.names():
         parser = get_parser(candidate, max_calls)
-        try:
-            check_template(parser, tokenizer)
-        except ConfigError as e:
-            tried.append(f"{candidate}: {str(e).split(';')[0]}")
-            continue
-        return parser
+        if _reads(parser, tail):
+            return parser
+    known = [f for marker, f in UNREAD_FORMATS.items() if marker in tail]
+    which = f", {known[0]} format," if known else ""
     raise ConfigError(
-        "rollout.parser=auto: no known parser reads tool calls the way this model's chat "
-        "template writes them (" + " | ".join(tried)[:600] + "); register a parser for the "
-        "template's format and set rollout.parser to it"
+        f"rollout.parser=auto: this model's chat template writes a tool call as {tail[:200]!r}"
+        f"{which} which none of agentrl's parsers reads ({', '.join(PARSERS.names())}; "
+        "docs/models.md lists the model families they cover). Register a parser for the "
+        "format (docs/rollouts.md) and set rollout.parser to it"
     )
 
 
@@ -373,8 +375,19 @@ class ScannedParser(Parser):
 _PROBE_ARGS = {"probe": "x"}
 
 
-def check_template(parser: Parser, tokenizer: Any) -> None:
-    """Fail at start-up unless the chat template renders an assistant tool call that `parser` reads back."""
+# formats no parser here reads, named in the start-up error when a template writes them
+UNREAD_FORMATS = {
+    "<|tool_call>call:": "Gemma 4's (<|tool_call>call:NAME{…}<tool_call|>)",
+    "[TOOL_CALLS]": "Mistral's ([TOOL_CALLS][…])",
+    "<|tool_call_start|>": "LFM2's (<|tool_call_start|>[NAME(…)]<|tool_call_end|>)",
+    "Action:": "Cohere's (Action: ```json […]```)",
+    "<|python_start|>": "Llama 4's (<|python_start|>…<|python_end|>)",
+}
+
+
+def rendered_call(tokenizer: Any) -> str:
+    """The text the chat template writes for an assistant turn calling `probe_tool` (after its
+    generation prompt, without the end of turn); ConfigError when it cannot render one."""
     call = ToolCall(id="call_0", name="probe_tool", arguments=_PROBE_ARGS)
     base = [{"role": "user", "content": "hi"}]
 
@@ -398,9 +411,24 @@ def check_template(parser: Parser, tokenizer: Any) -> None:
     tail = tail.rstrip()
     if eos and tail.endswith(eos):  # the turn's end marker is not part of what is parsed
         tail = tail[: -len(eos)]
+    if "probe_tool" not in tail:
+        raise ConfigError(
+            "the model's chat template renders no tool calls (an assistant message's tool_calls "
+            f"do not appear in its rendering: {tail[-160:]!r}), so the model never learned to "
+            "call tools in it; use a model/tokenizer whose chat template supports tools"
+        )
+    return tail
+
+
+def _reads(parser: Parser, tail: str) -> bool:
     res = parser.parse(tail)
-    ok = [c for c in res.tool_calls if c.name == "probe_tool" and c.arguments == _PROBE_ARGS]
-    if not ok:
+    return any(c.name == "probe_tool" and c.arguments == _PROBE_ARGS for c in res.tool_calls)
+
+
+def check_template(parser: Parser, tokenizer: Any) -> None:
+    """Fail at start-up unless the chat template renders an assistant tool call that `parser` reads back."""
+    tail = rendered_call(tokenizer)
+    if not _reads(parser, tail):
         raise ConfigError(
             f"tool-call parser {parser.name!r} cannot read tool calls the way this model's chat "
             f"template writes them (rendered: {tail[:160]!r}); set rollout.parser to the model's "
