@@ -232,6 +232,20 @@ class Config(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _template_thinking_trains_per_episode(self) -> Config:
+        """Per-turn credit compares turn k across the group; a forked episode's sequences each
+        count their turns from 0, so the indices would not be the episode's."""
+        if self.rollout.thinking == "template" and self.algo.advantage.reward_level == "turn":
+            raise ValueError(
+                "rollout.thinking=template with algo.advantage.reward_level=turn: an episode the "
+                "template rewrites becomes several sequences, whose turn indices are not the "
+                "episode's, so per-turn baselines would compare the wrong turns. Use "
+                "rollout.thinking=keep (per-turn credit on the sampled sequence) or "
+                "reward_level=trajectory"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _tp_engines_join_as_tp_ranks(self) -> Config:
         """Every TP rank of a server receives the weights: the update group counts them."""
         tp, ranks = self.engine.tp, self.weight_sync.ranks_per_server

@@ -2,6 +2,8 @@
 
 One step of `python -m agentrl.train` logs one flat dict (metrics.jsonl, W&B history, the console
 line) with these names; `step_metrics` below is the one place that builds the final names.
+Size: one module, since this docstring is the reference of every name and the code beside it is
+what computes each; split, a name and its meaning would drift apart.
 
 reward/ — over the step's trajectories, infrastructure failures excluded: the groups trained, so
     under trainer.sampling.dynamic_sampling the kept groups only (reward/mean_all: all of them)
@@ -35,6 +37,8 @@ tools/<name>/ — per tool the env has, over the step's calls, when it was calle
     tools/<name>/exceptions         … that failed by the tool's fault (its own code raised)
     tools/<name>/fail_rate          (errors + exceptions) / calls
     rollout/sampled_tokens          sampled (loss-mask 1) tokens, total over the step
+    rollout/sequences_per_episode   1, unless an agent rewrote its history or thinking=template
+    rollout/tokens                  every id of every sequence (what the learner runs over)
     rollout/sampled_tokens_per_traj, rollout/traj_tokens_mean, rollout/traj_tokens_max
     rollout/obs_tokens, rollout/truncated_obs_tokens    observation tokens, totals
     rollout/truncated               episodes a token budget cut (stop/length + stop/context_overflow:
@@ -188,6 +192,10 @@ def rollout_metrics(
     n = len(trajs)
     tool_turns = [t for t in turns if t.num_tool_attempts]
     out["rollout/trajectories"] = float(n)
+    out["rollout/sequences_per_episode"] = n / len(
+        {t.metadata.get("session") or id(t) for t in trajs}
+    )
+    out["rollout/tokens"] = float(sum(len(t.token_ids) for t in trajs))
     out["rollout/turns"] = len(turns) / n
     out["rollout/turns_max"] = float(max(len(t.turns) for t in trajs))
     out["rollout/tool_calls"] = sum(t.num_tool_calls for t in turns) / n

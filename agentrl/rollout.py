@@ -101,6 +101,15 @@ class RolloutConfig(BaseModel):
     truncated_reward: float = Field(
         0.0, description="rollout.truncated=penalise: the outcome reward of a truncated episode"
     )
+    thinking: Literal["keep", "template"] = Field(
+        "keep",
+        description="what the model reads of its earlier turns. keep (default): the ids it "
+        "sampled, reasoning included, one sequence per episode (token-exact, nothing rendered "
+        "twice); template: the chat template's rendering of the history at every turn, as "
+        "inference serves it (templates that drop earlier reasoning drop it): a turn whose "
+        "history renders otherwise than the ids so far starts a new sequence over that "
+        "rendering, each sequence trained on its own sampled turns (docs/rollouts.md, thinking)",
+    )
     gateway: GatewayConfig = Field(
         default_factory=GatewayConfig,
         description="the OpenAI-compatible gateway AgentEnv episodes run through",
@@ -203,24 +212,34 @@ class Rollout:
     async def run_group(self, task: Task, n: int | None = None) -> list[Trajectory]:
         n = n or self.cfg.group_size
         slot = group_slot(task.id)  # trainer.deterministic: the seeds' place (agentrl/seeding.py)
-        if self.agents is not None:  # an agent's episode may leave several sequences
-            runs = [self.agents.run_episode(task, i, slot) for i in range(n)]
-            return [t for ep in await asyncio.gather(*runs) for t in ep]
-        return list(await asyncio.gather(*(self.run_episode(task, i, slot) for i in range(n))))
+        # an agent's episode, or one under rollout.thinking=template, may leave several sequences
+        run = self.agents.run_episode if self.agents is not None else self.run_sequences
+        return [
+            t for ep in await asyncio.gather(*(run(task, i, slot) for i in range(n))) for t in ep
+        ]
 
     async def run_episode(self, task: Task, sample_index: int = 0, slot: int = 0) -> Trajectory:
-        """One episode of `task`; `slot` (the task's n-th group of a seeded round) only enters
-        its requests' sampling seeds (trainer.deterministic; agentrl/seeding.py)."""
+        """One episode of `task`: its trajectory (with rollout.thinking=template, its last
+        sequence, scored for the whole episode; `run_sequences` gives them all)."""
+        return (await self.run_sequences(task, sample_index, slot))[-1]
+
+    async def run_sequences(
+        self, task: Task, sample_index: int = 0, slot: int = 0
+    ) -> list[Trajectory]:
+        """One episode of `task` as its training sequences (one unless rollout.thinking=template
+        forked it; they share `metadata["session"]`, so the group baseline counts the episode
+        once, and its reward). `slot` (the task's n-th group of a seeded round) only enters its
+        requests' sampling seeds (trainer.deterministic; agentrl/seeding.py)."""
         session = f"{task.id}:{sample_index}:{uuid.uuid4().hex[:8]}"
         seeds = episode_key(task.id, slot, sample_index)
         ctx = ToolContext(session=session, sandbox=self.sandbox, timeout_s=self.cfg.tool_timeout_s)
-        st = TokenSequence()
+        seqs = [TokenSequence()]
         stop, error, env = StopReason.ABORTED, None, None
         t0 = time.monotonic()
         try:
             env = self.env_cls(task, ctx, **self.env_kwargs)
             stop = await asyncio.wait_for(
-                self._loop(env, st, session, seeds), self.cfg.episode_timeout_s
+                self._loop(env, seqs, session, seeds), self.cfg.episode_timeout_s
             )
         except SandboxUnavailable as e:
             stop, error = StopReason.SANDBOX_UNAVAILABLE, f"{type(e).__name__}: {e}"
@@ -239,24 +258,25 @@ class Rollout:
         except Exception as e:  # the episode boundary: one failure becomes one reason
             log.warning("episode %s aborted: %s: %s", session, type(e).__name__, e)
             error = traceback.format_exc()
-        traj = Trajectory(
-            task_id=task.id,
-            sample_index=sample_index,
-            token_ids=st.ids,
-            loss_mask=st.mask,
-            logprobs=st.logprobs,
-            prompt_len=st.prompt_len,
-            turns=st.turns,
-            messages=st.messages,
-            stop_reason=stop,
-            error=error,
-            metadata={"session": session, **_reference(task)},
-        )
+        if len(seqs) > 1 and not seqs[-1].turns:  # forked, then ended before sampling on it
+            seqs.pop()
+        meta = {"session": session, **_reference(task)}
+        trajs = [
+            Trajectory(task_id=task.id, sample_index=sample_index, token_ids=s.ids,
+                       loss_mask=s.mask, logprobs=s.logprobs, prompt_len=s.prompt_len,
+                       turns=s.turns, messages=s.messages, stop_reason=stop, error=error,
+                       metadata={**meta, **({"sequence": k} if len(seqs) > 1 else {})})
+            for k, s in enumerate(seqs)
+        ]  # fmt: skip
+        last = trajs[-1]  # its messages are the whole episode's: the env scores it
         if env is not None:
-            await self._finish(env, traj)
+            await self._finish(env, last)
         self._release(session)
-        traj.metadata["episode_s"] = time.monotonic() - t0
-        return traj
+        for t in trajs:
+            t.stop_reason, t.error, t.reward = last.stop_reason, last.error, last.reward
+            t.reward_components = dict(last.reward_components)
+            t.metadata["episode_s"] = time.monotonic() - t0
+        return trajs
 
     def _release(self, session: str) -> None:
         """The episode is over: the engine client forgets which server it stuck to."""
@@ -267,9 +287,9 @@ class Rollout:
     # -- internals -----------------------------------------------------------------------------
 
     async def _loop(
-        self, env: Env, st: TokenSequence, session: str, seeds: str | None
+        self, env: Env, seqs: list[TokenSequence], session: str, seeds: str | None
     ) -> StopReason:
-        cfg, r = self.cfg, self.renderer
+        cfg, r, st = self.cfg, self.renderer, seqs[-1]
         st.messages = list(await env.start())
         st.append(r.prompt_ids(st.messages), None)
         st.prompt_len = len(st.ids)
@@ -307,6 +327,13 @@ class Rollout:
             obs, obs_ids = self._observation(obs, comp.token_ids, turn)
             turn.observations = obs
             st.messages += obs
+            if cfg.thinking == "template" and (fresh := r.prompt_ids(st.messages)) != [
+                *st.ids,
+                *obs_ids,
+            ]:  # the template renders the history otherwise: a new sequence over its rendering
+                seqs.append(st := TokenSequence(prompt_len=len(fresh), messages=list(st.messages)))
+                st.append(fresh, None)
+                continue
             if len(st.ids) + len(obs_ids) >= cfg.max_context_tokens:
                 return StopReason.CONTEXT_OVERFLOW
             st.append(obs_ids, None)
