@@ -1,5 +1,6 @@
-"""A group of multi-turn code_exec episodes: the real dev server (tiny Qwen3 tool-caller, real Qwen
-tokenizer) on loopback, the real SGLang-protocol client, the real python tool."""
+"""A group of multi-turn code_exec episodes: the real dev server (the shipped tiny tool-caller, real
+Qwen tokenizer) on loopback, the real SGLang-protocol client, the real python tool. (The shipped
+model, not a `tiny-toolcaller` build: building that one took 15-20 s of every CI run.)"""
 
 import asyncio
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from agentrl.assets.build import cached_tiny_toolcaller
+from agentrl.assets.build import resolve_builtin
 from agentrl.engine import EngineClient, EngineConfig, launch_engines
 from agentrl.envs.code_exec import CodeExecEnv
 from agentrl.metrics import rollout_metrics
@@ -17,7 +18,7 @@ from agentrl.types import StopReason
 
 @pytest.fixture(scope="module")
 def toolcaller():
-    return cached_tiny_toolcaller()
+    return resolve_builtin("tiny")
 
 
 @pytest.fixture(scope="module")
