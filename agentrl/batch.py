@@ -96,12 +96,17 @@ class TrainBatch:
     ref_logprobs: Tensor | None = None
     values: Tensor | None = None
     returns: Tensor | None = None
+    # learner.routing_replay: [N, layers * k] int32, the experts the engine routed each token to
+    # (-1: none known, the learner's router decides; agentrl/moe.py)
+    routes: Tensor | None = None
     is_padding: bool = False  # a dummy micro-batch so every rank runs the same number
 
     def __post_init__(self) -> None:
         n = self.token_ids.numel()
         named = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         for k, v in named.items():
+            if k == "routes" and v is not None and v.dim() == 2 and v.shape[0] == n:
+                continue  # one row of experts per token
             if isinstance(v, Tensor) and (v.dim() != 1 or v.numel() != n):
                 raise ValueError(f"TrainBatch.{k} has shape {tuple(v.shape)}, token_ids has ({n},)")
         if self.loss_mask.dtype != torch.bool:
@@ -193,6 +198,7 @@ class TrainBatch:
         mask = torch.cat(cols["mask"])
         seq_ids = torch.cat(cols["seq"])
         opt = {k: torch.cat(cols[k]) if optional.get(k) is not None else None for k in optional}
+        routes = _routes([trajs[i] for i in keep])
         return cls(
             token_ids=torch.cat(cols["ids"]),
             position_ids=_positions(seq_ids),
@@ -202,8 +208,29 @@ class TrainBatch:
             seq_ids=seq_ids,
             norm=global_norm(mask, seq_ids),
             source=keep,
+            routes=routes,
             **opt,
         )
+
+
+def _routes(trajs: Sequence[Trajectory]) -> Tensor | None:
+    """[N, layers * k] routes of the concatenated trajectories (-1 past what the engine
+    returned: the last sampled id, and a trajectory without routes); None when none has any."""
+    given = [t.routes for t in trajs if t.routes is not None]
+    if not given:
+        return None
+    width = {int(r.shape[1]) for r in given}
+    if len(width) != 1:
+        raise ValueError(f"trajectories' routes have {sorted(width)} experts per position")
+    (w,) = width
+    out = []
+    for t in trajs:
+        r = torch.full((len(t.token_ids), w), -1, dtype=torch.int32)
+        if t.routes is not None:
+            m = min(len(t.token_ids), int(t.routes.shape[0]))
+            r[:m] = torch.as_tensor(t.routes[:m], dtype=torch.int32)
+        out.append(r)
+    return torch.cat(out)
 
 
 def _lengths(seq_ids_N: Tensor) -> Tensor:
@@ -283,6 +310,8 @@ def padding_micro_batch(batch: TrainBatch, pad_id: int = 0) -> TrainBatch:
         if isinstance(getattr(batch, f.name), Tensor)
     }
     one["token_ids"] = torch.full((1,), pad_id, dtype=torch.long, device=dev)
+    if batch.routes is not None:  # no route known: the router decides
+        one["routes"] = torch.full((1, batch.routes.shape[1]), -1, dtype=torch.int32, device=dev)
     return dataclasses.replace(batch, **one, source=[], is_padding=True)
 
 

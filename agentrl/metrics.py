@@ -39,6 +39,7 @@ tools/<name>/ — per tool the env has, over the step's calls, when it was calle
     rollout/sampled_tokens          sampled (loss-mask 1) tokens, total over the step
     rollout/sequences_per_episode   1, unless an agent rewrote its history or thinking=template
     rollout/tokens                  every id of every sequence (what the learner runs over)
+    rollout/routed_positions        positions whose experts the engine returned (routing replay)
     rollout/sampled_tokens_per_traj, rollout/traj_tokens_mean, rollout/traj_tokens_max
     rollout/obs_tokens, rollout/truncated_obs_tokens    observation tokens, totals
     rollout/truncated               episodes a token budget cut (stop/length + stop/context_overflow:
@@ -192,10 +193,7 @@ def rollout_metrics(
     n = len(trajs)
     tool_turns = [t for t in turns if t.num_tool_attempts]
     out["rollout/trajectories"] = float(n)
-    out["rollout/sequences_per_episode"] = n / len(
-        {t.metadata.get("session") or id(t) for t in trajs}
-    )
-    out["rollout/tokens"] = float(sum(len(t.token_ids) for t in trajs))
+    out.update(sequence_metrics(trajs))
     out["rollout/turns"] = len(turns) / n
     out["rollout/turns_max"] = float(max(len(t.turns) for t in trajs))
     out["rollout/tool_calls"] = sum(t.num_tool_calls for t in turns) / n
@@ -231,6 +229,17 @@ def rollout_metrics(
         )
     out.update(tool_metrics(trajs))
     out.update(gateway_metrics(trajs))
+    return out
+
+
+def sequence_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    """Sequences per episode, every id they hold, and the positions routed (routing replay)."""
+    sessions = {t.metadata.get("session") or id(t) for t in trajs}
+    out = {"rollout/sequences_per_episode": len(trajs) / len(sessions),
+           "rollout/tokens": float(sum(len(t.token_ids) for t in trajs))}  # fmt: skip
+    routed = [len(t.routes) for t in trajs if t.routes is not None]
+    if routed:  # learner.routing_replay
+        out["rollout/routed_positions"] = float(sum(routed))
     return out
 
 

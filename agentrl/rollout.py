@@ -265,7 +265,8 @@ class Rollout:
             Trajectory(task_id=task.id, sample_index=sample_index, token_ids=s.ids,
                        loss_mask=s.mask, logprobs=s.logprobs, prompt_len=s.prompt_len,
                        turns=s.turns, messages=s.messages, stop_reason=stop, error=error,
-                       metadata={**meta, **({"sequence": k} if len(seqs) > 1 else {})})
+                       metadata={**meta, **({"sequence": k} if len(seqs) > 1 else {})},
+                       routes=s.routes)
             for k, s in enumerate(seqs)
         ]  # fmt: skip
         last = trajs[-1]  # its messages are the whole episode's: the env scores it

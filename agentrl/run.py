@@ -177,7 +177,14 @@ def _engine_config(cfg: Config, lora_mode: str | None, train: bool) -> EngineCon
         engine_cfg = engine_cfg.model_copy(  # batch-invariant servers (restarts keep it)
             update={"extra_args": [*engine_cfg.extra_args, DETERMINISTIC]}
         )
+    if train and cfg.learner.routing_replay and ROUTED not in engine_cfg.extra_args:
+        engine_cfg = engine_cfg.model_copy(  # the servers return each position's experts
+            update={"extra_args": [*engine_cfg.extra_args, ROUTED]}
+        )
     return engine_cfg
+
+
+ROUTED = "--enable-return-routed-experts"  # SGLang's flag (R3), and the dev server's
 
 
 async def _start_engines(
@@ -198,6 +205,7 @@ async def _start_engines(
     urls = fleet.urls
     router = stack.enter_context(launch_router(cfg.engine, urls, out))
     engine = EngineClient.from_config(cfg.engine.model_copy(update={"urls": urls}), router=router)
+    engine.gen.routed_experts = cfg.learner.routing_replay  # return_routed_experts per request
     stack.push_async_callback(_aquietly, "engine client", engine.aclose)
     await engine.control.wait_healthy(cfg.engine.health_timeout_s)
     return fleet, engine

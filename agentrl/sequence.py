@@ -7,6 +7,7 @@ text decoded and parsed with the run's parser, never tokenized again."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -26,6 +27,9 @@ class TokenSequence:
     prompt_len: int = 0
     turns: list[Turn] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
+    # learner.routing_replay: the latest completion's routed experts, [ids[:-1] so far (its
+    # prompt and output but the last), layers * k]; each turn's request covers all before it
+    routes: Any = None
 
     def append(self, ids: list[int], logprobs: list[float] | None) -> None:
         """Sampled ids (with their logprobs: mask 1) or template/observation ids (None: mask 0)."""
@@ -46,6 +50,12 @@ def record_turn(
     parsed into the assistant message (tool calls checked against `tool_args` when given)."""
     start = len(seq.ids)
     seq.append(comp.token_ids, comp.logprobs)
+    if comp.routed_experts is not None:  # prompt + output but the last: len(ids) - 1 positions
+        positions = len(seq.ids) - 1
+        if positions <= 0 or comp.routed_experts.size % positions:
+            raise ValueError(f"routed_experts holds {comp.routed_experts.size} ids for "
+                             f"{positions} positions")  # fmt: skip
+        seq.routes = comp.routed_experts.reshape(positions, -1)
     text = renderer.assistant_text(comp.token_ids)
     parsed = parser.parse_turn(text, tool_args, truncated=comp.finish_reason is FinishReason.LENGTH)
     msg = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls,

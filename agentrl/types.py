@@ -159,6 +159,9 @@ class Completion:
     # (tokens, weight_version) per stretch sampled under one version, when a weight push cut
     # the turn and it went on under new weights (agentrl/engine/gate.py); empty: all weight_version
     segments: list[tuple[int, str]] = field(default_factory=list)
+    # the experts the engine routed each position of prompt + ids[:-1] to, int32 [positions,
+    # MoE layers, experts per token] (learner.routing_replay; SGLang's routed_experts); else None
+    routed_experts: Any = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
@@ -293,6 +296,9 @@ class Trajectory:
     reward_components: dict[str, float] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    # learner.routing_replay: the experts the engine routed token_ids[:len(routes)] to, int32
+    # [positions, MoE layers, experts per token] (the last completion's); never written to JSON
+    routes: Any = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -340,6 +346,7 @@ class Trajectory:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        del d["routes"]  # [positions, layers, k] ints: the learner's input, not a record
         d["messages"] = [m.model_dump(exclude_defaults=True) for m in self.messages]
         for turn, src in zip(d["turns"], self.turns, strict=True):
             turn["assistant"] = src.assistant.model_dump(exclude_defaults=True)

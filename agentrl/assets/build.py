@@ -8,6 +8,7 @@ architecture, a few million parameters, deterministic for a given seed.
     python -m agentrl.assets.build tokenizer OUT_DIR [--template qwen|qwen3]
     python -m agentrl.assets.build tiny-random OUT_DIR [--template qwen3] [--seed 0]
     python -m agentrl.assets.build tiny-toolcaller OUT_DIR [--seed 0]
+    python -m agentrl.assets.build tiny-moe OUT_DIR [--seed 0]
 
 Builds are cached under $AGENTRL_CACHE (default ~/.cache/agentrl) by `cached_tokenizer()` and
 `cached_tiny_random()`; a build is written to a temporary directory and renamed, so a killed build
@@ -114,6 +115,47 @@ def build_tiny_random(
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)
+    model.save_pretrained(out, safe_serialization=True)
+    GenerationConfig(
+        eos_token_id=[QWEN_SPECIAL_START + 2, QWEN_SPECIAL_START], pad_token_id=QWEN_SPECIAL_START
+    ).save_pretrained(out)
+    return out
+
+
+def build_tiny_moe(out_dir: str | Path, seed: int = 0, hidden_size: int = 64) -> Path:
+    """A random-init Qwen3MoeForCausalLM (Qwen3-30B-A3B's shape cut down: 8 experts, 2 routed
+    per token, every layer sparse) + the Qwen3 tokenizer: the mixture-of-experts model of the
+    CPU tests. Its experts run transformers' grouped implementation (one grouped matmul over the
+    routed tokens, not a Python loop over experts) where the learner and the dev server load it."""
+    import torch
+    from transformers import GenerationConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    out = build_tokenizer(out_dir, "qwen3")
+    config = Qwen3MoeConfig(
+        vocab_size=QWEN_VOCAB_PADDED,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 3,
+        moe_intermediate_size=hidden_size,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden_size // 4,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=QWEN_SPECIAL_START,
+        eos_token_id=QWEN_SPECIAL_START + 2,
+        pad_token_id=QWEN_SPECIAL_START,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(config)
+    with torch.no_grad():  # a router at exactly 0 ties every expert: give each its own scores
+        for layer in model.model.layers:
+            layer.mlp.gate.weight.normal_(0.0, 0.5)
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(
         eos_token_id=[QWEN_SPECIAL_START + 2, QWEN_SPECIAL_START], pad_token_id=QWEN_SPECIAL_START
@@ -264,6 +306,10 @@ def cached_tiny_random(template: str = "qwen3", seed: int = 0) -> Path:
     return _cached("tiny-qwen3-random", build_tiny_random, template=template, seed=seed)
 
 
+def cached_tiny_moe(seed: int = 0) -> Path:
+    return _cached("tiny-qwen3-moe", build_tiny_moe, seed=seed)
+
+
 def cached_tiny_toolcaller(seed: int = 0) -> Path:
     return _cached("tiny-qwen3-toolcaller", build_tiny_toolcaller, seed=seed)
 
@@ -282,6 +328,7 @@ BUILTINS = {
     "tiny": shipped_tiny,
     "tiny-random": cached_tiny_random,
     "tiny-toolcaller": cached_tiny_toolcaller,
+    "tiny-moe": cached_tiny_moe,
 }
 
 
@@ -293,7 +340,7 @@ def resolve_builtin(name: str) -> Path:
 
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m agentrl.assets.build", description=__doc__)
-    p.add_argument("what", choices=["tokenizer", "tiny-random", "tiny-toolcaller"])
+    p.add_argument("what", choices=["tokenizer", "tiny-random", "tiny-toolcaller", "tiny-moe"])
     p.add_argument("out_dir")
     p.add_argument("--template", default="qwen3", choices=["qwen", "qwen3"])
     p.add_argument("--seed", type=int, default=0)
@@ -302,6 +349,8 @@ def main() -> None:
         path = build_tokenizer(a.out_dir, a.template)
     elif a.what == "tiny-random":
         path = build_tiny_random(a.out_dir, a.template, a.seed)
+    elif a.what == "tiny-moe":
+        path = build_tiny_moe(a.out_dir, a.seed)
     else:
         path = build_tiny_toolcaller(a.out_dir, a.seed)
     print(path)

@@ -85,6 +85,9 @@ class Generation:
         # the LoRA adapter every /generate names (`lora_path`), set by the adapter push
         # (agentrl/learner/sync/adapter.py); None: the served weights as they are
         self.lora: str | None = None
+        # learner.routing_replay: every /generate asks for the experts each position was routed
+        # to (return_routed_experts), which the learner's forward then uses
+        self.routed_experts = False
 
     @property
     def inflight(self) -> dict[str, int]:
@@ -159,6 +162,8 @@ class Generation:
         }
         if self.lora is not None:
             payload["lora_path"] = self.lora
+        if self.routed_experts:
+            payload["return_routed_experts"] = True
         tried: list[Server] = []
         errors: list[str] = []
         headers = {ROUTING_KEY_HEADER: key} if key is not None and self.http.router else None

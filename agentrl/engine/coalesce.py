@@ -98,6 +98,8 @@ class Coalescer:
         }
         if any("lora_path" in p for p, _ in items):
             body["lora_path"] = [p.get("lora_path") for p, _ in items]
+        if any(p.get("return_routed_experts") for p, _ in items):
+            body["return_routed_experts"] = True
         s.inflight += len(items)
         t0 = time.monotonic()
         try:

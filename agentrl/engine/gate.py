@@ -135,4 +135,5 @@ def join(parts: list[Completion]) -> Completion:
         server=last.server,
         latency_s=sum(p.latency_s for p in parts),
         segments=segments if len(segments) > 1 else [],
+        routed_experts=last.routed_experts,  # its request held the earlier pieces' ids
     )

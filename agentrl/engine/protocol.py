@@ -165,7 +165,30 @@ def parse_generate_response(data: dict[str, Any], server: str = "", latency_s: f
         matched_stop=matched,
         server=server,
         latency_s=latency_s,
+        routed_experts=routed_experts(meta.get("routed_experts"), server),
     )
+
+
+def routed_experts(blob: Any, server: str = "") -> Any:
+    """SGLang's `meta_info.routed_experts` (a request with return_routed_experts, a server with
+    --enable-return-routed-experts): base64 of int32 expert ids, position-major (prompt + output
+    ids but the last, each MoE layer, each routed expert) -> a flat int32 numpy array; None when
+    absent. The learner shapes it by its model's layers and experts per token."""
+    if blob is None:
+        return None
+    import numpy as np  # lazy: the client imports no numpy otherwise
+
+    try:
+        return np.frombuffer(base64.b64decode(blob), dtype=np.int32)
+    except (ValueError, TypeError) as e:
+        raise EngineProtocolError(f"{server}: routed_experts is not base64 of int32 ({e})") from e
+
+
+def encode_routed_experts(ids: Any) -> str:
+    """The inverse of `routed_experts`, as the dev server answers it."""
+    import numpy as np
+
+    return base64.b64encode(np.ascontiguousarray(ids, dtype=np.int32).tobytes()).decode("ascii")
 
 
 def request_error(r: Reply, url: str, path: str) -> EngineRequestError:

@@ -113,6 +113,13 @@ class LearnerConfig(BaseModel):
         "least that fits beside the engine's memory fraction (agentrl/learner/memory.py)",
     )
     reshard_after_forward: bool = True
+    routing_replay: bool = Field(
+        False,
+        description="mixture-of-experts models: the engine returns the experts it routed each "
+        "position to (SGLang's --enable-return-routed-experts) and the learner's forward uses "
+        "those routes, its router's own probabilities weighting them (R3, rollout routing "
+        "replay): the policy ratio then compares the same experts the engine sampled with",
+    )
     lora: LoraConfig = Field(default_factory=LoraConfig)
     seed: int = 0
     deterministic: bool = Field(

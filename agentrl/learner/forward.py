@@ -159,6 +159,21 @@ def token_logprobs(
     )
 
 
+def routes_in_order(mb: TrainBatch, layout: str = "packed") -> Tensor | None:
+    """The micro-batch's replayed routes (learner.routing_replay) in the order its forward
+    flattens tokens: packed, the row as it is; padded, the [B, T] batch row by row, -1 on the
+    padding. None without routes."""
+    if mb.routes is None:
+        return None
+    if layout != "padded":
+        return mb.routes
+    rows, cols = padded_rows(mb.position_ids)
+    width = int(cols.max()) + 1
+    out = mb.routes.new_full(((int(rows[-1]) + 1) * width, mb.routes.shape[1]), -1)
+    out[rows * width + cols] = mb.routes
+    return out
+
+
 def token_values(model: nn.Module, mb: TrainBatch, layout: str = "padded") -> torch.Tensor:
     """Critic values [N] of a packed micro-batch, aligned like logprobs: values[t] is the value of
     the state in which token t was chosen (read at position t-1); 0 at each sequence's start.

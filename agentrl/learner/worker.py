@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from agentrl import moe
 from agentrl.learner import LearnerConfig, Role, forward, fsdp, lora, memory
 from agentrl.learner.checkpoint import CheckpointWriter, load_optimizer
 from agentrl.learner.fsdp import ParamSpec
@@ -227,14 +228,15 @@ class LearnerWorker:
         out = []
         with self._peak("logprobs"):
             for mb in micro_batches:
-                lp, _ = forward.token_logprobs(
-                    self.model,
-                    mb.to(self.device),
-                    temperature=temperature,
-                    layout=self.cfg.attention_layout,
-                    kernel=self.head_kernel,
-                    compiled=self.compiled,
-                )
+                with self._replayed(mb := mb.to(self.device)):
+                    lp, _ = forward.token_logprobs(
+                        self.model,
+                        mb,
+                        temperature=temperature,
+                        layout=self.cfg.attention_layout,
+                        kernel=self.head_kernel,
+                        compiled=self.compiled,
+                    )
                 out.append(lp.float().cpu())
             self.model.reshard()  # no backward follows: free the root's gathered weights
         return out
@@ -283,10 +285,9 @@ class LearnerWorker:
         per_mb, loss_sum, tokens, batch_tokens = [], 0.0, 0, 0
         with self._peak("update"), self._profiled(self.steps_done + 1):
             for mb in micro_batches:
-                loss, metrics = self._loss(
-                    mb.to(self.device), loss_fn, loss_cfg, temperature, old_from_forward
-                )
-                loss.backward()
+                with self._replayed(mb := mb.to(self.device)):  # backward's recompute too
+                    loss, metrics = self._loss(mb, loss_fn, loss_cfg, temperature, old_from_forward)
+                    loss.backward()
                 loss_sum += float(loss.detach())
                 tokens += int(mb.loss_mask.sum())
                 batch_tokens += 0 if getattr(mb, "is_padding", False) else mb.token_ids.numel()
@@ -310,6 +311,13 @@ class LearnerWorker:
                 "step_s": time.perf_counter() - t0,
             },
         }
+
+    def _replayed(self, mb: Any) -> Any:
+        """learner.routing_replay: the MoE routers keep the engine's experts for `mb`'s tokens
+        (agentrl/moe.py); a no-op for a batch without routes."""
+        if getattr(mb, "is_padding", False) or getattr(mb, "routes", None) is None:
+            return contextlib.nullcontext()
+        return moe.replay(self.model, forward.routes_in_order(mb, self.cfg.attention_layout))
 
     def _step_if_finite(self, loss_sum: float) -> tuple[float, bool, float]:
         """Clip the gradients and step the optimizer and schedule, unless the loss or the

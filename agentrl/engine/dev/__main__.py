@@ -56,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         help="each request computed alone, no prefix cache: ids and logprobs that depend only on "
         "the request (and its sampling_seed), never on the others; slower",
     )
+    p.add_argument(
+        "--enable-return-routed-experts",
+        action="store_true",
+        help="a request with return_routed_experts gets the experts each position of its prompt "
+        "and output (but the last) was routed to, as SGLang answers it (MoE models)",
+    )
     p.add_argument("--log-level", default="warning")
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s %(message)s")

@@ -31,6 +31,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from agentrl.engine.dev.cache import PrefixCache
 from agentrl.engine.dev.request import BadRequest, Req, abort_reason
+from agentrl.moe import routes_of
 
 GREEDY_EPS = 1e-6  # SGLang treats temperature below this as greedy (top_k=1, temperature=1)
 
@@ -141,7 +142,18 @@ class BatchEngine:
 
     @torch.no_grad()
     def step(self, new: list[Req]) -> list[Req]:
-        """Drop aborted rows, prefill `new` into the batch, decode one token. Returns finished."""
+        """Drop aborted rows, prefill `new` into the batch, decode one token. Returns finished,
+        with the routes of those that asked for them (`return_routed_experts`): one forward of
+        the request's ids alone at the weights that finished it, the experts each position goes
+        to there (agentrl/moe.py); the batched decode's own may differ where two experts tie to
+        the last bits."""
+        done = self._step(new)
+        for r in done:
+            if r.routed and r.out and r.finish and r.finish.get("type") != "abort":
+                r.routes = routes_of(self.model, r.prompt + r.out[:-1])
+        return done
+
+    def _step(self, new: list[Req]) -> list[Req]:
         done = self.drop_aborted()
         if self.solo:  # one request at a time: its numbers never depend on the others
             for r in new:

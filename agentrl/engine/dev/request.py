@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from agentrl.engine.protocol import encode_routed_experts
+
 UNSUPPORTED = {  # SGLang sampling params that need a tokenizer or penalties: key -> neutral value
     "stop": None, "stop_regex": None, "regex": None, "json_schema": None, "ebnf": None,
     "structural_tag": None, "frequency_penalty": 0.0, "presence_penalty": 0.0,
@@ -30,6 +32,7 @@ class Limits:
     context_len: int
     inflight: dict[str, Any]
     adapters: frozenset[str] = frozenset()  # LoRA adapters a request may name (dev/lora.py)
+    routed_experts: bool = False  # --enable-return-routed-experts
 
 
 class BadRequest(ValueError):
@@ -61,6 +64,8 @@ class Req:
     cached: int = 0  # prompt tokens the prefix cache held at its prefill
     epoch: int = -1  # the engine's weights epoch when its KV was computed
     lora: str | None = None  # the LoRA adapter it samples with (`lora_path`); None: the base
+    routed: bool = False  # return_routed_experts: answer with each position's experts
+    routes: Any = None  # [prompt + out[:-1], layers * k] int32, once finished (routed)
 
 
 def parse_generate(body: Any, limits: Limits) -> tuple[list[Req], bool]:
@@ -83,14 +88,19 @@ def parse_generate(body: Any, limits: Limits) -> tuple[list[Req], bool]:
     rids = _per_item(body.get("rid"), n, "rid", str)
     logprob = _per_item(body.get("return_logprob", False), n, "return_logprob", bool)
     loras = _loras(body.get("lora_path"), n, limits.adapters)
+    routed = _per_item(body.get("return_routed_experts", False), n, "return_routed_experts", bool)
+    if any(routed) and not limits.routed_experts:
+        raise BadRequest(
+            "return_routed_experts needs the server started with --enable-return-routed-experts"
+        )
     try:
         reqs = [make_req(limits, *a) for a in zip(items, sps, rids, logprob, strict=True)]
     except (TypeError, ValueError, AttributeError) as e:
         if isinstance(e, BadRequest):
             raise
         raise BadRequest(f"malformed /generate request: {type(e).__name__}: {e}") from e
-    for r, lora in zip(reqs, loras, strict=True):
-        r.lora = lora
+    for r, lora, routes in zip(reqs, loras, routed, strict=True):
+        r.lora, r.routed = lora, routes
     return reqs, single
 
 
@@ -183,6 +193,8 @@ def response(r: Req, weight_version: str) -> dict[str, Any]:
         meta["output_token_logprobs"] = [
             [lp, t, None] for lp, t in zip(r.logprobs, r.out, strict=True)
         ]
+    if r.routes is not None:  # SGLang's form: base64 of int32, position-major
+        meta["routed_experts"] = encode_routed_experts(r.routes.numpy())
     return {"output_ids": list(r.out), "meta_info": meta}
 
 

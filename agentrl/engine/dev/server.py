@@ -93,6 +93,7 @@ class ServerArgs:
     dist_timeout_s: float = 1800.0
     prefix_cache_mb: float = 256.0
     enable_deterministic_inference: bool = False
+    enable_return_routed_experts: bool = False
 
 
 def die_released(released: set[str]) -> None:
@@ -195,7 +196,8 @@ class DevServer:
     async def generate(self, body: Any, request: Request | None = None) -> tuple[Any, int]:
         if self.released:
             die_released(self.released)
-        limits = Limits(self.engine.vocab_size, self.context_len, self.inflight, self.lora.names)
+        limits = Limits(self.engine.vocab_size, self.context_len, self.inflight, self.lora.names,
+                        self.args.enable_return_routed_experts)  # fmt: skip
         reqs, single = parse_generate(body, limits)
         key = request.headers.get(ROUTING_KEY_HEADER) if request is not None else None
         if key is not None:  # which episodes a router sent here (server_info; bounded)
@@ -453,6 +455,7 @@ class DevServer:
             "max_prefill_tokens": a.max_prefill_tokens,
             "scheduler": a.scheduler,
             "enable_deterministic_inference": a.enable_deterministic_inference,
+            "enable_return_routed_experts": a.enable_return_routed_experts,
             "skip_tokenizer_init": True,
             "device": a.device,
             "weight_version": self.weight_version,

@@ -1,0 +1,88 @@
+"""Routing replay's parts (agentrl/moe.py) on a small random Qwen3-MoE: routes read in one forward,
+replayed exactly, another route changes the output and still trains the router; the wire form
+(SGLang's base64 int32) round-trips; a batch carries the routes to the learner's token order."""
+
+import numpy as np
+import pytest
+import torch
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+from agentrl import moe
+from agentrl.batch import TrainBatch, padding_micro_batch, select
+from agentrl.engine.protocol import encode_routed_experts, routed_experts
+from agentrl.learner.forward import routes_in_order
+from agentrl.types import FinishReason, Message, StopReason, Trajectory, Turn
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    cfg = Qwen3MoeConfig(vocab_size=300, hidden_size=32, intermediate_size=64,
+                         moe_intermediate_size=16, num_experts=6, num_experts_per_tok=2,
+                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=8, decoder_sparse_step=1, norm_topk_prob=True)  # fmt: skip
+    m = Qwen3MoeForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in m.model.layers:
+            layer.mlp.gate.weight.normal_(0, 0.5)
+    return m
+
+
+def test_routes_replay_exactly_and_other_routes_still_train_the_router(model):
+    ids = list(range(10, 50))
+    routes = moe.routes_of(model, ids)
+    assert routes.shape == (40, 3 * 2) and moe.top_k(model) == (3, 2)
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        base = model(x).logits
+        with moe.replay(model, routes):
+            again = model(x).logits
+        other = routes.clone()
+        other[:, 0] = torch.where(other[:, 1] == (other[:, 0] + 1) % 6, other[:, 0] + 2,
+                                  other[:, 0] + 1) % 6  # fmt: skip
+        with moe.replay(model, other):
+            moved = model(x).logits
+        mixed = other.clone()
+        mixed[20:] = -1  # unknown from position 20 on: the router's own experts
+        with moe.replay(model, mixed):
+            half = model(x).logits
+    assert torch.allclose(base, again, atol=1e-5)
+    assert (base - moved).abs().max() > 1e-3
+    assert torch.allclose(half[0, :20], moved[0, :20], atol=1e-5)
+    model.zero_grad()
+    with moe.replay(model, other):
+        model(x).logits.logsumexp(-1).mean().backward()
+    assert model.model.layers[0].mlp.gate.weight.grad.abs().sum() > 0
+    with (
+        pytest.raises(ValueError, match="3 MoE layers x 2 experts"),
+        moe.replay(model, routes[:, :4]),
+    ):
+        pass
+
+
+def test_the_wire_form_round_trips():
+    ids = np.arange(24, dtype=np.int32).reshape(4, 6)
+    assert routed_experts(encode_routed_experts(ids)).tolist() == ids.ravel().tolist()
+    assert routed_experts(None) is None
+
+
+def _traj(n: int, routes) -> Trajectory:
+    turn = Turn(start=2, end=n, obs_end=n, weight_version="0", finish_reason=FinishReason.STOP,
+                assistant=Message(role="assistant"))  # fmt: skip
+    return Trajectory("t", 0, list(range(n)), [0, 0] + [1] * (n - 2), [0.0] * n, 2, [turn], [],
+                      StopReason.COMPLETED, routes=routes)  # fmt: skip
+
+
+def test_a_batch_carries_routes_in_the_learners_token_order():
+    a = _traj(5, np.arange(16, dtype=np.int32).reshape(4, 4))  # all but the last id routed
+    b = _traj(3, None)  # no routes: -1, its tokens routed by the learner's own routers
+    batch = TrainBatch.from_trajectories([a, b], None)
+    assert batch.routes.shape == (8, 4)
+    assert batch.routes[:4].flatten().tolist() == list(range(16))
+    assert (batch.routes[4:] == -1).all()
+    assert (select(batch, [1]).routes == -1).all()
+    assert padding_micro_batch(batch).routes.tolist() == [[-1] * 4]
+    padded = routes_in_order(batch, "padded")  # rows of width 5: b's row is padded
+    assert padded.shape == (10, 4) and (padded[5:] == -1).all()
+    assert padded[:4].flatten().tolist() == list(range(16))
+    assert routes_in_order(batch, "packed") is batch.routes
