@@ -11,7 +11,6 @@ import os
 import signal
 from pathlib import Path
 
-import httpx
 import pytest
 
 from agentrl.config import compose
@@ -36,17 +35,22 @@ def _tasks_per_step(path: Path) -> list[list[str]]:
     return [sorted(v) for _, v in sorted(by_step.items())]
 
 
-async def _kill_when_busy(sandbox) -> None:
-    """SIGKILL the run's sandbox service (its whole process group) once a call reached it."""
-    owner = sandbox._owner
-    async with httpx.AsyncClient() as http:
-        start = (await http.get(f"{sandbox.url}/health")).json()["counters"]["runs"]
-        for _ in range(2000):
-            health = (await http.get(f"{sandbox.url}/health")).json()
-            if health["running"] > 0 or health["counters"]["runs"] > start:
-                break
-            await asyncio.sleep(0.005)
-    os.killpg(owner.proc.pid, signal.SIGKILL)
+def _kill_on_first_call(sandbox) -> list[bool]:
+    """From now on, the first call made through the run's sandbox client SIGKILLs its service
+    (the whole process group), then goes on, and fails as any call to a dead service does.
+    Inside the call path, so the kill falls in the step whatever the machine's load (a poller
+    raced quick steps on a busy machine and killed after them). Returns whether it fired."""
+    fired: list[bool] = []
+    run = type(sandbox).run
+
+    async def killing_run(*args, **kwargs):
+        if not fired:
+            fired.append(True)
+            os.killpg(sandbox._owner.proc.pid, signal.SIGKILL)
+        return await run(sandbox, *args, **kwargs)
+
+    sandbox.run = killing_run
+    return fired
 
 
 async def _run(cfg, out: Path, kill_at: set[int], history: list, handed: list) -> None:
@@ -58,12 +62,12 @@ async def _run(cfg, out: Path, kill_at: set[int], history: list, handed: list) -
         for step in range(1, cfg.trainer.steps + 1):
             handed.append(sorted(t.id for t in copy.deepcopy(run.sampler).next(2)))
             sandbox = run.rollout.sandbox
-            killer = asyncio.create_task(_kill_when_busy(sandbox)) if step in kill_at else None
+            fired = _kill_on_first_call(sandbox) if step in kill_at else [True]
             try:
                 history.append(await tr.step())
             finally:
-                if killer is not None:
-                    await killer
+                vars(sandbox).pop("run", None)
+                assert fired, f"step {step} made no tool call: nothing to kill it in"
 
 
 def test_a_killed_sandbox_service_is_restarted_and_its_groups_reissued_then_the_run_stops(
