@@ -54,14 +54,14 @@ def test_both_thinking_policies_train_a_thinking_template(thinking, thinking_mod
     (tmp_path / "think_env.py").write_text(ENV)
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg = compose(["env=custom", "env._target_=think_env.AskAgainEnv", f"model.path={thinking_model}",
-                   f"rollout.thinking={thinking}", "trainer.steps=2", "trainer.deterministic=true",
+                   f"rollout.thinking={thinking}", "trainer.steps=1", "trainer.deterministic=true",
                    "trainer.tasks_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=48",
                    "logging=local", f"checkpoint.dir={tmp_path}/ckpt"])  # fmt: skip
     try:
         history = asyncio.run(train(cfg, tmp_path / "out"))
     finally:
         sys.modules.pop("think_env", None)
-    assert len(history) == 2
+    assert len(history) == 1
     rows = [
         json.loads(x)
         for x in Path(tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
@@ -74,7 +74,7 @@ def test_both_thinking_policies_train_a_thinking_template(thinking, thinking_mod
         assert h["rollout/trajectories"] == 8 * h["rollout/sequences_per_episode"]
     spe = [h["rollout/sequences_per_episode"] for h in history]
     if thinking == "keep":
-        assert spe == [1.0, 1.0]
+        assert spe == [1.0]
     else:  # the follow-up's history renders otherwise: those episodes trained as two sequences
         assert all(s > 1.0 for s in spe)
         assert any(r.get("metadata", {}).get("sequence") == 1 for r in rows)
