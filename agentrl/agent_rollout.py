@@ -218,6 +218,7 @@ def episode_trajectories(
                 own,
                 metadata={**meta, **extra},
                 error=error,
+                routes=s.routes,  # learner.routing_replay: this sequence's last completion's
             )
         )
     return out

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
 import re
 import sys
@@ -340,6 +341,8 @@ def import_user_modules(raw: dict[str, Any]) -> None:
 def training_checks(cfg: Config) -> list[str]:
     """Settings that are valid for a preview but wrong for training: errors raise ConfigError,
     doubtful ones come back as warnings to print."""
+    if cfg.learner.routing_replay:
+        check_moe(cfg.model.resolve())
     r = cfg.rollout
     if r.temperature < 1e-6:
         raise ConfigError(
@@ -442,3 +445,17 @@ def compose(overrides: list[str] | None = None, name: str = "config") -> Config:
     overrides = check_overrides(overrides or [], Config, CONFIG_DIR)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return load_config(hydra_compose(config_name=name, overrides=overrides))
+
+
+_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def check_moe(model_path: Path) -> None:
+    """learner.routing_replay needs a mixture-of-experts model: ConfigError before any start."""
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    if not any(config.get(k) for k in _EXPERT_KEYS):
+        raise ConfigError(
+            f"learner.routing_replay=true, but {model_path} is not a mixture-of-experts model "
+            f"(its config.json has none of {', '.join(_EXPERT_KEYS)}): there are no routes to "
+            "replay. Drop learner.routing_replay"
+        )

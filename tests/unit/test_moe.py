@@ -86,3 +86,11 @@ def test_a_batch_carries_routes_in_the_learners_token_order():
     assert padded.shape == (10, 4) and (padded[5:] == -1).all()
     assert padded[:4].flatten().tolist() == list(range(16))
     assert routes_in_order(batch, "packed") is batch.routes
+
+
+def test_replay_on_a_dense_model_is_refused_before_the_start():
+    from agentrl.config import compose, training_checks
+    from agentrl.types import ConfigError
+
+    with pytest.raises(ConfigError, match="not a mixture-of-experts model"):
+        training_checks(compose(["learner.routing_replay=true"]))

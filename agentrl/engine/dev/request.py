@@ -91,7 +91,8 @@ def parse_generate(body: Any, limits: Limits) -> tuple[list[Req], bool]:
     routed = _per_item(body.get("return_routed_experts", False), n, "return_routed_experts", bool)
     if any(routed) and not limits.routed_experts:
         raise BadRequest(
-            "return_routed_experts needs the server started with --enable-return-routed-experts"
+            "return_routed_experts needs a mixture-of-experts model and the server started with "
+            "--enable-return-routed-experts"
         )
     try:
         reqs = [make_req(limits, *a) for a in zip(items, sps, rids, logprob, strict=True)]

@@ -74,6 +74,7 @@ from agentrl.engine.dev.routes import (
 )
 from agentrl.engine.protocol import ROUTING_KEY_HEADER
 from agentrl.learner.update_group import init_update_group
+from agentrl.moe import routers
 
 log = logging.getLogger("agentrl.engine.dev")
 
@@ -196,8 +197,9 @@ class DevServer:
     async def generate(self, body: Any, request: Request | None = None) -> tuple[Any, int]:
         if self.released:
             die_released(self.released)
+        routed = self.args.enable_return_routed_experts and bool(routers(self.engine.model))
         limits = Limits(self.engine.vocab_size, self.context_len, self.inflight, self.lora.names,
-                        self.args.enable_return_routed_experts)  # fmt: skip
+                        routed)  # fmt: skip
         reqs, single = parse_generate(body, limits)
         key = request.headers.get(ROUTING_KEY_HEADER) if request is not None else None
         if key is not None:  # which episodes a router sent here (server_info; bounded)
