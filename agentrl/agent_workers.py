@@ -281,8 +281,11 @@ async def _serve(conn: Any) -> None:
         t.cancel()
     await asyncio.gather(*running.values(), return_exceptions=True)
     for sb in sandboxes.values():
-        with contextlib.suppress(Exception):
+        try:
             await sb.aclose()
+        except Exception as e:  # noqa: BLE001 - the worker is ending: say it, go on closing
+            log.warning("agent worker: closing its sandbox client failed: %s: %s",
+                        type(e).__name__, e)  # fmt: skip
     await http.aclose()
 
 
