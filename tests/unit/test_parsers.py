@@ -210,12 +210,60 @@ def test_glm45_calls_typed_by_the_tool_args():
 @given(st.text(max_size=200))
 @settings(max_examples=200, deadline=None)
 def test_new_parsers_never_raise(text):
-    for name in ("qwen3_coder", "llama3_json", "glm45"):
-        get_parser(name).parse(text, TOOLS)
-        get_parser(name).parse("<tool_call>" + text, TOOLS, truncated=True)
-        get_parser(name).parse("{" + text, TOOLS)
+    for name in ("qwen3_coder", "llama3_json", "glm45", "harmony", "deepseek_v3", "kimi_k2"):
+        p = get_parser(name)
+        p.parse(text, TOOLS)
+        p.parse("<tool_call>" + text, TOOLS, truncated=True)
+        p.parse("{" + text, TOOLS)
+        for head in ("<|channel|>commentary to=functions.python <|constrain|>json<|message|>",
+                     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>python<｜tool▁sep｜>",
+                     "<|tool_calls_section_begin|><|tool_call_begin|>functions.python:0"
+                     "<|tool_call_argument_begin|>"):  # fmt: skip
+            p.parse(head + text, TOOLS, truncated=True)
+            p.parse_turn("<think>" + head + text, TOOLS)
 
 
 def test_unknown_parser_lists_auto():
     with pytest.raises(ConfigError, match="auto"):
         get_parser("mistral")
+
+
+def test_harmony_deepseek_and_kimi_read_calls_reasoning_and_errors():
+    harmony = get_parser("harmony").parse_turn(
+        "<|channel|>analysis<|message|>run it<|end|><|start|>assistant<|channel|>commentary "
+        'to=functions.python <|constrain|>json<|message|>{"code": "print(1)"}',
+        TOOLS,
+    )
+    assert [c.arguments for c in harmony.tool_calls] == [{"code": "print(1)"}]
+    assert harmony.reasoning == "run it" and harmony.content == ""
+    # the body is the arguments, never a second name: a smuggled "name" is an argument
+    smuggled = get_parser("harmony").parse(
+        '<|channel|>commentary to=functions.python<|message|>{"code": "1", "name": "evil"}', TOOLS
+    )
+    assert [c.name for c in smuggled.tool_calls] == ["python"]
+    cut = get_parser("harmony").parse(
+        '<|channel|>commentary to=functions.python<|message|>{"code": "pri', TOOLS, truncated=True
+    )
+    assert cut.truncated and not cut.tool_calls
+    v3 = get_parser("deepseek_v3").parse(
+        "ok<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>python\n```json\n"
+        '{"code": "1"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>python<｜tool▁sep｜>'
+        '{"code": "2"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+        TOOLS,
+    )
+    assert [c.arguments["code"] for c in v3.tool_calls] == ["1", "2"] and v3.content == "ok"
+    kimi = get_parser("kimi_k2").parse(
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.python:3"
+        '<|tool_call_argument_begin|>{"code": "1"}<|tool_call_end|>'
+        "<|tool_call_begin|>python<|tool_call_argument_begin|>{}<|tool_call_end|>"
+        "<|tool_calls_section_end|>",
+        TOOLS,
+    )
+    assert [(c.id, c.name) for c in kimi.tool_calls] == [("functions.python:3", "python")]
+    assert kimi.errors[0].kind is ParseErrorKind.NOT_A_CALL  # an id without functions.NAME:N
+    thought = get_parser("hermes").parse_turn(
+        '<think>call <tool_call>{"name": "python", "arguments": {"code": "1"}}</tool_call>'
+        "</think>\n\nNo call.",
+        TOOLS,
+    )
+    assert not thought.tool_calls and thought.content == "No call."  # calls while thinking
