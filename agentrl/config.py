@@ -236,14 +236,16 @@ class Config(BaseModel):
     def _template_thinking_trains_per_episode(self) -> Config:
         """Per-turn credit compares turn k across the group; a forked episode's sequences each
         count their turns from 0, so the indices would not be the episode's."""
-        if self.rollout.thinking == "template" and self.algo.advantage.reward_level == "turn":
-            raise ValueError(
-                "rollout.thinking=template with algo.advantage.reward_level=turn: an episode the "
-                "template rewrites becomes several sequences, whose turn indices are not the "
-                "episode's, so per-turn baselines would compare the wrong turns. Use "
-                "rollout.thinking=keep (per-turn credit on the sampled sequence) or "
-                "reward_level=trajectory"
-            )
+        r = self.rollout
+        for setting, on in (("rollout.thinking=template", r.thinking == "template"),
+                            (f"rollout.context.policy={r.context.policy}", r.context.policy != "none")):  # fmt: skip
+            if on and self.algo.advantage.reward_level == "turn":
+                raise ValueError(
+                    f"{setting} with algo.advantage.reward_level=turn: an episode rewritten "
+                    "becomes several sequences, whose turn indices are not the episode's, so "
+                    "per-turn baselines would compare the wrong turns. Drop the setting or use "
+                    "reward_level=trajectory"
+                )
         return self
 
     @model_validator(mode="after")

@@ -118,7 +118,7 @@ class StepResult:
 
 
 log = logging.getLogger(__name__)
-_ASYNC_METHODS = ("start", "step", "reward", "close")
+_ASYNC_METHODS = ("start", "step", "reward", "close", "compact")
 
 
 def _in_thread(fn: Any) -> Any:
@@ -247,6 +247,13 @@ class Env:
 
     async def reward(self, trajectory: Trajectory) -> float | dict[str, float]:
         raise NotImplementedError(f"{type(self).__name__} must implement async reward()")
+
+    async def compact(self, messages: list[Message]) -> list[Message] | None:
+        """rollout.context.policy=env: the history the episode goes on from once its context
+        fills up (e.g. system + task + a summary + the last turns), or None for no rewrite (the
+        episode then overflows as without a policy). The episode continues in a new training
+        segment over the template's rendering of what this returns (agentrl/context.py)."""
+        return None
 
     async def close(self) -> None:
         for tool in self.tools:  # what a tool holds for this episode (an MCP server, …)

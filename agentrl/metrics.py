@@ -40,6 +40,8 @@ tools/<name>/ — per tool the env has, over the step's calls, when it was calle
     rollout/sequences_per_episode   1, unless an agent rewrote its history or thinking=template
     rollout/tokens                  every id of every sequence (what the learner runs over)
     rollout/routed_positions        positions whose experts the engine returned (routing replay)
+    rollout/rewrites, rollout/rewrite_tokens_before, rollout/rewrite_tokens_after   history
+                                    rewrites per episode (rollout.context), prompt ids around them
     rollout/sampled_tokens_per_traj, rollout/traj_tokens_mean, rollout/traj_tokens_max
     rollout/obs_tokens, rollout/truncated_obs_tokens    observation tokens, totals
     rollout/truncated               episodes a token budget cut (stop/length + stop/context_overflow:
@@ -237,6 +239,11 @@ def sequence_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     sessions = {t.metadata.get("session") or id(t) for t in trajs}
     out = {"rollout/sequences_per_episode": len(trajs) / len(sessions),
            "rollout/tokens": float(sum(len(t.token_ids) for t in trajs))}  # fmt: skip
+    rewrites = [t.metadata["rewrite"] for t in trajs if t.metadata.get("rewrite")]
+    if rewrites or any(t.stop_reason is StopReason.CONTEXT_OVERFLOW for t in trajs):
+        out["rollout/rewrites"] = len(rewrites) / len(sessions)
+        out["rollout/rewrite_tokens_before"] = float(sum(b for b, _ in rewrites))
+        out["rollout/rewrite_tokens_after"] = float(sum(a for _, a in rewrites))
     routed = [len(t.routes) for t in trajs if t.routes is not None]
     if routed:  # learner.routing_replay
         out["rollout/routed_positions"] = float(sum(routed))

@@ -57,7 +57,8 @@ import logging
 from typing import Any
 
 from agentrl.markup import Markup
-from agentrl.types import Message, ToolCall
+from agentrl.parsers import Parser
+from agentrl.types import ConfigError, Message, ToolCall
 
 log = logging.getLogger(__name__)
 
@@ -383,6 +384,34 @@ class Renderer:
             return content, 0
         cut = len(ids) - max_tokens
         return self.decode(ids[:max_tokens]) + f"\n…[{cut} tokens truncated]", cut
+
+
+def check_round_trip(renderer: Renderer, parser: Parser) -> None:
+    """The start-up probe: one whole tool round trip with the configured template and parser —
+    prompt → the assistant turn calling a tool, as the template writes it → parse → the tool
+    result's delta → the next generation prompt. Any failure is a ConfigError naming the setting."""
+    user = [Message(role="user", content="hi")]
+    call = ToolCall(id="call_0", name="probe_tool", arguments={"probe": "x"})
+    asked = Message(role="assistant", content="", tool_calls=[call])
+    where = f"rollout.parser={parser.name!r} with this model's chat template"
+    try:
+        turn = renderer.written_turn(user, asked)
+        sampled = renderer.encode(turn)
+        said = parser.parse(renderer.assistant_text(sampled))
+        if [(c.name, c.arguments) for c in said.tool_calls] != [(call.name, call.arguments)]:
+            raise RenderError(f"the parser read {said.tool_calls} from {turn[:160]!r}")
+        parsed = Message(role="assistant", content=said.content, tool_calls=said.tool_calls)
+        result = Message(role="tool", content="42", tool_call_id=said.tool_calls[0].id,
+                         name="probe_tool")  # fmt: skip
+        obs = renderer.decode(renderer.observation_ids([result], sampled, parsed))
+    except (RenderError, ValueError, TypeError) as e:
+        raise ConfigError(
+            f"tool round trip failed for {where}: {e}. Set rollout.parser to the template's "
+            "tool-call format, fix rollout.template_kwargs, or use a model whose chat template "
+            "supports tool calls (model.path / model.tokenizer)"
+        ) from e
+    if "42" not in obs:
+        raise ConfigError(f"tool round trip failed for {where}: the tool result is not in {obs!r}")
 
 
 def _continuation(prompt: str, full: str) -> tuple[bool, str]:

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentrl.agent_env import AgentEnv
 from agentrl.agent_rollout import AgentEpisodes
+from agentrl.context import ContextConfig, trim_tool_outputs
 from agentrl.engine import EngineUnavailable, PromptTooLong, SamplingParams
 from agentrl.env import AssistantTurn, Env, ToolEnv, read_reward
 from agentrl.gateway import Gateway, GatewayConfig, GenerationDefaults
@@ -38,7 +39,7 @@ from agentrl.parsers import (
     resolve_parser,
     template_max_calls,
 )
-from agentrl.render import Renderer, RenderError
+from agentrl.render import Renderer, RenderError, check_round_trip
 from agentrl.sandbox.base import Sandbox, SandboxUnavailable
 from agentrl.seeding import episode_key, group_slot, turn_seed
 from agentrl.sequence import TokenSequence, record_turn
@@ -50,7 +51,6 @@ from agentrl.types import (
     Message,
     StopReason,
     Task,
-    ToolCall,
     Trajectory,
     Turn,
 )
@@ -100,6 +100,10 @@ class RolloutConfig(BaseModel):
     )
     truncated_reward: float = Field(
         0.0, description="rollout.truncated=penalise: the outcome reward of a truncated episode"
+    )
+    context: ContextConfig = Field(
+        default_factory=ContextConfig,
+        description="what an episode does when its context fills up (agentrl/context.py)",
     )
     thinking: Literal["keep", "template"] = Field(
         "keep",
@@ -265,7 +269,8 @@ class Rollout:
             Trajectory(task_id=task.id, sample_index=sample_index, token_ids=s.ids,
                        loss_mask=s.mask, logprobs=s.logprobs, prompt_len=s.prompt_len,
                        turns=s.turns, messages=s.messages, stop_reason=stop, error=error,
-                       metadata={**meta, **({"sequence": k} if len(seqs) > 1 else {})},
+                       metadata={**meta, **({"sequence": k} if len(seqs) > 1 else {}),
+                                 **({"rewrite": list(s.rewrite)} if s.rewrite else {})},
                        routes=s.routes)
             for k, s in enumerate(seqs)
         ]  # fmt: skip
@@ -328,18 +333,52 @@ class Rollout:
             obs, obs_ids = self._observation(obs, comp.token_ids, turn)
             turn.observations = obs
             st.messages += obs
-            if cfg.thinking == "template" and (fresh := r.prompt_ids(st.messages)) != [
-                *st.ids,
-                *obs_ids,
-            ]:  # the template renders the history otherwise: a new sequence over its rendering
-                seqs.append(st := TokenSequence(prompt_len=len(fresh), messages=list(st.messages)))
-                st.append(fresh, None)
-                continue
-            if len(st.ids) + len(obs_ids) >= cfg.max_context_tokens:
+            nxt = await self._continue(env, seqs, st, obs_ids)
+            if nxt is None:
                 return StopReason.CONTEXT_OVERFLOW
-            st.append(obs_ids, None)
-            turn.obs_end = len(st.ids)
+            st = nxt
         return StopReason.MAX_TURNS
+
+    async def _continue(
+        self, env: Env, seqs: list[TokenSequence], st: TokenSequence, obs_ids: list[int]
+    ) -> TokenSequence | None:
+        """The sequence the next turn samples on: `st` with the observation's ids after its last
+        turn, or a new one over another prompt (mask 0), when the template renders the history
+        otherwise (rollout.thinking=template) or the history is rewritten to fit (rollout.context,
+        agentrl/context.py). None: the next prompt does not fit max_context_tokens."""
+        cfg, r = self.cfg, self.renderer
+        ids, messages, before = [*st.ids, *obs_ids], None, 0
+        if cfg.thinking == "template" and (fresh := r.prompt_ids(st.messages)) != ids:
+            ids, messages = fresh, st.messages
+        full = cfg.context.compact_at * cfg.max_context_tokens
+        if cfg.context.policy != "none" and len(ids) > full:
+            rewritten = await self._rewrite(env, st.messages)
+            if rewritten is not None:
+                before, messages, ids = len(ids), rewritten, r.prompt_ids(rewritten)
+        if len(ids) >= cfg.max_context_tokens:
+            return None
+        if messages is None:
+            st.append(obs_ids, None)
+            st.turns[-1].obs_end = len(st.ids)
+            return st
+        seqs.append(nxt := TokenSequence(prompt_len=len(ids), messages=list(messages)))
+        nxt.append(ids, None)
+        nxt.rewrite = (before, len(ids)) if before else None
+        return nxt
+
+    async def _rewrite(self, env: Env, messages: list[Message]) -> list[Message] | None:
+        """The history rollout.context.policy makes of `messages`, or None (no rewrite)."""
+        c = self.cfg.context
+        if c.policy == "trim_tool_outputs":
+            count = self.renderer.encode_text
+            return trim_tool_outputs(messages, c.keep_turns, lambda t: len(count(t)))
+        out = await env.compact(list(messages))
+        if out is not None and not (
+            isinstance(out, list) and all(isinstance(m, Message) for m in out)
+        ):
+            raise TypeError(f"{type(env).__name__}.compact must return a list of Message or "
+                            f"None, not {type(out).__name__}")  # fmt: skip
+        return out
 
     def _params(self, budget: int, seed: int | None = None) -> SamplingParams:
         c = self.cfg
@@ -441,31 +480,3 @@ def generation_defaults(cfg: RolloutConfig, renderer: Renderer) -> GenerationDef
         template_kwargs=cfg.template_kwargs,
         end_of_turn=cfg.end_of_turn,
     )
-
-
-def check_round_trip(renderer: Renderer, parser: Parser) -> None:
-    """The start-up probe: one whole tool round trip with the configured template and parser —
-    prompt → the assistant turn calling a tool, as the template writes it → parse → the tool
-    result's delta → the next generation prompt. Any failure is a ConfigError naming the setting."""
-    user = [Message(role="user", content="hi")]
-    call = ToolCall(id="call_0", name="probe_tool", arguments={"probe": "x"})
-    asked = Message(role="assistant", content="", tool_calls=[call])
-    where = f"rollout.parser={parser.name!r} with this model's chat template"
-    try:
-        turn = renderer.written_turn(user, asked)
-        sampled = renderer.encode(turn)
-        said = parser.parse(renderer.assistant_text(sampled))
-        if [(c.name, c.arguments) for c in said.tool_calls] != [(call.name, call.arguments)]:
-            raise RenderError(f"the parser read {said.tool_calls} from {turn[:160]!r}")
-        parsed = Message(role="assistant", content=said.content, tool_calls=said.tool_calls)
-        result = Message(role="tool", content="42", tool_call_id=said.tool_calls[0].id,
-                         name="probe_tool")  # fmt: skip
-        obs = renderer.decode(renderer.observation_ids([result], sampled, parsed))
-    except (RenderError, ValueError, TypeError) as e:
-        raise ConfigError(
-            f"tool round trip failed for {where}: {e}. Set rollout.parser to the template's "
-            "tool-call format, fix rollout.template_kwargs, or use a model whose chat template "
-            "supports tool calls (model.path / model.tokenizer)"
-        ) from e
-    if "42" not in obs:
-        raise ConfigError(f"tool round trip failed for {where}: the tool result is not in {obs!r}")

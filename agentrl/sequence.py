@@ -30,6 +30,8 @@ class TokenSequence:
     # learner.routing_replay: the latest completion's routed experts, [ids[:-1] so far (its
     # prompt and output but the last), layers * k]; each turn's request covers all before it
     routes: Any = None
+    # rollout.context: (the prompt's ids before, after) when a rewrite of the history began it
+    rewrite: tuple[int, int] | None = None
 
     def append(self, ids: list[int], logprobs: list[float] | None) -> None:
         """Sampled ids (with their logprobs: mask 1) or template/observation ids (None: mask 0)."""

@@ -1,4 +1,4 @@
-"""Both thinking policies train end to end on a thinking template with a non-hermes tool-call
+"""Episodes trained as several sequences, end to end. Both thinking policies on a thinking template with a non-hermes tool-call
 format: the shipped tiny model's weights with Qwen3.5's real chat template (from `trl`: the
 prompt opens <think>, calls are qwen3_coder XML), on code_exec tasks with a user's follow-up
 after the first answer (a chat goes on; Qwen3.5 drops an answer's reasoning once a user message
@@ -78,3 +78,32 @@ def test_both_thinking_policies_train_a_thinking_template(thinking, thinking_mod
     else:  # the follow-up's history renders otherwise: those episodes trained as two sequences
         assert all(s > 1.0 for s in spe)
         assert any(r.get("metadata", {}).get("sequence") == 1 for r in rows)
+
+
+def test_long_episodes_train_in_segments_instead_of_overflowing(tmp_path):
+    """Six turns, each answered by a 40-word tool output (about 160 tokens), in a 500-token
+    context (the whole episode is about 1,000): without a policy every episode overflows; with
+    trim_tool_outputs they all complete, in segments, and the step trains on every sampled
+    turn."""
+    long = ["env=custom", "env._target_=agentrl.envs.synthetic.FixedLengthEnv", "env.tasks.n=8",
+            "env.tasks.prompt_words=20", "env.args.turns=6", "env.args.observation_words=40",
+            "rollout.max_context_tokens=500",
+            "rollout.max_new_tokens=16", "rollout.ignore_eos=true", "trainer.steps=1",
+            "trainer.deterministic=true",
+            "trainer.tasks_per_step=2", "rollout.group_size=4", "logging=local"]  # fmt: skip
+    runs = {}
+    for policy in ("none", "trim_tool_outputs"):
+        cfg = compose([*long, f"rollout.context.policy={policy}",
+                       f"checkpoint.dir={tmp_path}/ckpt-{policy}"])  # fmt: skip
+        (runs[policy],) = asyncio.run(train(cfg, tmp_path / f"out-{policy}"))
+    print({p: {k: m[k] for k in ("stop/context_overflow", "stop/completed", "rollout/rewrites",
+                                 "rollout/sequences_per_episode", "rollout/sampled_tokens")}
+           for p, m in runs.items()})  # fmt: skip
+    assert runs["none"]["stop/context_overflow"] == 8
+    m = runs["trim_tool_outputs"]
+    assert (
+        m["stop/context_overflow"] == 0
+        and m["stop/completed"] == 8 * m["rollout/sequences_per_episode"]
+    )
+    assert m["rollout/rewrites"] >= 1 and m["train/skipped"] == 0
+    assert m["rollout/sampled_tokens"] > runs["none"]["rollout/sampled_tokens"]

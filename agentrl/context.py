@@ -1,0 +1,75 @@
+"""Long episodes: what happens when an episode's context fills up (`rollout.context`).
+
+Without a policy an episode whose next prompt does not fit `rollout.max_context_tokens` stops
+with `context_overflow`, and the longest episodes are the ones never trained on. A policy
+rewrites the history instead, before the prompt reaches `compact_at` of the budget:
+
+    none               (default) no rewrite: the episode overflows as before
+    trim_tool_outputs  the tool results older than the last `keep_turns` assistant turns are
+                       replaced by a marker saying how many tokens were dropped
+    env                the env's own rewrite: `Env.compact(messages)` returns the new history
+                       (a summary it wrote, the turns it keeps), or None for no rewrite
+
+A rewrite starts a new training segment (the same mechanism as rollout.thinking=template): the
+episode goes on in a new sequence whose prompt is the template's rendering of the rewritten
+history (mask 0), and each segment trains on the turns sampled in it — token-exact over the
+prompt the model actually read. The segments share the episode's session (the group baseline
+counts the episode once) and its reward; each gets the episode's advantage. Per-turn credit
+(`algo.advantage.reward_level=turn`) is refused with a policy: a segment's turn indices are not
+the episode's. Metrics: rollout/rewrites (per episode), rollout/rewrite_tokens_before and
+rollout/rewrite_tokens_after (the prompt's ids before and after, summed), and stop/
+context_overflow still counts the episodes a rewrite could not save.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.types import Message
+
+MARKER = "[output removed to fit the context: {n} tokens]"
+
+
+class ContextConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    policy: Literal["none", "trim_tool_outputs", "env"] = Field(
+        "none",
+        description="what an episode does when its context fills up: none (stop with "
+        "context_overflow), trim_tool_outputs (old tool results become a marker), env (the "
+        "env's `compact(messages)` rewrites the history); a rewrite starts a new training "
+        "segment (docs/rollouts.md, long episodes)",
+    )
+    compact_at: float = Field(
+        0.75,
+        gt=0,
+        le=1,
+        description="rewrite once the next prompt would pass this fraction of "
+        "rollout.max_context_tokens (leaving room for the next turns)",
+    )
+    keep_turns: int = Field(
+        1, ge=0, description="trim_tool_outputs: the last assistant turns whose results stay whole"
+    )
+
+
+def trim_tool_outputs(
+    messages: list[Message], keep_turns: int, count: Callable[[str], int]
+) -> list[Message] | None:
+    """`messages` with the content of every tool message before the last `keep_turns` assistant
+    turns replaced by the marker (`count(text)`: its tokens); None when nothing is left to trim."""
+    turns = [i for i, m in enumerate(messages) if m.role == "assistant"]
+    cut = turns[-keep_turns] if 0 < keep_turns <= len(turns) else len(messages)
+    out, changed = [], False
+    for i, m in enumerate(messages):
+        if i < cut and m.role == "tool" and not _trimmed(m):
+            m = m.model_copy(update={"content": MARKER.format(n=count(m.content))})
+            changed = True
+        out.append(m)
+    return out if changed else None
+
+
+def _trimmed(m: Message) -> bool:
+    return m.content.startswith(MARKER.split("{n}")[0])
