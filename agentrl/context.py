@@ -7,6 +7,10 @@ rewrites the history instead, before the prompt reaches `compact_at` of the budg
     none               (default) no rewrite: the episode overflows as before
     trim_tool_outputs  the tool results older than the last `keep_turns` assistant turns are
                        replaced by a marker saying how many tokens were dropped
+    summarize          the model is asked for a summary (`summary_prompt`, after the turn's
+                       results): its summary turn is sampled and trained in the segment that
+                       asked, and the next segment is the task + the summary + the last
+                       `keep_turns` turns
     env                the env's own rewrite: `Env.compact(messages)` returns the new history
                        (a summary it wrote, the turns it keeps), or None for no rewrite
 
@@ -36,19 +40,27 @@ MARKER = "[output removed to fit the context: {n} tokens]"
 class ContextConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    policy: Literal["none", "trim_tool_outputs", "env"] = Field(
+    policy: Literal["none", "trim_tool_outputs", "summarize", "env"] = Field(
         "none",
         description="what an episode does when its context fills up: none (stop with "
-        "context_overflow), trim_tool_outputs (old tool results become a marker), env (the "
-        "env's `compact(messages)` rewrites the history); a rewrite starts a new training "
-        "segment (docs/rollouts.md, long episodes)",
+        "context_overflow), trim_tool_outputs (old tool results become a marker), summarize "
+        "(the model writes a summary, sampled and trained, and the episode goes on from the "
+        "task + the summary + the last keep_turns turns), env (the env's `compact(messages)` "
+        "rewrites the history); a rewrite starts a new training segment (docs/rollouts.md)",
+    )
+    summary_prompt: str = Field(
+        "Your context is nearly full. Summarize what you have done and found so far, and what "
+        "is left to do, in a few sentences: the conversation goes on from your summary.",
+        description="summarize: the user message that asks for the summary (an env's "
+        "`summary_prompt` attribute, when it has one, takes its place)",
     )
     compact_at: float = Field(
         0.75,
         gt=0,
         le=1,
         description="rewrite once the next prompt would pass this fraction of "
-        "rollout.max_context_tokens (leaving room for the next turns)",
+        "rollout.max_context_tokens (leaving room for the next turns; summarize needs room for "
+        "its question and the summary too)",
     )
     keep_turns: int = Field(
         1, ge=0, description="trim_tool_outputs: the last assistant turns whose results stay whole"
@@ -69,6 +81,17 @@ def trim_tool_outputs(
             changed = True
         out.append(m)
     return out if changed else None
+
+
+def summarized(messages: list[Message], summary: str, keep_turns: int) -> list[Message]:
+    """The history after a summary: the messages up to the first user message (system prompt and
+    task), the summary as a user message, then the last `keep_turns` assistant turns with what
+    followed them."""
+    first_user = next((i for i, m in enumerate(messages) if m.role == "user"), 0)
+    turns = [i for i, m in enumerate(messages) if m.role == "assistant"]
+    tail = messages[turns[-keep_turns] :] if 0 < keep_turns <= len(turns) else []
+    note = Message(role="user", content=f"Summary of your work so far:\n{summary.strip()}")
+    return [*messages[: first_user + 1], note, *tail]
 
 
 def _trimmed(m: Message) -> bool:

@@ -45,7 +45,8 @@ from agentrl.advantage import Truncation
 from agentrl.data import TaskSampler
 from agentrl.env import Env
 from agentrl.metrics import rollout_metrics
-from agentrl.rollout import Rollout, run_groups
+from agentrl.oversample import run_groups
+from agentrl.rollout import Rollout
 from agentrl.types import ConfigError, Task, Trajectory
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a metric path segment: no '/'

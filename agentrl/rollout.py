@@ -21,16 +21,18 @@ import time
 import traceback
 import uuid
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentrl.agent_env import AgentEnv
 from agentrl.agent_rollout import AgentEpisodes
-from agentrl.context import ContextConfig, trim_tool_outputs
+from agentrl.context import ContextConfig, summarized, trim_tool_outputs
 from agentrl.engine import EngineUnavailable, PromptTooLong, SamplingParams
 from agentrl.env import AssistantTurn, Env, ToolEnv, read_reward
 from agentrl.gateway import Gateway, GatewayConfig, GenerationDefaults
+from agentrl.oversample import run_groups
 from agentrl.parsers import (
     PARSERS,
     Parser,
@@ -333,14 +335,22 @@ class Rollout:
             obs, obs_ids = self._observation(obs, comp.token_ids, turn)
             turn.observations = obs
             st.messages += obs
-            nxt = await self._continue(env, seqs, st, obs_ids)
+            ask = partial(
+                self._summary, env, st, obs, comp, turn, session, turn_seed(seeds, ~index)
+            )
+            nxt = await self._continue(env, seqs, st, obs_ids, ask)
             if nxt is None:
                 return StopReason.CONTEXT_OVERFLOW
             st = nxt
         return StopReason.MAX_TURNS
 
     async def _continue(
-        self, env: Env, seqs: list[TokenSequence], st: TokenSequence, obs_ids: list[int]
+        self,
+        env: Env,
+        seqs: list[TokenSequence],
+        st: TokenSequence,
+        obs_ids: list[int],
+        ask: Callable[[], Awaitable[list[Message] | None]],
     ) -> TokenSequence | None:
         """The sequence the next turn samples on: `st` with the observation's ids after its last
         turn, or a new one over another prompt (mask 0), when the template renders the history
@@ -352,7 +362,12 @@ class Rollout:
             ids, messages = fresh, st.messages
         full = cfg.context.compact_at * cfg.max_context_tokens
         if cfg.context.policy != "none" and len(ids) > full:
-            rewritten = await self._rewrite(env, st.messages)
+            if cfg.context.policy == "summarize":
+                rewritten = await ask()
+                if rewritten is None:  # not even the question fits
+                    return None
+            else:
+                rewritten = await self._rewrite(env, st.messages)
             if rewritten is not None:
                 before, messages, ids = len(ids), rewritten, r.prompt_ids(rewritten)
         if len(ids) >= cfg.max_context_tokens:
@@ -365,6 +380,30 @@ class Rollout:
         nxt.append(ids, None)
         nxt.rewrite = (before, len(ids)) if before else None
         return nxt
+
+    async def _summary(
+        self, env: Env, st: TokenSequence, obs: list[Message], comp: Completion, turn: Turn,
+        session: str, seed: int | None,
+    ) -> list[Message] | None:  # fmt: skip
+        """rollout.context.policy=summarize: after the turn's results, ask for a summary; the
+        model's answer is sampled on `st` (a turn of its own, trained there) and the history
+        goes on from the task + the summary + the last keep_turns turns (agentrl/context.py).
+        None when not even the question and a summary fit."""
+        c, r = self.cfg, self.renderer
+        before = list(st.messages)
+        q = Message(
+            role="user", content=getattr(env, "summary_prompt", None) or c.context.summary_prompt
+        )
+        ids = r.observation_ids([*obs, q], comp.token_ids, turn.assistant)
+        budget = c.max_context_tokens - len(st.ids) - len(ids)
+        if budget <= 0:
+            return None
+        st.append(ids, None)
+        turn.obs_end = len(st.ids)
+        st.messages.append(q)
+        said = await self.engine.generate(st.ids, self._params(budget, seed), key=session)
+        _, summary = self._record_turn(st, said, len(st.turns))
+        return summarized(before, summary.message.content, c.context.keep_turns)
 
     async def _rewrite(self, env: Env, messages: list[Message]) -> list[Message] | None:
         """The history rollout.context.policy makes of `messages`, or None (no rewrite)."""
@@ -442,29 +481,6 @@ class Rollout:
             await env.close()
         except Exception as e:
             log.warning("env.close of %s failed: %s", traj.metadata["session"], e)
-
-
-async def run_groups(
-    run_group: Callable[[Task], Awaitable[list[Trajectory]]],
-    tasks: list[Task],
-    keep: int | None = None,
-) -> list[list[Trajectory]]:
-    """`Rollout.run` for any `run_group` (a mixture's too, agentrl/mixture.py): every task's
-    group in task order, or with `keep` the first `keep` to finish, the rest cancelled."""
-    if keep is None or keep >= len(tasks):
-        return list(await asyncio.gather(*(run_group(t) for t in tasks)))
-    running = {asyncio.ensure_future(run_group(t)): i for i, t in enumerate(tasks)}
-    done: dict[int, list[Trajectory]] = {}
-    try:
-        while len(done) < keep:
-            finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-            for f in sorted(finished, key=running.__getitem__)[: keep - len(done)]:
-                done[running.pop(f)] = f.result()  # several at once: launch order decides
-    finally:
-        for f in running:
-            f.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
-    return [done[i] for i in sorted(done)]
 
 
 def generation_defaults(cfg: RolloutConfig, renderer: Renderer) -> GenerationDefaults:

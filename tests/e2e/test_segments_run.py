@@ -82,9 +82,9 @@ def test_both_thinking_policies_train_a_thinking_template(thinking, thinking_mod
 
 def test_long_episodes_train_in_segments_instead_of_overflowing(tmp_path):
     """Six turns, each answered by a 40-word tool output (about 160 tokens), in a 500-token
-    context (the whole episode is about 1,000): without a policy every episode overflows; with
-    trim_tool_outputs they all complete, in segments, and the step trains on every sampled
-    turn."""
+    context (the whole episode is about 1,000): without a policy every episode overflows after 3
+    turns; with trim_tool_outputs, or a summary the model writes, they all complete, in segments,
+    and the step trains on every sampled turn (the summaries too)."""
     long = ["env=custom", "env._target_=agentrl.envs.synthetic.FixedLengthEnv", "env.tasks.n=8",
             "env.tasks.prompt_words=20", "env.args.turns=6", "env.args.observation_words=40",
             "rollout.max_context_tokens=500",
@@ -92,18 +92,22 @@ def test_long_episodes_train_in_segments_instead_of_overflowing(tmp_path):
             "trainer.deterministic=true",
             "trainer.tasks_per_step=2", "rollout.group_size=4", "logging=local"]  # fmt: skip
     runs = {}
-    for policy in ("none", "trim_tool_outputs"):
-        cfg = compose([*long, f"rollout.context.policy={policy}",
+    for policy in ("trim_tool_outputs", "summarize"):  # none: all 8 overflow (384 sampled
+        # tokens: 3 turns each; tests/unit/test_context.py checks the overflow)
+        keep = 0 if policy == "summarize" else 1  # the summary was written after the last result
+        cfg = compose([*long, f"rollout.context.policy={policy}", "rollout.context.compact_at=0.5",
+                       f"rollout.context.keep_turns={keep}",
                        f"checkpoint.dir={tmp_path}/ckpt-{policy}"])  # fmt: skip
         (runs[policy],) = asyncio.run(train(cfg, tmp_path / f"out-{policy}"))
     print({p: {k: m[k] for k in ("stop/context_overflow", "stop/completed", "rollout/rewrites",
                                  "rollout/sequences_per_episode", "rollout/sampled_tokens")}
            for p, m in runs.items()})  # fmt: skip
-    assert runs["none"]["stop/context_overflow"] == 8
-    m = runs["trim_tool_outputs"]
-    assert (
-        m["stop/context_overflow"] == 0
-        and m["stop/completed"] == 8 * m["rollout/sequences_per_episode"]
-    )
-    assert m["rollout/rewrites"] >= 1 and m["train/skipped"] == 0
-    assert m["rollout/sampled_tokens"] > runs["none"]["rollout/sampled_tokens"]
+    for policy in ("trim_tool_outputs", "summarize"):
+        m = runs[policy]
+        assert m["stop/context_overflow"] == 0
+        assert m["stop/completed"] == 8 * m["rollout/sequences_per_episode"]
+        assert m["rollout/rewrites"] >= 1 and m["train/skipped"] == 0
+        assert m["rollout/sampled_tokens"] >= 8 * 6 * 16  # every turn of every episode
+    # summarize: each rewrite adds the model's summary turn, sampled and trained (16 tokens)
+    extra = 8 * 16 * runs["summarize"]["rollout/rewrites"]
+    assert runs["summarize"]["rollout/sampled_tokens"] == 8 * 6 * 16 + extra

@@ -58,10 +58,14 @@ async def test_without_a_policy_the_long_episode_overflows(qwen_tokenizer):
     assert t.stop_reason is StopReason.CONTEXT_OVERFLOW and len(t.turns) < 6
 
 
-@pytest.mark.parametrize("env,policy", [(Long, "trim_tool_outputs"), (Summarised, "env")])
+@pytest.mark.parametrize(
+    "env,policy", [(Long, "trim_tool_outputs"), (Long, "summarize"), (Summarised, "env")]
+)
 async def test_a_rewritten_history_goes_on_in_token_exact_segments(qwen_tokenizer, env, policy):
-    ro, segs = await episode(qwen_tokenizer, env, policy=policy)
-    assert len(segs) > 1 and sum(len(s.turns) for s in segs) == 6
+    early = {"compact_at": 0.5} if policy == "summarize" else {}  # room to ask, and answer
+    ro, segs = await episode(qwen_tokenizer, env, policy=policy, **early)
+    summaries = len(segs) - 1 if policy == "summarize" else 0  # a sampled turn before each
+    assert len(segs) > 1 and sum(len(s.turns) for s in segs) == 6 + summaries
     assert all(s.stop_reason is StopReason.COMPLETED for s in segs)
     prompts = iter(ro.engine.prompts)
     for k, s in enumerate(segs):
@@ -77,6 +81,14 @@ async def test_a_rewritten_history_goes_on_in_token_exact_segments(qwen_tokenize
     assert len({s.metadata["session"] for s in segs}) == 1
     if policy == "trim_tool_outputs":
         assert any(MARKER.split("{n}")[0] in m.content for m in segs[-1].messages)
+    if policy == "summarize":  # the summary is the model's turn, trained in the segment that
+        for s, nxt in zip(segs, segs[1:], strict=False):  # asked; the next goes on from it
+            asked, said = s.messages[-2], s.turns[-1]
+            assert asked.role == "user" and asked.content.startswith("Your context is nearly")
+            assert sum(s.loss_mask[said.start : said.end]) == said.end - said.start
+            assert f"Summary of your work so far:\n{said.assistant.content}" in [
+                m.content for m in nxt.messages
+            ]
     m = rollout_metrics(segs)
     assert m["rollout/rewrites"] == len(segs) - 1
     assert m["rollout/rewrite_tokens_after"] < m["rollout/rewrite_tokens_before"]
