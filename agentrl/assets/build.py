@@ -95,31 +95,12 @@ def build_tiny_random(
 ) -> Path:
     """A random-init Qwen3ForCausalLM (~10M params, mostly the tied embedding) + the tokenizer."""
     import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     out = build_tokenizer(out_dir, template)
-    config = Qwen3Config(
-        vocab_size=QWEN_VOCAB_PADDED,
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 3,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=hidden_size // 4,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        bos_token_id=QWEN_SPECIAL_START,
-        eos_token_id=QWEN_SPECIAL_START + 2,
-        pad_token_id=QWEN_SPECIAL_START,
-        torch_dtype="float32",
-    )
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config)
-    model.save_pretrained(out, safe_serialization=True)
-    GenerationConfig(
-        eos_token_id=[QWEN_SPECIAL_START + 2, QWEN_SPECIAL_START], pad_token_id=QWEN_SPECIAL_START
-    ).save_pretrained(out)
-    return out
+    model = Qwen3ForCausalLM(Qwen3Config(**_tiny_shape(hidden_size, num_layers)))
+    return _save(model, out)
 
 
 def build_tiny_moe(out_dir: str | Path, seed: int = 0, hidden_size: int = 64) -> Path:
@@ -128,34 +109,33 @@ def build_tiny_moe(out_dir: str | Path, seed: int = 0, hidden_size: int = 64) ->
     CPU tests. Its experts run transformers' grouped implementation (one grouped matmul over the
     routed tokens, not a Python loop over experts) where the learner and the dev server load it."""
     import torch
-    from transformers import GenerationConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     out = build_tokenizer(out_dir, "qwen3")
-    config = Qwen3MoeConfig(
-        vocab_size=QWEN_VOCAB_PADDED,
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 3,
-        moe_intermediate_size=hidden_size,
-        num_experts=8,
-        num_experts_per_tok=2,
-        norm_topk_prob=True,
-        decoder_sparse_step=1,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=hidden_size // 4,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        bos_token_id=QWEN_SPECIAL_START,
-        eos_token_id=QWEN_SPECIAL_START + 2,
-        pad_token_id=QWEN_SPECIAL_START,
-        torch_dtype="float32",
-    )
+    config = Qwen3MoeConfig(**_tiny_shape(hidden_size, 2), moe_intermediate_size=hidden_size,
+                            num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                            decoder_sparse_step=1)  # fmt: skip
     torch.manual_seed(seed)
     model = Qwen3MoeForCausalLM(config)
     with torch.no_grad():  # a router at exactly 0 ties every expert: give each its own scores
         for layer in model.model.layers:
             layer.mlp.gate.weight.normal_(0.0, 0.5)
+    return _save(model, out)
+
+
+def _tiny_shape(hidden_size: int, num_layers: int) -> dict[str, Any]:
+    """The tiny models' Qwen3 shape and special ids (the tied 152k embedding is most of them)."""
+    return dict(vocab_size=QWEN_VOCAB_PADDED, hidden_size=hidden_size,
+                intermediate_size=hidden_size * 3, num_hidden_layers=num_layers,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4,
+                max_position_embeddings=4096, tie_word_embeddings=True,
+                bos_token_id=QWEN_SPECIAL_START, eos_token_id=QWEN_SPECIAL_START + 2,
+                pad_token_id=QWEN_SPECIAL_START, torch_dtype="float32")  # fmt: skip
+
+
+def _save(model: Any, out: Path) -> Path:
+    from transformers import GenerationConfig
+
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(
         eos_token_id=[QWEN_SPECIAL_START + 2, QWEN_SPECIAL_START], pad_token_id=QWEN_SPECIAL_START
