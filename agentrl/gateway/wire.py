@@ -263,6 +263,8 @@ def message_body(message: Message) -> dict[str, Any]:
         "role": "assistant",
         "content": message.content if message.content or not message.tool_calls else None,
     }
+    if message.reasoning_content:  # the turn's <think> block, apart (as SGLang's reasoning parser)
+        out["reasoning_content"] = message.reasoning_content
     if message.tool_calls:
         out["tool_calls"] = [
             {

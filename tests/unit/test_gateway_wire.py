@@ -176,3 +176,15 @@ def test_parallel_function_calls_without_text_are_one_assistant_turn():
     req = parse_responses_request({"input": [{"role": "user", "content": "x"}, *calls, *outs]})
     assert [m.role for m in req.messages] == ["user", "assistant", "tool", "tool"]
     assert [c.id for c in req.messages[1].tool_calls] == ["c1", "c2"]
+
+
+def test_an_answers_reasoning_comes_back_apart_from_its_content():
+    """As an OpenAI-compatible server with a reasoning parser answers: the <think> block the
+    parser set apart is `reasoning_content`, never part of `content`."""
+    from agentrl.types import Message
+
+    said = get_parser("hermes").parse_turn("<think>add them</think>\n\n42")
+    body = message_body(Message(role="assistant", content=said.content,
+                                reasoning_content=said.reasoning))  # fmt: skip
+    assert body["content"] == "42" and body["reasoning_content"] == "add them"
+    assert "reasoning_content" not in message_body(Message(role="assistant", content="42"))
