@@ -72,8 +72,7 @@ def trim_tool_outputs(
 ) -> list[Message] | None:
     """`messages` with the content of every tool message before the last `keep_turns` assistant
     turns replaced by the marker (`count(text)`: its tokens); None when nothing is left to trim."""
-    turns = [i for i, m in enumerate(messages) if m.role == "assistant"]
-    cut = turns[-keep_turns] if 0 < keep_turns <= len(turns) else len(messages)
+    cut = _last_turns(messages, keep_turns)
     out, changed = [], False
     for i, m in enumerate(messages):
         if i < cut and m.role == "tool" and not _trimmed(m):
@@ -88,10 +87,18 @@ def summarized(messages: list[Message], summary: str, keep_turns: int) -> list[M
     task), the summary as a user message, then the last `keep_turns` assistant turns with what
     followed them."""
     first_user = next((i for i, m in enumerate(messages) if m.role == "user"), 0)
-    turns = [i for i, m in enumerate(messages) if m.role == "assistant"]
-    tail = messages[turns[-keep_turns] :] if 0 < keep_turns <= len(turns) else []
+    tail = messages[max(_last_turns(messages, keep_turns), first_user + 1) :]
     note = Message(role="user", content=f"Summary of your work so far:\n{summary.strip()}")
     return [*messages[: first_user + 1], note, *tail]
+
+
+def _last_turns(messages: list[Message], keep_turns: int) -> int:
+    """Where the last `keep_turns` assistant turns begin (all of them when there are fewer;
+    the end of `messages` for 0)."""
+    turns = [i for i, m in enumerate(messages) if m.role == "assistant"]
+    if keep_turns == 0 or not turns:
+        return len(messages)
+    return turns[-min(keep_turns, len(turns))]
 
 
 def _trimmed(m: Message) -> bool:

@@ -126,3 +126,14 @@ def test_trimming_keeps_the_last_turns_and_says_what_it_dropped():
     out = trim_tool_outputs(msgs, 1, lambda t: len(t.split()))
     assert [m.content for m in out if m.role == "tool"] == [MARKER.format(n=50)] * 2 + ["x " * 50]
     assert trim_tool_outputs(out, 1, len) is None  # nothing left to trim: no rewrite
+
+
+def test_fewer_turns_than_kept_trims_nothing_and_a_summary_keeps_them_all():
+    from agentrl.context import summarized
+
+    msgs = [Message(role="system", content="s"), Message(role="user", content="task"),
+            Message(role="assistant", content="call"), Message(role="tool", content="out")]  # fmt: skip
+    assert trim_tool_outputs(msgs, 2, len) is None
+    assert [m.content for m in summarized(msgs, "did x", 3)] == [
+        "s", "task", "Summary of your work so far:\ndid x", "call", "out"]  # fmt: skip
+    assert [m.content for m in summarized(msgs, "did x", 0)][-1].endswith("did x")
