@@ -159,8 +159,23 @@ TRAIN_NAMES: dict[str, str] = {
 _CLIPFRACS = ("train/clipfrac_low", "train/clipfrac_high", "train/clipfrac_dual")
 
 
+def one_per_episode(trajs: Sequence[Trajectory]) -> list[Trajectory]:
+    """The first trajectory of each episode: an episode of several sequences (an agent's, or one
+    rollout.thinking=template or rollout.context rewrote) is one reward, counted once."""
+    seen: set[object] = set()
+    out = []
+    for t in trajs:
+        key = t.metadata.get("session") or id(t)
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out
+
+
 def reward_metrics(scored: Sequence[Trajectory]) -> dict[str, float]:
-    """reward/* over the scored trajectories (infrastructure failures left out; none: {})."""
+    """reward/* over the scored episodes (infrastructure failures left out; none: {}), each
+    counted once however many sequences it has (`one_per_episode`)."""
+    scored = one_per_episode(scored)
     if not scored:
         return {}
     rewards = [t.reward for t in scored]
@@ -504,7 +519,8 @@ def gap_and_kl_metrics(
 
 def mean_reward(groups: Sequence[Sequence[Trajectory]]) -> float:
     """The outcome reward's mean over the scored trajectories of these groups (NaN: none)."""
-    rewards = [t.reward for g in groups for t in g if not t.stop_reason.is_infra_failure]
+    scored = [t for g in groups for t in g if not t.stop_reason.is_infra_failure]
+    rewards = [t.reward for t in one_per_episode(scored)]
     return fmean(rewards) if rewards else math.nan
 
 

@@ -137,3 +137,13 @@ def test_fewer_turns_than_kept_trims_nothing_and_a_summary_keeps_them_all():
     assert [m.content for m in summarized(msgs, "did x", 3)] == [
         "s", "task", "Summary of your work so far:\ndid x", "call", "out"]  # fmt: skip
     assert [m.content for m in summarized(msgs, "did x", 0)][-1].endswith("did x")
+
+
+async def test_an_episode_in_segments_is_one_reward_in_the_metrics(qwen_tokenizer):
+    _, split = await episode(qwen_tokenizer, policy="trim_tool_outputs")
+    _, (whole,) = await episode(qwen_tokenizer, Short)
+    for s in split:
+        s.reward = 1.0
+    whole.reward = 0.0
+    m = rollout_metrics([*split, whole])
+    assert len(split) > 1 and m["reward/mean"] == 0.5  # not 1.0 weighted by its segments
