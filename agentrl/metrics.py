@@ -5,7 +5,8 @@ line) with these names; `step_metrics` below is the one place that builds the fi
 Size: one module, since this docstring is the reference of every name and the code beside it is
 what computes each; split, a name and its meaning would drift apart.
 
-reward/ — over the step's trajectories, infrastructure failures excluded: the groups trained, so
+reward/ — over the step's episodes (one per episode of several sequences), infrastructure
+    failures excluded: the groups trained, so
     under trainer.sampling.dynamic_sampling the kept groups only (reward/mean_all: all of them)
     reward/mean, reward/max, reward/min, reward/std     the outcome reward (Trajectory.reward)
     reward/<component>              mean of each named component an env's reward dict returns
