@@ -248,6 +248,10 @@ def _trajectory(
         f" · stop {traj.stop_reason.value} · {len(traj.turns)} turns · {len(traj.token_ids)} "
         f"tokens ({traj.num_sampled} sampled){gap_txt}"
     )
+    if traj.metadata.get("sequence") is not None:  # one of an episode's several sequences
+        head += f" · sequence {traj.metadata['sequence']} of its episode"
+        if rewrite := traj.metadata.get("rewrite"):  # rollout.context began it
+            head += f" (history rewritten: {rewrite[0]} → {rewrite[1]} tokens)"
     if scoring(traj):
         head += f"<br>{html.escape(scoring(traj))}"
     budget = max(max_tokens - traj.num_sampled, 128)
