@@ -10,10 +10,14 @@ Legend: N tokens (of a packed row), H hidden, V vocab, B rows, T columns of a pa
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
+
 import torch
 from torch import Tensor, nn
 
+from agentrl import moe
 from agentrl.batch import TrainBatch
+from agentrl.learner import memory
 from agentrl.learner.vocab_head import head_logprobs
 
 # ---------------------------------------------------------------------------------------------
@@ -197,3 +201,26 @@ def token_values(model: nn.Module, mb: TrainBatch, layout: str = "padded") -> to
         v = out.logits[0, :, 0].float()
     shifted = torch.cat([v.new_zeros(1), v[:-1]])
     return torch.where(mb.position_ids > 0, shifted, 0.0)
+
+
+def replayed(model: nn.Module, mb: TrainBatch, layout: str) -> AbstractContextManager[None]:
+    """learner.routing_replay: the MoE routers keep the engine's experts for `mb`'s tokens
+    (agentrl/moe.py), over forward and backward; a no-op for a batch without routes."""
+    if mb.is_padding or mb.routes is None:
+        return nullcontext()
+    return moe.replay(model, routes_in_order(mb, layout))
+
+
+def head_bytes(model: nn.Module) -> int:
+    """The vocabulary head's fp32 logit chunks in flight (none for a critic's value head)."""
+    out_emb = model.get_output_embeddings()
+    return memory.head_chunk_bytes(out_emb.weight.shape[0]) if out_emb is not None else 0
+
+
+def activation_tokens(mb: TrainBatch, layout: str) -> int:
+    """Token positions a micro-batch's forward holds activations for: its tokens when packed,
+    rows x the longest sequence when right-padded."""
+    n = int(mb.token_ids.numel())
+    if layout != "padded" or n == 0:
+        return n
+    return int((mb.position_ids == 0).sum()) * (int(mb.position_ids.max()) + 1)

@@ -473,3 +473,17 @@ def set_worker_env(master_ip: str = "127.0.0.1") -> None:
 
 def is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def host_state_bytes(model: nn.Module, opt: torch.optim.Optimizer | None) -> int:
+    """Bytes of a rank's weights, gradients and optimizer state now in host memory (an
+    offloaded learner's: the host's available memory does not count them)."""
+    tensors = [t for p in model.parameters() for t in (p, p.grad) if t is not None]
+    if opt is not None:
+        tensors += [v for st in opt.state.values() for v in st.values()]
+    local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+    return sum(
+        t.numel() * t.element_size()
+        for t in local
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() > 0
+    )

@@ -9,7 +9,8 @@ Roles: `policy` (trains; its weights go to the rollout engines), `reference` (fr
 KL), `critic` (token-classification head with one output: values; trains with a value loss).
 
 Size: one Ray actor class, whose methods are every call the driver makes on a rank and share its
-model, optimizer and device state; its building blocks live in fsdp.py, forward.py, memory.py.
+model, optimizer and device state; its building blocks live in fsdp.py, forward.py, memory.py,
+rank_memory.py.
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from agentrl import moe
 from agentrl.learner import LearnerConfig, Role, forward, fsdp, lora, memory
 from agentrl.learner.checkpoint import CheckpointWriter, load_optimizer
 from agentrl.learner.fsdp import ParamSpec
+from agentrl.learner.rank_memory import RankMemory
 from agentrl.learner.update_group import bind_listen_socket
 from agentrl.loss import LossInputs, get_loss, reduce_metrics
 
@@ -72,7 +73,6 @@ class LearnerWorker:
         self._block_bytes = self._block_input_bytes = 0
         self.checkpointed_blocks = 0
         self._update_lps: list[torch.Tensor] = []  # pi_old of the last train_step, per micro-batch
-        self.peaks: dict[str, float] = {}  # GiB the allocator held at most, per phase (GPU)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def node(self) -> dict[str, str]:
@@ -136,6 +136,7 @@ class LearnerWorker:
             attention = "+".join(n for n, enabled in on.items() if enabled)
         else:
             self.device = torch.device("cpu")
+        self.mem = RankMemory(self.device, self.device_type)  # peaks, retries, memory now
         return attention
 
     def _join_process_group(self, store: tuple[str, int] | None) -> None:
@@ -226,9 +227,11 @@ class LearnerWorker:
         """Per micro-batch: logprobs [N] of each token given its prefix (CPU, fp32)."""
         self.model.eval()
         out = []
-        with self._peak("logprobs"):
+        with self.mem.peak("logprobs"):
             for mb in micro_batches:
-                with self._replayed(mb := mb.to(self.device)):
+                with forward.replayed(
+                    self.model, mb := mb.to(self.device), self.cfg.attention_layout
+                ):
                     lp, _ = forward.token_logprobs(
                         self.model,
                         mb,
@@ -281,11 +284,13 @@ class LearnerWorker:
         if self._ckpt_blocks:
             self._plan_checkpointing(micro_batches)
         t0 = time.perf_counter()
-        retries0 = self._alloc_retries()
+        retries0 = self.mem.alloc_retries()
         per_mb, loss_sum, tokens, batch_tokens = [], 0.0, 0, 0
-        with self._peak("update"), self._profiled(self.steps_done + 1):
+        with self.mem.peak("update"), self._profiled(self.steps_done + 1):
             for mb in micro_batches:
-                with self._replayed(mb := mb.to(self.device)):  # backward's recompute too
+                with forward.replayed(
+                    self.model, mb := mb.to(self.device), self.cfg.attention_layout
+                ):  # backward's recompute too
                     loss, metrics = self._loss(mb, loss_fn, loss_cfg, temperature, old_from_forward)
                     loss.backward()
                 loss_sum += float(loss.detach())
@@ -299,7 +304,7 @@ class LearnerWorker:
             tokens=float(tokens),
             batch_tokens=float(batch_tokens),
             micro_batches=float(len(micro_batches)),
-            alloc_retries=float(self._alloc_retries() - retries0),
+            alloc_retries=float(self.mem.alloc_retries() - retries0),
         )
         return {
             "sum": summed,
@@ -311,13 +316,6 @@ class LearnerWorker:
                 "step_s": time.perf_counter() - t0,
             },
         }
-
-    def _replayed(self, mb: Any) -> Any:
-        """learner.routing_replay: the MoE routers keep the engine's experts for `mb`'s tokens
-        (agentrl/moe.py); a no-op for a batch without routes."""
-        if getattr(mb, "is_padding", False) or getattr(mb, "routes", None) is None:
-            return contextlib.nullcontext()
-        return moe.replay(self.model, forward.routes_in_order(mb, self.cfg.attention_layout))
 
     def _step_if_finite(self, loss_sum: float) -> tuple[float, bool, float]:
         """Clip the gradients and step the optimizer and schedule, unless the loss or the
@@ -335,14 +333,6 @@ class LearnerWorker:
         self.opt.zero_grad(set_to_none=True)
         return grad_norm, ok, lr
 
-    def _alloc_retries(self) -> int:
-        """The CUDA caching allocator's count of allocations it retried after freeing its cache
-        (each one synchronises and returns memory to the driver: an update at the edge of the
-        GPU's memory slows down without failing); 0 on CPU."""
-        if self.device_type != "cuda":
-            return 0
-        return int(torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0))
-
     def _auto_micro_batch_tokens(self, per_token: int) -> int:
         """memory.auto_micro_batch_tokens for this rank: its state counted as it will be at the
         update (16 bytes per trained parameter: weights, gradients, two moments; frozen weights
@@ -353,7 +343,9 @@ class LearnerWorker:
             for p in self.model.parameters()
         )
         total = torch.cuda.mem_get_info(self.device)[1]
-        return memory.auto_micro_batch_tokens(total, state, _head_bytes(self.model), per_token)
+        return memory.auto_micro_batch_tokens(
+            total, state, forward.head_bytes(self.model), per_token
+        )
 
     def _plan_checkpointing(self, micro_batches: list[Any]) -> None:
         """activation_checkpointing=auto: recompute the fewest blocks that let this step's largest
@@ -361,7 +353,8 @@ class LearnerWorker:
         own), beside the gradients the backward will allocate and the head's logits chunks. The
         largest count over the ranks, so their collectives stay in the same order."""
         tokens = max(
-            (_activation_tokens(mb, self.cfg.attention_layout) for mb in micro_batches), default=0
+            (forward.activation_tokens(mb, self.cfg.attention_layout) for mb in micro_batches),
+            default=0,
         )
         free, _ = torch.cuda.mem_get_info(self.device)
         cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
@@ -370,7 +363,9 @@ class LearnerWorker:
             for p in self.model.parameters()
             if p.requires_grad and p.grad is None
         )
-        budget = 0.9 * (free + cached - grads - _head_bytes(self.model)) - memory.RESERVE_BYTES
+        budget = (
+            0.9 * (free + cached - grads - forward.head_bytes(self.model)) - memory.RESERVE_BYTES
+        )
         count = memory.blocks_to_checkpoint(
             len(self._ckpt_blocks), tokens, self._block_bytes, self._block_input_bytes, budget
         )
@@ -462,56 +457,17 @@ class LearnerWorker:
         dt = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
         return str(dt).removeprefix("torch.")
 
-    @contextlib.contextmanager
-    def _peak(self, phase: str, keep_max: bool = False):
-        """Record the most GPU memory the allocator held during the block as `phase`."""
-        if self.device_type != "cuda":
-            yield
-            return
-        torch.cuda.reset_peak_memory_stats()
-        try:
-            yield
-        finally:
-            gib = torch.cuda.max_memory_allocated() / 2**30
-            self.peaks[phase] = max(gib, self.peaks.get(phase, 0.0)) if keep_max else gib
-
     def peak_memory(self) -> dict[str, float]:
         """GiB per phase (logprobs, update, sync) since the last call; empty on CPU."""
-        out, self.peaks = self.peaks, {}
-        return out
+        return self.mem.take_peaks()
 
     def memory_stats(self) -> dict[str, Any]:
-        """GPU memory of this rank in GiB, the device's free and total bytes (0 on CPU), and the
-        host this rank runs on with its available memory (MemAvailable, bytes)."""
-        host = {
-            "host": socket.gethostname(),
-            "host_available_bytes": memory.host_available_bytes(),
-            "host_state_bytes": self._host_state_bytes(),
-        }
-        if self.device_type != "cuda":
-            gpu = {"allocated_gib": 0.0, "reserved_gib": 0.0, "free_bytes": 0, "total_bytes": 0}
-            return {**gpu, **host}
-        free, total = torch.cuda.mem_get_info()
-        return {
-            "allocated_gib": torch.cuda.memory_allocated() / 2**30,
-            "reserved_gib": torch.cuda.memory_reserved() / 2**30,
-            "free_bytes": free,
-            "total_bytes": total,
-            **host,
-        }
+        """GPU memory of this rank and its host's (RankMemory.stats)."""
+        return self.mem.stats(self.model, self.opt)
 
     def _host_state_bytes(self) -> int:
-        """Bytes of this rank's weights, gradients and optimizer state now in host memory (an
-        offloaded learner's: the host's available memory does not count them)."""
-        tensors = [t for p in self.model.parameters() for t in (p, p.grad) if t is not None]
-        if self.opt is not None:
-            tensors += [v for st in self.opt.state.values() for v in st.values()]
-        local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
-        return sum(
-            t.numel() * t.element_size()
-            for t in local
-            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() > 0
-        )
+        """Bytes of this rank's state now in host memory (fsdp.host_state_bytes)."""
+        return fsdp.host_state_bytes(self.model, self.opt)
 
     def full_state(self, dtype: str | None = None) -> dict[str, torch.Tensor]:
         """Collective: the full weights on rank 0 (CPU), {} elsewhere. For tests and small
@@ -563,7 +519,7 @@ class LearnerWorker:
             raise TypeError(f"{fn.__qualname__} is not a method of {cls.__qualname__}")
         if cls not in self._rank_states:
             self._rank_states[cls] = cls(self)
-        with self._peak("sync", keep_max=True):  # a push is several calls: the most of them
+        with self.mem.peak("sync", keep_max=True):  # a push is several calls: the most of them
             return fn(self._rank_states[cls], *args)
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -628,18 +584,3 @@ class LearnerWorker:
     def _require(self, role: str, what: str) -> None:
         if self.role != role:
             raise RuntimeError(f"{what} needs the {role} role, this learner is {self.role}")
-
-
-def _head_bytes(model: Any) -> int:
-    """The vocabulary head's fp32 logit chunks in flight (none for a critic's value head)."""
-    out_emb = model.get_output_embeddings()
-    return memory.head_chunk_bytes(out_emb.weight.shape[0]) if out_emb is not None else 0
-
-
-def _activation_tokens(mb: Any, layout: str) -> int:
-    """Token positions a micro-batch's forward holds activations for: its tokens when packed,
-    rows x the longest sequence when right-padded."""
-    n = int(mb.token_ids.numel())
-    if layout != "padded" or n == 0:
-        return n
-    return int((mb.position_ids == 0).sum()) * (int(mb.position_ids.max()) + 1)
