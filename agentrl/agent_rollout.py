@@ -205,22 +205,7 @@ def episode_trajectories(
             own = StopReason.LENGTH
         extra = {"sequence": k, "origin": cap.origin, **({"gateway": gw} if k == 0 else {}),
                  **({"last": True} if cap is ep.last else {})}  # fmt: skip
-        out.append(
-            Trajectory(
-                ep.task_id,
-                ep.sample_index,
-                s.ids,
-                s.mask,
-                s.logprobs,
-                s.prompt_len,
-                s.turns,
-                s.messages,
-                own,
-                metadata={**meta, **extra},
-                error=error,
-                routes=s.routes,  # learner.routing_replay: this sequence's last completion's
-            )
-        )
+        out.append(s.trajectory(ep.task_id, ep.sample_index, own, error, {**meta, **extra}))
     return out
 
 

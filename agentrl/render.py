@@ -64,6 +64,8 @@ log = logging.getLogger(__name__)
 
 _BASE = [Message(role="user", content="x"), Message(role="assistant", content="y")]
 _USER = Message(role="user", content="x")
+_CALL = ToolCall(id="call_0", name="probe_tool", arguments={"probe": "x"})
+_ASKED = Message(role="assistant", content="", tool_calls=[_CALL])  # the probes' tool-call turn
 _SENTINELS = ("\u27e61", "\u27e72")  # differ at their first character
 # end-of-message tokens that close a turn waiting for a tool result, in place of the template's
 # end of turn (Llama 3.1 with tools: `Environment: ipython`, the call, <|eom_id|>, then the
@@ -97,7 +99,7 @@ class Renderer:
         self.eot_id = eot_ids[0]
         self.markup = Markup(tokenizer)
         self.explicit_eot = bool(end_of_turn)
-        self.string_args = self._needs_string_args()
+        call_turn = self._probe_call()  # sets string_args
         base = self.render(_BASE)
         ends = base.rstrip().endswith(self.eot)
         # GLM-4.5's form: no marker after an assistant turn, the next message's role tag ends it
@@ -110,7 +112,7 @@ class Renderer:
         # the tags a turn ends on: the end of turn, and (opens_next) the tag of a tool message,
         # or the tag a tool-call turn ends with when it is not the end of turn (gpt-oss <|call|>)
         self.stop_tags = [self.eot, *self._tool_tag()]
-        self.stop_tags += self._call_end()
+        self.stop_tags += self._call_end(call_turn)
         # the tag the template closes an earlier answer with when it is not the end of turn the
         # model stopped on (gpt-oss: <|return|> sampled, <|end|> in history)
         self.history_end = self._history_end()
@@ -122,48 +124,41 @@ class Renderer:
         """[the tag an `opens_next` template opens a tool message with], or []."""
         if not self.opens_next:
             return []
-        call = ToolCall(id="call_0", name="probe_tool", arguments={"probe": "x"})
-        asked = Message(role="assistant", content="", tool_calls=[call])
         answer = Message(role="tool", content="42", tool_call_id="call_0", name="probe_tool")
         try:
-            tag = self._tag_after([_USER, asked], [answer])
+            tag = self._tag_after([_USER, _ASKED], [answer])
         except Exception as e:  # noqa: BLE001 - a template that renders no tool messages
             log.warning("the chat template renders no tool message after a call (%s): turns "
                         "stop on %r only", e, self.eot)  # fmt: skip
             return []
         return [tag] if tag is not None and tag != self.eot else []
 
-    def _needs_string_args(self) -> bool:
-        """True when the template concatenates a call's arguments as text (DeepSeek-V3's) and
-        fails on the dict most templates `tojson`; then calls render with their JSON text."""
-        call = ToolCall(id="call_0", name="probe_tool", arguments={"probe": "x"})
-        asked = [_USER, Message(role="assistant", content="", tool_calls=[call])]
+    def _probe_call(self) -> str | None:
+        """What the template writes for a tool-call turn after a user message's generation
+        prompt. Sets `string_args` when the template concatenates a call's arguments as text
+        (DeepSeek-V3's) and fails on the dict most templates `tojson`: calls then render with
+        their JSON text. None, logged, when the template renders no tool-call turn (where tools
+        are needed, the start-up round trip stops the run on it: check_round_trip)."""
         self.string_args = False
         try:
-            self.render(asked)
+            written = self.render([_USER, _ASKED])
         except TypeError:
             self.string_args = True
-            self.render(asked)  # any other failure is the template's own, raised as it is
-        except Exception:  # noqa: BLE001 - a template without tool calls: checked elsewhere
-            pass
-        return self.string_args
-
-    def _turn_tail(self, msg: Message) -> str:
-        """What the template writes for the assistant turn `msg` after a user message, past the
-        part it shares with the generation prompt."""
-        return _continuation(self.render([_USER], add_generation_prompt=True),
-                             self.render([_USER, msg]))[1]  # fmt: skip
-
-    def _call_end(self) -> list[str]:
-        """[the markup a tool-call turn ends with], when it is not the end of turn (gpt-oss's
-        <|call|>; the engines stop on it), else []."""
-        if self.opens_next:  # the turn ends with the next message's tag (its own tags close
-            return []  # the call: GLM's </tool_call>)
-        call = ToolCall(id="call_0", name="probe_tool", arguments={"probe": "x"})
+            written = self.render([_USER, _ASKED])  # any other failure is the template's own
+        except Exception as e:  # noqa: BLE001 - a template without tool calls
+            log.debug("the chat template renders no tool-call turn (%s: %s)", type(e).__name__, e)
+            return None
         try:
-            tail = self._turn_tail(Message(role="assistant", content="", tool_calls=[call]))
-        except Exception:  # noqa: BLE001 - a template without tool calls: checked elsewhere
-            return []
+            return _continuation(self.render([_USER], add_generation_prompt=True), written)[1]
+        except RenderError as e:
+            log.debug("the chat template's tool-call turn does not follow its prompt (%s)", e)
+            return None
+
+    def _call_end(self, tail: str | None) -> list[str]:
+        """[the markup a tool-call turn (`tail`, as `_probe_call` read it) ends with], when it is
+        not the end of turn (gpt-oss's <|call|>; the engines stop on it), else []."""
+        if self.opens_next or tail is None:  # opens_next: the next message's tag ends the turn
+            return []  # (its own tags close the call: GLM's </tool_call>)
         ends = [t for t in self.markup.ids if tail.rstrip().endswith(t)]
         tag = max(ends, key=len) if ends else None
         closing = tag is not None and tag.startswith("</")  # a call's own closing tag
@@ -391,8 +386,7 @@ def check_round_trip(renderer: Renderer, parser: Parser) -> None:
     prompt → the assistant turn calling a tool, as the template writes it → parse → the tool
     result's delta → the next generation prompt. Any failure is a ConfigError naming the setting."""
     user = [Message(role="user", content="hi")]
-    call = ToolCall(id="call_0", name="probe_tool", arguments={"probe": "x"})
-    asked = Message(role="assistant", content="", tool_calls=[call])
+    call, asked = _CALL, _ASKED
     where = f"rollout.parser={parser.name!r} with this model's chat template"
     try:
         turn = renderer.written_turn(user, asked)

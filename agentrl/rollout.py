@@ -268,12 +268,8 @@ class Rollout:
             seqs.pop()
         meta = {"session": session, **_reference(task)}
         trajs = [
-            Trajectory(task_id=task.id, sample_index=sample_index, token_ids=s.ids,
-                       loss_mask=s.mask, logprobs=s.logprobs, prompt_len=s.prompt_len,
-                       turns=s.turns, messages=s.messages, stop_reason=stop, error=error,
-                       metadata={**meta, **({"sequence": k} if len(seqs) > 1 else {}),
-                                 **({"rewrite": list(s.rewrite)} if s.rewrite else {})},
-                       routes=s.routes)
+            s.trajectory(task.id, sample_index, stop, error,
+                         {**meta, **({"sequence": k} if len(seqs) > 1 else {})})
             for k, s in enumerate(seqs)
         ]  # fmt: skip
         last = trajs[-1]  # its messages are the whole episode's: the env scores it

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from agentrl.env import AssistantTurn
 from agentrl.parsers import Parser
 from agentrl.render import Renderer
-from agentrl.types import Completion, FinishReason, Message, Turn
+from agentrl.types import Completion, FinishReason, Message, StopReason, Trajectory, Turn
 
 
 @dataclass
@@ -32,6 +32,21 @@ class TokenSequence:
     routes: Any = None
     # rollout.context: (the prompt's ids before, after) when a rewrite of the history began it
     rewrite: tuple[int, int] | None = None
+
+    def trajectory(
+        self,
+        task_id: str,
+        sample_index: int,
+        stop: StopReason,
+        error: str | None,
+        metadata: dict[str, Any],
+    ) -> Trajectory:
+        """This sequence as a Trajectory (unscored): its routes, and the rewrite that began it."""
+        if self.rewrite:
+            metadata = {**metadata, "rewrite": list(self.rewrite)}
+        return Trajectory(task_id, sample_index, self.ids, self.mask, self.logprobs,
+                          self.prompt_len, self.turns, self.messages, stop, metadata=metadata,
+                          error=error, routes=self.routes)  # fmt: skip
 
     def append(self, ids: list[int], logprobs: list[float] | None) -> None:
         """Sampled ids (with their logprobs: mask 1) or template/observation ids (None: mask 0)."""
