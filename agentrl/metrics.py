@@ -252,12 +252,12 @@ def rollout_metrics(
 
 def sequence_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     """Sequences per episode, every id they hold, and the positions routed (routing replay)."""
-    sessions = {t.metadata.get("session") or id(t) for t in trajs}
-    out = {"rollout/sequences_per_episode": len(trajs) / len(sessions),
+    episodes = len(one_per_episode(trajs))
+    out = {"rollout/sequences_per_episode": len(trajs) / episodes,
            "rollout/tokens": float(sum(len(t.token_ids) for t in trajs))}  # fmt: skip
     rewrites = [t.metadata["rewrite"] for t in trajs if t.metadata.get("rewrite")]
     if rewrites or any(t.stop_reason is StopReason.CONTEXT_OVERFLOW for t in trajs):
-        out["rollout/rewrites"] = len(rewrites) / len(sessions)
+        out["rollout/rewrites"] = len(rewrites) / episodes
         out["rollout/rewrite_tokens_before"] = float(sum(b for b, _ in rewrites))
         out["rollout/rewrite_tokens_after"] = float(sum(a for _, a in rewrites))
     routed = [len(t.routes) for t in trajs if t.routes is not None]
