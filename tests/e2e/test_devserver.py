@@ -233,24 +233,30 @@ async def test_a_generation_while_memory_is_released_kills_the_server_as_it_kill
         assert proc.wait(timeout=30) == 70
 
 
-async def test_a_server_resumed_whole_generates_again(tiny_model_dir, launch_devserver):
-    with launch_devserver(tiny_model_dir) as (url, _):
-        async with EngineClient([url]) as engine:
-            await engine.control.release_memory_occupation()
-            await engine.control.resume_memory_occupation(["weights"])
-            await engine.control.resume_memory_occupation(["kv_cache", "cuda_graph"])
-            comp = await engine.generate(PROMPT, SamplingParams(max_new_tokens=3, ignore_eos=True))
-            assert len(comp.token_ids) == 3
-            assert await engine.control.health(deep=True) == {url: True}
-
-
-# -- weight updates: on a server of their own, so the shared one keeps its weights ----------------
+# -- weight updates: on a server of their own, so the shared one keeps its weights; its memory
+# released and resumed, and at the end of the module its SIGTERM (one server start, not three) ---
 
 
 @pytest.fixture(scope="module")
-def weights_server(tiny_model_dir, launch_devserver):
-    with launch_devserver(tiny_model_dir) as (url, _):
-        yield url
+def weights_server_proc(tiny_model_dir, launch_devserver):
+    with launch_devserver(tiny_model_dir) as (url, proc):
+        yield url, proc
+
+
+@pytest.fixture(scope="module")
+def weights_server(weights_server_proc):
+    return weights_server_proc[0]
+
+
+async def test_a_server_resumed_whole_generates_again(weights_server):
+    url = weights_server
+    async with EngineClient([url]) as engine:
+        await engine.control.release_memory_occupation()
+        await engine.control.resume_memory_occupation(["weights"])
+        await engine.control.resume_memory_occupation(["kv_cache", "cuda_graph"])
+        comp = await engine.generate(PROMPT, SamplingParams(max_new_tokens=3, ignore_eos=True))
+        assert len(comp.token_ids) == 3
+        assert await engine.control.health(deep=True) == {url: True}
 
 
 async def served_logprobs(engine: EngineClient) -> tuple[list[int], list[float], str]:
@@ -361,15 +367,6 @@ async def test_a_push_cuts_turns_in_flight_and_they_go_on_under_the_new_weights(
     assert_close(late.logprobs, ref_logprobs(model1, PROMPT[1:], late.token_ids))
 
 
-def test_sigterm_stops_the_server_cleanly(tiny_model_dir, launch_devserver):
-    with launch_devserver(tiny_model_dir) as (url, proc):
-        assert httpx.get(url + "/health").status_code == 200
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=15) == 0
-        assert time.monotonic() - t0 < 15
-
-
 async def test_coalesced_generates_answer_as_single_requests_do(devserver):
     """engine.batch_window_ms: concurrent calls leave as one batched /generate; each caller gets
     exactly what it would alone (greedy ids and logprobs), and one member the server refuses
@@ -410,3 +407,13 @@ async def test_a_wave_of_calls_one_by_one_leaves_as_one_batch(devserver):
         out2 = await wave(engine, 0.03)
         assert engine.gen.coalescer.batches_sent >= 2 and engine.gen.coalescer.batched_calls == 4
     assert [c.token_ids for c in out] == [c.token_ids for c in out2]
+
+
+def test_sigterm_stops_the_server_cleanly(weights_server_proc):
+    """The module's last test: it stops the weights server (after the tests that use it)."""
+    url, proc = weights_server_proc
+    assert httpx.get(url + "/health").status_code == 200
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=15) == 0
+    assert time.monotonic() - t0 < 15
