@@ -22,7 +22,7 @@ gpt-oss, …), in layer order.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -116,3 +116,74 @@ def replay(model: nn.Module, routes_MR: Tensor | None) -> Iterator[None]:
     finally:
         for h in hooks:
             h.remove()
+
+
+# -- expert weights: the learner's layout and a checkpoint's ---------------------------------
+# transformers >= 5 holds a sparse layer's experts as one 3-D parameter per projection:
+# `...mlp.experts.gate_up_proj` [E, 2I, H] (each expert's gate rows, then its up rows) and
+# `...mlp.experts.down_proj` [E, H, I]. Checkpoints on the hub and the loaders of SGLang and vLLM
+# keep one 2-D weight per expert: `...mlp.experts.{e}.gate_proj.weight` [I, H], `.up_proj.weight`
+# and `.down_proj.weight` [H, I] (Qwen2-MoE, Qwen3-MoE, Qwen3.5-MoE, OLMoE). `to_checkpoint` splits
+# (views, no copy: a push through a server's load_weights, a checkpoint's files),
+# `from_checkpoint` stacks back (resume, the dev server); SGLang's fused-MoE parameters
+# (`w13_weight` [E, 2I, H], gate first, `w2_weight` [E, H, I]) have the learner's layout already,
+# so the `direct` push copies them as they are (`SGLANG_DIRECT`). Dense names pass unchanged.
+
+# fused parameter -> the per-expert projections stacked in it, in order along dim 0 of an expert
+FUSED_EXPERTS = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+SGLANG_DIRECT = {"gate_up_proj": "w13_weight", "down_proj": "w2_weight"}
+
+
+def fused_expert(name: str) -> tuple[str, str] | None:
+    """(the experts module's name, the fused parameter) for a fused expert parameter's name,
+    e.g. ("model.layers.0.mlp.experts", "gate_up_proj"); None for any other name."""
+    head, _, leaf = name.rpartition(".")
+    return (head, leaf) if head.endswith(".experts") and leaf in FUSED_EXPERTS else None
+
+
+def to_checkpoint(items: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's (name, tensor) pairs of the learner's: fused experts split per expert."""
+    for name, t in items:
+        fused = fused_expert(name)
+        if fused is None or t.dim() != 3:
+            yield name, t
+            continue
+        head, leaf = fused
+        projs = FUSED_EXPERTS[leaf]
+        for e in range(t.shape[0]):
+            for proj, part in zip(projs, t[e].chunk(len(projs), dim=0), strict=True):
+                yield f"{head}.{e}.{proj}.weight", part
+
+
+def checkpoint_shapes(name: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
+    """`to_checkpoint`'s names and shapes for one parameter, without its tensor."""
+    return [
+        (n, tuple(t.shape)) for n, t in to_checkpoint([(name, torch.empty(shape, device="meta"))])
+    ]
+
+
+def from_checkpoint(
+    tensors: dict[str, torch.Tensor], want: Iterable[str]
+) -> dict[str, torch.Tensor]:
+    """`tensors` (a checkpoint's) with every fused expert parameter in `want` that they lack
+    stacked from its per-expert tensors, which are dropped. Raises ValueError naming the first
+    missing expert weight when the checkpoint has some of a layer's experts but not all."""
+    out = dict(tensors)
+    for name in want:
+        fused = fused_expert(name)
+        if fused is None or name in out:
+            continue
+        head, leaf = fused
+        projs = FUSED_EXPERTS[leaf]
+        experts = []
+        e = 0
+        while f"{head}.{e}.{projs[0]}.weight" in out:
+            keys = [f"{head}.{e}.{p}.weight" for p in projs]
+            missing = [k for k in keys if k not in out]
+            if missing:
+                raise ValueError(f"checkpoint lacks {missing[0]}")
+            experts.append(torch.cat([out.pop(k) for k in keys], dim=0))
+            e += 1
+        if experts:
+            out[name] = torch.stack(experts)
+    return out

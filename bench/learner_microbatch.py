@@ -111,7 +111,7 @@ def main() -> None:
     if mfu:
         from train_step import count_params, peak_flops  # bench/, beside this file
 
-        n_params, peak = count_params(Path(model)), peak_flops(None)
+        n_params, peak = count_params(Path(model))[1], peak_flops(None)
     print(f"{'variant':>28} {'layout':>7} {'plan':>6} {'max tokens':>10} {'micro-batches':>13} "
           f"{'padded/real':>11} {'logprobs s':>10} {'update s':>9} {'ratio':>6}"
           + (f" {'update MFU':>10}" if mfu else ""))  # fmt: skip

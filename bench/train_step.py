@@ -6,6 +6,7 @@ sampled lengths are the same whatever the weights), SGLang colocated on the same
         --new-tokens 512 --steps 4] [-- extra.hydra=overrides]
     python bench/train_step.py --shape tiny --engine dev --tasks 2 --group 4 --new-tokens 32  # CPU
     python bench/train_step.py --shape 0.5b --trl      # then TRL's GRPOTrainer, same model and batch
+    python bench/train_step.py --shape qwen3-30b-a3b --layers 4 [-- learner.routing_replay=true]
 
 Prints, per phase, the median seconds over the steps after the first (the first compiles and
 warms up), the tokens per step, and two utilisation figures against the GPU's dense bf16 peak:
@@ -13,7 +14,8 @@ warms up), the tokens per step, and two utilisation figures against the GPU's de
 - learner MFU = (2·N·T for the logprob pass + 6·N·T for the update) / (logprobs + update time)
 - step MFU    = 6·N·T / whole step time (the issue's definition: what the GPU spends on learning)
 
-N counts every parameter (embeddings included), T every token of the batch (prompt + sampled).
+N counts every parameter (embeddings included), T every token of the batch (prompt + sampled);
+for a mixture-of-experts model N is the active parameters: each MoE layer's experts count k of E.
 --trl then runs TRL's GRPOTrainer on the same model, batch and lengths (bench/trl_grpo.py) and
 prints the ratio of step times, TRL / agentrl.
 """
@@ -46,19 +48,26 @@ def peak_flops(override: float | None) -> float:
     return float("nan")
 
 
-def count_params(model_dir: Path) -> int:
+def count_params(model_dir: Path) -> tuple[int, int]:
+    """(all parameters, active ones per token): a sparse layer's experts count top-k of E."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    config = AutoConfig.from_pretrained(model_dir)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
-    return sum(p.numel() for p in model.parameters())
+        model = AutoModelForCausalLM.from_config(config)
+    total = sum(p.numel() for p in model.parameters())
+    experts = sum(p.numel() for name, p in model.named_parameters() if ".mlp.experts." in name)
+    share = getattr(config, "num_experts_per_tok", 1) / getattr(config, "num_experts", 1)
+    return total, total - experts + int(experts * share)
 
 
-def build(shape: str, tmp: Path) -> Path:
-    from agentrl.assets.build import build_random_qwen25, cached_tiny_random
+def build(shape: str, tmp: Path, layers: int) -> Path:
+    from agentrl.assets.build import build_random_qwen3_moe, build_random_qwen25, cached_tiny_random
 
     if shape == "tiny":
         return cached_tiny_random(template="qwen")
+    if shape == "qwen3-30b-a3b":
+        return build_random_qwen3_moe(tmp / f"qwen3-30b-a3b-{layers}l-random", layers)
     return build_random_qwen25(tmp / f"qwen2.5-{shape}-random", shape)
 
 
@@ -151,7 +160,11 @@ def report(history: list[dict[str, float]], n_params: int, peak: float, wall_s: 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--shape", default="0.5b", help="0.5b | 1.5b | 7b | tiny (CPU)")
+    p.add_argument("--shape", default="0.5b", help="0.5b | 1.5b | 7b | qwen3-30b-a3b | tiny (CPU)")
+    p.add_argument("--layers", type=int, default=4, help="qwen3-30b-a3b: layers of its 48")
+    p.add_argument(
+        "--model", type=Path, help="a model directory to use instead of building --shape"
+    )
     p.add_argument("--engine", default="sglang", choices=["sglang", "dev"])
     p.add_argument("--tasks", type=int, default=32, help="tasks per step")
     p.add_argument("--group", type=int, default=8, help="samples per task")
@@ -182,7 +195,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="agentrl-step-") as d:
         tmp = Path(d)
-        model = build(args.shape, tmp)
+        model = args.model or build(args.shape, tmp, args.layers)
         more = []
         if args.profile:
             more = ["learner.profile_step=2", f"learner.profile_dir={Path(args.profile).resolve()}"]
@@ -199,7 +212,11 @@ def main() -> None:
         else:
             history = asyncio.run(train(cfg, tmp / "out"))
         wall = time.perf_counter() - t0
-        n_params = count_params(model)
+        n_all, n_params = count_params(model)
+        if n_params != n_all:
+            print(
+                f"mixture of experts: {n_all / 1e9:.3f}B parameters, {n_params / 1e9:.3f}B active"
+            )
         step_s = report(history, n_params, peak_flops(args.peak_tflops), wall)
         if args.trl:
             res = trl_grpo.trl_step_times(model, args, tmp / "trl")

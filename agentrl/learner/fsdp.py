@@ -24,6 +24,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from agentrl import moe
 from agentrl.learner import LearnerConfig, Role, lora
 
 # Files copied from the source model dir into every saved HF dir (besides config + weights), so
@@ -383,7 +384,10 @@ def write_hf_files(
     out.mkdir(parents=True, exist_ok=True)
     weight_map: dict[str, str] = {}
     total = 0
-    for i, tensors in enumerate(shards):
+    for i, fused in enumerate(shards):
+        # a checkpoint's layout (experts one by one, moe.py); a split expert is copied out of
+        # its fused tensor (safetensors stores no views of a shared buffer)
+        tensors = {n: t if n in fused else t.clone() for n, t in moe.to_checkpoint(fused.items())}
         fname = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
         for k, t in tensors.items():
@@ -413,6 +417,7 @@ def load_full_state(model: nn.Module, hf_dir: str | Path) -> None:
             for f in sorted(Path(hf_dir).glob("*.safetensors")):
                 full.update(load_file(str(f)))
             want = {n for n, _ in model.named_parameters()}
+            full = moe.from_checkpoint(full, want)  # experts stacked back (moe.py)
         missing = want - set(full)
         if missing:
             raise ValueError(f"{hf_dir}: checkpoint lacks {sorted(missing)[:5]}")

@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from agentrl import moe
+
 # checkpoint module name -> (SGLang's fused module, position in it): Llama/Qwen2/Qwen3/Mistral
 FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}  # fmt: skip
@@ -38,7 +40,9 @@ def direct_groups(names: Sequence[str]) -> list[tuple[str, list[str]]]:
     groups: dict[str, tuple[int, list[tuple[int, str]]]] = {}  # target -> (parts, members)
     for name in names:
         parts = name.split(".")
-        if len(parts) >= 2 and parts[-2] in FUSED:
+        if moe.fused_expert(name):  # SGLang's fused-MoE parameter, the same layout (moe.py)
+            target, pos, want = ".".join([*parts[:-1], moe.SGLANG_DIRECT[parts[-1]]]), 0, 1
+        elif len(parts) >= 2 and parts[-2] in FUSED:
             fused, pos = FUSED[parts[-2]]
             target, want = ".".join([*parts[:-2], fused, parts[-1]]), FUSED_SIZE[fused]
         else:  # copied as is (also a checkpoint that is fused already)

@@ -8,6 +8,7 @@ import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from agentrl import moe
+from agentrl.assets.build import cached_tiny_moe
 from agentrl.batch import TrainBatch, padding_micro_batch, select
 from agentrl.engine.protocol import encode_routed_experts, routed_experts
 from agentrl.learner.forward import routes_in_order
@@ -94,3 +95,36 @@ def test_replay_on_a_dense_model_is_refused_before_the_start():
 
     with pytest.raises(ConfigError, match="not a mixture-of-experts model"):
         training_checks(compose(["learner.routing_replay=true"]))
+
+
+def test_expert_weights_go_out_in_a_checkpoints_layout_and_come_back(tmp_path):
+    """transformers' fused experts split into the per-expert tensors of the model's own
+    checkpoint (what SGLang's loader reads), stacked back exactly; the direct push names
+    SGLang's fused-MoE parameters; dense names pass through."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.learner import ipc
+
+    path = cached_tiny_moe()
+    files = load_file(str(path / "model.safetensors"))
+    model = AutoModelForCausalLM.from_pretrained(path)
+    state = model.state_dict()
+    split = dict(moe.to_checkpoint(state.items()))
+    assert set(split) == set(files) | {"lm_head.weight"}  # the tied head is not in the file
+    assert all(torch.equal(split[k], files[k]) for k in files)
+    back = moe.from_checkpoint(files, state)
+    assert all(torch.equal(back[k], state[k]) for k in back) and set(state) - set(back) == {
+        "lm_head.weight"
+    }
+    fused = "model.layers.0.mlp.experts.gate_up_proj"
+    assert moe.checkpoint_shapes(fused, tuple(state[fused].shape))[0] == (
+        "model.layers.0.mlp.experts.0.gate_proj.weight",
+        tuple(files["model.layers.0.mlp.experts.0.gate_proj.weight"].shape),
+    )
+    groups = dict(ipc.direct_groups([fused, "model.layers.0.mlp.experts.down_proj"]))
+    assert groups == {"model.layers.0.mlp.experts.w13_weight": [fused],
+                      "model.layers.0.mlp.experts.w2_weight": ["model.layers.0.mlp.experts.down_proj"]}  # fmt: skip
+    del files["model.layers.1.mlp.experts.3.up_proj.weight"]
+    with pytest.raises(ValueError, match="experts.3.up_proj"):
+        moe.from_checkpoint(files, state)

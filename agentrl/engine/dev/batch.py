@@ -29,9 +29,9 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from agentrl import moe
 from agentrl.engine.dev.cache import PrefixCache
 from agentrl.engine.dev.request import BadRequest, Req, abort_reason
-from agentrl.moe import routes_of
 
 GREEDY_EPS = 1e-6  # SGLang treats temperature below this as greedy (top_k=1, temperature=1)
 
@@ -150,7 +150,7 @@ class BatchEngine:
         done = self._step(new)
         for r in done:
             if r.routed and r.out and r.finish and r.finish.get("type") != "abort":
-                r.routes = routes_of(self.model, r.prompt + r.out[:-1])
+                r.routes = moe.routes_of(self.model, r.prompt + r.out[:-1])
         return done
 
     def _step(self, new: list[Req]) -> list[Req]:
@@ -362,8 +362,11 @@ class BatchEngine:
 
     @torch.no_grad()
     def load_named(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Copy `tensors` (HF checkpoint names) into the model; all are checked before any copy."""
+        """Copy `tensors` (HF checkpoint names) into the model; all are checked before any copy.
+        A mixture-of-experts model's experts may come one by one (a checkpoint's layout, as
+        SGLang takes them) and are stacked into its fused parameters (moe.py)."""
         sd = self.model.state_dict()
+        tensors = moe.from_checkpoint(tensors, sd)
         for name, t in tensors.items():
             if name not in sd:
                 raise BadRequest(f"unknown parameter {name!r}: names follow model.state_dict()")

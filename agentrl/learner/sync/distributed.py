@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from agentrl import moe
 from agentrl.learner import fsdp
 from agentrl.learner.fsdp import ParamSpec
 from agentrl.learner.sync.base import SYNC_METHODS, Transport, WeightSyncError, await_ref
@@ -66,8 +67,9 @@ class DistributedSync(Transport):
             on_gpu = w.device_type == "cuda"
             for bucket in buckets:
                 tensors = fsdp.gather_full(w.model, bucket, w.rank, w.device if on_gpu else None)
-                for spec in bucket if w.rank == 0 else ():
-                    dist.broadcast(tensors[spec.name], group=pg, group_src=0)
+                # in a checkpoint's names and order (experts one by one: moe.py), as announced
+                for _, t in moe.to_checkpoint(tensors.items()) if w.rank == 0 else ():
+                    dist.broadcast(t.contiguous(), group=pg, group_src=0)
             if on_gpu:
                 torch.cuda.synchronize()
             return time.perf_counter() - t0
@@ -128,10 +130,12 @@ class DistributedSync(Transport):
         try:
             for i, bucket in enumerate(self.buckets):
                 last = i == len(self.buckets) - 1
+                named = [(n, shape, s.dtype) for s in bucket
+                         for n, shape in moe.checkpoint_shapes(s.name, s.shape)]  # fmt: skip
                 request = self.engine.control.update_weights_from_distributed(
-                    [s.name for s in bucket],
-                    [s.dtype for s in bucket],
-                    [list(s.shape) for s in bucket],
+                    [n for n, _, _ in named],
+                    [d for _, _, d in named],
+                    [list(shape) for _, shape, _ in named],
                     group_name=self.cfg.group_name,
                     weight_version=version if last else None,
                     flush_cache=last,

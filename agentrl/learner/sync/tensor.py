@@ -37,6 +37,7 @@ import httpx
 import torch
 import torch.distributed as dist
 
+from agentrl import moe
 from agentrl.engine import Endpoint, EngineError, post_each
 from agentrl.learner import fsdp, ipc, lora, memory, tp
 from agentrl.learner.fsdp import ParamSpec
@@ -112,7 +113,8 @@ class TensorSync(Transport):
             tensors = fsdp.gather_full(w.model, bucket, w.rank, w.device, set(packers) != {0})
             if w.rank not in packers:
                 return None
-            payload, flat = ipc.flattened_payload(list(tensors.items()))
+            # the names the model's load_weights reads: a checkpoint's (experts one by one)
+            payload, flat = ipc.flattened_payload(list(moe.to_checkpoint(tensors.items())))
             self.hold.keep(flat)
             self._handed(self._timed("pack", t0))
             return payload
