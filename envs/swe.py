@@ -31,7 +31,7 @@ import io
 import tarfile
 from typing import Any, ClassVar
 
-from agentrl.env import ToolEnv
+from agentrl.env import AssistantTurn, StepResult, ToolEnv
 from agentrl.envs.swe_tasks import Snapshots, graded_tree, hidden_tests, load_instances
 from agentrl.sandbox.grader import grade
 from agentrl.tool import Tool
@@ -45,6 +45,10 @@ SYSTEM_PROMPT = (
     "You are fixing a bug in the repository at {workdir} (a git repository). Use the bash tool "
     "to look around and run commands, str_replace_editor to view and edit files, and call "
     "submit when the fix is in. Hidden tests decide whether the bug is fixed."
+)
+REMINDER = (
+    "That turn called no tool. Work through the tools: bash to run commands, "
+    "str_replace_editor to view and edit files, submit when the fix is in."
 )
 # unpack the snapshot, then make it a git repository with one commit (when git is there)
 _UNPACK = """
@@ -132,6 +136,10 @@ class SweEnv(ToolEnv):
     # service's images (sandbox.server.images; sandbox/images.py), or the task's "image" field;
     # None: the host-view sandbox
     image: str | None = None
+    # turns without a tool call answered with REMINDER (a scaffold's format error), the
+    # episode going on, before such a turn ends it as one that never submitted; 0: the first
+    reminders = 0
+    _reminded = 0
 
     def _image(self) -> str | None:
         return self.task.data.get("image") or self.image
@@ -180,6 +188,12 @@ class SweEnv(ToolEnv):
             return None
         line = next((x for x in res.stdout.splitlines() if x.startswith("AGENTRL-TREE ")), None)
         return None if line is None else _untar(line.split(" ", 1)[1])
+
+    async def step(self, turn: AssistantTurn) -> StepResult:
+        if not turn.message.tool_calls and not turn.parse_errors and self._reminded < self.reminders:
+            self._reminded += 1
+            return StepResult([Message(role="user", content=REMINDER)])
+        return await super().step(turn)
 
     async def reward(self, trajectory: Trajectory) -> dict[str, float]:
         assert self.ctx.sandbox is not None
