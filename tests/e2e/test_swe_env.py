@@ -110,6 +110,24 @@ async def test_gaming_the_grader_scores_zero_and_does_not_spoil_a_real_fix(sandb
     assert other["total"] == 0.0 and other["pass_to_pass"] == 1.0
 
 
+async def test_turns_without_a_call_get_reminders_then_end_the_episode(sandbox):
+    """env.args.reminders=2: two turns with no tool call are answered with the reminder and the
+    episode goes on; the third ends it (the default, 0, ends it at the first)."""
+    task = TASKS[0]
+    env = SweEnv(task, ToolContext(session=f"{task.id}-remind", sandbox=sandbox), reminders=2)
+    try:
+        await env.start()
+        said = AssistantTurn(Message(role="assistant", content="I think the bug is in x."), "")
+        for _ in range(2):
+            res = await env.step(said)
+            assert not res.done and [m.role for m in res.messages] == ["user"]
+            assert "called no tool" in res.messages[0].content
+        assert (await env.step(said)).done
+    finally:
+        await env.close()
+    assert (await SweEnv(task, ToolContext(session="x")).step(said)).done
+
+
 def test_the_generator_reproduces_the_shipped_instances(tmp_path):
     shipped = [json.loads(x) for x in (generate.HERE / "tasks.jsonl").read_text().splitlines()]
     assert len({r["instance_id"] for r in shipped}) == len(shipped) >= 50
