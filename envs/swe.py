@@ -195,7 +195,11 @@ class SweEnv(ToolEnv):
         return None if line is None else _untar(line.split(" ", 1)[1])
 
     async def step(self, turn: AssistantTurn) -> StepResult:
-        if not turn.message.tool_calls and not turn.parse_errors and self._reminded < self.reminders:
+        if (
+            not turn.message.tool_calls
+            and not turn.parse_errors
+            and self._reminded < self.reminders
+        ):
             self._reminded += 1
             return StepResult([Message(role="user", content=REMINDER)])
         return await super().step(turn)
