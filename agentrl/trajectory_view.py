@@ -26,7 +26,7 @@ from typing import Any
 from agentrl.types import FinishReason, Message, Trajectory, Turn
 
 TURN_COLUMNS = [
-    "step", "task", "sample", "turn", "prompt", "assistant", "tool_calls", "tool_results",
+    "step", "task", "sample", "sequence", "turn", "prompt", "assistant", "tool_calls", "tool_results",
     "reward", "turn_reward", "stop_reason", "finish_reason", "context_tokens", "sampled_tokens",
     "obs_tokens", "tool_errors", "parse_errors", "logprob_diff", "tool_latency_s",
     "gen_latency_s", "weight_version", "error", "reward_components", "reference",
@@ -67,6 +67,12 @@ def turn_gaps(traj: Trajectory, trainer_lps: Sequence[float] | None) -> list[flo
     return out
 
 
+def _rewrite(tr: Trajectory) -> str:
+    """The first row of a sequence that a context rewrite began says so (its prompt column)."""
+    rewrite = tr.metadata.get("rewrite")
+    return f"(history rewritten: {rewrite[0]} → {rewrite[1]} tokens) " if rewrite else ""
+
+
 def turn_rows(
     step: int,
     trajs: Sequence[Trajectory],
@@ -85,8 +91,10 @@ def turn_rows(
                 "step": step,
                 "task": tr.task_id,
                 "sample": tr.sample_index,
+                # one of an episode's sequences (a context rewrite, thinking=template, a fork)
+                "sequence": int(tr.metadata.get("sequence") or 0),
                 "turn": k,
-                "prompt": _clip(user, max_chars) if k == 0 else "",
+                "prompt": _rewrite(tr) + _clip(user, max_chars) if k == 0 else "",
                 "reward": float(tr.reward),
                 "stop_reason": tr.stop_reason.value,
                 "error": (tr.error or "") if k == len(turns) - 1 else "",

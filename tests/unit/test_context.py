@@ -149,11 +149,15 @@ async def test_an_episode_in_segments_is_one_reward_in_the_metrics(qwen_tokenize
     assert len(split) > 1 and m["reward/mean"] == 0.5  # not 1.0 weighted by its segments
 
 
-async def test_the_view_shows_a_segment_as_one_of_its_episode(qwen_tokenizer):
-    from agentrl.trajectory_view import render_html
+async def test_the_view_and_the_turn_table_show_a_segment_as_one_of_its_episode(qwen_tokenizer):
+    from agentrl.trajectory_view import TURN_COLUMNS, render_html, turn_rows
 
     _, segs = await episode(qwen_tokenizer, policy="trim_tool_outputs")
     page = render_html([(1, s, None) for s in segs], qwen_tokenizer)
     before, after = segs[1].metadata["rewrite"]
     assert "sequence 0 of its episode" in page
     assert f"sequence 1 of its episode (history rewritten: {before} → {after} tokens)" in page
+    rows = [dict(zip(TURN_COLUMNS, r, strict=True)) for r in turn_rows(1, segs)]
+    assert [r["sequence"] for r in rows if r["turn"] == 0] == list(range(len(segs)))
+    first = next(r for r in rows if r["sequence"] == 1 and r["turn"] == 0)
+    assert first["prompt"].startswith(f"(history rewritten: {before} → {after} tokens) ")
