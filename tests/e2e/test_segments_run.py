@@ -84,21 +84,25 @@ def test_long_episodes_train_in_segments_instead_of_overflowing(tmp_path):
     """Six turns, each answered by a 40-word tool output (about 160 tokens), in a 500-token
     context (the whole episode is about 1,000): without a policy every episode overflows after 3
     turns; with trim_tool_outputs, or a summary the model writes, they all complete, in segments,
-    and the step trains on every sampled turn (the summaries too)."""
+    and the step trains on every sampled turn (the summaries too). The summarize run is
+    asynchronous with partial rollouts (trainer.mode=async), the trim run synchronous."""
     long = ["env=custom", "env._target_=agentrl.envs.synthetic.FixedLengthEnv", "env.tasks.n=8",
             "env.tasks.prompt_words=20", "env.args.turns=6", "env.args.observation_words=40",
             "rollout.max_context_tokens=500",
             "rollout.max_new_tokens=16", "rollout.ignore_eos=true", "trainer.steps=1",
-            "trainer.deterministic=true",
             "trainer.tasks_per_step=2", "rollout.group_size=4", "logging=local"]  # fmt: skip
     runs = {}
     for policy in ("trim_tool_outputs", "summarize"):  # none: all 8 overflow (384 sampled
         # tokens: 3 turns each; tests/unit/test_context.py checks the overflow)
         keep = 0 if policy == "summarize" else 1  # the summary was written after the last result
-        cfg = compose([*long, f"rollout.context.policy={policy}", "rollout.context.compact_at=0.5",
-                       f"rollout.context.keep_turns={keep}",
+        # every length here is fixed (ignore_eos, fixed observations), whatever is sampled
+        # async: the second step's episodes ran across the first push (partial rollouts)
+        mode = (["trainer.mode=async", "trainer.async.partial_rollouts=true", "trainer.steps=2"]
+                if policy == "summarize" else ["trainer.deterministic=true"])  # fmt: skip
+        cfg = compose([*long, *mode, f"rollout.context.policy={policy}",
+                       "rollout.context.compact_at=0.5", f"rollout.context.keep_turns={keep}",
                        f"checkpoint.dir={tmp_path}/ckpt-{policy}"])  # fmt: skip
-        (runs[policy],) = asyncio.run(train(cfg, tmp_path / f"out-{policy}"))
+        runs[policy] = asyncio.run(train(cfg, tmp_path / f"out-{policy}"))[-1]
     print({p: {k: m[k] for k in ("stop/context_overflow", "stop/completed", "rollout/rewrites",
                                  "rollout/sequences_per_episode", "rollout/sampled_tokens")}
            for p, m in runs.items()})  # fmt: skip
