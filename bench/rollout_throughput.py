@@ -10,6 +10,9 @@ Modes (--mode single|multi|both):
 - single: one assistant turn of --new-tokens tokens per episode.
 - multi: --turns K assistant turns of --new-tokens // K tokens each; after every turn but the last
   a zero-latency env (envs/synthetic.py) answers with a fixed tool message (no sandbox, no parsing).
+  With --tool-latency-ms M the multi-mode rollout also runs with each tool answer after a
+  lognormal wait (median M ms, log-space spread --tool-latency-sigma: 1.0 puts p99 at 10x the
+  median), the way real tools answer; its tokens/s is printed against the zero-latency rollout's.
 
 Both sides sample with ignore_eos, so every turn is exactly its max_new_tokens long, and both use
 the same prompt ids: the ids the Rollout renders from each episode's user message (distinct per
@@ -83,7 +86,9 @@ def make_tasks(rollout: Rollout, n: int, prompt_tokens: int, tag: str, seed: int
     return tasks, prompts
 
 
-def make_rollout(engine: EngineClient, tokenizer: Any, a, turns: int, per_turn: int) -> Rollout:
+def make_rollout(
+    engine: EngineClient, tokenizer: Any, a, turns: int, per_turn: int, latency: bool = False
+) -> Rollout:
     cfg = RolloutConfig(
         group_size=1,
         max_turns=turns,
@@ -93,7 +98,10 @@ def make_rollout(engine: EngineClient, tokenizer: Any, a, turns: int, per_turn: 
         temperature=a.temperature,
         ignore_eos=True,
     )
-    return Rollout(engine, tokenizer, FixedLengthEnv, cfg, env_kwargs={"turns": turns})
+    env: dict[str, Any] = {"turns": turns}
+    if latency:  # each tool answer after a lognormal wait (envs/synthetic.py)
+        env.update(tool_latency_ms=a.tool_latency_ms, tool_latency_sigma=a.tool_latency_sigma)
+    return Rollout(engine, tokenizer, FixedLengthEnv, cfg, env_kwargs=env)
 
 
 async def run_rollout(rollout: Rollout, tasks: list[Task], prompts, per_turn: int):
@@ -234,13 +242,14 @@ async def measure(url: str, tokenizer: Any, a, mode: str) -> dict[str, Any]:
     ):  # fmt: skip
         rollout = make_rollout(engine, tokenizer, a, turns, per_turn)
         coalesced = make_rollout(coalescing, tokenizer, a, turns, per_turn)
+        slow = make_rollout(engine, tokenizer, a, turns, per_turn, latency=True)
         warm = make_rollout(engine, tokenizer, a, turns, min(per_turn, 8))
         w_tasks, w_prompts = make_tasks(warm, a.episodes, a.prompt_tokens, "warm-up", a.seed + 1)
         await run_reference(http, url, w_prompts, turns * min(per_turn, 8), a)
         await run_rollout(warm, w_tasks, w_prompts, min(per_turn, 8))
         tasks, prompts = make_tasks(rollout, a.episodes, a.prompt_tokens, "episode", a.seed)
         obs = rollout.renderer.observation_ids([FixedLengthEnv.observation_message()], [0])
-        ref, ro, bare, co = [], [], [], []
+        ref, ro, bare, co, lat = [], [], [], [], []
         variants: dict[str, list] = {v: [] for v in a.bare_variants.split(",") if v}
         for _ in range(a.rounds):
             await flush(engine)
@@ -254,6 +263,9 @@ async def measure(url: str, tokenizer: Any, a, mode: str) -> dict[str, Any]:
                 co_size = (coalescing.coalescer.batched_calls - c0) / max(
                     coalescing.coalescer.batches_sent - n0, 1
                 )
+            if turns > 1 and a.tool_latency_ms > 0:
+                await flush(engine)
+                lat.append(await run_rollout(slow, tasks, prompts, per_turn))
             if turns > 1:
                 await flush(engine)
                 bare.append(await run_bare_turns(http, url, prompts, obs, a, turns, per_turn))
@@ -275,6 +287,10 @@ async def measure(url: str, tokenizer: Any, a, mode: str) -> dict[str, Any]:
         "reference_tok_s": tokens / ref_s,
         "ratio": ref_s / ro_s,
         "bare_turns_s": bare_s,  # multi: bare multi-turn client, same server and turns
+        # multi with --tool-latency-ms: the rollout with lognormal tool waits, best wall s
+        "tool_latency_s": min(x[1] for x in lat) if lat else None,
+        "tool_latency_ms": a.tool_latency_ms,
+        "tool_latency_sigma": a.tool_latency_sigma,
         # the same rollout with engine.batch_window_ms (concurrent turns coalesced)
         "coalesced_s": min(c[1] for c in co) if co else None,
         "batch_window_ms": a.batch_window_ms,
@@ -341,6 +357,11 @@ def report(rows: list[dict[str, Any]], header: str) -> None:
                   f"(max wait {r['batch_max_wait_ms']:g} ms): {c:.2f} s, {r['tokens'] / c:.1f} "
                   f"tok/s, ratio to reference {r['reference_s'] / c:.2f}, "
                   f"{r['coalesced_batch_mean']:.1f} turns per request")  # fmt: skip
+        if r.get("tool_latency_s"):
+            t = r["tool_latency_s"]
+            print(f"  rollout with tool latency (lognormal, median {r['tool_latency_ms']:g} ms, "
+                  f"sigma {r['tool_latency_sigma']:g}): {t:.2f} s, {r['tokens'] / t:.1f} tok/s; "
+                  f"against zero latency {r['rollout_s'] / t:.2f}")  # fmt: skip
         bare = {"plain (raw /generate per turn, no env or rendering)": r.get("bare_turns_s")}
         for style, b in {**bare, **(r.get("bare_variants_s") or {})}.items():
             if b:
@@ -383,6 +404,11 @@ def main() -> None:
         "episodes) and/or session (SGLang streaming sessions; needs --server-args "
         "--enable-streaming-session), comma-separated",
     )
+    p.add_argument("--tool-latency-ms", type=float, default=0.0,
+                   help="multi: also time the rollout with tool answers after lognormal waits "
+                   "of this median (ms)")  # fmt: skip
+    p.add_argument("--tool-latency-sigma", type=float, default=1.0,
+                   help="the waits' log-space spread (1.0: p99 = 10x the median)")  # fmt: skip
     p.add_argument("--json", help="also write the figures to this file")
     p.add_argument("--log-dir", help="keep the launched server's log here (default: a temp dir)")
     a = p.parse_args()

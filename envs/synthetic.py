@@ -7,12 +7,17 @@ number of turns, which makes step time depend only on the shapes.
         env.tasks.n=64 env.tasks.prompt_words=120 env.args.turns=4 rollout.max_new_tokens=128
     # a long multi-turn episode: each tool message 5000 words (about one token each)
     ... env.args.turns=4 env.args.observation_words=5000
+    # tools that take time: each answer after a lognormal wait, median 200 ms, heavy tail
+    ... env.args.tool_latency_ms=200 env.args.tool_latency_sigma=1.0
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import math
 import random
+import statistics
 from typing import Any
 
 from agentrl.env import AssistantTurn, Env, StepResult
@@ -40,6 +45,10 @@ class FixedLengthEnv(Env):
     turns: int = 1  # assistant turns per episode
     observation: str = "ok"  # the tool message after each turn but the last
     observation_words: int = 0  # > 0: the tool message is this many words instead (long contexts)
+    # > 0: each tool answer comes after a lognormal wait of this median (ms), its log-space spread
+    # tool_latency_sigma (1.0: p90 3.6x, p99 10x the median), fixed by task, sample and turn
+    tool_latency_ms: float = 0.0
+    tool_latency_sigma: float = 1.0
 
     @classmethod
     def load_tasks(
@@ -65,10 +74,20 @@ class FixedLengthEnv(Env):
     async def step(self, turn: AssistantTurn) -> StepResult:
         if turn.index + 1 >= self.turns:
             return StepResult(done=True)
+        if self.tool_latency_ms > 0:
+            await asyncio.sleep(self.tool_latency_s(turn.index))
         return StepResult(
             messages=[self.observation_message(self.observation, self.observation_words)],
             tool_calls=1,
         )
+
+    def tool_latency_s(self, turn: int) -> float:
+        """This episode's wait before turn `turn`'s tool answer: lognormal, median
+        tool_latency_ms, seeded by the task, the episode's context session and the turn."""
+        key = f"{self.task.id}/{self.ctx.session}/{turn}".encode()
+        u = (int.from_bytes(hashlib.sha256(key).digest()[:8], "big") + 0.5) / 2**64
+        z = statistics.NormalDist().inv_cdf(u)  # a standard normal draw
+        return self.tool_latency_ms / 1000 * math.exp(self.tool_latency_sigma * z)
 
     async def reward(self, trajectory: Trajectory) -> float:
         """Uniform in [0, 1), fixed by task and sample (seeded by their ids)."""
