@@ -3,6 +3,7 @@ metric tables."""
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import sys
@@ -56,8 +57,24 @@ def trajectory_panel(traj: Trajectory, max_chars: int = 600) -> Panel:
 
 def make_console() -> Console:
     """The run's console. Into a pipe or a file (no terminal) a line is never broken at rich's
-    80-column default: printed paths and commands stay whole, so they can be copied."""
+    80-column default: printed paths and commands stay whole, so they can be copied. Log records
+    the console shows already (`extra={SHOWN: True}`) stay off the terminal's log handlers."""
+    for handler in (logging.lastResort, *logging.getLogger().handlers):
+        terminal = handler is logging.lastResort or getattr(handler, "stream", None) in (
+            sys.stdout,
+            sys.stderr,
+        )
+        if handler and terminal and not any(isinstance(f, _NotShownTwice) for f in handler.filters):
+            handler.addFilter(_NotShownTwice())
     return Console(soft_wrap=not sys.stdout.isatty())
+
+
+SHOWN = "agentrl_shown"  # a log record's extra: the console printed it (a guard's warning)
+
+
+class _NotShownTwice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, SHOWN, False)
 
 
 def metrics_table(metrics: dict[str, float], title: str = "metrics") -> Table:

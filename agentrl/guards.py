@@ -28,6 +28,7 @@ from rich.markup import escape
 
 from agentrl.advantage import AdvantageConfig, Truncation, carries_gradient
 from agentrl.batch import trainable
+from agentrl.display import SHOWN
 from agentrl.metrics import ToolWatch
 from agentrl.types import TrainingError, Trajectory
 
@@ -156,7 +157,7 @@ class Guards:
         self.tool_watch = ToolWatch(limits.warn_tool_fail_rate)  # tools failing most calls
 
     def warn(self, title: str, msg: str) -> None:
-        log.warning(msg)
+        log.warning(msg, extra={SHOWN: True})  # the log file has it; the terminal shows it once
         self.console.print(f"[bold red]warning:[/] {escape(msg)}")  # tool text is no markup
         self.alert(title, msg)
 

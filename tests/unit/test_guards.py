@@ -91,3 +91,31 @@ def test_sync_turns_from_other_weights_are_counted_and_warned():
     assert m["rollout/off_version_turns"] == 1 and alerts == ["engine serves old weights"]
     g.after_rollout([[episode(1.0)]], [episode(1.0)], m := {}, step=2, sync=False)
     assert "rollout/off_version_turns" not in m
+
+
+def test_a_warning_reaches_the_terminal_once_and_the_log_file_too(tmp_path, capsys):
+    """The console prints a guard's warning; the run's terminal log handlers (and Python's
+    last-resort one) leave it out, a file handler keeps it."""
+    import logging
+    import sys
+
+    from agentrl.display import make_console
+
+    root = logging.getLogger()
+    term, file = logging.StreamHandler(sys.stderr), logging.FileHandler(tmp_path / "run.log")
+    root.addHandler(term)
+    root.addHandler(file)
+    try:
+        make_console()  # a run's start: the terminal handlers learn to skip shown records
+        g, alerts, out = guards()
+        g.watch_update({"policy/alloc_retries": 2.0}, step=1, stale=False)
+        logging.getLogger("agentrl.other").warning("not shown by the console")
+    finally:
+        root.removeHandler(term)
+        root.removeHandler(file)
+        file.close()
+    assert out.getvalue().count("ran out of cached memory 2 time(s)") == 1
+    err = capsys.readouterr().err
+    assert "ran out of cached memory" not in err and "not shown by the console" in err
+    assert "ran out of cached memory 2 time(s)" in (tmp_path / "run.log").read_text()
+    assert alerts == ["learner memory at its limit"]
