@@ -128,3 +128,16 @@ def test_expert_weights_go_out_in_a_checkpoints_layout_and_come_back(tmp_path):
     del files["model.layers.1.mlp.experts.3.up_proj.weight"]
     with pytest.raises(ValueError, match="experts.3.up_proj"):
         moe.from_checkpoint(files, state)
+
+
+def test_a_moe_model_at_tp_above_one_is_pushed_as_flattened_buckets():
+    from agentrl.learner.fsdp import ParamSpec
+    from agentrl.learner.sync.base import WeightSyncError
+    from agentrl.learner.sync.tensor import load_format
+
+    dense = [ParamSpec("model.layers.0.mlp.gate_proj.weight", (8, 4), "bfloat16")]
+    sparse = [*dense, ParamSpec("model.layers.0.mlp.experts.gate_up_proj", (2, 8, 4), "bfloat16")]
+    assert load_format("auto", 2, dense) == "auto" and load_format("auto", 1, sparse) == "auto"
+    assert load_format("auto", 2, sparse) == "flattened_bucket"
+    with pytest.raises(WeightSyncError, match="tp > 1"):
+        load_format("direct", 2, sparse)

@@ -253,11 +253,10 @@ class TensorSync(Transport):
         default = [t % self.learner.world_size for t in range(n)]
         self.rows = self.packers or [default] * len(self.engine.urls)
         self.ranks(TensorSync.Rank.connect, self.engine.endpoints(), self.rows)
-        fmt, self.groups = self.cfg.load_format, []
+        specs = [s for b in self.buckets for s in b]
+        fmt, self.groups = load_format(self.cfg.load_format, n, specs), []
         if fmt in ("direct", "auto"):
-            self.buckets, self.groups = plan_direct(
-                [s for b in self.buckets for s in b], self.bucket_mb
-            )
+            self.buckets, self.groups = plan_direct(specs, self.bucket_mb)
 
     async def push(self, version: str) -> dict[str, float]:
         if not self.buckets:
@@ -343,6 +342,20 @@ def plan_packers(
                 )
         out.append(row)
     return out
+
+
+def load_format(asked: str, tp: int, specs: list[ParamSpec]) -> str:
+    """The push's load format: `asked`, except that at TP > 1 a mixture-of-experts model goes
+    as flattened buckets: a TP rank's share of SGLang's fused-MoE parameters is not planned
+    (tp.py), while the model's load_weights slices each expert's checkpoint tensors itself."""
+    if tp == 1 or not any(moe.fused_expert(s.name) for s in specs):
+        return asked
+    if asked == "direct":
+        raise WeightSyncError(
+            "weight_sync.load_format=direct at engine.tp > 1 does not cover a mixture-of-experts "
+            "model's experts; use load_format=auto or flattened_bucket"
+        )
+    return "flattened_bucket"
 
 
 def plan_direct(specs: list[ParamSpec], bucket_mb: float) -> tuple[list[list], list]:
