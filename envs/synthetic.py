@@ -46,7 +46,7 @@ class FixedLengthEnv(Env):
     observation: str = "ok"  # the tool message after each turn but the last
     observation_words: int = 0  # > 0: the tool message is this many words instead (long contexts)
     # > 0: each tool answer comes after a lognormal wait of this median (ms), its log-space spread
-    # tool_latency_sigma (1.0: p90 3.6x, p99 10x the median), fixed by task, sample and turn
+    # tool_latency_sigma (1.0: p90 3.6x, p99 10x the median), drawn from the episode (its session) and turn
     tool_latency_ms: float = 0.0
     tool_latency_sigma: float = 1.0
 
@@ -83,7 +83,7 @@ class FixedLengthEnv(Env):
 
     def tool_latency_s(self, turn: int) -> float:
         """This episode's wait before turn `turn`'s tool answer: lognormal, median
-        tool_latency_ms, seeded by the task, the episode's context session and the turn."""
+        tool_latency_ms, seeded by the task, the episode's session (unique per run) and the turn."""
         key = f"{self.task.id}/{self.ctx.session}/{turn}".encode()
         u = (int.from_bytes(hashlib.sha256(key).digest()[:8], "big") + 0.5) / 2**64
         z = statistics.NormalDist().inv_cdf(u)  # a standard normal draw
