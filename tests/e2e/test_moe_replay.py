@@ -44,3 +44,16 @@ def test_a_moe_model_trains_and_replay_closes_the_logprob_gap(tmp_path):
     # bf16 rounding, which replay cannot remove.)
     assert without[0]["rollout/sampled_tokens"] == with_replay[0]["rollout/sampled_tokens"]
     assert gaps[1][0] <= gaps[0][0]
+    # the checkpoint is in the hub's layout (experts one by one, as SGLang and vLLM load them),
+    # not the learner's fused parameters; transformers loads it back into the fused ones
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    ckpt = tmp_path / "ckpt1" / (tmp_path / "ckpt1" / "latest").read_text().strip() / "policy"
+    names: set[str] = set()
+    for f in (ckpt / "model").glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            names |= set(st.keys())
+    assert "model.layers.1.mlp.experts.7.up_proj.weight" in names
+    assert not any(n.endswith(("experts.gate_up_proj", "experts.down_proj")) for n in names)
+    assert AutoModelForCausalLM.from_pretrained(ckpt / "model").model.layers[1].mlp.experts
