@@ -166,8 +166,9 @@ def from_checkpoint(
     tensors: dict[str, torch.Tensor], want: Iterable[str]
 ) -> dict[str, torch.Tensor]:
     """`tensors` (a checkpoint's) with every fused expert parameter in `want` that they lack
-    stacked from its per-expert tensors, which are dropped. Raises ValueError naming the first
-    missing expert weight when the checkpoint has some of a layer's experts but not all."""
+    stacked from its per-expert tensors (experts 0, 1, … while they last), which are dropped.
+    Raises ValueError naming the missing weight when an expert has some of its projections but
+    not all; a stack with experts missing is caught by the loaders' shape checks."""
     out = dict(tensors)
     for name in want:
         fused = fused_expert(name)

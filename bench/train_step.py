@@ -6,7 +6,7 @@ sampled lengths are the same whatever the weights), SGLang colocated on the same
         --new-tokens 512 --steps 4] [-- extra.hydra=overrides]
     python bench/train_step.py --shape tiny --engine dev --tasks 2 --group 4 --new-tokens 32  # CPU
     python bench/train_step.py --shape 0.5b --trl      # then TRL's GRPOTrainer, same model and batch
-    python bench/train_step.py --shape qwen3-30b-a3b --layers 4 [-- learner.routing_replay=true]
+    python bench/train_step.py --shape qwen3-30b-a3b --layers 2 [-- learner.routing_replay=true]
 
 Prints, per phase, the median seconds over the steps after the first (the first compiles and
 warms up), the tokens per step, and two utilisation figures against the GPU's dense bf16 peak:
@@ -161,7 +161,9 @@ def report(history: list[dict[str, float]], n_params: int, peak: float, wall_s: 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--shape", default="0.5b", help="0.5b | 1.5b | 7b | qwen3-30b-a3b | tiny (CPU)")
-    p.add_argument("--layers", type=int, default=4, help="qwen3-30b-a3b: layers of its 48")
+    p.add_argument("--layers", type=int, default=2,
+                   help="qwen3-30b-a3b: layers of its 48 (2 train colocated on one H100; 4 ran "
+                   "out of memory in the update)")  # fmt: skip
     p.add_argument(
         "--model", type=Path, help="a model directory to use instead of building --shape"
     )

@@ -366,7 +366,10 @@ class BatchEngine:
         A mixture-of-experts model's experts may come one by one (a checkpoint's layout, as
         SGLang takes them) and are stacked into its fused parameters (moe.py)."""
         sd = self.model.state_dict()
-        tensors = moe.from_checkpoint(tensors, sd)
+        try:
+            tensors = moe.from_checkpoint(tensors, sd)
+        except ValueError as e:  # a layer's experts sent in part
+            raise BadRequest(str(e)) from e
         for name, t in tensors.items():
             if name not in sd:
                 raise BadRequest(f"unknown parameter {name!r}: names follow model.state_dict()")
