@@ -68,9 +68,10 @@ def turn_gaps(traj: Trajectory, trainer_lps: Sequence[float] | None) -> list[flo
 
 
 def _rewrite(tr: Trajectory) -> str:
-    """The first row of a sequence that a context rewrite began says so (its prompt column)."""
+    """What a context rewrite that began this sequence did ("" for none): the turn table's
+    first row of the sequence and the HTML view's header say it."""
     rewrite = tr.metadata.get("rewrite")
-    return f"(history rewritten: {rewrite[0]} → {rewrite[1]} tokens) " if rewrite else ""
+    return f"(history rewritten: {rewrite[0]} → {rewrite[1]} tokens)" if rewrite else ""
 
 
 def turn_rows(
@@ -94,7 +95,9 @@ def turn_rows(
                 # one of an episode's sequences (a context rewrite, thinking=template, a fork)
                 "sequence": int(tr.metadata.get("sequence") or 0),
                 "turn": k,
-                "prompt": _rewrite(tr) + _clip(user, max_chars) if k == 0 else "",
+                "prompt": " ".join(filter(None, [_rewrite(tr), _clip(user, max_chars)]))
+                if k == 0
+                else "",
                 "reward": float(tr.reward),
                 "stop_reason": tr.stop_reason.value,
                 "error": (tr.error or "") if k == len(turns) - 1 else "",
@@ -258,8 +261,8 @@ def _trajectory(
     )
     if traj.metadata.get("sequence") is not None:  # one of an episode's several sequences
         head += f" · sequence {traj.metadata['sequence']} of its episode"
-        if rewrite := traj.metadata.get("rewrite"):  # rollout.context began it
-            head += f" (history rewritten: {rewrite[0]} → {rewrite[1]} tokens)"
+        if rewrite := _rewrite(traj):  # rollout.context began it
+            head += f" {rewrite}"
     if scoring(traj):
         head += f"<br>{html.escape(scoring(traj))}"
     budget = max(max_tokens - traj.num_sampled, 128)
