@@ -5,11 +5,17 @@ Starting Ray takes 7-9 s on a 2-core machine; every `train()` used to start and 
 a Ray it started itself). A test that needs a Ray of its own (workers with another environment, a
 multi-node cluster, the GPUs it hands out) stops it first and is marked `own_ray`: those run after
 every other e2e test, so the shared Ray starts once instead of again after each of them.
+
+`scratch_devserver` is one dev server (session) for the tests that change what a server serves
+(LoRA adapters, the prefix cache, pushed weights) where the session's `devserver` must keep its
+weights: a server start (4-5 s here) once instead of once per module and per sync method. Its
+users leave it as they found it where they can, and never assume more than it serves some weights.
 """
 
 from __future__ import annotations
 
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -41,6 +47,17 @@ def _ray_session():
 def shared_ray(_ray_session):
     start_ray(RayConfig())  # what a run with the default config starts
     yield
+
+
+@pytest.fixture(scope="session")
+def scratch_devserver(tiny_model_dir, launch_devserver):
+    """URL of a session-wide dev server of the tiny model whose weights, adapters and cache the
+    tests may change. Its gloo end (weight pushes over a group) binds loopback, as a fleet's does."""
+    with ExitStack() as stack:
+        with pytest.MonkeyPatch.context() as mp:  # the server's environment only, not the tests'
+            mp.setenv("GLOO_SOCKET_IFNAME", "lo")
+            url, _ = stack.enter_context(launch_devserver(tiny_model_dir))
+        yield url
 
 
 @pytest.fixture

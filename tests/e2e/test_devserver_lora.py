@@ -50,9 +50,16 @@ def close(a: list[float], b: list[float]) -> bool:
 
 
 @pytest.fixture(scope="module")
-def lora_server(tiny_model_dir, launch_devserver):
-    with launch_devserver(tiny_model_dir) as (url, _):
-        yield url
+def lora_server(scratch_devserver, tiny_model_dir):
+    """The e2e tests' scratch server (conftest), serving the base weights: its adapters' names
+    and what it serves without one are what these tests check."""
+    asyncio.run(serve_base(scratch_devserver, tiny_model_dir))
+    return scratch_devserver
+
+
+async def serve_base(url: str, model_dir) -> None:
+    async with EngineClient([url]) as engine:
+        await engine.control.update_weights_from_disk(str(model_dir), weight_version="0")
 
 
 async def test_named_adapters_sample_from_the_merged_weights_and_the_base_stays_exact(

@@ -29,9 +29,15 @@ async def prefill_tokens(engine: EngineClient) -> int:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir, launch_devserver):
-    with launch_devserver(tiny_model_dir) as (url, _):
-        yield url
+def server(scratch_devserver, tiny_model_dir):
+    """The e2e tests' scratch server (conftest), serving the tiny model's own weights."""
+
+    async def serve_base() -> None:
+        async with EngineClient([scratch_devserver]) as engine:
+            await engine.control.update_weights_from_disk(str(tiny_model_dir), weight_version="0")
+
+    asyncio.run(serve_base())
+    return scratch_devserver
 
 
 def sampling(seed: int, n: int = 12) -> SamplingParams:

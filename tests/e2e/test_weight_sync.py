@@ -106,33 +106,33 @@ def policy(tiny_model_dir, tmp_path_factory):
 
 @pytest.mark.parametrize("method", ["distributed", "disk", "user_transport:ObjectStoreSync"])
 async def test_server_serves_trainer_weights_after_push(
-    method: str, policy, launch_devserver, tiny_model_dir, tmp_path: Path, monkeypatch
+    method: str, policy, scratch_devserver, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # the dev server's gloo end binds loopback too
+    """Each method on the e2e tests' scratch server (conftest; its gloo end binds loopback), one
+    after another: whatever the method before pushed, a training step moves the trainer off it."""
     cfg = WeightSyncConfig(method=method, bucket_mb=0.15, disk_dir=str(tmp_path / "weights"))
-    with launch_devserver(tiny_model_dir) as (url, _):
-        async with EngineClient([url]) as engine:
-            sync = make_weight_sync(cfg, policy, engine)
-            await sync.setup()
-            assert len(sync.buckets) > 3  # several buckets, the embedding alone in one
-            try:
-                for version, adv in (("1", 1.0), ("2", -1.0)):
-                    served = await engine.generate(PROMPT, SAMPLING)
-                    train_once(policy, served.token_ids, adv)
-                    before = trainer_logprobs(policy, served.token_ids)
-                    stale = (before - torch.tensor(served.logprobs)).abs().max().item()
-                    assert stale > 1e-2, "the training step did not change the logprobs"
+    async with EngineClient([scratch_devserver]) as engine:
+        sync = make_weight_sync(cfg, policy, engine)
+        await sync.setup()
+        assert len(sync.buckets) > 3  # several buckets, the embedding alone in one
+        try:
+            for version, adv in (("1", 1.0), ("2", -1.0)):
+                served = await engine.generate(PROMPT, SAMPLING)
+                train_once(policy, served.token_ids, adv)
+                before = trainer_logprobs(policy, served.token_ids)
+                stale = (before - torch.tensor(served.logprobs)).abs().max().item()
+                assert stale > 1e-2, "the training step did not change the logprobs"
 
-                    metrics = await sync.push(version)
+                metrics = await sync.push(version)
 
-                    fresh = await engine.generate(PROMPT, SAMPLING)
-                    assert fresh.weight_version == version
-                    after = trainer_logprobs(policy, fresh.token_ids)
-                    diff = (after - torch.tensor(fresh.logprobs)).abs().max().item()
-                    assert diff < TOL, f"{method} v{version}: server differs by {diff}"
-                    assert metrics["sync/mb"] == pytest.approx(sync.total_bytes / 2**20)
-            finally:
-                await sync.close()
+                fresh = await engine.generate(PROMPT, SAMPLING)
+                assert fresh.weight_version == version
+                after = trainer_logprobs(policy, fresh.token_ids)
+                diff = (after - torch.tensor(fresh.logprobs)).abs().max().item()
+                assert diff < TOL, f"{method} v{version}: server differs by {diff}"
+                assert metrics["sync/mb"] == pytest.approx(sync.total_bytes / 2**20)
+        finally:
+            await sync.close()
     if method == "disk":
         assert [p.name for p in (tmp_path / "weights").iterdir()] == ["v2"]  # older removed
 
