@@ -1,0 +1,29 @@
+"""bench/rollout_throughput.py runs every side it measures (reference, rollout, coalesced rollout,
+rollout with tool latency, bare client) against a dev server and writes its figures: the GPU
+measurements of issue 43 use exactly these paths, and a bench that crashes there costs device
+time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_rollout_bench_measures_every_side(scratch_devserver, tiny_model_dir, tmp_path):
+    out = tmp_path / "figures.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "rollout_throughput.py"), "--url", scratch_devserver,
+           "--model", str(tiny_model_dir), "--mode", "both", "--episodes", "3", "--turns", "2",
+           "--new-tokens", "4", "--prompt-tokens", "32", "--batch-window-ms", "2",
+           "--tool-latency-ms", "5", "--json", str(out)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    single, multi = json.loads(out.read_text())["results"]
+    for r in (single, multi):
+        assert r["tokens"] == 3 * 4 and r["ratio"] > 0 and r["coalesced_s"] > 0
+        assert r["coalesced_batch_mean"] >= 1
+    assert multi["turns"] == 2 and multi["bare_turns_s"] > 0 and multi["tool_latency_s"] > 0
+    assert "tool latency" in done.stdout and "bare multi-turn client" in done.stdout
