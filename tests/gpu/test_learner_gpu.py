@@ -194,13 +194,19 @@ def test_background_save_copies_behind_the_next_step(ray_on, model_dir, tmp_path
         again = group.full_state()
     finally:
         group.shutdown()
-    # a GPU step is not bit-exact (atomics in the backward): the step from the reloaded state
-    # must land where the step from the live state did, within noise far below the step itself
-    step = max((moved[k] - at_save[k]).abs().max().item() for k in moved)
-    off = max((moved[k] - again[k]).abs().max().item() for k in moved)
+
+    # a GPU step is not bit-exact (atomics in the backward), and Adam moves a weight whose
+    # gradient is near zero by about lr either way, so single weights of the two steps can differ
+    # by as much as the step (an H100 run: largest change 7.7e-4, largest difference 8.0e-4).
+    # Over all weights the step from the reloaded state must land where the live one did: the
+    # difference's norm far below the step's (a lost optimizer state moves every weight anew)
+    def norm(a: dict, b: dict) -> float:
+        return sum(((a[k].float() - b[k].float()) ** 2).sum().item() for k in a) ** 0.5
+
+    step, off = norm(moved, at_save), norm(moved, again)
     print("blocking part of each save (s):", ", ".join(f"{x:.3f}" for x in blocked))
-    print(f"largest weight change of the step {step:.2e}; reloaded step vs live step {off:.2e}")
-    assert step > 0 and off < 0.05 * step
+    print(f"norm of the step {step:.3e}; reloaded step vs live step {off:.3e}")
+    assert step > 0 and off < 0.1 * step
 
 
 @pytest.fixture(scope="module")
