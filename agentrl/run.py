@@ -15,6 +15,8 @@ weight sync → tracker (closed first, so W&B marks a failed run as failed) → 
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -126,6 +128,8 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
                           "on a GPU engine their SDK's CPU per request can limit the run: "
                           "rollout.gateway.agent_workers=16 runs them in processes of their own "
                           "(docs/agents.md)[/]")  # fmt: skip
+        # the sandbox service starts (a second or so) while the learners and servers do
+        sandbox_start = _start_beside(stack, "sandbox", make_sandbox, cfg.sandbox)
         # LoRA: adapters through SGLang's LoRA routes (the servers serve the base), or merged
         lora_mode = planned_lora_sync(cfg.learner.lora, cfg.engine) if train else None
         engine_cfg = _engine_config(cfg, lora_mode, train)
@@ -149,8 +153,7 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
         if train and cfg.trainer.deterministic:
             await check_deterministic(engine)
         await engine.control.update_weight_version(str(resumed.step if resumed else 0))
-        sandbox = make_sandbox(cfg.sandbox)
-        stack.push_async_callback(_aquietly, "sandbox", sandbox.aclose)
+        sandbox: Sandbox = await asyncio.wrap_future(sandbox_start)
         rollout = make_rollout(cfg, classes, engine, tokenizer, sandbox)
         stack.push_async_callback(_aquietly, "rollout", rollout.aclose)  # an agent's gateway
         single = classes[""] if isinstance(cfg.env, EnvConfig) else None
@@ -463,6 +466,27 @@ def _close_tracker(tracker: Tracker) -> Callable[..., None]:
         tracker.close(failed=exc_type is not None)
 
     return close
+
+
+def _start_beside(
+    stack: AsyncExitStack, what: str, make: Callable[..., Any], *args: Any
+) -> concurrent.futures.Future:
+    """`make(*args)` in a thread of its own, started now, so that what blocks in it (a service's
+    start) overlaps what the caller does meanwhile; the stack closes what it made (`aclose`),
+    whether or not the caller got as far as awaiting it."""
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"start-{what}")
+    future = pool.submit(make, *args)
+    pool.shutdown(wait=False)
+
+    async def close() -> None:
+        try:
+            made = await asyncio.wrap_future(future)
+        except Exception:  # noqa: BLE001 - its error reached the caller (or nobody waited)
+            return
+        await _aquietly(what, made.aclose)
+
+    stack.push_async_callback(close)
+    return future
 
 
 async def _aquietly(what: str, fn: Callable[[], Any]) -> None:
