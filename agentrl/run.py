@@ -128,7 +128,6 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
                           "on a GPU engine their SDK's CPU per request can limit the run: "
                           "rollout.gateway.agent_workers=16 runs them in processes of their own "
                           "(docs/agents.md)[/]")  # fmt: skip
-        # the sandbox service starts (a second or so) while the learners and servers do
         sandbox_start = _start_beside(stack, "sandbox", make_sandbox, cfg.sandbox)
         # LoRA: adapters through SGLang's LoRA routes (the servers serve the base), or merged
         lora_mode = planned_lora_sync(cfg.learner.lora, cfg.engine) if train else None
@@ -473,17 +472,19 @@ def _start_beside(
 ) -> concurrent.futures.Future:
     """`make(*args)` in a thread of its own, started now, so that what blocks in it (a service's
     start) overlaps what the caller does meanwhile; the stack closes what it made (`aclose`),
-    whether or not the caller got as far as awaiting it."""
+    whether or not the caller got as far as awaiting it. The thread lives until then: a process
+    it spawns dies with the thread that spawned it (`die_with_parent`), not with the run."""
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"start-{what}")
     future = pool.submit(make, *args)
-    pool.shutdown(wait=False)
 
     async def close() -> None:
         try:
             made = await asyncio.wrap_future(future)
-        except Exception:  # noqa: BLE001 - its error reached the caller (or nobody waited)
-            return
-        await _aquietly(what, made.aclose)
+            await _aquietly(what, made.aclose)
+        except Exception:  # noqa: BLE001, S110 - its error reached the caller (or nobody waited)
+            pass
+        finally:
+            pool.shutdown(wait=False)  # the thread ends once what it spawned is stopped
 
     stack.push_async_callback(close)
     return future

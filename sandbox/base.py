@@ -40,7 +40,9 @@ from pydantic import BaseModel, field_validator
 
 def die_with_parent() -> None:
     """`preexec_fn` for services we spawn: the kernel sends SIGTERM when our process dies, so a
-    SIGKILLed trainer leaves no server behind (Linux prctl PR_SET_PDEATHSIG; no-op elsewhere)."""
+    SIGKILLed trainer leaves no server behind (Linux prctl PR_SET_PDEATHSIG; no-op elsewhere).
+    The kernel watches the *thread* that spawned the child, not the process: spawn from a thread
+    that outlives the service (a pool thread that exits takes the service with it)."""
     import ctypes
     import signal
     import sys
