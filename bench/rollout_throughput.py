@@ -258,11 +258,10 @@ async def measure(url: str, tokenizer: Any, a, mode: str) -> dict[str, Any]:
             ro.append(await run_rollout(rollout, tasks, prompts, per_turn))
             if a.batch_window_ms > 0:
                 await flush(engine)
-                n0, c0 = coalescing.gen.coalescer.batches_sent, coalescing.gen.coalescer.batched_calls
+                cz = coalescing.gen.coalescer
+                n0, c0 = cz.batches_sent, cz.batched_calls
                 co.append(await run_rollout(coalesced, tasks, prompts, per_turn))
-                co_size = (coalescing.gen.coalescer.batched_calls - c0) / max(
-                    coalescing.gen.coalescer.batches_sent - n0, 1
-                )
+                co_size = (cz.batched_calls - c0) / max(cz.batches_sent - n0, 1)
             if turns > 1 and a.tool_latency_ms > 0:
                 await flush(engine)
                 lat.append(await run_rollout(slow, tasks, prompts, per_turn))
