@@ -480,9 +480,10 @@ def _start_beside(
     async def close() -> None:
         try:
             made = await asyncio.wrap_future(future)
+        except Exception as e:  # noqa: BLE001 - raised to the caller too, if it got that far
+            log.warning("the %s did not start: %s", what, e)
+        else:
             await _aquietly(what, made.aclose)
-        except Exception:  # noqa: BLE001, S110 - its error reached the caller (or nobody waited)
-            pass
         finally:
             pool.shutdown(wait=False)  # the thread ends once what it spawned is stopped
 

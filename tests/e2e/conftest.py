@@ -14,6 +14,7 @@ users leave it as they found it where they can, and never assume more than it se
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 from readme_kit import readme_add_env
 
+from agentrl.engine import EngineClient
 from agentrl.learner import RayConfig
 from agentrl.learner.ray_start import start_ray, stop_ray
 
@@ -58,6 +60,19 @@ def scratch_devserver(tiny_model_dir, launch_devserver):
             mp.setenv("GLOO_SOCKET_IFNAME", "lo")
             url, _ = stack.enter_context(launch_devserver(tiny_model_dir))
         yield url
+
+
+@pytest.fixture(scope="module")
+def scratch_base_server(scratch_devserver, tiny_model_dir):
+    """`scratch_devserver` serving the tiny model's own weights again (version "0"), for a module
+    whose checks start from them, whatever the module before pushed."""
+
+    async def serve_base() -> None:
+        async with EngineClient([scratch_devserver]) as engine:
+            await engine.control.update_weights_from_disk(str(tiny_model_dir), weight_version="0")
+
+    asyncio.run(serve_base())
+    return scratch_devserver
 
 
 @pytest.fixture

@@ -49,26 +49,13 @@ def close(a: list[float], b: list[float]) -> bool:
     return max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-4
 
 
-@pytest.fixture(scope="module")
-def lora_server(scratch_devserver, tiny_model_dir):
-    """The e2e tests' scratch server (conftest), serving the base weights: its adapters' names
-    and what it serves without one are what these tests check."""
-    asyncio.run(serve_base(scratch_devserver, tiny_model_dir))
-    return scratch_devserver
-
-
-async def serve_base(url: str, model_dir) -> None:
-    async with EngineClient([url]) as engine:
-        await engine.control.update_weights_from_disk(str(model_dir), weight_version="0")
-
-
 async def test_named_adapters_sample_from_the_merged_weights_and_the_base_stays_exact(
-    lora_server, tiny_model_dir, tmp_path
+    scratch_base_server, tiny_model_dir, tmp_path
 ):
     merged_a = make_adapter(tiny_model_dir, tmp_path / "a", seed=1)
     merged_b = make_adapter(tiny_model_dir, tmp_path / "b", seed=2)
     base = base_model(tiny_model_dir)
-    async with EngineClient([lora_server]) as engine:
+    async with EngineClient([scratch_base_server]) as engine:
         before = await engine.generate(PROMPT, GREEDY)
         await engine.control.load_lora_adapter("a", str(tmp_path / "a"))
         await engine.control.load_lora_adapter("b", str(tmp_path / "b"))
@@ -101,12 +88,14 @@ async def test_named_adapters_sample_from_the_merged_weights_and_the_base_stays_
         assert (await engine.control.server_info())[0]["loaded_adapters"] == {}
 
 
-async def test_bad_adapters_are_refused_with_the_reason(lora_server, tiny_model_dir, tmp_path):
+async def test_bad_adapters_are_refused_with_the_reason(
+    scratch_base_server, tiny_model_dir, tmp_path
+):
     make_adapter(tiny_model_dir, tmp_path / "ok", seed=3)
     cfg = json.loads((tmp_path / "ok" / "adapter_config.json").read_text())
     (tmp_path / "dora").mkdir()
     (tmp_path / "dora" / "adapter_config.json").write_text(json.dumps(cfg | {"use_dora": True}))
-    async with EngineClient([lora_server]) as engine:
+    async with EngineClient([scratch_base_server]) as engine:
         with pytest.raises(EngineError, match="cannot load LoRA adapter"):
             await engine.control.load_lora_adapter("missing", str(tmp_path / "nowhere"))
         with pytest.raises(EngineError, match="DoRA"):
@@ -116,9 +105,11 @@ async def test_bad_adapters_are_refused_with_the_reason(lora_server, tiny_model_
         with pytest.raises(EngineError, match="integer r"):
             await engine.control.load_lora_adapter("no_rank", str(tmp_path / "no_rank"))
         async with httpx.AsyncClient() as http:  # not an object: a 400, not a server error
-            r = await http.post(lora_server + "/load_lora_adapter", json=["a", "b"])
+            r = await http.post(scratch_base_server + "/load_lora_adapter", json=["a", "b"])
             assert r.status_code == 400 and r.json()["success"] is False
-            r = await http.post(lora_server + "/unload_lora_adapter", json={"lora_name": [1]})
+            r = await http.post(
+                scratch_base_server + "/unload_lora_adapter", json={"lora_name": [1]}
+            )
             assert r.status_code == 400
         await engine.control.load_lora_adapter("ok", str(tmp_path / "ok"))
         with pytest.raises(EngineError, match="already loaded"):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from test_devserver import TOL, load, ref_logprobs  # the dev server tests' plain-forward check
 
 from agentrl.assets.build import cached_tiny_random
@@ -28,25 +27,15 @@ async def prefill_tokens(engine: EngineClient) -> int:
     )
 
 
-@pytest.fixture(scope="module")
-def server(scratch_devserver, tiny_model_dir):
-    """The e2e tests' scratch server (conftest), serving the tiny model's own weights."""
-
-    async def serve_base() -> None:
-        async with EngineClient([scratch_devserver]) as engine:
-            await engine.control.update_weights_from_disk(str(tiny_model_dir), weight_version="0")
-
-    asyncio.run(serve_base())
-    return scratch_devserver
-
-
 def sampling(seed: int, n: int = 12) -> SamplingParams:
     return SamplingParams(max_new_tokens=n, temperature=1.0, seed=seed, ignore_eos=True)
 
 
-async def test_next_turn_reuses_the_last_and_rows_of_mixed_hits_stay_exact(server, tiny_model_dir):
+async def test_next_turn_reuses_the_last_and_rows_of_mixed_hits_stay_exact(
+    scratch_base_server, tiny_model_dir
+):
     model = load(tiny_model_dir)
-    async with EngineClient([server]) as engine:
+    async with EngineClient([scratch_base_server]) as engine:
         await engine.control.flush_cache()
         first = await engine.generate(P, sampling(1))
         assert first.cached_tokens == 0
@@ -70,10 +59,10 @@ async def test_next_turn_reuses_the_last_and_rows_of_mixed_hits_stay_exact(serve
         assert_exact(model, p, c)
 
 
-async def test_identical_prompts_together_are_computed_once(server, tiny_model_dir):
+async def test_identical_prompts_together_are_computed_once(scratch_base_server, tiny_model_dir):
     model = load(tiny_model_dir)
     prompt = [(13 * j + 1) % 150000 for j in range(50)]
-    async with EngineClient([server]) as engine:
+    async with EngineClient([scratch_base_server]) as engine:
         await engine.control.flush_cache()
         before = await prefill_tokens(engine)
         comps = await asyncio.gather(*(engine.generate(prompt, sampling(s)) for s in range(6)))
@@ -85,10 +74,10 @@ async def test_identical_prompts_together_are_computed_once(server, tiny_model_d
         assert_exact(model, prompt, c)
 
 
-async def test_weight_update_and_flush_empty_the_cache(server, tiny_model_dir):
+async def test_weight_update_and_flush_empty_the_cache(scratch_base_server, tiny_model_dir):
     new_dir = cached_tiny_random(seed=1)
     model1 = load(new_dir)
-    async with EngineClient([server]) as engine:
+    async with EngineClient([scratch_base_server]) as engine:
         first = await engine.generate(P, sampling(1))
         again = await engine.generate(P + first.token_ids, sampling(2))
         assert again.cached_tokens > 0
