@@ -82,6 +82,17 @@ def launch_sglang(model_dir: Path, log_dir: Path, gpu: str, *extra: str, timeout
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def sglang_no_cuda_graphs() -> str:
+    """The Hydra override giving `engine=sglang` its usual launch arguments plus
+    `--disable-cuda-graph`: for GPU runs whose point is not speed (capturing CUDA graphs costs
+    each server start about 11 s, the first start on a machine more)."""
+    import yaml
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "engine" / "sglang.yaml"
+    args = [str(a) for a in yaml.safe_load(path.read_text())["extra_args"]]
+    return "engine.extra_args=[" + ",".join(repr(a) for a in [*args, "--disable-cuda-graph"]) + "]"
+
+
 # -- a real model family: Qwen3-0.6B's shape, the real Qwen BPE, Qwen3's own chat template ------
 
 # Qwen3-0.6B's config.json (random weights: nothing is downloaded)
