@@ -103,18 +103,24 @@ def build_tiny_random(
     return _save(model, out)
 
 
-def build_tiny_moe(out_dir: str | Path, seed: int = 0, hidden_size: int = 64) -> Path:
+def build_tiny_moe(
+    out_dir: str | Path, seed: int = 0, hidden_size: int = 64, tied: bool = True
+) -> Path:
     """A random-init Qwen3MoeForCausalLM (Qwen3-30B-A3B's shape cut down: 8 experts, 2 routed
     per token, every layer sparse) + the Qwen3 tokenizer: the mixture-of-experts model of the
     CPU tests. Its experts run transformers' grouped implementation (one grouped matmul over the
-    routed tokens, not a Python loop over experts) where the learner and the dev server load it."""
+    routed tokens, not a Python loop over experts) where the learner and the dev server load it.
+
+    `tied=False` gives it its own output head, as every released Qwen3-MoE has: SGLang's
+    Qwen3-MoE never ties the head to the embedding, so it serves a tied checkpoint with a head
+    it never loaded (an H100 run: 0.26 per token from the trainer's logprobs at step 1)."""
     import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     out = build_tokenizer(out_dir, "qwen3")
-    config = Qwen3MoeConfig(**_tiny_shape(hidden_size, 2), moe_intermediate_size=hidden_size,
-                            num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
-                            decoder_sparse_step=1)  # fmt: skip
+    shape = _tiny_shape(hidden_size, 2) | {"tie_word_embeddings": tied}
+    config = Qwen3MoeConfig(**shape, moe_intermediate_size=hidden_size, num_experts=8,
+                            num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1)  # fmt: skip
     torch.manual_seed(seed)
     model = Qwen3MoeForCausalLM(config)
     with torch.no_grad():  # a router at exactly 0 ties every expert: give each its own scores
