@@ -127,13 +127,17 @@ def engine_fraction(extra_args: list[str], default: float = 0.9) -> float:
 
 def block_activation_bytes(config: object, elem_bytes: int = 2) -> int:
     """Activations one token keeps through one transformer block for backward, estimated from the
-    model's shape: about 8 hidden-wide tensors (norm inputs/outputs, q, attention out, residuals),
-    the keys and values, and 3 MLP-wide ones (gate, up, their product). Measured at Qwen2.5-1.5B
-    on an H100 (16k-token micro-batches, all blocks kept vs all recomputed): 68 KB; this gives 79."""
+    model's shape: about 10 hidden-wide tensors (each norm's fp32 input counts twice, its output,
+    q before and after the rotary embedding, attention out), the keys and values before and after
+    theirs, and 4 MLP-wide ones (gate, up, the activated gate, their product). At Qwen2.5-1.5B
+    this gives 104 KB; a 1.5B update on an H200 that kept 23 of 28 blocks of 47k-token
+    micro-batches ran out of memory at 113 GB of activations, at least 104 KB per token and kept
+    block (an earlier estimate of 79 KB, with 3 MLP-wide tensors and 8 hidden-wide, is what let
+    it plan that; on an H100 the same estimate left the allocator retrying in every update)."""
     hidden = int(config.hidden_size)  # type: ignore[attr-defined]
     inter = int(getattr(config, "intermediate_size", 4 * hidden))
     h = heads_of(config)
-    return elem_bytes * (8 * hidden + 2 * h.num_kv_heads * h.head_dim + 3 * inter)
+    return elem_bytes * (10 * hidden + 4 * h.num_kv_heads * h.head_dim + 4 * inter)
 
 
 @dataclass(frozen=True)

@@ -18,16 +18,17 @@ QWEN_1_5B = SimpleNamespace(
 
 
 def test_block_bytes_estimate_covers_the_measured_qwen_block():
-    # measured on an H100: 68 KB per token per kept block at 1.5B (bf16); the estimate is above it
+    # an H200 update ran out of memory at 113 GB of activations for 47k-token micro-batches with
+    # 23 of 28 blocks kept: at least 104 KB per token per kept block at 1.5B (bf16)
     est = block_activation_bytes(QWEN_1_5B)
-    assert 68_000 <= est <= 1.3 * 68_000
+    assert 104_000 <= est <= 1.3 * 104_000
     assert block_activation_bytes(QWEN_1_5B, elem_bytes=4) == 2 * est
 
 
 @pytest.mark.parametrize(
     ("tokens", "budget_gib", "expected"),
     [
-        (16384, 45, 0),  # an H100 with the engine released: everything kept
+        (16384, 50, 0),  # an H100 with the engine released: everything kept
         (16384, 20, "some"),  # half the room: part recomputed
         (32768, 30, "some"),
         (32768, 2, 28),  # a 32k episode in little room: all recomputed

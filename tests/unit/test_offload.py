@@ -87,7 +87,7 @@ def test_auto_micro_batch_is_the_most_tokens_whose_activations_fit():
 
     # an 80 GB H100: the 0.5B's narrow blocks get the largest micro-batches, 1.5B smaller ones
     small, mid = tokens("0.5b", 0.494e9), tokens("1.5b", 1.54e9)
-    assert small == 49152 and 16384 <= mid <= 24576
+    assert 40960 <= small <= 49152 and 12288 <= mid <= 20480
     assert small % 1024 == 0 and mid % 1024 == 0
     # what the estimate leaves must hold the activations: 10 % and the reserve to spare
     cfg = SimpleNamespace(**QWEN25_SHAPES["1.5b"])
