@@ -141,3 +141,18 @@ def test_a_moe_model_at_tp_above_one_is_pushed_as_flattened_buckets():
     assert load_format("auto", 2, sparse) == "flattened_bucket"
     with pytest.raises(WeightSyncError, match="tp > 1"):
         load_format("direct", 2, sparse)
+
+
+def test_sglang_is_not_started_on_a_tied_moe_head_it_would_never_load(tmp_path):
+    """SGLang's Qwen3-MoE builds its own output head: a checkpoint that ties it to the embedding
+    (no lm_head.weight in its files) is refused before any server starts (an H100 run served it
+    0.26 per token from the trainer's logprobs); its own head, or a dense model, starts."""
+    from agentrl.assets.build import build_tiny_moe, cached_tiny_random
+    from agentrl.engine.fleet import check_head_loads
+    from agentrl.types import ConfigError
+
+    with pytest.raises(ConfigError, match="tie_word_embeddings=true and no lm_head.weight"):
+        check_head_loads(cached_tiny_moe())
+    check_head_loads(build_tiny_moe(tmp_path / "untied", tied=False))
+    check_head_loads(cached_tiny_random())  # a tied dense Qwen3: SGLang ties its head
+    check_head_loads(tmp_path / "not-a-checkpoint")  # left to SGLang
