@@ -4,8 +4,9 @@ the answer earns 0.3 on its turn, the exact answer 1.0 at the end), trained with
 of the same task; the advantages stay bounded (the old episode-baseline bug gave -500000).
 
 It learned here by the evaluation rule (+0.53, +0.63, +0.63 over seeds 0-2 in 12 steps, 35 s); CI
-keeps one learning run per algorithm family (per-turn credit is GRPO's), so this runs 3 steps and
-checks the mechanics; tests/unit/test_advantage.py checks the per-turn baselines by hand.
+keeps one learning run per algorithm family (per-turn credit is GRPO's), so this runs 3 steps of
+4 groups of 4 and checks the mechanics; tests/unit/test_advantage.py checks the per-turn baselines
+by hand.
 `AGENTRL_LEARN_ALL=1` runs the learning version."""
 
 import asyncio
@@ -21,14 +22,12 @@ pytestmark = pytest.mark.usefixtures("shared_ray")  # one Ray for the module's r
 
 LEARN = bool(os.environ.get("AGENTRL_LEARN_ALL"))
 STEPS = 12 if LEARN else 3  # learning: the evaluation rose by 0.53, 0.63, 0.63 over seeds 0-2
+MECHANICS = [f"trainer.steps={STEPS}", "trainer.tasks_per_step=4", "rollout.group_size=4",
+             "logging=local", "trainer.deterministic=true"]  # fmt: skip
 
 
 def test_tiny_model_learns_with_per_turn_rewards(tmp_path):
-    learn = (
-        eval_overrides(STEPS)
-        if LEARN
-        else [f"trainer.steps={STEPS}", "logging=local", "trainer.deterministic=true"]
-    )
+    learn = eval_overrides(STEPS) if LEARN else MECHANICS
     cfg = compose(["env=code_exec_turns", "algo.advantage.reward_level=turn", *learn,
                    f"checkpoint.dir={tmp_path}/ckpt"])  # fmt: skip
     history = asyncio.run(train(cfg, tmp_path / "out"))
