@@ -45,8 +45,9 @@ def canned_body(new_tokens: int) -> bytes:
     return json.dumps({"output_ids": ids, "meta_info": meta}).encode()
 
 
-async def instant_server(body: bytes) -> asyncio.Server:
-    """HTTP/1.1 keep-alive server on 127.0.0.1 answering every request with `body`."""
+async def instant_server(body: bytes, delay_s: float = 0.0) -> asyncio.Server:
+    """HTTP/1.1 keep-alive server on 127.0.0.1 answering every request with `body` (a batched
+    request, input_ids a list of lists, with a list of as many), `delay_s` after it arrived."""
     head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
     answer = head % len(body) + body
 
@@ -57,8 +58,16 @@ async def instant_server(body: bytes) -> asyncio.Server:
                 n = next(
                     int(x.split(b":")[1]) for x in lines if x.lower().startswith(b"content-length:")
                 )
-                await reader.readexactly(n)
-                writer.write(answer)
+                request = await reader.readexactly(n)
+                if delay_s:
+                    await asyncio.sleep(delay_s)
+                if request.startswith(b'{"input_ids":[[') or request.startswith(
+                    b'{"input_ids": [['
+                ):
+                    many = b"[" + b",".join([body] * len(json.loads(request)["input_ids"])) + b"]"
+                    writer.write(head % len(many) + many)
+                else:
+                    writer.write(answer)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass
@@ -128,6 +137,50 @@ async def http_overhead(a) -> None:
     print(f"ratio Rollout / bare aiohttp {ours / floor:.2f}; bare httpx / Rollout {old / ours:.1f}")
 
 
+async def lockstep(a) -> None:
+    """--lockstep-ms D: a server that answers every turn D ms after it arrived (a decode that
+    takes D whatever else runs, as in continuous batching) and nothing else. The rollout's wall
+    against turns x D is then what the client's own work at the turn boundaries costs the
+    episodes: per-episode requests; coalesced (engine.batch_window_ms=2), its batches answered
+    16 members at a time (engine/coalesce.py); and coalesced with each batch answered all at once (how it
+    was: every member's turn in one loop iteration before any next request left)."""
+    from transformers import AutoTokenizer
+
+    from agentrl.assets.build import cached_tokenizer
+    from agentrl.engine import EngineClient
+    from agentrl.envs.synthetic import FixedLengthEnv
+    from agentrl.rollout import Rollout, RolloutConfig
+
+    server = await instant_server(canned_body(a.new_tokens), a.lockstep_ms / 1000)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    tok = AutoTokenizer.from_pretrained(cached_tokenizer("qwen"))
+    cfg = RolloutConfig(group_size=1, max_turns=a.turns, max_new_tokens=a.new_tokens,
+                        max_context_tokens=a.prompt_words * 2 + a.turns * (a.new_tokens + 64),
+                        ignore_eos=True)  # fmt: skip
+    tasks = FixedLengthEnv.load_tasks(n=a.episodes, prompt_words=a.prompt_words)
+    ideal = a.turns * a.lockstep_ms / 1000
+    sides = [("per-episode requests", 0.0, None), ("coalesced, answered in chunks", 2.0, None),
+             ("coalesced, answered at once", 2.0, 10**9)]  # fmt: skip
+    print(f"{a.episodes} episodes x {a.turns} turns, each answered {a.lockstep_ms:g} ms after it "
+          f"arrived: ideal {ideal:.2f} s")  # fmt: skip
+    for name, window, settle in sides:
+        async with EngineClient([url], max_connections=4096, batch_window_ms=window) as engine:
+            if settle:
+                engine.gen.coalescer.settle_chunk = settle
+            rollout = Rollout(engine, tok, FixedLengthEnv, cfg, env_kwargs={"turns": a.turns})
+            await rollout.run(tasks[: max(a.episodes // 8, 1)])  # connections, caches
+            best = float("inf")
+            for _ in range(a.rounds):
+                t0 = time.perf_counter()
+                await rollout.run(tasks)
+                best = min(best, time.perf_counter() - t0)
+            cz = engine.gen.coalescer
+            per = cz.batched_calls / max(cz.batches_sent, 1) if window else 1.0
+        print(f"{name:<32} {best:6.2f} s  ideal/wall {ideal / best:.2f}  "
+              f"{per:.0f} turns per request")  # fmt: skip
+    server.close()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--prompt-words", type=int, default=128)
@@ -137,7 +190,12 @@ def main() -> None:
     p.add_argument("--episodes", type=int, default=256)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--lockstep-ms", type=float, default=0.0,
+                   help="turns answered after this many ms: the turn boundaries' cost")  # fmt: skip
     a = p.parse_args()
+    if a.lockstep_ms:
+        asyncio.run(lockstep(a))
+        return
     if a.http:
         asyncio.run(http_overhead(a))
         return

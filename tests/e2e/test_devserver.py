@@ -409,6 +409,36 @@ async def test_a_wave_of_calls_one_by_one_leaves_as_one_batch(devserver):
     assert [c.token_ids for c in out] == [c.token_ids for c in out2]
 
 
+async def test_a_batch_answers_in_chunks_so_the_next_wave_leaves_while_it_is_answered(devserver):
+    """Members answered first run their next turn while later ones are still being answered: a
+    client that spends CPU on each returning turn sends its next turns in several batches, the
+    first before the last member of the wave has its answer (coalesce.SETTLE_CHUNK). Handed out
+    at once, all 48 turns ran in one loop iteration and each turn left as one batch."""
+    import time
+
+    from agentrl.engine.coalesce import SETTLE_CHUNK
+
+    params = SamplingParams(max_new_tokens=2, temperature=0, ignore_eos=True)
+    n, turns = 3 * SETTLE_CHUNK, 3
+    answered: list[tuple[int, int]] = []
+
+    async def episode(engine: EngineClient, i: int) -> list[int]:
+        ids = [7 + i, 8, 9, 10]
+        for t in range(turns):
+            ids = ids + (await engine.generate(ids, params)).token_ids
+            answered.append((t, i))
+            time.sleep(0.002)  # the client's own work on the turn (render, env step), CPU-bound
+        return ids
+
+    async with EngineClient([devserver], batch_window_ms=1, batch_max_wait_ms=10) as engine:
+        together = await asyncio.gather(*(episode(engine, i) for i in range(n)))
+        cz = engine.gen.coalescer
+        assert cz.batched_calls == n * turns and cz.batches_sent > turns
+    async with EngineClient([devserver]) as engine:
+        alone = await asyncio.gather(*(episode(engine, i) for i in range(n)))
+    assert together == alone  # greedy: the same ids whichever way they were batched
+
+
 def test_sigterm_stops_the_server_cleanly(weights_server_proc):
     """The module's last test: it stops the weights server (after the tests that use it)."""
     url, proc = weights_server_proc
