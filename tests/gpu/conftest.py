@@ -1,5 +1,9 @@
 """Shared pieces of the GPU tests: a small random bf16 Qwen3, a fresh Ray per test, a random
-TrainBatch, and a real SGLang server on loopback (SGLang from ../shared/gpu-host on our hosts)."""
+TrainBatch, and a real SGLang server on loopback (SGLang from ../shared/gpu-host on our hosts).
+
+The suite runs on one GPU in parallel: `pytest -m gpu tests/gpu -n 3 --dist loadgroup`
+(pytest-xdist). Each test holds a shared turn on the GPU; one marked `gpu_alone` (it reads the
+device's free memory) runs with no other test on it (gpu_helpers.gpu_turn)."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from gpu_helpers import gpu_turn
 
 from agentrl.learner import RayConfig
 from agentrl.learner.ray_start import start_ray, stop_ray
@@ -38,3 +43,9 @@ def ray_on(monkeypatch):
 
     yield start
     stop_ray()
+
+
+@pytest.fixture(autouse=True)
+def _gpu_turn(request):
+    with gpu_turn(alone=request.node.get_closest_marker("gpu_alone") is not None):
+        yield

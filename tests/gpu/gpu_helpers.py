@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -45,6 +46,38 @@ def make_batch(seed: int = 0, n_seqs: int = 8) -> TrainBatch:
     )
 
 
+# -- turns on one GPU for `pytest -m gpu tests/gpu -n 3` (pytest-xdist: tests share the GPU) ---------
+
+_TURNS = Path(os.environ.get("AGENTRL_GPU_TURNS", f"/tmp/agentrl-gpu-turns-{os.getuid()}"))
+_held = {"shared": 0, "alone": False}  # this process's turn (re-entrant)
+
+
+@contextmanager
+def gpu_turn(alone: bool = False) -> Iterator[None]:
+    """A turn on the GPU shared by every xdist worker: many tests at once, or one test `alone`
+    (it reads the device's free memory, which another test's allocations would move). A
+    readers-writer lock over processes: flock on `room` (shared / exclusive), entered through
+    `door` so a waiting `alone` test is not starved by a stream of shared ones. Re-entrant: a
+    server started inside a turn (launch_sglang) takes none of its own. Without xdist nothing
+    contends."""
+    import fcntl
+
+    if _held["alone"] or (_held["shared"] and not alone):
+        yield
+        return
+    _TURNS.mkdir(parents=True, exist_ok=True)
+    with open(_TURNS / "door", "a") as door, open(_TURNS / "room", "a") as room:
+        fcntl.flock(door, fcntl.LOCK_EX)
+        fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(door, fcntl.LOCK_UN)
+        key = "alone" if alone else "shared"
+        _held[key] += 1
+        try:
+            yield
+        finally:
+            _held[key] -= 1  # closing `room` ends the turn
+
+
 @contextmanager
 def launch_sglang(model_dir: Path, log_dir: Path, gpu: str, *extra: str, timeout_s: float = 420):
     """`python -m sglang.launch_server` on 127.0.0.1 and the GPUs `gpu` names ("0" or "0,1"); yields
@@ -56,23 +89,28 @@ def launch_sglang(model_dir: Path, log_dir: Path, gpu: str, *extra: str, timeout
            "--host", "127.0.0.1", "--port", str(port), "--skip-tokenizer-init",
            "--attention-backend", "triton", "--sampling-backend", "pytorch",
            "--grammar-backend", "none", "--mm-feature-transport", "cpu", "--disable-cuda-graph",
-           "--mem-fraction-static", "0.3", "--dtype", "bfloat16", *extra]  # fmt: skip
+           "--mem-fraction-static", "0.2", "--dtype", "bfloat16", *extra]  # fmt: skip
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "NCCL_SOCKET_IFNAME": "lo"}
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    try:
+    with gpu_turn():  # its allocations happen here: never while a test reads free memory alone
+        with open(log, "w") as f:
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)  # fmt: skip
         deadline = time.monotonic() + timeout_s
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
+        try:
+            while True:
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                try:
+                    if httpx.get(url + "/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(2)
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    try:
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -82,15 +120,19 @@ def launch_sglang(model_dir: Path, log_dir: Path, gpu: str, *extra: str, timeout
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def sglang_no_cuda_graphs() -> str:
-    """The Hydra override giving `engine=sglang` its usual launch arguments plus
-    `--disable-cuda-graph`: for GPU runs whose point is not speed (capturing CUDA graphs costs
-    each server start about 11 s, the first start on a machine more)."""
+def sglang_test_args(cuda_graphs: bool = False) -> str:
+    """The Hydra override giving `engine=sglang` its usual launch arguments for a test run:
+    `--mem-fraction-static 0.2` (tests share the GPU under xdist; tiny models need little KV)
+    and, where speed is not the point, `--disable-cuda-graph` (capturing CUDA graphs costs each
+    server start about 11 s, the first start on a machine more)."""
     import yaml
 
     path = Path(__file__).resolve().parents[2] / "configs" / "engine" / "sglang.yaml"
     args = [str(a) for a in yaml.safe_load(path.read_text())["extra_args"]]
-    return "engine.extra_args=[" + ",".join(repr(a) for a in [*args, "--disable-cuda-graph"]) + "]"
+    i = args.index("--mem-fraction-static")
+    args[i + 1] = "0.2"
+    args += [] if cuda_graphs else ["--disable-cuda-graph"]
+    return "engine.extra_args=[" + ",".join(repr(a) for a in args) + "]"
 
 
 # -- a real model family: Qwen3-0.6B's shape, the real Qwen BPE, Qwen3's own chat template ------

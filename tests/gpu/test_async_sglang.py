@@ -11,7 +11,7 @@ import json
 
 import pytest
 import torch
-from gpu_helpers import sglang_no_cuda_graphs
+from gpu_helpers import sglang_test_args
 
 from agentrl.config import compose
 from agentrl.train import train
@@ -26,7 +26,7 @@ STEPS, STALENESS = 6, 1
 def test_async_training_on_sglang_keeps_versions_within_the_bound(tmp_path):
     pytest.importorskip("sglang")
     cfg = compose([
-        "engine=sglang", sglang_no_cuda_graphs(), "engine.colocate=false", "learner=gpu", "weight_sync.method=disk",
+        "engine=sglang", sglang_test_args(), "engine.colocate=false", "learner=gpu", "weight_sync.method=disk",
         "trainer.mode=async", f"trainer.async.max_staleness={STALENESS}", f"trainer.steps={STEPS}",
         f"checkpoint.every={STEPS}", f"checkpoint.dir={tmp_path}/ckpt", "logging=local",
     ])  # fmt: skip

@@ -35,6 +35,7 @@ def score(group: LearnerGroup, completion: list[int]) -> torch.Tensor:
     return trainer_logprobs(group, PROMPT, completion)
 
 
+@pytest.mark.gpu_alone  # it reads the device's free memory after each cycle
 @pytest.mark.parametrize("tp", [1, 2])
 def test_colocated_cycles_serve_trainer_weights_without_memory_growth(
     tp, ray_on, model_dir, tmp_path

@@ -26,6 +26,7 @@ from agentrl.weight_sync import WeightSyncConfig, lora_sglang_args, make_weight_
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.xdist_group("lora"),  # one worker: the module's server starts once
 ]
 PPO = LossConfig(name="ppo_clip")
 PROMPT = [9707, 11, 1879, 0, 4340, 525, 498] * 4

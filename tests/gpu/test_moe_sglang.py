@@ -12,7 +12,7 @@ import json
 
 import pytest
 import torch
-from gpu_helpers import sglang_no_cuda_graphs
+from gpu_helpers import sglang_test_args
 from safetensors import safe_open
 
 from agentrl.assets.build import build_tiny_moe
@@ -31,7 +31,7 @@ def test_a_moe_model_trains_and_its_pushes_reach_sglang(load_format, tmp_path):
     # head_dim 64 for SGLang's kernels; its own output head, as SGLang's Qwen3-MoE never ties one
     model = build_tiny_moe(tmp_path / "moe", hidden_size=256, tied=False)
     cfg = compose([
-        f"model.path={model}", "engine=sglang", sglang_no_cuda_graphs(), "learner=gpu", "weight_sync.method=tensor",
+        f"model.path={model}", "engine=sglang", sglang_test_args(), "learner=gpu", "weight_sync.method=tensor",
         f"weight_sync.load_format={load_format}", "learner.routing_replay=true",
         "env=custom", "env._target_=agentrl.envs.synthetic.FixedLengthEnv", "env.tasks.n=16",
         "env.tasks.prompt_words=32", "env.args.turns=2", "rollout.max_new_tokens=32",

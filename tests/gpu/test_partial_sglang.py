@@ -19,6 +19,7 @@ from agentrl.types import FinishReason
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.xdist_group("partial"),  # one worker: the module's server starts once
 ]
 PROMPTS = [[9707, 11, 1879, 0, 4340, 525, 498], [785, 3974, 13876, 38835, 30]]
 N = 1500

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from gpu_helpers import build_qwen3_toolcaller, sglang_no_cuda_graphs, trl_chat_template
+from gpu_helpers import build_qwen3_toolcaller, sglang_test_args, trl_chat_template
 
 pytestmark = [
     pytest.mark.gpu,
@@ -104,7 +104,7 @@ def test_real_qwen3_template_code_exec_on_colocated_sglang(tmp_path):
     print(f"REALQWEN3 warm-up example: {warm['example'][:300]!r}")
 
     overrides = [
-        "env=code_exec", "engine=sglang", sglang_no_cuda_graphs(), "learner=gpu", "weight_sync.method=tensor",
+        "env=code_exec", "engine=sglang", sglang_test_args(), "learner=gpu", "weight_sync.method=tensor",
         "model=local", f"model.path={model_dir}", "logging=local",
         f"trainer.steps={STEPS}", f"trainer.tasks_per_step={TASKS}", f"rollout.group_size={SAMPLES}",
         f"checkpoint.every={STEPS}", f"checkpoint.dir={tmp_path}/ckpt", "checkpoint.resume=never",

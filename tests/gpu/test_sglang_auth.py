@@ -25,7 +25,7 @@ pytestmark = [
 ]
 FLAGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch",
          "--grammar-backend", "none", "--mm-feature-transport", "cpu", "--disable-cuda-graph",
-         "--mem-fraction-static", "0.3", "--dtype", "bfloat16"]  # fmt: skip
+         "--mem-fraction-static", "0.2", "--dtype", "bfloat16"]  # fmt: skip
 CFG = EngineConfig(kind="sglang", extra_args=FLAGS, health_timeout_s=420, router="smg")
 PROMPT = [9707, 11, 1879, 0, 4340, 525, 498]
 ATTACKS = [

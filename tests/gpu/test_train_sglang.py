@@ -12,6 +12,7 @@ import json
 
 import pytest
 import torch
+from gpu_helpers import sglang_test_args
 from transformers import AutoModelForCausalLM
 
 from agentrl.config import compose
@@ -27,7 +28,8 @@ STEPS = 4
 def test_tiny_model_trains_on_colocated_sglang(tmp_path):
     pytest.importorskip("sglang")
     cfg = compose([
-        "engine=sglang", "learner=gpu", "weight_sync.method=tensor", "algo.reference=true",
+        "engine=sglang", sglang_test_args(cuda_graphs=True), "learner=gpu", "weight_sync.method=tensor",
+        "algo.reference=true",
         f"trainer.steps={STEPS}", f"checkpoint.every={STEPS}", f"checkpoint.dir={tmp_path}/ckpt",
         "logging=local",
     ])  # fmt: skip
