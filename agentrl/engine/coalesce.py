@@ -96,16 +96,8 @@ class Coalescer:
             task.add_done_callback(self.client._background.discard)
 
     async def _post(self, s: Any, items: list[tuple[dict[str, Any], asyncio.Future]]) -> None:
-        def settle_some(start: int, results: list[Any]) -> None:
-            for (_, f), res in zip(items[start : start + len(results)], results, strict=True):
-                if not f.done():
-                    if isinstance(res, BaseException):
-                        f.set_exception(res)
-                    else:
-                        f.set_result(res)
-
         def settle(results: list[Any]) -> None:
-            settle_some(0, results)
+            _settle(items, results)
 
         body = {
             "input_ids": [p["input_ids"] for p, _ in items],
@@ -152,10 +144,25 @@ class Coalescer:
                     results.append(e)
         except ValueError as e:
             results = [EngineProtocolError(f"{s.url}/generate (batched): {e}")] * len(items)
+        await self._answer(items, results)
+
+    async def _answer(self, items: list[tuple[Any, asyncio.Future]], results: list[Any]) -> None:
+        """Each member its result, `settle_chunk` at a time with the loop let run between (the
+        module docstring says why)."""
         try:
             for i in range(0, len(items), self.settle_chunk):
                 if i:
                     await asyncio.sleep(0)  # the members answered so far run their turns first
-                settle_some(i, results[i : i + self.settle_chunk])
+                _settle(items[i : i + self.settle_chunk], results[i : i + self.settle_chunk])
         finally:  # cancelled between chunks: nobody is left waiting
-            settle(results)
+            _settle(items, results)
+
+
+def _settle(items: list[tuple[Any, asyncio.Future]], results: list[Any]) -> None:
+    """Each waiting member its result: a Completion, a retry reason, or an exception."""
+    for (_, f), res in zip(items, results, strict=True):
+        if not f.done():
+            if isinstance(res, BaseException):
+                f.set_exception(res)
+            else:
+                f.set_result(res)
