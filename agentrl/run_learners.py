@@ -6,6 +6,7 @@ the offload mode chosen and checked against each host's memory before the server
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import math
 from collections.abc import Callable
@@ -147,7 +148,7 @@ def _learner_groups(
     roles = 1 + with_ref + with_critic
     if roles > 1 and base.num_gpus_per_worker >= 1:
         base = base.model_copy(update={"num_gpus_per_worker": base.num_gpus_per_worker / roles})
-    out: dict[str, Any] = {}
+    configs: dict[str, LearnerConfig] = {}
     for role, wanted in (("policy", True), ("reference", with_ref), ("critic", with_critic)):
         if not wanted:
             continue
@@ -160,8 +161,19 @@ def _learner_groups(
             if c.warmup_steps is not None:
                 update["warmup_steps"] = c.warmup_steps
             lcfg = base.model_copy(update=update)
-        out[role] = group = LearnerGroup(lcfg, role)  # type: ignore[arg-type]
-        stack.callback(_quietly, f"{role} learner", group.shutdown)
+        configs[role] = lcfg
+    # the roles start side by side: a rank's start is mostly its process importing torch and
+    # loading the model (3-4 s each on a 2-core CPU box), and a PPO run with a KL term has three
+    with concurrent.futures.ThreadPoolExecutor(len(configs), "start-learner") as pool:
+        started = {role: pool.submit(LearnerGroup, lcfg, role) for role, lcfg in configs.items()}
+    out: dict[str, Any] = {}
+    for role, future in started.items():
+        if future.exception() is None:  # each started one is shut down with the run
+            out[role] = group = future.result()
+            stack.callback(_quietly, f"{role} learner", group.shutdown)
+    for future in started.values():
+        if (error := future.exception()) is not None:
+            raise error
     return out
 
 

@@ -59,6 +59,27 @@ def choose_offload(
     return choice  # at worst all: nothing of the learner stays; the engine alone must fit
 
 
+def update_overflow(
+    params: list[tuple[int, bool]], ranks: int, total_bytes: float, frozen_bytes: int = 2
+) -> str:
+    """Why the learner's update cannot fit a GPU of `total_bytes` (empty when it can): at the
+    update every rank holds its whole state — 16 bytes per trained parameter (weights, gradients,
+    Adam's moments), frozen weights as stored, sharded over `ranks` — whatever `learner.offload`
+    moves out while the engine samples, plus `RESERVE_BYTES`; activations come on top. A run
+    this says no to would sample a whole step and then run out of memory in its first update."""
+    need = resident_bytes(params, "none", frozen_bytes) / ranks
+    if need + RESERVE_BYTES <= total_bytes:
+        return ""
+    return (
+        f"the learner's update needs {need / GB:.1f} GiB of state on each GPU (16 bytes per "
+        f"trained parameter: weights, gradients, Adam's moments; over {ranks} rank(s)) plus "
+        f"{RESERVE_BYTES / GB:.0f} GiB of reserve and its activations, and a GPU has "
+        f"{total_bytes / GB:.1f} GiB: it cannot fit, whatever learner.offload moves out while the "
+        "engine samples. Train LoRA adapters (learner.lora.rank), spread the learner over more "
+        "GPUs (learner.num_workers) or take a smaller model"
+    )
+
+
 def resident_bytes(params: list[tuple[int, bool]], mode: str, frozen_bytes: int = 2) -> float:
     """Bytes of learner state `mode` keeps on the GPUs while the engine samples, summed over the
     ranks: RESIDENT_BYTES per trained parameter, frozen weights unless `all` moves them too."""

@@ -141,3 +141,18 @@ def test_an_offloaded_learner_counts_its_host_state_as_available():
     opt.step()
     state = LearnerWorker._host_state_bytes(SimpleNamespace(model=model, opt=opt))
     assert state == 16 * sum(p.numel() for p in model.parameters())
+
+
+def test_an_update_that_cannot_fit_the_gpu_is_refused_before_the_first_rollout():
+    """The learner's whole state is on the GPU at the update whatever offload moved out while
+    the engine sampled: a full 7B on one 80 GB GPU (122 GB of state) is refused by name, with
+    what to do; on two ranks, as LoRA (frozen bf16 base), or at 1.5B it fits."""
+    from agentrl.learner.memory import GB, update_overflow
+
+    total = 79.2 * GB
+    error = update_overflow([(7.6e9, True)], 1, total)
+    assert "cannot fit" in error and "learner.lora.rank" in error and "121.6 GiB" not in error
+    assert "113.2 GiB" in error  # 16 bytes x 7.6e9 in GiB
+    assert update_overflow([(7.6e9, True)], 2, total) == ""
+    assert update_overflow([(7.6e9, False), (20e6, True)], 1, total) == ""  # LoRA on a 7B
+    assert update_overflow([(1.54e9, True), (1.54e9, False)], 1, total) == ""  # + a reference
