@@ -27,3 +27,16 @@ def test_rollout_bench_measures_every_side(scratch_devserver, tiny_model_dir, tm
         assert r["coalesced_batch_mean"] >= 1
     assert multi["turns"] == 2 and multi["bare_turns_s"] > 0 and multi["tool_latency_s"] > 0
     assert "tool latency" in done.stdout and "bare multi-turn client" in done.stdout
+
+
+def test_turn_boundary_bench_runs_its_three_clients():
+    """bench/rollout_overhead.py --lockstep-ms: per-episode requests, coalesced batches answered
+    in chunks and answered at once, against a server answering each turn after a fixed delay."""
+    cmd = [sys.executable, str(ROOT / "bench" / "rollout_overhead.py"), "--lockstep-ms", "40",
+           "--episodes", "16", "--turns", "2", "--rounds", "1", "--new-tokens", "8"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    rows = [x for x in done.stdout.splitlines() if "ideal/wall" in x]
+    assert len(rows) == 3 and rows[0].startswith("per-episode requests")
+    ratios = [float(x.split("ideal/wall")[1].split()[0]) for x in rows]
+    assert all(0 < r <= 1.05 for r in ratios), rows
