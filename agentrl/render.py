@@ -422,9 +422,16 @@ def _continuation(prompt: str, full: str) -> tuple[bool, str]:
 
 
 def _common_prefix(a: str, b: str) -> str:
-    n = min(len(a), len(b))
-    i = next((k for k in range(n) if a[k] != b[k]), n)
-    return a[:i]
+    """The longest common prefix, by halving on slice equality (compared in C): a rendered
+    conversation is thousands of characters, and this runs for every turn's observation."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return a[:lo]
 
 
 def _default_assistant(new: list[Message]) -> Message:
