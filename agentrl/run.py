@@ -141,7 +141,7 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
             if resume is not None and lora_mode != "adapter":  # else the base; its adapter
                 engine_model = resume / "policy" / "model"  # comes after the start
             learner_gpus, engine_cfg = split_gpus(cfg, engine_cfg, console)
-            if _shares_no_memory(engine_cfg) and engine_cfg.placement == "local":
+            if not cfg.engine.colocate and engine_cfg.placement == "local":
                 # the servers load while the learners start (colocated, the learner goes
                 # first and steps aside; servers Ray places need Ray up)
                 fleet = stack.enter_context(launch_fleet(engine_cfg, engine_model, out, False))
@@ -187,12 +187,6 @@ def _engine_config(cfg: Config, lora_mode: str | None, train: bool) -> EngineCon
 
 
 ROUTED = "--enable-return-routed-experts"  # SGLang's flag (R3), and the dev server's
-
-
-def _shares_no_memory(engine_cfg: EngineConfig) -> bool:
-    """The servers need no room the learner must give up first: not colocated, or dev servers
-    on the CPU (a CPU run's quick start: the server's start no longer waits for the learners')."""
-    return not engine_cfg.colocate or (engine_cfg.kind == "dev" and engine_cfg.device == "cpu")
 
 
 async def _start_engines(
