@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -49,7 +50,7 @@ def make_batch(seed: int = 0, n_seqs: int = 8) -> TrainBatch:
 # -- turns on one GPU for `pytest -m gpu tests/gpu -n 3` (pytest-xdist: tests share the GPU) ---------
 
 _TURNS = Path(os.environ.get("AGENTRL_GPU_TURNS", f"/tmp/agentrl-gpu-turns-{os.getuid()}"))
-_held = {"shared": 0, "alone": False}  # this process's turn (re-entrant)
+_held = {"shared": 0, "alone": 0}  # turns this process holds (re-entrant)
 
 
 @contextmanager
@@ -83,7 +84,9 @@ def launch_sglang(model_dir: Path, log_dir: Path, gpu: str, *extra: str, timeout
     """`python -m sglang.launch_server` on 127.0.0.1 and the GPUs `gpu` names ("0" or "0,1"); yields
     its URL."""
     pytest.importorskip("sglang")
-    port = 31000 + os.getpid() % 1000
+    with socket.socket() as probe:  # a free port: xdist workers and a module's second server
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     log = Path(log_dir) / "server.log"
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
            "--host", "127.0.0.1", "--port", str(port), "--skip-tokenizer-init",

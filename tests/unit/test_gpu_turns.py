@@ -1,0 +1,73 @@
+"""The GPU suite's turns (tests/gpu/gpu_helpers.gpu_turn), checked on the CPU: under pytest-xdist
+many tests hold the GPU at once, a test marked gpu_alone holds it with nobody else, a waiting one
+is not starved by later shared turns, and a turn taken inside a turn (a server a test starts)
+takes nothing more."""
+
+from __future__ import annotations
+
+import fcntl
+import multiprocessing as mp
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+import gpu_helpers  # noqa: E402
+
+
+def _hold(turns: str, name: str, alone: bool, release, log) -> None:
+    gpu_helpers._TURNS = Path(turns)
+    with gpu_helpers.gpu_turn(alone=alone):
+        log.put(("in", name, time.monotonic()))  # stamped: a Queue keeps no order across processes
+        with gpu_helpers.gpu_turn():  # re-entrant: a server started inside the turn
+            release.wait(30)
+        log.put(("out", name, time.monotonic()))
+
+
+def _door_taken(turns: Path) -> bool:
+    """Someone waits at the door (an alone turn waiting for the room to empty)."""
+    with open(turns / "door", "a") as door:
+        try:
+            fcntl.flock(door, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(door, fcntl.LOCK_UN)
+        return False
+
+
+def test_an_alone_turn_excludes_the_others_and_later_shared_turns_wait_for_it(tmp_path):
+    ctx = mp.get_context("fork")
+    log, first, later = ctx.Queue(), ctx.Event(), ctx.Event()
+    later.set()  # the alone turn and the late shared one leave as soon as they are in
+
+    def start(name: str, alone: bool, release) -> mp.Process:
+        p = ctx.Process(target=_hold, args=(str(tmp_path), name, alone, release, log))
+        p.start()
+        return p
+
+    procs = [start("s1", False, first), start("s2", False, first)]
+    assert {log.get(timeout=30)[:2], log.get(timeout=30)[:2]} == {("in", "s1"), ("in", "s2")}
+    procs.append(start("alone", True, later))
+    deadline = time.monotonic() + 30
+    while not _door_taken(tmp_path):  # the alone turn waits, holding the door
+        assert time.monotonic() < deadline, "the alone turn never reached the door"
+        time.sleep(0.01)
+    procs.append(start("s3", False, later))  # a shared turn asking after it
+    first.set()
+    events = sorted((log.get(timeout=30) for _ in range(6)), key=lambda e: e[2])
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    order = [f"{k} {n}" for k, n, _ in events]
+    alone_in, alone_out = order.index("in alone"), order.index("out alone")
+    assert alone_in > max(order.index("out s1"), order.index("out s2")), order
+    assert order.index("in s3") > alone_out, order  # not starved, and alone while in
+
+
+def test_a_process_holds_no_turn_after_its_turns_end(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_helpers, "_TURNS", tmp_path)
+    with gpu_helpers.gpu_turn(alone=True), gpu_helpers.gpu_turn():
+        pass
+    with gpu_helpers.gpu_turn():
+        pass
+    assert gpu_helpers._held == {"shared": 0, "alone": 0}
