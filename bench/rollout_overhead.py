@@ -137,13 +137,27 @@ async def http_overhead(a) -> None:
     print(f"ratio Rollout / bare aiohttp {ours / floor:.2f}; bare httpx / Rollout {old / ours:.1f}")
 
 
+def _serve(body: bytes, delay_s: float, conn) -> None:
+    """instant_server in a process of its own (its port sent on `conn`), until terminated."""
+
+    async def run() -> None:
+        server = await instant_server(body, delay_s)
+        conn.send(server.sockets[0].getsockname()[1])
+        await server.serve_forever()
+
+    asyncio.run(run())
+
+
 async def lockstep(a) -> None:
-    """--lockstep-ms D: a server that answers every turn D ms after it arrived (a decode that
-    takes D whatever else runs, as in continuous batching) and nothing else. The rollout's wall
-    against turns x D is then what the client's own work at the turn boundaries costs the
-    episodes: per-episode requests; coalesced (engine.batch_window_ms=2), its batches answered
-    16 members at a time (engine/coalesce.py); and coalesced with each batch answered all at once (how it
-    was: every member's turn in one loop iteration before any next request left)."""
+    """--lockstep-ms D: a server (a process of its own) that answers every turn D ms after it
+    arrived, as a decode that takes D whatever else runs would, and does nothing else. The
+    rollout's wall against turns x D is then what the client's own work at the turn boundaries
+    costs the episodes: per-episode requests; coalesced (engine.batch_window_ms=2), its batches
+    answered 16 members at a time (engine/coalesce.py); and coalesced with each batch answered
+    all at once (how it was: every member's turn in one loop iteration before any next request
+    left)."""
+    import multiprocessing as mp
+
     from transformers import AutoTokenizer
 
     from agentrl.assets.build import cached_tokenizer
@@ -151,8 +165,12 @@ async def lockstep(a) -> None:
     from agentrl.envs.synthetic import FixedLengthEnv
     from agentrl.rollout import Rollout, RolloutConfig
 
-    server = await instant_server(canned_body(a.new_tokens), a.lockstep_ms / 1000)
-    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    ctx = mp.get_context("fork")  # the server on a core of its own: only the client measured
+    ours, theirs = ctx.Pipe()
+    proc = ctx.Process(target=_serve, args=(canned_body(a.new_tokens), a.lockstep_ms / 1000,
+                                            theirs), daemon=True)  # fmt: skip
+    proc.start()
+    url = f"http://127.0.0.1:{ours.recv()}"
     tok = AutoTokenizer.from_pretrained(cached_tokenizer("qwen"))
     cfg = RolloutConfig(group_size=1, max_turns=a.turns, max_new_tokens=a.new_tokens,
                         max_context_tokens=a.prompt_words * 2 + a.turns * (a.new_tokens + 64),
@@ -178,7 +196,7 @@ async def lockstep(a) -> None:
             per = cz.batched_calls / max(cz.batches_sent, 1) if window else 1.0
         print(f"{name:<32} {best:6.2f} s  ideal/wall {ideal / best:.2f}  "
               f"{per:.0f} turns per request")  # fmt: skip
-    server.close()
+    proc.terminate()
 
 
 def main() -> None:
