@@ -145,31 +145,36 @@ def _dpkg(*args: str) -> str:
     return res.stdout if res.returncode == 0 else ""
 
 
-def _installed(pkg: str) -> str | None:
-    """The installed version of `pkg`, or None."""
-    out = _dpkg("-W", "-f=${Status}\t${Version}", pkg)
-    status, _, version = out.partition("\t")
-    return version if status.endswith(" installed") else None
+def _installed() -> dict[str, tuple[str, str]]:
+    """Every package dpkg has installed: its name -> (its version, its Depends and Pre-Depends),
+    from one dpkg-query call (three calls a package took 1.6 s for python3, bash and coreutils)."""
+    out = _dpkg("-W", "-f=${Package}\t${Status}\t${Version}\t${Depends},${Pre-Depends}\n")
+    found: dict[str, tuple[str, str]] = {}
+    for line in out.splitlines():
+        name, status, version, deps = line.split("\t", 3)
+        if status.endswith(" installed"):
+            found.setdefault(name, (version, deps))  # a package of several architectures: once
+    return found
 
 
 def package_closure(packages: list[str]) -> dict[str, str]:
     """`packages` and every package they depend on (the first installed alternative of each
     dependency), with their installed versions. A requested package that is not installed
     raises, naming it."""
-    missing = [p for p in packages if _installed(p) is None]
+    installed = _installed()
+    missing = [p for p in packages if p not in installed]
     if missing:
         raise RuntimeError(f"build_image: not installed on this host: {missing} (apt install them)")
     seen: dict[str, str] = {}
     todo = list(packages)
     while todo:
         pkg = todo.pop()
-        if pkg in seen or (version := _installed(pkg)) is None:
+        if pkg in seen or pkg not in installed:
             continue
-        seen[pkg] = version
-        deps = _dpkg("-W", "-f=${Depends},${Pre-Depends}", pkg)
+        seen[pkg], deps = installed[pkg]
         for alt in filter(None, (d.strip() for d in deps.split(","))):
             names = [a.strip().split(" ")[0].split(":")[0] for a in alt.split("|")]
-            todo.append(next((n for n in names if _installed(n)), names[0]))
+            todo.append(next((n for n in names if n in installed), names[0]))
     return dict(sorted(seen.items()))
 
 
