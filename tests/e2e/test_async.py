@@ -1,11 +1,11 @@
 """trainer.mode=async on the whole CPU stack (dev server, sandbox, FSDP2 on Ray, gloo weight sync),
-the quick start's settings: rollouts run on while the learner trains, ahead of it by at least one
-version and never by more than trainer.async.max_staleness, and every trained token carries the
-version that sampled it.
+the quick start's settings (in CI smaller steps): rollouts run on while the learner trains, ahead
+of it by at least one version and never by more than trainer.async.max_staleness, and every
+trained token carries the version that sampled it.
 
 Async is no algorithm family: it learned here by the rule of tests/e2e/learning_rule.py (14 steps:
 evaluation +0.59, +0.74 at max_staleness 1, +0.60, +0.74 at 4, seeds 0-1), and CI keeps one
-learning run per family, so this runs 3 steps at max_staleness 2 and checks the mechanics
+learning run per family, so this runs 3 small steps at max_staleness 2 and checks the mechanics
 (staleness 0, 1, 2: the bound is reached by the third step);
 `AGENTRL_LEARN_ALL=1` runs the learning version (s=1 and s=4). Also covered: the staleness
 accounting by hand in tests/unit/test_producer.py, cut turns that go on under new weights in
@@ -31,13 +31,16 @@ STEPS = 14 if LEARN else 3  # learning: +0.59, +0.74 (s=1), +0.60, +0.74 (s=4); 
 AGENT = ["env=custom", "env._target_=agentrl.envs.examples.agent_openai.AddAgent",
          "trainer.sampling.dynamic_sampling=true"]  # fmt: skip
 CASES = {"s1": (1, []), "s4": (4, [])} if LEARN else {"s2": (2, []), "agent-s2": (2, AGENT)}
+# CI: 4 groups of 4 a step instead of the quick start's 8 of 8 (the rollouts still outrun the
+# learner: staleness 0, 1, 2 as before; about 4 s a case)
+MECHANICS = [f"trainer.steps={STEPS}", "trainer.tasks_per_step=4", "rollout.group_size=4",
+             "checkpoint.every=0", "logging=local"]  # fmt: skip
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_quick_start_in_async_mode_stays_within_the_staleness_bound(case, tmp_path):
     staleness, env = CASES[case]
-    learn = eval_overrides(STEPS) if LEARN else [f"trainer.steps={STEPS}", "checkpoint.every=0",
-                                                 "logging=local"]  # fmt: skip
+    learn = eval_overrides(STEPS) if LEARN else MECHANICS
     cfg = compose([*env, *learn, f"checkpoint.dir={tmp_path}/ckpt", "trainer.mode=async",
                    f"trainer.async.max_staleness={staleness}"])  # fmt: skip
     history = asyncio.run(train(cfg, tmp_path / "out"))
