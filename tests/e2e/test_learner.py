@@ -147,16 +147,21 @@ def test_two_ranks_match_one_rank_then_skip_nan_then_checkpoint(groups, tmp_path
     assert (ckpt / "model" / "tokenizer.json").exists()
 
 
-def test_old_logprobs_from_the_update_are_the_scoring_pass(ray_up, tiny_model_dir) -> None:
+def test_old_logprobs_from_the_update_are_the_scoring_pass(groups, tmp_path: Path) -> None:
     """algo.old_logprobs=auto with one optimizer step per batch: the step takes pi_old from its
     own forward instead of a scoring pass before it. Same numbers: the logprobs it reports are
-    the scoring pass's, and the step lands on the same weights."""
+    the scoring pass's, and the step lands on the same weights. Both from the same state: the
+    module's two-rank group, saved first (weights and optimizer; a reload is exact, as the first
+    test checks) and loaded back before each way and after."""
+    _, group = groups
     batch = make_batch(seed=4)
     no_old = batch.replace(trainer_old_logprobs=None)
+    start = str(tmp_path / "start")
+    group.save_checkpoint(start)
     state, lps, metrics = [], [], []
-    for from_update in (False, True):
-        group = LearnerGroup(LearnerConfig(model_path=str(tiny_model_dir), num_workers=2, **CFG))
-        try:
+    try:
+        for from_update in (False, True):
+            group.load_checkpoint(start)
             per_rank = micro_batches(batch if not from_update else no_old, 2, 24)
             if from_update:
                 metrics.append(group.train_step(per_rank, "ppo_clip", PPO, 1.0, True))
@@ -170,8 +175,8 @@ def test_old_logprobs_from_the_update_are_the_scoring_pass(ray_up, tiny_model_di
                 ]
                 metrics.append(group.train_step(scored, "ppo_clip", PPO))
             state.append(group.full_state())
-        finally:
-            group.shutdown()
+    finally:
+        group.load_checkpoint(start)  # the module's group as this test found it
     for r in range(2):
         for a, b in zip(lps[0][r], lps[1][r], strict=True):
             assert torch.allclose(a, b, atol=1e-6)
