@@ -432,11 +432,12 @@ def test_a_user_estimator_and_loss_train_from_their_own_module(tmp_path, monkeyp
     assert history[0]["train/skipped"] == 0 and math.isfinite(history[0]["train/grad_norm"])
 
 
-def test_the_agentrl_command_imports_the_users_env_from_the_working_directory(tmp_path):
+def test_the_agentrl_command_imports_the_users_env_from_the_working_directory(devserver, tmp_path):
     """The README's `agentrl preview env=custom env._target_=my_env.AddEnv`, run where my_env.py
     lies: a console script has only its bin/ on sys.path, unlike `python -m`. The user's own
     packages are named `tools`, `envs` and `sandbox`: ours are agentrl.tools (...) and cannot
-    shadow them."""
+    shadow them. It samples from the session's dev server (engine.urls: a server start fewer;
+    what it samples is not checked)."""
     block = readme_add_env()
     for pkg in ("tools", "envs", "sandbox"):
         (tmp_path / pkg).mkdir()
@@ -447,7 +448,8 @@ def test_the_agentrl_command_imports_the_users_env_from_the_working_directory(tm
     agentrl = Path(sys.executable).parent / "agentrl"
     done = subprocess.run(
         [str(agentrl), "preview", "env=custom", "env._target_=my_env.AddEnv", "preview.tasks=1",
-         "rollout.group_size=2", "preview.show=1", "rollout.max_new_tokens=16"],
+         "rollout.group_size=2", "preview.show=1", "rollout.max_new_tokens=16",
+         f"engine.urls=[{devserver}]"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
