@@ -63,6 +63,11 @@ def ray_up(_ray_session):
 def groups(ray_up, tiny_model_dir):
     one = LearnerGroup(LearnerConfig(model_path=str(tiny_model_dir), num_workers=1, **CFG))
     two = LearnerGroup(LearnerConfig(model_path=str(tiny_model_dir), num_workers=2, **CFG))
+    # the checkpoint's host buffers reserved before the first step, as the trainer does at
+    # start-up (pinned on GPUs: pinning inside the first save blocked training 15.6 s at 1.5B),
+    # while the optimizer has no state: the AdamW moments are predicted from the shards, under
+    # the keys the save copies them to (the first test's background save allocates nothing)
+    two.prepare_checkpoint()
     yield one, two
     one.shutdown()
     two.shutdown()
@@ -124,8 +129,8 @@ def test_two_ranks_match_one_rank_then_skip_nan_then_checkpoint(groups, tmp_path
 
     # In the background (checkpoint.async_save): a step trains while the files are written, and
     # what was written is the state at the save (weights and optimizer), not after that step.
+    # It copies into the buffers the fixture reserved before the first step (0 allocated here)
     at_save = two.full_state()
-    two.prepare_checkpoint()  # the buffers it copies into, made ahead (under the save's keys)
     assert two.save_checkpoint(str(tmp_path / "bg"), background=True) == 0
     two.train_step(micro_batches(batch2, 2, 24), "ppo_clip", PPO)
     moved = two.full_state()
@@ -253,22 +258,6 @@ def test_ray_and_learner_listen_on_loopback_only(groups) -> None:
     assert len(ours) >= 4, ours
     exposed = {k: a for k, a in ours.items() if not a.startswith(("127.0.0.1:", "::1:"))}
     assert not exposed, f"listening beyond loopback: {exposed}"
-
-
-def test_checkpoint_buffers_reserved_before_the_first_step_are_the_ones_a_save_uses(
-    ray_up, tiny_model_dir, tmp_path: Path
-) -> None:
-    """The trainer reserves the checkpoint's host buffers at start-up, before the optimizer has
-    state (pinned on GPUs: pinning inside the first save blocked training 15.6 s at 1.5B): the
-    AdamW moments are predicted from the shards, under the keys the save copies them to."""
-    group = LearnerGroup(LearnerConfig(model_path=str(tiny_model_dir), num_workers=2, **CFG))
-    try:
-        group.prepare_checkpoint()
-        group.train_step(micro_batches(make_batch(), 2, 24), "ppo_clip", PPO)
-        assert group.save_checkpoint(str(tmp_path / "bg"), background=True) == 0
-        assert group.finish_checkpoint(wait=True)
-    finally:
-        group.shutdown()
 
 
 def test_learner_ranks_are_not_niced(groups) -> None:
