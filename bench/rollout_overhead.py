@@ -77,15 +77,32 @@ async def instant_server(body: bytes, delay_s: float = 0.0) -> asyncio.Server:
     return await asyncio.start_server(handle, "127.0.0.1", 0, backlog=4096)
 
 
-async def http_overhead(a) -> None:
-    import aiohttp
-    import httpx
+def fixed_length_rollouts(a):
+    """(make, tasks): `make(engine)` is agentrl's Rollout of envs/synthetic.FixedLengthEnv with
+    --turns turns of --new-tokens ids, and `tasks` its --episodes tasks of --prompt-words words."""
     from transformers import AutoTokenizer
 
     from agentrl.assets.build import cached_tokenizer
-    from agentrl.engine import EngineClient
     from agentrl.envs.synthetic import FixedLengthEnv
     from agentrl.rollout import Rollout, RolloutConfig
+
+    tok = AutoTokenizer.from_pretrained(cached_tokenizer("qwen"))
+    cfg = RolloutConfig(group_size=1, max_turns=a.turns, max_new_tokens=a.new_tokens,
+                        max_context_tokens=a.prompt_words * 2 + a.turns * (a.new_tokens + 64),
+                        ignore_eos=True)  # fmt: skip
+    tasks = FixedLengthEnv.load_tasks(n=a.episodes, prompt_words=a.prompt_words)
+
+    def make(engine):
+        return Rollout(engine, tok, FixedLengthEnv, cfg, env_kwargs={"turns": a.turns})
+
+    return make, tasks
+
+
+async def http_overhead(a) -> None:
+    import aiohttp
+    import httpx
+
+    from agentrl.engine import EngineClient
 
     server = await instant_server(canned_body(a.new_tokens))
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
@@ -102,13 +119,9 @@ async def http_overhead(a) -> None:
             ms = (time.perf_counter() - t0) / requests * 1e3
             best[name] = min(best.get(name, ms), ms)
 
-    tok = AutoTokenizer.from_pretrained(cached_tokenizer("qwen"))
-    cfg = RolloutConfig(group_size=1, max_turns=a.turns, max_new_tokens=a.new_tokens,
-                        max_context_tokens=a.prompt_words * 2 + a.turns * (a.new_tokens + 64),
-                        ignore_eos=True)  # fmt: skip
-    tasks = FixedLengthEnv.load_tasks(n=n, prompt_words=a.prompt_words)
+    make, tasks = fixed_length_rollouts(a)
     async with EngineClient([url], max_connections=4096) as engine:
-        rollout = Rollout(engine, tok, FixedLengthEnv, cfg, env_kwargs={"turns": a.turns})
+        rollout = make(engine)
         await measure("agentrl Rollout", lambda: rollout.run(tasks))
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -158,12 +171,7 @@ async def lockstep(a) -> None:
     left)."""
     import multiprocessing as mp
 
-    from transformers import AutoTokenizer
-
-    from agentrl.assets.build import cached_tokenizer
     from agentrl.engine import EngineClient
-    from agentrl.envs.synthetic import FixedLengthEnv
-    from agentrl.rollout import Rollout, RolloutConfig
 
     ctx = mp.get_context("fork")  # the server on a core of its own: only the client measured
     ours, theirs = ctx.Pipe()
@@ -171,11 +179,7 @@ async def lockstep(a) -> None:
                                             theirs), daemon=True)  # fmt: skip
     proc.start()
     url = f"http://127.0.0.1:{ours.recv()}"
-    tok = AutoTokenizer.from_pretrained(cached_tokenizer("qwen"))
-    cfg = RolloutConfig(group_size=1, max_turns=a.turns, max_new_tokens=a.new_tokens,
-                        max_context_tokens=a.prompt_words * 2 + a.turns * (a.new_tokens + 64),
-                        ignore_eos=True)  # fmt: skip
-    tasks = FixedLengthEnv.load_tasks(n=a.episodes, prompt_words=a.prompt_words)
+    make, tasks = fixed_length_rollouts(a)
     ideal = a.turns * a.lockstep_ms / 1000
     sides = [("per-episode requests", 0.0, None), ("coalesced, answered in chunks", 2.0, None),
              ("coalesced, answered at once", 2.0, 10**9)]  # fmt: skip
@@ -185,7 +189,7 @@ async def lockstep(a) -> None:
         async with EngineClient([url], max_connections=4096, batch_window_ms=window) as engine:
             if settle:
                 engine.gen.coalescer.settle_chunk = settle
-            rollout = Rollout(engine, tok, FixedLengthEnv, cfg, env_kwargs={"turns": a.turns})
+            rollout = make(engine)
             await rollout.run(tasks[: max(a.episodes // 8, 1)])  # connections, caches
             best = float("inf")
             for _ in range(a.rounds):

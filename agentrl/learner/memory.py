@@ -225,11 +225,11 @@ def auto_micro_batch_tokens(
     reserve, with 10 % to spare. A bigger micro-batch with a few blocks recomputed updates faster
     than a smaller one with none (H100, 1.5B: learner MFU 35.7 % at auto's micro-batches with 7
     of 28 blocks recomputed, 32.6 % at 14,336 tokens with none); how many blocks each step
-    recomputes is `blocks_to_checkpoint`'s, from the memory free then. The update is host-bound at small micro-batches (a
-    fixed cost per kernel launch, per block, per micro-batch): on an H100, a 0.5B update over the
-    same 168k tokens took 2.39 s in 16k-token micro-batches and 1.15 s in 64k ones
-    (bench/learner_microbatch.py, the learner alone); in the trainer the gain stops at 48k (the
-    figures at MAX_MICRO_BATCH). A colocated engine has released its memory by the update;
+    recomputes is `blocks_to_checkpoint`'s, from the memory free then. The update is host-bound
+    at small micro-batches (a fixed cost per kernel launch, per block, per micro-batch): on an
+    H100, a 0.5B update over the same 168k tokens took 2.39 s in 16k-token micro-batches and
+    1.15 s in 64k ones (bench/learner_microbatch.py, the learner alone); in the trainer the gain
+    stops at 48k (the figures at MAX_MICRO_BATCH). A colocated engine has released its memory by the update;
     should less be free than this assumes, activation checkpointing (auto) recomputes blocks."""
     budget = 0.9 * (total_bytes - state_bytes - head_bytes) - RESERVE_BYTES
     tokens = int(max(budget, 0) // max(KEEP_SHARE * per_token_bytes, 1)) // 1024 * 1024

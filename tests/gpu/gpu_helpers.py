@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import pytest
 import torch
 
 from agentrl.batch import TrainBatch, global_norm
+from agentrl.engine.fleet import free_port
 
 
 def make_batch(seed: int = 0, n_seqs: int = 8) -> TrainBatch:
@@ -84,9 +84,7 @@ def launch_sglang(model_dir: Path, log_dir: Path, gpu: str, *extra: str, timeout
     """`python -m sglang.launch_server` on 127.0.0.1 and the GPUs `gpu` names ("0" or "0,1"); yields
     its URL."""
     pytest.importorskip("sglang")
-    with socket.socket() as probe:  # a free port: xdist workers and a module's second server
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # not from the pid: xdist workers, and a module's second server
     log = Path(log_dir) / "server.log"
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
            "--host", "127.0.0.1", "--port", str(port), "--skip-tokenizer-init",
@@ -128,10 +126,9 @@ def sglang_test_args(cuda_graphs: bool = False) -> str:
     `--mem-fraction-static 0.2` (tests share the GPU under xdist; tiny models need little KV)
     and, where speed is not the point, `--disable-cuda-graph` (capturing CUDA graphs costs each
     server start about 11 s, the first start on a machine more)."""
-    import yaml
+    from agentrl.config import compose
 
-    path = Path(__file__).resolve().parents[2] / "configs" / "engine" / "sglang.yaml"
-    args = [str(a) for a in yaml.safe_load(path.read_text())["extra_args"]]
+    args = list(compose(["engine=sglang"]).engine.extra_args)
     i = args.index("--mem-fraction-static")
     args[i + 1] = "0.2"
     args += [] if cuda_graphs else ["--disable-cuda-graph"]
