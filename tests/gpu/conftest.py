@@ -1,7 +1,7 @@
 """Shared pieces of the GPU tests: a small random bf16 Qwen3, a fresh Ray per test, a random
 TrainBatch, and a real SGLang server on loopback (SGLang from ../shared/gpu-host on our hosts).
 
-The suite runs on one GPU in parallel: `pytest -m gpu tests/gpu -n 3 --dist loadgroup`
+The suite runs on one GPU in parallel: `pytest -m gpu tests/gpu -n 4 --dist loadgroup`
 (pytest-xdist). Each test holds a shared turn on the GPU; one marked `gpu_alone` (it reads the
 device's free memory) runs with no other test on it (gpu_helpers.gpu_turn)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from gpu_helpers import gpu_turn
+from gpu_helpers import gpu_turn, per_process_gpu_memory_visible
 
 from agentrl.learner import RayConfig
 from agentrl.learner.ray_start import start_ray, stop_ray
@@ -47,5 +47,21 @@ def ray_on(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _gpu_turn(request):
-    with gpu_turn(alone=request.node.get_closest_marker("gpu_alone") is not None):
+    """A `gpu_alone` test measures GPU memory: it runs alone only where NVML cannot name the
+    processes that use it (then only the device's free memory tells)."""
+    alone = request.node.get_closest_marker("gpu_alone") is not None
+    with gpu_turn(alone=alone and not per_process_gpu_memory_visible()):
         yield
+
+
+# Longest first, so that xdist's workers finish together (seconds on an H100, 2026-11-28)
+_LONG_FIRST = ("test_real_qwen3", "test_lora_sglang", "test_train_sglang", "test_async_sglang",
+               "test_colocated", "test_moe_sglang", "test_partial_sglang")  # fmt: skip
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        name = item.module.__name__.rsplit(".", 1)[-1]
+        return _LONG_FIRST.index(name) if name in _LONG_FIRST else len(_LONG_FIRST)
+
+    items.sort(key=rank)  # stable: a module's tests keep their order

@@ -79,6 +79,64 @@ def gpu_turn(alone: bool = False) -> Iterator[None]:
             _held[key] -= 1  # closing `room` ends the turn
 
 
+def shared_build(name: str, build) -> Path:
+    """`build(dir)` once for every xdist worker of this machine: the first builds into a scratch
+    folder and renames it into place under a lock; the others wait and reuse it (a 1.5B model
+    built once, not once per worker)."""
+    import fcntl
+
+    _TURNS.mkdir(parents=True, exist_ok=True)
+    out = _TURNS / "models" / name
+    with open(_TURNS / f"build-{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not out.exists():
+            tmp = out.with_name(f"{name}.tmp{os.getpid()}")
+            with gpu_turn():
+                build(tmp)
+            tmp.rename(out)
+    return out
+
+
+def gpu_mib_of_my_processes() -> float | None:
+    """GPU memory (MiB, NVML's per-process view) used by this process and its descendants: the
+    Ray workers of its learner and the SGLang servers it started. None where NVML cannot name
+    our processes (a container whose PIDs it does not see): then only the device's free memory
+    tells, and a test that needs this runs alone (conftest)."""
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                          "--format=csv,noheader,nounits"], capture_output=True, text=True)  # fmt: skip
+    if out.returncode != 0:
+        return None
+    used = {int(p): float(m) for p, m in (ln.split(",") for ln in out.stdout.splitlines() if ln)}
+    mine = _descendants(os.getpid())
+    if os.getpid() not in used and not mine & used.keys():
+        return None
+    return sum(m for p, m in used.items() if p in mine)
+
+
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            pid, rest = stat.read_text().split(" (", 1)
+            children.setdefault(int(rest.rsplit(") ", 1)[1].split()[1]), []).append(int(pid))
+        except (OSError, ValueError, IndexError):
+            continue  # a process that ended while we read
+    seen, todo = {root}, [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in seen:
+                seen.add(c)
+                todo.append(c)
+    return seen
+
+
+def per_process_gpu_memory_visible() -> bool:
+    """Whether NVML names this process's GPU memory (it holds a CUDA context once asked)."""
+    torch.cuda.init()
+    torch.empty(1, device="cuda")
+    return gpu_mib_of_my_processes() is not None
+
+
 @contextmanager
 def launch_sglang(model_dir: Path, log_dir: Path, gpu: str, *extra: str, timeout_s: float = 420):
     """`python -m sglang.launch_server` on 127.0.0.1 and the GPUs `gpu` names ("0" or "0,1"); yields

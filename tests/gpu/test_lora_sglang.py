@@ -14,7 +14,13 @@ from statistics import fmean
 
 import pytest
 import torch
-from gpu_helpers import launch_sglang, make_batch, prefill_logprobs, trainer_logprobs
+from gpu_helpers import (
+    launch_sglang,
+    make_batch,
+    prefill_logprobs,
+    shared_build,
+    trainer_logprobs,
+)
 
 from agentrl.batch import micro_batches
 from agentrl.engine import EngineClient, SamplingParams
@@ -26,17 +32,17 @@ from agentrl.weight_sync import WeightSyncConfig, lora_sglang_args, make_weight_
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    pytest.mark.xdist_group("lora"),  # one worker: the module's server starts once
 ]
 PPO = LossConfig(name="ppo_clip")
 PROMPT = [9707, 11, 1879, 0, 4340, 525, 498] * 4
 
 
 @pytest.fixture(scope="module")
-def qwen15_dir(tmp_path_factory):
+def qwen15_dir():
     from agentrl.assets.build import build_random_qwen25
 
-    return build_random_qwen25(tmp_path_factory.mktemp("qwen25-1.5b"), "1.5b")
+    # built once for every xdist worker: each case starts its own server, so they spread
+    return shared_build("qwen25-1.5b", lambda d: build_random_qwen25(d, "1.5b"))
 
 
 def my_logprobs(group: LearnerGroup, completion: list[int]) -> list[float]:
