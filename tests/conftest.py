@@ -1,5 +1,9 @@
 """Shared fixtures: the tiny model, free loopback ports, and a real dev server on loopback.
 
+The suite runs in two pytest-xdist workers, a test file on one (pyproject's addopts): session
+fixtures start once per worker, so ports are always picked free and nothing is written to a fixed
+path; builds into $AGENTRL_CACHE are renamed into place (agentrl.assets.build), race-free.
+
 `devserver` (session) is one `python -m agentrl.engine.dev` on 127.0.0.1 serving the tiny random
 model; tests must not change its weights (start your own with `launch_devserver` for that).
 """
@@ -22,6 +26,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # Builds (tokenizer, tiny model) are cached here across runs unless the caller chose a place.
 os.environ.setdefault("AGENTRL_CACHE", str(ROOT / ".cache" / "agentrl"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """An xdist worker (addopts: -n 2) runs torch on one thread: two workers with a thread per
+    core each would spin against each other (and the servers) on a 2-core machine."""
+    if hasattr(config, "workerinput"):
+        import torch
+
+        torch.set_num_threads(1)
 
 
 def find_free_port() -> int:
