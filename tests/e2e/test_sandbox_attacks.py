@@ -161,9 +161,11 @@ async def test_read_only_system(service: LocalService, namespaces: None) -> None
 
 
 async def test_hundred_megabytes_of_output(service: LocalService) -> None:
-    res, elapsed = await attack(service.url, "import sys\nsys.stdout.write('x' * 100_000_000)")
+    code = "import sys\nsys.stdout.write('x' * 100_000_000)"
+    res, elapsed = await attack(service.url, code, timeout=10.0)
     assert res.limit == "output" and res.truncated
-    assert len(res.stdout) == LIMITS.output_bytes and elapsed < 3.0
+    # ended by the output limit, far inside its time limit (margins for a busy 2-core machine)
+    assert len(res.stdout) == LIMITS.output_bytes and elapsed < 5.0
     await serves_next_100(service.url)
 
 
@@ -175,9 +177,10 @@ async def test_invalid_utf8_and_nul_bytes(service: LocalService) -> None:
 
 
 async def test_input_without_stdin(service: LocalService) -> None:
-    res, elapsed = await attack(service.url, "name = input('name? ')\nprint(name)")
+    code = "name = input('name? ')\nprint(name)"
+    res, elapsed = await attack(service.url, code, timeout=10.0)
     assert res.exit_code == 1 and res.error_name == "EOFError" and "EOFError" in res.stderr
-    assert elapsed < 1.5
+    assert elapsed < 5.0  # EOF at once, never a wait for input until the time limit
 
 
 # -- secrets, filesystem, network, daemons ------------------------------------------------
@@ -228,11 +231,11 @@ async def test_network_and_host_loopback_are_unreachable(
         "except OSError:\n    print('blocked dns')"
     )
     try:
-        res, elapsed = await attack(service.url, code, timeout=5.0)
+        res, elapsed = await attack(service.url, code, timeout=10.0)
     finally:
         listener.close()
     assert "OPEN" not in res.stdout and res.stdout.count("blocked") == 5, res.stdout
-    assert elapsed < 2.0
+    assert elapsed < 3.5  # refused at once: four connects left to time out take 4 s or more
 
 
 def _survivors(tag: str) -> list[int]:
@@ -320,8 +323,8 @@ async def test_control_channel_forgery_is_a_result_never_an_outage(
     key = None if session is None else f"{session}-{name}-{secrets.token_hex(3)}"
     sb = ServiceSandbox(service.url, retries=5, backoff_s=0.05)
     t0 = time.monotonic()
-    res = await sb.run(CHANNEL_ATTACKS[name], timeout=4.0, session=key)
-    assert time.monotonic() - t0 < 3.0, "the violation should end the call at once"
+    res = await sb.run(CHANNEL_ATTACKS[name], timeout=10.0, session=key)
+    assert time.monotonic() - t0 < 4.0, "the violation should end the call at once"  # else >= 5 s
     assert res.limit == "control_channel" and res.exit_code is None, res
     assert "control channel" in res.stderr
     if key is not None:
