@@ -50,7 +50,7 @@ PRESET_STEPS = {"ppo": 6}
 # after step 8 (0.73 -> 0.0 at step 16, parse errors rising; evaluation 0.195 -> 0.180), as a CI
 # run had (0.69 -> 0.16 at step 10). LoRA is no algorithm family: its learning run is not in CI
 # (AGENTRL_LEARN_ALL=1 runs it). What it adds is checked in CI by
-# tests/e2e/test_train.py::test_lora_reaches_the_engine_and_a_resumed_run_serves_the_checkpoints
+# tests/e2e/test_train_engines.py::test_lora_reaches_the_engine_and_a_resumed_run_serves_the_checkpoints
 # (the first update follows the advantages; PEFT's adapter merges into what the engine serves;
 # only the adapted projections move) and test_learner.py::test_lora_over_a_bf16_base_trains_...
 LORA_STEPS, LORA_LR = 16, 5e-3

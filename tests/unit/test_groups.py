@@ -1,5 +1,5 @@
 """Where groups come from (agentrl/groups.py), with fakes: a scripted rollout, a stand-in for
-the engines' restarts, a sampler of numbered tasks. The real rollouts are tests/e2e/test_train.py
+the engines' restarts, a sampler of numbered tasks. The real rollouts are tests/e2e/test_train*.py
 (sync, dynamic sampling, a killed engine) and tests/e2e/test_async.py."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The hand-over between learner and engines (agentrl/handover.py), with fakes that write what
 they are asked into one log: the order of a colocated step, the push under `exclusive`, the
-restarts. The real servers: tests/e2e/test_train.py -k "dead_engine or dies_while"."""
+restarts. The real servers: tests/e2e/test_train_engines.py -k dead_engine."""
 
 from __future__ import annotations
 
