@@ -209,9 +209,15 @@ def make_optimizer(
     model: nn.Module, cfg: LearnerConfig
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     params = [p for p in model.parameters() if p.requires_grad]
+    # CUDA: the fused kernel. torch's default (foreach) AdamW allocates full-size fp32
+    # temporaries at every step, in blocks the size of each parameter, after the backward left
+    # the cache cut into activation-sized ones: the likely cause of one allocator retry in every
+    # 1.5B update on an H100 (docs/gpu.md). The same update, and the state dict is the same.
+    fused = True if params and params[0].device.type == "cuda" else None
     opt = torch.optim.AdamW(
-        params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
-    )
+        params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+        fused=fused,
+    )  # fmt: skip
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt,
         lambda s: lr_factor(
