@@ -6,7 +6,8 @@
 With `engine.urls` set, no engine is started: the servers are the user's, and we only wait for
 them to be healthy. A router in front of them: agentrl/engine/router.py. Every process we start
 gets its own process group and is stopped (SIGTERM, then SIGKILL) when the block exits, also on
-errors and Ctrl-C; one that dies during start-up is reported with the tail of its log.
+errors and Ctrl-C; one that dies during start-up is reported with the tail of its log (one that
+lost SGLang's load race, `LOAD_RACE`, is started again first).
 
 With `engine.placement=ray` each server is started instead by a `ServerActor` on the node Ray
 picks (`engine.ray_num_cpus` / `ray_num_gpus` / `ray_resources`), bound to that node's address;
@@ -23,6 +24,7 @@ $AGENTRL_ENGINE_API_KEY. Logs are 0600 too: SGLang logs its arguments.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -41,6 +43,12 @@ from agentrl.engine.http import health_probe
 from agentrl.engine.protocol import EngineUnavailable
 from agentrl.sandbox.base import die_with_parent
 from agentrl.types import ConfigError
+
+log = logging.getLogger(__name__)
+# SGLang counts the free memory that went during its weight load as weights: another process
+# allocating on the GPU meanwhile can make it refuse to start. A race: started again, twice at most
+LOAD_RACE, LOAD_RACE_STARTS = "leave no GPU memory for the KV cache", 2
+RESTART_MARK = "---- restarted by agentrl at"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -159,13 +167,13 @@ def _popen(cfg: EngineConfig, model_path: Path, index: int, port: int, log_path:
     key_file = None
     if cfg.kind == "sglang":
         key_file = write_key_file(_key_file(log_path), cfg.token())
-    with private_log(log_path, mode) as log:
+    with private_log(log_path, mode) as out:
         if mode == "a":
-            log.write(f"\n---- restarted by agentrl at {time.strftime('%H:%M:%S')} ----\n")
-            log.flush()
+            out.write(f"\n{RESTART_MARK} {time.strftime('%H:%M:%S')} ----\n")
+            out.flush()
         return subprocess.Popen(
             server_command(cfg, model_path, port, key_file),
-            stdout=log,
+            stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
             env=server_env(cfg, index),
@@ -282,10 +290,10 @@ class RayServer:
 Server = subprocess.Popen | RayServer
 
 
-def _tail(proc: Server | None, log: Path | None) -> str:
+def _tail(proc: Server | None, path: Path | None) -> str:
     if isinstance(proc, RayServer):
         return proc.tail()
-    return log.read_text()[-2000:] if log else ""
+    return path.read_text()[-2000:] if path else ""
 
 
 class Fleet:
@@ -321,9 +329,25 @@ class Fleet:
         self.wait()
 
     def wait(self) -> None:
-        """Until every server answers /health (or one exits: its log tail is the error)."""
-        wait_healthy(self.urls, self.procs if self.owned else [], self.cfg.health_timeout_s,
-                     self.logs)  # fmt: skip
+        """Until every server answers /health (or one exits: its log tail is the error). A local
+        server that exits on SGLang's load race (`LOAD_RACE`) is started again on its port."""
+        for attempt in range(LOAD_RACE_STARTS + 1):
+            try:
+                return wait_healthy(self.urls, self.procs if self.owned else [],
+                                    self.cfg.health_timeout_s, self.logs)  # fmt: skip
+            except EngineUnavailable:
+                raced = self._raced_at_load() if attempt < LOAD_RACE_STARTS else []
+                if not raced:
+                    raise
+            for i in raced:
+                log.warning("rollout server %s: its start raced another process's GPU allocations "
+                            "(SGLang's weight-load check); starting it again", self.urls[i])  # fmt: skip
+                self._respawn(i, int(self.urls[i].rsplit(":", 1)[1]))
+
+    def _raced_at_load(self) -> list[int]:  # local servers that exited on LOAD_RACE this start
+        return [i for i, p in enumerate(self.procs) if isinstance(p, subprocess.Popen)
+                and p.poll() is not None
+                and LOAD_RACE in self.logs[i].read_text().rsplit(RESTART_MARK, 1)[-1]]  # fmt: skip
 
     def spawn(self) -> None:
         """Start the servers' processes without waiting for them to load (`wait` does):
@@ -391,12 +415,8 @@ class Fleet:
             self.restarts[url] = n
             self._respawn(i, int(url.rsplit(":", 1)[1]))
         idx = [self.urls.index(u) for u in urls]
-        wait_healthy(
-            [self.urls[i] for i in idx],
-            [self.procs[i] for i in idx],
-            self.cfg.health_timeout_s,
-            [self.logs[i] for i in idx],
-        )
+        wait_healthy([self.urls[i] for i in idx], [self.procs[i] for i in idx],
+                     self.cfg.health_timeout_s, [self.logs[i] for i in idx])  # fmt: skip
 
     def stop(self) -> None:
         if self._http is not None:
@@ -407,8 +427,8 @@ class Fleet:
             if isinstance(p, RayServer):
                 p.kill()  # its actor removes its key file
         if self.cfg.placement == "local":
-            for log in self.logs:
-                _key_file(log).unlink(missing_ok=True)
+            for path in self.logs:
+                _key_file(path).unlink(missing_ok=True)
 
 
 @contextmanager

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from agentrl.batch import TrainBatch, global_norm
-from agentrl.engine.fleet import free_port
+from agentrl.engine.fleet import LOAD_RACE, free_port
 
 
 def make_batch(seed: int = 0, n_seqs: int = 8) -> TrainBatch:
@@ -179,7 +179,7 @@ def _start_server(cmd: list[str], env: dict, log: Path, url: str, timeout_s: flo
     try:
         while True:
             if proc.poll() is not None:
-                if "leave no GPU memory for the KV cache" in log.read_text():
+                if LOAD_RACE in log.read_text():
                     return None
                 raise AssertionError(log.read_text()[-3000:])
             assert time.monotonic() < deadline, log.read_text()[-3000:]
