@@ -46,6 +46,9 @@ SLOWEST_FIRST = (
     "test_learning_envs.py", "test_train_resume.py", "test_learner.py", "test_segments_run.py",
     "test_swe_env.py", "test_empty_steps.py", "test_multinode.py", "test_weight_sync.py",
     "test_gateway.py", "test_sandbox_attacks.py",
+    # tests/gpu (`-n 4 --dist loadgroup` on one GPU, its own run): seconds on an H100, 2026-11-28
+    "test_real_qwen3.py", "test_lora_sglang.py", "test_train_sglang.py", "test_async_sglang.py",
+    "test_colocated.py", "test_moe_sglang.py", "test_partial_sglang.py",
 )  # fmt: skip
 
 

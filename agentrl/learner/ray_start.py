@@ -146,7 +146,7 @@ def listening_sockets(root_pid: int | None = None) -> dict[tuple[int, str], str]
                 ip = ip.ipv4_mapped
             table[f[9]] = f"{ip}:{int(hexport, 16)}"
     out: dict[tuple[int, str], str] = {}
-    for pid in _descendants(root_pid or os.getpid()):
+    for pid in descendants(root_pid or os.getpid()):
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
@@ -162,7 +162,8 @@ def listening_sockets(root_pid: int | None = None) -> dict[tuple[int, str], str]
     return out
 
 
-def _descendants(root: int) -> set[int]:
+def descendants(root: int) -> set[int]:
+    """`root` and every process below it (from /proc)."""
     children: dict[int, list[int]] = {}
     try:
         pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]

@@ -52,16 +52,3 @@ def _gpu_turn(request):
     alone = request.node.get_closest_marker("gpu_alone") is not None
     with gpu_turn(alone=alone and not per_process_gpu_memory_visible()):
         yield
-
-
-# Longest first, so that xdist's workers finish together (seconds on an H100, 2026-11-28)
-_LONG_FIRST = ("test_real_qwen3", "test_lora_sglang", "test_train_sglang", "test_async_sglang",
-               "test_colocated", "test_moe_sglang", "test_partial_sglang")  # fmt: skip
-
-
-def pytest_collection_modifyitems(items):
-    def rank(item) -> int:
-        name = item.module.__name__.rsplit(".", 1)[-1]
-        return _LONG_FIRST.index(name) if name in _LONG_FIRST else len(_LONG_FIRST)
-
-    items.sort(key=rank)  # stable: a module's tests keep their order

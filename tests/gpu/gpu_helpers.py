@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import httpx
@@ -16,7 +17,9 @@ import pytest
 import torch
 
 from agentrl.batch import TrainBatch, global_norm
-from agentrl.engine.fleet import LOAD_RACE, free_port
+from agentrl.engine import EngineUnavailable
+from agentrl.engine.fleet import LOAD_RACE, free_port, wait_healthy
+from agentrl.learner.ray_start import descendants
 
 
 def make_batch(seed: int = 0, n_seqs: int = 8) -> TrainBatch:
@@ -61,8 +64,6 @@ def gpu_turn(alone: bool = False) -> Iterator[None]:
     `door` so a waiting `alone` test is not starved by a stream of shared ones. Re-entrant: a
     server started inside a turn (launch_sglang) takes none of its own. Without xdist nothing
     contends."""
-    import fcntl
-
     if _held["alone"] or (_held["shared"] and not alone):
         yield
         return
@@ -83,8 +84,6 @@ def shared_build(name: str, build) -> Path:
     """`build(dir)` once for every xdist worker of this machine: the first builds into a scratch
     folder and renames it into place under a lock; the others wait and reuse it (a 1.5B model
     built once, not once per worker)."""
-    import fcntl
-
     _TURNS.mkdir(parents=True, exist_ok=True)
     out = _TURNS / "models" / name
     with open(_TURNS / f"build-{name}.lock", "a") as lock:
@@ -107,27 +106,10 @@ def gpu_mib_of_my_processes() -> float | None:
     if out.returncode != 0:
         return None
     used = {int(p): float(m) for p, m in (ln.split(",") for ln in out.stdout.splitlines() if ln)}
-    mine = _descendants(os.getpid())
+    mine = descendants(os.getpid())
     if os.getpid() not in used and not mine & used.keys():
         return None
     return sum(m for p, m in used.items() if p in mine)
-
-
-def _descendants(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            pid, rest = stat.read_text().split(" (", 1)
-            children.setdefault(int(rest.rsplit(") ", 1)[1].split()[1]), []).append(int(pid))
-        except (OSError, ValueError, IndexError):
-            continue  # a process that ended while we read
-    seen, todo = {root}, [root]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            if c not in seen:
-                seen.add(c)
-                todo.append(c)
-    return seen
 
 
 def per_process_gpu_memory_visible() -> bool:
@@ -170,27 +152,19 @@ def launch_sglang(model_dir: Path, log_dir: Path, gpu: str, *extra: str, timeout
 
 
 def _start_server(cmd: list[str], env: dict, log: Path, url: str, timeout_s: float):
-    """Start the server and wait for its health; None when it exited because the GPU memory it
-    measured around its weight load moved under it (another xdist worker allocating)."""
+    """Start the server and wait for its health (the fleet's wait); None when it exited on
+    SGLang's load race (`LOAD_RACE`: another xdist worker allocated during its weight load)."""
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)  # fmt: skip
-    deadline = time.monotonic() + timeout_s
     try:
-        while True:
-            if proc.poll() is not None:
-                if LOAD_RACE in log.read_text():
-                    return None
-                raise AssertionError(log.read_text()[-3000:])
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    return proc
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
+        wait_healthy([url], [proc], timeout_s, [log])
+        return proc
+    except BaseException as e:
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # what is left of it
+        if isinstance(e, EngineUnavailable) and LOAD_RACE in log.read_text():
+            return None
         raise
 
 
@@ -353,7 +327,6 @@ def build_qwen3_toolcaller(out_dir: Path, template: str, steps: int = 60, max_st
     `steps` steps, then more (up to `max_steps`) while fewer than half the samples make a valid
     call. Saved in bf16 to out_dir; returns the warm-up's figures."""
     import math
-    import time
 
     from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
