@@ -70,51 +70,56 @@ def find_free_port() -> int:
 def run_devserver(model: Path | str, *args: str, log_dir: Path, timeout_s: float = 120.0):
     """Start `python -m agentrl.engine.dev` on a free loopback port; yield (url, process).
 
-    One torch thread (CI machines are small and shared). Stopped with SIGTERM (then SIGKILL
-    after 15 s) when the block exits."""
-    port = find_free_port()
-    log_path = Path(log_dir) / f"devserver-{port}.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "agentrl.engine.dev",
-        "--model",
-        str(model),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--threads",
-        "1",
-        *args,
-    ]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
+    One torch thread (CI machines are small and shared). A start whose port another process
+    (another xdist worker's server) bound first is made again on a new port, twice at most.
+    Stopped with SIGTERM (then SIGKILL after 15 s) when the block exits."""
+    for attempt in range(3):
+        port = find_free_port()
+        log_path = Path(log_dir) / f"devserver-{port}.log"
+        cmd = [sys.executable, "-m", "agentrl.engine.dev", "--model", str(model),
+               "--host", "127.0.0.1", "--port", str(port), "--threads", "1", *args]  # fmt: skip
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            if _wait_devserver(url, proc, log_path, timeout_s, last=attempt == 2):
+                break
+        except BaseException:
+            _stop_devserver(proc)
+            raise
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"devserver exited ({proc.returncode}):\n{log_path.read_text()}")
-            try:
-                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"devserver not healthy in {timeout_s}s:\n{log_path.read_text()}"
-                )
-            time.sleep(0.2)
         yield url, proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        _stop_devserver(proc)
+
+
+def _wait_devserver(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float,
+                    last: bool) -> bool:  # fmt: skip
+    """True once healthy; False if it lost its port to another process (and `last` is not set)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            if not last and "address already in use" in log_path.read_text().lower():
+                return False
+            raise RuntimeError(f"devserver exited ({proc.returncode}):\n{log_path.read_text()}")
+        try:
+            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"devserver not healthy in {timeout_s}s:\n{log_path.read_text()}")
+        time.sleep(0.2)
+
+
+def _stop_devserver(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ With `engine.urls` set, no engine is started: the servers are the user's, and we
 them to be healthy. A router in front of them: agentrl/engine/router.py. Every process we start
 gets its own process group and is stopped (SIGTERM, then SIGKILL) when the block exits, also on
 errors and Ctrl-C; one that dies during start-up is reported with the tail of its log (one that
-lost SGLang's load race, `LOAD_RACE`, is started again first).
+lost a start race, `LOAD_RACE` or `PORT_RACE`, is started again first).
 
 With `engine.placement=ray` each server is started instead by a `ServerActor` on the node Ray
 picks (`engine.ray_num_cpus` / `ray_num_gpus` / `ray_resources`), bound to that node's address;
@@ -45,10 +45,11 @@ from agentrl.sandbox.base import die_with_parent
 from agentrl.types import ConfigError
 
 log = logging.getLogger(__name__)
-# SGLang counts the free memory that went during its weight load as weights: another process
-# allocating on the GPU meanwhile can make it refuse to start. A race: started again, twice at most
-LOAD_RACE, LOAD_RACE_STARTS = "leave no GPU memory for the KV cache", 2
-RESTART_MARK = "---- restarted by agentrl at"
+# Start races a local server can lose, answered by another start (twice at most): SGLang counts
+# memory another process took during its weight load as weights (same port again); another process
+# bound our picked port first (a new one: no one has the URL before `wait` returns)
+LOAD_RACE, PORT_RACE = "leave no GPU memory for the KV cache", "address already in use"
+RACE_STARTS, RESTART_MARK = 2, "---- restarted by agentrl at"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -309,8 +310,7 @@ class Fleet:
         self.procs: list[Server] = []  # engine.placement=ray: handles on Ray actors
         self.logs: list[Path] = []  # placed by Ray: the path on the server's node
         self.restarts: dict[str, int] = {}
-        # one client for the per-step /health checks: a fresh httpx.get builds a TLS context
-        # each time (25 ms of CPU here, in the trainer's event loop) even for plain http
+        # one client for the per-step /health checks: httpx.get builds a TLS context (25 ms) a call
         self._http: httpx.Client | None = None
 
     @property
@@ -330,24 +330,26 @@ class Fleet:
 
     def wait(self) -> None:
         """Until every server answers /health (or one exits: its log tail is the error). A local
-        server that exits on SGLang's load race (`LOAD_RACE`) is started again on its port."""
-        for attempt in range(LOAD_RACE_STARTS + 1):
+        server that lost a start race (`LOAD_RACE`, `PORT_RACE`) is started again first."""
+        for attempt in range(RACE_STARTS + 1):
             try:
                 return wait_healthy(self.urls, self.procs if self.owned else [],
                                     self.cfg.health_timeout_s, self.logs)  # fmt: skip
             except EngineUnavailable:
-                raced = self._raced_at_load() if attempt < LOAD_RACE_STARTS else []
+                raced = self._lost_races() if attempt < RACE_STARTS else {}
                 if not raced:
                     raise
-            for i in raced:
-                log.warning("rollout server %s: its start raced another process's GPU allocations "
-                            "(SGLang's weight-load check); starting it again", self.urls[i])  # fmt: skip
+            for i, race in raced.items():
+                if race == PORT_RACE:  # no one has the URL yet
+                    self.urls[i] = f"http://{self.cfg.host}:{free_port(self.cfg.host)}"
+                log.warning("rollout server: a start lost a race (%r in its log); starting it "
+                            "again at %s", race, self.urls[i])  # fmt: skip
                 self._respawn(i, int(self.urls[i].rsplit(":", 1)[1]))
 
-    def _raced_at_load(self) -> list[int]:  # local servers that exited on LOAD_RACE this start
-        return [i for i, p in enumerate(self.procs) if isinstance(p, subprocess.Popen)
-                and p.poll() is not None
-                and LOAD_RACE in self.logs[i].read_text().rsplit(RESTART_MARK, 1)[-1]]  # fmt: skip
+    def _lost_races(self) -> dict[int, str]:  # local servers that exited on a race this start
+        tails = {i: self.logs[i].read_text().rsplit(RESTART_MARK, 1)[-1].lower() for i, p in
+                 enumerate(self.procs) if isinstance(p, subprocess.Popen) and p.poll() is not None}  # fmt: skip
+        return {i: r for i, t in tails.items() for r in (LOAD_RACE, PORT_RACE) if r.lower() in t}
 
     def spawn(self) -> None:
         """Start the servers' processes without waiting for them to load (`wait` does):

@@ -1,14 +1,16 @@
 """A local server that exits on SGLang's load race (its weight-load check counted another
 process's GPU allocations as weights: `fleet.LOAD_RACE`) is started again on its port, twice at
-most; any other exit during start-up still fails the start with the log's tail. The servers here
+most; one whose port another process bound first (`fleet.PORT_RACE`) starts on a new port; any other exit during start-up still fails the start with the log's tail. The servers here
 are small Python stand-ins: the first starts print SGLang's message and exit, a later one serves
 /health."""
 
 from __future__ import annotations
 
+import socket
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from agentrl.engine import fleet
@@ -75,3 +77,24 @@ def test_three_lost_races_or_another_exit_fail_the_start_with_the_log(tmp_path, 
         start_fleet(tmp_path / "b", monkeypatch, 1, "torch.OutOfMemoryError: CUDA out of memory")
     assert "exited with code 1 during start-up" in str(e.value)
     assert len((tmp_path / "b" / "starts").read_text()) == 1  # no second start
+
+
+def test_a_server_whose_port_was_taken_before_it_bound_starts_on_another(tmp_path, monkeypatch):
+    """Another process (here: this test; in CI: another xdist worker's server) binds the port the
+    fleet picked before the server does. The server's own bind fails; it starts on a new port."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        picks = iter([taken.getsockname()[1]])
+        real = fleet.free_port
+        monkeypatch.setattr(
+            fleet, "free_port", lambda host="127.0.0.1": next(picks, None) or real(host)
+        )
+        f = start_fleet(tmp_path, monkeypatch, 0, "")
+        try:
+            assert "Address already in use" in f.logs[0].read_text()  # the stand-in's real bind
+            assert f.urls[0] != f"http://127.0.0.1:{taken.getsockname()[1]}"
+            assert f.procs[0].poll() is None
+            assert httpx.get(f.urls[0] + "/health", timeout=5).status_code == 200
+        finally:
+            f.stop()
