@@ -18,7 +18,7 @@ import torch
 
 from agentrl.batch import TrainBatch, global_norm
 from agentrl.engine import EngineUnavailable
-from agentrl.engine.fleet import LOAD_RACE, free_port, wait_healthy
+from agentrl.engine.fleet import LOAD_RACE, PORT_RACE, free_port, wait_healthy
 from agentrl.learner.ray_start import descendants
 
 
@@ -124,22 +124,24 @@ def launch_sglang(model_dir: Path, log_dir: Path, gpu: str, *extra: str, timeout
     """`python -m sglang.launch_server` on 127.0.0.1 and the GPUs `gpu` names ("0" or "0,1"); yields
     its URL."""
     pytest.importorskip("sglang")
-    port = free_port()  # not from the pid: xdist workers, and a module's second server
     log = Path(log_dir) / "server.log"
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
-           "--host", "127.0.0.1", "--port", str(port), "--skip-tokenizer-init",
-           "--attention-backend", "triton", "--sampling-backend", "pytorch",
-           "--grammar-backend", "none", "--mm-feature-transport", "cpu", "--disable-cuda-graph",
-           "--mem-fraction-static", "0.2", "--dtype", "bfloat16", *extra]  # fmt: skip
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "NCCL_SOCKET_IFNAME": "lo"}
-    url = f"http://127.0.0.1:{port}"
     with gpu_turn():  # its allocations happen here: never while a test reads free memory alone
         for attempt in range(3):
+            port = free_port()  # not from the pid: xdist workers, and a module's second server
+            cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
+                   "--host", "127.0.0.1", "--port", str(port), "--skip-tokenizer-init",
+                   "--attention-backend", "triton", "--sampling-backend", "pytorch",
+                   "--grammar-backend", "none", "--mm-feature-transport", "cpu",
+                   "--disable-cuda-graph", "--mem-fraction-static", "0.2", "--dtype", "bfloat16",
+                   *extra]  # fmt: skip
+            url = f"http://127.0.0.1:{port}"
             proc = _start_server(cmd, env, log, url, timeout_s)
             if proc is not None:
                 break
-            # SGLang counts what other tests allocated while it loaded as its own weights
-            print(f"SGLang's KV-cache check raced another test's allocations; start {attempt + 2}")
+            # SGLang counted what other tests allocated while it loaded as its own weights, or
+            # another test's server took the port first
+            print(f"SGLang's start lost a race to another test; start {attempt + 2}")
         assert proc is not None, log.read_text()[-3000:]
     try:
         yield url
@@ -152,8 +154,9 @@ def launch_sglang(model_dir: Path, log_dir: Path, gpu: str, *extra: str, timeout
 
 
 def _start_server(cmd: list[str], env: dict, log: Path, url: str, timeout_s: float):
-    """Start the server and wait for its health (the fleet's wait); None when it exited on
-    SGLang's load race (`LOAD_RACE`: another xdist worker allocated during its weight load)."""
+    """Start the server and wait for its health (the fleet's wait); None when it exited on a
+    start race: SGLang's load race (`LOAD_RACE`: another xdist worker allocated during its weight
+    load) or its port taken first (`PORT_RACE`)."""
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)  # fmt: skip
@@ -163,7 +166,10 @@ def _start_server(cmd: list[str], env: dict, log: Path, url: str, timeout_s: flo
     except BaseException as e:
         with suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # what is left of it
-        if isinstance(e, EngineUnavailable) and LOAD_RACE in log.read_text():
+        text = log.read_text().lower()
+        if isinstance(e, EngineUnavailable) and any(
+            r.lower() in text for r in (LOAD_RACE, PORT_RACE)
+        ):
             return None
         raise
 
