@@ -83,15 +83,24 @@ def engine_gap(metrics: dict[str, float], bar: float, step: int) -> str | None:
 def memory_edge(metrics: dict[str, float]) -> str | None:
     """The warning to give when the policy's update ran at the edge of the GPU's memory: the
     allocator had to free its cache and retry (`policy/alloc_retries`), which synchronises the
-    GPU each time and can cost seconds a step with nothing failing."""
+    GPU each time and can cost seconds a step with nothing failing. Its advice depends on where:
+    forward/backward (activations) or the optimizer step (`policy/alloc_retries_optimizer`)."""
     n = int(metrics.get("policy/alloc_retries", 0))
     if n <= 0:
         return None
+    in_opt = int(metrics.get("policy/alloc_retries_optimizer", 0))
+    where = (
+        f"{in_opt} of them in the optimizer step, after the activations were freed: smaller "
+        "micro-batches do not help there (the weights, gradients and Adam's moments are all on "
+        "the GPU then); give the engine less (--mem-fraction-static) or use more learner ranks"
+        if in_opt
+        else "all in forward/backward: lower learner.micro_batch_tokens, set "
+        "learner.activation_checkpointing=on, or give the engine less (--mem-fraction-static) "
+        "or the learner more (learner.offload)"
+    )
     return (
         f"the learner's CUDA allocator ran out of cached memory {n} time(s) in this update and "
-        "retried after emptying its cache (a synchronisation each time: slow, not failed). Lower "
-        "learner.micro_batch_tokens, set learner.activation_checkpointing=on, or give the "
-        "engine less (--mem-fraction-static) or the learner more (learner.offload)"
+        f"retried after emptying its cache (a synchronisation each time: slow, not failed); {where}"
     )
 
 

@@ -104,6 +104,8 @@ train/ — the learner and the trainer-side logprob pass
                                     (learner.activation_checkpointing=auto picks them per step)
     train/alloc_retries             CUDA allocations retried after emptying the cache (memory at
                                     its limit: slow, warned about); 0 on CPU
+    train/alloc_retries_optimizer   of those, the ones in the optimizer step (clipping, Adam):
+                                    after the activations were freed, so no micro-batch size helps
     Any other learner key `policy/<k>` becomes `train/<k>`; other roles keep their prefix
     (`critic/…`).
 sync/ — weight sync: seconds, mb, s_per_mb, buckets; drain_s (closing the gate before the push:

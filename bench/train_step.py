@@ -153,6 +153,11 @@ def report(history: list[dict[str, float]], n_params: int, peak: float, wall_s: 
     blocks = [h["train/checkpointed_blocks"] for h in history if "train/checkpointed_blocks" in h]
     if blocks:
         print(f"blocks recomputed in backward per step: {', '.join(f'{b:.0f}' for b in blocks)}")
+    retries = [(h["train/alloc_retries"], h.get("train/alloc_retries_optimizer", 0.0))
+               for h in history if "train/alloc_retries" in h]  # fmt: skip
+    if retries:  # the CUDA allocator emptied its cache and retried (0 on CPU)
+        print("allocator retries per step (of them in the optimizer step): "
+              + ", ".join(f"{a:.0f} ({o:.0f})" for a, o in retries))  # fmt: skip
     gaps = ", ".join(f"{h.get('train/logprob_diff', float('nan')):.4f}" for h in history)
     print(f"engine vs learner logprob gap per step (mean |diff|): {gaps}")
     return step_s
@@ -182,6 +187,12 @@ def main() -> None:
         "trace (update_rank0.txt, .json.gz) in DIR",
     )
     p.add_argument(
+        "--profile-memory",
+        action="store_true",
+        help="with --profile: also the CUDA allocator's history over that update "
+        "(memory_rank0.pickle in DIR, for pytorch.org/memory_viz: where a retry happened)",
+    )
+    p.add_argument(
         "--cprofile",
         metavar="FILE",
         help="cProfile the trainer process (the driver: batching, Ray calls, metrics) into FILE",
@@ -201,6 +212,7 @@ def main() -> None:
         more = []
         if args.profile:
             more = ["learner.profile_step=2", f"learner.profile_dir={Path(args.profile).resolve()}"]
+            more += ["learner.profile_memory=true"] if args.profile_memory else []
         cfg = compose(overrides(args, model, tmp) + more)
         t0 = time.perf_counter()
         if args.cprofile:

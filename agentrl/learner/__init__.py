@@ -131,6 +131,12 @@ class LearnerConfig(BaseModel):
     profile_step: int = Field(
         0, ge=0, description="profile the update of this step (torch.profiler; 0: never)"
     )
+    profile_memory: bool = Field(
+        False,
+        description="with profile_step, on CUDA: also record the caching allocator's history "
+        "over that update (every allocation, free and cache flush with its stack) into "
+        "profile_dir/memory_rank<r>.pickle, for https://pytorch.org/memory_viz",
+    )
     profile_dir: str = Field(
         "profile",
         description="where the profile goes: update_rank<r>.txt (the top ops) and "

@@ -297,6 +297,7 @@ class LearnerWorker:
                 tokens += int(mb.loss_mask.sum())
                 batch_tokens += 0 if getattr(mb, "is_padding", False) else mb.token_ids.numel()
                 per_mb.append(metrics)
+            retries1 = self.mem.alloc_retries()  # the optimizer step's own, apart
             grad_norm, ok, lr = self._step_if_finite(loss_sum)
         summed = reduce_metrics(per_mb)
         summed.update(
@@ -305,6 +306,7 @@ class LearnerWorker:
             batch_tokens=float(batch_tokens),
             micro_batches=float(len(micro_batches)),
             alloc_retries=float(self.mem.alloc_retries() - retries0),
+            alloc_retries_optimizer=float(self.mem.alloc_retries() - retries1),
         )
         return {
             "sum": summed,
@@ -375,7 +377,8 @@ class LearnerWorker:
     @contextlib.contextmanager
     def _profiled(self, step: int) -> Iterator[None]:
         """torch.profiler over the update of step `learner.profile_step` (else nothing): writes
-        the ops by device time and a trace to learner.profile_dir."""
+        the ops by device time and a trace to learner.profile_dir; with `learner.profile_memory`
+        (CUDA) also the allocator's history over that update (memory_rank<r>.pickle)."""
         if step != self.cfg.profile_step:
             yield
             return
@@ -384,12 +387,18 @@ class LearnerWorker:
         acts = [ProfilerActivity.CPU]
         if self.device_type == "cuda":
             acts.append(ProfilerActivity.CUDA)
+        out = Path(self.cfg.profile_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        history = self.device_type == "cuda" and self.cfg.profile_memory
+        if history:
+            torch.cuda.memory._record_memory_history(max_entries=500_000)
         with profile(activities=acts) as prof:
             yield
             if self.device_type == "cuda":
                 torch.cuda.synchronize()
-        out = Path(self.cfg.profile_dir)
-        out.mkdir(parents=True, exist_ok=True)
+        if history:
+            torch.cuda.memory._dump_snapshot(str(out / f"memory_rank{self.rank}.pickle"))
+            torch.cuda.memory._record_memory_history(enabled=None)
         key = "cuda_time_total" if self.device_type == "cuda" else "cpu_time_total"
         table = prof.key_averages().table(sort_by=key, row_limit=40)
         (out / f"update_rank{self.rank}.txt").write_text(table)

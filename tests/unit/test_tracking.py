@@ -344,3 +344,8 @@ def test_an_update_at_the_memory_edge_is_warned_about_and_documented():
     msg = memory_edge({"policy/alloc_retries": 3.0})
     assert msg is not None and "3 time(s)" in msg and "learner.micro_batch_tokens" in msg
     assert metric_name("policy/alloc_retries") in agentrl.metrics.__doc__
+    # where it retried decides the advice: the micro-batch size cannot help the optimizer step
+    msg = memory_edge({"policy/alloc_retries": 2.0, "policy/alloc_retries_optimizer": 2.0})
+    assert msg is not None and "2 of them in the optimizer step" in msg
+    assert "micro_batch_tokens" not in msg and "--mem-fraction-static" in msg
+    assert metric_name("policy/alloc_retries_optimizer") in agentrl.metrics.__doc__
