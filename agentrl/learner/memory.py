@@ -146,19 +146,28 @@ def engine_fraction(extra_args: list[str], default: float = 0.9) -> float:
 # learner.activation_checkpointing=auto: how many transformer blocks to recompute in backward
 
 
-def block_activation_bytes(config: object, elem_bytes: int = 2) -> int:
+def block_activation_bytes(config: object, elem_bytes: int = 2, kernels: str = "off") -> int:
     """Activations one token keeps through one transformer block for backward, estimated from the
-    model's shape: about 10 hidden-wide tensors (each norm's fp32 input counts twice, its output,
-    q before and after the rotary embedding, attention out), the keys and values before and after
-    theirs, and 4 MLP-wide ones (gate, up, the activated gate, their product). At Qwen2.5-1.5B
-    this gives 104 KB; a 1.5B update on an H200 that kept 23 of 28 blocks of 47k-token
-    micro-batches ran out of memory at 113 GB of activations, at least 104 KB per token and kept
-    block (an earlier estimate of 79 KB, with 3 MLP-wide tensors and 8 hidden-wide, is what let
-    it plan that; on an H100 the same estimate left the allocator retrying in every update)."""
+    model's shape and the kernels the block runs (`learner.fused_kernels`'s result).
+
+    - `off` (torch's ops): about 10 hidden-wide tensors (each norm's fp32 input counts twice, its
+      output, q after the rotary embedding, attention out), the keys and values, and 4 MLP-wide
+      ones (gate, up, the activated gate, their product). At Qwen2.5-1.5B 104 KB; transformers'
+      block saves 103.5 KB (tests/unit/test_checkpointing.py counts its saved tensors), and an
+      H200 update that kept 23 of 28 blocks of 47k-token micro-batches ran out of memory at
+      113 GB of activations: 104.5 KB per token and kept block.
+    - `liger`: liger-kernel's RMSNorm keeps only its input and an fp32 scale per row, its SwiGLU
+      keeps gate and up (the product is recomputed), its rotary embedding nothing per token: 5
+      hidden-wide, 2 key/value-wide and 3 MLP-wide tensors, 70 KB at 1.5B (counted the same way
+      with stand-ins that save what liger 0.8.5's kernels save). Planning a liger block at the
+      eager size recomputed blocks it did not need to."""
     hidden = int(config.hidden_size)  # type: ignore[attr-defined]
     inter = int(getattr(config, "intermediate_size", 4 * hidden))
     h = heads_of(config)
-    return elem_bytes * (10 * hidden + 4 * h.num_kv_heads * h.head_dim + 4 * inter)
+    kv = h.num_kv_heads * h.head_dim
+    if kernels == "liger":  # + the norms' fp32 scales and attention's fp32 log-sum-exp per head
+        return elem_bytes * (5 * hidden + 2 * kv + 3 * inter) + 8 + 4 * h.num_heads
+    return elem_bytes * (10 * hidden + 4 * kv + 4 * inter)
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,7 @@ class LearnerWorker:
         self._join_process_group(store)
         torch.manual_seed(self.cfg.seed)
         model, kernels = self._build_model()
-        n_blocks, checkpointing, frozen_saved = self._shard(model)
+        n_blocks, checkpointing, frozen_saved = self._shard(model, kernels)
         if self.role == "reference":
             self.model.eval()
         else:
@@ -176,7 +176,7 @@ class LearnerWorker:
             fsdp.compile_blocks(model)
         return model, kernels
 
-    def _shard(self, model: Any) -> tuple[int, bool, int]:
+    def _shard(self, model: Any, kernels: str) -> tuple[int, bool, int]:
         """Shard `model` into `self.model`, planning activation checkpointing (auto: the blocks
         and their bytes per token, `_plan_checkpointing` chooses each step); the number of
         blocks, whether checkpointing is on, the bytes frozen weights saved by bf16 storage."""
@@ -185,7 +185,7 @@ class LearnerWorker:
         # one token's activations per block: what activation checkpointing=auto and
         # micro_batch_tokens=auto size by
         blocks = fsdp.blocks(model)
-        self._block_bytes = memory.block_activation_bytes(model.config, 2 if bf16 else 4)
+        self._block_bytes = memory.block_activation_bytes(model.config, 2 if bf16 else 4, kernels)
         if checkpointing and self.cfg.activation_checkpointing == "auto":
             # as few blocks recomputed as each step's memory allows (_plan_checkpointing)
             self._ckpt_blocks = blocks
