@@ -13,6 +13,7 @@ It runs in its own process group and is stopped when the block exits.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import subprocess
 import sys
@@ -24,7 +25,14 @@ from pathlib import Path
 import httpx
 
 from agentrl.engine.config import API_KEY_ENV, EngineConfig
-from agentrl.engine.fleet import auth_headers, free_port, private_log, stop_processes
+from agentrl.engine.fleet import (
+    PORT_RACE,
+    RACE_STARTS,
+    auth_headers,
+    free_port,
+    private_log,
+    stop_processes,
+)
 from agentrl.engine.protocol import EngineUnavailable
 from agentrl.sandbox.base import die_with_parent
 
@@ -74,23 +82,38 @@ def launch_router(cfg: EngineConfig, urls: list[str], log_dir: Path) -> Iterator
         return
     log_dir.mkdir(parents=True, exist_ok=True)
     (log_dir / "router").mkdir(mode=0o700, exist_ok=True)
-    port = free_port(cfg.host)
-    log = log_dir / "router.log"
-    with private_log(log, "w") as f:
-        proc = subprocess.Popen(
-            router_command(cfg, urls, port, log_dir / "router"),
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-            env={**os.environ, API_KEY_ENV: cfg.token()},
-        )
-    url = f"http://{cfg.host}:{port}"
+    url, proc = _start_router(cfg, urls, log_dir)
     try:
-        wait_router(url, len(urls), proc, log, cfg.health_timeout_s, auth_headers(cfg))
         yield url
     finally:
         stop_processes([proc])
+
+
+def _start_router(
+    cfg: EngineConfig, urls: list[str], log_dir: Path
+) -> tuple[str, subprocess.Popen]:
+    """smg on a free port, healthy; started again on new ports when another process bound one
+    of its ports before it did (`PORT_RACE`), twice at most."""
+    log = log_dir / "router.log"
+    for attempt in itertools.count():
+        port = free_port(cfg.host)
+        with private_log(log, "w") as f:
+            proc = subprocess.Popen(
+                router_command(cfg, urls, port, log_dir / "router"),
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+                env={**os.environ, API_KEY_ENV: cfg.token()},
+            )
+        url = f"http://{cfg.host}:{port}"
+        try:
+            wait_router(url, len(urls), proc, log, cfg.health_timeout_s, auth_headers(cfg))
+            return url, proc
+        except BaseException:
+            stop_processes([proc])
+            if attempt == RACE_STARTS or PORT_RACE not in log.read_text().lower():
+                raise
 
 
 def wait_router(
