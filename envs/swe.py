@@ -32,7 +32,13 @@ import tarfile
 from typing import Any, ClassVar
 
 from agentrl.env import AssistantTurn, StepResult, ToolEnv
-from agentrl.envs.swe_tasks import Snapshots, graded_tree, hidden_tests, load_instances
+from agentrl.envs.swe_tasks import (
+    Snapshots,
+    graded_tree,
+    grading_files,
+    hidden_tests,
+    load_instances,
+)
 from agentrl.sandbox.grader import grade
 from agentrl.tool import Tool
 from agentrl.tools.editor import EditorTool
@@ -211,12 +217,13 @@ class SweEnv(ToolEnv):
         tree = graded_tree(self._snapshot(), agent, data["test_patch"])
         f2p, p2p = list(data["FAIL_TO_PASS"]), list(data["PASS_TO_PASS"])
         passed: dict[str, bool] = {}
+        files = grading_files(tree, data["test_patch"])  # no test file: no expected value
         for path, (imports, tests) in hidden_tests(tree, f2p + p2p).items():
             ids = [t for t in f2p + p2p if t.partition("::")[0] == path]
             image = self._image()
             res = await grade(
                 _InImage(self.ctx.sandbox, image) if image else self.ctx.sandbox, imports, tests, timeout_s=self.test_timeout_s,
-                parallel=self.grade_parallel, files=tree, batch=True,
+                parallel=self.grade_parallel, files=files, batch=True,
             )  # fmt: skip
             passed.update({tid: o.passed for tid, o in zip(ids, res.outcomes, strict=True)})
         f2p_ok = sum(passed[t] for t in f2p) / max(len(f2p), 1)

@@ -163,6 +163,17 @@ def graded_tree(
     return tree
 
 
+def grading_files(tree: dict[str, str], test_patch: str) -> dict[str, str]:
+    """What of the graded tree enters the grading sandbox: the sources the checks import, and no
+    test file (the test patch's, or any by its name or folder). The hidden tests' expected
+    values must stay with the trainer (`grade` compares there): code the agent wrote runs in that
+    sandbox, and could read them from a test file and answer each check with its expectation."""
+    patched = set(_patched_paths(test_patch))
+    return {path: text for path, text in tree.items()
+            if not _is_test(path) and path not in patched
+            and PurePosixPath(path).name not in _NEVER}  # fmt: skip
+
+
 def _patched_paths(patch: str) -> list[str]:
     out = []
     for line in patch.splitlines():

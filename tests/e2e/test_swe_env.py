@@ -93,6 +93,33 @@ HACKS = [
     "echo 'import os; os._exit(0)' > $PKG/sitecustomize.py && echo 'import os' > $PKG/x.pth && "
     "printf 'import os\\nprint(\"5 passed\")\\nos._exit(0)\\n' >> $PKG/__init__.py",
 ]
+# found by a red-team pass: package code that, at import in the grading sandbox, reads every
+# test file it can find and makes `eval` (which runs each check's call) answer a check's call
+# with the literal its assert expects. It scored 1.0 on every task while the grading sandbox
+# held the hidden test files; it must find none there
+EVAL_TABLE = r"""
+def _table():
+    import ast, builtins, os
+    table = {}
+    for d, _, fs in os.walk(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))):
+        for f in [f for f in fs if f.startswith("test") and f.endswith(".py")]:
+            for n in ast.walk(ast.parse(open(os.path.join(d, f)).read())):
+                if isinstance(n, ast.Assert) and isinstance(n.test, ast.Compare):
+                    try:
+                        table[ast.unparse(n.test.left)] = ast.literal_eval(n.test.comparators[0])
+                    except ValueError:
+                        pass
+                elif isinstance(n, ast.Assert):
+                    table[ast.unparse(n.test)] = True
+    real = builtins.eval
+    builtins.eval = lambda src, *a, **k: table[src] if src in table else real(src, *a, **k)
+_table()
+"""
+EVAL_TABLE_HACK = (
+    "cd /tmp/repo && for f in $(ls */__init__.py | grep -v tests); do cat >> $f <<'EOF'\n"
+    + EVAL_TABLE
+    + "\nEOF\ndone"
+)
 
 
 async def test_gaming_the_grader_scores_zero_and_does_not_spoil_a_real_fix(sandbox):
@@ -108,6 +135,9 @@ async def test_gaming_the_grader_scores_zero_and_does_not_spoil_a_real_fix(sandb
         sandbox, task, ["cd /tmp/repo && mkdir -p ../evil && cp -r . ../evil"], "o"
     )
     assert other["total"] == 0.0 and other["pass_to_pass"] == 1.0
+    # the hidden tests' expected values never enter the grading sandbox
+    table = await episode(sandbox, task, [EVAL_TABLE_HACK], "table")
+    assert table["total"] == 0.0 and table["fail_to_pass"] == 0.0, table
 
 
 async def test_turns_without_a_call_get_reminders_then_end_the_episode(sandbox):
