@@ -1,9 +1,13 @@
 """code_exec with per-turn rewards: the env scores each tool call as it happens.
 
-A turn whose `python` call prints the expected answer earns `tool_reward` (default 0.3) on that
-turn; the outcome (1.0 for the exact `<answer>`) lands on the last turn. Train it with turn-level
-credit, where turn k's tokens get the return-to-go from turn k, compared with the same turn of the
-other samples of the task (agentrl/advantage.py):
+The first turn whose `python` call prints exactly the expected answer (its whole output, trimmed:
+nothing else on stdout, no stderr, no error) earns `tool_reward` (default 0.3) on that turn, once
+per episode; the outcome (1.0 for the exact `<answer>`) lands on the last turn. A call that prints
+many candidates (`print(*range(10**4))`) earns nothing, and neither does printing a hit again: a
+red-team pass found that the old rule (the answer anywhere among the printed words, on every
+turn) paid 1.2 an episode for printing a range of numbers, more than the right answer. Train it
+with turn-level credit, where turn k's tokens get the return-to-go from turn k, compared with the
+same turn of the other samples of the task (agentrl/advantage.py):
 
     python -m agentrl.train env=code_exec_turns algo.advantage.reward_level=turn
 """
@@ -15,13 +19,16 @@ from agentrl.envs.code_exec import CodeExecEnv
 
 
 class CodeExecTurnsEnv(CodeExecEnv):
-    tool_reward = 0.3  # per turn whose tool output contains the expected answer
+    tool_reward = 0.3  # the first turn whose tool output is exactly the expected answer
+    _paid = False
 
     async def step(self, turn: AssistantTurn) -> StepResult:
         result = await super().step(turn)
         if result.tool_calls:
             answer = str(self.task.data["answer"]).strip()
-            printed = [m.content.split() for m in result.messages if m.role == "tool"]
-            hit = any(answer in words for words in printed)
+            hit = not self._paid and any(
+                m.role == "tool" and m.content.strip() == answer for m in result.messages
+            )
+            self._paid = self._paid or hit
             result.reward = self.tool_reward if hit else 0.0
         return result

@@ -1,9 +1,11 @@
-"""Per-turn credit on the whole stack: code_exec with a per-turn reward (a tool call that prints
-the answer earns 0.3 on its turn, the exact answer 1.0 at the end), trained with
+"""Per-turn credit on the whole stack: code_exec with a per-turn reward (the first tool call whose
+whole output is the answer earns 0.3 on its turn, the exact answer 1.0 at the end), trained with
 `algo.advantage.reward_level=turn`. Turn k's tokens are compared with turn k of the other samples
 of the same task; the advantages stay bounded (the old episode-baseline bug gave -500000).
 
-It learned here by the evaluation rule (+0.53, +0.63, +0.63 over seeds 0-2 in 12 steps, 35 s); CI
+It learned here by the evaluation rule (+0.53, +0.63, +0.63 over seeds 0-2 in 12 steps, 35 s,
+under the old per-turn rule: the answer among the printed words, every turn; under today's rule
+seed 0 gave +0.67, 0.125 -> 0.797, 2026-11-28, `AGENTRL_LEARN_ALL=1`); CI
 keeps one learning run per algorithm family (per-turn credit is GRPO's), so this runs 3 steps of
 4 groups of 4 and checks the mechanics; tests/unit/test_advantage.py checks the per-turn baselines
 by hand.

@@ -1,0 +1,41 @@
+"""code_exec_turns' per-turn reward, through the env's real step and python tool (on the
+subprocess sandbox): only a call whose whole output is the answer earns it, once an episode.
+A red-team pass found the old rule (the answer among the printed words, every turn) paid
+`print(*range(-1000, 11000))` 0.3 a turn, 1.2 an episode: more than answering right."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.env import AssistantTurn
+from agentrl.envs.code_exec_turns import CodeExecTurnsEnv
+from agentrl.sandbox import SubprocessSandbox
+from agentrl.tool import ToolContext
+from agentrl.types import Message, Task, ToolCall
+
+TASK = Task(id="t", data={"prompt": "Compute 6 * 7.", "answer": "42"})
+
+
+def call(code: str) -> AssistantTurn:
+    msg = Message(role="assistant", content="", tool_calls=[
+        ToolCall(id="1", name="python", arguments={"code": code})])  # fmt: skip
+    return AssistantTurn(msg, "")
+
+
+async def rewards(codes: list[str]) -> list[float]:
+    env = CodeExecTurnsEnv(TASK, ToolContext(session="t", sandbox=SubprocessSandbox()))
+    return [(await env.step(call(code))).reward for code in codes]
+
+
+@pytest.mark.parametrize(
+    ("codes", "expected"),
+    [
+        (["print(6 * 7)"], [0.3]),
+        (["print(*range(-1000, 11000))"] * 4, [0.0] * 4),  # many candidates: nothing
+        (["print('the answer is', 42)"], [0.0]),
+        (["import sys; print(42); print('x', file=sys.stderr)"], [0.0]),
+        (["print(41)", "print(6 * 7)", "print(42)", "print(42)"], [0.0, 0.3, 0.0, 0.0]),
+    ],
+)
+async def test_only_the_first_exact_answer_earns_the_turn_reward(codes, expected):
+    assert await rewards(codes) == expected
