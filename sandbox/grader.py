@@ -45,7 +45,9 @@ runs, how its report is judged, what a lost report means): split, its parts woul
 safe alone.
 
 Limits: each test gets `timeout_s` of wall time; values are compared type-strictly (a tuple is
-not a list, True is not 1; ints and floats compare numerically, with `tolerance` when given).
+not a list, True is not 1; ints and floats compare numerically, within `tolerance` (absolute)
+or `rel_tolerance` (relative) when given: `abs(f(x) - v) < t` reads as the first, `math.isclose`
+as both, with its own defaults).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.sandbox.base import ExecResult, Sandbox, SandboxUnavailable
 
@@ -81,12 +83,15 @@ class IOTest(BaseModel):
 
 class CallTest(BaseModel):
     """Evaluate `call` (an expression over the solution's names; `candidate` is `entry_point`)
-    and compare its value with `expected`. `match="truthy"` compares bool(value) instead."""
+    and compare its value with `expected`. `match="truthy"` compares bool(value) instead.
+    Numbers within `tolerance` (absolute: |got - expected| <= tolerance) or `rel_tolerance`
+    (relative, as math.isclose's rel_tol) pass; with neither they must be equal."""
 
     model_config = ConfigDict(extra="forbid")
     call: str
     expected: Any = None
-    tolerance: float | None = None
+    tolerance: float | None = Field(None, ge=0)
+    rel_tolerance: float | None = Field(None, ge=0)
     match: Literal["equal", "truthy"] = "equal"
 
 
@@ -262,15 +267,21 @@ def _frames(stdout: str, nonce: str) -> dict[int, dict]:
 # -- comparison (plain data only) ---------------------------------------------------------
 
 
-def _same(got: Any, exp: Any, tol: float | None) -> bool:
+def _same(got: Any, exp: Any, tol: float | None, rel: float | None = None) -> bool:
+    """`tol` absolute, `rel` relative; each applies as itself only (an absolute bound taken as a
+    relative one too passed 0 for `abs(f(x) - 100) < 1`: |0 - 100| <= 1 * 100)."""
     if isinstance(exp, bool) or isinstance(got, bool):
         return type(got) is type(exp) and got == exp
     if isinstance(exp, int | float) and isinstance(got, int | float):
-        return got == exp if tol is None else math.isclose(got, exp, rel_tol=tol, abs_tol=tol)
+        if tol is None and rel is None:
+            return got == exp
+        return math.isclose(got, exp, rel_tol=rel or 0.0, abs_tol=tol or 0.0)
     if isinstance(exp, list) and isinstance(got, list):
-        return len(got) == len(exp) and all(_same(g, e, tol) for g, e in zip(got, exp, strict=True))
+        return len(got) == len(exp) and all(
+            _same(g, e, tol, rel) for g, e in zip(got, exp, strict=True)
+        )
     if isinstance(exp, dict) and isinstance(got, dict):
-        return got.keys() == exp.keys() and all(_same(got[k], exp[k], tol) for k in exp)
+        return got.keys() == exp.keys() and all(_same(got[k], exp[k], tol, rel) for k in exp)
     return type(got) is type(exp) and got == exp
 
 
@@ -282,9 +293,9 @@ def _judge_call(test: CallTest, frame: dict) -> Outcome:
     elif "v" not in frame:  # large value: exact comparison through its hash
         ok = frame.get("h") == _sha(_dumps(exp))
     else:
-        ok = _same(frame["v"], exp, test.tolerance)
+        ok = _same(frame["v"], exp, test.tolerance, test.rel_tolerance)
     detail = "" if ok else f"got {frame.get('p', '')!r}"
-    if not ok and "v" not in frame and test.tolerance is not None:
+    if not ok and "v" not in frame and (test.tolerance, test.rel_tolerance) != (None, None):
         detail += f" (over {_INLINE} characters of JSON: compared exactly, not within tolerance)"
     return Outcome(index=0, passed=ok, status="pass" if ok else "wrong", detail=detail)
 
@@ -522,6 +533,7 @@ def _from_assert(test: ast.expr) -> CallTest | None:
         if isinstance(op, ast.Lt | ast.LtE) and isinstance(left, ast.Call):
             # abs(CALL - LIT) < TOL
             ok_tol, tol = _literal(right)
+            ok_tol = ok_tol and isinstance(tol, int | float) and tol >= 0
             if getattr(left.func, "id", None) == "abs" and ok_tol and len(left.args) == 1:
                 diff = left.args[0]
                 if isinstance(diff, ast.BinOp) and isinstance(diff.op, ast.Sub):
@@ -533,9 +545,11 @@ def _from_assert(test: ast.expr) -> CallTest | None:
         if len(test.args) == 2:
             ok, value = _literal(test.args[1])
             kw = {k.arg: _literal(k.value)[1] for k in test.keywords}
-            tol = max(kw.get("rel_tol") or 1e-9, kw.get("abs_tol") or 0.0)
-            if ok:
-                return CallTest(call=ast.unparse(test.args[0]), expected=value, tolerance=tol)
+            rel, tol = kw.get("rel_tol", 1e-9), kw.get("abs_tol", 0.0)  # math.isclose's defaults
+            numbers = all(isinstance(t, int | float) and t >= 0 for t in (rel, tol))
+            if ok and numbers:
+                return CallTest(call=ast.unparse(test.args[0]), expected=value,
+                                tolerance=tol, rel_tolerance=rel)  # fmt: skip
         return None
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         return CallTest(call=ast.unparse(test.operand), expected=False, match="truthy")

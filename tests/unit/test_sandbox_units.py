@@ -226,10 +226,36 @@ def check(candidate):
     assert [t.call for t in tests] == ["candidate([1, 2])", "candidate([3])", "candidate([0.1])",
                                        "candidate([2.0])", "candidate([])", "candidate([5])"]  # fmt: skip
     assert tests[0].expected == (1, 2) and tests[1].expected == 3
-    assert tests[2].tolerance == 1e-6 and tests[3].tolerance == 1e-3
+    assert tests[2].tolerance == 1e-6 and tests[2].rel_tolerance is None
+    assert tests[3].rel_tolerance == 1e-3 and tests[3].tolerance == 0.0  # math.isclose's own
     assert tests[4].match == "truthy" and tests[4].expected is False
     with pytest.raises(ValueError, match="cannot be graded"):
         asserts_to_tests("for i in range(3):\n    assert f(i) > i")
+
+
+async def test_tolerances_are_absolute_or_relative_as_written() -> None:
+    """A red-team pass: an absolute bound was also applied as a relative one, so `return 0`
+    passed `abs(candidate(3) - 100) < 1` (|0 - 100| <= 1 * 100), and isclose's default rel_tol
+    became an abs_tol of 1e-9 (0 passed `isclose(candidate(0), 1e-12)`)."""
+    checks = asserts_to_tests(
+        "import math\n"
+        "assert abs(candidate(3) - 100) < 1\n"
+        "assert abs(candidate(10) - 2500.0) < 1\n"
+        "assert math.isclose(candidate(0), 1e-12)\n"
+        "assert math.isclose(candidate(1), 1000.0, rel_tol=0.01)\n"
+    )
+    sb = SubprocessSandbox()
+    zero = await grade(sb, "def candidate(x):\n    return 0", checks)
+    huge = await grade(sb, "def candidate(x):\n    return 10**9", checks)
+    close = await grade(
+        sb, "def candidate(x):\n    return {3: 100.5, 10: 2499.2, 0: 1e-12, 1: 1009.0}[x]", checks
+    )
+    off = await grade(
+        sb, "def candidate(x):\n    return {3: 101.5, 10: 2500, 0: 2e-12, 1: 1011.0}[x]", checks
+    )
+    assert zero.passed == 0 and huge.passed == 0, (zero, huge)
+    assert close.all_passed, close
+    assert off.passed == 1 and off.outcomes[1].passed  # only 2500 itself
 
 
 async def test_grade_on_the_subprocess_backend() -> None:
