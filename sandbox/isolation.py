@@ -25,6 +25,10 @@ measured at start):
   output size (a pipe past it is left unread: its writer blocks).
 - system calls: a seccomp deny list (x86_64; see sandbox/seccomp.py), also in rlimits mode.
 
+agentrl's own package is hidden (an empty directory over it) where an interpreter path would
+show it, as it does when agentrl is installed from a wheel into the site-packages the sandbox
+reads: its assets hold reference answers (the SWE tasks' patches and hidden tests).
+
 What is NOT isolated: the kernel is shared (a kernel exploit escapes every namespace sandbox;
 use e2b/VMs for hostile multi-tenant code); CPU time is not weighted between sandboxes (no CPU
 cgroup quota), so a busy sandbox slows the others; the Python installation and its
@@ -126,6 +130,19 @@ def probe_interpreter(python: str) -> Interp:
     return Interp(python, prefixes, [s for s in sites if os.path.isdir(s)])
 
 
+def _trainer_package_under(paths: list[str]) -> list[str]:
+    """agentrl's package directories the sandbox would show: this process's own when one of the
+    read-only `paths` (or /usr) holds it (a wheel install in the site-packages; an editable
+    checkout is not there), and any installed in those paths (another interpreter's)."""
+    own = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    roots = [os.path.realpath(p).rstrip("/") + "/" for p in [*paths, "/usr"]]
+    found = {own} if any(own.startswith(r) for r in roots) else set()
+    for p in paths:
+        if os.path.isfile(os.path.join(p, "agentrl", "__init__.py")):
+            found.add(os.path.realpath(os.path.join(p, "agentrl")))
+    return sorted(found)
+
+
 def _dedupe(paths: list[str]) -> list[str]:
     """Existing paths, without those inside another one or inside /usr (bound anyway)."""
     real = sorted({os.path.realpath(p) for p in paths if os.path.exists(p)} | set(), key=len)
@@ -176,6 +193,8 @@ class Launcher:
         self._write_identity_files()
         self._paths = _dedupe(interp.prefixes + interp.site_paths + cfg.ro_paths)
         self._staged = {p: self._stage_if_needed(p) for p in self._paths}
+        self._hidden = _trainer_package_under(interp.site_paths + self._paths)
+        (self.workdir / "empty").mkdir(exist_ok=True)
         self._argv = self._bwrap_argv() if mode == "bwrap" else None
 
     # -- command line ---------------------------------------------------------------------
@@ -264,6 +283,8 @@ class Launcher:
         a = []
         for p in self._paths:
             a += ["--ro-bind", self._staged[p], p]
+        for p in self._hidden:  # an empty directory over agentrl's own package
+            a += ["--ro-bind", str(self.workdir / "empty"), p]
         return [*a, "--remount-ro", "/dev", "--remount-ro", "/"]
 
     def command(self, sock_fd: int, seccomp_fd: int | None) -> list[str]:

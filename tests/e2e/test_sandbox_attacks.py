@@ -215,6 +215,26 @@ async def test_host_files_are_not_visible(
     assert "pyproject.toml" not in res.stdout  # only the interpreter's own files are mounted
 
 
+async def test_the_trainers_own_package_is_hidden_where_a_bound_path_holds_it(
+    namespaces: None,
+) -> None:
+    """A wheel install puts agentrl in the site-packages every sandbox reads, and its assets hold
+    reference answers (a red-team pass applied a SWE task's reference patch from there). Here the
+    checkout is bound read-only as such a path would be: its files show, agentrl's do not."""
+    project = Path(__file__).resolve().parents[2]
+    tasks = project / "agentrl" / "assets" / "swe" / "tasks.jsonl"
+    assert tasks.is_file()
+    code = (
+        f"import os\nprint(sorted(os.listdir({str(project / 'agentrl')!r})))\n"
+        f"print(os.path.exists({str(project / 'pyproject.toml')!r}))\n"
+        f"try:\n    open({str(tasks)!r}).read()\nexcept OSError as e:\n    print('denied', e.errno)"
+    )
+    cfg = ServerConfig(warm_workers=1, max_running=1, limits=LIMITS, ro_paths=[str(project)])
+    with LocalService(cfg) as svc:
+        res, _ = await attack(svc.url, code, timeout=10.0)
+    assert res.ok and res.stdout.split("\n")[:3] == ["[]", "True", "denied 2"], res
+
+
 async def test_network_and_host_loopback_are_unreachable(
     service: LocalService, namespaces: None
 ) -> None:
