@@ -12,7 +12,8 @@ measured at start):
   /tmp and /dev/shm are private size-limited tmpfs mounts, gone with the sandbox (after a
   one-shot call, or when its session ends). Nothing else is mounted: not /root or /home (beyond
   the Python installation if it lives there), not the project tree (beyond a virtualenv inside
-  it), no credentials, no other users' files. /proc is the sandbox's own; /sys is absent.
+  it), no credentials, no other users' files, not agentrl's own package (an empty directory
+  over it: its assets hold reference answers). /proc is the sandbox's own; /sys is absent.
 - identity: a user namespace mapping the code to uid 1000 with no capabilities and no way to
   create nested user namespaces. When the service runs as root, every worker additionally runs
   as its own unprivileged host uid (`uid_base + n`), so even an escape lands as a nobody.
@@ -24,10 +25,6 @@ measured at start):
   RLIMIT_AS/RLIMIT_NPROC per process), file size (RLIMIT_FSIZE, SIGXFSZ), /tmp size, open files,
   output size (a pipe past it is left unread: its writer blocks).
 - system calls: a seccomp deny list (x86_64; see sandbox/seccomp.py), also in rlimits mode.
-
-agentrl's own package is hidden (an empty directory over it) where an interpreter path would
-show it, as it does when agentrl is installed from a wheel into the site-packages the sandbox
-reads: its assets hold reference answers (the SWE tasks' patches and hidden tests).
 
 What is NOT isolated: the kernel is shared (a kernel exploit escapes every namespace sandbox;
 use e2b/VMs for hostile multi-tenant code); CPU time is not weighted between sandboxes (no CPU
@@ -131,15 +128,13 @@ def probe_interpreter(python: str) -> Interp:
 
 
 def _trainer_package_under(paths: list[str]) -> list[str]:
-    """agentrl's package directories the sandbox would show: this process's own when one of the
-    read-only `paths` (or /usr) holds it (a wheel install in the site-packages; an editable
-    checkout is not there), and any installed in those paths (another interpreter's)."""
+    """agentrl's package directories the sandbox would show: this process's own where `paths`
+    (or /usr) hold it (a wheel install; not an editable checkout), and any installed in them."""
     own = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     roots = [os.path.realpath(p).rstrip("/") + "/" for p in [*paths, "/usr"]]
     found = {own} if any(own.startswith(r) for r in roots) else set()
-    for p in paths:
-        if os.path.isfile(os.path.join(p, "agentrl", "__init__.py")):
-            found.add(os.path.realpath(os.path.join(p, "agentrl")))
+    found |= {os.path.realpath(os.path.join(p, "agentrl")) for p in paths
+              if os.path.isfile(os.path.join(p, "agentrl", "__init__.py"))}  # fmt: skip
     return sorted(found)
 
 
