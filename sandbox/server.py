@@ -207,15 +207,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warm-workers", type=int, default=None)
     p.add_argument("--max-running", type=int, default=None)
     p.add_argument("--isolation", choices=["auto", "bwrap", "rlimits"], default=None)
-    p.add_argument("--config-json", default=None, help="a ServerConfig as JSON")
+    p.add_argument("--config-json", default=None, help="a ServerConfig as JSON (any local user "
+                   "can read a command line: put a token in --config-env's variable instead)")  # fmt: skip
+    p.add_argument("--config-env", default=None, metavar="VAR",
+                   help="the name of an environment variable holding a ServerConfig as JSON")  # fmt: skip
     args = p.parse_args(argv)
     data = json.loads(args.config_json) if args.config_json else {}
+    if args.config_env:  # taken out of the environment: nothing this process starts inherits it
+        data.update(json.loads(os.environ.pop(args.config_env)))
     for key in ("host", "port", "warm_workers", "max_running", "isolation"):
         if getattr(args, key) is not None:
             data[key] = getattr(args, key)
     cfg = ServerConfig.model_validate(data)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     serve(cfg)
+
+
+CONFIG_ENV = "AGENTRL_SANDBOX_CONFIG"
 
 
 class LocalService:
@@ -229,17 +237,14 @@ class LocalService:
         self.url = ""
 
     def start(self) -> str:
-        cmd = [
-            sys.executable,
-            "-m",
-            "agentrl.sandbox.server",
-            "--config-json",
-            self.cfg.model_dump_json(),
-        ]
+        # the config (its token) through the environment: /proc/<pid>/cmdline is world-readable,
+        # /proc/<pid>/environ only to this user (a red-team pass read the token from argv)
+        cmd = [sys.executable, "-m", "agentrl.sandbox.server", "--config-env", CONFIG_ENV]
         root = os.path.dirname(
             os.path.dirname(os.path.abspath(agentrl.__file__))
         )  # agentrl's parent
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+        env[CONFIG_ENV] = self.cfg.model_dump_json()
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, text=True, start_new_session=True, env=env,
             preexec_fn=die_with_parent,

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from sandbox_kit import LIMITS, SECRET, attack, attacked_service, needs, serves_next_100
 
@@ -233,6 +234,18 @@ async def test_the_trainers_own_package_is_hidden_where_a_bound_path_holds_it(
     with LocalService(cfg) as svc:
         res, _ = await attack(svc.url, code, timeout=10.0)
     assert res.ok and res.stdout.split("\n")[:3] == ["[]", "True", "denied 2"], res
+
+
+async def test_the_service_token_is_not_on_its_command_line() -> None:
+    """/proc/<pid>/cmdline is readable by every local user: the service started for a run takes
+    its config (with the random token) through its environment, which only its user can read."""
+    token = "tok-" + "x" * 40
+    with LocalService(ServerConfig(warm_workers=1, token=token)) as svc:
+        assert svc.proc is not None
+        argv = Path(f"/proc/{svc.proc.pid}/cmdline").read_bytes()
+        assert b"agentrl.sandbox.server" in argv and token.encode() not in argv
+        run = httpx.post(svc.url + "/v1/run", json={"code": "print(1)"}, timeout=5)
+        assert run.status_code == 401  # and still wanted
 
 
 async def test_network_and_host_loopback_are_unreachable(
