@@ -471,7 +471,8 @@ async def grade(
     call: the service's `limits.max_wall_s`), else ValueError. `parallel` tests run at once (1:
     one after another; more is faster, but the tests then share the CPUs their wall time counts).
     `files`: a repository the solution imports from (relative path -> text; the SWE env's graded
-    tree), written fresh for every call and first on the import path. `batch` (CallTests
+    tree without its tests), written fresh for every call and first on the import path. The
+    solution can read them: never put a test file or an expected value there. `batch` (CallTests
     only): the tests run in as few calls as fit `max_call_s`, in one interpreter each, as a test
     suite runs (`_grade_batch`); a test there shares its process with the ones before it, so use
     it where the tests check one program's behaviour, not for separate attempts."""
