@@ -182,6 +182,21 @@ def _patched_paths(patch: str) -> list[str]:
     return sorted(set(out))
 
 
+def _reads_tests(stmt: ast.Import | ast.ImportFrom, tree: dict[str, str]) -> bool:
+    """Whether an import in a test file needs a test module (relative: its own package)."""
+    if isinstance(stmt, ast.ImportFrom) and stmt.level:
+        return True
+    bases = [stmt.module] if isinstance(stmt, ast.ImportFrom) else [a.name for a in stmt.names]
+    subs = (
+        [f"{stmt.module}.{a.name}" for a in stmt.names] if isinstance(stmt, ast.ImportFrom) else []
+    )
+    for name in [b for b in bases if b] + subs:
+        stem = name.replace(".", "/")
+        if any(c in tree and _is_test(c) for c in (f"{stem}.py", f"{stem}/__init__.py")):
+            return True
+    return False
+
+
 def hidden_tests(tree: dict[str, str], ids: list[str]) -> dict[str, tuple[str, list[CallTest]]]:
     """Test file -> (its imports: the code the calls run after, the CallTests of `ids` in it,
     in order). A test that is not one gradable check raises ValueError naming it."""
@@ -192,8 +207,15 @@ def hidden_tests(tree: dict[str, str], ids: list[str]) -> dict[str, tuple[str, l
     out = {}
     for path, names in by_file.items():
         module = ast.parse(tree[path])
-        imports = "\n".join(ast.unparse(n) for n in module.body
-                            if isinstance(n, ast.Import | ast.ImportFrom))  # fmt: skip
+        stmts = [n for n in module.body if isinstance(n, ast.Import | ast.ImportFrom)]
+        for stmt in stmts:
+            if _reads_tests(stmt, tree):
+                raise ValueError(
+                    f"{path}: {ast.unparse(stmt)!r} imports from the tests; the grading sandbox "
+                    "gets no test file (they hold the expected values): move what the tests need "
+                    "into the package"
+                )
+        imports = "\n".join(ast.unparse(n) for n in stmts)
         funcs = {n.name: n for n in module.body if isinstance(n, ast.FunctionDef)}
         tests = []
         for name in names:
