@@ -26,6 +26,7 @@ httpx's connection pool scans every connection per request (40 % of the trainer 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import random
@@ -75,6 +76,10 @@ class ServiceSandbox:
         self.restarts = 0
         self._generation = 0  # +1 per restart of the owned service
         self._sessions: dict[str, int] = {}  # session key -> generation its state lives in
+        # a session's calls go one at a time, each with its own deadline from when it is sent:
+        # the service runs them one at a time anyway, and a turn of many slow calls sent at once
+        # ran past the later calls' deadlines, an outage the policy had made (a red-team pass)
+        self._session_locks: dict[str, asyncio.Lock] = {}
         self._reviving = asyncio.Lock()
         self._closed = False  # aclose() ran: no new connection (an episode's late close_session)
 
@@ -109,7 +114,8 @@ class ServiceSandbox:
         body = {"code": code, "language": language, "timeout": timeout, "session": key}
         if image is not None:
             body["image"] = image
-        async with self._sem:
+        one_at_a_time = self._session_locks.setdefault(key, asyncio.Lock()) if key else None
+        async with one_at_a_time or contextlib.nullcontext(), self._sem:
             status, text = await self._post(
                 "/v1/run", body, timeout + CALL_MARGIN_S, replay=session is None, session=key
             )
@@ -133,6 +139,7 @@ class ServiceSandbox:
     async def close_session(self, session: str) -> None:
         key = session_key(session)
         self._sessions.pop(key, None)
+        self._session_locks.pop(key, None)
         self._images.pop(session, None)
         if self._closed:  # an episode cancelled at shut-down: the service reaps it (its lease)
             return

@@ -248,6 +248,28 @@ async def test_the_service_token_is_not_on_its_command_line() -> None:
         assert run.status_code == 401  # and still wanted
 
 
+async def test_a_turn_of_slow_calls_on_one_session_is_never_an_outage(
+    service: LocalService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A red-team pass: six calls of one session sent at once, each sleeping just under the tool
+    timeout, were run one at a time by the service while their HTTP deadlines ran from the
+    send: the later ones timed out as SandboxUnavailable, an infrastructure failure the policy
+    had made (its losing episode left the baseline). The client now sends a session's calls one
+    at a time; here with the deadline margin cut to 1 s, so four calls of 0.8 s would overrun."""
+    from agentrl.sandbox import client
+
+    monkeypatch.setattr(client, "CALL_MARGIN_S", 1.0)
+    sb = ServiceSandbox(service.url, retries=0)
+    try:
+        runs = [sb.run("import time; time.sleep(0.8); print('ok')", timeout=1.0, session="flood")
+                for _ in range(4)]  # fmt: skip
+        results = await asyncio.gather(*runs)
+    finally:
+        await sb.close_session("flood")
+        await sb.aclose()
+    assert [r.stdout.strip() for r in results] == ["ok"] * 4, results
+
+
 async def test_network_and_host_loopback_are_unreachable(
     service: LocalService, namespaces: None
 ) -> None:
