@@ -97,11 +97,12 @@ class AgentEpisodes:
             if env is not None:
                 await _close(env, session)
             raise
-        except TimeoutError:
-            stop, error = (
-                StopReason.ABORTED,
-                f"episode exceeded rollout.episode_timeout_s={self.episode_timeout_s:g}",
-            )
+        except TimeoutError:  # the policy's when the time went outside its sampling (tools)
+            elapsed = time.monotonic() - t0
+            gen_s = sum(t.gen_latency_s for c in ep.sequences for t in c.seq.turns)
+            stop = StopReason.of_timeout(elapsed - gen_s, elapsed)
+            error = (f"episode exceeded rollout.episode_timeout_s={self.episode_timeout_s:g} "
+                     f"({gen_s:.1f} s of it sampling)")  # fmt: skip
         except EngineUnavailable as e:
             stop, error = StopReason.ABORTED, f"EngineUnavailable: {e}"
         except AgentWorkerDied as e:

@@ -250,7 +250,10 @@ class Rollout:
         except SandboxUnavailable as e:
             stop, error = StopReason.SANDBOX_UNAVAILABLE, f"{type(e).__name__}: {e}"
         except TimeoutError:
-            error = f"episode exceeded rollout.episode_timeout_s={self.cfg.episode_timeout_s:g}"
+            tool_s = sum(t.tool_latency_s for q in seqs for t in q.turns)
+            stop = StopReason.of_timeout(tool_s, time.monotonic() - t0)
+            error = (f"episode exceeded rollout.episode_timeout_s={self.cfg.episode_timeout_s:g} "
+                     f"({tool_s:.1f} s of it in its tool calls)")  # fmt: skip
         except EngineUnavailable as e:  # infrastructure, not the env: no traceback, re-issued
             error = f"{ENGINE_DOWN}: {e}"
         except asyncio.CancelledError:  # over-sampling dropped this group: close, then go

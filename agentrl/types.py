@@ -39,7 +39,9 @@ class StopReason(StrEnum):
     """Why an episode ended. Counted as `stop/<reason>` in metrics.
 
     The first four are normal endings the policy is scored on; the rest are failures. Of those,
-    `parse_error` and `tool_error` are the policy's fault (scored); `reward_error` (the env's
+    `parse_error` and `tool_error` are the policy's fault (scored), and so is `timeout` (the
+    episode ran past `rollout.episode_timeout_s` while most of its time went to its own tool
+    calls: `StopReason.of_timeout`; a red-team policy stalled that way out of its baseline); `reward_error` (the env's
     reward raised on this trajectory) is scored 0 and stays in its group, visible, never hidden as
     infrastructure, and so is `agent_error` (an `AgentEnv`'s agent raised or its command failed:
     the policy's text can make an agent framework raise, so it must not hide there); `sandbox_unavailable` and `aborted` (the system stopped the episode, or the
@@ -80,10 +82,19 @@ class StopReason(StrEnum):
     AGENT_ERROR = "agent_error"
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"
     ABORTED = "aborted"
+    TIMEOUT = "timeout"
 
     @property
     def is_infra_failure(self) -> bool:
         return self in (StopReason.SANDBOX_UNAVAILABLE, StopReason.ABORTED)
+
+    @staticmethod
+    def of_timeout(tool_s: float, elapsed_s: float) -> StopReason:
+        """An episode past its time limit: the policy's (`timeout`, scored) when its finished tool
+        calls (an agent's: the time outside its sampling) took half its time or more (their code
+        is the policy's, and so is waiting on it), else the system's (`aborted`: a slow or stuck
+        engine)."""
+        return StopReason.TIMEOUT if tool_s >= 0.5 * elapsed_s else StopReason.ABORTED
 
 
 class FinishReason(StrEnum):

@@ -259,6 +259,26 @@ def test_failures_are_the_episodes_outcomes(server, tok):
     assert f.metadata["gateway"]["bad_requests"] == 1 and f.metadata["gateway"]["requests"] == 1
 
 
+class Stalling(AgentEnv):
+    """Asks the model once, then waits in its "tools" past the episode's time limit: the time
+    went outside sampling, so the timeout is the policy's (scored 0, in the baseline), where it
+    used to be `aborted` and out of it."""
+
+    async def run(self, task: Task, client: Any) -> float:
+        msgs = [{"role": "user", "content": "What is 1 + 2?"}]
+        await client.chat.completions.create(model="m", messages=msgs)
+        await asyncio.sleep(30)
+        return 1.0
+
+
+def test_an_agent_that_stalls_past_the_time_limit_is_scored(server, tok):
+    groups, _ = asyncio.run(rollout_of(server, tok, Stalling, [Task(id="stall", data={})],
+                                       group_size=1, episode_timeout_s=2.0))  # fmt: skip
+    ((t,),) = groups
+    assert t.stop_reason is StopReason.TIMEOUT and t.reward == 0.0 and t.num_sampled > 0
+    assert "s of it sampling" in t.error
+
+
 def test_a_command_agent_gets_the_url_key_and_task(server, tok, tmp_path: Path):
     script = tmp_path / "agent.py"
     script.write_text(

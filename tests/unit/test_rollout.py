@@ -240,6 +240,49 @@ async def test_infra_failures_end_one_episode_and_spare_the_group(qwen_tokenizer
     assert all(t.reward == 1.0 for t in groups[2])
 
 
+class Stall(Tool):
+    name, description = "stall", "waits, as a policy's code can"
+
+    class Args(BaseModel):
+        pass
+
+    async def __call__(self, args, ctx):
+        await asyncio.sleep(0.15)
+        return ToolResult(content="ok")
+
+
+class StallEnv(ToolEnv):
+    tools = [Stall()]
+
+    async def reward(self, trajectory):
+        return 0.0
+
+
+class SlowEngine(ScriptedEngine):
+    async def generate(self, input_ids, params, key=None):
+        await asyncio.sleep(0.3)
+        return await super().generate(input_ids, params, key)
+
+
+async def test_an_episode_timeout_is_the_policys_when_its_tools_took_the_time(qwen_tokenizer):
+    """A red-team policy called a tool that waited just under the tool timeout, turn after turn,
+    until the episode timed out: `aborted`, out of its group's baseline, its loss hidden. Now an
+    episode whose finished tool calls took half its time or more ends `timeout`, scored; one that
+    a slow engine held stays the system's (`aborted`)."""
+    cfg = RolloutConfig(episode_timeout_s=1.0, max_turns=100)
+    staller = Rollout(ScriptedEngine(qwen_tokenizer, lambda p, t: call(name="stall")),
+                      qwen_tokenizer, StallEnv, cfg)  # fmt: skip
+    traj = await staller.run_episode(TASK)
+    assert traj.stop_reason is StopReason.TIMEOUT and not traj.stop_reason.is_infra_failure
+    assert traj.reward == 0.0 and "in its tool calls" in traj.error
+    slow = Rollout(SlowEngine(qwen_tokenizer, lambda p, t: call(name="stall")),
+                   qwen_tokenizer, StallEnv, cfg)  # fmt: skip
+    traj = await slow.run_episode(TASK)
+    assert traj.stop_reason is StopReason.ABORTED and traj.stop_reason.is_infra_failure
+    assert StopReason.of_timeout(5.0, 10.0) is StopReason.TIMEOUT
+    assert StopReason.of_timeout(4.9, 10.0) is StopReason.ABORTED
+
+
 async def test_reward_dict_needs_total(qwen_tokenizer):
     class NoTotal(FlakyEnv):
         async def reward(self, trajectory):
