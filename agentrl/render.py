@@ -77,6 +77,12 @@ class RenderError(ValueError):
     pass
 
 
+class Unrenderable(Exception):
+    """The chat template refused a history holding a turn the model wrote: the model's doing
+    (scored as a parse error), never an infrastructure abort that would take it out of its
+    group's baseline (a red-team pass found that hiding place under rollout.thinking=template)."""
+
+
 class Renderer:
     def __init__(
         self,
@@ -226,6 +232,14 @@ class Renderer:
         """Ids of the first prompt, ending with the generation prompt; the content of system,
         user and tool messages is text (see the module docstring)."""
         return self._ids_after([], messages, self.render(messages, add_generation_prompt=True), 0)
+
+    def history_ids(self, messages: list[Message]) -> list[int]:
+        """`prompt_ids` of a history that holds the model's turns: Unrenderable (the model's
+        doing, a parse error) when the template refuses it."""
+        try:
+            return self.prompt_ids(messages)
+        except Exception as e:  # jinja2's raise_exception, RenderError, TypeError, …
+            raise Unrenderable(f"{type(e).__name__}: {e}") from e
 
     def delta_text(self, new: list[Message], assistant: Message | None = None) -> str:
         """The text the template puts after an assistant turn's end-of-turn marker and its

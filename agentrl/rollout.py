@@ -41,7 +41,7 @@ from agentrl.parsers import (
     resolve_parser,
     template_max_calls,
 )
-from agentrl.render import Renderer, RenderError, check_round_trip
+from agentrl.render import Renderer, RenderError, Unrenderable, check_round_trip
 from agentrl.sandbox.base import Sandbox, SandboxUnavailable
 from agentrl.seeding import episode_key, group_slot, turn_seed
 from agentrl.sequence import TokenSequence, record_turn
@@ -337,7 +337,11 @@ class Rollout:
             ask = partial(
                 self._summary, env, st, obs, comp, turn, session, turn_seed(seeds, ~index)
             )
-            nxt = await self._continue(env, seqs, st, obs_ids, ask)
+            try:
+                nxt = await self._continue(env, seqs, st, obs_ids, ask)
+            except Unrenderable:  # the history holds a turn of the model's the template refuses
+                turn.num_parse_errors += 1
+                return StopReason.PARSE_ERROR
             if nxt is None:
                 return StopReason.CONTEXT_OVERFLOW
             st = nxt
@@ -357,7 +361,7 @@ class Rollout:
         agentrl/context.py). None: the next prompt does not fit max_context_tokens."""
         cfg, r = self.cfg, self.renderer
         ids, messages, before = [*st.ids, *obs_ids], None, 0
-        if cfg.thinking == "template" and (fresh := r.prompt_ids(st.messages)) != ids:
+        if cfg.thinking == "template" and (fresh := r.history_ids(st.messages)) != ids:
             ids, messages = fresh, st.messages
         full = cfg.context.compact_at * cfg.max_context_tokens
         if cfg.context.policy != "none" and len(ids) > full:
@@ -368,7 +372,7 @@ class Rollout:
             else:
                 rewritten = await self._rewrite(env, st.messages)
             if rewritten is not None:
-                before, messages, ids = len(ids), rewritten, r.prompt_ids(rewritten)
+                before, messages, ids = len(ids), rewritten, r.history_ids(rewritten)
         if len(ids) >= cfg.max_context_tokens:
             return None
         if messages is None:
@@ -427,8 +431,7 @@ class Rollout:
             top_p=c.top_p,
             top_k=c.top_k,
             ignore_eos=c.ignore_eos,
-            # a turn end that is not the model's eos (rollout.end_of_turn, GLM-4.5's tags)
-            stop_token_ids=self.renderer.stop_ids,
+            stop_token_ids=self.renderer.stop_ids,  # rollout.end_of_turn, GLM-4.5's tags too
         )
 
     def _record_turn(

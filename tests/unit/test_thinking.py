@@ -111,3 +111,31 @@ async def test_a_tool_loop_the_template_keeps_is_one_sequence_either_way(tok):
 def test_per_turn_credit_needs_one_sequence_per_episode():
     with pytest.raises(ConfigError, match="rollout.thinking=template with algo.advantage"):
         compose(["rollout.thinking=template", "algo.advantage.reward_level=turn"])
+
+
+class Scripted:
+    """Samples `text` (its ids as the tokenizer reads them) every turn."""
+
+    def __init__(self, tok, text):
+        self.ids = tok.encode(text, add_special_tokens=False)
+
+    async def generate(self, input_ids, params, key=None):
+        return Completion(self.ids, [-0.5] * len(self.ids), FinishReason.STOP, weight_version="1")
+
+
+async def test_a_turn_the_template_cannot_render_again_is_the_models_parse_error():
+    """gpt-oss under rollout.thinking=template: a turn with analysis, a final message and a tool
+    call is refused by its template ("Cannot pass both content and thinking…"). The observation
+    already said so; re-rendering the history for the next turn raised to the episode boundary,
+    `aborted`: out of its group's baseline (a red-team pass). It is the model's parse error."""
+    oss = family_tokenizer("gptoss")
+    evil = ("<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>final"
+            "<|message|>hi<|end|><|start|>assistant<|channel|>commentary to=functions.python "
+            '<|constrain|>json<|message|>{"code": "print(1)"}<|call|>')  # fmt: skip
+    task = Task(id="t0", data={"prompt": "Compute 40 + 2.", "answer": "42"})
+    for thinking in ("keep", "template"):
+        cfg = RolloutConfig(thinking=thinking, max_context_tokens=8192, max_turns=3)
+        traj = await Rollout(Scripted(oss, evil), oss, CodeExecEnv, cfg).run_episode(task)
+        assert not traj.stop_reason.is_infra_failure, (thinking, traj.stop_reason, traj.error)
+        assert traj.reward == 0.0
+    assert traj.stop_reason is StopReason.PARSE_ERROR and traj.turns[-1].num_parse_errors
