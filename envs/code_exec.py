@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import random
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +24,19 @@ SYSTEM_PROMPT = (
     "Solve the problem. You can run Python code with the `python` tool; print the values you need. "
     "When you know the result, reply with <answer>RESULT</answer> containing only the final value."
 )
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def last_answer(text: str) -> str | None:
+    """The last `<answer>…</answer>` of `text` (each one from an opener to the next closer), in
+    one pass: the regex `<answer>(.*?)</answer>` took 3 s on 8,000 openers without a closer (a
+    red-team pass), in the event loop every episode shares."""
+    pos, last = 0, None
+    while (start := text.find("<answer>", pos)) >= 0:
+        end = text.find("</answer>", start + 8)
+        if end < 0:
+            break
+        last, pos = text[start + 8 : end], end + 9
+    return last
 
 
 def _arith(rng: random.Random) -> tuple[str, str]:
@@ -116,8 +127,8 @@ class CodeExecEnv(ToolEnv):
         return generate_tasks(n, seed, kinds)
 
     async def reward(self, trajectory: Trajectory) -> dict[str, float]:
-        answers = _ANSWER.findall(self.final_text(trajectory))
-        given = answers[-1].strip() if answers else None
+        answer = last_answer(self.final_text(trajectory))
+        given = answer.strip() if answer is not None else None
         correct = float(given is not None and given == str(self.task.data["answer"]).strip())
         fmt = float(given is not None)
         return {"total": correct + self.format_reward * fmt, "correct": correct, "format": fmt}

@@ -39,3 +39,24 @@ async def rewards(codes: list[str]) -> list[float]:
 )
 async def test_only_the_first_exact_answer_earns_the_turn_reward(codes, expected):
     assert await rewards(codes) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<answer>42</answer>", "42"),
+        ("<answer>1</answer> then <answer>42</answer>", "42"),  # the last one counts
+        ("<answer>41<answer>42</answer>", "41<answer>42"),  # from an opener to the next closer
+        ("<answer>42", None),
+        ("<answer>x" * 8000, None),  # a red-team flood: the regex took 3 s on it
+    ],
+)
+def test_the_last_answer_is_read_in_one_pass(text, expected):
+    import re
+
+    from agentrl.envs.code_exec import last_answer
+
+    assert last_answer(text) == expected
+    if len(text) < 100:  # what the regex it replaces reads
+        found = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
+        assert (found[-1] if found else None) == expected
