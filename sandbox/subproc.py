@@ -57,6 +57,13 @@ class SubprocessSandbox:
     ) -> ExecResult:
         if language not in _LANGS:
             return ExecResult(stderr=f"unsupported language {language!r}", exit_code=2)
+        # the code's own faults, as the service reports them, not an exception of this tool's (a
+        # red-team pass): a NUL cannot ride a command line, and lone surrogates become U+FFFD
+        if "\x00" in code:
+            return ExecResult(
+                stderr="the code holds a NUL byte, which no program text may hold\n", exit_code=1
+            )
+        code = code.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
         async with self._sem:
             return await self._run(_LANGS[language] + [code], timeout)
 

@@ -258,6 +258,15 @@ async def test_tolerances_are_absolute_or_relative_as_written() -> None:
     assert off.passed == 1 and off.outcomes[1].passed  # only 2500 itself
 
 
+@pytest.mark.parametrize("code", ["\ud800", "print(1)\x00"])
+async def test_code_the_subprocess_backend_cannot_pass_is_the_codes_error(code) -> None:
+    """A lone surrogate or a NUL in the model's code raised in the subprocess backend's own
+    exec, counted as the tool's fault (a red-team pass); the service reports them as the code's.
+    Now they are the code's error here too."""
+    res = await SubprocessSandbox().run(code)
+    assert res.exit_code == 1 and not res.ok and res.stderr
+
+
 async def test_grade_on_the_subprocess_backend() -> None:
     """The grader needs only the Sandbox contract: it also runs on the no-service backend."""
     sb = SubprocessSandbox()
