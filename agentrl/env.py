@@ -66,7 +66,9 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
+
+from pydantic import Field
 
 from agentrl.parsers import ParseError
 from agentrl.tool import Tool, ToolContext, ToolResult
@@ -135,9 +137,11 @@ class Env:
     """Base class: subclass it, or `ToolEnv` for the common chat-with-tools case."""
 
     tools: ClassVar[list[Tool]] = []
-    max_turns: int = 8
-    max_parse_errors: int = 2  # consecutive turns with only malformed calls → stop `parse_error`
-    max_tool_errors: int = 4  # consecutive turns whose every call failed → stop `tool_error`
+    max_turns: Annotated[int, Field(ge=1)] = 8
+    # consecutive turns with only malformed calls → stop `parse_error`
+    max_parse_errors: Annotated[int, Field(ge=1)] = 2
+    # consecutive turns whose every call failed → stop `tool_error`
+    max_tool_errors: Annotated[int, Field(ge=1)] = 4
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)

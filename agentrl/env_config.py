@@ -17,7 +17,15 @@ import inspect
 import typing
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    create_model,
+    field_validator,
+)
 
 from agentrl.env import Env
 from agentrl.mixture import check_name, check_tools
@@ -94,7 +102,7 @@ class EnvConfig(BaseModel):
         cls = import_path(self.target, f"{where}._target_")
         if not (isinstance(cls, type) and issubclass(cls, Env)):
             raise ConfigError(f"{where}._target_={self.target!r} is not a subclass of agentrl.Env")
-        for key in self.args:
+        for key, value in self.args.items():
             if not hasattr(cls, key):
                 settings = [a for a in dir(cls) if a[0] != "_" and not callable(getattr(cls, a))]
                 known = ", ".join(settings)
@@ -103,7 +111,32 @@ class EnvConfig(BaseModel):
                 raise ConfigError(
                     f"{where}.args.{key}: {cls.__name__} has no attribute {key!r}; {hint}"
                 )
+            _check_arg(cls, key, value, f"{where}.args.{key}")
         return cls
+
+
+def _check_arg(cls: type[Env], key: str, value: Any, where: str) -> None:
+    """`value` against the attribute's annotation (`max_turns: Annotated[int, Field(ge=1)]`), or
+    else the type of its default (an int, float, bool or str): a wrong one fails here, by name,
+    not in every episode (`env.args.max_turns=four`) or never (`max_turns=0`)."""
+    try:
+        hint = typing.get_type_hints(cls, include_extras=True).get(key)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve at run time
+        hint = None
+    default = getattr(cls, key)
+    if hint is None or typing.get_origin(hint) is typing.ClassVar:
+        kind = type(default)
+        hint = (
+            {int: int, float: float, bool: bool, str: str}.get(kind)
+            if default is not None
+            else None
+        )
+        if hint is None:
+            return
+    try:
+        TypeAdapter(hint).validate_python(value)
+    except ValidationError as e:
+        raise ConfigError(f"{where}={value!r}: {e.errors()[0]['msg']}") from None
 
 
 class MixtureMember(EnvConfig):

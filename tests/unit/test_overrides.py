@@ -35,6 +35,28 @@ def test_a_misspelt_env_option_names_the_one_it_meant():
         cfg.env.load_tasks(env_cls)
 
 
+@pytest.mark.parametrize(
+    ("arg", "says"),
+    [
+        ("env.args.max_turns=four", "env.args.max_turns='four': Input should be a valid integer"),
+        (
+            "env.args.max_turns=0",
+            "env.args.max_turns=0: Input should be greater than or equal to 1",
+        ),
+        ("env.args.system_prompt=5", "env.args.system_prompt=5: Input should be a valid string"),
+        ("env.args.format_reward=x", "env.args.format_reward='x': Input should be a valid number"),
+    ],
+)
+def test_a_wrong_env_setting_fails_at_the_start_by_name(arg, says):
+    """A new user's try: these used to start the servers and abort every episode (four, 5), or
+    run one empty step and end with rc=0 (0). The attribute's annotation, else its default's
+    type, checks the value when the class loads."""
+    with pytest.raises(ConfigError) as e:
+        compose(["env=code_exec", arg]).env.load_class()
+    assert says in str(e.value)
+    assert compose(["env=code_exec", "env.args.max_turns=3"]).env.load_class()
+
+
 def test_a_misspelt_group_option_lists_the_choices():
     with pytest.raises(ConfigError) as e:
         compose(["env=code_exex"])
