@@ -90,7 +90,7 @@ class EnvConfig(BaseModel):
             ) from None
         try:
             return fn(**{k: getattr(checked, k) for k in given})
-        except FileNotFoundError as e:
+        except (FileNotFoundError, ValueError) as e:  # a wrong option: its message, by name
             raise ConfigError(f"{where}.{key}: {cls.__name__}.load_tasks: {e}") from None
 
     def load_class(self, where: str = "env") -> type[Env]:

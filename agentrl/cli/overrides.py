@@ -103,6 +103,18 @@ def unknown_part(schema: type[BaseModel], parts: list[str]) -> tuple[int, list[s
     return None
 
 
+def _inside(schema: type[BaseModel], name: str) -> str | None:
+    """'trainer.steps' (or several, 'a.x or b.x') for a top-level `name` that is, or misspells,
+    a key one level down."""
+    by_leaf: dict[str, list[str]] = {}
+    for sec, t in _keys(schema).items():
+        for m in _sections(t):
+            for k in _keys(m):
+                by_leaf.setdefault(k, []).append(f"{sec}.{k}")
+    leaf = closest(name, by_leaf)
+    return " or ".join(by_leaf[leaf][:3]) if leaf else None
+
+
 def key_hint(parts: list[str], i: int, known: list[str]) -> str:
     """'did you mean learner.lr?' for a misspelt `parts[i]`, else the keys known there."""
     if match := closest(parts[i], known):
@@ -160,7 +172,11 @@ def check_overrides(
             if own_dirs:  # maybe a group of the user's config directory
                 out.append(line)
                 continue
-            where = (0, where[1] + groups)
+            where = (0, list(dict.fromkeys(where[1] + groups)))
+            if not closest(key, where[1]) and (inner := _inside(schema, key)):
+                errors.append(f"{key}: unknown key; did you mean {inner}?")  # steps=3
+                out.append(f"++{line}")
+                continue
         if where is not None:
             errors.append(f"{key}: unknown key; {key_hint(parts, *where)}")
         out.append(f"++{line}")

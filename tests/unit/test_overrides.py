@@ -57,6 +57,24 @@ def test_a_wrong_env_setting_fails_at_the_start_by_name(arg, says):
     assert compose(["env=code_exec", "env.args.max_turns=3"]).env.load_class()
 
 
+def test_a_top_level_typo_names_the_key_one_level_down_and_load_tasks_errors_are_config_errors():
+    """A new user's tries: `steps=3` listed the config's keys, twice each, and named none;
+    a ValueError of load_tasks (an unknown task kind) came out as Hydra's raw traceback."""
+    for typo, meant in (
+        ("steps", "trainer.steps"),
+        ("stepz", "trainer.steps"),
+        ("lr", "learner.lr"),
+    ):
+        with pytest.raises(ConfigError, match=rf"{typo}: unknown key; did you mean {meant}\?"):
+            compose([f"{typo}=3"])
+    with pytest.raises(ConfigError) as e:
+        compose(["xyzzy=1"])
+    assert str(e.value).count("trainer") == 1  # each key once
+    cfg = compose(["env=code_exec", "env.tasks.kinds=[arith,foo]"])
+    with pytest.raises(ConfigError, match=r"env\.tasks: CodeExecEnv\.load_tasks: .*foo"):
+        cfg.env.load_tasks(cfg.env.load_class())
+
+
 def test_a_misspelt_group_option_lists_the_choices():
     with pytest.raises(ConfigError) as e:
         compose(["env=code_exex"])
