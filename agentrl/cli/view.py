@@ -65,12 +65,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokenizer", default=None, help="default: the run's model (.hydra config)")
     ap.add_argument("--max-tokens", type=int, default=3000)
     a = ap.parse_args(argv)
-    path = _find_trajectories(a.run, "eval_trajectories.jsonl" if a.eval else "trajectories.jsonl")
+    name = "eval_trajectories.jsonl" if a.eval else "trajectories.jsonl"
+    path = _find_trajectories(a.run, name)
     if not path.exists():
         hint = " (evaluations are saved by runs with trainer.eval.every)" if a.eval else ""
         raise SystemExit(
             f"{path}: no such file (give a run's dir, runs/<run_name>, a preview's folder or a "
-            f"{path.name}){hint}"
+            f"{name}){hint}"
         )
     items = load_jsonl(path, a.step)
     if not items:

@@ -204,6 +204,8 @@ def test_jsonl_round_trip_and_cli(tmp_path, qwen_tokenizer, qwen_tokenizer_dir):
     (preview / "trajectories.jsonl").write_text(t.to_json() + "\n")
     main([str(preview), "--tokenizer", str(qwen_tokenizer_dir)])
     assert 'class="t"' in (preview / "view_0.html").read_text()
+    with pytest.raises(SystemExit, match=r"nosuch: no such file .* or a trajectories\.jsonl\)"):
+        main([str(tmp_path / "nosuch")])  # names the file to give, not the folder it was given
 
 
 def test_resolve_mode():
