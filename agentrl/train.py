@@ -451,6 +451,24 @@ def resume_note(cfg: Config) -> str:
     return f"the last checkpoint is step {step} ({path}); {how} resumes from it"
 
 
+def summary_line(history: list[dict[str, float]]) -> str:
+    """The run's last line: reward and tool-call rate over its first and its last steps (up to
+    5 each: one step alone is noise; a new user read a dip at the last step as the result)."""
+    k = max(1, min(5, len(history) // 2))
+
+    def mean(rows: list[dict[str, float]], key: str) -> float:
+        vals = [r[key] for r in rows if key in r]
+        return sum(vals) / len(vals) if vals else math.nan
+
+    head, tail = history[:k], history[-k:]
+    return (
+        f"done: {len(history)} steps, reward {mean(head, 'reward/mean'):.3f} → "
+        f"{mean(tail, 'reward/mean'):.3f}, tool_call_rate {mean(head, 'rollout/tool_call_rate'):.2f}"
+        f" → {mean(tail, 'rollout/tool_call_rate'):.2f} (the mean of the first and of the last "
+        f"{k} step{'s' if k > 1 else ''})"
+    )
+
+
 def main() -> None:
     @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
     def _run(raw: DictConfig) -> None:
@@ -463,12 +481,7 @@ def main() -> None:
                 print(f"\ninterrupted: {resume_note(cfg)}")
                 raise SystemExit(130) from None
         if history:
-            first, last = history[0], history[-1]
-            print(
-                f"done: {len(history)} steps, reward {first.get('reward/mean', math.nan):.3f} → "
-                f"{last.get('reward/mean', math.nan):.3f}, tool_call_rate "
-                f"{first['rollout/tool_call_rate']:.2f} → {last['rollout/tool_call_rate']:.2f}"
-            )
+            print(summary_line(history))
 
     check_command_line()  # agentrl's message for a mistake, before Hydra's; no `+` needed
     _run()

@@ -351,3 +351,16 @@ def test_an_update_at_the_memory_edge_is_warned_about_and_documented():
     assert msg is not None and "2 of them in the optimizer step" in msg
     assert "micro_batch_tokens" not in msg and "--mem-fraction-static" in msg
     assert metric_name("policy/alloc_retries_optimizer") in agentrl.metrics.__doc__
+
+
+def test_the_runs_summary_line_averages_its_first_and_last_steps():
+    """A new user read the quick start's last step (a dip: 0.734, the last five 0.847) as the
+    result: the line averages up to 5 steps at each end, and says so."""
+    from agentrl.train import summary_line
+
+    history = [{"reward/mean": r, "rollout/tool_call_rate": 0.5} for r in
+               [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.9, 1.0, 1.0, 1.0, 0.9, 0.7]]  # fmt: skip
+    line = summary_line(history)
+    assert line.startswith("done: 12 steps, reward 0.300 → 0.920, tool_call_rate 0.50 → 0.50")
+    assert "first and of the last 5 steps" in line
+    assert "reward 0.100 → 0.100" in summary_line(history[:1])
