@@ -30,7 +30,7 @@ from agentrl.advantage import AdvantageConfig, Truncation, carries_gradient
 from agentrl.batch import trainable
 from agentrl.display import SHOWN
 from agentrl.metrics import ToolWatch
-from agentrl.types import TrainingError, Trajectory
+from agentrl.types import StopReason, TrainingError, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +162,7 @@ class Guards:
         self.skipped_in_a_row = skipped_in_a_row  # optimizer steps with a non-finite loss
         self.empty_in_a_row = 0  # steps with nothing to train on
         self.no_signal_in_a_row = 0  # steps where no group carried gradient
+        self.had_signal = False  # some step of this run carried gradient
         self.warned_turn_rewards = False  # per-turn rewards under reward_level=trajectory: once
         self.tool_watch = ToolWatch(limits.warn_tool_fail_rate)  # tools failing most calls
 
@@ -242,6 +243,7 @@ class Guards:
         per run: per-turn rewards the reward level ignores."""
         self.warn_ignored_turn_rewards([tr for g in groups for tr in g])
         flat = not any(self.carries(g) for g in groups)
+        self.had_signal = self.had_signal or not flat
         self.no_signal_in_a_row = self.no_signal_in_a_row + 1 if flat else 0
         metrics["train/no_signal_steps_in_a_row"] = float(self.no_signal_in_a_row)
         k = self.limits.no_signal_steps
@@ -256,6 +258,14 @@ class Guards:
                 "the parser and the reward function), the task is too easy (always 1), or "
                 "rollout.group_size is 1"
             )
+            trajs = [tr for g in groups for tr in g]
+            cut = sum(tr.stop_reason is StopReason.LENGTH for tr in trajs) / max(len(trajs), 1)
+            if self.had_signal and cut >= 0.5:  # a new user's learner.lr=5: collapsed at step 2
+                msg += (
+                    f". This run had signal before, and now {cut:.0%} of the episodes run to "
+                    "the token limit (stop/length): the policy collapsed; check learner.lr, "
+                    "train/grad_norm and train/approx_kl"
+                )
             self.warn("no learning signal", msg)
 
     def trainable(self, trajs: list[Trajectory], metrics: dict[str, float], step: int) -> bool:

@@ -63,6 +63,22 @@ def test_no_signal_is_warned_every_n_flat_steps_and_a_live_group_resets_it():
     assert m["train/no_signal_steps_in_a_row"] == 0
 
 
+def test_a_policy_that_collapsed_after_learning_is_named_in_the_no_signal_warning():
+    """A new user's learner.lr=5: signal at step 1, then every episode ran to the token limit
+    with reward 0, and the warning's causes (never calls the tools, too easy) pointed away."""
+    g, _, out = guards()
+    g.watch_signal([[episode(1.0), episode(0.0, i=1)]], {})
+    cut = [episode(0.0, StopReason.LENGTH), episode(0.0, StopReason.LENGTH, i=1)]
+    for _ in range(2):
+        g.watch_signal([cut], {})
+    assert "100% of the episodes run to the token limit" in out.getvalue()
+    assert "the policy collapsed; check learner.lr" in out.getvalue()
+    fresh, _, out = guards()  # never had signal: the usual causes only
+    for _ in range(2):
+        fresh.watch_signal([cut], {})
+    assert "no learning signal" in out.getvalue() and "collapsed" not in out.getvalue()
+
+
 def test_non_finite_optimizer_steps_in_a_row_stop_the_run():
     g, _, _ = guards()
     g.count_skip({"policy/skipped": 1.0})
