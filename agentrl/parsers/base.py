@@ -75,7 +75,11 @@ class Parser:
         block (`<think>…</think>`, or one the turn never closed) is set apart first, as SGLang's
         reasoning parsers do: calls written while thinking do not run, and it is not content."""
         thought, text = split_reasoning(text)
-        res = self.parse(text, tools, truncated)
+        try:
+            res = self.parse(text, tools, truncated)
+        except Exception as e:  # noqa: BLE001 - the model's text broke the parser: its error
+            msg = f"this turn could not be read for tool calls ({type(e).__name__}); none ran"
+            res = ParseResult(text.strip(), [], [ParseError(ParseErrorKind.NOT_A_CALL, msg)])
         if thought is not None:
             res.reasoning = thought if res.reasoning is None else f"{thought}\n{res.reasoning}"
         made = len(res.tool_calls) + sum(e.is_call_error for e in res.errors)
@@ -181,6 +185,20 @@ def next_block(text: str, open_tag: str, pos: int, prose: list[str]) -> int | No
     return start + len(open_tag)
 
 
+MAX_ARG_DEPTH = 32  # a red-team call nested 600 lists: the run stopped writing its trajectory
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(v, dict | list):
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
 def read_call(
     raw: str, index: int, tools: dict[str, type[BaseModel]] | None, *, raw_text: str | None = None
 ) -> tuple[ToolCall | None, ParseError | None]:
@@ -207,6 +225,9 @@ def read_call(
         return None, ParseError(
             ParseErrorKind.NOT_A_CALL, f"arguments of '{name}' must be a JSON object", quote, name
         )
+    if _deeper_than(args, MAX_ARG_DEPTH):  # a record that deep breaks deepcopy and json.dumps
+        msg = f"arguments of '{name}' nest deeper than {MAX_ARG_DEPTH} levels"
+        return None, ParseError(ParseErrorKind.BAD_JSON, msg, quote, name)
     if tools is not None:
         if name not in tools:
             return None, ParseError(

@@ -134,7 +134,7 @@ class Llama3JsonParser(Parser):
         """(tool, arguments) of `brave_search.call(query="…")`, else None."""
         try:
             node = ast.parse(body, mode="eval").body
-        except (SyntaxError, ValueError, RecursionError):
+        except (SyntaxError, ValueError, RecursionError, MemoryError):  # deep nesting: MemoryError
             return None
         if not (
             isinstance(node, ast.Call)

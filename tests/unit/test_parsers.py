@@ -275,3 +275,33 @@ def test_harmony_deepseek_and_kimi_read_calls_reasoning_and_errors():
         TOOLS,
     )
     assert not thought.tool_calls and thought.content == "No call."  # calls while thinking
+
+
+def test_text_built_to_break_a_parser_is_the_models_parse_error():
+    """A red-team pass: `<|python_tag|>` and 7,000 unary minus signs made llama3_json's ast.parse
+    raise MemoryError, which ended the run; a call whose arguments nest 600 lists parsed, then
+    stopped the run when its trajectory was written (deepcopy's recursion limit). Both are now
+    the model's parse errors, and any exception a parser raises becomes one."""
+    llama = get_parser("llama3_json").parse_turn("<|python_tag|>" + "-" * 7000 + "1", TOOLS)
+    assert [c.name for c in llama.tool_calls] == ["python"]  # its body is code, run as such
+    deep = {"code": "1", "x": json.loads("[" * 600 + "]" * 600)}
+    call = '<tool_call>{"name": "python", "arguments": ' + json.dumps(deep) + "}</tool_call>"
+    res = get_parser("hermes").parse_turn(call, None)
+    assert not res.tool_calls and res.errors[0].kind is ParseErrorKind.BAD_JSON
+    assert "deeper than 32 levels" in res.errors[0].message
+    ok = {"code": "1", "x": json.loads("[" * 30 + "]" * 30)}
+    call = '<tool_call>{"name": "python", "arguments": ' + json.dumps(ok) + "}</tool_call>"
+    assert get_parser("hermes").parse_turn(call, None).tool_calls
+
+
+def test_a_parser_that_raises_gives_a_parse_error(monkeypatch):
+    parser = get_parser("hermes")
+
+    def broken(*a, **k):
+        raise RuntimeError("a bug in the parser")
+
+    monkeypatch.setattr(parser, "parse", broken)
+    res = parser.parse_turn("<tool_call>{}</tool_call>", TOOLS)
+    assert not res.tool_calls and "could not be read for tool calls (RuntimeError)" in (
+        res.errors[0].message
+    )
