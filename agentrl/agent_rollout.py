@@ -25,7 +25,7 @@ from agentrl.engine import EngineUnavailable
 from agentrl.env import read_reward
 from agentrl.gateway import EpisodeCapture, Gateway
 from agentrl.seeding import episode_key
-from agentrl.tool import ToolContext
+from agentrl.tool import ToolContext, no_exit
 from agentrl.types import ConfigError, FinishReason, StopReason, Task, Trajectory
 
 log = logging.getLogger(__name__)
@@ -88,8 +88,8 @@ class AgentEpisodes:
         stop, error, returned = StopReason.COMPLETED, None, False
         try:
             env = self.env_cls(task, ctx, **self.env_kwargs)
-            env.result = await asyncio.wait_for(
-                self._agent(env, task, session, url, ep.key), self.episode_timeout_s
+            env.result = await asyncio.wait_for(  # an agent's sys.exit: its failure, not ours
+                no_exit(self._agent(env, task, session, url, ep.key)), self.episode_timeout_s
             )
             returned = True
         except asyncio.CancelledError:

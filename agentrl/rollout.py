@@ -45,7 +45,7 @@ from agentrl.render import Renderer, RenderError, Unrenderable, check_round_trip
 from agentrl.sandbox.base import Sandbox, SandboxUnavailable
 from agentrl.seeding import episode_key, group_slot, turn_seed
 from agentrl.sequence import TokenSequence, record_turn
-from agentrl.tool import ToolContext
+from agentrl.tool import ToolContext, no_exit
 from agentrl.types import (
     Completion,
     ConfigError,
@@ -244,8 +244,8 @@ class Rollout:
         t0 = time.monotonic()
         try:
             env = self.env_cls(task, ctx, **self.env_kwargs)
-            stop = await asyncio.wait_for(
-                self._loop(env, seqs, session, seeds), self.cfg.episode_timeout_s
+            stop = await asyncio.wait_for(  # an env's sys.exit: its failure, not the run's end
+                no_exit(self._loop(env, seqs, session, seeds)), self.cfg.episode_timeout_s
             )
         except SandboxUnavailable as e:
             stop, error = StopReason.SANDBOX_UNAVAILABLE, f"{type(e).__name__}: {e}"

@@ -140,7 +140,7 @@ class Tool:
                 metadata={"error": "invalid_args"},
             )
         timeout = self.timeout_s if self.timeout_s is not None else ctx.timeout_s
-        timed = _Timed(self(args, ctx))
+        timed = _Timed(no_exit(self(args, ctx)))
         try:
             result = await asyncio.wait_for(timed, timeout + self.timeout_grace_s)
         except SandboxUnavailable:
@@ -258,6 +258,16 @@ class _Clock:
     @classmethod
     def now(cls) -> float:
         return time.perf_counter() - cls._waited() - cls.gc_s
+
+
+async def no_exit(coro: Any) -> Any:
+    """Await `coro`; a SystemExit in it (argparse on bad flags, sys.exit in a CLI wrapper: user
+    code a policy's arguments reach) becomes a RuntimeError, its code's failure. asyncio would
+    re-raise a SystemExit out of the event loop and end the trainer (a red-team pass)."""
+    try:
+        return await coro
+    except SystemExit as e:
+        raise RuntimeError(f"sys.exit({e.code!r}) was called") from None
 
 
 class _Timed:

@@ -283,6 +283,52 @@ async def test_an_episode_timeout_is_the_policys_when_its_tools_took_the_time(qw
     assert StopReason.of_timeout(4.9, 10.0) is StopReason.ABORTED
 
 
+class Exits(Tool):
+    name, description = "exits", "a CLI wrapper: argparse exits on a bad flag"
+
+    class Args(BaseModel):
+        flag: str
+
+    def __call__(self, args, ctx):  # a plain def: it runs in a thread
+        import argparse
+
+        argparse.ArgumentParser(prog="x").parse_args([args.flag])
+        return ToolResult(content="ok")
+
+
+class ExitsEnv(ToolEnv):
+    tools = [Exits()]
+
+    async def step(self, turn):
+        if "exit-env" in turn.text:
+            raise SystemExit(3)
+        return await super().step(turn)
+
+    async def reward(self, trajectory):
+        return 0.0
+
+
+async def test_a_sys_exit_in_a_tool_or_an_env_ends_an_episode_never_the_run(qwen_tokenizer):
+    """A red-team pass: argparse in a tool, given a bad flag by the policy, raised SystemExit,
+    which asyncio re-raises out of the event loop: the trainer exited. A tool's is its own fault
+    (an error observation), an env's aborts that episode with its traceback."""
+
+    def script(prompt, turn):
+        return call(name="exits", flag="--bogus") if turn == 0 else "done"
+
+    tool = Rollout(ScriptedEngine(qwen_tokenizer, script), qwen_tokenizer, ExitsEnv,
+                   RolloutConfig(group_size=2))  # fmt: skip
+    group = await tool.run_group(TASK)
+    assert [t.stop_reason for t in group] == [StopReason.COMPLETED] * 2
+    assert [o.status for o in group[0].turns[0].tool_outcomes] == ["exception"]
+    assert "sys.exit(2) was called" in group[0].turns[0].observations[0].content
+    env = Rollout(ScriptedEngine(qwen_tokenizer, lambda p, t: "exit-env"), qwen_tokenizer,
+                  ExitsEnv, RolloutConfig(group_size=2))  # fmt: skip
+    group = await env.run_group(TASK)
+    assert [t.stop_reason for t in group] == [StopReason.ABORTED] * 2
+    assert "sys.exit(3) was called" in group[0].error
+
+
 async def test_reward_dict_needs_total(qwen_tokenizer):
     class NoTotal(FlakyEnv):
         async def reward(self, trajectory):
