@@ -285,10 +285,8 @@ class Rollout:
             t.metadata["episode_s"] = time.monotonic() - t0
         return trajs
 
-    def _release(self, session: str) -> None:
-        """The episode is over: the engine client forgets which server it stuck to."""
-        release = getattr(self.engine, "release", None)
-        if release is not None:
+    def _release(self, session: str) -> None:  # the engine client forgets the episode's server
+        if (release := getattr(self.engine, "release", None)) is not None:
             release(session)
 
     # -- internals -----------------------------------------------------------------------------
@@ -388,16 +386,18 @@ class Rollout:
         self, env: Env, st: TokenSequence, obs: list[Message], comp: Completion, turn: Turn,
         session: str, seed: int | None,
     ) -> list[Message] | None:  # fmt: skip
-        """rollout.context.policy=summarize: after the turn's results, ask for a summary; the
-        model's answer is sampled on `st` (a turn of its own, trained there) and the history
-        goes on from the task + the summary + the last keep_turns turns (agentrl/context.py).
-        None when not even the question and a summary fit."""
+        """rollout.context.policy=summarize: after the turn's results, ask for a summary, sampled
+        on `st` (a turn of its own, trained there); the history goes on from the task + it + the
+        last keep_turns turns (agentrl/context.py). None: not even the question and one fit."""
         c, r = self.cfg, self.renderer
         before = list(st.messages)
         q = Message(
             role="user", content=getattr(env, "summary_prompt", None) or c.context.summary_prompt
         )
-        ids = r.observation_ids([*obs, q], comp.token_ids, turn.assistant)
+        try:
+            ids = r.observation_ids([*obs, q], comp.token_ids, turn.assistant)
+        except Exception as e:  # the template refuses the model's turn: its parse error
+            raise Unrenderable(f"{type(e).__name__}: {e}") from e
         budget = c.max_context_tokens - len(st.ids) - len(ids)
         if budget <= 0:
             return None

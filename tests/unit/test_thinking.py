@@ -7,6 +7,7 @@ import pytest
 
 from agentrl.assets.families import family_tokenizer
 from agentrl.config import compose
+from agentrl.context import ContextConfig
 from agentrl.env import StepResult
 from agentrl.envs.code_exec import CodeExecEnv
 from agentrl.metrics import rollout_metrics
@@ -133,9 +134,12 @@ async def test_a_turn_the_template_cannot_render_again_is_the_models_parse_error
             "<|message|>hi<|end|><|start|>assistant<|channel|>commentary to=functions.python "
             '<|constrain|>json<|message|>{"code": "print(1)"}<|call|>')  # fmt: skip
     task = Task(id="t0", data={"prompt": "Compute 40 + 2.", "answer": "42"})
-    for thinking in ("keep", "template"):
-        cfg = RolloutConfig(thinking=thinking, max_context_tokens=8192, max_turns=3)
+    summarize = ContextConfig(policy="summarize", compact_at=0.01)  # and asking for a summary
+    for thinking, context in (("keep", None), ("template", None), ("keep", summarize)):
+        cfg = RolloutConfig(thinking=thinking, max_context_tokens=8192, max_turns=3,
+                            **({"context": context} if context else {}))  # fmt: skip
         traj = await Rollout(Scripted(oss, evil), oss, CodeExecEnv, cfg).run_episode(task)
         assert not traj.stop_reason.is_infra_failure, (thinking, traj.stop_reason, traj.error)
         assert traj.reward == 0.0
-    assert traj.stop_reason is StopReason.PARSE_ERROR and traj.turns[-1].num_parse_errors
+        if thinking == "template" or context:
+            assert traj.stop_reason is StopReason.PARSE_ERROR and traj.turns[-1].num_parse_errors
