@@ -16,7 +16,12 @@ that fails (crashed, unreachable, a protocol error) is the tool's fault (`error:
 
 Lifetime: `scope="run"` (default) keeps one server per event loop for the whole run, started on
 the first call; `scope="episode"` starts one per episode (`ToolContext.session`) and stops it
-when the episode ends (`Env.close` calls each tool's `end_episode`): for stateful servers.
+when the episode ends (`Env.close` calls each tool's `end_episode`): for stateful servers. Either
+way the server runs on the host, with the host's files and this user's rights: an episode's
+server process is its own, its files are not (a git server's commit stays for the next
+episode). Give each episode its own directory (`cwd`), or run the server in the sandbox.
+Calls go to a server concurrently, each with its own `timeout_s`; a call's text is cut at
+`MAX_OUTPUT_CHARS`.
 `await close_connections()` stops all of the current event loop's servers.
 Servers are a command on stdio (`command`, with `env` and `cwd`) or a streamable-HTTP `url`.
 Each connection lives in a task of its own, as the SDK's context managers require.
@@ -36,6 +41,7 @@ from pydantic import BaseModel, ConfigDict
 from agentrl.tool import Tool, ToolContext, ToolResult
 
 log = logging.getLogger(__name__)
+MAX_OUTPUT_CHARS = 64 * 1024  # of one call's text, as the sandbox's output_bytes
 
 
 @dataclass(frozen=True)
@@ -79,14 +85,13 @@ class _Connection:
                 self.ready.set_result(None)
                 while (item := await self.queue.get()) is not None:
                     name, args, fut = item
-                    try:
-                        result = await c.call_tool(name, args)
-                    except Exception as e:  # noqa: BLE001 - the caller reads it
-                        if not fut.done():
-                            fut.set_exception(e)
-                    else:
-                        if not fut.done():
-                            fut.set_result(result)
+                    if fut.done():  # its caller gave up while it waited in the queue
+                        continue
+                    # at once, beside the others: one at a time, a slow call of one episode
+                    # timed out the next episode's (a red-team pass); a caller that gives up
+                    # cancels its request
+                    job = asyncio.ensure_future(self._call(c, name, args, fut))
+                    fut.add_done_callback(lambda f, j=job: j.cancel() if f.cancelled() else None)
         except Exception as e:  # noqa: BLE001 - the server did not start or broke
             log.warning("MCP server %s stopped: %s: %s", self.server.key, type(e).__name__, e)
             if not self.ready.done():
@@ -95,6 +100,17 @@ class _Connection:
                 item = self.queue.get_nowait()
                 if item is not None and not item[2].done():
                     item[2].set_exception(e)
+
+    @staticmethod
+    async def _call(c: Any, name: str, args: dict[str, Any], fut: asyncio.Future) -> None:
+        try:
+            result = await c.call_tool(name, args)
+        except Exception as e:  # noqa: BLE001 - the caller reads it
+            if not fut.done():
+                fut.set_exception(e)
+        else:
+            if not fut.done():
+                fut.set_result(result)
 
     async def call(self, name: str, args: dict[str, Any]) -> Any:
         await self.ready
@@ -168,7 +184,11 @@ class McpTool(Tool):
                 return ToolResult(content=f"Error: {e}", is_error=True)
             return ToolResult(content=f"Error: the MCP server failed: {type(e).__name__}: {e}",
                               is_error=True, metadata={"error": "exception"})  # fmt: skip
-        return ToolResult(content=_text(result), is_error=bool(result.is_error))
+        text = _text(result)
+        if len(text) > MAX_OUTPUT_CHARS:  # the sandbox tools cut theirs there; 16 MB took the
+            cut = len(text) - MAX_OUTPUT_CHARS  # event loop 28 s to tokenize (a red-team pass)
+            text = f"{text[:MAX_OUTPUT_CHARS]}\n[{cut} more characters cut]"
+        return ToolResult(content=text, is_error=bool(result.is_error))
 
     async def end_episode(self, ctx: ToolContext) -> None:
         if self.server.scope != "episode":

@@ -6,6 +6,7 @@ reads a repository the test made."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ COUNTER = McpServer(command=[sys.executable, str(HERE / "mcp_counter_server.py")
 
 async def test_a_servers_tools_are_listed_called_and_fail_cleanly() -> None:
     tools = {t.name: t for t in mcp_tools(COUNTER)}
-    assert sorted(tools) == ["add", "divide", "stats"]
+    assert sorted(tools) == ["add", "divide", "shout", "stats", "wait"]
     schema = tools["add"].schema()["function"]
     assert schema["parameters"]["required"] == ["amount"] and "counter" in schema["description"]
     ctx = ToolContext(session="one")
@@ -46,6 +47,23 @@ async def test_a_servers_tools_are_listed_called_and_fail_cleanly() -> None:
         mcp_tools(COUNTER, only=["absent"])
     with pytest.raises(RuntimeError, match="listing the tools of MCP server"):
         mcp_tools(McpServer(command=[sys.executable, "-c", "raise SystemExit(3)"], timeout_s=10))
+
+
+async def test_calls_of_many_episodes_run_beside_each_other_and_loud_output_is_cut() -> None:
+    """A red-team pass: a run-scoped server took calls one at a time, each caller's deadline
+    running from the queue, so one episode's two slow calls timed out another episode's quick
+    one (its error, though it did nothing wrong); 16 MB of output stalled the event loop."""
+    tools = {t.name: t for t in mcp_tools(McpServer(command=COUNTER.command, timeout_s=1.8))}
+    try:
+        await tools["add"].invoke({"amount": 0}, ToolContext(session="warm"))  # server started
+        slow = [tools["wait"].invoke({"seconds": 1.0}, ToolContext(session="a")) for _ in range(2)]
+        quick = tools["add"].invoke({"amount": 1}, ToolContext(session="b"))
+        *waited, added = await asyncio.gather(*slow, quick)
+        assert [w.content for w in waited] == ["waited"] * 2 and added.content == "1", added
+        loud = await tools["shout"].invoke({"chars": 200_000}, ToolContext(session="c"))
+        assert len(loud.content) < 70_000 and "more characters cut" in loud.content
+    finally:
+        await close_connections()
 
 
 class CounterEnv(ToolEnv):
