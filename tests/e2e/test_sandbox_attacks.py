@@ -270,6 +270,33 @@ async def test_a_turn_of_slow_calls_on_one_session_is_never_an_outage(
     assert [r.stdout.strip() for r in results] == ["ok"] * 4, results
 
 
+async def test_files_sandboxes_read_do_not_count_as_their_memory(tmp_path: Path) -> None:
+    """A red-team pass: sandboxes that only read files left their page cache charged to the
+    sandboxes' cgroup after they ended; the service counted it as memory in use and refused
+    every call (`busy`, which a run reads as sandbox_unavailable). It counts the working set."""
+    blob = tmp_path / "data" / "blob"
+    blob.parent.mkdir()
+    with open(blob, "wb") as f:
+        for _ in range(150):
+            f.write(os.urandom(1 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # the sandbox's reads charge
+    cfg = ServerConfig(service_memory_mb=160, warm_workers=1, ro_paths=[str(blob.parent)],
+                       limits=LIMITS.model_copy(update={"memory_mb": 128}))  # fmt: skip
+    read = f"f = open({str(blob)!r}, 'rb')\nwhile f.read(1 << 20):\n    pass\nprint('read')"
+    with LocalService(cfg) as svc:
+        needs(svc.health()["isolation"], "memory")
+        sb = ServiceSandbox(svc.url, retries=0)
+        try:
+            assert (await sb.run(read, timeout=30, session="reader")).stdout.strip() == "read"
+            await sb.close_session("reader")
+            assert svc.health()["memory_mb"]["used"] < 80, svc.health()["memory_mb"]
+            assert (await sb.run("print('hi')", timeout=10, session="next")).stdout == "hi\n"
+        finally:
+            await sb.aclose()
+
+
 async def test_network_and_host_loopback_are_unreachable(
     service: LocalService, namespaces: None
 ) -> None:
