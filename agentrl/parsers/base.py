@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,9 @@ from pydantic import BaseModel, ValidationError
 
 from agentrl.registry import Registry, is_import_path
 from agentrl.types import ConfigError, Message, ToolCall
+
+log = logging.getLogger(__name__)
+_RAISED: set[type] = set()  # exception types a parser raised (warned once each)
 
 
 class ParseErrorKind(StrEnum):
@@ -78,6 +82,10 @@ class Parser:
         try:
             res = self.parse(text, tools, truncated)
         except Exception as e:  # noqa: BLE001 - the model's text broke the parser: its error
+            if type(e) not in _RAISED:  # loud once: it may be a parser bug, not the model
+                _RAISED.add(type(e))
+                log.warning("parser %s raised %s on a turn (counted as the model's parse error): "
+                            "%s", type(self).__name__, type(e).__name__, e)  # fmt: skip
             msg = f"this turn could not be read for tool calls ({type(e).__name__}); none ran"
             res = ParseResult(text.strip(), [], [ParseError(ParseErrorKind.NOT_A_CALL, msg)])
         if thought is not None:
