@@ -80,10 +80,9 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from torch import Tensor
 
 from agentrl.registry import Registry
-from agentrl.types import StopReason, Trajectory
+from agentrl.types import TRUNCATED_STOPS, Trajectory
 
 # a token budget cut the episode before the model finished it (the module docstring says why these)
-TRUNCATED_STOPS = frozenset({StopReason.LENGTH, StopReason.CONTEXT_OVERFLOW})
 
 
 def is_truncated(t: Trajectory) -> bool:

@@ -64,6 +64,7 @@ import inspect
 import json
 import logging
 import math
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
@@ -73,6 +74,7 @@ from pydantic import Field
 from agentrl.parsers import ParseError
 from agentrl.tool import Tool, ToolContext, ToolResult
 from agentrl.types import (
+    TRUNCATED_STOPS,
     FinishReason,
     Message,
     StopReason,
@@ -308,7 +310,48 @@ def read_reward(value: Any) -> tuple[float, dict[str, float]]:
             raise ValueError(f"reward dict needs a 'total' key, got {sorted(value)}")
         components = {k: float(v) for k, v in value.items()}
         value = value["total"]
-    reward = float(value)
+    return bounded_reward(float(value)), components
+
+
+REWARD_BOUND = 1e6  # beyond it a group's statistics overflow float32 (advantages 0, inf or NaN)
+
+
+def bounded_reward(reward: float) -> float:
+    """A finite reward, clipped to ±REWARD_BOUND (warned once): a red-team policy answered 1e200
+    to an env scoring -|answer - target|, and its group's advantages came out all 0 (grpo), inf
+    (drgrpo) or NaN, skipping every group's update. A non-finite one raises."""
     if not math.isfinite(reward):
         raise ValueError(f"reward is {reward}; rewards must be finite numbers")
-    return reward, components
+    if abs(reward) <= REWARD_BOUND:
+        return reward
+    if not _CLIPPED:
+        _CLIPPED.append(reward)
+        log.warning("a reward of %g was clipped to ±%g (REWARD_BOUND); scale the env's rewards",
+                    reward, REWARD_BOUND)  # fmt: skip
+    return math.copysign(REWARD_BOUND, reward)
+
+
+_CLIPPED: list[float] = []
+
+
+async def finish_episode(env: Env, traj: Trajectory) -> None:
+    """Score `traj` with `env.reward` (not an infrastructure failure, nor an episode whose turn
+    reward already failed), then close the env. A reward that raises scores 0 and the episode
+    stays in its group as `reward_error`, but a truncated one keeps its stop reason: its penalty
+    or mask must hold (a reward that raised on a cut answer escaped both: a red-team pass)."""
+    failed = traj.stop_reason is StopReason.REWARD_ERROR  # by the rollout: a turn's reward
+    if failed:
+        traj.error = traj.error or "a turn's reward (StepResult.reward) was not a finite number"
+    try:
+        if not traj.stop_reason.is_infra_failure and not failed:
+            traj.reward, traj.reward_components = read_reward(await env.reward(traj))
+    except Exception as e:  # the env's scorer failed on this trajectory: scored 0, visible
+        log.warning("reward of %s failed: %s: %s", traj.metadata["session"], type(e).__name__, e)
+        traj.reward = 0.0
+        if traj.stop_reason not in TRUNCATED_STOPS:
+            traj.stop_reason = StopReason.REWARD_ERROR
+        traj.error = f"reward: {traceback.format_exc()}"
+    try:
+        await env.close()
+    except Exception as e:  # noqa: BLE001 - the episode is over either way
+        log.warning("env.close of %s failed: %s", traj.metadata["session"], e)

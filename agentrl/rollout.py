@@ -30,7 +30,7 @@ from agentrl.agent_env import AgentEnv
 from agentrl.agent_rollout import AgentEpisodes
 from agentrl.context import ContextConfig, summarized, trim_tool_outputs
 from agentrl.engine import EngineUnavailable, PromptTooLong, SamplingParams
-from agentrl.env import AssistantTurn, Env, ToolEnv, read_reward
+from agentrl.env import AssistantTurn, Env, ToolEnv, bounded_reward, finish_episode
 from agentrl.gateway import Gateway, GatewayConfig, GenerationDefaults
 from agentrl.oversample import run_groups
 from agentrl.parsers import (
@@ -277,7 +277,7 @@ class Rollout:
         ]  # fmt: skip
         last = trajs[-1]  # its messages are the whole episode's: the env scores it
         if env is not None:
-            await self._finish(env, last)
+            await finish_episode(env, last)
         self._release(session)
         for t in trajs:
             t.stop_reason, t.error, t.reward = last.stop_reason, last.error, last.reward
@@ -321,7 +321,12 @@ class Rollout:
                 result.tool_counts()
             )
             turn.tool_outcomes = list(result.tool_outcomes)
-            turn.tool_latency_s, turn.reward = result.tool_latency_s, result.reward
+            turn.tool_latency_s = result.tool_latency_s
+            try:  # a per-turn reward: finite, bounded, as an outcome reward
+                turn.reward = None if result.reward is None else bounded_reward(result.reward)
+            except ValueError:  # a NaN shaping reward poisoned its whole group (a red-team pass)
+                turn.reward = 0.0
+                return StopReason.REWARD_ERROR
             if result.done:
                 return result.stop_reason or StopReason.COMPLETED
             obs = [self._truncate(m, turn) for m in result.messages]
@@ -468,21 +473,6 @@ class Rollout:
             return msg
         turn.truncated_obs_tokens += cut
         return msg.model_copy(update={"content": content})
-
-    async def _finish(self, env: Env, traj: Trajectory) -> None:
-        try:
-            if not traj.stop_reason.is_infra_failure:
-                traj.reward, traj.reward_components = read_reward(await env.reward(traj))
-        except Exception as e:  # the env's scorer failed on this trajectory: scored 0, visible
-            log.warning(
-                "reward of %s failed: %s: %s", traj.metadata["session"], type(e).__name__, e
-            )
-            traj.stop_reason, traj.reward = StopReason.REWARD_ERROR, 0.0
-            traj.error = f"reward: {traceback.format_exc()}"
-        try:
-            await env.close()
-        except Exception as e:
-            log.warning("env.close of %s failed: %s", traj.metadata["session"], e)
 
 
 def generation_defaults(cfg: RolloutConfig, renderer: Renderer) -> GenerationDefaults:

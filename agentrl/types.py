@@ -97,6 +97,10 @@ class StopReason(StrEnum):
         return StopReason.TIMEOUT if tool_s >= 0.5 * elapsed_s else StopReason.ABORTED
 
 
+# a token budget cut the episode: rollout.truncated decides (train, mask or penalise its reward)
+TRUNCATED_STOPS = frozenset({StopReason.LENGTH, StopReason.CONTEXT_OVERFLOW})
+
+
 class FinishReason(StrEnum):
     """Why the engine stopped one generation (SGLang's `meta_info.finish_reason.type`)."""
 

@@ -7,7 +7,7 @@ import socket
 import pytest
 from pydantic import BaseModel
 
-from agentrl.env import StepResult, ToolEnv
+from agentrl.env import StepResult, ToolEnv, read_reward
 from agentrl.envs.code_exec import CodeExecEnv
 from agentrl.metrics import rollout_metrics
 from agentrl.rollout import Rollout, RolloutConfig
@@ -327,6 +327,37 @@ async def test_a_sys_exit_in_a_tool_or_an_env_ends_an_episode_never_the_run(qwen
     group = await env.run_group(TASK)
     assert [t.stop_reason for t in group] == [StopReason.ABORTED] * 2
     assert "sys.exit(3) was called" in group[0].error
+
+
+class Fragile(FlakyEnv):
+    """A user env's reward that reads the answer tag and raises without one, and a shaping
+    reward per turn from the model's number (NaN for "nan")."""
+
+    async def step(self, turn):
+        result = await super().step(turn)
+        if turn.text.startswith("shape"):
+            result.reward = -abs(float(turn.text.split()[1]) - 42)
+        return result
+
+    async def reward(self, trajectory):
+        return float(trajectory.messages[-1].content.split("<answer>")[1].split("</answer>")[0])
+
+
+async def test_rewards_the_policy_can_break_never_let_it_escape(qwen_tokenizer):
+    """Red-team passes: a reward that raised on a cut answer turned `length` into
+    `reward_error`, escaping rollout.truncated's penalty and mask; a NaN turn reward made its
+    whole group NaN; a reward of -1e200 overflowed its group's statistics."""
+    cut = make(qwen_tokenizer, lambda p, t: "<answer>5 " + "and so on " * 40, Fragile,
+               max_new_tokens=20)  # fmt: skip
+    traj = await cut.run_episode(TASK)
+    assert traj.stop_reason is StopReason.LENGTH and traj.reward == 0.0  # still truncated
+    assert "reward: Traceback" in traj.error
+    nan = await make(qwen_tokenizer, lambda p, t: "shape nan", Fragile).run_episode(TASK)
+    assert nan.stop_reason is StopReason.REWARD_ERROR and nan.reward == 0.0
+    assert nan.turns[0].reward == 0.0 and "not a finite number" in nan.error
+    huge = make(qwen_tokenizer, lambda p, t: "shape 1e200", Fragile, max_turns=1)
+    assert (await huge.run_episode(TASK)).turns[0].reward == -1e6  # REWARD_BOUND
+    assert read_reward(1e200) == (1e6, {}) and read_reward({"total": -1e300})[0] == -1e6
 
 
 async def test_reward_dict_needs_total(qwen_tokenizer):
