@@ -362,6 +362,9 @@ class Renderer:
         if self.opens_next:
             return self._opened_ids(new, sampled, assistant)
         last = self.decode(sampled[-1:]) if sampled else ""
+        ends = (*self.stop_tags, self.eot, self.history_end, self.tok.eos_token, *TOOL_WAIT_ENDS)
+        if last not in ends:  # text (a stop string's last token, a length cut) ends no turn: as
+            last = ""  # a marker it cut the delta at its last look-alike (a red-team pass)
         markers = [m for m in (last, self.eot, self.history_end) if m and m.strip()]
         error: RenderError | None = None
         for marker in dict.fromkeys(markers):

@@ -136,6 +136,19 @@ def test_turn_not_ended_by_eot_gets_a_masked_eot(qwen_tokenizer):
     assert obs[0] == r.eot_id
 
 
+@pytest.mark.parametrize("tok", ["qwen_tokenizer", "qwen2_tokenizer"])
+def test_a_turn_cut_at_a_stop_string_gets_its_eot_and_the_delta_whole(tok, request):
+    """A ReAct agent's stop string ("Observation:") or a length cut ends a turn on a text token.
+    Taken as the turn's end marker, its last look-alike in the template's rendering cut the delta
+    there: the model read "Observation: 2, 2", which no one sent (a red-team pass)."""
+    r = Renderer(request.getfixturevalue(tok), TOOLS)
+    sampled = r.encode("Thought: add them\nAction: add\nAction Input: 2, 2\nObservation:")
+    user = Message(role="user", content="Observation: 4")
+    obs = r.observation_ids([user], sampled)
+    assert obs[0] == r.eot_id  # supplied (masked)
+    assert r.decode(obs[1:]) == r.separator + r.delta_text([user])
+
+
 def test_truncate_counts_tokens(qwen_tokenizer):
     r = Renderer(qwen_tokenizer, TOOLS)
     text, cut = r.truncate("word " * 100, 10)
