@@ -72,9 +72,13 @@ from typing import Annotated, Any, ClassVar
 from pydantic import Field
 
 from agentrl.parsers import ParseError
+from agentrl.render import RenderError
+from agentrl.sandbox.base import SandboxUnavailable
 from agentrl.tool import Tool, ToolContext, ToolResult
 from agentrl.types import (
     TRUNCATED_STOPS,
+    ConfigError,
+    EnvStepError,
     FinishReason,
     Message,
     StopReason,
@@ -82,6 +86,7 @@ from agentrl.types import (
     ToolCall,
     ToolOutcome,
     Trajectory,
+    Turn,
     tally,
 )
 
@@ -334,13 +339,35 @@ def bounded_reward(reward: float) -> float:
 _CLIPPED: list[float] = []
 
 
+async def take_step(env: Env, said: AssistantTurn, turn: Turn) -> StepResult | StopReason:
+    """`env.step(said)`, its tool counts and per-turn reward recorded on `turn`. The env raising
+    on the policy's turn is `EnvStepError` (`env_error`: scored 0, in its group; the sandbox's
+    outages and configuration errors go on up); a per-turn reward that is not a finite number
+    ends the episode as `reward_error` (a NaN made its whole group NaN: a red-team pass)."""
+    try:
+        result = await env.step(said)
+    except (SandboxUnavailable, ConfigError, RenderError):  # infrastructure, configuration
+        raise
+    except Exception as e:  # the policy's text can make an env's step raise: not a hiding place
+        raise EnvStepError(traceback.format_exc()) from e
+    turn.num_tool_calls, turn.num_tool_errors, turn.num_tool_exceptions = result.tool_counts()
+    turn.tool_outcomes = list(result.tool_outcomes)
+    turn.tool_latency_s = result.tool_latency_s
+    try:
+        turn.reward = None if result.reward is None else bounded_reward(result.reward)
+    except ValueError:
+        turn.reward = 0.0
+        return StopReason.REWARD_ERROR
+    return result
+
+
 async def finish_episode(env: Env, traj: Trajectory) -> None:
     """Score `traj` with `env.reward` (not an infrastructure failure, nor an episode whose turn
     reward already failed), then close the env. A reward that raises scores 0 and the episode
     stays in its group as `reward_error`, but a truncated one keeps its stop reason: its penalty
     or mask must hold (a reward that raised on a cut answer escaped both: a red-team pass)."""
-    failed = traj.stop_reason is StopReason.REWARD_ERROR  # by the rollout: a turn's reward
-    if failed:
+    failed = traj.stop_reason in (StopReason.REWARD_ERROR, StopReason.ENV_ERROR)  # scored 0
+    if traj.stop_reason is StopReason.REWARD_ERROR:  # by the rollout: a turn's reward
         traj.error = traj.error or "a turn's reward (StepResult.reward) was not a finite number"
     try:
         if not traj.stop_reason.is_infra_failure and not failed:

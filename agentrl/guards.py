@@ -39,10 +39,10 @@ log = logging.getLogger(__name__)
 
 
 def crashed(tr: Trajectory) -> bool:
-    """An episode whose env code raised: a reward error, an agent error (an AgentEnv's agent
-    raised), or an abort that carries a traceback
+    """An episode whose env code raised: a reward error, an env error (its step raised), an
+    agent error (an AgentEnv's agent raised), or an abort that carries a traceback
     (engine aborts and episode timeouts carry none: those are infrastructure)."""
-    if tr.stop_reason.value in ("reward_error", "agent_error"):
+    if tr.stop_reason.value in ("reward_error", "agent_error", "env_error"):
         return True
     return tr.stop_reason.value == "aborted" and "Traceback (most recent call last)" in (
         tr.error or ""

@@ -30,7 +30,7 @@ from agentrl.agent_env import AgentEnv
 from agentrl.agent_rollout import AgentEpisodes
 from agentrl.context import ContextConfig, summarized, trim_tool_outputs
 from agentrl.engine import EngineUnavailable, PromptTooLong, SamplingParams
-from agentrl.env import AssistantTurn, Env, ToolEnv, bounded_reward, finish_episode
+from agentrl.env import AssistantTurn, Env, ToolEnv, finish_episode, take_step
 from agentrl.gateway import Gateway, GatewayConfig, GenerationDefaults
 from agentrl.oversample import run_groups
 from agentrl.parsers import (
@@ -49,6 +49,7 @@ from agentrl.tool import ToolContext, no_exit
 from agentrl.types import (
     Completion,
     ConfigError,
+    EnvStepError,
     FinishReason,
     Message,
     StopReason,
@@ -249,6 +250,9 @@ class Rollout:
             )
         except SandboxUnavailable as e:
             stop, error = StopReason.SANDBOX_UNAVAILABLE, f"{type(e).__name__}: {e}"
+        except EnvStepError as e:
+            log.warning("env step of %s raised: %s", session, e.args[0].strip().splitlines()[-1])
+            stop, error = StopReason.ENV_ERROR, e.args[0]
         except TimeoutError:
             tool_s = sum(t.tool_latency_s for q in seqs for t in q.turns)
             stop = StopReason.of_timeout(tool_s, time.monotonic() - t0)
@@ -316,17 +320,9 @@ class Rollout:
                     return StopReason.CONTEXT_OVERFLOW
                 if not cfg.ignore_eos:  # with ignore_eos every turn ends at the limit: go on
                     return StopReason.LENGTH
-            result = await env.step(said)
-            turn.num_tool_calls, turn.num_tool_errors, turn.num_tool_exceptions = (
-                result.tool_counts()
-            )
-            turn.tool_outcomes = list(result.tool_outcomes)
-            turn.tool_latency_s = result.tool_latency_s
-            try:  # a per-turn reward: finite, bounded, as an outcome reward
-                turn.reward = None if result.reward is None else bounded_reward(result.reward)
-            except ValueError:  # a NaN shaping reward poisoned its whole group (a red-team pass)
-                turn.reward = 0.0
-                return StopReason.REWARD_ERROR
+            result = await take_step(env, said, turn)
+            if isinstance(result, StopReason):
+                return result
             if result.done:
                 return result.stop_reason or StopReason.COMPLETED
             obs = [self._truncate(m, turn) for m in result.messages]

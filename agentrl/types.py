@@ -44,8 +44,10 @@ class StopReason(StrEnum):
     calls: `StopReason.of_timeout`; a red-team policy stalled that way out of its baseline); `reward_error` (the env's
     reward raised on this trajectory) is scored 0 and stays in its group, visible, never hidden as
     infrastructure, and so is `agent_error` (an `AgentEnv`'s agent raised or its command failed:
-    the policy's text can make an agent framework raise, so it must not hide there); `sandbox_unavailable` and `aborted` (the system stopped the episode, or the
-    env's start/step raised) are infrastructure failures: excluded from the group baseline, never
+    the policy's text can make an agent framework raise, so it must not hide there), and so is
+    `env_error` (the env's `step` raised on the policy's turn, for the same reason: a red-team
+    policy could steer a user env's step into raising and leave its baseline); `sandbox_unavailable` and `aborted` (the system stopped the episode, or the
+    env's start raised) are infrastructure failures: excluded from the group baseline, never
     scored 0. Episodes whose env code raised (`aborted` with a traceback, `reward_error`,
     `agent_error`) count against `trainer.guards.max_aborted_frac`.
 
@@ -80,6 +82,7 @@ class StopReason(StrEnum):
     TOOL_ERROR = "tool_error"
     REWARD_ERROR = "reward_error"
     AGENT_ERROR = "agent_error"
+    ENV_ERROR = "env_error"
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"
     ABORTED = "aborted"
     TIMEOUT = "timeout"
@@ -95,6 +98,10 @@ class StopReason(StrEnum):
         is the policy's, and so is waiting on it), else the system's (`aborted`: a slow or stuck
         engine)."""
         return StopReason.TIMEOUT if tool_s >= 0.5 * elapsed_s else StopReason.ABORTED
+
+
+class EnvStepError(Exception):
+    """The env's `step` raised on the policy's turn (args[0]: its traceback): `env_error`."""
 
 
 # a token budget cut the episode: rollout.truncated decides (train, mask or penalise its reward)

@@ -360,6 +360,23 @@ async def test_rewards_the_policy_can_break_never_let_it_escape(qwen_tokenizer):
     assert read_reward(1e200) == (1e6, {}) and read_reward({"total": -1e300})[0] == -1e6
 
 
+async def test_an_env_step_that_raises_on_the_policys_turn_is_scored_not_hidden(qwen_tokenizer):
+    """A red-team pass: a user env's step that parses the model's number (`float(text)`) raised on
+    "nan-ish" text, and the episode was `aborted`: out of its group's baseline, its loss hidden.
+    It is `env_error` now: scored 0, in the baseline, counted as a crash (guards)."""
+    from agentrl.guards import crashed
+
+    class Parses(FlakyEnv):
+        async def step(self, turn):
+            float(turn.text)
+            return await super().step(turn)
+
+    traj = await make(qwen_tokenizer, lambda p, t: "forty-two", Parses).run_episode(TASK)
+    assert traj.stop_reason is StopReason.ENV_ERROR and not traj.stop_reason.is_infra_failure
+    assert traj.reward == 0.0 and "could not convert string to float" in traj.error
+    assert crashed(traj)
+
+
 async def test_reward_dict_needs_total(qwen_tokenizer):
     class NoTotal(FlakyEnv):
         async def reward(self, trajectory):
