@@ -201,8 +201,10 @@ def episode_trajectories(
             del s.ids[end.ids :], s.mask[end.ids :], s.logprobs[end.ids :]
             del s.messages[end.messages :], s.turns[end.turns :]
             s.turns[-1].obs_end, s.turns[-1].observations = s.turns[-1].end, []
-        own = stop
-        if stop is StopReason.COMPLETED and s.turns[-1].finish_reason is FinishReason.LENGTH:
+        own = stop  # a cut last turn is truncation, also when the agent raised on the cut reply
+        # (a red-team agent's json.loads did, and left rollout.truncated's penalty and mask)
+        cut = s.turns[-1].finish_reason is FinishReason.LENGTH
+        if stop in (StopReason.COMPLETED, StopReason.AGENT_ERROR) and cut:
             own = StopReason.LENGTH
         extra = {"sequence": k, "origin": cap.origin, **({"gateway": gw} if k == 0 else {}),
                  **({"last": True} if cap is ep.last else {})}  # fmt: skip

@@ -405,7 +405,10 @@ class Rollout:
         st.append(ids, None)
         turn.obs_end = len(st.ids)
         st.messages.append(q)
-        said = await self.engine.generate(st.ids, self._params(budget, seed), key=session)
+        try:
+            said = await self.engine.generate(st.ids, self._params(budget, seed), key=session)
+        except PromptTooLong:  # the server's context is shorter: an overflow, as in _loop
+            return None
         _, summary = self._record_turn(st, said, len(st.turns))
         return summarized(before, summary.message.content, c.context.keep_turns)
 

@@ -271,6 +271,27 @@ class Stalling(AgentEnv):
         return 1.0
 
 
+class RaisesOnACutReply(AgentEnv):
+    """Asks for at most 2 tokens, then parses the reply as JSON, as an agent does: the cut reply
+    makes it raise."""
+
+    async def run(self, task: Task, client: Any) -> float:
+        msgs = [{"role": "user", "content": "What is 1 + 2?"}]
+        out = await client.chat.completions.create(model="m", messages=msgs, max_tokens=2)
+        assert out.choices[0].finish_reason == "length"
+        return json.loads(out.choices[0].message.content or "")
+
+
+def test_an_agent_that_raises_on_a_cut_reply_is_truncated(server, tok):
+    """A red-team pass: such an episode was `agent_error` (scored 0), escaping
+    rollout.truncated's penalty and mask. A cut last turn is truncation whatever the agent did."""
+    groups, _ = asyncio.run(rollout_of(server, tok, RaisesOnACutReply, [Task(id="cut", data={})],
+                                       group_size=1, truncated="penalise",
+                                       truncated_reward=-1.0))  # fmt: skip
+    ((t,),) = groups
+    assert t.stop_reason is StopReason.LENGTH and "JSONDecodeError" in t.error
+
+
 def test_an_agent_that_stalls_past_the_time_limit_is_scored(server, tok):
     groups, _ = asyncio.run(rollout_of(server, tok, Stalling, [Task(id="stall", data={})],
                                        group_size=1, episode_timeout_s=2.0))  # fmt: skip
