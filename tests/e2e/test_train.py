@@ -112,13 +112,17 @@ def test_nan_reward_stops_the_run_before_any_update(tmp_path):
 
 class NaNLossEnv(CodeExecEnv):
     """A loss that is non-finite while every reward is finite: without std normalisation
-    (drgrpo) the advantages of rewards this large overflow float32."""
+    (drgrpo) the advantages of rewards this large overflow float32. (Rewards are clipped to
+    agentrl.env.REWARD_BOUND since a red-team pass; the test lifts the bound to reach the loss.)"""
 
     async def reward(self, trajectory):
         return 1e39 * (trajectory.sample_index % 2)
 
 
-def test_nan_loss_skips_steps_then_stops_the_run(tmp_path):
+def test_nan_loss_skips_steps_then_stops_the_run(tmp_path, monkeypatch):
+    import agentrl.env
+
+    monkeypatch.setattr(agentrl.env, "REWARD_BOUND", float("inf"))
     cfg = compose(overrides(tmp_path, "trainer.steps=6", "trainer.guards.max_skipped_steps=2",
                             "algo=drgrpo", f"env._target_={__name__}.NaNLossEnv"))  # fmt: skip
     with pytest.raises(TrainingError, match="2 optimizer steps in a row had a non-finite loss"):
