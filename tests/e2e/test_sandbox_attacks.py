@@ -216,87 +216,6 @@ async def test_host_files_are_not_visible(
     assert "pyproject.toml" not in res.stdout  # only the interpreter's own files are mounted
 
 
-async def test_the_trainers_own_package_is_hidden_where_a_bound_path_holds_it(
-    namespaces: None,
-) -> None:
-    """A wheel install puts agentrl in the site-packages every sandbox reads, and its assets hold
-    reference answers (a red-team pass applied a SWE task's reference patch from there). Here the
-    checkout is bound read-only as such a path would be: its files show, agentrl's do not."""
-    project = Path(__file__).resolve().parents[2]
-    tasks = project / "agentrl" / "assets" / "swe" / "tasks.jsonl"
-    assert tasks.is_file()
-    code = (
-        f"import os\nprint(sorted(os.listdir({str(project / 'agentrl')!r})))\n"
-        f"print(os.path.exists({str(project / 'pyproject.toml')!r}))\n"
-        f"try:\n    open({str(tasks)!r}).read()\nexcept OSError as e:\n    print('denied', e.errno)"
-    )
-    cfg = ServerConfig(warm_workers=1, max_running=1, limits=LIMITS, ro_paths=[str(project)])
-    with LocalService(cfg) as svc:
-        res, _ = await attack(svc.url, code, timeout=10.0)
-    assert res.ok and res.stdout.split("\n")[:3] == ["[]", "True", "denied 2"], res
-
-
-async def test_the_service_token_is_not_on_its_command_line() -> None:
-    """/proc/<pid>/cmdline is readable by every local user: the service started for a run takes
-    its config (with the random token) through its environment, which only its user can read."""
-    token = "tok-" + "x" * 40
-    with LocalService(ServerConfig(warm_workers=1, token=token)) as svc:
-        assert svc.proc is not None
-        argv = Path(f"/proc/{svc.proc.pid}/cmdline").read_bytes()
-        assert b"agentrl.sandbox.server" in argv and token.encode() not in argv
-        run = httpx.post(svc.url + "/v1/run", json={"code": "print(1)"}, timeout=5)
-        assert run.status_code == 401  # and still wanted
-
-
-async def test_a_turn_of_slow_calls_on_one_session_is_never_an_outage(
-    service: LocalService, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A red-team pass: six calls of one session sent at once, each sleeping just under the tool
-    timeout, were run one at a time by the service while their HTTP deadlines ran from the
-    send: the later ones timed out as SandboxUnavailable, an infrastructure failure the policy
-    had made (its losing episode left the baseline). The client now sends a session's calls one
-    at a time; here with the deadline margin cut to 1 s, so four calls of 0.8 s would overrun."""
-    from agentrl.sandbox import client
-
-    monkeypatch.setattr(client, "CALL_MARGIN_S", 1.0)
-    sb = ServiceSandbox(service.url, retries=0)
-    try:
-        runs = [sb.run("import time; time.sleep(0.8); print('ok')", timeout=1.0, session="flood")
-                for _ in range(4)]  # fmt: skip
-        results = await asyncio.gather(*runs)
-    finally:
-        await sb.close_session("flood")
-        await sb.aclose()
-    assert [r.stdout.strip() for r in results] == ["ok"] * 4, results
-
-
-async def test_files_sandboxes_read_do_not_count_as_their_memory(tmp_path: Path) -> None:
-    """A red-team pass: sandboxes that only read files left their page cache charged to the
-    sandboxes' cgroup after they ended; the service counted it as memory in use and refused
-    every call (`busy`, which a run reads as sandbox_unavailable). It counts the working set."""
-    blob = tmp_path / "data" / "blob"
-    blob.parent.mkdir()
-    with open(blob, "wb") as f:
-        for _ in range(150):
-            f.write(os.urandom(1 << 20))
-        f.flush()
-        os.fsync(f.fileno())
-        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # the sandbox's reads charge
-    cfg = ServerConfig(service_memory_mb=160, warm_workers=1, ro_paths=[str(blob.parent)],
-                       limits=LIMITS.model_copy(update={"memory_mb": 128}))  # fmt: skip
-    read = f"f = open({str(blob)!r}, 'rb')\nwhile f.read(1 << 20):\n    pass\nprint('read')"
-    with LocalService(cfg) as svc:
-        needs(svc.health()["isolation"], "memory")
-        sb = ServiceSandbox(svc.url, retries=0)
-        try:
-            assert (await sb.run(read, timeout=30, session="reader")).stdout.strip() == "read"
-            await sb.close_session("reader")
-            assert svc.health()["memory_mb"]["used"] < 80, svc.health()["memory_mb"]
-            assert (await sb.run("print('hi')", timeout=10, session="next")).stdout == "hi\n"
-        finally:
-            await sb.aclose()
-
-
 async def test_network_and_host_loopback_are_unreachable(
     service: LocalService, namespaces: None
 ) -> None:
@@ -433,7 +352,6 @@ async def test_any_task_id_is_a_session_key_and_closes(service: LocalService) ->
 
 
 async def test_timeouts_are_checked_never_clamped(service: LocalService) -> None:
-    import httpx
 
     async with httpx.AsyncClient(base_url=service.url, timeout=30) as http:
         big = await http.post("/v1/run", json={"code": "1", "timeout": 61.0})  # max_wall_s=60
@@ -448,7 +366,6 @@ async def test_timeouts_are_checked_never_clamped(service: LocalService) -> None
 
 
 async def test_e2b_routes_want_the_token_and_sane_timeouts() -> None:
-    import httpx
 
     cfg = ServerConfig(warm_workers=1, limits=LIMITS, token="tok-" + secrets.token_hex(4))
     with LocalService(cfg) as svc:
