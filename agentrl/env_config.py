@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import logging
 import typing
 from typing import Any
 
@@ -31,6 +32,8 @@ from agentrl.env import Env
 from agentrl.mixture import check_name, check_tools
 from agentrl.registry import import_path
 from agentrl.types import ConfigError, Task
+
+log = logging.getLogger(__name__)
 
 
 class EnvConfig(BaseModel):
@@ -121,7 +124,8 @@ def _check_arg(cls: type[Env], key: str, value: Any, where: str) -> None:
     not in every episode (`env.args.max_turns=four`) or never (`max_turns=0`)."""
     try:
         hint = typing.get_type_hints(cls, include_extras=True).get(key)
-    except Exception:  # noqa: BLE001 - an annotation that does not resolve at run time
+    except Exception as e:  # noqa: BLE001 - an annotation that does not resolve at run time
+        log.info("%s's annotations do not resolve (%s): %s is checked by its default", cls, e, key)
         hint = None
     default = getattr(cls, key)
     if hint is None or typing.get_origin(hint) is typing.ClassVar:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import logging
 import os
 import subprocess
 import sys
@@ -35,6 +36,8 @@ from agentrl.engine.fleet import (
 )
 from agentrl.engine.protocol import EngineUnavailable
 from agentrl.sandbox.base import die_with_parent
+
+log = logging.getLogger(__name__)
 
 
 def router_wanted(cfg: EngineConfig, n_servers: int) -> bool:
@@ -94,10 +97,10 @@ def _start_router(
 ) -> tuple[str, subprocess.Popen]:
     """smg on a free port, healthy; started again on new ports when another process bound one
     of its ports before it did (`PORT_RACE`), twice at most."""
-    log = log_dir / "router.log"
+    log_path = log_dir / "router.log"
     for attempt in itertools.count():
         port = free_port(cfg.host)
-        with private_log(log, "w") as f:
+        with private_log(log_path, "w") as f:
             proc = subprocess.Popen(
                 router_command(cfg, urls, port, log_dir / "router"),
                 stdout=f,
@@ -108,12 +111,13 @@ def _start_router(
             )
         url = f"http://{cfg.host}:{port}"
         try:
-            wait_router(url, len(urls), proc, log, cfg.health_timeout_s, auth_headers(cfg))
+            wait_router(url, len(urls), proc, log_path, cfg.health_timeout_s, auth_headers(cfg))
             return url, proc
         except BaseException:
             stop_processes([proc])
-            if attempt == RACE_STARTS or PORT_RACE not in log.read_text().lower():
+            if attempt == RACE_STARTS or PORT_RACE not in log_path.read_text().lower():
                 raise
+            log.warning("the router lost its port to another process; starting it again")
 
 
 def wait_router(
