@@ -27,6 +27,9 @@ the server's turn boundaries cost and what agentrl's client adds. The prefix cac
 before every measured run; a warm-up
 round of short runs on other prompts comes first. Prints, per mode: episodes, turns, generated
 tokens, wall s and tok/s of each side, and the ratio rollout/reference; --json writes them too.
+--coalesce W:M:C,... times the coalesced rollout once per variant (window ms, max wait ms, members
+answered per loop iteration); the server's max_running_requests is printed beside the episodes in
+flight (over-subscription: more episodes than its decode batch holds).
 --engine launches the server through agentrl.engine.fleet.launch_engines (loopback, stopped at the
 end): sglang with configs/engine/sglang.yaml's arguments minus --enable-memory-saver (keep it
 with --memory-saver), CUDA graphs on; dev (CPU) serves the tiny random Qwen3 by default.
@@ -41,7 +44,7 @@ import random
 import shlex
 import tempfile
 import time
-from contextlib import ExitStack
+from contextlib import AsyncExitStack, ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +60,7 @@ from agentrl.engine import (
     launch_engines,
     parse_generate_response,
 )
+from agentrl.engine.coalesce import SETTLE_CHUNK
 from agentrl.envs.synthetic import FixedLengthEnv
 from agentrl.metrics import rollout_metrics
 from agentrl.rollout import Rollout, RolloutConfig
@@ -233,15 +237,20 @@ async def measure(url: str, tokenizer: Any, a, mode: str) -> dict[str, Any]:
         raise SystemExit(f"--new-tokens {a.new_tokens} is less than one token per turn ({turns})")
     timeout = aiohttp.ClientTimeout(total=7200, sock_connect=10)
     async with (
+        AsyncExitStack() as stack,
         EngineClient([url], timeout_s=7200, max_retries=0, max_connections=4096) as engine,
-        EngineClient([url], timeout_s=7200, max_retries=0, max_connections=4096,
-                     batch_window_ms=a.batch_window_ms,
-                     batch_max_wait_ms=a.batch_max_wait_ms) as coalescing,
         aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0),
                               headers={"Authorization": f"Bearer {default_api_key()}"}) as http,
     ):  # fmt: skip
         rollout = make_rollout(engine, tokenizer, a, turns, per_turn)
-        coalesced = make_rollout(coalescing, tokenizer, a, turns, per_turn)
+        coalesced = {}  # variant name -> (its client's coalescer, its rollout)
+        for name, (window, wait, chunk) in coalesce_variants(a).items():
+            client = await stack.enter_async_context(EngineClient(
+                [url], timeout_s=7200, max_retries=0, max_connections=4096,
+                batch_window_ms=window, batch_max_wait_ms=wait))  # fmt: skip
+            client.gen.coalescer.settle_chunk = chunk
+            coalesced[name] = (client.gen.coalescer, make_rollout(client, tokenizer, a, turns,
+                                                                  per_turn))  # fmt: skip
         slow = make_rollout(engine, tokenizer, a, turns, per_turn, latency=True)
         warm = make_rollout(engine, tokenizer, a, turns, min(per_turn, 8))
         w_tasks, w_prompts = make_tasks(warm, a.episodes, a.prompt_tokens, "warm-up", a.seed + 1)
@@ -249,19 +258,21 @@ async def measure(url: str, tokenizer: Any, a, mode: str) -> dict[str, Any]:
         await run_rollout(warm, w_tasks, w_prompts, min(per_turn, 8))
         tasks, prompts = make_tasks(rollout, a.episodes, a.prompt_tokens, "episode", a.seed)
         obs = rollout.renderer.observation_ids([FixedLengthEnv.observation_message()], [0])
-        ref, ro, bare, co, lat = [], [], [], [], []
+        max_running = await server_max_running(http, url)
+        ref, ro, bare, lat = [], [], [], []
+        co: dict[str, list] = {name: [] for name in coalesced}
+        co_size: dict[str, float] = {}
         variants: dict[str, list] = {v: [] for v in a.bare_variants.split(",") if v}
         for _ in range(a.rounds):
             await flush(engine)
             ref.append(await run_reference(http, url, prompts, turns * per_turn, a))
             await flush(engine)
             ro.append(await run_rollout(rollout, tasks, prompts, per_turn))
-            if a.batch_window_ms > 0:
+            for name, (cz, co_rollout) in coalesced.items():
                 await flush(engine)
-                cz = coalescing.gen.coalescer
                 n0, c0 = cz.batches_sent, cz.batched_calls
-                co.append(await run_rollout(coalesced, tasks, prompts, per_turn))
-                co_size = (cz.batched_calls - c0) / max(cz.batches_sent - n0, 1)
+                co[name].append(await run_rollout(co_rollout, tasks, prompts, per_turn))
+                co_size[name] = (cz.batched_calls - c0) / max(cz.batches_sent - n0, 1)
             if turns > 1 and a.tool_latency_ms > 0:
                 await flush(engine)
                 lat.append(await run_rollout(slow, tasks, prompts, per_turn))
@@ -290,16 +301,52 @@ async def measure(url: str, tokenizer: Any, a, mode: str) -> dict[str, Any]:
         "tool_latency_s": min(x[1] for x in lat) if lat else None,
         "tool_latency_ms": a.tool_latency_ms,
         "tool_latency_sigma": a.tool_latency_sigma,
-        # the same rollout with engine.batch_window_ms (concurrent turns coalesced)
-        "coalesced_s": min(c[1] for c in co) if co else None,
-        "batch_window_ms": a.batch_window_ms,
-        "batch_max_wait_ms": a.batch_max_wait_ms,
-        "coalesced_batch_mean": co_size if co else None,  # calls per batched request
+        # the same rollout with concurrent turns coalesced (engine.batch_window_ms), per
+        # variant "window:max_wait:settle_chunk": best wall s, calls per batched request
+        "coalesced": {
+            k: {"s": min(x[1] for x in v), "turns_per_request": co_size[k]}
+            for k, v in co.items()
+            if v
+        },
+        "server_max_running_requests": max_running,
         # multi: the bare client's other styles (--bare-variants), best wall s of each
         "bare_variants_s": {k: min(x[1] for x in v) for k, v in variants.items() if v},
         # cached / prompt tokens per turn, of the rollout's last round (SGLang's cached_tokens)
         **getattr(rollout, "last_cache", {}),
     }
+
+
+def coalesce_variants(a) -> dict[str, tuple[float, float, int]]:
+    """--coalesce "W:M[:C],..." (and --batch-window-ms W with --batch-max-wait-ms M): each
+    variant's window ms, max wait ms and settle chunk (members answered per loop iteration)."""
+    specs = [s for s in a.coalesce.split(",") if s.strip()]
+    if a.batch_window_ms > 0:
+        specs.insert(0, f"{a.batch_window_ms:g}:{a.batch_max_wait_ms:g}")
+    out = {}
+    for spec in specs:
+        parts = spec.strip().split(":")
+        try:
+            w, m = float(parts[0]), float(parts[1])
+            c = int(parts[2]) if len(parts) > 2 else SETTLE_CHUNK
+        except (IndexError, ValueError):
+            raise SystemExit(f"--coalesce {spec!r}: want WINDOW_MS:MAX_WAIT_MS[:CHUNK]") from None
+        if w <= 0 or m <= 0 or c < 1 or len(parts) > 3:
+            raise SystemExit(f"--coalesce {spec!r}: window and wait > 0, chunk >= 1")
+        out[f"{w:g}:{m:g}:{c}"] = (w, m, c)
+    return out
+
+
+async def server_max_running(http: aiohttp.ClientSession, url: str) -> int | None:
+    """The server's max_running_requests (SGLang's /get_server_info), None where not told:
+    how many episodes its decode batch holds, against how many the bench keeps in flight."""
+    for route in ("/server_info", "/get_server_info"):
+        async with http.get(url + route) as r:
+            if r.status == 200:
+                info = orjson.loads(await r.read())
+                for where in (info, *(info.get("internal_states") or [])):
+                    if isinstance(where, dict) and where.get("max_running_requests"):
+                        return int(where["max_running_requests"])
+    return None
 
 
 def engine_config(a) -> EngineConfig:
@@ -350,12 +397,16 @@ def report(rows: list[dict[str, Any]], header: str) -> None:
             print(f"  prefix cache hit (cached / prompt tokens): all turns "
                   f"{r['prefix_cache_hit']:.3f}, first turns {r['prefix_cache_hit_first']:.3f}, "
                   f"later turns {r['prefix_cache_hit_later']:.3f}")  # fmt: skip
-        if r.get("coalesced_s"):
-            c = r["coalesced_s"]
-            print(f"  rollout with engine.batch_window_ms={r['batch_window_ms']:g} "
-                  f"(max wait {r['batch_max_wait_ms']:g} ms): {c:.2f} s, {r['tokens'] / c:.1f} "
-                  f"tok/s, ratio to reference {r['reference_s'] / c:.2f}, "
-                  f"{r['coalesced_batch_mean']:.1f} turns per request")  # fmt: skip
+        if r.get("server_max_running_requests"):
+            print(f"  server max_running_requests {r['server_max_running_requests']}, "
+                  f"{r['episodes']} episodes in flight")  # fmt: skip
+        for name, co in (r.get("coalesced") or {}).items():
+            c = co["s"]
+            w, m, k = name.split(":")
+            print(f"  rollout coalesced (window {w} ms, max wait {m} ms, answered {k} at a "
+                  f"time): {c:.2f} s, {r['tokens'] / c:.1f} tok/s, ratio to reference "
+                  f"{r['reference_s'] / c:.2f}, {co['turns_per_request']:.1f} turns per "
+                  "request")  # fmt: skip
         if r.get("tool_latency_s"):
             t = r["tool_latency_s"]
             print(f"  rollout with tool latency (lognormal, median {r['tool_latency_ms']:g} ms, "
@@ -396,6 +447,9 @@ def main() -> None:
     )
     p.add_argument("--batch-max-wait-ms", type=float, default=50.0,
                    help="engine.batch_max_wait_ms for the coalesced rollout")  # fmt: skip
+    p.add_argument("--coalesce", default="", help="also time the rollout coalesced with each "
+                   "WINDOW_MS:MAX_WAIT_MS[:CHUNK] variant (CHUNK: members answered per event-loop "
+                   f"iteration, default {SETTLE_CHUNK}), comma-separated")  # fmt: skip
     p.add_argument(
         "--bare-variants",
         default="",

@@ -18,15 +18,18 @@ def test_rollout_bench_measures_every_side(scratch_devserver, tiny_model_dir, tm
     cmd = [sys.executable, str(ROOT / "bench" / "rollout_throughput.py"), "--url", scratch_devserver,
            "--model", str(tiny_model_dir), "--mode", "both", "--episodes", "3", "--turns", "2",
            "--new-tokens", "4", "--prompt-tokens", "32", "--batch-window-ms", "2",
+           "--coalesce", "5:20:1,2:50:256",
            "--tool-latency-ms", "5", "--json", str(out)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     single, multi = json.loads(out.read_text())["results"]
     for r in (single, multi):
-        assert r["tokens"] == 3 * 4 and r["ratio"] > 0 and r["coalesced_s"] > 0
-        assert r["coalesced_batch_mean"] >= 1
+        assert r["tokens"] == 3 * 4 and r["ratio"] > 0
+        assert set(r["coalesced"]) == {"2:50:16", "5:20:1", "2:50:256"}, r["coalesced"]
+        assert all(c["s"] > 0 and c["turns_per_request"] >= 1 for c in r["coalesced"].values())
     assert multi["turns"] == 2 and multi["bare_turns_s"] > 0 and multi["tool_latency_s"] > 0
     assert "tool latency" in done.stdout and "bare multi-turn client" in done.stdout
+    assert done.stdout.count("rollout coalesced (window") == 6, done.stdout
 
 
 def test_turn_boundary_bench_runs_its_three_clients():
