@@ -99,7 +99,9 @@ def _wait_devserver(url: str, proc: subprocess.Popen, log_path: Path, timeout_s:
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
-            if not last and "address already in use" in log_path.read_text().lower():
+            from agentrl.engine.fleet import PORT_RACE  # after AGENTRL_CACHE is set
+
+            if not last and PORT_RACE in log_path.read_text().lower():
                 return False
             raise RuntimeError(f"devserver exited ({proc.returncode}):\n{log_path.read_text()}")
         try:

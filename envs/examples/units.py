@@ -11,6 +11,7 @@ the right value (component `correct`), plus `format` (default 0) for a reply tha
 
 from __future__ import annotations
 
+import math
 import random
 
 from pydantic import BaseModel
@@ -71,6 +72,8 @@ class UnitsEnv(ToolEnv):
         try:
             value = float(text)
         except ValueError:
-            return {"total": 0.0, "correct": 0.0, "format": 0.0}
+            value = math.nan
+        if not math.isfinite(value):  # "nan", "inf", "1e999": float() takes them, they are not
+            return {"total": 0.0, "correct": 0.0, "format": 0.0}  # a reply that is a number
         correct = float(abs(value - float(self.task.data["answer"])) < 0.01)
         return {"total": correct + self.format_reward, "correct": correct, "format": 1.0}
