@@ -25,7 +25,7 @@ from agentrl.envs.examples.agent_openai_agents import AddAgentSDK
 from agentrl.gateway import Gateway, GatewayConfig, GenerationDefaults
 from agentrl.rollout import Rollout, RolloutConfig
 from agentrl.seeding import sampling_round
-from agentrl.types import StopReason, Task, Trajectory
+from agentrl.types import FinishReason, StopReason, Task, Trajectory
 
 TINY = resolve_builtin("tiny")
 
@@ -290,6 +290,33 @@ def test_an_agent_that_raises_on_a_cut_reply_is_truncated(server, tok):
                                        truncated_reward=-1.0))  # fmt: skip
     ((t,),) = groups
     assert t.stop_reason is StopReason.LENGTH and "JSONDecodeError" in t.error
+
+
+class RetriesAfterACutReply(AgentEnv):
+    """Asks for at most 2 tokens, drops the cut reply and asks again in full: two sequences
+    (the second history does not extend the first), the last one complete."""
+
+    async def run(self, task: Task, client: Any) -> float:
+        msgs = [{"role": "user", "content": "What is 1 + 2?"}]
+        out = await client.chat.completions.create(model="m", messages=msgs, max_tokens=2)
+        assert out.choices[0].finish_reason == "length"
+        msgs = [{"role": "user", "content": "What is 1 + 2? Answer in full."}]
+        await client.chat.completions.create(model="m", messages=msgs)
+        return 1.0
+
+
+def test_a_cut_reply_the_agent_went_on_from_is_not_the_episodes_truncation(server, tok):
+    """Red-team finding of stop 55: each sequence took its own stop, so the first, cut, was
+    `length`, and under penalise the group baseline (it reads an episode's first sequence)
+    counted the episode at -1 while its last sequence trained at +1. One stop per episode now,
+    from the sequence that sampled last."""
+    groups, _ = asyncio.run(rollout_of(server, tok, RetriesAfterACutReply,
+                                       [Task(id="retry", data={})], group_size=1,
+                                       truncated="penalise", truncated_reward=-1.0))  # fmt: skip
+    (seqs,) = groups
+    assert len(seqs) == 2 and seqs[0].turns[-1].finish_reason is FinishReason.LENGTH
+    assert {t.stop_reason for t in seqs} == {StopReason.COMPLETED}
+    assert {t.reward for t in seqs} == {1.0}
 
 
 def test_an_agent_that_stalls_past_the_time_limit_is_scored(server, tok):
