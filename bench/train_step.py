@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import statistics
 import tempfile
 import time
@@ -202,6 +203,9 @@ def main() -> None:
     trl_grpo.add_args(p)
     p.add_argument("hydra", nargs="*", help="more Hydra overrides, after --")
     args = p.parse_args()
+    # the learner's set-up line (kernels, micro-batches, checkpointing) beside the figures
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("agentrl.learner.group").setLevel(logging.INFO)
 
     from agentrl.config import compose
     from agentrl.train import train
