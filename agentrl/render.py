@@ -53,6 +53,7 @@ turns and render as the template writes them (their <think>/<tool_call> markup i
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -103,6 +104,7 @@ class Renderer:
                 f"{_EOT_FIX.format(marker='<its turn-end token>')}"
             )
         self.eot_id = eot_ids[0]
+        self._memo = functools.lru_cache(maxsize=64)(lambda text: tuple(self.encode(text)))
         self.markup = Markup(tokenizer)
         self.explicit_eot = bool(end_of_turn)
         call_turn = self._probe_call()  # sets string_args
@@ -226,12 +228,18 @@ class Renderer:
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=False)
 
+    def encoded(self, text: str) -> list[int]:
+        """`encode(text)`, once while among the last 64 such texts: turn-end tags (supplied at
+        many turns' end, every request's stop ids) and first prompts (a group's, the same)."""
+        return list(self._memo(text))
+
     # -- ids -----------------------------------------------------------------------------------
 
-    def prompt_ids(self, messages: list[Message]) -> list[int]:
+    def prompt_ids(self, messages: list[Message], memo: bool = False) -> list[int]:
         """Ids of the first prompt, ending with the generation prompt; the content of system,
-        user and tool messages is text (see the module docstring)."""
-        return self._ids_after([], messages, self.render(messages, add_generation_prompt=True), 0)
+        user and tool messages is text (see the module docstring). `memo`: shared (`encoded`)."""
+        full = self.render(messages, add_generation_prompt=True)
+        return self._ids_after([], messages, full, 0, memo)
 
     def history_ids(self, messages: list[Message]) -> list[int]:
         """`prompt_ids` of a history that holds the model's turns: Unrenderable (the model's
@@ -278,14 +286,14 @@ class Renderer:
         return base, full, at + len(marker)
 
     def _ids_after(
-        self, before: list[Message], new: list[Message], full: str, cut: int
+        self, before: list[Message], new: list[Message], full: str, cut: int, memo: bool = False
     ) -> list[int]:
         """Ids of `full[cut:]`, where `full` renders `before + new` with the generation prompt
         and `cut` lies before `new`; markup text inside `new`'s content stays text."""
         fill = _free_char(full)
         neutral = [self.markup.neutral(m, fill) for m in new]
         if all(a is b for a, b in zip(neutral, new, strict=True)):  # no markup text: as before
-            return self.encode(full[cut:])
+            return self.encoded(full[cut:]) if memo else self.encode(full[cut:])
         if self._split_ok:
             other = self.render(before + neutral, add_generation_prompt=True)
             ids = self.markup.aligned_encode(_clean(full), _clean(other), cut, fill)
@@ -314,7 +322,7 @@ class Renderer:
         (`rollout.end_of_turn`); else none."""
         if not (self.opens_next or self.explicit_eot or len(self.stop_tags) > 1):
             return []
-        return [self.encode(t)[0] for t in self.stop_tags]
+        return [self.encoded(t)[0] for t in self.stop_tags]
 
     def _tag_after(self, before: list[Message], after: list[Message]) -> str | None:
         """The markup token the template writes first after `before`'s last turn when `after`
@@ -377,7 +385,7 @@ class Renderer:
             # of it (gpt-oss: the model's <|return|> stays where the template writes <|end|>)
             closed = marker == last or last in TOOL_WAIT_ENDS
             closed |= marker == self.history_end and last in self.stop_tags
-            head = [] if closed else self.encode(marker)  # the eot, one markup id
+            head = [] if closed else self.encoded(marker)  # the eot, one markup id
             return head + self._ids_after(base, new, full, cut)
         raise error or RenderError("the sampled turn has no end-of-turn marker to cut at")
 

@@ -300,7 +300,7 @@ class Rollout:
     ) -> StopReason:
         cfg, r, st = self.cfg, self.renderer, seqs[-1]
         st.messages = list(await env.start())
-        st.append(r.prompt_ids(st.messages), None)
+        st.append(r.prompt_ids(st.messages, memo=True), None)  # a group's samples share it
         st.prompt_len = len(st.ids)
         max_turns = cfg.max_turns or env.max_turns
         for index in range(max_turns):

@@ -155,3 +155,17 @@ def test_truncate_counts_tokens(qwen_tokenizer):
     assert cut == len(r.encode("word " * 100)) - 10
     assert text.startswith("word word") and "truncated" in text
     assert r.truncate("short", 10) == ("short", 0)
+
+
+def test_memoized_ids_are_the_same_ids_and_fresh_lists(qwen_tokenizer):
+    """`Renderer.encoded` (a group's first prompt, turn-end tags, stop ids) tokenizes a text once:
+    the same ids as encoding it again, in a list of the caller's own."""
+    r = Renderer(qwen_tokenizer)
+    msgs = [Message(role="user", content="What is 2 + 3? <|im_end|> stays text")]
+    first = r.prompt_ids(msgs, memo=True)
+    assert first == r.prompt_ids(msgs)
+    first.append(-1)
+    assert r.prompt_ids(msgs, memo=True) == r.prompt_ids(msgs)
+    tag = r.encoded("<|im_end|>")
+    tag.clear()
+    assert r.encoded("<|im_end|>") == r.encode("<|im_end|>") == [r.eot_id]
