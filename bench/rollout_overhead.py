@@ -1,7 +1,7 @@
 """The rollout client's own CPU work, without any model.
 
     python bench/rollout_overhead.py [--prompt-words 128] [--new-tokens 128] [--repeats 200]
-    python bench/rollout_overhead.py --http [--episodes 256] [--turns 4]
+    python bench/rollout_overhead.py --http [--episodes 256] [--turns 4] [--group-size 8]
 
 Default: per assistant turn, render the prompt, decode the sampled ids, parse tool calls, render
 the observation delta (agentrl.render, agentrl.parsers), against the reference of one plain
@@ -87,10 +87,13 @@ def fixed_length_rollouts(a):
     from agentrl.rollout import Rollout, RolloutConfig
 
     tok = AutoTokenizer.from_pretrained(cached_tokenizer("qwen"))
-    cfg = RolloutConfig(group_size=1, max_turns=a.turns, max_new_tokens=a.new_tokens,
+    group = getattr(a, "group_size", 1)
+    if a.episodes % group:
+        raise SystemExit(f"--episodes {a.episodes} is not a multiple of --group-size {group}")
+    cfg = RolloutConfig(group_size=group, max_turns=a.turns, max_new_tokens=a.new_tokens,
                         max_context_tokens=a.prompt_words * 2 + a.turns * (a.new_tokens + 64),
                         ignore_eos=True)  # fmt: skip
-    tasks = FixedLengthEnv.load_tasks(n=a.episodes, prompt_words=a.prompt_words)
+    tasks = FixedLengthEnv.load_tasks(n=a.episodes // group, prompt_words=a.prompt_words)
 
     def make(engine):
         return Rollout(engine, tok, FixedLengthEnv, cfg, env_kwargs={"turns": a.turns})
@@ -211,6 +214,8 @@ def main() -> None:
     p.add_argument("--http", action="store_true", help="whole client per request, HTTP included")
     p.add_argument("--episodes", type=int, default=256)
     p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--group-size", type=int, default=1, help="--http: samples per task (the "
+                   "episodes are --episodes / this tasks' groups; a group shares its prompt)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--lockstep-ms", type=float, default=0.0,
                    help="turns answered after this many ms: the turn boundaries' cost")  # fmt: skip
