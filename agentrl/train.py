@@ -50,6 +50,7 @@ In more detail, in the order they happen:
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import math
 import random
@@ -295,6 +296,8 @@ class Trainer:
         """`trainer.steps` steps (from the resumed one), with the untrained policy's evaluation
         first (trainer.eval.every); the checkpoint being written is committed, also on error."""
         tc = self.cfg.trainer
+        gc.collect()  # the set-up's objects (modules, tokenizers, configs: ~290k) leave the
+        gc.freeze()  # collector's full passes, each a ~0.1 s stall of every episode's event loop
         try:
             prepare_checkpoints(self.parts)  # pinned buffers, allocated behind the first rollout
             if tc.eval.every and self.step_idx == 0:  # the untrained policy: the curve's start
@@ -310,6 +313,7 @@ class Trainer:
                     self._commit_saved(wait=True)
                 except Exception as e:  # the run's own error is the one to raise
                     log.warning("the checkpoint being written was abandoned: %s", e)
+            gc.unfreeze()  # collectable again once the run is over (tests run many in a process)
         return self.history
 
     async def _evaluate(self) -> dict[str, float]:

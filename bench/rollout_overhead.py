@@ -1,7 +1,7 @@
 """The rollout client's own CPU work, without any model.
 
     python bench/rollout_overhead.py [--prompt-words 128] [--new-tokens 128] [--repeats 200]
-    python bench/rollout_overhead.py --http [--episodes 256] [--turns 4] [--group-size 8]
+    python bench/rollout_overhead.py --http [--episodes 256] [--turns 4] [--group-size 8] [--gc-freeze]
 
 Default: per assistant turn, render the prompt, decode the sampled ids, parse tool calls, render
 the observation delta (agentrl.render, agentrl.parsers), against the reference of one plain
@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import random
+import statistics
 import time
 
 
@@ -112,15 +114,18 @@ async def http_overhead(a) -> None:
     n, requests = a.episodes, a.episodes * a.turns
     payload = {"input_ids": list(range(a.prompt_words)), "return_logprob": True,
                "sampling_params": {"max_new_tokens": a.new_tokens}}  # fmt: skip
-    best: dict[str, float] = {}
+    rounds: dict[str, list[float]] = {}
 
     async def measure(name: str, round_fn) -> None:
         await round_fn()  # connections opened, caches warm
+        if a.gc_freeze:  # as Trainer.run does: the set-up's objects out of the full passes
+            gc.collect()
+            gc.freeze()
         for _ in range(a.rounds):
             t0 = time.perf_counter()
             await round_fn()
-            ms = (time.perf_counter() - t0) / requests * 1e3
-            best[name] = min(best.get(name, ms), ms)
+            rounds.setdefault(name, []).append((time.perf_counter() - t0) / requests * 1e3)
+        gc.unfreeze()
 
     make, tasks = fixed_length_rollouts(a)
     async with EngineClient([url], max_connections=4096) as engine:
@@ -147,8 +152,10 @@ async def http_overhead(a) -> None:
     server.close()
 
     print(f"{n} episodes x {a.turns} turns in flight, {a.new_tokens} ids per answer")
-    for k, v in best.items():
-        print(f"{k:<16} {v:7.3f} ms/request")
+    best = {k: min(v) for k, v in rounds.items()}
+    for k, v in rounds.items():
+        print(f"{k:<16} {min(v):7.3f} ms/request (median of {len(v)} rounds "
+              f"{statistics.median(v):.3f})")  # fmt: skip
     ours, floor, old = best["agentrl Rollout"], best["bare aiohttp"], best["bare httpx"]
     print(f"ratio Rollout / bare aiohttp {ours / floor:.2f}; bare httpx / Rollout {old / ours:.1f}")
 
@@ -214,6 +221,9 @@ def main() -> None:
     p.add_argument("--http", action="store_true", help="whole client per request, HTTP included")
     p.add_argument("--episodes", type=int, default=256)
     p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--gc-freeze", action="store_true", help="--http: freeze the objects made "
+                   "before the measured rounds out of the collector's passes, as a training run "
+                   "does (Trainer.run)")  # fmt: skip
     p.add_argument("--group-size", type=int, default=1, help="--http: samples per task (the "
                    "episodes are --episodes / this tasks' groups; a group shares its prompt)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=3)
