@@ -43,3 +43,14 @@ def test_turn_boundary_bench_runs_its_three_clients():
     assert len(rows) == 3 and rows[0].startswith("per-episode requests")
     ratios = [float(x.split("ideal/wall")[1].split()[0]) for x in rows]
     assert all(0 < r <= 1.05 for r in ratios), rows
+
+
+def test_client_overhead_bench_runs_with_groups_and_a_frozen_collector():
+    """bench/rollout_overhead.py --http --group-size --gc-freeze: the figures of the client's CPU
+    per request in docs/benchmarks.md come from this path."""
+    cmd = [sys.executable, str(ROOT / "bench" / "rollout_overhead.py"), "--http", "--episodes",
+           "16", "--turns", "2", "--rounds", "2", "--group-size", "4", "--gc-freeze"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    rows = [x for x in done.stdout.splitlines() if "ms/request (median of 2 rounds" in x]
+    assert [x.split()[0] for x in rows] == ["agentrl", "bare", "bare"], done.stdout
