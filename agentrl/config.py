@@ -52,6 +52,7 @@ from agentrl.rollout import RolloutConfig
 from agentrl.sandbox.backends import BACKENDS
 from agentrl.sandbox.config import SandboxConfig
 from agentrl.settings_diff import settings_of
+from agentrl.signal_checks import signal_checks
 from agentrl.tracking import LoggingConfig
 from agentrl.trainer_config import MOVED_KEYS, TrainerConfig
 from agentrl.types import ConfigError
@@ -353,7 +354,7 @@ def training_checks(cfg: Config) -> list[str]:
             "divide by the temperature), so every update would be NaN. Train with a temperature "
             "> 0 (e.g. rollout.temperature=1.0); greedy is fine for `agentrl preview`"
         )
-    warnings = []
+    warnings = signal_checks(r, cfg.learner, cfg.algo.advantage, cfg.trainer.steps)
     if r.top_p < 1.0 or r.top_k > 0:
         warnings.append(
             f"rollout.top_p={r.top_p:g} / rollout.top_k={r.top_k}: the engine samples from a "

@@ -346,3 +346,34 @@ def test_the_eval_set_is_fixed_by_the_seed_and_checked_like_the_training_tasks()
     )  # unset: the training list
     with pytest.raises(ConfigError, match=r"env.eval_tasks.n: Input should be a valid integer"):
         compose(["env=units", "+env.eval_tasks.n=many"]).env.load_tasks(env_cls, evaluation=True)
+
+
+@pytest.mark.parametrize("name", ["grpo", "drgrpo", "rloo", "reinforce_pp_baseline"])
+def test_one_episode_a_group_under_a_group_baseline_is_refused(name):
+    """A red-team audit: `algo=rloo rollout.group_size=1` exited 0 with every gradient 0 and no
+    word why."""
+    from agentrl.config import training_checks
+
+    with pytest.raises(ConfigError, match=r"rollout\.group_size=1 .*every advantage is 0"):
+        training_checks(compose([f"algo.advantage.name={name}", "rollout.group_size=1"]))
+    assert training_checks(compose(["algo=ppo", "rollout.group_size=1"])) == []
+
+
+def test_settings_that_learn_nothing_are_refused_or_named():
+    from agentrl.config import training_checks
+
+    with pytest.raises(ConfigError, match=r"rollout\.top_k=1 is greedy"):
+        training_checks(compose(["rollout.top_k=1"]))
+    cases = {
+        "rollout.temperature=1e-5": "nearly greedy",
+        "learner.lr=0": "weights never change",
+        "learner.warmup_steps=100000": "still warming up",
+        "learner.total_steps=1": None,  # constant schedule: no decay horizon to outrun
+        "algo.advantage.eps=1000000": "shrinks them towards 0",
+    }
+    for override, said in cases.items():
+        warnings = training_checks(compose([override, "trainer.steps=4"]))
+        assert (said is None and warnings == []) or any(said in w for w in warnings), override
+    (w,) = training_checks(compose(["learner.lr_schedule=cosine", "learner.total_steps=1",
+                                    "trainer.steps=4"]))  # fmt: skip
+    assert "total_steps=1 < trainer.steps=4" in w

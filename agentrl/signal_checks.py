@@ -1,0 +1,61 @@
+"""Settings under which a training run cannot learn, found before it starts (a red-team audit
+ran each one: it exited 0, its console looked normal, and nothing said why the reward stayed
+flat). Refused where no run could learn; warned where a run is only doubtful. Called by
+`config.training_checks`."""
+
+from __future__ import annotations
+
+from agentrl.advantage import AdvantageConfig
+from agentrl.learner import LearnerConfig
+from agentrl.rollout import RolloutConfig
+from agentrl.types import ConfigError
+
+# the built-in estimators whose baseline is the episode's own group: with one episode a group,
+# each advantage is its reward minus itself
+GROUP_BASELINES = frozenset({"grpo", "drgrpo", "rloo", "reinforce_pp_baseline"})
+NEAR_GREEDY_TEMPERATURE = 0.1  # below it a group's samples are mostly the same text
+LARGE_EPS = 1e-2  # algo.advantage.eps past this shrinks every normalised advantage
+
+
+def signal_checks(
+    r: RolloutConfig, lc: LearnerConfig, adv: AdvantageConfig, steps: int
+) -> list[str]:
+    """ConfigError for settings that make every update zero; warnings for doubtful ones (the
+    rollout, learner and advantage sections, and trainer.steps)."""
+    if adv.name in GROUP_BASELINES and r.group_size == 1:
+        raise ConfigError(
+            f"rollout.group_size=1 with algo.advantage.name={adv.name}: its baseline is the "
+            "mean of the episode's own group, so every advantage is 0 and nothing is learned. "
+            "Sample several episodes a task (rollout.group_size=8), or use a critic (algo=ppo)"
+        )
+    if r.top_k == 1:
+        raise ConfigError(
+            "rollout.top_k=1 is greedy decoding: every sample of a group is the same text, so "
+            "every advantage is 0 (and the logprobs are not of the distribution sampled). Keep "
+            "rollout.top_k=-1"
+        )
+    warnings = []
+    if r.temperature < NEAR_GREEDY_TEMPERATURE:
+        warnings.append(
+            f"rollout.temperature={r.temperature:g} is nearly greedy: a group's samples will be "
+            "mostly the same text, with equal rewards and so no advantage. Sample at about 1.0"
+        )
+    if lc.lr == 0:
+        warnings.append("learner.lr=0: the weights never change; nothing will be learned")
+    if lc.warmup_steps >= steps:
+        warnings.append(
+            f"learner.warmup_steps={lc.warmup_steps} >= trainer.steps={steps}: the learning "
+            "rate is still warming up from 0 when the run ends"
+        )
+    if lc.lr_schedule != "constant" and lc.total_steps is not None and lc.total_steps < steps:
+        warnings.append(
+            f"learner.lr_schedule={lc.lr_schedule} decays over learner.total_steps="
+            f"{lc.total_steps} < trainer.steps={steps}: steps past it train at the schedule's "
+            "floor (learner.min_lr_ratio)"
+        )
+    if adv.eps > LARGE_EPS:
+        warnings.append(
+            f"algo.advantage.eps={adv.eps:g} is added to every std the advantages are divided "
+            "by: with rewards in [0, 1] it shrinks them towards 0. The default is 1e-6"
+        )
+    return warnings
