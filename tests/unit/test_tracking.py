@@ -364,3 +364,16 @@ def test_the_runs_summary_line_averages_its_first_and_last_steps():
     assert line.startswith("done: 12 steps, reward 0.300 → 0.920, tool_call_rate 0.50 → 0.50")
     assert "first and of the last 5 steps" in line
     assert "reward 0.100 → 0.100" in summary_line(history[:1])
+
+
+def test_the_summary_line_counts_the_steps_without_learning_signal():
+    """A red-team audit: `done: 3 steps, reward 0.000 → 0.125` read as progress from a run in
+    which no step carried gradient."""
+    from agentrl.train import summary_line
+
+    rows = [{"reward/mean": r, "train/no_signal_steps_in_a_row": n}
+            for r, n in [(0.0, 1.0), (0.0, 2.0), (0.25, 3.0)]]  # fmt: skip
+    assert summary_line(rows).endswith("; 3 of 3 steps had no learning signal (every advantage 0)")
+    rows[1]["train/no_signal_steps_in_a_row"] = 0.0
+    assert "; 2 of 3 steps had no learning signal" in summary_line(rows)
+    assert "learning signal" not in summary_line([{"reward/mean": 0.5}])
