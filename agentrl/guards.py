@@ -30,7 +30,7 @@ from agentrl.advantage import AdvantageConfig, Truncation, carries_gradient
 from agentrl.batch import trainable
 from agentrl.display import SHOWN
 from agentrl.metrics import ToolWatch
-from agentrl.types import StopReason, TrainingError, Trajectory
+from agentrl.types import TRUNCATED_STOPS, TrainingError, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,37 @@ def off_version(trajs: list[Trajectory], want: str) -> tuple[int, str | None]:
 # -- the guards -----------------------------------------------------------------------------------
 
 
+def no_signal_cause(
+    groups: list[list[Trajectory]], cut: float, first_cut: float, had_signal: bool
+) -> str:
+    """What the no-signal warning adds when the step itself shows the cause (a red-team audit
+    found it blaming the model for these): episodes truncated from the first step on, a policy
+    that collapsed into the token limit after signal, or groups of identical samples."""
+    if cut >= 0.5 and first_cut >= 0.5:
+        return (
+            f". {cut:.0%} of the episodes are truncated (stop/length, stop/context_overflow), and "
+            f"{first_cut:.0%} were at step 1: raise rollout.max_new_tokens or "
+            "rollout.max_context_tokens"
+        )
+    if cut >= 0.5 and had_signal:  # a new user's learner.lr=5: collapsed at step 2
+        return (
+            f". This run had signal before, and now {cut:.0%} of the episodes run to the token "
+            "limit (stop/length): the policy collapsed; check learner.lr, train/grad_norm and "
+            "train/approx_kl"
+        )
+    same = [
+        g
+        for g in groups
+        if len(g) > 1 and len({tuple(t.token_ids[t.prompt_len :]) for t in g}) == 1
+    ]
+    if groups and len(same) == len(groups):
+        return (
+            ". Every group's samples are the same text: sampling is (nearly) greedy; raise "
+            "rollout.temperature (about 1.0) and keep top_k=-1, top_p=1"
+        )
+    return ""
+
+
 @dataclass(frozen=True)
 class Limits:
     """The `trainer.guards.*` settings the guards apply (agentrl/trainer_config.py)."""
@@ -163,6 +194,7 @@ class Guards:
         self.empty_in_a_row = 0  # steps with nothing to train on
         self.no_signal_in_a_row = 0  # steps where no group carried gradient
         self.had_signal = False  # some step of this run carried gradient
+        self.first_cut: float | None = None  # the first step's truncated share
         self.warned_turn_rewards = False  # per-turn rewards under reward_level=trajectory: once
         self.tool_watch = ToolWatch(limits.warn_tool_fail_rate)  # tools failing most calls
 
@@ -243,6 +275,9 @@ class Guards:
         per run: per-turn rewards the reward level ignores."""
         self.warn_ignored_turn_rewards([tr for g in groups for tr in g])
         flat = not any(self.carries(g) for g in groups)
+        trajs = [tr for g in groups for tr in g]
+        cut = sum(tr.stop_reason in TRUNCATED_STOPS for tr in trajs) / max(len(trajs), 1)
+        self.first_cut = cut if self.first_cut is None else self.first_cut
         self.had_signal = self.had_signal or not flat
         self.no_signal_in_a_row = self.no_signal_in_a_row + 1 if flat else 0
         metrics["train/no_signal_steps_in_a_row"] = float(self.no_signal_in_a_row)
@@ -258,14 +293,7 @@ class Guards:
                 "the parser and the reward function), the task is too easy (always 1), or "
                 "rollout.group_size is 1"
             )
-            trajs = [tr for g in groups for tr in g]
-            cut = sum(tr.stop_reason is StopReason.LENGTH for tr in trajs) / max(len(trajs), 1)
-            if self.had_signal and cut >= 0.5:  # a new user's learner.lr=5: collapsed at step 2
-                msg += (
-                    f". This run had signal before, and now {cut:.0%} of the episodes run to "
-                    "the token limit (stop/length): the policy collapsed; check learner.lr, "
-                    "train/grad_norm and train/approx_kl"
-                )
+            msg += no_signal_cause(groups, cut, self.first_cut, self.had_signal)
             self.warn("no learning signal", msg)
 
     def trainable(self, trajs: list[Trajectory], metrics: dict[str, float], step: int) -> bool:

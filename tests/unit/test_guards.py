@@ -63,6 +63,29 @@ def test_no_signal_is_warned_every_n_flat_steps_and_a_live_group_resets_it():
     assert m["train/no_signal_steps_in_a_row"] == 0
 
 
+def test_no_signal_names_truncation_from_the_start_and_groups_of_one_text():
+    """A red-team audit: with rollout.max_new_tokens=4 (every episode cut from step 1) one
+    lucky success made the warning say the policy collapsed; with a nearly greedy temperature
+    (every group one text) it blamed the tools or the task."""
+    g, _, out = guards()
+    cut = [episode(0.0, StopReason.LENGTH), episode(0.0, StopReason.LENGTH, i=1)]
+    g.watch_signal([[episode(1.0, StopReason.LENGTH), episode(0.0, StopReason.LENGTH, i=1)]], {})
+    for _ in range(2):
+        g.watch_signal([cut], {})
+    said = out.getvalue()
+    assert "were at step 1: raise rollout.max_new_tokens" in said and "collapsed" not in said
+    g, _, out = guards()
+    for _ in range(2):
+        g.watch_signal([[episode(0.0), episode(0.0, i=1)]], {})
+    assert "Every group's samples are the same text" in out.getvalue()
+    g, _, out = guards()
+    other = episode(0.0, i=1)
+    other.token_ids = [1, 3]
+    for _ in range(2):
+        g.watch_signal([[episode(0.0), other]], {})
+    assert "no learning signal" in out.getvalue() and "same text" not in out.getvalue()
+
+
 def test_a_policy_that_collapsed_after_learning_is_named_in_the_no_signal_warning():
     """A new user's learner.lr=5: signal at step 1, then every episode ran to the token limit
     with reward 0, and the warning's causes (never calls the tools, too easy) pointed away."""
