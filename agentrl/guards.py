@@ -193,6 +193,7 @@ class Guards:
         self.skipped_in_a_row = skipped_in_a_row  # optimizer steps with a non-finite loss
         self.empty_in_a_row = 0  # steps with nothing to train on
         self.no_signal_in_a_row = 0  # steps where no group carried gradient
+        self.one_reward_in_a_row = 0  # steps that carried gradient while every reward was one
         self.had_signal = False  # some step of this run carried gradient
         self.first_cut: float | None = None  # the first step's truncated share
         self.warned_turn_rewards = False  # per-turn rewards under reward_level=trajectory: once
@@ -295,6 +296,27 @@ class Guards:
             )
             msg += no_signal_cause(groups, cut, self.first_cut, self.had_signal)
             self.warn("no learning signal", msg)
+        self.watch_one_reward(trajs, flat)
+
+    def watch_one_reward(self, trajs: list[Trajectory], flat: bool) -> None:
+        """A critic (ppo) or kl_mode=reward gives advantages whatever the rewards are, so
+        `carries` says yes, and the no-signal warning stayed silent over runs whose every reward
+        was the same (a red-team audit: PPO on an all-0 reward updated on the critic's noise;
+        a constant reward under kl_mode=reward stayed at the reference). Warned every
+        `no_signal_steps` such steps in a row."""
+        valid = [t for t in trajs if not t.stop_reason.is_infra_failure]
+        seen = {(t.reward, tuple(turn.reward or 0.0 for turn in t.turns)) for t in valid}
+        one = not flat and len(valid) > 1 and len(seen) == 1
+        self.one_reward_in_a_row = self.one_reward_in_a_row + 1 if one else 0
+        k = self.limits.no_signal_steps
+        if k and self.one_reward_in_a_row and self.one_reward_in_a_row % k == 0:
+            self.warn(
+                "one reward for every episode",
+                f"every episode of the last {self.one_reward_in_a_row} steps got the same reward "
+                f"({valid[0].reward:g}): nothing the policy does changes it, and the update "
+                "follows only the critic's values (algo=ppo) or the KL term (kl_mode=reward). "
+                "Check the reward function and a trajectory with `agentrl preview`",
+            )
 
     def trainable(self, trajs: list[Trajectory], metrics: dict[str, float], step: int) -> bool:
         """False (the step is skipped and counted) when no trajectory has a token to train on;

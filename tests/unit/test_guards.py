@@ -158,3 +158,20 @@ def test_a_warning_reaches_the_terminal_once_and_the_log_file_too(tmp_path, caps
     assert "ran out of cached memory" not in err and "not shown by the console" in err
     assert "ran out of cached memory 2 time(s)" in (tmp_path / "run.log").read_text()
     assert alerts == ["learner memory at its limit"]
+
+
+def test_one_reward_for_every_episode_is_warned_where_a_critic_hides_it():
+    """A red-team audit: PPO on an all-0 reward (the critic's values make every advantage
+    non-zero, so `carries` said yes) updated on noise without a word."""
+    alerts: list[str] = []
+    out = io.StringIO()
+    g = Guards(Limits(max_aborted_frac=0.25, max_empty_steps=2, no_signal_steps=2,
+                      max_skipped_steps=2, warn_logprob_gap=0.5, warn_tool_fail_rate=0.5),
+               Signal(AdvantageConfig(name="gae")), Console(file=out, width=2000),
+               lambda title, msg: alerts.append(title))  # fmt: skip
+    zero = [episode(0.0), episode(0.0, i=1)]
+    for _ in range(2):
+        g.watch_signal([zero], {})
+    assert alerts == ["one reward for every episode"] and "critic's values" in out.getvalue()
+    g.watch_signal([[episode(0.0), episode(1.0, i=1)]], {})
+    assert g.one_reward_in_a_row == 0
