@@ -21,7 +21,9 @@ way the server runs on the host, with the host's files and this user's rights: a
 server process is its own, its files are not (a git server's commit stays for the next
 episode). Give each episode its own directory (`cwd`), or run the server in the sandbox.
 Calls go to a server concurrently, each with its own `timeout_s`; a call's text is cut at
-`MAX_OUTPUT_CHARS`.
+`MAX_OUTPUT_CHARS`. The server's start and its tool listing have `start_timeout_s` (an `npx` or
+Python server takes seconds to import on a busy host; a short per-call deadline timed out the
+listing itself).
 `await close_connections()` stops all of the current event loop's servers.
 Servers are a command on stdio (`command`, with `env` and `cwd`) or a streamable-HTTP `url`.
 Each connection lives in a task of its own, as the SDK's context managers require.
@@ -51,9 +53,14 @@ class McpServer:
     env: dict[str, str] | None = None
     cwd: str | None = None
     scope: Literal["run", "episode"] = "run"
-    timeout_s: float = 30.0
+    timeout_s: float = 30.0  # each call's
+    start_timeout_s: float = 60.0  # the server's start and tool listing (at least timeout_s)
     prefix: str = ""  # prepended to each tool's name (two servers with a `search` each)
     key: str = field(default="", compare=False)  # set by mcp_tools: the connections' key
+
+    @property
+    def start_s(self) -> float:
+        return max(self.timeout_s, self.start_timeout_s)
 
     def target(self) -> Any:
         from mcp import StdioServerParameters
@@ -79,9 +86,8 @@ class _Connection:
         from mcp import Client
 
         try:
-            async with Client(
-                self.server.target(), read_timeout_seconds=self.server.timeout_s
-            ) as c:
+            # each message's read waits up to the start's bound; `call` holds a call to timeout_s
+            async with Client(self.server.target(), read_timeout_seconds=self.server.start_s) as c:
                 self.ready.set_result(None)
                 while (item := await self.queue.get()) is not None:
                     name, args, fut = item
@@ -236,12 +242,12 @@ def mcp_tools(server: McpServer, only: list[str] | None = None) -> list[McpTool]
     failure: list[BaseException] = []
 
     async def fetch() -> None:
-        async with Client(server.target(), read_timeout_seconds=server.timeout_s) as c:
+        async with Client(server.target(), read_timeout_seconds=server.start_s) as c:
             listed.extend((await c.list_tools()).tools)
 
     def run() -> None:
         try:
-            asyncio.run(asyncio.wait_for(fetch(), server.timeout_s))
+            asyncio.run(asyncio.wait_for(fetch(), server.start_s))
         except BaseException as e:  # noqa: BLE001 - re-raised below, in the caller's thread
             failure.append(e)
 
