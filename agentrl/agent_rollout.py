@@ -149,7 +149,7 @@ class AgentEpisodes:
         """The episode's reward on each of its sequences, when its agent returned: none for an
         infrastructure failure, else `env.reward` of the sequence that sampled last (the
         agent's final answer)."""
-        last = next((t for t in trajs if t.metadata.get("last")), trajs[-1])
+        last = last_sequence(trajs)
         if last.stop_reason.is_infra_failure:
             return
         try:
@@ -193,32 +193,33 @@ def episode_trajectories(
                 else f"AgentEnv: nothing was sampled ({stop.value}): {error}",
             )
         ]
-    recorded = []
-    for cap in seqs:
+    out = []
+    for k, cap in enumerate(seqs):
         s = copy.deepcopy(cap.seq)  # the record stays as it is now, whatever comes after
         if cap.busy:  # a request cut by the end of the episode: its delta was never answered
             end = cap.marks[-1]
             del s.ids[end.ids :], s.mask[end.ids :], s.logprobs[end.ids :]
             del s.messages[end.messages :], s.turns[end.turns :]
             s.turns[-1].obs_end, s.turns[-1].observations = s.turns[-1].end, []
-        recorded.append(s)
+        extra = {"sequence": k, "origin": cap.origin, **({"gateway": gw} if k == 0 else {}),
+                 **({"last": True} if cap is ep.last else {})}  # fmt: skip
+        out.append(s.trajectory(ep.task_id, ep.sample_index, stop, error, {**meta, **extra}))
     # One stop reason per episode, from the sequence that sampled last: a cut last turn there is
     # truncation, also when the agent raised on the cut reply (a red-team agent's json.loads did,
     # and left rollout.truncated's penalty and mask); an earlier sequence's cut that the agent
     # went on from is not the episode's outcome (the group baseline reads the first sequence, so
     # a per-sequence `length` there was penalised while the trained last one scored)
-    last = next((s for s, cap in zip(recorded, seqs, strict=True) if cap is ep.last), recorded[-1])
-    own = stop
-    if stop in (StopReason.COMPLETED, StopReason.AGENT_ERROR) and (
-        last.turns[-1].finish_reason is FinishReason.LENGTH
-    ):
-        own = StopReason.LENGTH
-    out = []
-    for k, (s, cap) in enumerate(zip(recorded, seqs, strict=True)):
-        extra = {"sequence": k, "origin": cap.origin, **({"gateway": gw} if k == 0 else {}),
-                 **({"last": True} if cap is ep.last else {})}  # fmt: skip
-        out.append(s.trajectory(ep.task_id, ep.sample_index, own, error, {**meta, **extra}))
+    cut = last_sequence(out).turns[-1].finish_reason is FinishReason.LENGTH
+    if stop in (StopReason.COMPLETED, StopReason.AGENT_ERROR) and cut:
+        for t in out:
+            t.stop_reason = StopReason.LENGTH
     return out
+
+
+def last_sequence(trajs: list[Trajectory]) -> Trajectory:
+    """The episode's sequence that sampled last (the agent's final answer): its reward is the
+    episode's, its cut last turn the episode's truncation."""
+    return next((t for t in trajs if t.metadata.get("last")), trajs[-1])
 
 
 async def _close(env: AgentEnv, session: str) -> None:

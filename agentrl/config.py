@@ -347,13 +347,6 @@ def training_checks(cfg: Config) -> list[str]:
     if cfg.learner.routing_replay:
         check_moe(cfg.model.resolve())
     r = cfg.rollout
-    if r.temperature < 1e-6:
-        raise ConfigError(
-            f"rollout.temperature={r.temperature:g} is greedy decoding: the sampled tokens' "
-            "logprobs are not those of a distribution the trainer can score (its logprobs "
-            "divide by the temperature), so every update would be NaN. Train with a temperature "
-            "> 0 (e.g. rollout.temperature=1.0); greedy is fine for `agentrl preview`"
-        )
     warnings = signal_checks(r, cfg.learner, cfg.algo.advantage, cfg.trainer.steps)
     if r.top_p < 1.0 or r.top_k > 0:
         warnings.append(

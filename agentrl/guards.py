@@ -274,9 +274,9 @@ class Guards:
         """Say so, loudly, when no group carries gradient (`carries`) for `no_signal_steps`
         steps in a row: every advantage is 0 and the policy gradient is exactly zero. And once
         per run: per-turn rewards the reward level ignores."""
-        self.warn_ignored_turn_rewards([tr for g in groups for tr in g])
-        flat = not any(self.carries(g) for g in groups)
         trajs = [tr for g in groups for tr in g]
+        self.warn_ignored_turn_rewards(trajs)
+        flat = not any(self.carries(g) for g in groups)
         cut = sum(tr.stop_reason in TRUNCATED_STOPS for tr in trajs) / max(len(trajs), 1)
         self.first_cut = cut if self.first_cut is None else self.first_cut
         self.had_signal = self.had_signal or not flat

@@ -22,6 +22,13 @@ def signal_checks(
 ) -> list[str]:
     """ConfigError for settings that make every update zero; warnings for doubtful ones (the
     rollout, learner and advantage sections, and trainer.steps)."""
+    if r.temperature < 1e-6:
+        raise ConfigError(
+            f"rollout.temperature={r.temperature:g} is greedy decoding: the sampled tokens' "
+            "logprobs are not those of a distribution the trainer can score (its logprobs "
+            "divide by the temperature), so every update would be NaN. Train with a temperature "
+            "> 0 (e.g. rollout.temperature=1.0); greedy is fine for `agentrl preview`"
+        )
     if adv.name in GROUP_BASELINES and r.group_size == 1:
         raise ConfigError(
             f"rollout.group_size=1 with algo.advantage.name={adv.name}: its baseline is the "

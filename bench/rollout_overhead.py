@@ -89,7 +89,7 @@ def fixed_length_rollouts(a):
     from agentrl.rollout import Rollout, RolloutConfig
 
     tok = AutoTokenizer.from_pretrained(cached_tokenizer("qwen"))
-    group = getattr(a, "group_size", 1)
+    group = a.group_size
     if a.episodes % group:
         raise SystemExit(f"--episodes {a.episodes} is not a multiple of --group-size {group}")
     cfg = RolloutConfig(group_size=group, max_turns=a.turns, max_new_tokens=a.new_tokens,
