@@ -1,9 +1,10 @@
 """Shared pieces of the GPU tests: a small random bf16 Qwen3, a fresh Ray per test, a random
 TrainBatch, and a real SGLang server on loopback (SGLang from ../shared/gpu-host on our hosts).
 
-The suite runs on one GPU in parallel: `pytest -m gpu tests/gpu -n 4 --dist loadgroup`
+The suite runs on one GPU in parallel: `pytest -m gpu tests/gpu -n 6 --dist loadgroup`
 (pytest-xdist). Each test holds a shared turn on the GPU; one marked `gpu_alone` (it reads the
-device's free memory) runs with no other test on it (gpu_helpers.gpu_turn)."""
+device's free memory) runs with no other test on it (gpu_helpers.gpu_turn). The longest tests go
+first (`SECONDS`), and `--gpu-budget-s S` refuses to start a run whose estimate exceeds S."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from gpu_helpers import gpu_turn, per_process_gpu_memory_visible
+from gpu_helpers import gpu_turn, lpt_seconds, per_process_gpu_memory_visible, planned_seconds
 
 from agentrl.learner import RayConfig
 from agentrl.learner.ray_start import start_ray, stop_ray
@@ -52,3 +53,43 @@ def _gpu_turn(request):
     alone = request.node.get_closest_marker("gpu_alone") is not None
     with gpu_turn(alone=alone and not per_process_gpu_memory_visible()):
         yield
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--gpu-budget-s", type=float, default=None,
+        help="refuse to start the GPU suite when its estimate (gpu_helpers.SECONDS, spread over "
+        "the -n workers, longest first) exceeds this many seconds",
+    )  # fmt: skip
+
+
+@pytest.hookimpl(trylast=True)  # after tests/conftest.py's file order: this one decides
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest GPU tests first, so that xdist's workers, each handed the next test as it
+    finishes one, end together (longest-processing-time-first packing)."""
+    gpu = [it for it in items if "tests/gpu/" in it.path.as_posix()]
+    if gpu:
+        rest = [it for it in items if it not in gpu]
+        gpu.sort(key=lambda it: -planned_seconds(it.nodeid, 2))
+        items[:] = gpu + rest
+
+
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """On the controller, before any test runs: the suite's estimate on this many workers, and a
+    refusal when it cannot fit `--gpu-budget-s` (a device call's limit)."""
+    config = node.config
+    if getattr(config, "_gpu_estimated", False):
+        return
+    config._gpu_estimated = True
+    gpus = torch.cuda.device_count()
+    workers = int(config.getoption("numprocesses") or 1)
+    est, work = lpt_seconds(ids, workers, gpus)
+    budget = config.getoption("--gpu-budget-s", None)
+    line = (
+        f"GPU suite: {len(ids)} tests, about {work:.0f} s of work on {max(gpus, 1)} GPU(s): "
+        f"about {est:.0f} s on {workers} workers (tests/gpu/gpu_helpers.py SECONDS)"
+    )
+    print(line, flush=True)
+    if budget is not None and est > budget:
+        pytest.exit(f"{line}, over --gpu-budget-s {budget:.0f}: not started. Run fewer tests, "
+                    "or more workers where the GPU has room", returncode=3)  # fmt: skip

@@ -50,7 +50,59 @@ def make_batch(seed: int = 0, n_seqs: int = 8) -> TrainBatch:
     )
 
 
-# -- turns on one GPU for `pytest -m gpu tests/gpu -n 4` (pytest-xdist: tests share the GPU) ---------
+# -- the suite's plan: each test's seconds, measured side by side ------------------------------
+# Seconds of each test with five beside it on one H200 (`--durations=0` of
+# `pytest -m gpu tests/gpu -n 6`, 2026-11-28), a parametrized case by its own id where the cases
+# differ. A test needing two GPUs is a skip on one. Refresh from the suite's --durations.
+SECONDS: dict[str, float] = {
+    "default": 60.0,
+    "test_lora_adapters_reach_colocated_sglang_after_each_push[bf16-merged]": 316,
+    "test_a_moe_model_trains_and_its_pushes_reach_sglang": 252,
+    "test_real_qwen3_template_code_exec_on_colocated_sglang": 222,
+    "test_lora_adapters_reach_colocated_sglang_after_each_push": 199,  # the fp16 cases
+    "test_compiled_learner_matches_eager": 163,
+    "test_a_push_cuts_generations_and_they_go_on_with_each_tokens_logprob": 148,
+    "test_tiny_model_trains_on_colocated_sglang": 115,
+    "test_async_training_on_sglang_keeps_versions_within_the_bound": 113,
+    "test_colocated_cycles_serve_trainer_weights_without_memory_growth": 104,
+    "test_sglang_started_by_agentrl_wants_the_run_token": 69,
+    "test_sglang_serves_trainer_weights_after_push": 60,
+    "test_a_colocated_server_killed_mid_rollout_comes_back_with_nothing_lost": 60,
+    "test_attention_backend_auto_matches_the_math_kernel": 45,
+    "test_background_save_copies_behind_the_next_step": 41,
+    "test_nccl_bf16_two_ranks_match_one": 40,
+    "test_offload_frees_gpu_and_onload_restores": 27,
+    "test_triton_head_matches_torch_at_qwen_size": 2,
+    "test_the_profiled_update_records_the_allocators_history": 1,
+}
+TWO_GPUS = (  # skipped on one GPU: no time there
+    "test_nccl_bf16_two_ranks_match_one", "test_sglang_serves_trainer_weights_after_push",
+    "test_a_colocated_server_killed_mid_rollout_comes_back_with_nothing_lost",
+    "test_colocated_cycles_serve_trainer_weights_without_memory_growth[2]",
+)  # fmt: skip
+
+
+def planned_seconds(nodeid: str, gpus: int) -> float:
+    """A test's seconds in `SECONDS` by its id, else its function's name ("default" when not
+    listed); 0 for a two-GPU test on fewer GPUs (a skip)."""
+    name = nodeid.rsplit("::", 1)[-1]
+    base = name.split("[")[0]
+    if gpus < 2 and any(name == t or base == t for t in TWO_GPUS):
+        return 0.0
+    return float(SECONDS.get(name, SECONDS.get(base, SECONDS["default"])))
+
+
+def lpt_seconds(nodeids: list[str], workers: int, gpus: int) -> tuple[float, float]:
+    """(wall, work): the suite's seconds on `workers` xdist workers that each take the next
+    test, longest first, as they free up (the order conftest collects them in), and its total."""
+    times = sorted((planned_seconds(n, gpus) for n in nodeids), reverse=True)
+    ends = [0.0] * max(workers, 1)
+    for t in times:
+        ends[ends.index(min(ends))] += t
+    return max(ends), sum(times)
+
+
+# -- turns on one GPU for `pytest -m gpu tests/gpu -n 6` (pytest-xdist: tests share the GPU) ---------
 
 _TURNS = Path(os.environ.get("AGENTRL_GPU_TURNS", f"/tmp/agentrl-gpu-turns-{os.getuid()}"))
 _held = {"shared": 0, "alone": 0}  # turns this process holds (re-entrant)
@@ -133,7 +185,7 @@ def launch_sglang(model_dir: Path, log_dir: Path, gpu: str, *extra: str, timeout
                    "--host", "127.0.0.1", "--port", str(port), "--skip-tokenizer-init",
                    "--attention-backend", "triton", "--sampling-backend", "pytorch",
                    "--grammar-backend", "none", "--mm-feature-transport", "cpu",
-                   "--disable-cuda-graph", "--mem-fraction-static", "0.2", "--dtype", "bfloat16",
+                   "--disable-cuda-graph", *TEST_MEMORY, "--dtype", "bfloat16",
                    *extra]  # fmt: skip
             url = f"http://127.0.0.1:{port}"
             proc = _start_server(cmd, env, log, url, timeout_s)
@@ -174,16 +226,21 @@ def _start_server(cmd: list[str], env: dict, log: Path, url: str, timeout_s: flo
         raise
 
 
+# A test server's memory: a fifth of the GPU at most, and a KV cache of 131,072 tokens at most
+# (tests share the GPU under xdist, up to six servers at once, and small models need little KV:
+# uncapped, each may size its KV cache to its whole fifth, 28 GB of an H200's 140)
+TEST_MEMORY = ["--mem-fraction-static", "0.2", "--max-total-tokens", "131072"]
+
+
 def sglang_test_args(cuda_graphs: bool = False) -> str:
     """The Hydra override giving `engine=sglang` its usual launch arguments for a test run:
-    `--mem-fraction-static 0.2` (tests share the GPU under xdist; tiny models need little KV)
-    and, where speed is not the point, `--disable-cuda-graph` (capturing CUDA graphs costs each
-    server start about 11 s, the first start on a machine more)."""
+    `TEST_MEMORY` and, where speed is not the point, `--disable-cuda-graph` (capturing CUDA
+    graphs costs each server start about 11 s, the first start on a machine more)."""
     from agentrl.config import compose
 
     args = list(compose(["engine=sglang"]).engine.extra_args)
     i = args.index("--mem-fraction-static")
-    args[i + 1] = "0.2"
+    args[i : i + 2] = TEST_MEMORY
     args += [] if cuda_graphs else ["--disable-cuda-graph"]
     return "engine.extra_args=[" + ",".join(repr(a) for a in args) + "]"
 
