@@ -25,7 +25,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from agentrl import moe
-from agentrl.learner import LearnerConfig, Role, lora
+from agentrl.learner import Role, lora
 
 # Files copied from the source model dir into every saved HF dir (besides config + weights), so
 # a checkpoint is a complete `from_pretrained` / `--model-path` target on its own.
@@ -58,20 +58,6 @@ def to_dtype(name: str) -> torch.dtype:
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"unknown dtype {name!r}; use float32, bfloat16 or float16")
     return dtype
-
-
-def lr_factor(
-    step: int, warmup: int, total: int | None, schedule: str, min_ratio: float = 0.0
-) -> float:
-    """Multiplier of the base lr before optimizer step `step` (0-based): linear warm-up to 1,
-    then constant, or linear/cosine decay to `min_ratio` at `total`."""
-    if warmup and step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant" or not total or total <= warmup:
-        return 1.0
-    progress = min(1.0, (step - warmup) / (total - warmup))
-    decay = 1.0 - progress if schedule == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
-    return min_ratio + (1.0 - min_ratio) * decay
 
 
 # -- build --------------------------------------------------------------------------------------
@@ -203,73 +189,6 @@ def shard_model(
     if hasattr(model, "set_reduce_scatter_unused_params"):
         model.set_reduce_scatter_unused_params(True)
     return model
-
-
-def make_optimizer(
-    model: nn.Module, cfg: LearnerConfig
-) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    params = [p for p in model.parameters() if p.requires_grad]
-    # CUDA: the fused kernel. torch's default (foreach) AdamW allocates full-size fp32
-    # temporaries at every step, in blocks the size of each parameter, after the backward left
-    # the cache cut into activation-sized ones: the likely cause of one allocator retry in every
-    # 1.5B update on an H100 (docs/gpu.md). The same update, and the state dict is the same.
-    fused = True if params and params[0].device.type == "cuda" else None
-    opt = torch.optim.AdamW(
-        params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-        fused=fused,
-    )  # fmt: skip
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt,
-        lambda s: lr_factor(
-            s, cfg.warmup_steps, cfg.total_steps, cfg.lr_schedule, cfg.min_lr_ratio
-        ),
-    )
-    return opt, sched
-
-
-def apply_hparams(
-    opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LambdaLR, cfg: LearnerConfig
-) -> dict[str, tuple[Any, Any]]:
-    """After a resume: the optimizer's hyperparameters are this run's config, not the
-    checkpoint's (loading an optimizer state restores its param groups' lr, betas, eps and
-    weight decay, and the schedule's base lr, silently). The schedule's position is kept: the
-    new lr takes over at the step the run resumes from. Returns what changed, {setting:
-    (checkpoint's, now)}, for the driver to print."""
-    want = {"betas": tuple(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
-    changed: dict[str, tuple[Any, Any]] = {}
-    old_base = list(sched.base_lrs)
-    if any(not math.isclose(b, cfg.lr, rel_tol=1e-12, abs_tol=0.0) for b in old_base):
-        changed["lr"] = (old_base[0], cfg.lr)
-    sched.base_lrs = [cfg.lr for _ in opt.param_groups]
-    factors = [lam(sched.last_epoch) for lam in sched.lr_lambdas]
-    for group, factor in zip(opt.param_groups, factors, strict=True):
-        group["initial_lr"] = cfg.lr
-        group["lr"] = cfg.lr * factor
-        for key, value in want.items():
-            have = tuple(group[key]) if key == "betas" else group[key]
-            if have != value:
-                changed.setdefault(key, (have, value))
-                group[key] = value
-    sched._last_lr = [g["lr"] for g in opt.param_groups]  # what get_last_lr() reports
-    return changed
-
-
-# -- optimizer step -----------------------------------------------------------------------------
-def grad_norm_and_clip(model: nn.Module, max_norm: float) -> float:
-    """Global L2 norm of all gradients (over ranks); clips in place when max_norm > 0."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
-    return float(norm)
-
-
-def all_ranks_finite(value: float, device: torch.device) -> bool:
-    """True when `value` is finite on every rank (so all ranks agree to step or to skip)."""
-    flag = torch.tensor([0.0 if math.isfinite(value) else 1.0], device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return flag.item() == 0.0
 
 
 # -- gather / save ------------------------------------------------------------------------------

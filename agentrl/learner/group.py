@@ -251,7 +251,7 @@ class LearnerGroup:
 
     def load_checkpoint(self, path: str, optimizer: bool = True) -> dict[str, tuple[Any, Any]]:
         """Loads on every rank; returns the optimizer settings that now differ from the
-        checkpoint's (applied: `fsdp.apply_hparams`), {name: (then, now)}."""
+        checkpoint's (applied: `optim.apply_hparams`), {name: (then, now)}."""
         return self._all(lambda w: w.load_checkpoint.remote(str(path), optimizer))[0]
 
     # -- colocated mode -------------------------------------------------------------------------

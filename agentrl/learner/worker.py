@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from agentrl.learner import LearnerConfig, Role, forward, fsdp, lora, memory
+from agentrl.learner import LearnerConfig, Role, forward, fsdp, lora, memory, optim
 from agentrl.learner.checkpoint import CheckpointWriter, load_optimizer
 from agentrl.learner.fsdp import ParamSpec
 from agentrl.learner.rank_memory import RankMemory
@@ -99,7 +99,7 @@ class LearnerWorker:
         if self.role == "reference":
             self.model.eval()
         else:
-            self.opt, self.sched = fsdp.make_optimizer(self.model, self.cfg)
+            self.opt, self.sched = optim.make_optimizer(self.model, self.cfg)
         n = sum(p.numel() for p in self.model.parameters())
         return {
             "micro_batch_tokens": self._micro_batch_tokens(n_blocks),
@@ -323,8 +323,8 @@ class LearnerWorker:
         """Clip the gradients and step the optimizer and schedule, unless the loss or the
         gradient norm is non-finite on any rank; the gradients are dropped either way. Returns
         (grad norm, stepped, the lr the step used)."""
-        grad_norm = fsdp.grad_norm_and_clip(self.model, self.cfg.grad_clip)
-        ok = fsdp.all_ranks_finite(loss_sum, self.device) and math.isfinite(grad_norm)
+        grad_norm = optim.grad_norm_and_clip(self.model, self.cfg.grad_clip)
+        ok = optim.all_ranks_finite(loss_sum, self.device) and math.isfinite(grad_norm)
         lr = self.sched.get_last_lr()[0]
         if ok:
             if self._ckpt is not None:  # a background save's copies read these in place
@@ -570,7 +570,7 @@ class LearnerWorker:
         changed: dict[str, tuple[Any, Any]] = {}
         if optimizer and self.opt is not None and (root / "optim").exists():
             load_optimizer(self.model, self.opt, self.sched, root / "optim", self.rank)
-            changed = fsdp.apply_hparams(self.opt, self.sched, self.cfg)
+            changed = optim.apply_hparams(self.opt, self.sched, self.cfg)
         dist.barrier()
         return changed
 

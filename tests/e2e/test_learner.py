@@ -15,8 +15,9 @@ from transformers import AutoModelForCausalLM
 from agentrl.batch import TrainBatch, global_norm, micro_batches
 from agentrl.learner import LearnerConfig, LearnerError, RayConfig
 from agentrl.learner.forward import token_logprobs
-from agentrl.learner.fsdp import ParamSpec, lr_factor, plan_buckets
+from agentrl.learner.fsdp import ParamSpec, plan_buckets
 from agentrl.learner.group import LearnerGroup
+from agentrl.learner.optim import lr_factor
 from agentrl.learner.ray_start import listening_sockets, start_ray
 from agentrl.loss import LossConfig
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from agentrl.learner import LearnerConfig
-from agentrl.learner.fsdp import apply_hparams, lr_factor, make_optimizer
+from agentrl.learner.optim import apply_hparams, lr_factor, make_optimizer
 
 
 def _trained(cfg: LearnerConfig, steps: int):
