@@ -82,6 +82,12 @@ class LearnerConfig(BaseModel):
         "activations. on: every block; auto (CUDA): at each step, the fewest blocks that let the "
         "largest micro-batch fit the free GPU memory (train/checkpointed_blocks); off on CPU",
     )
+    update_memory: Literal["expandable", "segments"] = Field(
+        "expandable",
+        description="CUDA: the update's allocations in PyTorch's expandable segments (no "
+        "fragmentation retries at the edge of memory), the rest of the run in ordinary ones; "
+        "`segments`: ordinary ones throughout (PYTORCH_CUDA_ALLOC_CONF, when set, decides)",
+    )
     fused_kernels: Literal["auto", "liger", "off"] = Field(
         "auto",
         description="liger: liger-kernel's fused RMSNorm, RoPE and SwiGLU in the learner's model "

@@ -5,6 +5,7 @@ worker (worker.py) reports these to the driver; memory.py plans with them."""
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -37,6 +38,27 @@ class RankMemory:
         out, self.peaks = self.peaks, {}
         return out
 
+    @contextlib.contextmanager
+    def expandable(self, on: bool = True) -> Iterator[None]:
+        """The block in PyTorch's expandable segments (learner.update_memory=expandable): the
+        allocator maps pages into one growing region per stream instead of cutting fixed-size
+        segments, so activations of packed micro-batches, each a different size, do not leave
+        the cache in pieces that the next one cannot use. At 1.5B colocated on an H200 (119 GiB
+        of 139) the fixed segments ran out once in some updates (an allocator retry: a
+        synchronisation mid-backward) though the memory sufficed. Off again afterwards: the
+        weight push shares its buffers over CUDA IPC, which wants ordinary segments. Nothing to
+        do on CPU, or where PYTORCH_CUDA_ALLOC_CONF chooses expandable segments itself."""
+        if not (on and self.on_gpu) or "expandable_segments" in os.environ.get(
+            "PYTORCH_CUDA_ALLOC_CONF", ""
+        ):
+            yield
+            return
+        _allocator_settings("expandable_segments:True")
+        try:
+            yield
+        finally:
+            _allocator_settings("expandable_segments:False")
+
     def alloc_retries(self) -> int:
         """The CUDA caching allocator's count of allocations it retried after freeing its cache
         (each one synchronises and returns memory to the driver: an update at the edge of the
@@ -64,3 +86,12 @@ class RankMemory:
             "total_bytes": total,
             **host,
         }
+
+
+def _allocator_settings(setting: str) -> None:
+    """PyTorch's allocator settings, changed while the process runs (torch >= 2.9 names it
+    `_accelerator_setAllocatorSettings`; before, the CUDA allocator's own)."""
+    fn = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if fn is None:
+        fn = torch._C._cuda_cudaCachingAllocator_set_allocator_settings
+    fn(setting)
