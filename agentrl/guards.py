@@ -12,9 +12,11 @@ Counters, each with its stop or warning (`Limits`, from `trainer.guards.*`):
 And warnings: a tool failing on most of its calls (`metrics.ToolWatch`), per-turn rewards the
 reward level ignores (once per run), sync turns sampled by other weights than the last push's,
 the engine and the trainer disagreeing on logprobs (`warn_logprob_gap`; async: any staleness),
-learner memory at its limit. Every warning goes to the log, the console and the tracker's alerts;
-its text comes from a pure function of the step's trajectories or metrics (`crashed`,
-`off_version`, `ignored_turn_rewards`, `engine_gap`, `memory_edge`).
+learner memory at its limit, a KL penalty in the reward (kl_mode=reward) that outweighs the
+reward's spread for `no_signal_steps` steps in a row. Every warning goes to the log, the console
+and the tracker's alerts; its text comes from a pure function of the step's trajectories or
+metrics (`crashed`, `off_version`, `ignored_turn_rewards`, `engine_gap`, `memory_edge`,
+`kl_drowns`).
 """
 
 from __future__ import annotations
@@ -101,6 +103,28 @@ def memory_edge(metrics: dict[str, float]) -> str | None:
     return (
         f"the learner's CUDA allocator ran out of cached memory {n} time(s) in this update and "
         f"retried after emptying its cache (a synchronisation each time: slow, not failed); {where}"
+    )
+
+
+KL_DROWNS = 10.0  # kl_mode=reward: a penalty an episode this many times the rewards' spread
+
+
+def kl_drowns(metrics: dict[str, float]) -> str | None:
+    """kl_mode=reward: the warning to give when the KL penalty an episode carries
+    (`train/kl_reward_penalty`: summed over its tokens, mean) is more than KL_DROWNS times the
+    spread of the step's rewards (`reward/std`): the advantages then rank the episodes by their
+    KL to the reference more than by their reward. None otherwise (no penalty, or one reward for
+    every episode: `watch_one_reward`'s case)."""
+    penalty = abs(metrics.get("train/kl_reward_penalty", 0.0))
+    spread = metrics.get("reward/std", 0.0)
+    if not spread > 0 or not penalty > KL_DROWNS * spread:
+        return None
+    return (
+        f"the KL penalty (algo.loss.kl_mode=reward) took {penalty:.3g} from each episode's reward, "
+        f"{penalty / spread:.0f}x the spread of the rewards (reward/std {spread:.3g}): the "
+        "advantages follow the KL to the reference, not the reward, so the policy is held near "
+        "the reference whatever it earns. Lower algo.loss.kl_coef (the penalty is summed over "
+        "every sampled token), or use kl_mode=loss"
     )
 
 
@@ -194,6 +218,7 @@ class Guards:
         self.empty_in_a_row = 0  # steps with nothing to train on
         self.no_signal_in_a_row = 0  # steps where no group carried gradient
         self.one_reward_in_a_row = 0  # steps that carried gradient while every reward was one
+        self.kl_heavy_in_a_row = 0  # steps whose KL reward penalty outweighed the rewards
         self.had_signal = False  # some step of this run carried gradient
         self.first_cut: float | None = None  # the first step's truncated share
         self.warned_turn_rewards = False  # per-turn rewards under reward_level=trajectory: once
@@ -355,9 +380,17 @@ class Guards:
 
     def watch_update(self, metrics: dict[str, float], step: int, stale: bool) -> None:
         """Learner memory at its limit; the engine's logprobs far from the trainer's (`stale`,
-        async: any gap, the weights moved on since the tokens were sampled)."""
+        async: any gap, the weights moved on since the tokens were sampled); a KL reward
+        penalty that outweighs the rewards, every `no_signal_steps` such steps in a row."""
         if edge := memory_edge(metrics):
             self.warn("learner memory at its limit", edge)
         bar = 0 if stale else self.limits.warn_logprob_gap
         if gap := engine_gap(metrics, bar, step):
             self.warn("engine and trainer disagree", gap)
+        heavy = kl_drowns(metrics)
+        self.kl_heavy_in_a_row = self.kl_heavy_in_a_row + 1 if heavy else 0
+        k = self.limits.no_signal_steps
+        if heavy and k and self.kl_heavy_in_a_row % k == 0:
+            self.warn(
+                "KL outweighs the reward", f"{self.kl_heavy_in_a_row} steps in a row: {heavy}"
+            )

@@ -5,8 +5,11 @@ flat). Refused where no run could learn; warned where a run is only doubtful. Ca
 
 from __future__ import annotations
 
+import math
+
 from agentrl.advantage import AdvantageConfig
 from agentrl.learner import LearnerConfig
+from agentrl.loss import LossConfig
 from agentrl.rollout import RolloutConfig
 from agentrl.types import ConfigError
 
@@ -15,6 +18,11 @@ from agentrl.types import ConfigError
 GROUP_BASELINES = frozenset({"grpo", "drgrpo", "rloo", "reinforce_pp_baseline"})
 NEAR_GREEDY_TEMPERATURE = 0.1  # below it a group's samples are mostly the same text
 LARGE_EPS = 1e-2  # algo.advantage.eps past this shrinks every normalised advantage
+# algo.loss.kl_coef past this outweighs the reward: the KL-regularised optimum is
+# pi_ref * exp(reward / kl_coef) / Z, so with rewards (or normalised advantages) spread over about
+# 1, no answer's probability can end more than a factor e^(1 / kl_coef) from the reference's
+# (2.7 at 1, 1.1 at 10, 1.0001 at 1e4); the usual coefficients are 1e-3 to 0.1
+LARGE_KL_COEF = 1.0
 
 
 def signal_checks(
@@ -66,3 +74,25 @@ def signal_checks(
             "by: with rewards in [0, 1] it shrinks them towards 0. The default is 1e-6"
         )
     return warnings
+
+
+def kl_checks(loss: LossConfig) -> list[str]:
+    """A warning when algo.loss.kl_coef is so large that the KL to the reference, not the
+    reward, decides the update (LARGE_KL_COEF says why the bar is 1)."""
+    coef = loss.kl_coef
+    if coef <= LARGE_KL_COEF:
+        return []
+    where = (
+        "is subtracted from the reward for every sampled token, so it outweighs a reward given "
+        "once an episode even more"
+        if loss.kl_mode == "reward"
+        else "is added to every token's loss beside the advantage (about 1 in size)"
+    )
+    return [
+        f"algo.loss.kl_coef={coef:g} with kl_mode={loss.kl_mode}: the KL term {where}. The "
+        "best the run can reach is the reference reweighted by exp(reward / kl_coef): with "
+        "rewards in [0, 1] no answer's probability can end more than "
+        f"{100 * math.expm1(1 / coef):.2g}% above or below the reference's, however good it is: "
+        "the KL, not the reward, bounds how far the policy moves. Use a coefficient of 1e-3 "
+        "to 0.1 (algo.loss.kl_coef=0.01), or 0 for no KL"
+    ]

@@ -377,3 +377,14 @@ def test_settings_that_learn_nothing_are_refused_or_named():
     (w,) = training_checks(compose(["learner.lr_schedule=cosine", "learner.total_steps=1",
                                     "trainer.steps=4"]))  # fmt: skip
     assert "total_steps=1 < trainer.steps=4" in w
+
+
+def test_a_kl_coefficient_that_drowns_the_reward_is_named():
+    """An audit: algo.loss.kl_coef=1e4 exited 0 with the policy held at the reference."""
+    from agentrl.config import training_checks
+
+    for mode in ("loss", "reward"):
+        (w,) = training_checks(compose(["algo.loss.kl_coef=1e4", f"algo.loss.kl_mode={mode}"]))
+        assert f"algo.loss.kl_coef=10000 with kl_mode={mode}" in w and "0.01% above" in w
+    assert training_checks(compose(["algo.loss.kl_coef=0.05"])) == []
+    assert training_checks(compose(["algo.loss.kl_coef=1.0"])) == []  # x2.7: it still moves

@@ -175,3 +175,18 @@ def test_one_reward_for_every_episode_is_warned_where_a_critic_hides_it():
     assert alerts == ["one reward for every episode"] and "critic's values" in out.getvalue()
     g.watch_signal([[episode(0.0), episode(1.0, i=1)]], {})
     assert g.one_reward_in_a_row == 0
+
+
+def test_a_kl_reward_penalty_that_outweighs_the_rewards_is_warned_every_n_steps_in_a_row():
+    """An audit: algo.loss.kl_coef large under kl_mode=reward trained on the KL alone, silently."""
+    g, alerts, out = guards()  # no_signal_steps=2
+    drowned = {"train/kl_reward_penalty": 5.0, "reward/std": 0.4}  # 12x the rewards' spread
+    g.watch_update({"train/kl_reward_penalty": 0.3, "reward/std": 0.4}, step=1, stale=False)
+    g.watch_update(drowned, step=2, stale=False)
+    assert alerts == []  # one step alone is not yet a pattern
+    g.watch_update(dict(drowned), step=3, stale=False)
+    assert alerts == ["KL outweighs the reward"]
+    assert "2 steps in a row" in out.getvalue() and "Lower algo.loss.kl_coef" in out.getvalue()
+    g.watch_update({"train/kl_reward_penalty": 5.0, "reward/std": 0.0}, step=4, stale=False)
+    g.watch_update(dict(drowned), step=5, stale=False)  # one reward for all reset the count
+    assert alerts == ["KL outweighs the reward"]
