@@ -12,10 +12,11 @@ Counters, each with its stop or warning (`Limits`, from `trainer.guards.*`):
 And warnings: a tool failing on most of its calls (`metrics.ToolWatch`), per-turn rewards the
 reward level ignores (once per run), sync turns sampled by other weights than the last push's,
 the engine and the trainer disagreeing on logprobs (`warn_logprob_gap`; async: any staleness),
-learner memory at its limit, a KL penalty in the reward (kl_mode=reward) that outweighs the
-reward's spread for `no_signal_steps` steps in a row. Every warning goes to the log, the console
-and the tracker's alerts; its text comes from a pure function of the step's trajectories or
-metrics (`crashed`, `off_version`, `ignored_turn_rewards`, `engine_gap`, `memory_edge`,
+learner memory at its limit, tasks whose first prompt leaves no room for a turn (once per task),
+a KL penalty in the reward (kl_mode=reward) that outweighs the reward's spread for
+`no_signal_steps` steps in a row. Every warning goes to the log, the console and the tracker's
+alerts; its text comes from a pure function of the step's trajectories or metrics (`crashed`,
+`off_version`, `ignored_turn_rewards`, `prompt_overflows`, `engine_gap`, `memory_edge`,
 `kl_drowns`).
 """
 
@@ -32,7 +33,7 @@ from agentrl.advantage import AdvantageConfig, Truncation, carries_gradient
 from agentrl.batch import trainable
 from agentrl.display import SHOWN
 from agentrl.metrics import ToolWatch
-from agentrl.types import TRUNCATED_STOPS, TrainingError, Trajectory
+from agentrl.types import TRUNCATED_STOPS, StopReason, TrainingError, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,27 @@ def ignored_turn_rewards(trajs: Sequence[Trajectory], reward_level: str) -> str 
         "algo.advantage.reward_level=trajectory trains on the outcome reward only, so they are "
         "ignored (reward/turn_sum shows them). Set algo.advantage.reward_level=turn to train on "
         "them, or fold them into the env's reward"
+    )
+
+
+def prompt_overflows(trajs: Sequence[Trajectory], known: set[str]) -> tuple[set[str], str | None]:
+    """The tasks whose first prompt left no room for a turn (an episode that stopped with
+    context_overflow before its first turn: `types.PromptOverflow`), and the warning to give for
+    those not `known` yet (None: no new one). Every episode of such a task stops so, silently
+    scored with nothing to train on."""
+    over = [t for t in trajs if t.stop_reason is StopReason.CONTEXT_OVERFLOW and not t.turns]
+    tasks = {t.task_id for t in over}
+    new = sorted(tasks - known)
+    if not new:
+        return tasks, None
+    first = next(t for t in over if t.task_id == new[0])
+    names = ", ".join(repr(n) for n in new[:5]) + (", …" if len(new) > 5 else "")
+    return tasks, (
+        f"{len(new)} task(s) ({names}) cannot start: {first.error or 'no turn fits'}. "
+        "Every episode of such a task stops before its first token (stop/context_overflow), "
+        "with nothing to train on, and its reward still counts in reward/*. Raise "
+        "rollout.max_context_tokens (and the servers' context length), or shorten or filter "
+        "out these tasks' prompts. Said once per task"
     )
 
 
@@ -222,6 +244,7 @@ class Guards:
         self.had_signal = False  # some step of this run carried gradient
         self.first_cut: float | None = None  # the first step's truncated share
         self.warned_turn_rewards = False  # per-turn rewards under reward_level=trajectory: once
+        self.long_prompts: set[str] = set()  # tasks whose first prompt fits no turn: warned
         self.tool_watch = ToolWatch(limits.warn_tool_fail_rate)  # tools failing most calls
 
     def warn(self, title: str, msg: str) -> None:
@@ -250,9 +273,10 @@ class Guards:
         self, groups: list[list[Trajectory]], trajs: list[Trajectory], metrics: dict[str, float],
         step: int, sync: bool,
     ) -> None:  # fmt: skip
-        """The step's groups as taken: failing tools, old weights (`sync` only: in async mode
-        tokens are older by design), no learning signal."""
+        """The step's groups as taken: failing tools, first prompts that fit no turn, old
+        weights (`sync` only: in async mode tokens are older by design), no learning signal."""
         self.watch_tools(trajs, metrics, step)
+        self.watch_prompts(trajs)
         if sync:  # every turn must come from the weights just pushed
             self.watch_versions(trajs, metrics, step)
         self.watch_signal(groups, metrics)
@@ -284,9 +308,18 @@ class Guards:
     def keep(self, group: list[Trajectory]) -> bool:
         """Dynamic sampling's test (`carries`), sync and async. A group it drops is first looked
         at for per-turn rewards that reward_level=trajectory ignores: such a group is flat there,
-        so `watch_signal`, which sees only the kept groups, would never warn about them."""
+        so `watch_signal`, which sees only the kept groups, would never warn about them; so is
+        a group of a task whose first prompt does not fit."""
         self.warn_ignored_turn_rewards(group)
+        self.watch_prompts(group)
         return self.carries(group)
+
+    def watch_prompts(self, trajs: list[Trajectory]) -> None:
+        """Once per task: a first prompt that leaves no room for a turn (`prompt_overflows`)."""
+        tasks, msg = prompt_overflows(trajs, self.long_prompts)
+        self.long_prompts |= tasks
+        if msg:
+            self.warn("prompt longer than the context", msg)
 
     def warn_ignored_turn_rewards(self, trajs: list[Trajectory]) -> None:
         """Once per run: per-turn rewards the reward level ignores."""

@@ -52,6 +52,7 @@ from agentrl.types import (
     EnvStepError,
     FinishReason,
     Message,
+    PromptOverflow,
     StopReason,
     Task,
     Trajectory,
@@ -253,6 +254,8 @@ class Rollout:
         except EnvStepError as e:
             log.warning("env step of %s raised: %s", session, e.args[0].strip().splitlines()[-1])
             stop, error = StopReason.ENV_ERROR, e.args[0]
+        except PromptOverflow as e:  # so would every episode of the task: the guards warn
+            stop, error = StopReason.CONTEXT_OVERFLOW, f"task {task.id!r}: {e}"
         except TimeoutError:
             tool_s = sum(t.tool_latency_s for q in seqs for t in q.turns)
             stop = StopReason.of_timeout(tool_s, time.monotonic() - t0)
@@ -302,6 +305,9 @@ class Rollout:
         st.messages = list(await env.start())
         st.append(r.prompt_ids(st.messages, memo=True), None)  # a group's samples share it
         st.prompt_len = len(st.ids)
+        if st.prompt_len >= cfg.max_context_tokens:  # not one token of a turn fits
+            raise PromptOverflow(f"its first prompt is {st.prompt_len} tokens, "
+                                 f"rollout.max_context_tokens={cfg.max_context_tokens}")  # fmt: skip
         max_turns = cfg.max_turns or env.max_turns
         for index in range(max_turns):
             budget = cfg.max_context_tokens - len(st.ids)
@@ -310,7 +316,9 @@ class Rollout:
             try:
                 params = self._params(budget, turn_seed(seeds, index))
                 comp = await self.engine.generate(st.ids, params, key=session)
-            except PromptTooLong:  # the server's context is shorter than max_context_tokens
+            except PromptTooLong as e:  # the server's context is shorter than max_context_tokens
+                if index == 0:
+                    raise PromptOverflow(f"the server refused its first prompt: {e}") from None
                 return StopReason.CONTEXT_OVERFLOW
             turn, said = self._record_turn(st, comp, index)
             if comp.finish_reason is FinishReason.ABORT:

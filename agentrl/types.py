@@ -104,6 +104,12 @@ class EnvStepError(Exception):
     """The env's `step` raised on the policy's turn (args[0]: its traceback): `env_error`."""
 
 
+class PromptOverflow(Exception):
+    """An episode's first prompt leaves no room for a turn (rollout.max_context_tokens, or the
+    server's context length), so every episode of its task would stop there: `context_overflow`
+    with no turn, this text its error (the guards warn, agentrl/guards.py: `prompt_overflows`)."""
+
+
 # a token budget cut the episode: rollout.truncated decides (train, mask or penalise its reward)
 TRUNCATED_STOPS = frozenset({StopReason.LENGTH, StopReason.CONTEXT_OVERFLOW})
 

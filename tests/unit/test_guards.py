@@ -190,3 +190,24 @@ def test_a_kl_reward_penalty_that_outweighs_the_rewards_is_warned_every_n_steps_
     g.watch_update({"train/kl_reward_penalty": 5.0, "reward/std": 0.0}, step=4, stale=False)
     g.watch_update(dict(drowned), step=5, stale=False)  # one reward for all reset the count
     assert alerts == ["KL outweighs the reward"]
+
+
+def test_a_task_whose_first_prompt_fits_no_turn_is_warned_once():
+    """An audit: such a task's every episode stopped at once, scored 0 with nothing to train on,
+    and nothing said why. Warned from the step's groups and from those dynamic sampling drops."""
+    g, alerts, out = guards(no_signal_steps=0)
+    long = episode(0.0, StopReason.CONTEXT_OVERFLOW)
+    long.turns, long.task_id = [], "big"
+    long.error = "task 'big': its first prompt is 3000 tokens, rollout.max_context_tokens=2048"
+    cut = episode(0.0, StopReason.CONTEXT_OVERFLOW)  # overflowed later: the budget did its job
+    g.after_rollout([[cut]], [cut], {}, step=1, sync=False)
+    assert alerts == []
+    g.after_rollout([[long, long], [cut]], [long, long, cut], {}, step=2, sync=False)
+    assert alerts == ["prompt longer than the context"]
+    said = out.getvalue()
+    assert "1 task(s) ('big') cannot start: task 'big': its first prompt is 3000 tokens" in said
+    assert "Raise rollout.max_context_tokens" in said
+    assert not g.keep([long, long]) and len(alerts) == 1  # once per task
+    other = episode(0.0, StopReason.CONTEXT_OVERFLOW)
+    other.turns, other.task_id = [], "other"
+    assert not g.keep([other, other]) and len(alerts) == 2  # a dropped group's task is news

@@ -7,6 +7,7 @@ import socket
 import pytest
 from pydantic import BaseModel
 
+from agentrl.engine import PromptTooLong
 from agentrl.env import StepResult, ToolEnv, read_reward
 from agentrl.envs.code_exec import CodeExecEnv
 from agentrl.metrics import rollout_metrics
@@ -111,6 +112,32 @@ async def test_context_overflow_is_a_stop_not_an_error(qwen_tokenizer):
     traj = await ro.run_episode(TASK)
     assert traj.stop_reason is StopReason.CONTEXT_OVERFLOW and traj.error is None
     assert len(traj.token_ids) <= 260
+
+
+async def test_a_first_prompt_past_the_context_is_an_overflow_that_says_so(qwen_tokenizer):
+    """An audit: a task whose prompt alone fills rollout.max_context_tokens ended every episode
+    at once as a silent context_overflow; the error names the task and both lengths."""
+    ro = make(qwen_tokenizer, solver, max_context_tokens=40, group_size=2)
+    trajs = await ro.run_group(TASK)
+    assert ro.engine.calls == 0
+    for traj in trajs:
+        assert traj.stop_reason is StopReason.CONTEXT_OVERFLOW and traj.turns == []
+        assert traj.error == (
+            f"task 't0': its first prompt is {traj.prompt_len} tokens, "
+            "rollout.max_context_tokens=40"
+        )
+    assert trajs[0].prompt_len >= 40
+
+    class Short(ScriptedEngine):  # a server whose context is shorter than the rollout's
+        async def generate(self, input_ids, params, key=None):
+            raise PromptTooLong("http://e/generate: HTTP 400: longer than the context length")
+
+    ro = Rollout(Short(qwen_tokenizer, solver), qwen_tokenizer, CodeExecEnv, RolloutConfig())
+    traj = await ro.run_episode(TASK)
+    assert traj.stop_reason is StopReason.CONTEXT_OVERFLOW and traj.error == (
+        "task 't0': the server refused its first prompt: http://e/generate: HTTP 400: longer "
+        "than the context length"
+    )
 
 
 async def test_parse_errors_become_observations_then_a_stop(qwen_tokenizer):
