@@ -36,6 +36,7 @@ from pydantic import (
     Field,
     Tag,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -172,6 +173,19 @@ class Config(BaseModel):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @field_validator("run_name", mode="before")
+    @classmethod
+    def _run_name_is_text(cls, v: Any) -> Any:
+        """YAML (and Hydra) read an unquoted nan, 1e3, true or null as a number, a bool or None,
+        whose text is gone (1e3 is 1000.0): refused with the quoted form, not guessed back."""
+        if isinstance(v, str):
+            return v
+        raise ValueError(
+            f"a {type(v).__name__}, not text: an unquoted nan, 1e3, true or null is read as one, "
+            "and its text is lost (1e3 becomes 1000.0). Quote the name (YAML: run_name: '1e3'; "
+            "command line: run_name=\"'1e3'\"), or leave it out for a name from the env"
+        )
 
     @model_validator(mode="after")
     def _default_run_name(self) -> Config:

@@ -14,7 +14,15 @@ models first:
                          trainer.eval.every=5 (agentrl/trainer_config.py: MOVED_KEYS)
 
 A known key always goes on as `++key=value`: the schema has vouched for it, and the value is
-checked in validation (the env's own options by `EnvConfig.load_tasks` and `load_class`).
+checked in validation (the env's own options by `EnvConfig.load_tasks` and `load_class`). Except
+one Hydra reads as a number, a bool or null where the setting takes text only: its text is gone
+by validation (`run_name=1e3` is 1000.0), and Hydra would already have named the run's directory
+after it, so it is refused here with the quoted form to write:
+
+    run_name=1e3         ConfigError: run_name=1e3: Hydra reads 1e3 as a number (1000.0), and
+                         run_name takes text: quote it, run_name="'1e3'" (the shell keeps the
+                         inner quotes)
+
 `+key`, `++key`, `~key`, `hydra.*` and group paths (`a/b=c`) pass through as written. With
 another config directory (`--config-dir`, `--config-path`, `hydra.searchpath`) a top-level name
 may be a group of the user's, so group options and unknown top-level names are left to Hydra.
@@ -132,6 +140,30 @@ def unknown_key_hint(schema: type[BaseModel], key: str) -> str:
     return f"; {key_hint(parts, *where)}" if where else ""
 
 
+def setting_type(schema: type[BaseModel], parts: list[str]) -> Any:
+    """The annotation of the setting at the dotted key `parts`; None for an unknown key or one
+    inside a free-form setting."""
+    models, annotation = [schema], None
+    for part in parts:
+        keys = {k: t for m in models for k, t in _keys(m).items()}
+        if part not in keys:
+            return None
+        annotation = keys[part]
+        models = _sections(annotation)
+    return annotation
+
+
+def not_text(annotation: Any, value: Any) -> str | None:
+    """What Hydra made of an unquoted value (`nan`, `1e3`, `true`, `null`) that a text-only
+    setting (`str`, `str | None`) cannot take, e.g. 'a number (1000.0)'; None when it can."""
+    kinds = _alternatives(annotation)
+    if str not in kinds or any(k in kinds for k in (int, float, bool)):
+        return None
+    if isinstance(value, bool | int | float):
+        return f"{'a bool' if isinstance(value, bool) else 'a number'} ({value!r})"
+    return "None" if value is None and type(None) not in kinds else None
+
+
 def check_overrides(
     overrides: list[str], schema: type[BaseModel], config_dir: Path, own_dirs: bool = False
 ) -> list[str]:
@@ -179,6 +211,10 @@ def check_overrides(
                 continue
         if where is not None:
             errors.append(f"{key}: unknown key; {key_hint(parts, *where)}")
+        elif what := not_text(setting_type(schema, parts), o.value()):
+            text = line.partition("=")[2]
+            errors.append(f"{line}: Hydra reads {text} as {what}, and {key} takes text: quote "
+                          f"it, {key}=\"'{text}'\" (the shell keeps the inner quotes)")  # fmt: skip
         out.append(f"++{line}")
     if errors:
         raise ConfigError("invalid override:\n  " + "\n  ".join(errors))

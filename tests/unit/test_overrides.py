@@ -114,3 +114,26 @@ def test_train_and_preview_print_the_message_and_exit_2(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["agentrl train", "env.args.max_turns=3"])
     check_command_line()
     assert sys.argv == ["agentrl train", "++env.args.max_turns=3"]
+
+
+@pytest.mark.parametrize(("text", "read_as"), [("nan", "a number (nan)"),
+                         ("1e3", "a number (1000.0)"), ("true", "a bool (True)"), ("null", "None")])  # fmt: skip
+def test_a_run_name_hydra_reads_as_no_text_is_refused_before_it_names_a_directory(text, read_as):
+    """An audit: `run_name=1e3` made runs/1000.0/ (Hydra names the directory first), then
+    failed validation with "Input should be a valid string". The text is lost by then (1e3 is
+    1000.0), so the command line is refused with the quoted form; quoted, the name is kept."""
+    with pytest.raises(ConfigError) as e:
+        check_argv([f"run_name={text}"], Config, CONFIG_DIR)
+    assert str(e.value) == (
+        f"invalid override:\n  run_name={text}: Hydra reads {text} as {read_as}, and run_name "
+        f"takes text: quote it, run_name=\"'{text}'\" (the shell keeps the inner quotes)"
+    )
+    assert compose([f"run_name='{text}'"]).run_name == text
+    assert compose(["model.tokenizer=null"]).model.tokenizer is None  # str | None takes null
+
+
+def test_a_run_name_yaml_reads_as_no_text_is_refused_with_the_quoted_form():
+    from agentrl.config import validate
+
+    with pytest.raises(ConfigError, match=r"run_name: a float, not text: .* run_name: '1e3'"):
+        validate({"env": {"_target_": "agentrl.envs.code_exec:CodeExecEnv"}, "run_name": 1000.0})
