@@ -111,7 +111,8 @@ def _count(x: float) -> str:
 
 
 # reward/<x> keys that are statistics of the reward, not components an env's reward dict returns
-_REWARD_STATS = {"mean", "max", "min", "std", "turn_sum", "return_mean", "mean_all"}
+_REWARD_STATS = {"mean", "max", "min", "std", "turn_sum", "return_mean"}
+_REWARD_STATS |= {f"{s}_all" for s in ("mean", "max", "min", "std")}  # dynamic sampling's
 
 
 def _components(m: Mapping[str, float], prefix: str) -> str:
@@ -177,7 +178,9 @@ def progress_text(m: Mapping[str, float], total: int, eta_s: float | None = None
     turns 1.4 │ stop completed 14 max_turns 2 │ python 40 calls: err 9 exc 3 │ 1.2k tok/s │
     Δlp 2.1e-04 │ roll 3.8s lp 0.8s upd 3.6s sync 0.1s = 8.4s │ eta 2m23s
 
-    (one line; wrapped here). Shown only when there is something to show: the reward's
+    (one line; wrapped here). The reward is every episode's (reward/mean), under dynamic
+    sampling every sampled one's (reward/mean_all: `reward 0.310 (kept groups 0.500, max 1.00)`,
+    the kept groups' mean beside it). Shown only when there is something to show: the reward's
     components (an env whose reward is a dict), each env's reward (env=mixture: `│ code 0.50
     units 0.25` after the turns), the stop reasons that happened (infrastructure
     ones red), the tools that had failed calls (the model's errors yellow, the tool's own
@@ -188,10 +191,13 @@ def progress_text(m: Mapping[str, float], total: int, eta_s: float | None = None
     done = round(12 * step / max(total, 1))
     line = Text().append(f"step {step:>{width}}/{total} ", style="bold")
     line.append("━" * done, style="green").append("─" * (12 - done), style="dim").append(" ")
-    reward = m.get("reward/mean", math.nan)
+    sampled = "reward/mean_all" in m  # dynamic sampling: reward/* is the kept groups' only
+    reward = m.get("reward/mean_all" if sampled else "reward/mean", math.nan)
     line.append("reward ").append(f"{reward:.3f}", style="bold cyan")
     parts = _components(m, "reward/")
-    line.append(f" (max {m.get('reward/max', math.nan):.2f}")
+    kept = f"kept groups {m.get('reward/mean', math.nan):.3f}, " if sampled else ""
+    top = m.get("reward/max_all" if sampled else "reward/max", math.nan)
+    line.append(f" ({kept}max {top:.2f}")
     line.append(f"; {safe_text(parts)}) " if parts else ") ")
     line.append(f"tool-rate {m.get('rollout/tool_call_rate', 0.0):.2f} ")
     line.append(f"turns {m.get('rollout/turns', 0.0):.1f}")

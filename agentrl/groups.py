@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from agentrl.data import TaskSampler
-from agentrl.metrics import mean_reward
+from agentrl.metrics import sampled_reward_metrics
 from agentrl.mixture import MixtureRollout, MixtureSampler
 from agentrl.producer import GroupProducer
 from agentrl.rollout import Rollout, engine_lost
@@ -180,7 +180,7 @@ class SyncGroups:
     async def refill(self, groups: Groups, step: int) -> tuple[Groups, dict[str, float]]:
         """Dynamic sampling: keep the groups that carry gradient (`keep`), roll out more tasks
         until `per_step` do or `max_refill_rounds` extra rounds are spent. With none at all, the
-        step keeps what it had (the no-signal warning then counts it). reward/mean_all: over
+        step keeps what it had (the no-signal warning then counts it). reward/*_all: over
         every group rolled out, the filtered ones too."""
         assert self.keep is not None
         seen = list(groups)
@@ -197,7 +197,7 @@ class SyncGroups:
         return (kept or groups), {
             "rollout/filtered_groups": float(filtered),
             "rollout/refill_rounds": float(rounds),
-            "reward/mean_all": mean_reward(seen),
+            **sampled_reward_metrics(seen),
         }
 
     def advance(self, version: int) -> None:

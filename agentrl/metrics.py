@@ -6,17 +6,19 @@ Size: one module, since this docstring is the reference of every name and the co
 what computes each; split, a name and its meaning would drift apart.
 
 reward/ — over the step's episodes (one per episode of several sequences), infrastructure
-    failures excluded: the groups trained, so
-    under trainer.sampling.dynamic_sampling the kept groups only (reward/mean_all: all of them)
+    failures excluded: the groups trained, so under trainer.sampling.dynamic_sampling the kept
+    groups only, whose rewards differ by construction (reward/*_all: every group sampled; the
+    console's reward and the run's done: line are then reward/mean_all)
     reward/mean, reward/max, reward/min, reward/std     the outcome reward (Trajectory.reward)
     reward/<component>              mean of each named component an env's reward dict returns
     reward/turn_sum                 per-turn rewards (StepResult.reward) summed per trajectory,
                                     mean; only when an env gives them (they are trained on with
                                     algo.advantage.reward_level=turn only)
     reward/return_mean              outcome + per-turn rewards per trajectory, mean (with them)
-    reward/mean_all                 trainer.sampling.dynamic_sampling: reward/mean over every
-                                    group rolled out this step, the filtered ones too (async:
-                                    those not dropped as stale)
+    reward/mean_all, reward/max_all, reward/min_all, reward/std_all
+                                    trainer.sampling.dynamic_sampling: reward/mean, max, min, std
+                                    over every group rolled out this step, the filtered ones too
+                                    (async: those not dropped as stale): the policy's reward
 rollout/ — what the rollout produced (per-trajectory means unless the name says otherwise)
     rollout/trajectories            trajectories this step (count)
     rollout/turns, rollout/turns_max                    assistant turns per trajectory
@@ -520,11 +522,15 @@ def gap_and_kl_metrics(
     return out
 
 
-def mean_reward(groups: Sequence[Sequence[Trajectory]]) -> float:
-    """The outcome reward's mean over the scored trajectories of these groups (NaN: none)."""
+REWARD_STATS = ("reward/mean", "reward/max", "reward/min", "reward/std")
+
+
+def sampled_reward_metrics(groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
+    """reward/mean_all, max_all, min_all, std_all: the outcome reward over the scored episodes
+    of every group sampled (dynamic sampling: those it dropped too); NaN when none was scored."""
     scored = [t for g in groups for t in g if not t.stop_reason.is_infra_failure]
-    rewards = [t.reward for t in one_per_episode(scored)]
-    return fmean(rewards) if rewards else math.nan
+    stats = reward_metrics(scored)
+    return {f"{k}_all": stats.get(k, math.nan) for k in REWARD_STATS}
 
 
 def is_timing(name: str) -> bool:

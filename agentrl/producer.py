@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.data import TaskSampler
-from agentrl.metrics import mean_reward
+from agentrl.metrics import sampled_reward_metrics
 from agentrl.rollout import Rollout
 from agentrl.types import Task, Trajectory
 
@@ -148,7 +148,7 @@ class GroupProducer:
             for g in kept
             for tr in g.trajectories
         ]
-        extra = {"reward/mean_all": mean_reward(seen)} if self.keep is not None else {}
+        extra = sampled_reward_metrics(seen) if self.keep is not None else {}
         return kept, {
             **extra,
             "async/staleness_mean": sum(stale) / max(len(stale), 1),

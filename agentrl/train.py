@@ -465,12 +465,13 @@ def summary_line(history: list[dict[str, float]]) -> str:
         return sum(vals) / len(vals) if vals else math.nan
 
     head, tail = history[:k], history[-k:]
+    reward = "reward/mean_all" if any("reward/mean_all" in r for r in history) else "reward/mean"
     # a step with no group carrying gradient (every advantage 0): a rising reward then is noise
     flat = sum(1 for r in history if r.get("train/no_signal_steps_in_a_row", 0) > 0)
     note = f"; {flat} of {len(history)} steps had no learning signal (every advantage 0)"
     return (
-        f"done: {len(history)} steps, reward {mean(head, 'reward/mean'):.3f} → "
-        f"{mean(tail, 'reward/mean'):.3f}, tool_call_rate {mean(head, 'rollout/tool_call_rate'):.2f}"
+        f"done: {len(history)} steps, reward {mean(head, reward):.3f} → "
+        f"{mean(tail, reward):.3f}, tool_call_rate {mean(head, 'rollout/tool_call_rate'):.2f}"
         f" → {mean(tail, 'rollout/tool_call_rate'):.2f} (the mean of the first and of the last "
         f"{k} step{'s' if k > 1 else ''})" + (note if flat else "")
     )

@@ -90,8 +90,8 @@ class SamplingConfig(BaseModel):
         "e.g. equal outcome and per-turn rewards under a group baseline; "
         "advantage.carries_gradient states the rule for gae and kl_mode=reward) are dropped and "
         "more tasks rolled out until tasks_per_step groups carry gradient "
-        "(rollout/filtered_groups); reward/* is then over the kept groups, reward/mean_all over "
-        "all",
+        "(rollout/filtered_groups); reward/* is then over the kept groups, reward/*_all "
+        "(mean_all, max_all, min_all, std_all) over all, the console's reward too",
     )
     max_refill_rounds: int = Field(
         3, ge=0, description="sync + dynamic_sampling: extra rollout rounds per step at most"

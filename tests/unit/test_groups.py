@@ -5,6 +5,7 @@ the engines' restarts, a sampler of numbered tasks. The real rollouts are tests/
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
@@ -95,6 +96,9 @@ async def test_dynamic_sampling_refills_with_groups_that_carry_signal():
     assert roll.calls == [["0", "1"], ["2"], ["3"]]
     assert m["rollout/filtered_groups"] == 2 and m["rollout/refill_rounds"] == 2
     assert m["reward/mean_all"] == pytest.approx((1 + 0.5 + 1 + 0.5) / 4)
+    # an audit: reward/* covers the kept groups only (here all 0.5); the dropped ones count here
+    assert m["reward/max_all"] == 1.0 and m["reward/min_all"] == 0.0
+    assert m["reward/std_all"] == pytest.approx(math.sqrt(0.1875))  # rewards 1,1,1,0,1,1,1,0
 
 
 async def test_a_group_that_lost_an_episode_to_its_engine_is_rolled_out_again_whole():

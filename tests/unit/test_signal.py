@@ -10,7 +10,7 @@ import torch
 
 from agentrl.advantage import SIGNAL_ATOL, AdvantageConfig, carries_gradient, compute_advantages
 from agentrl.guards import ignored_turn_rewards
-from agentrl.metrics import mean_reward, rollout_metrics
+from agentrl.metrics import rollout_metrics, sampled_reward_metrics
 from agentrl.types import FinishReason, Message, StopReason, Trajectory, Turn
 
 TURN = AdvantageConfig(name="grpo", reward_level="turn")
@@ -119,5 +119,6 @@ def test_reward_metrics_count_turn_rewards_and_mean_all():
     assert m["reward/turn_sum"] == pytest.approx(0.4)  # (.3 + .5) / 2
     assert m["reward/return_mean"] == pytest.approx(0.9)
     assert "reward/turn_sum" not in rollout_metrics([traj(1.0)])  # an env without them
-    assert mean_reward([group, [traj(1.0), traj(1.0, stop=StopReason.ABORTED)]]) == 2 / 3
-    assert math.isnan(mean_reward([]))
+    m = sampled_reward_metrics([group, [traj(1.0), traj(1.0, stop=StopReason.ABORTED)]])
+    assert m["reward/mean_all"] == 2 / 3 and m["reward/min_all"] == 0.0
+    assert all(math.isnan(v) for v in sampled_reward_metrics([]).values())

@@ -366,6 +366,20 @@ def test_the_runs_summary_line_averages_its_first_and_last_steps():
     assert "reward 0.100 → 0.100" in summary_line(history[:1])
 
 
+def test_under_dynamic_sampling_the_console_shows_every_sampled_episodes_reward():
+    """An audit: dynamic sampling keeps the groups whose rewards differ, so reward/mean (theirs)
+    sat near 0.5 while the policy's reward was elsewhere; the step line and the done: line show
+    reward/mean_all, the kept groups' mean beside it."""
+    from agentrl.train import summary_line
+
+    m = {"step": 3.0, "reward/mean": 0.5, "reward/max": 1.0, "reward/mean_all": 0.125,
+         "reward/max_all": 1.0, "reward/std_all": 0.33}  # fmt: skip
+    text = progress_text(m, 20).plain
+    assert "reward 0.125 (kept groups 0.500, max 1.00) tool-rate" in text
+    history = [{**m, "reward/mean_all": r} for r in (0.1, 0.2)]
+    assert summary_line(history).startswith("done: 2 steps, reward 0.100 → 0.200")
+
+
 def test_the_summary_line_counts_the_steps_without_learning_signal():
     """A red-team audit: `done: 3 steps, reward 0.000 → 0.125` read as progress from a run in
     which no step carried gradient."""
