@@ -40,8 +40,8 @@ def test_the_allocator_is_left_alone(monkeypatch, case):
     assert seen == []
 
 
-def test_expandable_is_the_default_and_segments_the_way_out():
-    assert LearnerConfig().update_memory == "expandable"
-    assert LearnerConfig(update_memory="segments").update_memory == "segments"
+def test_ordinary_segments_are_the_default_and_expandable_a_choice():
+    assert LearnerConfig().update_memory == "segments"
+    assert LearnerConfig(update_memory="expandable").update_memory == "expandable"
     with pytest.raises(ValueError):
         LearnerConfig(update_memory="growing")
