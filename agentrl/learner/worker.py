@@ -286,12 +286,8 @@ class LearnerWorker:
         t0 = time.perf_counter()
         retries0 = self.mem.alloc_retries()
         per_mb, loss_sum, tokens, batch_tokens = [], 0.0, 0, 0
-        expandable = self.cfg.update_memory == "expandable"
-        with (
-            self.mem.peak("update"),
-            self.mem.expandable(expandable),
-            self._profiled(self.steps_done + 1),
-        ):
+        expandable = self.mem.expandable(self.cfg.update_memory == "expandable")
+        with self.mem.peak("update"), expandable, self._profiled(self.steps_done + 1):
             for mb in micro_batches:
                 with forward.replayed(
                     self.model, mb := mb.to(self.device), self.cfg.attention_layout
