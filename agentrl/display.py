@@ -128,9 +128,10 @@ def _components(m: Mapping[str, float], prefix: str) -> str:
 
 def _env_rewards(m: Mapping[str, float], scope: str) -> str:
     """A mixture's reward per env (env=mixture), e.g. ` │ code 0.50 units 0.25`: `scope` `env/`
-    for a step (env/<name>/reward_mean), `eval/` for an evaluation; '' for a single env."""
+    for a step (env/<name>/reward_mean; under dynamic sampling env/<name>/reward_mean_all, every
+    group sampled, as the step's own reward), `eval/` for an evaluation; '' for a single env."""
     parts = [
-        f"{k.split('/')[1]} {v:.2f}"
+        f"{k.split('/')[1]} {m.get(k + '_all', v):.2f}"
         for k, v in m.items()
         if k.startswith(scope) and k.endswith("/reward_mean") and k.count("/") == 2
     ]

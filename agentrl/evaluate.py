@@ -29,8 +29,7 @@ import time
 from typing import TYPE_CHECKING
 
 from agentrl.data import held_out
-from agentrl.metrics import rollout_metrics
-from agentrl.mixture import by_env
+from agentrl.metrics import by_env, rollout_metrics
 from agentrl.types import ConfigError, Task
 
 if TYPE_CHECKING:

@@ -75,6 +75,7 @@ eval/ — trainer.eval.every's fixed set (agentrl/evaluate.py), on the steps it 
 env/<env>/ — env=mixture (agentrl/mixture.py): each env's part of the step, over its own groups
     env/<env>/groups                its groups this step (0 when it drew none; the rest absent)
     env/<env>/reward_mean, reward_std, reward_<component>   as reward/*
+    env/<env>/reward_mean_all       as reward/mean_all (dynamic sampling: every group sampled)
     env/<env>/trajectories, tool_call_rate, turns, tool_calls, tool_errors, tool_exceptions,
         parse_errors, sampled_tokens, truncated      as rollout/*; failed: infrastructure failures
 train/ — the learner and the trainer-side logprob pass
@@ -527,10 +528,27 @@ REWARD_STATS = ("reward/mean", "reward/max", "reward/min", "reward/std")
 
 def sampled_reward_metrics(groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
     """reward/mean_all, max_all, min_all, std_all: the outcome reward over the scored episodes
-    of every group sampled (dynamic sampling: those it dropped too); NaN when none was scored."""
-    scored = [t for g in groups for t in g if not t.stop_reason.is_infra_failure]
-    stats = reward_metrics(scored)
-    return {f"{k}_all": stats.get(k, math.nan) for k in REWARD_STATS}
+    of every group sampled (dynamic sampling: those it dropped too); NaN when none was scored.
+    env=mixture: env/<name>/reward_mean_all too, over each env's groups so."""
+
+    def stats(gs: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
+        scored = [t for g in gs for t in g if not t.stop_reason.is_infra_failure]
+        return reward_metrics(scored)
+
+    every = stats(groups)
+    out = {f"{k}_all": every.get(k, math.nan) for k in REWARD_STATS}
+    for name, gs in by_env(groups).items():
+        out[f"env/{name}/reward_mean_all"] = stats(gs).get("reward/mean", math.nan)
+    return out
+
+
+def by_env(groups: Sequence[Sequence[Trajectory]]) -> dict[str, list[Sequence[Trajectory]]]:
+    """The groups of each env (`metadata["env"]`), in order; none for a single env's groups."""
+    out: dict[str, list[Sequence[Trajectory]]] = {}
+    for g in groups:
+        if g and "env" in g[0].metadata:
+            out.setdefault(g[0].metadata["env"], []).append(g)
+    return out
 
 
 def is_timing(name: str) -> bool:

@@ -44,7 +44,7 @@ from typing import Any
 from agentrl.advantage import Truncation
 from agentrl.data import TaskSampler
 from agentrl.env import Env
-from agentrl.metrics import rollout_metrics
+from agentrl.metrics import by_env, rollout_metrics
 from agentrl.oversample import run_groups
 from agentrl.rollout import Rollout
 from agentrl.types import ConfigError, Task, Trajectory
@@ -209,15 +209,6 @@ class MixtureRollout:
             out[f"env/{name}/groups"] = float(len(gs))
             out.update(summary([t for g in gs for t in g], f"env/{name}/", ENV_NAMES, truncation))
         return out
-
-
-def by_env(groups: Sequence[Sequence[Trajectory]]) -> dict[str, list[Sequence[Trajectory]]]:
-    """The groups of each env (`metadata["env"]`), in order; none for a single env's groups."""
-    out: dict[str, list[Sequence[Trajectory]]] = {}
-    for g in groups:
-        if g and "env" in g[0].metadata:
-            out.setdefault(g[0].metadata["env"], []).append(g)
-    return out
 
 
 def summary(

@@ -122,3 +122,20 @@ def test_reward_metrics_count_turn_rewards_and_mean_all():
     m = sampled_reward_metrics([group, [traj(1.0), traj(1.0, stop=StopReason.ABORTED)]])
     assert m["reward/mean_all"] == 2 / 3 and m["reward/min_all"] == 0.0
     assert all(math.isnan(v) for v in sampled_reward_metrics([]).values())
+
+
+def test_a_mixtures_envs_get_their_reward_over_every_group_sampled_too():
+    """env/<name>/reward_mean covers the kept groups (as reward/mean); under dynamic sampling
+    env/<name>/reward_mean_all covers every group sampled, the dropped ones too (an audit)."""
+
+    def of(env: str, *rewards: float) -> list[Trajectory]:
+        group = [traj(r) for r in rewards]
+        for t in group:
+            t.metadata["env"] = env
+        return group
+
+    seen = [of("code", 1.0, 0.0), of("code", 0.0, 0.0), of("units", 1.0, 1.0)]
+    m = sampled_reward_metrics(seen)
+    assert m["env/code/reward_mean_all"] == 0.25 and m["env/units/reward_mean_all"] == 1.0
+    assert m["reward/mean_all"] == 0.5
+    assert not any(k.startswith("env/") for k in sampled_reward_metrics([[traj(1.0)]]))

@@ -378,6 +378,8 @@ def test_under_dynamic_sampling_the_console_shows_every_sampled_episodes_reward(
     assert "reward 0.125 (kept groups 0.500, max 1.00) tool-rate" in text
     history = [{**m, "reward/mean_all": r} for r in (0.1, 0.2)]
     assert summary_line(history).startswith("done: 2 steps, reward 0.100 → 0.200")
+    mix = {**m, "env/code/reward_mean": 0.5, "env/code/reward_mean_all": 0.25}
+    assert "│ code 0.25 " in progress_text(mix, 20).plain + " "
 
 
 def test_the_summary_line_counts_the_steps_without_learning_signal():
