@@ -333,7 +333,11 @@ def register_defaults() -> None:
 
 
 def _safe_run_name(name: Any, target: Any, envs: Any = None) -> str:
-    """`envs`: env.envs, a mixture's members (configs/config.yaml passes it)."""
+    """`envs`: env.envs, a mixture's members (configs/config.yaml passes it). A name YAML read
+    as no text (`run_name: 1e3` is 1000.0) names no directory after its lost text: validation
+    refuses it, with the quoted form to write."""
+    if name is not None and not isinstance(name, str):
+        return "default"
     try:  # a bad name fails with its path in validation, not here in Hydra's start-up
         return run_name(str(name or ""), "mixture" if envs else str(target or ""))
     except ValueError:

@@ -137,3 +137,14 @@ def test_a_run_name_yaml_reads_as_no_text_is_refused_with_the_quoted_form():
 
     with pytest.raises(ConfigError, match=r"run_name: a float, not text: .* run_name: '1e3'"):
         validate({"env": {"_target_": "agentrl.envs.code_exec:CodeExecEnv"}, "run_name": 1000.0})
+
+
+def test_a_run_name_yaml_reads_as_no_text_names_no_directory_after_its_lost_text():
+    """Hydra names the run's directory (`${agentrl_run_name:...}`) before validation refuses the
+    name: a float 1000.0 made runs/1000.0/; now it falls back like any invalid name."""
+    from agentrl.config import _safe_run_name
+
+    assert _safe_run_name(1000.0, "agentrl.envs.code_exec:CodeExecEnv") == "default"
+    assert _safe_run_name(True, "x") == "default"
+    assert _safe_run_name(None, "agentrl.envs.code_exec:CodeExecEnv") == "code_exec"
+    assert _safe_run_name("mine", "x") == "mine"
