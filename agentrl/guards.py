@@ -247,6 +247,11 @@ class Guards:
         self.long_prompts: set[str] = set()  # tasks whose first prompt fits no turn: warned
         self.tool_watch = ToolWatch(limits.warn_tool_fail_rate)  # tools failing most calls
 
+    def due(self, in_a_row: int) -> bool:
+        """A streak's warning is due: every `no_signal_steps` steps of it (0: never)."""
+        k = self.limits.no_signal_steps
+        return bool(k and in_a_row and in_a_row % k == 0)
+
     def warn(self, title: str, msg: str) -> None:
         log.warning(msg, extra={SHOWN: True})  # the log file has it; the terminal shows it once
         self.console.print(f"[bold red]warning:[/] {escape(msg)}")  # tool text is no markup
@@ -340,8 +345,7 @@ class Guards:
         self.had_signal = self.had_signal or not flat
         self.no_signal_in_a_row = self.no_signal_in_a_row + 1 if flat else 0
         metrics["train/no_signal_steps_in_a_row"] = float(self.no_signal_in_a_row)
-        k = self.limits.no_signal_steps
-        if k and self.no_signal_in_a_row and self.no_signal_in_a_row % k == 0:
+        if self.due(self.no_signal_in_a_row):
             rewards = sorted({tr.reward for g in groups for tr in g})[:5]
             msg = (
                 f"no learning signal for {self.no_signal_in_a_row} steps: in every group the "
@@ -366,8 +370,7 @@ class Guards:
         seen = {(t.reward, tuple(turn.reward or 0.0 for turn in t.turns)) for t in valid}
         one = not flat and len(valid) > 1 and len(seen) == 1
         self.one_reward_in_a_row = self.one_reward_in_a_row + 1 if one else 0
-        k = self.limits.no_signal_steps
-        if k and self.one_reward_in_a_row and self.one_reward_in_a_row % k == 0:
+        if self.due(self.one_reward_in_a_row):
             self.warn(
                 "one reward for every episode",
                 f"every episode of the last {self.one_reward_in_a_row} steps got the same reward "
@@ -422,8 +425,7 @@ class Guards:
             self.warn("engine and trainer disagree", gap)
         heavy = kl_drowns(metrics)
         self.kl_heavy_in_a_row = self.kl_heavy_in_a_row + 1 if heavy else 0
-        k = self.limits.no_signal_steps
-        if heavy and k and self.kl_heavy_in_a_row % k == 0:
+        if heavy and self.due(self.kl_heavy_in_a_row):
             self.warn(
                 "KL outweighs the reward", f"{self.kl_heavy_in_a_row} steps in a row: {heavy}"
             )

@@ -41,14 +41,12 @@ def pytest_configure(config: pytest.Config) -> None:
 # so that the two workers finish together: xdist hands out whole files in this order
 # (addopts: --dist loadfile --no-loadscope-reorder). A file not listed keeps its place after
 # these. Refresh from `pytest -q --durations=0` when a file grows past the last one here.
+# (tests/gpu orders its own tests by each one's seconds: tests/gpu/conftest.py)
 SLOWEST_FIRST = (
     "test_learning.py", "test_train_engines.py", "test_train.py", "test_train_failures.py",
     "test_learning_envs.py", "test_train_resume.py", "test_learner.py", "test_segments_run.py",
     "test_swe_env.py", "test_empty_steps.py", "test_multinode.py", "test_weight_sync.py",
     "test_gateway.py", "test_sandbox_attacks.py",
-    # tests/gpu (`-n 4 --dist loadgroup` on one GPU, its own run): seconds on an H100, 2026-11-28
-    "test_real_qwen3.py", "test_lora_sglang.py", "test_train_sglang.py", "test_async_sglang.py",
-    "test_colocated.py", "test_moe_sglang.py", "test_partial_sglang.py",
 )  # fmt: skip
 
 
