@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from gpu_helpers import gpu_turn, lpt_seconds, per_process_gpu_memory_visible, planned_seconds
+from gpu_helpers import (
+    MACHINE_GPUS,
+    gpu_turn,
+    host_gpus,
+    is_two_gpu_test,
+    lpt_seconds,
+    per_process_gpu_memory_visible,
+    planned_seconds,
+    worker_gpu,
+)
 
 from agentrl.learner import RayConfig
 from agentrl.learner.ray_start import start_ray, stop_ray
@@ -39,11 +48,23 @@ def ray_on(monkeypatch):
 
     def start(devices: str) -> None:
         stop_ray()
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", devices)
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", host_gpus(devices))
         start_ray(RayConfig(object_store_mb=512))
 
     yield start
     stop_ray()
+
+
+@pytest.fixture(autouse=True)
+def _gpu_place(request, monkeypatch):
+    """On a machine of several GPUs, a one-GPU test sees only its worker's GPU (gw0 the first,
+    gw1 the second, ...: `worker_gpu`), so the suite's load spreads over them; a two-GPU test
+    sees them all. Its "0" is then that GPU (`host_gpus`), for Ray, SGLang and agentrl alike."""
+    if MACHINE_GPUS > 1:
+        every = ",".join(str(i) for i in range(MACHINE_GPUS))
+        mine = every if is_two_gpu_test(request.node.nodeid) else worker_gpu()
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", mine)
+    yield
 
 
 @pytest.fixture(autouse=True)
@@ -81,7 +102,7 @@ def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
     if getattr(config, "_gpu_estimated", False):
         return
     config._gpu_estimated = True
-    gpus = torch.cuda.device_count()
+    gpus = MACHINE_GPUS
     workers = int(config.getoption("numprocesses") or 1)
     est, work = lpt_seconds(ids, workers, gpus)
     budget = config.getoption("--gpu-budget-s", None)

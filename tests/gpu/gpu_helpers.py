@@ -80,6 +80,34 @@ TWO_GPUS = (  # skipped on one GPU: no time there
     "test_a_colocated_server_killed_mid_rollout_comes_back_with_nothing_lost",
     "test_colocated_cycles_serve_trainer_weights_without_memory_growth[2]",
 )  # fmt: skip
+# The machine's GPUs, counted once at import (collection, before any test narrows
+# CUDA_VISIBLE_DEVICES): torch's own count follows the environment until CUDA starts in-process,
+# so a worker that ran a one-GPU test first would count one and skip the two-GPU tests
+MACHINE_GPUS = torch.cuda.device_count()
+
+
+def is_two_gpu_test(nodeid: str) -> bool:
+    """Whether the test (by id) needs two GPUs (`TWO_GPUS`, by full name or function name)."""
+    name = nodeid.rsplit("::", 1)[-1]
+    return any(name == t or name.split("[")[0] == t for t in TWO_GPUS)
+
+
+def worker_gpu(worker: str | None = None, gpus: int = MACHINE_GPUS) -> str:
+    """The GPU (as the host names it) an xdist worker's one-GPU tests run on: gw0, gw1, ... take
+    the machine's GPUs in turn, so that a two-GPU machine shares the suite's load over both."""
+    worker = worker if worker is not None else os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    return str(index % max(gpus, 1))
+
+
+def host_gpus(ids: str) -> str:
+    """A test's GPU ids ("0", "0,1", "1"), counted within CUDA_VISIBLE_DEVICES as the host names
+    them: "0" is the worker's GPU for a one-GPU test (conftest narrows the environment to it)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if not visible:
+        return ids
+    seen = visible.split(",")
+    return ",".join(seen[int(i)] for i in ids.split(","))
 
 
 def planned_seconds(nodeid: str, gpus: int) -> float:
@@ -87,7 +115,7 @@ def planned_seconds(nodeid: str, gpus: int) -> float:
     listed); 0 for a two-GPU test on fewer GPUs (a skip)."""
     name = nodeid.rsplit("::", 1)[-1]
     base = name.split("[")[0]
-    if gpus < 2 and any(name == t or base == t for t in TWO_GPUS):
+    if gpus < 2 and is_two_gpu_test(nodeid):
         return 0.0
     return float(SECONDS.get(name, SECONDS.get(base, SECONDS["default"])))
 
@@ -173,11 +201,13 @@ def per_process_gpu_memory_visible() -> bool:
 
 @contextmanager
 def launch_sglang(model_dir: Path, log_dir: Path, gpu: str, *extra: str, timeout_s: float = 420):
-    """`python -m sglang.launch_server` on 127.0.0.1 and the GPUs `gpu` names ("0" or "0,1"); yields
-    its URL."""
+    """`python -m sglang.launch_server` on 127.0.0.1 and the GPUs `gpu` names ("0" or "0,1", within
+    the test's view: `host_gpus`); yields its URL."""
     pytest.importorskip("sglang")
     log = Path(log_dir) / "server.log"
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "NCCL_SOCKET_IFNAME": "lo"}
+    # a TP server checks that its GPUs have the same free memory: here other tests share them
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": host_gpus(gpu), "NCCL_SOCKET_IFNAME": "lo",
+           "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "false"}  # fmt: skip
     with gpu_turn():  # its allocations happen here: never while a test reads free memory alone
         for attempt in range(3):
             port = free_port()  # not from the pid: xdist workers, and a module's second server

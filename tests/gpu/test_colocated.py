@@ -14,7 +14,13 @@ import asyncio
 
 import pytest
 import torch
-from gpu_helpers import gpu_mib_of_my_processes, launch_sglang, make_batch, trainer_logprobs
+from gpu_helpers import (
+    MACHINE_GPUS,
+    gpu_mib_of_my_processes,
+    launch_sglang,
+    make_batch,
+    trainer_logprobs,
+)
 
 from agentrl.batch import micro_batches
 from agentrl.engine import EngineClient, SamplingParams
@@ -50,7 +56,7 @@ def gpu_free_gib(tp: int) -> float:
 def test_colocated_cycles_serve_trainer_weights_without_memory_growth(
     tp, ray_on, model_dir, tmp_path
 ):
-    if torch.cuda.device_count() < tp:
+    if tp > MACHINE_GPUS:
         pytest.skip(f"needs {tp} GPUs")
     gpus = ",".join(str(i) for i in range(tp))
     ray_on(gpus)

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 import torch
-from gpu_helpers import launch_sglang, make_batch, scoring_batch, trainer_logprobs
+from gpu_helpers import MACHINE_GPUS, launch_sglang, make_batch, scoring_batch, trainer_logprobs
 
 from agentrl.batch import TrainBatch, micro_batches
 from agentrl.learner import LearnerConfig
@@ -21,7 +21,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
-two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+two_gpus = pytest.mark.skipif(MACHINE_GPUS < 2, reason="needs 2 GPUs")
 PPO = LossConfig(name="ppo_clip")
 PPO_ENGINE = LossConfig(name="ppo_clip", ratio="engine")
 
@@ -232,7 +232,7 @@ def test_background_save_copies_behind_the_next_step(ray_on, model_dir, tmp_path
 
 @pytest.fixture(scope="module")
 def sglang_url(model_dir, tmp_path_factory):
-    if torch.cuda.device_count() < 2:
+    if MACHINE_GPUS < 2:
         pytest.skip("needs 2 GPUs (NCCL cannot put the learner and the server on one)")
     with launch_sglang(model_dir, tmp_path_factory.mktemp("sglang"), gpu="1") as url:
         yield url

@@ -12,7 +12,7 @@ import os
 import signal
 
 import pytest
-import torch
+from gpu_helpers import MACHINE_GPUS
 
 from agentrl.config import compose
 from agentrl.run import open_run
@@ -20,7 +20,7 @@ from agentrl.train import Trainer
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs"),
+    pytest.mark.skipif(MACHINE_GPUS < 2, reason="needs two CUDA GPUs"),
 ]
 STEPS, TASKS, GROUP = 4, 8, 8
 

@@ -71,3 +71,22 @@ def test_a_process_holds_no_turn_after_its_turns_end(tmp_path, monkeypatch):
     with gpu_helpers.gpu_turn():
         pass
     assert gpu_helpers._held == {"shared": 0, "alone": 0}
+
+
+def test_workers_share_out_the_gpus_and_a_tests_ids_count_within_its_view(monkeypatch):
+    """On two GPUs gw0, gw2, ... run their one-GPU tests on GPU 0 and gw1, gw3, ... on GPU 1; a
+    test's "0" is the first GPU it sees, and a two-GPU test's "1" the host's second."""
+    assert [gpu_helpers.worker_gpu(f"gw{i}", gpus=2) for i in range(4)] == ["0", "1", "0", "1"]
+    assert gpu_helpers.worker_gpu("gw5", gpus=1) == "0"
+    assert gpu_helpers.worker_gpu("master", gpus=2) == "0"  # not under xdist
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert gpu_helpers.host_gpus("0") == "1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert gpu_helpers.host_gpus("1") == "1" and gpu_helpers.host_gpus("0,1") == "0,1"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert gpu_helpers.host_gpus("1") == "1"
+    assert gpu_helpers.is_two_gpu_test("t.py::test_colocated_cycles_serve_trainer_weights_"
+                                       "without_memory_growth[2]")  # fmt: skip
+    assert not gpu_helpers.is_two_gpu_test("t.py::test_colocated_cycles_serve_trainer_weights_"
+                                           "without_memory_growth[1]")  # fmt: skip
+    assert gpu_helpers.is_two_gpu_test("t.py::test_sglang_serves_trainer_weights_after_push[disk]")
