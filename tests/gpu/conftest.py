@@ -1,10 +1,12 @@
 """Shared pieces of the GPU tests: a small random bf16 Qwen3, a fresh Ray per test, a random
 TrainBatch, and a real SGLang server on loopback (SGLang from ../shared/gpu-host on our hosts).
 
-The suite runs on one GPU in parallel: `pytest -m gpu tests/gpu -n 6 --dist loadgroup`
-(pytest-xdist). Each test holds a shared turn on the GPU; one marked `gpu_alone` (it reads the
-device's free memory) runs with no other test on it (gpu_helpers.gpu_turn). The longest tests go
-first (`SECONDS`), and `--gpu-budget-s S` refuses to start a run whose estimate exceeds S."""
+The suite runs in parallel: `pytest -m gpu tests/gpu -n 6 --dist loadgroup` (pytest-xdist) on
+one GPU, each worker's tests on its own GPU where there are several (`_gpu_place`). Each test
+holds a shared turn on the GPUs; one marked `gpu_alone` (it reads the device's free memory) runs
+with no other test on them (gpu_helpers.gpu_turn). The longest tests go first, in the order
+xdist's scheduler needs (`SECONDS`, `xdist_order`), and `--gpu-budget-s S` refuses to start a
+run whose estimate exceeds S."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from gpu_helpers import (
     per_process_gpu_memory_visible,
     planned_seconds,
     worker_gpu,
+    xdist_order,
 )
 
 from agentrl.learner import RayConfig
@@ -85,14 +88,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 @pytest.hookimpl(trylast=True)  # after tests/conftest.py's file order: this one decides
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest GPU tests first, so that xdist's workers, each handed the next test as it
-    finishes one, end together (longest-processing-time-first packing)."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The GPU tests in the order that makes xdist's workers end together: the longest start
+    first, each worker's queued test paired against its running one (`xdist_order`). Every
+    worker orders its collection alike (the controller checks they match)."""
     gpu = [it for it in items if "tests/gpu/" in it.path.as_posix()]
     if gpu:
         rest = [it for it in items if it not in gpu]
-        gpu.sort(key=lambda it: -planned_seconds(it.nodeid, 2))
-        items[:] = gpu + rest
+        workers = getattr(config, "workerinput", {}).get("workercount", 1)
+        times = [planned_seconds(it.nodeid, MACHINE_GPUS) for it in gpu]
+        items[:] = [gpu[i] for i in xdist_order(times, workers)] + rest
 
 
 def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:

@@ -66,11 +66,14 @@ SECONDS: dict[str, float] = {
     "test_async_training_on_sglang_keeps_versions_within_the_bound": 113,
     "test_colocated_cycles_serve_trainer_weights_without_memory_growth": 104,
     "test_sglang_started_by_agentrl_wants_the_run_token": 69,
-    "test_sglang_serves_trainer_weights_after_push": 60,
-    "test_a_colocated_server_killed_mid_rollout_comes_back_with_nothing_lost": 60,
+    # two GPUs: 2xH200 2026-11-28, the first beside the one-GPU tests all on GPU 0, the rest
+    # with them spread over both (`worker_gpu`)
+    "test_a_colocated_server_killed_mid_rollout_comes_back_with_nothing_lost": 193,
+    "test_colocated_cycles_serve_trainer_weights_without_memory_growth[2]": 144,
+    "test_sglang_serves_trainer_weights_after_push": 34,
     "test_attention_backend_auto_matches_the_math_kernel": 45,
     "test_background_save_copies_behind_the_next_step": 41,
-    "test_nccl_bf16_two_ranks_match_one": 40,
+    "test_nccl_bf16_two_ranks_match_one": 44,
     "test_offload_frees_gpu_and_onload_restores": 27,
     "test_triton_head_matches_torch_at_qwen_size": 2,
     "test_the_profiled_update_records_the_allocators_history": 1,
@@ -120,14 +123,43 @@ def planned_seconds(nodeid: str, gpus: int) -> float:
     return float(SECONDS.get(name, SECONDS.get(base, SECONDS["default"])))
 
 
+def xdist_order(times: list[float], workers: int) -> list[int]:
+    """The order (indices into `times`) to collect the tests in, so that pytest-xdist's
+    `--dist loadgroup` packs them longest first. Its scheduler starts worker k on the k-th test
+    and queues the (workers+k)-th behind it, then hands each next test to the worker that
+    finishes one: so the `workers` longest go first, shortest of them to worker 0, the next
+    `workers` queue behind them longest to worker 0 (the first to free), and the rest follow
+    longest first (`xdist_seconds` plays this out)."""
+    by = sorted(range(len(times)), key=lambda i: (-times[i], i))
+    n = max(workers, 1)
+    return by[:n][::-1] + by[n : 2 * n] + by[2 * n :]
+
+
+def xdist_seconds(times: list[float], workers: int) -> float:
+    """The wall seconds of tests of these `times`, in this order, under `--dist loadgroup`: each
+    worker runs one test with one queued behind it; a worker that finishes a test starts its
+    queued one and is handed the next in order."""
+    n = max(workers, 1)
+    queued = {k: times[n + k] for k in range(n) if n + k < len(times)}
+    ends = {k: times[k] for k in range(min(n, len(times)))}
+    upcoming = iter(times[2 * n :])
+    running = dict(ends)
+    while running:
+        k = min(running, key=running.__getitem__)
+        t = running.pop(k)
+        if k in queued:
+            running[k] = ends[k] = t + queued.pop(k)
+            nxt = next(upcoming, None)
+            if nxt is not None:
+                queued[k] = nxt
+    return max(ends.values(), default=0.0)
+
+
 def lpt_seconds(nodeids: list[str], workers: int, gpus: int) -> tuple[float, float]:
-    """(wall, work): the suite's seconds on `workers` xdist workers that each take the next
-    test, longest first, as they free up (the order conftest collects them in), and its total."""
-    times = sorted((planned_seconds(n, gpus) for n in nodeids), reverse=True)
-    ends = [0.0] * max(workers, 1)
-    for t in times:
-        ends[ends.index(min(ends))] += t
-    return max(ends), sum(times)
+    """(wall, work): the suite's seconds on `workers` xdist workers, the tests in the order
+    given (conftest's, from `xdist_order`), and its total."""
+    times = [planned_seconds(n, gpus) for n in nodeids]
+    return xdist_seconds(times, workers), sum(times)
 
 
 # -- turns on one GPU for `pytest -m gpu tests/gpu -n 6` (pytest-xdist: tests share the GPU) ---------
