@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from gpu_helpers import (
+    GPU_IDS,
     MACHINE_GPUS,
     gpu_turn,
     host_gpus,
@@ -64,7 +65,7 @@ def _gpu_place(request, monkeypatch):
     gw1 the second, ...: `worker_gpu`), so the suite's load spreads over them; a two-GPU test
     sees them all. Its "0" is then that GPU (`host_gpus`), for Ray, SGLang and agentrl alike."""
     if MACHINE_GPUS > 1:
-        every = ",".join(str(i) for i in range(MACHINE_GPUS))
+        every = ",".join(GPU_IDS)
         mine = every if is_two_gpu_test(request.node.nodeid) else worker_gpu()
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", mine)
     yield

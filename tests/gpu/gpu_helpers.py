@@ -87,6 +87,9 @@ TWO_GPUS = (  # skipped on one GPU: no time there
 # CUDA_VISIBLE_DEVICES): torch's own count follows the environment until CUDA starts in-process,
 # so a worker that ran a one-GPU test first would count one and skip the two-GPU tests
 MACHINE_GPUS = torch.cuda.device_count()
+# ... and their ids as the host names them (a suite run under CUDA_VISIBLE_DEVICES=2,3 uses those)
+_SEEN = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+GPU_IDS = [g for g in _SEEN.split(",") if g][:MACHINE_GPUS] or [str(i) for i in range(MACHINE_GPUS)]
 
 
 def is_two_gpu_test(nodeid: str) -> bool:
@@ -95,12 +98,13 @@ def is_two_gpu_test(nodeid: str) -> bool:
     return any(name == t or name.split("[")[0] == t for t in TWO_GPUS)
 
 
-def worker_gpu(worker: str | None = None, gpus: int = MACHINE_GPUS) -> str:
+def worker_gpu(worker: str | None = None, ids: list[str] | None = None) -> str:
     """The GPU (as the host names it) an xdist worker's one-GPU tests run on: gw0, gw1, ... take
-    the machine's GPUs in turn, so that a two-GPU machine shares the suite's load over both."""
+    the suite's GPUs (`GPU_IDS`) in turn, so that two GPUs share the suite's load."""
+    ids = (ids if ids is not None else GPU_IDS) or ["0"]
     worker = worker if worker is not None else os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     index = int(worker[2:]) if worker[2:].isdigit() else 0
-    return str(index % max(gpus, 1))
+    return ids[index % len(ids)]
 
 
 def host_gpus(ids: str) -> str:

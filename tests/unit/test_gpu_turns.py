@@ -76,9 +76,11 @@ def test_a_process_holds_no_turn_after_its_turns_end(tmp_path, monkeypatch):
 def test_workers_share_out_the_gpus_and_a_tests_ids_count_within_its_view(monkeypatch):
     """On two GPUs gw0, gw2, ... run their one-GPU tests on GPU 0 and gw1, gw3, ... on GPU 1; a
     test's "0" is the first GPU it sees, and a two-GPU test's "1" the host's second."""
-    assert [gpu_helpers.worker_gpu(f"gw{i}", gpus=2) for i in range(4)] == ["0", "1", "0", "1"]
-    assert gpu_helpers.worker_gpu("gw5", gpus=1) == "0"
-    assert gpu_helpers.worker_gpu("master", gpus=2) == "0"  # not under xdist
+    two = ["0", "1"]
+    assert [gpu_helpers.worker_gpu(f"gw{i}", two) for i in range(4)] == ["0", "1", "0", "1"]
+    assert gpu_helpers.worker_gpu("gw5", ["0"]) == "0" and gpu_helpers.worker_gpu("gw1", []) == "0"
+    assert gpu_helpers.worker_gpu("master", two) == "0"  # not under xdist
+    assert gpu_helpers.worker_gpu("gw1", ["2", "3"]) == "3"  # the suite run on GPUs 2 and 3
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     assert gpu_helpers.host_gpus("0") == "1"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
