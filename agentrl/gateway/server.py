@@ -178,8 +178,9 @@ class Gateway:
             ep = self._episode(request)
             try:
                 body = await request.json(loads=json.loads)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise bad(f"the request body is not JSON: {e}") from e
+            except (ValueError, RecursionError, LookupError) as e:  # bad JSON, UTF-8 or charset,
+                # nesting past Python's recursion limit, an integer of over 4300 digits
+                raise bad(f"the request body is not JSON: {type(e).__name__}: {e}") from e
             req = parse(body)
             choices, usage = await self.complete(ep, req)
         except WireError as e:

@@ -188,3 +188,38 @@ def test_an_answers_reasoning_comes_back_apart_from_its_content():
                                 reasoning_content=said.reasoning))  # fmt: skip
     assert body["content"] == "42" and body["reasoning_content"] == "add them"
     assert "reasoning_content" not in message_body(Message(role="assistant", content="42"))
+
+
+def test_bodies_json_cannot_read_are_400s_never_500s(kit):
+    """A red-team pass: JSON nested past Python's recursion limit, an integer of 5000 digits
+    and a charset Python does not know were 500s (an SDK retries those) and no bad request of
+    the episode; each is the agent's 400 that says why."""
+    import asyncio
+
+    import httpx
+
+    from agentrl.gateway import Gateway
+
+    tok, _, parser = kit
+    bodies = {
+        b"[" * 100_000: ("application/json", "RecursionError"),
+        b'{"messages": [], "n": 1' + b"0" * 5000 + b"}": ("application/json", "ValueError"),
+        b'{"messages": []}': ("application/json; charset=nope", "LookupError"),
+        b'{"messages": [{"role": "user", "content": "\xff"}]}': ("application/json", "utf-8"),
+    }
+
+    async def go():
+        gw = Gateway(None, tok, parser)  # no request gets as far as the engine
+        url = await gw.start()
+        ep = gw.open("t", 0, "s")
+        try:
+            async with httpx.AsyncClient() as http:
+                for raw, (kind, says) in bodies.items():
+                    headers = {"Authorization": f"Bearer {ep.key}", "Content-Type": kind}
+                    r = await http.post(f"{url}/chat/completions", content=raw, headers=headers)
+                    assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+        finally:
+            await gw.aclose()
+        return ep
+
+    assert asyncio.run(go()).counts["bad_requests"] == len(bodies)
