@@ -124,12 +124,21 @@ def _int(body: dict[str, Any], key: str, low: int) -> int:
     return v
 
 
+SAMPLING_RANGES = {  # OpenAI's (a top_p of 0 is no distribution at all)
+    "temperature": (lambda v: 0 <= v <= 2, "from 0 to 2"),
+    "top_p": (lambda v: 0 < v <= 1, "above 0 and at most 1"),
+}
+
+
 def number_of(body: dict[str, Any], key: str) -> float | None:
+    """`temperature` or `top_p` within OpenAI's range: under rollout.gateway.sampling=request
+    the engine samples with it, and NaN or infinity would reach it."""
     v = body.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
-        raise bad(f"`{key}` must be a number >= 0, got {json.dumps(v)}")
+    inside, says = SAMPLING_RANGES[key]
+    if isinstance(v, bool) or not isinstance(v, int | float) or not inside(v):
+        raise bad(f"`{key}` must be a number {says}, got {json.dumps(v)}")
     return float(v)
 
 

@@ -47,6 +47,11 @@ USER = {"role": "user", "content": "What is 1 + 2?"}
         ({"messages": [USER], "tools": [{"type": "function"}]}, "tools[0]"),
         ({"messages": [{"role": "tool", "content": "3"}]}, "tool_call_id"),
         ([1, 2], "JSON object"),
+        # sampling=request hands these to the engine: NaN, infinity, top_p 0 or past 1 never
+        ({"messages": [USER], "temperature": float("nan")}, "`temperature` must be a number"),
+        ({"messages": [USER], "temperature": float("inf")}, "from 0 to 2"),
+        ({"messages": [USER], "top_p": 0}, "`top_p` must be a number above 0"),
+        ({"messages": [USER], "top_p": 1.5}, "at most 1"),
     ],
 )
 def test_requests_the_gateway_cannot_serve_are_400s_that_say_why(body, says):
@@ -162,7 +167,8 @@ def test_responses_input_items_become_the_messages_a_chat_request_has():
     for body, says in (({"input": "x", "previous_response_id": "r"}, "whole history"),
                        ({"input": "x", "stream": True}, "streaming"),
                        ({"input": "x", "tools": [{"type": "web_search"}]}, "only function tools"),
-                       ({"input": [{"type": "computer_call"}]}, "not supported")):  # fmt: skip
+                       ({"input": [{"type": "computer_call"}]}, "not supported"),
+                       ({"input": "x", "temperature": float("nan")}, "temperature")):  # fmt: skip
         with pytest.raises(WireError, match=says):
             parse_responses_request(body)
 
