@@ -17,6 +17,7 @@ import uuid
 from typing import Any
 
 from agentrl.gateway.wire import (
+    NO_LOGPROBS,
     ROLES,
     ChatRequest,
     Choice,
@@ -48,6 +49,11 @@ def parse_responses_request(body: Any) -> ChatRequest:
             "completions (which stream)",
             "unsupported_parameter",
         )
+    include = body.get("include")
+    if body.get("top_logprobs") or (
+        isinstance(include, list) and "message.output_text.logprobs" in include
+    ):
+        raise bad(NO_LOGPROBS, "unsupported_parameter")
     fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
     if fmt not in (None, {"type": "text"}):
         raise bad(

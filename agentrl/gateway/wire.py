@@ -61,6 +61,8 @@ UNSUPPORTED = {
     "logit_bias": "logit_bias would sample from a distribution the learner never sees",
     "functions": "the legacy `functions` field is not supported; send `tools`",
 }
+NO_LOGPROBS = ("logprobs are not returned to agents (answering null would be a silent wrong "
+               "answer); the sampled tokens' logprobs are recorded in the trajectory")  # fmt: skip
 
 
 def parse_request(body: Any) -> ChatRequest:
@@ -72,6 +74,8 @@ def parse_request(body: Any) -> ChatRequest:
     for key, why in UNSUPPORTED.items():
         if body.get(key) not in (None, {"type": "text"}):
             raise bad(why, "unsupported_parameter")
+    if body.get("logprobs") or body.get("top_logprobs"):
+        raise bad(NO_LOGPROBS, "unsupported_parameter")
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise bad("`messages` must be a non-empty list")

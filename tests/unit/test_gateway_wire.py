@@ -52,6 +52,9 @@ USER = {"role": "user", "content": "What is 1 + 2?"}
         ({"messages": [USER], "temperature": float("inf")}, "from 0 to 2"),
         ({"messages": [USER], "top_p": 0}, "`top_p` must be a number above 0"),
         ({"messages": [USER], "top_p": 1.5}, "at most 1"),
+        # answered with `logprobs: null`, an agent that asked for them read nothing
+        ({"messages": [USER], "logprobs": True}, "logprobs are not returned"),
+        ({"messages": [USER], "logprobs": True, "top_logprobs": 3}, "logprobs are not returned"),
     ],
 )
 def test_requests_the_gateway_cannot_serve_are_400s_that_say_why(body, says):
@@ -70,7 +73,7 @@ def test_a_request_is_read_as_frameworks_send_it():
             {"role": "tool", "tool_call_id": "c1", "content": "3"}],
         "tools": TOOLS, "max_completion_tokens": 9, "stop": "\n\n", "stream": True,
         "stream_options": {"include_usage": True}, "temperature": 0.2, "parallel_tool_calls": True,
-        "user": "u", "metadata": {"k": "v"},
+        "user": "u", "metadata": {"k": "v"}, "logprobs": False, "top_logprobs": 0,
     })  # fmt: skip
     assert [m.role for m in req.messages] == ["system", "user", "assistant", "tool"]
     assert req.messages[0].content == "Be brief." and req.messages[2].content == ""
@@ -168,7 +171,10 @@ def test_responses_input_items_become_the_messages_a_chat_request_has():
                        ({"input": "x", "stream": True}, "streaming"),
                        ({"input": "x", "tools": [{"type": "web_search"}]}, "only function tools"),
                        ({"input": [{"type": "computer_call"}]}, "not supported"),
-                       ({"input": "x", "temperature": float("nan")}, "temperature")):  # fmt: skip
+                       ({"input": "x", "temperature": float("nan")}, "temperature"),
+                       ({"input": "x", "top_logprobs": 2}, "logprobs are not returned"),
+                       ({"input": "x", "include": ["message.output_text.logprobs"]},
+                        "logprobs are not returned")):  # fmt: skip
         with pytest.raises(WireError, match=says):
             parse_responses_request(body)
 
