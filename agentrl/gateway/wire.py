@@ -106,6 +106,9 @@ def parse_request(body: Any) -> ChatRequest:
     if not (isinstance(stop, list) and len(stop) <= 4
             and all(isinstance(s, str) and 0 < len(s) <= 256 for s in stop)):  # fmt: skip
         raise bad("`stop` must be a string or a list of at most 4 non-empty strings (256 chars)")
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):  # "false" would stream
+        raise bad(f"`stream` must be true or false, got {json.dumps(stream)}")
     options = body.get("stream_options") or {}
     return ChatRequest(
         messages=messages,
@@ -114,7 +117,7 @@ def parse_request(body: Any) -> ChatRequest:
         n=n,
         max_tokens=max_tokens,
         stop=stop,
-        stream=bool(body.get("stream")),
+        stream=stream,
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
         temperature=number_of(body, "temperature"),
         top_p=number_of(body, "top_p"),

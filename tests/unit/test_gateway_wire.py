@@ -52,6 +52,7 @@ USER = {"role": "user", "content": "What is 1 + 2?"}
         ({"messages": [USER], "temperature": float("inf")}, "from 0 to 2"),
         ({"messages": [USER], "top_p": 0}, "`top_p` must be a number above 0"),
         ({"messages": [USER], "top_p": 1.5}, "at most 1"),
+        ({"messages": [USER], "stream": "false"}, "`stream` must be true or false"),
         # answered with `logprobs: null`, an agent that asked for them read nothing
         ({"messages": [USER], "logprobs": True}, "logprobs are not returned"),
         ({"messages": [USER], "logprobs": True, "top_logprobs": 3}, "logprobs are not returned"),
