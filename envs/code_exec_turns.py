@@ -1,11 +1,13 @@
 """code_exec with per-turn rewards: the env scores each tool call as it happens.
 
-The first turn whose `python` call prints exactly the expected answer (its whole output, trimmed:
-nothing else on stdout, no stderr, no error) earns `tool_reward` (default 0.3) on that turn, once
-per episode; the outcome (1.0 for the exact `<answer>`) lands on the last turn. A call that prints
-many candidates (`print(*range(10**4))`) earns nothing, and neither does printing a hit again: a
-red-team pass found that the old rule (the answer anywhere among the printed words, on every
-turn) paid 1.2 an episode for printing a range of numbers, more than the right answer. Train it
+The first turn whose last `python` call prints exactly the expected answer (its whole output,
+trimmed: nothing else on stdout, no stderr, no error) earns `tool_reward` (default 0.3) on that
+turn, once per episode; the outcome (1.0 for the exact `<answer>`) lands on the last turn. A call
+that prints many candidates (`print(*range(10**4))`) earns nothing, and neither does printing a
+hit again: a red-team pass found that the old rule (the answer anywhere among the printed words,
+on every turn) paid 1.2 an episode for printing a range of numbers, more than the right answer.
+Only the turn's last call counts, as one guess: a later pass found that a turn of 30 calls,
+each printing one candidate, was paid whenever any of them was right. Train it
 with turn-level credit, where turn k's tokens get the return-to-go from turn k, compared with the
 same turn of the other samples of the task (agentrl/advantage.py):
 
@@ -19,16 +21,15 @@ from agentrl.envs.code_exec import CodeExecEnv
 
 
 class CodeExecTurnsEnv(CodeExecEnv):
-    tool_reward = 0.3  # the first turn whose tool output is exactly the expected answer
+    tool_reward = 0.3  # the first turn whose last tool output is exactly the expected answer
     _paid = False
 
     async def step(self, turn: AssistantTurn) -> StepResult:
         result = await super().step(turn)
         if result.tool_calls:
             answer = str(self.task.data["answer"]).strip()
-            hit = not self._paid and any(
-                m.role == "tool" and m.content.strip() == answer for m in result.messages
-            )
+            last = next((m for m in reversed(result.messages) if m.role == "tool"), None)
+            hit = not self._paid and last is not None and last.content.strip() == answer
             self._paid = self._paid or hit
             result.reward = self.tool_reward if hit else 0.0
         return result

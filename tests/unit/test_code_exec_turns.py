@@ -1,7 +1,8 @@
 """code_exec_turns' per-turn reward, through the env's real step and python tool (on the
 subprocess sandbox): only a call whose whole output is the answer earns it, once an episode.
 A red-team pass found the old rule (the answer among the printed words, every turn) paid
-`print(*range(-1000, 11000))` 0.3 a turn, 1.2 an episode: more than answering right."""
+`print(*range(-1000, 11000))` 0.3 a turn, 1.2 an episode: more than answering right; a later
+one that a turn of many calls, one candidate each, was paid when any was right."""
 
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ def call(code: str) -> AssistantTurn:
     return AssistantTurn(msg, "")
 
 
+def calls(codes: list[str]) -> AssistantTurn:
+    msg = Message(role="assistant", content="", tool_calls=[
+        ToolCall(id=str(i), name="python", arguments={"code": c}) for i, c in enumerate(codes)])  # fmt: skip
+    return AssistantTurn(msg, "")
+
+
 async def rewards(codes: list[str]) -> list[float]:
     env = CodeExecTurnsEnv(TASK, ToolContext(session="t", sandbox=SubprocessSandbox()))
     return [(await env.step(call(code))).reward for code in codes]
@@ -39,6 +46,19 @@ async def rewards(codes: list[str]) -> list[float]:
 )
 async def test_only_the_first_exact_answer_earns_the_turn_reward(codes, expected):
     assert await rewards(codes) == expected
+
+
+@pytest.mark.parametrize(
+    ("codes", "expected"),
+    [
+        ([f"print({k})" for k in range(30, 60)], 0.0),  # one candidate a call: nothing
+        (["print(42)", "print(41)"], 0.0),  # the turn's last call is its one guess
+        (["import math", "print(6 * 7)"], 0.3),  # a call that prints nothing, then the answer
+    ],
+)
+async def test_a_turn_of_many_calls_is_one_guess(codes, expected):
+    env = CodeExecTurnsEnv(TASK, ToolContext(session="t", sandbox=SubprocessSandbox()))
+    assert (await env.step(calls(codes))).reward == expected
 
 
 @pytest.mark.parametrize(
