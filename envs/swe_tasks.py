@@ -140,13 +140,20 @@ def graded_tree(
     snapshot: dict[str, str], agent: dict[str, str] | None, test_patch: str
 ) -> dict[str, str]:
     """The snapshot with the agent's gradable changes (`agent`: its whole tree of .py files,
-    None when it could not be read: no changes), then the test patch."""
+    None when it could not be read: no changes), then the test patch. A file the test patch
+    touches is the instance's, never the agent's, whatever its name: a red-team agent appended
+    its own `def test_x(): assert f(2) == 2` to `pkg/tests.py` (not a test by name), the patch
+    applied above it, and the later def replaced the hidden check with the agent's."""
     tree = dict(snapshot)
     if agent is not None:
-        packages = source_dirs(snapshot)
-        for path in [p for p in tree if gradable(p, packages) and p not in agent]:
+        packages, patched = source_dirs(snapshot), set(_patched_paths(test_patch))
+
+        def mine(p: str) -> bool:
+            return gradable(p, packages) and p not in patched
+
+        for path in [p for p in tree if mine(p) and p not in agent]:
             del tree[path]  # deleted by the agent
-        tree.update({p: text for p, text in agent.items() if gradable(p, packages)})
+        tree.update({p: text for p, text in agent.items() if mine(p)})
     if test_patch.strip():
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)

@@ -2,13 +2,14 @@
 sources, never a test file, since code the agent wrote runs there and could read the expected
 values (a red-team pass did: tests/e2e/test_swe_env.py keeps that attack). A hidden test whose
 imports need a test module cannot be graded without one, so it is refused by name instead of
-failing every episode quietly."""
+failing every episode quietly. A file the test patch touches is graded as the instance has it,
+whatever the agent left there."""
 
 from __future__ import annotations
 
 import pytest
 
-from agentrl.envs.swe_tasks import grading_files, hidden_tests
+from agentrl.envs.swe_tasks import graded_tree, grading_files, hidden_tests
 
 TREE = {
     "pkg/__init__.py": "",
@@ -38,3 +39,37 @@ def test_a_test_that_imports_from_the_tests_is_refused_by_name(line):
         hidden_tests(tree, ["tests/test_mod.py::test_f"])
     ((imports, tests),) = hidden_tests(TREE, ["tests/test_mod.py::test_f"]).values()
     assert imports == "from pkg.mod import f" and tests[0].call == "f(3)"
+
+
+# a test file whose name is no test's (Django's app/tests.py), and a test patch that adds a
+# hidden check in the middle of it (trailing context: it applies above what follows)
+SNAP = {
+    "pkg/__init__.py": "",
+    "pkg/mod.py": "def double(x):\n    return x\n",
+    "pkg/tests.py": "from pkg.mod import double\n\n\ndef test_zero():\n    assert double(0) == 0"
+    "\n\n\ndef test_last():\n    assert double(0) == 0\n",
+}
+MID_PATCH = """--- a/pkg/tests.py
++++ b/pkg/tests.py
+@@ -5,5 +5,9 @@ def test_zero():
+     assert double(0) == 0
+ 
+ 
++def test_two():
++    assert double(2) == 4
++
++
+ def test_last():
+     assert double(0) == 0
+"""
+
+
+def test_the_agent_cannot_redefine_a_hidden_check_in_a_patched_file():
+    override = "\n\ndef test_two():\n    assert double(2) == 2\n"  # what the bug returns
+    agent = {**SNAP, "pkg/tests.py": SNAP["pkg/tests.py"] + override,
+             "pkg/mod.py": "def double(x):\n    return 2 * x\n"}  # fmt: skip
+    tree = graded_tree(SNAP, agent, MID_PATCH)
+    ((_, (check,)),) = hidden_tests(tree, ["pkg/tests.py::test_two"]).values()
+    assert (check.call, check.expected) == ("double(2)", 4)
+    assert tree["pkg/mod.py"] == agent["pkg/mod.py"]  # the agent's source change is graded
+    assert "pkg/mod.py" not in graded_tree(SNAP, {"pkg/__init__.py": ""}, MID_PATCH)  # deleted
