@@ -75,6 +75,19 @@ class GenerationDefaults:
     end_of_turn: str | None = None
 
 
+# A request's body, in bytes per token of rollout.max_context_tokens, past which it cannot be a
+# history that fits: a token is 3-5 bytes of JSON-escaped text, 12 of escaped CJK or emoji.
+# Larger bodies are refused before they are read, let alone tokenized: a red-team agent's 7.5 MB
+# message was refused only after 33 s of tokenizing, in the event loop every episode shares.
+BODY_BYTES_PER_TOKEN = 64
+BODY_MIN_BYTES = 1 << 20
+
+
+def body_limit(max_context_tokens: int) -> int:
+    """The largest request body the gateway reads (aiohttp's client_max_size)."""
+    return max(BODY_MIN_BYTES, BODY_BYTES_PER_TOKEN * max_context_tokens)
+
+
 class Gateway:
     def __init__(
         self,
@@ -99,7 +112,7 @@ class Gateway:
         `routes` adds more to the app (the standalone command's admin routes)."""
         if self._runner is not None:
             return self.url
-        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app = web.Application(client_max_size=body_limit(self.defaults.max_context_tokens))
         if routes is not None:
             routes(app)
         for prefix in ("/v1", "/episodes/{key}/v1"):
@@ -181,6 +194,8 @@ class Gateway:
             except (ValueError, RecursionError, LookupError) as e:  # bad JSON, UTF-8 or charset,
                 # nesting past Python's recursion limit, an integer of over 4300 digits
                 raise bad(f"the request body is not JSON: {type(e).__name__}: {e}") from e
+            except web.HTTPRequestEntityTooLarge as e:  # past body_limit: no history that fits
+                raise self._too_large(ep, request.content_length or e.max_size) from None
             req = parse(body)
             choices, usage = await self.complete(ep, req)
         except WireError as e:
@@ -188,6 +203,18 @@ class Gateway:
                 ep.counts["bad_requests"] += 1
             return web.json_response(e.body(), status=e.status)
         return req, choices, usage
+
+    def _too_large(self, ep: EpisodeCapture, size: int) -> WireError:
+        """A body past `body_limit`: the episode overflows its context, as a prompt past
+        rollout.max_context_tokens does, and the agent reads why (OpenAI's error body)."""
+        limit, tokens = (
+            body_limit(self.defaults.max_context_tokens),
+            self.defaults.max_context_tokens,
+        )
+        why = (f"the request body is over {limit} bytes ({size} sent), more than any history "
+               f"of rollout.max_context_tokens={tokens} tokens can take; it was not read")  # fmt: skip
+        ep.flag(StopReason.CONTEXT_OVERFLOW, why)
+        return bad(why, "context_length_exceeded")
 
     async def _responses(self, request: web.Request) -> web.Response:
         served = await self._serve(request, parse_responses_request)

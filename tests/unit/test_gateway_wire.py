@@ -236,3 +236,40 @@ def test_bodies_json_cannot_read_are_400s_never_500s(kit):
         return ep
 
     assert asyncio.run(go()).counts["bad_requests"] == len(bodies)
+
+
+def test_a_body_no_history_that_fits_could_make_is_refused_unread(kit):
+    """A red-team pass: a 7.5 MB message (under the old fixed 8 MB limit) was tokenized for
+    33 s in the event loop every episode shares before its context_length_exceeded. The body
+    limit now follows rollout.max_context_tokens (64 bytes a token, 1 MiB at least): past it the
+    request is refused unread, and the episode ends as context_overflow, as for a long prompt."""
+    import asyncio
+
+    import httpx
+
+    from agentrl.gateway import Gateway
+    from agentrl.gateway.server import GenerationDefaults, body_limit
+    from agentrl.types import StopReason
+
+    assert body_limit(2048) == 1 << 20 and body_limit(131072) == 64 * 131072
+    tok, _, parser = kit
+    content = "x" * (3 << 19)  # 1.5 MiB
+
+    async def go():
+        gw = Gateway(None, tok, parser, defaults=GenerationDefaults(max_context_tokens=2048))
+        url = await gw.start()
+        ep = gw.open("t", 0, "s")
+        try:
+            async with httpx.AsyncClient() as http:
+                r = await http.post(f"{url}/chat/completions",
+                                    json={"messages": [{"role": "user", "content": content}]},
+                                    headers={"Authorization": f"Bearer {ep.key}"})  # fmt: skip
+        finally:
+            await gw.aclose()
+        return ep, r
+
+    ep, r = asyncio.run(go())
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "context_length_exceeded" and "1048576 bytes" in error["message"]
+    assert ep.stop is StopReason.CONTEXT_OVERFLOW and ep.counts["bad_requests"] == 1
