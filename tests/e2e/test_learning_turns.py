@@ -5,7 +5,8 @@ of the same task; the advantages stay bounded (the old episode-baseline bug gave
 
 It learned here by the evaluation rule (+0.53, +0.63, +0.63 over seeds 0-2 in 12 steps, 35 s,
 under the old per-turn rule: the answer among the printed words, every turn; under today's rule
-seed 0 gave +0.67, 0.125 -> 0.797, 2026-11-28, `AGENTRL_LEARN_ALL=1`); CI
+seed 0 gave +0.67, 0.125 -> 0.797, 2026-11-28, `AGENTRL_LEARN_ALL=1`; with only a turn's
+last call paid, one guess a turn: +0.58, 0.156 -> 0.734, the same day); CI
 keeps one learning run per algorithm family (per-turn credit is GRPO's), so this runs 3 steps of
 4 groups of 4 and checks the mechanics; tests/unit/test_advantage.py checks the per-turn baselines
 by hand.
