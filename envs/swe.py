@@ -214,10 +214,10 @@ class SweEnv(ToolEnv):
         assert self.ctx.sandbox is not None
         data = self.task.data
         agent = await self._agent_tree()
-        tree = graded_tree(self._snapshot(), agent, data["test_patch"])
         f2p, p2p = list(data["FAIL_TO_PASS"]), list(data["PASS_TO_PASS"])
+        tree = graded_tree(self._snapshot(), agent, data["test_patch"], f2p + p2p)
         passed: dict[str, bool] = {}
-        files = grading_files(tree, data["test_patch"])  # no test file: no expected value
+        files = grading_files(tree, data["test_patch"], f2p + p2p)  # no expected value
         for path, (imports, tests) in hidden_tests(tree, f2p + p2p).items():
             ids = [t for t in f2p + p2p if t.partition("::")[0] == path]
             image = self._image()

@@ -136,17 +136,26 @@ def gradable(path: str, packages: set[str]) -> bool:
     return str(p.parent) in packages
 
 
+def instance_files(test_patch: str, test_ids: list[str] | tuple[str, ...] = ()) -> set[str]:
+    """The files that hold the hidden checks, whatever their names: those the test patch
+    touches and those the FAIL_TO_PASS / PASS_TO_PASS ids name (`path::test`)."""
+    return set(_patched_paths(test_patch)) | {t.partition("::")[0] for t in test_ids}
+
+
 def graded_tree(
-    snapshot: dict[str, str], agent: dict[str, str] | None, test_patch: str
+    snapshot: dict[str, str],
+    agent: dict[str, str] | None,
+    test_patch: str,
+    test_ids: list[str] | tuple[str, ...] = (),
 ) -> dict[str, str]:
     """The snapshot with the agent's gradable changes (`agent`: its whole tree of .py files,
-    None when it could not be read: no changes), then the test patch. A file the test patch
-    touches is the instance's, never the agent's, whatever its name: a red-team agent appended
-    its own `def test_x(): assert f(2) == 2` to `pkg/tests.py` (not a test by name), the patch
-    applied above it, and the later def replaced the hidden check with the agent's."""
+    None when it could not be read: no changes), then the test patch. A file of the hidden
+    checks (`instance_files`) is the instance's, never the agent's, whatever its name: a
+    red-team agent appended its own `def test_x(): assert f(2) == 2` to `pkg/tests.py` (not a
+    test by name), the patch applied above it, and the later def replaced the hidden check."""
     tree = dict(snapshot)
     if agent is not None:
-        packages, patched = source_dirs(snapshot), set(_patched_paths(test_patch))
+        packages, patched = source_dirs(snapshot), instance_files(test_patch, test_ids)
 
         def mine(p: str) -> bool:
             return gradable(p, packages) and p not in patched
@@ -170,12 +179,14 @@ def graded_tree(
     return tree
 
 
-def grading_files(tree: dict[str, str], test_patch: str) -> dict[str, str]:
+def grading_files(
+    tree: dict[str, str], test_patch: str, test_ids: list[str] | tuple[str, ...] = ()
+) -> dict[str, str]:
     """What of the graded tree enters the grading sandbox: the sources the checks import, and no
-    test file (the test patch's, or any by its name or folder). The hidden tests' expected
-    values must stay with the trainer (`grade` compares there): code the agent wrote runs in that
-    sandbox, and could read them from a test file and answer each check with its expectation."""
-    patched = set(_patched_paths(test_patch))
+    test file (the hidden checks' `instance_files`, or any by its name or folder). The hidden
+    tests' expected values must stay with the trainer (`grade` compares there): code the agent
+    wrote runs in that sandbox, and could read them from a test file and answer each check."""
+    patched = instance_files(test_patch, test_ids)
     return {path: text for path, text in tree.items()
             if not _is_test(path) and path not in patched
             and PurePosixPath(path).name not in _NEVER}  # fmt: skip

@@ -73,3 +73,20 @@ def test_the_agent_cannot_redefine_a_hidden_check_in_a_patched_file():
     assert (check.call, check.expected) == ("double(2)", 4)
     assert tree["pkg/mod.py"] == agent["pkg/mod.py"]  # the agent's source change is graded
     assert "pkg/mod.py" not in graded_tree(SNAP, {"pkg/__init__.py": ""}, MID_PATCH)  # deleted
+
+
+def test_a_file_the_hidden_ids_name_is_the_instances_and_never_enters_the_sandbox():
+    """The same attack on a check the test patch does not touch: `pkg/tests.py::test_two` is in
+    the snapshot already (a FAIL_TO_PASS id of an instance whose patch adds nothing there). The
+    agent's appended def is not graded, and the file, holding the expected values, stays out
+    of the grading sandbox where the agent's code runs."""
+    snap = {**SNAP, "pkg/tests.py": SNAP["pkg/tests.py"]
+            + "\n\ndef test_two():\n    assert double(2) == 4\n"}  # fmt: skip
+    override = "\n\ndef test_two():\n    assert double(2) == 2\n"
+    agent = {**snap, "pkg/tests.py": snap["pkg/tests.py"] + override}
+    ids = ["pkg/tests.py::test_two", "pkg/tests.py::test_zero"]
+    tree = graded_tree(snap, agent, "", ids)
+    ((_, checks),) = hidden_tests(tree, ids).values()
+    assert [(c.call, c.expected) for c in checks] == [("double(2)", 4), ("double(0)", 0)]
+    assert "pkg/tests.py" not in grading_files(tree, "", ids)
+    assert "pkg/tests.py" in grading_files(tree, "")  # without the ids it would have gone in
