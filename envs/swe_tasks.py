@@ -10,8 +10,9 @@ The shipped set (agentrl/assets/swe: 64 bugs injected into five small packages b
 `python -m agentrl.assets.swe.generate`) is the default.
 
 What is graded (`graded_tree`): the snapshot at base_commit, with the agent's changes to source
-files only (`.py` files inside the snapshot's packages, not tests, not conftest.py, not
-site/user customize hooks: whatever else it wrote is ignored), then the test_patch applied with
+files only (`.py` files inside the snapshot's packages, not tests, not the files of the hidden
+checks whatever their names, not conftest.py, not site/user customize hooks: whatever else it
+wrote is ignored), then the test_patch applied with
 `git apply`. The hidden tests (FAIL_TO_PASS + PASS_TO_PASS) must each be one
 `assert CALL == VALUE`-style check (`sandbox.grader.asserts_to_tests`): the value never enters
 the sandbox, so printing "passed", exiting 0 or patching pytest earns nothing.
