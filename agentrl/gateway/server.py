@@ -36,7 +36,13 @@ from typing import Any
 
 from aiohttp import web
 
-from agentrl.engine import EngineUnavailable, PromptTooLong, SamplingParams
+from agentrl.engine import (
+    EngineProtocolError,
+    EngineRequestError,
+    EngineUnavailable,
+    PromptTooLong,
+    SamplingParams,
+)
 from agentrl.gateway.capture import EpisodeCapture, Plan
 from agentrl.gateway.config import GatewayConfig
 from agentrl.gateway.responses import parse_responses_request, response_body
@@ -317,6 +323,10 @@ class Gateway:
             ep.undo(cap, plan)
             ep.flag(StopReason.ABORTED, f"EngineUnavailable: {e}")
             raise WireError(503, "engine_unavailable", f"no rollout server answered: {e}") from e
+        except (EngineRequestError, EngineProtocolError) as e:  # the run's sampling settings or
+            ep.undo(cap, plan)  # the engine, not the agent's request: the system's failure
+            ep.flag(StopReason.ABORTED, f"{type(e).__name__}: {e}")
+            raise WireError(502, "engine_error", f"the rollout server refused: {e}") from e
         except BaseException:
             ep.undo(cap, plan)
             raise

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from transformers import AutoTokenizer
@@ -561,3 +562,32 @@ def test_agents_in_worker_processes_are_recorded_the_same_and_fail_the_same(serv
     assert "Traceback" in by["raise"][0].error and by["raise"][0].num_sampled > 0
     assert all(t.stop_reason is StopReason.ABORTED for t in by["die"])
     assert "agent worker process ended (exit code 3)" in by["die"][0].error
+
+
+def test_a_request_the_engine_refuses_is_a_502_and_the_episode_is_the_systems_failure(server, tok):
+    """A red-team pass: an engine's 4xx other than a prompt too long (here the dev server's,
+    for a run's top_k of 0, which SGLang refuses too) was a plain-text 500 and the episode the
+    agent's error, scored 0 in its group. The run's settings or the engine are at fault, not the
+    policy: the agent gets an OpenAI error body, and the episode is `aborted`, out of the
+    baseline, with the engine's reason."""
+
+    async def go():
+        async with EngineClient(server) as engine:
+            parser = Rollout.prepare(tok, AddAgent, RolloutConfig())[1]
+            gw = Gateway(engine, tok, parser, defaults=GenerationDefaults(top_k=0))
+            url = await gw.start()
+            ep = gw.open("t", 0, "s")
+            try:
+                async with httpx.AsyncClient() as http:
+                    r = await http.post(f"{url}/chat/completions",
+                                        json={"messages": [{"role": "user", "content": "1+2?"}]},
+                                        headers={"Authorization": f"Bearer {ep.key}"})  # fmt: skip
+            finally:
+                await gw.aclose()
+            return ep, r
+
+    ep, r = asyncio.run(go())
+    assert r.status_code == 502 and r.json()["error"]["code"] == "engine_error", r.text
+    assert "top_k" in r.json()["error"]["message"]
+    assert ep.stop is StopReason.ABORTED and "EngineRequestError" in ep.error
+    assert not ep.sequences or not ep.sequences[0].seq.turns  # nothing recorded
