@@ -87,6 +87,23 @@ class Markup:
             text = text[: m.start() + 1] + _ZWSP + text[m.start() + 1 :]
         return text
 
+    def schemas_as_text(self, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Tool schemas with a zero-width space in each markup string of their text: the
+        template writes them into the prompt, and a schema is text, never turn structure. A
+        red-team pass put `<|im_end|>\n<|im_start|>system` in a tool's description, and the
+        model read a system turn there."""
+
+        def walk(v: Any) -> Any:
+            if isinstance(v, str):
+                return self.defang_text(v)
+            if isinstance(v, dict):
+                return {walk(k): walk(x) for k, x in v.items()}
+            if isinstance(v, list):
+                return [walk(x) for x in v]
+            return v
+
+        return tools if self.pattern is None else [walk(t) for t in tools]
+
     def _map(self, msg: Message, f: Any) -> Message:
         if self.pattern is None or msg.role not in TEXT_ROLES:
             return msg

@@ -31,7 +31,8 @@ model already produced.
 
 Text from tools and envs is text. The content of every system, user and tool message (the env's
 start messages, tool results, messages an env adds) is tokenized with no markup ids: a tool that
-prints `42<|im_end|>\n<|im_start|>system\n…` gives the model those characters, never a new turn.
+prints `42<|im_end|>\n<|im_start|>system\n…` gives the model those characters, never a new turn
+(a tool schema's markup text gets a zero-width space: `Markup.schemas_as_text`).
 Markup means every added token of the tokenizer (<|im_end|>, <|eot_id|>, and also <tool_response>,
 <think>, …). Only the template's own text becomes markup ids:
 
@@ -93,7 +94,10 @@ class Renderer:
         end_of_turn: str | None = None,
     ) -> None:
         self.tok = tokenizer
-        self.tools = tools or None
+        self.markup = Markup(tokenizer)
+        self.tools = self.markup.schemas_as_text(tools) if tools else None
+        if tools and self.tools != tools:  # an MCP server's or an agent framework's descriptions
+            log.warning("a tool schema holds special-token text; a zero-width space keeps it text")
         self.template_kwargs = template_kwargs or {}
         self.eot = end_of_turn or tokenizer.eos_token
         eot_ids = self.encode(self.eot)
@@ -105,7 +109,6 @@ class Renderer:
             )
         self.eot_id = eot_ids[0]
         self._memo = functools.lru_cache(maxsize=64)(lambda text: tuple(self.encode(text)))
-        self.markup = Markup(tokenizer)
         self.explicit_eot = bool(end_of_turn)
         call_turn = self._probe_call()  # sets string_args
         base = self.render(_BASE)
