@@ -94,6 +94,22 @@ def body_limit(max_context_tokens: int) -> int:
     return max(BODY_MIN_BYTES, BODY_BYTES_PER_TOKEN * max_context_tokens)
 
 
+def _engine_failed(ep: EpisodeCapture, e: Exception) -> WireError:
+    """What the agent reads, and how its episode ends, when the engine did not sample: a prompt
+    past the model's context is the episode's context_overflow (a 400, as OpenAI's); no server
+    answering (503), or one refusing for another reason (502: the run's sampling settings or
+    the engine, not the agent's request), is the system's failure, `aborted`."""
+    if isinstance(e, PromptTooLong):
+        ep.flag(StopReason.CONTEXT_OVERFLOW, str(e))
+        return bad(
+            f"the prompt is longer than the engine's context: {e}", "context_length_exceeded"
+        )
+    ep.flag(StopReason.ABORTED, f"{type(e).__name__}: {e}")
+    if isinstance(e, EngineUnavailable):
+        return WireError(503, "engine_unavailable", f"no rollout server answered: {e}")
+    return WireError(502, "engine_error", f"the rollout server refused: {e}")
+
+
 class Gateway:
     def __init__(
         self,
@@ -313,20 +329,9 @@ class Gateway:
             comp, cut = _cut_at_stop(comp, req.stop, renderer)
             turn, said = record_turn(cap.seq, comp, renderer, self.parser, None,
                                      len(cap.seq.turns))  # fmt: skip
-        except PromptTooLong as e:
+        except (EngineRequestError, EngineProtocolError, EngineUnavailable) as e:
             ep.undo(cap, plan)
-            ep.flag(StopReason.CONTEXT_OVERFLOW, str(e))
-            raise bad(
-                f"the prompt is longer than the engine's context: {e}", "context_length_exceeded"
-            ) from e
-        except EngineUnavailable as e:
-            ep.undo(cap, plan)
-            ep.flag(StopReason.ABORTED, f"EngineUnavailable: {e}")
-            raise WireError(503, "engine_unavailable", f"no rollout server answered: {e}") from e
-        except (EngineRequestError, EngineProtocolError) as e:  # the run's sampling settings or
-            ep.undo(cap, plan)  # the engine, not the agent's request: the system's failure
-            ep.flag(StopReason.ABORTED, f"{type(e).__name__}: {e}")
-            raise WireError(502, "engine_error", f"the rollout server refused: {e}") from e
+            raise _engine_failed(ep, e) from e
         except BaseException:
             ep.undo(cap, plan)
             raise
