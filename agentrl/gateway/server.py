@@ -61,7 +61,7 @@ from agentrl.parsers import Parser
 from agentrl.render import Renderer, RenderError
 from agentrl.seeding import turn_seed
 from agentrl.sequence import record_turn
-from agentrl.types import Completion, FinishReason, StopReason
+from agentrl.types import Completion, FinishReason, Message, StopReason
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,15 @@ def _engine_failed(ep: EpisodeCapture, e: Exception) -> WireError:
     if isinstance(e, EngineUnavailable):
         return WireError(503, "engine_unavailable", f"no rollout server answered: {e}")
     return WireError(502, "engine_error", f"the rollout server refused: {e}")
+
+
+def _as_text(msg: Message, text: str) -> None:
+    """A request that offered no tool (or said tool_choice none) is answered text, as OpenAI
+    answers it: a tool call the model wrote anyway stays in the content, never a `tool_calls`
+    entry an agent without tools cannot run. The sampled ids are recorded as they were."""
+    if msg.reasoning_content and "</think>" in text:
+        text = text.rsplit("</think>", 1)[1].lstrip()
+    msg.content, msg.tool_calls = text, []
 
 
 class Gateway:
@@ -337,6 +346,8 @@ class Gateway:
             raise
         finally:
             ep.reserved -= params.max_new_tokens
+        if said.message.tool_calls and not req.tools:  # none offered (tool_choice none)
+            _as_text(said.message, turn.text)
         if cut is not None:  # OpenAI leaves the stop text out of the content
             said.message.content = said.message.content.split(cut, 1)[0]
         turn.num_tool_calls = len(said.message.tool_calls)  # well-formed: the agent runs them

@@ -273,3 +273,44 @@ def test_a_body_no_history_that_fits_could_make_is_refused_unread(kit):
     error = r.json()["error"]
     assert error["code"] == "context_length_exceeded" and "1048576 bytes" in error["message"]
     assert ep.stop is StopReason.CONTEXT_OVERFLOW and ep.counts["bad_requests"] == 1
+
+
+def test_an_answer_to_a_request_without_tools_is_text(kit):
+    """A red-team pass: under tool_choice none (the tools left out of the prompt) the model may
+    still write a call; it was answered as `tool_calls`, finish `tool_calls`, to an agent that
+    offered no tool. OpenAI answers text: the call stays in the content, the ids as sampled."""
+    import asyncio
+
+    import httpx
+
+    from agentrl.gateway import Gateway
+
+    tok, _, parser = kit
+    text = '<tool_call>\n{"name": "python", "arguments": {"code": "1"}}\n</tool_call>'
+    ids = tok.encode(text + "<|im_end|>", add_special_tokens=False)
+
+    class Canned:  # the engine's answer fixed: the model's choice is what is under test
+        async def generate(self, input_ids, params, key=None):
+            return Completion(list(ids), [-0.5] * len(ids), FinishReason.STOP)
+
+    async def go(choice):
+        gw = Gateway(Canned(), tok, parser)
+        url = await gw.start()
+        ep = gw.open("t", 0, "s")
+        body = {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
+                "tool_choice": choice}  # fmt: skip
+        try:
+            async with httpx.AsyncClient() as http:
+                r = await http.post(f"{url}/chat/completions", json=body,
+                                    headers={"Authorization": f"Bearer {ep.key}"})  # fmt: skip
+        finally:
+            await gw.aclose()
+        return ep, r.json()["choices"][0]
+
+    ep, none = asyncio.run(go("none"))
+    assert none["finish_reason"] == "stop" and not none["message"].get("tool_calls")
+    assert none["message"]["content"] == text
+    (cap,) = ep.trained()
+    assert cap.seq.ids[cap.seq.turns[0].start :] == ids  # recorded as sampled
+    _, auto = asyncio.run(go("auto"))
+    assert auto["finish_reason"] == "tool_calls" and auto["message"]["tool_calls"]
