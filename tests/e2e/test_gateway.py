@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
+from gateway_post import post_once
 from transformers import AutoTokenizer
 
 from agentrl.advantage import AdvantageConfig, compute_advantages
@@ -575,16 +575,7 @@ def test_a_request_the_engine_refuses_is_a_502_and_the_episode_is_the_systems_fa
         async with EngineClient(server) as engine:
             parser = Rollout.prepare(tok, AddAgent, RolloutConfig())[1]
             gw = Gateway(engine, tok, parser, defaults=GenerationDefaults(top_k=0))
-            url = await gw.start()
-            ep = gw.open("t", 0, "s")
-            try:
-                async with httpx.AsyncClient() as http:
-                    r = await http.post(f"{url}/chat/completions",
-                                        json={"messages": [{"role": "user", "content": "1+2?"}]},
-                                        headers={"Authorization": f"Bearer {ep.key}"})  # fmt: skip
-            finally:
-                await gw.aclose()
-            return ep, r
+            return await post_once(gw, {"messages": [{"role": "user", "content": "1+2?"}]})
 
     ep, r = asyncio.run(go())
     assert r.status_code == 502 and r.json()["error"]["code"] == "engine_error", r.text

@@ -5,6 +5,7 @@ tiny model's tokenizer and chat template with completions written as ids."""
 from __future__ import annotations
 
 import pytest
+from gateway_post import post_once
 from transformers import AutoTokenizer
 
 from agentrl.assets.build import resolve_builtin
@@ -245,8 +246,6 @@ def test_a_body_no_history_that_fits_could_make_is_refused_unread(kit):
     request is refused unread, and the episode ends as context_overflow, as for a long prompt."""
     import asyncio
 
-    import httpx
-
     from agentrl.gateway import Gateway
     from agentrl.gateway.server import GenerationDefaults, body_limit
     from agentrl.types import StopReason
@@ -255,20 +254,9 @@ def test_a_body_no_history_that_fits_could_make_is_refused_unread(kit):
     tok, _, parser = kit
     content = "x" * (3 << 19)  # 1.5 MiB
 
-    async def go():
-        gw = Gateway(None, tok, parser, defaults=GenerationDefaults(max_context_tokens=2048))
-        url = await gw.start()
-        ep = gw.open("t", 0, "s")
-        try:
-            async with httpx.AsyncClient() as http:
-                r = await http.post(f"{url}/chat/completions",
-                                    json={"messages": [{"role": "user", "content": content}]},
-                                    headers={"Authorization": f"Bearer {ep.key}"})  # fmt: skip
-        finally:
-            await gw.aclose()
-        return ep, r
-
-    ep, r = asyncio.run(go())
+    gw = Gateway(None, tok, parser, defaults=GenerationDefaults(max_context_tokens=2048))
+    body = {"messages": [{"role": "user", "content": content}]}
+    ep, r = asyncio.run(post_once(gw, body))
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["code"] == "context_length_exceeded" and "1048576 bytes" in error["message"]
@@ -281,8 +269,6 @@ def test_an_answer_to_a_request_without_tools_is_text(kit):
     offered no tool. OpenAI answers text: the call stays in the content, the ids as sampled."""
     import asyncio
 
-    import httpx
-
     from agentrl.gateway import Gateway
 
     tok, _, parser = kit
@@ -293,24 +279,16 @@ def test_an_answer_to_a_request_without_tools_is_text(kit):
         async def generate(self, input_ids, params, key=None):
             return Completion(list(ids), [-0.5] * len(ids), FinishReason.STOP)
 
-    async def go(choice):
-        gw = Gateway(Canned(), tok, parser)
-        url = await gw.start()
-        ep = gw.open("t", 0, "s")
+    def go(choice):
         body = {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
                 "tool_choice": choice}  # fmt: skip
-        try:
-            async with httpx.AsyncClient() as http:
-                r = await http.post(f"{url}/chat/completions", json=body,
-                                    headers={"Authorization": f"Bearer {ep.key}"})  # fmt: skip
-        finally:
-            await gw.aclose()
+        ep, r = asyncio.run(post_once(Gateway(Canned(), tok, parser), body))
         return ep, r.json()["choices"][0]
 
-    ep, none = asyncio.run(go("none"))
+    ep, none = go("none")
     assert none["finish_reason"] == "stop" and not none["message"].get("tool_calls")
     assert none["message"]["content"] == text
     (cap,) = ep.trained()
     assert cap.seq.ids[cap.seq.turns[0].start :] == ids  # recorded as sampled
-    _, auto = asyncio.run(go("auto"))
+    _, auto = go("auto")
     assert auto["finish_reason"] == "tool_calls" and auto["message"]["tool_calls"]
