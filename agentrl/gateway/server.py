@@ -58,6 +58,7 @@ from agentrl.gateway.wire import (
     stream_chunks,
 )
 from agentrl.parsers import Parser
+from agentrl.parsers.base import split_reasoning
 from agentrl.render import Renderer, RenderError
 from agentrl.seeding import turn_seed
 from agentrl.sequence import record_turn
@@ -114,9 +115,8 @@ def _as_text(msg: Message, text: str) -> None:
     """A request that offered no tool (or said tool_choice none) is answered text, as OpenAI
     answers it: a tool call the model wrote anyway stays in the content, never a `tool_calls`
     entry an agent without tools cannot run. The sampled ids are recorded as they were."""
-    if msg.reasoning_content and "</think>" in text:
-        text = text.rsplit("</think>", 1)[1].lstrip()
-    msg.content, msg.tool_calls = text, []
+    thought, rest = split_reasoning(text)  # the reasoning stays apart, as the parser set it
+    msg.content, msg.tool_calls = (rest.strip() if thought is not None else text), []
 
 
 class Gateway:
@@ -238,10 +238,8 @@ class Gateway:
     def _too_large(self, ep: EpisodeCapture, size: int) -> WireError:
         """A body past `body_limit`: the episode overflows its context, as a prompt past
         rollout.max_context_tokens does, and the agent reads why (OpenAI's error body)."""
-        limit, tokens = (
-            body_limit(self.defaults.max_context_tokens),
-            self.defaults.max_context_tokens,
-        )
+        tokens = self.defaults.max_context_tokens
+        limit = body_limit(tokens)
         why = (f"the request body is over {limit} bytes ({size} sent), more than any history "
                f"of rollout.max_context_tokens={tokens} tokens can take; it was not read")  # fmt: skip
         ep.flag(StopReason.CONTEXT_OVERFLOW, why)
