@@ -95,6 +95,33 @@ def body_limit(max_context_tokens: int) -> int:
     return max(BODY_MIN_BYTES, BODY_BYTES_PER_TOKEN * max_context_tokens)
 
 
+# Text past this many characters a token of rollout.max_context_tokens is counted, a chunk at a
+# time, before the request is rendered: ordinary text is 3-5 characters a token and is never
+# counted twice; a body under `body_limit` that still holds far more tokens than the context
+# (2 MB of short tokens, 1.7M of them at 32k: 1.8 s of tokenizing in the event loop every episode
+# shares) is refused once the count passes the context, after about one context's tokenizing.
+COUNT_PAST_CHARS_PER_TOKEN = 8
+COUNT_CHUNK_CHARS = 1 << 15
+
+
+def tokens_past(renderer: Renderer, messages: list[Message], limit: int) -> int | None:
+    """The tokens counted in the messages' text once past `limit` (chunk by chunk, stopping
+    there), or None: within the limit, or too short to need counting. Tokenizing pieces never
+    gives fewer tokens than the whole by more than one a cut, and the cuts are allowed for."""
+    texts = [t for m in messages for t in (m.content, m.reasoning_content or "") if t]
+    texts += [json.dumps(c.arguments, ensure_ascii=False) for m in messages for c in m.tool_calls]
+    if sum(map(len, texts)) <= COUNT_PAST_CHARS_PER_TOKEN * limit:
+        return None
+    count = cuts = 0
+    for text in texts:
+        for at in range(0, len(text), COUNT_CHUNK_CHARS):
+            count += len(renderer.encode_text(text[at : at + COUNT_CHUNK_CHARS]))
+            cuts += 1
+            if count - cuts > limit:
+                return count
+    return None
+
+
 def _engine_failed(ep: EpisodeCapture, e: Exception) -> WireError:
     """What the agent reads, and how its episode ends, when the engine did not sample: a prompt
     past the model's context is the episode's context_overflow (a 400, as OpenAI's); no server
@@ -291,6 +318,13 @@ class Gateway:
         if self.cfg.sampling == "run" and (req.temperature is not None or req.top_p is not None):
             ep.counts["sampling_overridden"] += 1
         renderer, key = self._renderer(req.tools)
+        limit = self.defaults.max_context_tokens
+        if (past := tokens_past(renderer, req.messages, limit)) is not None:
+            why = (
+                f"the messages hold {past}+ tokens of text, past rollout.max_context_tokens={limit}"
+            )
+            ep.flag(StopReason.CONTEXT_OVERFLOW, why)
+            raise bad(why, "context_length_exceeded")
         index = ep.requests - req.n
         task = asyncio.current_task()
         assert task is not None

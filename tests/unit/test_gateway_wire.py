@@ -263,6 +263,41 @@ def test_a_body_no_history_that_fits_could_make_is_refused_unread(kit):
     assert ep.stop is StopReason.CONTEXT_OVERFLOW and ep.counts["bad_requests"] == 1
 
 
+def test_text_far_past_the_context_is_refused_after_one_contexts_tokenizing(kit, monkeypatch):
+    """A body under `body_limit` can still hold far more tokens than the context: 900 KB of
+    one-character tokens at 2,048 tokens was tokenized whole (1.8 s at 2 MB, in the event loop
+    every episode shares) before its refusal. The text is now counted a chunk at a time and
+    refused once past the context; ordinary text is never counted."""
+    import asyncio
+
+    from agentrl.gateway import Gateway
+    from agentrl.gateway.server import COUNT_CHUNK_CHARS, GenerationDefaults
+    from agentrl.types import StopReason
+
+    tok, _, parser = kit
+    counted: list[int] = []
+    real = Renderer.encode_text
+    monkeypatch.setattr(Renderer, "encode_text", lambda r, t: counted.append(len(t)) or real(r, t))
+
+    gw = Gateway(None, tok, parser, defaults=GenerationDefaults(max_context_tokens=2048))
+    body = {"messages": [USER, {"role": "user", "content": "a b " * 225_000}]}  # 900 KB
+    ep, r = asyncio.run(post_once(gw, body))
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "context_length_exceeded" and "tokens of text" in error["message"]
+    assert ep.stop is StopReason.CONTEXT_OVERFLOW
+    assert sum(counted) <= 2 * COUNT_CHUNK_CHARS  # the first chunk passed 2,048 tokens
+
+    counted.clear()  # ordinary text: not counted (the renderer tokenizes it once, as before)
+    gw = Gateway(None, tok, parser, defaults=GenerationDefaults(max_context_tokens=2048))
+    tokens_past = __import__("agentrl.gateway.server", fromlist=["x"]).tokens_past
+    assert tokens_past(gw._renderer([])[0], [Message(role="user", content="a b " * 5000)], 2048)
+    assert (
+        tokens_past(gw._renderer([])[0], [Message(role="user", content="hello " * 10)], 2048)
+        is None
+    )
+
+
 def test_an_answer_to_a_request_without_tools_is_text(kit):
     """A red-team pass: under tool_choice none (the tools left out of the prompt) the model may
     still write a call; it was answered as `tool_calls`, finish `tool_calls`, to an agent that
