@@ -11,6 +11,30 @@ from agentrl.types import Message
 
 TEXT_ROLES = frozenset({"system", "user", "tool"})  # their content is text, never markup
 _ZWSP = "\u200b"
+# A content past this many characters a token of its cut (and past HEAD_MIN_CHARS) is tokenized
+# by that head alone (`cut_to_tokens`); text runs 3-5 characters a token: the head holds the cut
+HEAD_CHARS_PER_TOKEN = 16
+HEAD_MIN_CHARS = 1 << 16  # below this a content is cut exactly, its count exact
+
+
+def cut_to_tokens(content: str, max_tokens: int, encode: Any, decode: Any) -> tuple[str, int]:
+    """`content` cut to at most `max_tokens` tokens of `encode` (a marker says how many were cut)
+    and that count. A content longer than `HEAD_CHARS_PER_TOKEN` characters a token (64 KB at
+    least) is tokenized by its head only: a tool's 10 MB answer was tokenized whole, 10 s in the event loop every
+    episode shares, to keep its first 256 tokens. The tokens past the head are then counted at
+    the head's characters a token, and the marker says "about"."""
+    head_chars = max(HEAD_CHARS_PER_TOKEN * max_tokens, HEAD_MIN_CHARS)
+    if len(content) > head_chars:
+        head = encode(content[:head_chars])
+        if len(head) > max_tokens:
+            past = round((len(content) - head_chars) * len(head) / head_chars)
+            cut = len(head) - max_tokens + past
+            return decode(head[:max_tokens]) + f"\n…[about {cut} tokens truncated]", cut
+    ids = encode(content)
+    if len(ids) <= max_tokens:
+        return content, 0
+    cut = len(ids) - max_tokens
+    return decode(ids[:max_tokens]) + f"\n…[{cut} tokens truncated]", cut
 
 
 class Markup:

@@ -58,7 +58,7 @@ import functools
 import logging
 from typing import Any
 
-from agentrl.markup import Markup
+from agentrl.markup import Markup, cut_to_tokens
 from agentrl.parsers import Parser
 from agentrl.types import ConfigError, Message, ToolCall
 
@@ -401,12 +401,9 @@ class Renderer:
         return text
 
     def truncate(self, content: str, max_tokens: int) -> tuple[str, int]:
-        """Cut `content` to at most `max_tokens` tokens (plus a marker); returns (text, tokens cut)."""
-        ids = self.encode_text(content)
-        if len(ids) <= max_tokens:
-            return content, 0
-        cut = len(ids) - max_tokens
-        return self.decode(ids[:max_tokens]) + f"\n…[{cut} tokens truncated]", cut
+        """Cut `content` to at most `max_tokens` tokens (plus a marker); returns (text, tokens cut).
+        A huge content is tokenized by its head alone (`markup.cut_to_tokens`)."""
+        return cut_to_tokens(content, max_tokens, self.encode_text, self.decode)
 
 
 def check_round_trip(renderer: Renderer, parser: Parser) -> None:

@@ -242,6 +242,32 @@ async def test_tool_output_is_truncated_in_tokens(qwen_tokenizer):
     assert "tokens truncated]" in t.observations[0].content
 
 
+def test_a_huge_tool_output_is_cut_from_its_head_alone(qwen_tokenizer):
+    """A tool's 10 MB answer was tokenized whole (10 s in the event loop every episode shares) to
+    keep its first max_obs_tokens; a content past 16 characters a token of the cut (64 KB at
+    least) is now tokenized by that head, and the tokens past it are estimated ("about"). Short contents are
+    cut exactly, as before."""
+    from agentrl.markup import HEAD_CHARS_PER_TOKEN, HEAD_MIN_CHARS
+    from agentrl.render import Renderer
+
+    r = Renderer(qwen_tokenizer)
+    seen: list[int] = []
+    encode = r.encode_text
+    r.encode_text = lambda text: seen.append(len(text)) or encode(text)  # type: ignore[method-assign]
+    content = "".join(f"line {i % 997:03d}: value={i * 7 % 10007:05d}\n" for i in range(20_000))
+    text, cut = r.truncate(content, 256)
+    assert seen == [max(HEAD_CHARS_PER_TOKEN * 256, HEAD_MIN_CHARS)]  # the head only, once
+    exact = len(encode(content)) - 256
+    assert abs(cut - exact) < 0.05 * exact and f"…[about {cut} tokens truncated]" in text
+    assert text.startswith(content[:200]) and len(encode(text.split("\n…[")[0])) <= 257
+
+    seen.clear()
+    short = content[:30_000]
+    text, cut = r.truncate(short, 256)
+    assert cut == len(encode(short)) - 256 and f"…[{cut} tokens truncated]" in text
+    assert r.truncate("ok", 256) == ("ok", 0)
+
+
 async def test_infra_failures_end_one_episode_and_spare_the_group(qwen_tokenizer):
     class Broken(FlakyEnv):
         async def start(self):
