@@ -20,6 +20,7 @@ tools/_bash_session.py, sent to the session and run there.
 from __future__ import annotations
 
 import ast
+import secrets
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -31,10 +32,27 @@ _SOURCE = (Path(__file__).parent / "_bash_session.py").read_text()
 KILL_MARGIN_S = 5.0  # the sandbox call outlives the command by this much: the kill, the answer
 
 
-def session_code(name: str, setup: str, call: str) -> str:
+def session_code(name: str, setup: str, call: str, tag: str) -> str:
     """Code for a sandbox session that defines `name` from `setup` once (again after the
-    session restarted) and evaluates `call` as the cell's trailing expression."""
-    return f"if {name!r} not in globals():\n    exec({setup!r}, globals())\n{call}"
+    session restarted), evaluates `call` and prints its repr on one stdout line after `tag`.
+    Not the cell's trailing value: a session's result is cut at 8 KB (sandbox/_agent.py), and
+    an answer of the default 8,000 characters repr'd past it (newlines, tabs, escapes)."""
+    return (
+        f"if {name!r} not in globals():\n    exec({setup!r}, globals())\n"
+        f"print({tag!r} + repr({call}), flush=True)"
+    )
+
+
+def _answer(stdout: str, tag: str) -> tuple | None:
+    """The tuple on the last line of `stdout` that starts with `tag`, or None."""
+    line = next((x for x in reversed(stdout.splitlines()) if x.startswith(tag)), None)
+    if line is None:
+        return None
+    try:
+        out = ast.literal_eval(line[len(tag) :])
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+    return out if isinstance(out, tuple) else None
 
 
 async def in_session(
@@ -49,16 +67,16 @@ async def in_session(
             is_error=True,
             metadata={"error": "exception"},
         )
+    tag = f"AGENTRL-ANSWER-{secrets.token_hex(8)} "
     res = await ctx.sandbox.run(
-        session_code(name, setup, call), "python", timeout=timeout, session=ctx.session
+        session_code(name, setup, call, tag), "python", timeout=timeout, session=ctx.session
     )
-    try:
-        out = ast.literal_eval(res.result or "")
-        if isinstance(out, tuple):
-            return out
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        pass
+    out = _answer(res.stdout, tag)
+    if out is not None:
+        return out
     detail = (res.stderr or res.stdout or "no answer").strip()[-2000:]
+    if res.truncated and not res.stderr.strip():
+        detail = "the answer was cut by the sandbox's output limit (limits.output_bytes)"
     return ToolResult(
         content=f"Error: {what} did not answer: {detail}",
         is_error=True,

@@ -109,6 +109,22 @@ async def test_the_editor_edits_refuses_and_undoes(client: ServiceSandbox) -> No
     assert (await edit(command="view", path="/tmp/pkg")).content.endswith("/tmp/pkg/m.py")
 
 
+async def test_long_answers_at_the_default_caps_reach_the_model(client: ServiceSandbox) -> None:
+    """Found by a red-team pass: an answer travelled as the session's trailing value, which the
+    sandbox cuts at 8 KB; at the default 8,000 characters a long test log, `cat` of a 7 KB file
+    or the editor's view of one repr'd past it ('\\n' and '\\t' are two characters there) and the
+    model read 'Error: the shell did not answer: no answer'."""
+    c = ctx(client, "long")
+    r = await BashTool().invoke({"command": "seq 1 100000"}, c)
+    assert not r.is_error and r.content.startswith("1\n2\n3\n") and r.content.endswith("100000")
+    r = await BashTool().invoke({"command": "printf '\\001%.0s' $(seq 3000); echo; echo end"}, c)
+    assert not r.is_error and r.content.endswith("end") and r.content.count("\x01") == 3000
+    text = "".join(f"    x{i} = {i}\t# tab\n" for i in range(500))
+    await EditorTool().invoke({"command": "create", "path": "/tmp/long.py", "file_text": text}, c)
+    r = await EditorTool().invoke({"command": "view", "path": "/tmp/long.py"}, c)
+    assert not r.is_error and "     1\t    x0 = 0" in r.content and "x499 = 499" in r.content
+
+
 async def test_two_episodes_have_their_own_shell_and_files(client: ServiceSandbox) -> None:
     a, b = ctx(client, "episode-a"), ctx(client, "episode-b")
     await BashTool().invoke({"command": "cd /tmp && echo secret-a > mine.txt && export W=a"}, a)
