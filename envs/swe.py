@@ -33,11 +33,13 @@ from typing import Any, ClassVar
 
 from agentrl.env import AssistantTurn, StepResult, ToolEnv
 from agentrl.envs.swe_tasks import (
+    NEVER,
     Snapshots,
     graded_tree,
     grading_files,
     hidden_tests,
     load_instances,
+    source_dirs,
 )
 from agentrl.sandbox.grader import grade
 from agentrl.tool import Tool
@@ -72,20 +74,28 @@ try:
 except OSError:
     pass
 """
-# the .py files under the work tree (not .git), as a base64 tar.gz on stdout
+# the .py files directly in the snapshot's package directories that may be graded (not test
+# files or hooks by name, not links), as a base64 tar.gz on stdout; nothing else of the tree
+# is read: a scratch script, a virtualenv or a data file elsewhere is never graded
 _READ_BACK = """
 import base64, io, os, tarfile
 buf = io.BytesIO()
 with tarfile.open(fileobj=buf, mode="w:gz") as t:
-    for root, dirs, files in os.walk({workdir!r}):
-        dirs[:] = [d for d in dirs if d != ".git"]
-        for name in files:
-            path = os.path.join(root, name)
-            if name.endswith(".py") and os.path.isfile(path) and not os.path.islink(path):
-                t.add(path, arcname=os.path.relpath(path, {workdir!r}))
+    for rel in {dirs!r}:
+        base = os.path.join({workdir!r}, rel)
+        try:
+            names = sorted(os.listdir(base))
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(base, name)
+            if (name.endswith(".py") and not name.startswith("test_") and not
+                    name.endswith("_test.py") and name not in {never!r}
+                    and os.path.isfile(path) and not os.path.islink(path)):
+                t.add(path, arcname=os.path.normpath(os.path.join(rel, name)))
 print("AGENTRL-TREE " + base64.b64encode(buf.getvalue()).decode())
 """
-_MAX_TREE_BYTES = 4 << 20  # uncompressed .py files read back; past it: unreadable
+_MAX_TREE_BYTES = 4 << 20  # uncompressed source files read back; past it: unreadable
 
 
 def _tar(files: dict[str, str]) -> str:
@@ -192,9 +202,10 @@ class SweEnv(ToolEnv):
 
     async def _agent_tree(self) -> dict[str, str] | None:
         assert self.ctx.sandbox is not None
-        res = await self.ctx.sandbox.run(
-            _READ_BACK.format(workdir=self.workdir), "python", timeout=60, session=self.ctx.session
+        code = _READ_BACK.format(
+            workdir=self.workdir, dirs=sorted(source_dirs(self._snapshot())), never=sorted(NEVER)
         )
+        res = await self.ctx.sandbox.run(code, "python", timeout=60, session=self.ctx.session)
         if res.session_reset or res.truncated:
             return None
         line = next((x for x in res.stdout.splitlines() if x.startswith("AGENTRL-TREE ")), None)

@@ -37,7 +37,7 @@ from agentrl.sandbox.grader import CallTest, asserts_to_tests
 SHIPPED = Path(__file__).resolve().parent.parent / "agentrl" / "assets" / "swe"
 # files an agent's change may never reach the graded tree through: test code and what loads
 # before or around it (pytest and interpreter hooks, packaging and test configuration)
-_NEVER = {"conftest.py", "sitecustomize.py", "usercustomize.py", "__main__.py"}
+NEVER = {"conftest.py", "sitecustomize.py", "usercustomize.py", "__main__.py"}
 
 
 def load_instances(path: str | Path | None = None) -> list[dict[str, Any]]:
@@ -132,7 +132,7 @@ def gradable(path: str, packages: set[str]) -> bool:
     p = PurePosixPath(path)
     if p.is_absolute() or ".." in p.parts or not path.endswith(".py"):
         return False
-    if p.name in _NEVER or _is_test(path) or p.name.endswith(".pth"):
+    if p.name in NEVER or _is_test(path) or p.name.endswith(".pth"):
         return False
     return str(p.parent) in packages
 
@@ -190,7 +190,7 @@ def grading_files(
     patched = instance_files(test_patch, test_ids)
     return {path: text for path, text in tree.items()
             if not _is_test(path) and path not in patched
-            and PurePosixPath(path).name not in _NEVER}  # fmt: skip
+            and PurePosixPath(path).name not in NEVER}  # fmt: skip
 
 
 def _patched_paths(patch: str) -> list[str]:

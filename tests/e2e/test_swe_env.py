@@ -140,6 +140,22 @@ async def test_gaming_the_grader_scores_zero_and_does_not_spoil_a_real_fix(sandb
     assert table["total"] == 0.0 and table["fail_to_pass"] == 0.0, table
 
 
+async def test_files_outside_what_is_graded_never_cost_a_fix(sandbox):
+    """Found by a red-team pass: every .py file of the work tree was read back, so a correct fix
+    beside a latin-1 note in tests/ or a 5 MB generated module at the top scored 0 ('unreadable':
+    graded as no change). Only the files that may be graded are read back now."""
+    task = TASKS[0]
+    extra = [
+        "cd /tmp/repo && printf '# caf\\xe9\\n' > tests/notes.py && printf '\\xff' > scratch.py",
+        "cd /tmp/repo && python3 -c \"open('data.py', 'w').write('x = 1\\n' * 800000)\"",
+    ]
+    fixed = await episode(sandbox, task, [apply_patch(task), *extra], "extra")
+    assert fixed["total"] == 1.0 and fixed["unreadable"] == 0.0, fixed
+    # a source file the agent broke that way is still its own: graded, as unreadable
+    broken = [apply_patch(task), "cd /tmp/repo && printf '\\xff' >> */convert.py"]
+    assert (await episode(sandbox, task, broken, "broken"))["unreadable"] == 1.0
+
+
 async def test_turns_without_a_call_get_reminders_then_end_the_episode(sandbox):
     """env.args.reminders=2: two turns with no tool call are answered with the reminder and the
     episode goes on; the third ends it (the default, 0, ends it at the first)."""
