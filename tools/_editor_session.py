@@ -14,6 +14,7 @@ class AgentrlEditor:
     def __init__(self, cap):
         self.cap = cap
         self.history = {}
+        self.crlf = {}  # path -> its lines end in \r\n (as last read)
 
     def call(self, a):
         """(answer, is_error) for one call; `a` holds the tool's arguments."""
@@ -46,11 +47,17 @@ class AgentrlEditor:
         return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut; view a range ...]\n{text[-half:]}"
 
     def _read(self, path):
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        """The file's text, its line ends as they are; a file whose every line ends in \\r\\n
+        is read (and written back by `_write`) with \\n ends, as the model writes old_str."""
+        with open(path, encoding="utf-8", newline="") as f:
+            text = f.read()
+        self.crlf[path] = "\r\n" in text and text.count("\r\n") == text.count("\n")
+        return text.replace("\r\n", "\n") if self.crlf[path] else text
 
     def _write(self, path, text):
-        with open(path, "w", encoding="utf-8") as f:
+        if self.crlf.get(path):
+            text = text.replace("\r\n", "\n").replace("\n", "\r\n")
+        with open(path, "w", encoding="utf-8", newline="") as f:
             f.write(text)
 
     def view(self, path, rng):
@@ -89,6 +96,7 @@ class AgentrlEditor:
         parent = os.path.dirname(path)
         if parent:
             os.makedirs(parent, exist_ok=True)
+        self.crlf.pop(path, None)  # written as given
         self._write(path, text)
         self.history.setdefault(path, []).append(None)
         return f"Created {path} ({len(text.splitlines())} lines)", False

@@ -125,6 +125,35 @@ async def test_long_answers_at_the_default_caps_reach_the_model(client: ServiceS
     assert not r.is_error and "     1\t    x0 = 0" in r.content and "x499 = 499" in r.content
 
 
+async def test_an_edit_keeps_the_files_line_ends(client: ServiceSandbox) -> None:
+    """Found by a red-team pass: the editor read and wrote in text mode, so one str_replace in a
+    CRLF file rewrote every line end to LF (the whole file in `git diff`) and a lone CR became a
+    line break."""
+    c, ed = ctx(client, "crlf"), EditorTool()
+    show = "python3 -c \"import sys; print(open(sys.argv[1], 'rb').read())\" "
+    await BashTool().invoke(
+        {"command": "printf 'a = 1\\r\\nb = 2\\r\\nc = 3\\r\\n' > /tmp/w.py"}, c
+    )
+    await BashTool().invoke({"command": "printf 'x = 1\\ny = \"\\r\"\\n' > /tmp/cr.py"}, c)
+    old, new = "a = 1\nb = 2", "a = 1\nb = 20\nb2 = 0"
+    r = await ed.invoke(
+        {"command": "str_replace", "path": "/tmp/w.py", "old_str": old, "new_str": new}, c
+    )
+    assert not r.is_error and "     3\tb2 = 0" in r.content
+    await ed.invoke({"command": "insert", "path": "/tmp/w.py", "insert_line": 4, "new_str": "d"}, c)
+    r = await BashTool().invoke({"command": show + "/tmp/w.py"}, c)
+    assert r.content == "b'a = 1\\r\\nb = 20\\r\\nb2 = 0\\r\\nc = 3\\r\\nd\\r\\n'"
+    await ed.invoke({"command": "undo_edit", "path": "/tmp/w.py"}, c)
+    await ed.invoke({"command": "undo_edit", "path": "/tmp/w.py"}, c)
+    r = await BashTool().invoke({"command": show + "/tmp/w.py"}, c)
+    assert r.content == "b'a = 1\\r\\nb = 2\\r\\nc = 3\\r\\n'"
+    await ed.invoke(
+        {"command": "str_replace", "path": "/tmp/cr.py", "old_str": "x = 1", "new_str": "x = 2"}, c
+    )
+    r = await BashTool().invoke({"command": show + "/tmp/cr.py"}, c)
+    assert r.content == "b'x = 2\\ny = \"\\r\"\\n'"
+
+
 async def test_two_episodes_have_their_own_shell_and_files(client: ServiceSandbox) -> None:
     a, b = ctx(client, "episode-a"), ctx(client, "episode-b")
     await BashTool().invoke({"command": "cd /tmp && echo secret-a > mine.txt && export W=a"}, a)
