@@ -8,6 +8,7 @@ history lives in the session (one list of earlier contents per file).
 import os
 
 SNIPPET = 4  # lines shown around an edit
+SHOWN = 20  # lines listed for an old_str that occurs more than once
 
 
 class AgentrlEditor:
@@ -112,13 +113,9 @@ class AgentrlEditor:
                 True,
             )
         if count > 1:
-            at, lines = 0, []
-            for _ in range(count):
-                at = text.index(old, at)
-                lines.append(text.count("\n", 0, at) + 1)
-                at += 1
             return (
-                f"Error: old_str occurs {count} times in {path} (lines {lines}); nothing was replaced: include more context so it is unique",
+                f"Error: old_str occurs {count} times in {path} (lines {_lines_of(text, old)}); "
+                "nothing was replaced: include more context so it is unique",
                 True,
             )
         first = text.count("\n", 0, text.index(old)) + 1
@@ -155,3 +152,15 @@ class AgentrlEditor:
             return f"Undid the creation of {path} (removed)", False
         self._write(path, before)
         return f"Undid the last edit of {path}", False
+
+
+def _lines_of(text, old, most=SHOWN):
+    """The lines where the first `most` matches of `old` start, read in one pass (a count per
+    match from the top took minutes for a one-character old_str in a large file)."""
+    lines, at, line, counted = [], text.find(old), 1, 0
+    while at >= 0 and len(lines) < most:
+        line += text.count("\n", counted, at)
+        counted = at
+        lines.append(line)
+        at = text.find(old, at + 1)
+    return "[" + ", ".join(map(str, lines)) + (", ...]" if at >= 0 else "]")

@@ -154,6 +154,18 @@ async def test_an_edit_keeps_the_files_line_ends(client: ServiceSandbox) -> None
     assert r.content == "b'x = 2\\ny = \"\\r\"\\n'"
 
 
+async def test_an_old_str_found_many_times_is_answered_briefly(client: ServiceSandbox) -> None:
+    """Found by a red-team pass: every match's line was listed, each counted from the top: a
+    one-character old_str in a 200,000-line file ran past the call's time, and in a 30,000-line
+    one the answer outgrew the sandbox's output; the model read 'did not answer' either way."""
+    c, ed = ctx(client, "many"), EditorTool()
+    make = "python3 -c \"open('/tmp/many.py', 'w').write('a = 1\\n' * 200000)\""
+    await BashTool().invoke({"command": make}, c)
+    r = await ed.invoke({"command": "str_replace", "path": "/tmp/many.py", "old_str": "a"}, c)
+    assert r.is_error and "occurs 200000 times" in r.content, r.content
+    assert "(lines [1, 2, 3," in r.content and "20, ...]); nothing was replaced" in r.content
+
+
 async def test_two_episodes_have_their_own_shell_and_files(client: ServiceSandbox) -> None:
     a, b = ctx(client, "episode-a"), ctx(client, "episode-b")
     await BashTool().invoke({"command": "cd /tmp && echo secret-a > mine.txt && export W=a"}, a)
