@@ -6,8 +6,10 @@ history lives in the session (one list of earlier contents per file).
 """
 
 import os
+import stat
 
 SNIPPET = 4  # lines shown around an edit
+MAX_BYTES = 10 << 20  # a file the editor reads whole, at most
 SHOWN = 20  # lines listed for an old_str that occurs more than once
 
 
@@ -50,6 +52,14 @@ class AgentrlEditor:
     def _read(self, path):
         """The file's text, its line ends as they are; a file whose every line ends in \\r\\n
         is read (and written back by `_write`) with \\n ends, as the model writes old_str."""
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):  # /dev/zero, a FIFO: no end, or no writer
+            raise OSError(f"{path} is not a regular file; look at it with bash")
+        if st.st_size > MAX_BYTES:
+            raise OSError(
+                f"{path} is {st.st_size} bytes, past the editor's {MAX_BYTES}: view a part "
+                "with bash (head, sed -n '100,200p'), edit it with a script"
+            )
         with open(path, encoding="utf-8", newline="") as f:
             text = f.read()
         self.crlf[path] = "\r\n" in text and text.count("\r\n") == text.count("\n")

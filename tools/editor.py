@@ -11,9 +11,10 @@ string is an error naming the lines, and nothing changes; `new_str` defaults to 
 `insert` (`new_str` after line `insert_line`, 0 for the top) or `undo_edit` (the file's last
 edit, also a creation). Paths are absolute. A file whose lines all end in CRLF keeps them
 (the model's `\n` are written as `\r\n`); any other file is written as edited, byte for
-byte. An edit answers with the edited lines and a few around them. Every file operation runs
-inside the sandbox session (tools/_editor_session.py), never on the host; a refused call is an
-error the model reads.
+byte. A file is read whole: one that is not a regular file (a device, a FIFO) or past 10 MB
+is refused (the shell shows parts of it). An edit answers with the edited lines and a few
+around them. Every file operation runs inside the sandbox session (tools/_editor_session.py),
+never on the host; a refused call is an error the model reads.
 """
 
 from __future__ import annotations

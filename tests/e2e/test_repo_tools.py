@@ -166,6 +166,25 @@ async def test_an_old_str_found_many_times_is_answered_briefly(client: ServiceSa
     assert "(lines [1, 2, 3," in r.content and "20, ...]); nothing was replaced" in r.content
 
 
+async def test_the_editor_refuses_what_it_cannot_read_whole(client: ServiceSandbox) -> None:
+    """Found by a red-team pass: view read any path whole: /dev/zero filled the session's
+    memory, whose interpreter was killed and with it the episode's files (the repository the
+    agent had edited), and a FIFO held the call to its timeout."""
+    c, ed = ctx(client, "special"), EditorTool()
+    setup = "echo kept > /tmp/kept && mkfifo /tmp/fifo && head -c 12000000 /dev/zero > /tmp/big"
+    await BashTool().invoke({"command": setup}, c)
+    for path, why in [
+        ("/dev/zero", "not a regular file"),
+        ("/tmp/fifo", "not a regular file"),
+        ("/tmp/big", "is 12000000 bytes, past the editor's"),
+    ]:
+        r = await ed.invoke({"command": "view", "path": path}, c)
+        assert r.is_error and why in r.content, (path, r.content)
+    r = await ed.invoke({"command": "str_replace", "path": "/tmp/big", "old_str": "x"}, c)
+    assert r.is_error and "past the editor's" in r.content
+    assert (await BashTool().invoke({"command": "cat /tmp/kept"}, c)).content == "kept"
+
+
 async def test_two_episodes_have_their_own_shell_and_files(client: ServiceSandbox) -> None:
     a, b = ctx(client, "episode-a"), ctx(client, "episode-b")
     await BashTool().invoke({"command": "cd /tmp && echo secret-a > mine.txt && export W=a"}, a)
