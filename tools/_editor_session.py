@@ -39,7 +39,7 @@ class AgentrlEditor:
                 return self.insert(path, a.get("insert_line"), a.get("new_str"))
             if command == "undo_edit":
                 return self.undo(path)
-        except (OSError, UnicodeDecodeError) as e:
+        except (OSError, UnicodeError) as e:  # UnicodeEncodeError: a lone surrogate
             return f"Error: {type(e).__name__}: {e}", True
         return f"Error: unknown command {command!r}", True
 
@@ -68,8 +68,9 @@ class AgentrlEditor:
     def _write(self, path, text):
         if self.crlf.get(path):
             text = text.replace("\r\n", "\n").replace("\n", "\r\n")
-        with open(path, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+        data = text.encode("utf-8")  # a lone surrogate raises here, before the file is emptied
+        with open(path, "wb") as f:
+            f.write(data)
 
     def view(self, path, rng):
         if os.path.isdir(path):
@@ -130,8 +131,8 @@ class AgentrlEditor:
             )
         first = text.count("\n", 0, text.index(old)) + 1
         updated = text.replace(old, new, 1)
-        self.history.setdefault(path, []).append(text)
         self._write(path, updated)
+        self.history.setdefault(path, []).append(text)
         return self._snippet(path, updated, first, first + new.count("\n")), False
 
     def insert(self, path, line, new):
@@ -148,8 +149,8 @@ class AgentrlEditor:
             lines[-1] += "\n"
         block = new if new.endswith("\n") else new + "\n"
         updated = "".join(lines[:line]) + block + "".join(lines[line:])
-        self.history.setdefault(path, []).append(text)
         self._write(path, updated)
+        self.history.setdefault(path, []).append(text)
         return self._snippet(path, updated, line + 1, line + block.count("\n")), False
 
     def undo(self, path):

@@ -185,6 +185,22 @@ async def test_the_editor_refuses_what_it_cannot_read_whole(client: ServiceSandb
     assert (await BashTool().invoke({"command": "cat /tmp/kept"}, c)).content == "kept"
 
 
+async def test_an_edit_the_file_cannot_hold_leaves_it_as_it_was(client: ServiceSandbox) -> None:
+    """Found by a red-team pass: a new_str with a lone surrogate (JSON's "\\ud800") raised
+    while writing, after the file was opened for writing: the edited file was left empty."""
+    c, ed = ctx(client, "surrogate"), EditorTool()
+    path = "/tmp/s.py"
+    await ed.invoke({"command": "create", "path": path, "file_text": "x = 1\n"}, c)
+    args = {"command": "str_replace", "path": path, "old_str": "x = 1", "new_str": "x = '\ud800'"}
+    r = await ed.invoke(args, c)
+    assert r.is_error and r.content.startswith("Error: UnicodeEncodeError"), r.content
+    r = await ed.invoke(
+        {"command": "insert", "path": path, "insert_line": 0, "new_str": "\udc80"}, c
+    )
+    assert r.is_error and r.content.startswith("Error: UnicodeEncodeError"), r.content
+    assert (await BashTool().invoke({"command": f"cat {path}"}, c)).content == "x = 1"
+
+
 async def test_two_episodes_have_their_own_shell_and_files(client: ServiceSandbox) -> None:
     a, b = ctx(client, "episode-a"), ctx(client, "episode-b")
     await BashTool().invoke({"command": "cd /tmp && echo secret-a > mine.txt && export W=a"}, a)
