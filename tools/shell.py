@@ -109,6 +109,14 @@ class BashTool(Tool):
     async def __call__(self, args: BashTool.Args, ctx: ToolContext) -> ToolResult:
         if not args.command and not args.restart:
             return ToolResult(content="Error: give a command (or restart=true)", is_error=True)
+        try:  # JSON's "\ud800" reaches here as a lone surrogate: no shell can be given it
+            (args.command or "").encode("utf-8")
+        except UnicodeEncodeError as e:
+            return ToolResult(
+                content=f"Error: the command is not UTF-8 text ({e.reason} at character "
+                f"{e.start}); write the characters themselves, not \\ud800-style escapes",
+                is_error=True,
+            )
         timeout = self.timeout_s if self.timeout_s is not None else ctx.timeout_s
         setup = f"{_SOURCE}\n_agentrl_bash = AgentrlBash({self.cwd!r})\n"
         call = (

@@ -199,6 +199,10 @@ async def test_an_edit_the_file_cannot_hold_leaves_it_as_it_was(client: ServiceS
     )
     assert r.is_error and r.content.startswith("Error: UnicodeEncodeError"), r.content
     assert (await BashTool().invoke({"command": f"cat {path}"}, c)).content == "x = 1"
+    # the same in a command: an error that says so, not the session's traceback
+    r = await BashTool().invoke({"command": "echo '\ud800'"}, c)
+    assert r.is_error and "not UTF-8 text" in r.content and "Traceback" not in r.content
+    assert (await BashTool().invoke({"command": "echo ok"}, c)).content == "ok"
 
 
 async def test_two_episodes_have_their_own_shell_and_files(client: ServiceSandbox) -> None:
