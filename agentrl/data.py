@@ -5,6 +5,10 @@ batch = sampler.next(8)                 # 8 tasks; wraps into a new shuffled epo
 state = sampler.state_dict()            # {"epoch": 0, "index": 8, "tasks": 256} — in checkpoints
 TaskSampler(tasks, seed=0).load_state_dict(state)   # continues with exactly the same tasks
 
+A task list (`check_tasks`, on whatever env.tasks or env.eval_tasks loads) holds one task at
+least, each with an id of its own: held-out splits, re-issued groups and trajectories name
+tasks by id.
+
 A held-out evaluation (trainer.eval.split=heldout) trains on the rest of the list:
 
 train = held_out(tasks, eval_tasks)     # no task of eval_tasks' ids, nor of their prompts
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
 
 from agentrl.types import ConfigError, Task
 
@@ -58,6 +63,24 @@ class TaskSampler:
             )
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
         self._order = self._make_order(self.epoch)
+
+
+def check_tasks(tasks: list[Task], source: str) -> list[Task]:
+    """`tasks` when it is a task list (module docstring), else a ConfigError naming `source`
+    (`env.tasks: MyEnv.load_tasks`)."""
+    if not tasks:
+        raise ConfigError(f"{source} returned no tasks: give it options that select some")
+    repeated = [(k, n) for k, n in Counter(t.id for t in tasks).items() if n > 1]
+    if repeated:
+        (first, n), more = repeated[0], len(repeated) - 1
+        raise ConfigError(
+            f"{source}: {n} tasks share the id {first!r}"
+            + (f" ({more} more ids are repeated)" if more else "")
+            + ": a task's id names it in the held-out evaluation split, in re-issued groups and "
+            "in trajectories, so tasks sharing one are taken for each other. Give each task its "
+            "own id (a JSONL line without one gets its line number)"
+        )
+    return tasks
 
 
 def prompt_text(task: Task) -> str:

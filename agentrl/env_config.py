@@ -28,6 +28,7 @@ from pydantic import (
     field_validator,
 )
 
+from agentrl.data import check_tasks
 from agentrl.env import Env
 from agentrl.mixture import check_name, check_tools
 from agentrl.registry import import_path
@@ -55,7 +56,8 @@ class EnvConfig(BaseModel):
         """`cls.load_tasks(**env.tasks)` (or `**env.eval_tasks`), with the options checked first:
         a key the function does not take (`env.tasks.pth`) or a value of the wrong type is a
         ConfigError with its path (`where`: this section's), also when the function swallows
-        extra keys with `**_`. A None value means "not set"."""
+        extra keys with `**_`. A None value means "not set". The list it returns must hold a
+        task at least, each with its own id (`data.check_tasks`)."""
         key = "eval_tasks" if evaluation and self.eval_tasks is not None else "tasks"
         kwargs = self.eval_tasks if key == "eval_tasks" else self.tasks
         fn = cls.load_tasks
@@ -92,9 +94,10 @@ class EnvConfig(BaseModel):
                 f"{', '.join(fields) or 'nothing'})"
             ) from None
         try:
-            return fn(**{k: getattr(checked, k) for k in given})
+            tasks = list(fn(**{k: getattr(checked, k) for k in given}))
         except (FileNotFoundError, ValueError) as e:  # a wrong option: its message, by name
             raise ConfigError(f"{where}.{key}: {cls.__name__}.load_tasks: {e}") from None
+        return check_tasks(tasks, f"{where}.{key}: {cls.__name__}.load_tasks")
 
     def load_class(self, where: str = "env") -> type[Env]:
         if self.target in ("", "???"):
