@@ -29,7 +29,7 @@ import time
 from typing import TYPE_CHECKING
 
 from agentrl.data import held_out
-from agentrl.metrics import by_env, rollout_metrics
+from agentrl.metrics import by_env, one_per_episode, rollout_metrics
 from agentrl.types import ConfigError, Task
 
 if TYPE_CHECKING:
@@ -47,6 +47,7 @@ EVAL_NAMES = {
     "rollout/tool_errors": "tool_errors",
     "rollout/tool_exceptions": "tool_exceptions",
 }
+PER_TURN = ("tool_call_rate",)  # a share of turns; the other EVAL_NAMES are per episode
 
 
 def pick_eval_tasks(tasks: list[Task], size: int, seed: int) -> list[Task]:
@@ -109,15 +110,20 @@ async def evaluate(
 
 def eval_metrics(trajs: list[Trajectory], prefix: str = "eval/") -> dict[str, float]:
     """The eval/ metrics of `trajs` under `prefix` (a mixture's env: `eval/<env>/`): the
-    `EVAL_NAMES`, every reward/<x> but max and min as reward_<x>, tools/<name>/* as they are,
-    the episodes and those that failed for infrastructure reasons (not scored)."""
+    `EVAL_NAMES` (per episode: an episode of several sequences counts once), every reward/<x>
+    but max and min as reward_<x>, tools/<name>/* as they are, the episodes and those that
+    failed for infrastructure reasons (not scored)."""
     raw = rollout_metrics(trajs)
-    out = {f"{prefix}{new}": raw[old] for old, new in EVAL_NAMES.items() if old in raw}
+    episodes = one_per_episode(trajs)
+    # rollout_metrics' counts are per sequence; an episode may be several (one_per_episode)
+    per_episode = len(trajs) / max(len(episodes), 1)
+    out = {f"{prefix}{new}": raw[old] * (1.0 if new in PER_TURN else per_episode)
+           for old, new in EVAL_NAMES.items() if old in raw}  # fmt: skip
     for key, value in raw.items():
         if key.startswith("reward/") and key not in ("reward/max", "reward/min"):
             out[f"{prefix}reward_{key.removeprefix('reward/')}"] = value
         elif key.startswith("tools/"):
             out[f"{prefix}{key}"] = value
-    out[f"{prefix}episodes"] = float(len(trajs))
-    out[f"{prefix}failed"] = float(sum(t.stop_reason.is_infra_failure for t in trajs))
+    out[f"{prefix}episodes"] = float(len(episodes))
+    out[f"{prefix}failed"] = float(sum(t.stop_reason.is_infra_failure for t in episodes))
     return out

@@ -67,9 +67,10 @@ stop/<reason> — trajectories that ended with each StopReason (all reasons, 0 i
 adv/* — the advantage estimator's own numbers (agentrl/advantage.py): mean, std, max, min, …
 eval/ — trainer.eval.every's fixed set (agentrl/evaluate.py), on the steps it runs (and step 0)
     eval/reward_mean, eval/reward_std, eval/reward_<component>
-    eval/tool_call_rate, eval/turns, eval/parse_errors      as rollout/* over the eval episodes
+    eval/tool_call_rate, eval/turns, eval/parse_errors      as rollout/*, per eval episode
     eval/tool_calls, eval/tool_errors, eval/tool_exceptions  (and eval/tools/<name>/* as tools/)
-    eval/episodes, eval/failed      episodes rolled out / not scored (infrastructure failures)
+    eval/episodes, eval/failed      episodes rolled out / not scored (infrastructure failures);
+                                    an episode of several sequences counts once
     eval/timing_s                   seconds the evaluation took (not in timing_s/step)
     eval/<env>/…                    env=mixture: the same names over one env's evaluation set
 env/<env>/ — env=mixture (agentrl/mixture.py): each env's part of the step, over its own groups
