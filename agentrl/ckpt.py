@@ -32,6 +32,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
+import json
 import logging
 import os
 import random
@@ -71,7 +72,11 @@ class CheckpointConfig(BaseModel):
     every: int = Field(5, ge=0, description="save every N steps (and at the end); 0: at the end")
     keep_last: int = Field(2, ge=1, description="complete checkpoints kept (oldest removed)")
     resume: str = Field("auto", description="auto | never | a checkpoint directory")
-    save_optimizer: bool = True
+    save_optimizer: bool = Field(
+        True,
+        description="AdamW's moments in each checkpoint; false: a resumed run's start from zero "
+        "(the lr schedule's step is kept either way; a resume loads what a checkpoint holds)",
+    )
     async_save: bool = Field(
         True,
         description="training goes on while a checkpoint's files are written (only the copy "
@@ -395,6 +400,30 @@ class StagedCheckpoint:
         self.path = path
         self.step = step
         self.state: TrainerState | None = None
+
+
+def optimizer_note(path: str | Path, role: str = "policy") -> str | None:
+    """What a resume from `path` says when the checkpoint holds no optimizer state for `role`
+    (written with checkpoint.save_optimizer=false); None when it does."""
+    optim = Path(path) / role / "optim"
+    schedule = optim / "schedule.json"
+    if schedule.is_file():
+        try:
+            fmt = json.loads(schedule.read_text()).get("format")
+        except (ValueError, AttributeError):
+            return None  # the load says what is wrong with it
+        if fmt != "none":
+            return None
+        kept = "the learning-rate schedule goes on from its step"
+    elif (optim / "schedule.pt").is_file():
+        return None
+    else:  # a checkpoint written before the schedule was kept without the optimizer
+        kept = "the learning-rate schedule starts again at its first step (warm-up included)"
+    return (
+        f"{path} holds no optimizer state for the {role} (it was written with "
+        f"checkpoint.save_optimizer=false): AdamW's moments start from zero; {kept}. "
+        "Keep checkpoint.save_optimizer=true for resumes that continue exactly"
+    )
 
 
 def load_trainer_state(path: str | Path) -> TrainerState:

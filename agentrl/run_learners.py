@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from agentrl.ckpt import TrainerState, load_trainer_state, restore_rng
+from agentrl.ckpt import TrainerState, load_trainer_state, optimizer_note, restore_rng
 from agentrl.config import Config
 from agentrl.data import TaskSampler
 from agentrl.engine import EngineConfig, split_local_gpus, visible_gpus
@@ -185,7 +185,10 @@ def _resume(
     console: Console,
 ) -> TrainerState:
     state = load_trainer_state(path)
-    optimizer = cfg.checkpoint.save_optimizer
+    optimizer = True  # what the checkpoint holds; checkpoint.save_optimizer is for saving
+    for role in ("policy", "critic") if "critic" in groups else ("policy",):
+        if note := optimizer_note(path, role):
+            console.print(f"[yellow]note:[/] {escape(note)}")
     changes = compare(state.settings, cfg.settings())
     for c in changes:  # applied, never silently kept (refused ones stopped resume_point)
         console.print(f"[yellow]{escape(str(c))} from step {state.step + 1}[/]")

@@ -121,8 +121,7 @@ class CheckpointWriter:
                 self.write(background, lora.save_adapter_files, adapters, model, root / "adapter")
         if not background:
             fsdp.write_hf_dir(model, root / "model", model_src, buckets, self.rank)
-            if opt is not None:
-                _save_optimizer(model, opt, sched, root / "optim", fmt, self.rank, None)
+            _save_optimizer(model, opt, sched, root / "optim", fmt, self.rank, None)
             dist.barrier()
             return 0
         if self.stream is not None:  # the copies read what the update wrote
@@ -137,8 +136,7 @@ class CheckpointWriter:
         if self.rank == 0:
             args = (staged, len(staged), root / "model", model_src, model.config)
             self.write(True, fsdp.write_hf_files, *args)
-        if opt is not None:
-            _save_optimizer(model, opt, sched, root / "optim", fmt, self.rank, self)
+        _save_optimizer(model, opt, sched, root / "optim", fmt, self.rank, self)
         if self.stream is not None:
             self.copied = self.stream.record_event()
         dist.barrier()
@@ -245,12 +243,15 @@ class CheckpointWriter:
 def _save_optimizer(
     model, opt, sched, out: Path, fmt: str, rank: int, writer: CheckpointWriter | None
 ) -> None:
-    """Writes `out` now, or with a writer behind the next steps (its finish() waits)."""
+    """Writes `out` now, or with a writer behind the next steps (its finish() waits). `opt`
+    None (checkpoint.save_optimizer=false): the schedule's position only, format "none"."""
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-        meta = {"format": fmt, "scheduler": sched.state_dict()}
+        meta = {"format": fmt if opt is not None else "none", "scheduler": sched.state_dict()}
         (out / SCHEDULE).write_text(json.dumps(meta, indent=1))
     dist.barrier()
+    if opt is None:
+        return
     if fmt == "sharded":
         state = {"optim": get_optimizer_state_dict(model, opt)}
         if writer is None:
@@ -293,12 +294,13 @@ def load_optimizer(model, opt, sched, src: Path, rank: int) -> None:
         full = _torch_load(src / "optim.pt") if rank == 0 else {}
         opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_optimizer_state_dict(model, opt, full, options=opts)
-    else:
+    elif fmt != "none":  # none: saved without the optimizer, its moments start fresh
         raise CheckpointError(f"{src}: unknown optimizer format {fmt!r} (sharded or full)")
     sched.load_state_dict(meta["scheduler"])
 
 
-SCHEDULE = "schedule.json"  # {"format": "sharded" | "full", "scheduler": LambdaLR.state_dict()}
+# {"format": "sharded" | "full" | "none" (no optimizer state), "scheduler": LambdaLR.state_dict()}
+SCHEDULE = "schedule.json"
 
 
 def _read_schedule(src: Path) -> dict[str, Any]:
