@@ -368,6 +368,12 @@ class CheckpointManager:
             path = self.latest()
         else:
             path = Path(r).expanduser()
+            if not path.is_dir():
+                raise CheckpointError(
+                    f"checkpoint.resume={r!r} is not a complete checkpoint: it does not exist; "
+                    "give a step_N directory of a run's checkpoints, or resume=auto (the latest "
+                    "complete one) or resume=never"
+                )
             if not (path / COMPLETE).exists():
                 raise CheckpointError(
                     f"resume={r!r} is not a complete checkpoint (no {COMPLETE} file); "

@@ -68,7 +68,7 @@ from rich.console import Console
 
 from agentrl.advantage import Truncation, compute_advantages
 from agentrl.batch import TrainBatch, mini_batches, per_trajectory
-from agentrl.ckpt import CheckpointManager, load_trainer_state
+from agentrl.ckpt import CheckpointError, CheckpointManager, load_trainer_state
 from agentrl.config import (
     CONFIG_DIR,
     Config,
@@ -481,7 +481,7 @@ def main() -> None:
     @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
     def _run(raw: DictConfig) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
-        with errors_for_people(TrainingError):
+        with errors_for_people(TrainingError, CheckpointError):
             cfg = load_config(raw)
             try:
                 history = asyncio.run(train(cfg, Path(HydraConfig.get().runtime.output_dir)))
