@@ -35,7 +35,8 @@ Reward levels (`reward_level`):
                 baseline b_k (and scale s_k) per turn index, over those members only. Turn k gets
                 (G_k - b_k) / s_k; s_k = 1 when their std is 0 (all equal: advantage exactly 0);
                 a turn index fewer than two valid members reached gets 0 (nothing to compare
-                with). rloo leaves the member itself out of b_k.
+                with). rloo leaves the member itself out of b_k. An episode of several
+                sequences (an agent's) is one member: its G_k, the mean of its sequences'.
 A KL (or other) reward penalty passed as `token_penalties` is summed per turn and subtracted
 from that turn's reward (trajectory level: from R). With grpo, a group whose outcome rewards are
 equal then gets its advantages from the KL alone, and the division by the group's std scales that
@@ -472,21 +473,28 @@ def _per_turn_index(
 ) -> dict[int, Tensor]:
     """Turn level: turn k's return-to-go G_k is compared with the G_k of the group's valid
     members that reached a turn k (a baseline per turn index, not the episode's G_0). A turn
-    index that fewer than two valid members reached gets advantage 0; a std of 0 divides by 1."""
+    index that fewer than two valid members reached gets advantage 0; a std of 0 divides by 1.
+    An episode of several sequences (an agent's, `Episode.member`) is one member, as at
+    trajectory level: its G_k is the mean over its sequences that reached k."""
     out = {i: torch.zeros_like(eps[i].returns_K) for i in idx}
     depth = max((len(eps[i].returns_K) for i in idx), default=0)
     for k in range(depth):
-        members = [i for i in idx if eps[i].valid and len(eps[i].returns_K) > k]
+        members: dict[int, list[int]] = {}
+        for i in idx:
+            if eps[i].valid and len(eps[i].returns_K) > k:
+                members.setdefault(eps[i].member if eps[i].member >= 0 else i, []).append(i)
         if len(members) < 2:
             continue
-        g_k = torch.stack([eps[i].returns_K[k] for i in members]).double()
+        g_k = torch.stack([torch.stack([eps[i].returns_K[k] for i in seqs]).double().mean()
+                           for seqs in members.values()])  # fmt: skip
         valid = torch.ones(len(members), dtype=torch.bool)
         base, scale = group_stats(g_k, valid, kind, 0.0)  # type: ignore[arg-type]
         if kind == "mean_std":
             std = scale[0]
             scale = torch.ones_like(scale) if std == 0 else scale + cfg.eps
-        for j, i in enumerate(members):
-            out[i][k] = (g_k[j] - base[j]) / scale[j]
+        for j, seqs in enumerate(members.values()):
+            for i in seqs:
+                out[i][k] = (eps[i].returns_K[k].double() - base[j]) / scale[j]
     return out
 
 

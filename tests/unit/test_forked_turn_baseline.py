@@ -1,0 +1,58 @@
+"""algo.advantage.reward_level=turn with episodes of several sequences (an AgentEnv's agent that
+rewrote its history, or sampled n > 1, through the gateway): each episode counts once in the
+per-turn baseline, as it does at reward_level=trajectory. Numbers computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+from test_advantage import sampled, traj
+
+from agentrl.advantage import AdvantageConfig, carries_gradient, compute_advantages
+from agentrl.types import Trajectory
+
+
+def of(session: str, t: Trajectory) -> Trajectory:
+    t.metadata["session"] = session  # the sequences of one episode share it
+    return t
+
+
+def first_advantages(group: list[Trajectory], cfg: AdvantageConfig) -> list[float]:
+    out = compute_advantages([group], cfg)
+    return [sampled(a, t)[0] for a, t in zip(out.advantages, group, strict=True)]
+
+
+def test_a_forked_episode_counts_once_in_the_turn_baseline():
+    # episodes A (forked: two sequences of one turn each, reward 1), B and C (reward 0)
+    # episodes' G_0: 1, 0, 0 -> mean 1/3; A gets 2/3, B and C -1/3 (what trajectory level gives);
+    # counting A's sequences apart would give the baseline (1 + 1 + 0 + 0) / 4 = 1/2
+    group = [of("A", traj(1.0)), of("A", traj(1.0)), of("B", traj(0.0)), of("C", traj(0.0))]
+    want = [2 / 3, 2 / 3, -1 / 3, -1 / 3]
+    for level in ("trajectory", "turn"):
+        cfg = AdvantageConfig(name="drgrpo", reward_level=level)
+        assert first_advantages(group, cfg) == pytest.approx(want, abs=1e-6)
+
+
+def test_rloo_leaves_the_whole_episode_out_of_its_own_turn_baseline():
+    # rloo: A's baseline is the mean of B and C, 0 -> A gets 1; B's is mean(A=1, C=0) = 1/2 -> -1/2
+    # (A's second sequence must not be B's or A's own comparison)
+    group = [of("A", traj(1.0)), of("A", traj(1.0)), of("B", traj(0.0)), of("C", traj(0.0))]
+    cfg = AdvantageConfig(name="rloo", reward_level="turn")
+    assert first_advantages(group, cfg) == pytest.approx([1.0, 1.0, -0.5, -0.5], abs=1e-6)
+
+
+def test_one_episode_of_several_sequences_has_nothing_to_compare_with():
+    # one episode, two sequences with different turn rewards: one member, no baseline -> 0
+    group = [of("A", traj(1.0, turn_rewards=[0.5])), of("A", traj(1.0, turn_rewards=[0.0]))]
+    cfg = AdvantageConfig(name="grpo", reward_level="turn")
+    assert first_advantages(group, cfg) == [0.0, 0.0]
+    assert not carries_gradient(group, cfg)
+
+
+def test_grpo_turn_baseline_scales_by_the_episodes_std():
+    # episodes' G_0: A 1 (two sequences), B 0, C 0, D 1 -> mean .5, sample std sqrt(1/3)
+    group = [of("A", traj(1.0)), of("A", traj(1.0)), of("B", traj(0.0)), of("C", traj(0.0)),
+             of("D", traj(1.0))]  # fmt: skip
+    s = (1 / 3) ** 0.5
+    want = [0.5 / s, 0.5 / s, -0.5 / s, -0.5 / s, 0.5 / s]
+    cfg = AdvantageConfig(name="grpo", reward_level="turn")
+    assert first_advantages(group, cfg) == pytest.approx(want, abs=1e-5)
