@@ -11,10 +11,10 @@ reward/ — over the step's episodes (one per episode of several sequences), inf
     console's reward and the run's done: line are then reward/mean_all)
     reward/mean, reward/max, reward/min, reward/std     the outcome reward (Trajectory.reward)
     reward/<component>              mean of each named component an env's reward dict returns
-    reward/turn_sum                 per-turn rewards (StepResult.reward) summed per trajectory,
-                                    mean; only when an env gives them (they are trained on with
-                                    algo.advantage.reward_level=turn only)
-    reward/return_mean              outcome + per-turn rewards per trajectory, mean (with them)
+    reward/turn_sum                 per-turn rewards (StepResult.reward) summed per episode
+                                    (over all its sequences' turns), mean; only when an env gives
+                                    them (trained on with algo.advantage.reward_level=turn only)
+    reward/return_mean              outcome + per-turn rewards per episode, mean (with them)
     reward/mean_all, reward/max_all, reward/min_all, reward/std_all
                                     trainer.sampling.dynamic_sampling: reward/mean, max, min, std
                                     over every group rolled out this step, the filtered ones too
@@ -172,7 +172,7 @@ def one_per_episode(trajs: Sequence[Trajectory]) -> list[Trajectory]:
     seen: set[object] = set()
     out = []
     for t in trajs:
-        key = t.metadata.get("session") or id(t)
+        key = _episode(t)
         if key not in seen:
             seen.add(key)
             out.append(t)
@@ -181,7 +181,9 @@ def one_per_episode(trajs: Sequence[Trajectory]) -> list[Trajectory]:
 
 def reward_metrics(scored: Sequence[Trajectory]) -> dict[str, float]:
     """reward/* over the scored episodes (infrastructure failures left out; none: {}), each
-    counted once however many sequences it has (`one_per_episode`)."""
+    counted once however many sequences it has (`one_per_episode`); its per-turn rewards are
+    those of the turns of all its sequences (each sampled in one of them)."""
+    turn_sums = _turn_sums(scored)
     scored = one_per_episode(scored)
     if not scored:
         return {}
@@ -191,10 +193,24 @@ def reward_metrics(scored: Sequence[Trajectory]) -> dict[str, float]:
     out["reward/std"] = fmean((r - mean) ** 2 for r in rewards) ** 0.5  # NaN stays NaN
     for key in sorted({k for t in scored for k in t.reward_components} - {"total"}):
         out[f"reward/{key}"] = fmean(t.reward_components.get(key, 0.0) for t in scored)
-    if any(turn.reward is not None for t in scored for turn in t.turns):
-        sums = [sum(turn.reward or 0.0 for turn in t.turns) for t in scored]
-        out["reward/turn_sum"] = fmean(sums)
+    if turn_sums:
+        out["reward/turn_sum"] = fmean(turn_sums.get(_episode(t), 0.0) for t in scored)
         out["reward/return_mean"] = mean + out["reward/turn_sum"]
+    return out
+
+
+def _episode(t: Trajectory) -> object:
+    return t.metadata.get("session") or id(t)
+
+
+def _turn_sums(trajs: Sequence[Trajectory]) -> dict[object, float]:
+    """Per episode (`one_per_episode`'s key) with a per-turn reward: the sum over its sequences'
+    turns; {} when no turn has one (an env that gives none)."""
+    out: dict[object, float] = {}
+    for t in trajs:
+        for turn in t.turns:
+            if turn.reward is not None:
+                out[_episode(t)] = out.get(_episode(t), 0.0) + turn.reward
     return out
 
 
