@@ -251,10 +251,11 @@ def rollout_metrics(
     out["rollout/traj_tokens_max"] = float(max(len(t.token_ids) for t in trajs))
     out["rollout/obs_tokens"] = float(sum(t.obs_end - t.end for t in turns))
     out["rollout/truncated_obs_tokens"] = float(sum(t.truncated_obs_tokens for t in turns))
-    out["rollout/truncated"] = float(sum(is_truncated(t) for t in trajs))
+    episodes = one_per_episode(trajs)  # an episode's sequences share its stop reason
+    out["rollout/truncated"] = float(sum(is_truncated(t) for t in episodes))
     truncation = truncation or Truncation()
-    out["rollout/truncated_masked"] = float(sum(truncation.masked(t) for t in trajs))
-    out["rollout/truncated_penalised"] = float(sum(truncation.penalised(t) for t in trajs))
+    out["rollout/truncated_masked"] = float(sum(truncation.masked(t) for t in episodes))
+    out["rollout/truncated_penalised"] = float(sum(truncation.penalised(t) for t in episodes))
     out["rollout/tool_latency_s"] = (
         fmean(t.tool_latency_s for t in tool_turns) if tool_turns else 0.0
     )
