@@ -73,7 +73,7 @@ a rule would sit apart from the code that applies it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
@@ -315,7 +315,28 @@ def episodes_from(
                 member=member,
             )
         )
+    if token_penalties is not None and cfg.reward_level == "trajectory":
+        _episode_penalties(out)
     return out
+
+
+def _episode_penalties(eps: list[Episode]) -> None:
+    """Trajectory level with a reward penalty (kl_mode=reward): an episode of several sequences
+    (an agent's) is scored once, its outcome less the penalty of ALL its sequences' tokens,
+    and each of them carries that score. Each sequence had its own outcome less its own
+    penalty, and the baseline read the first: the KL of the others never reached the
+    episode's advantage (an audit)."""
+    seqs: dict[int, list[int]] = {}
+    for n, e in enumerate(eps):
+        seqs.setdefault(e.member, []).append(n)
+    for same in seqs.values():
+        if len(same) < 2 or any(eps[n].penalty_T is None for n in same):
+            continue
+        pens = [sum(float(eps[n].penalty_T[a:b].sum()) for a, b in eps[n].spans) for n in same]  # type: ignore[index]
+        score = eps[same[0]].score + pens[0] - sum(pens)  # the outcome less every sequence's
+        for n in same:
+            returns = torch.full_like(eps[n].returns_K, score)
+            eps[n] = replace(eps[n], score=score, returns_K=returns)
 
 
 def compute_advantages(

@@ -56,3 +56,19 @@ def test_grpo_turn_baseline_scales_by_the_episodes_std():
     want = [0.5 / s, 0.5 / s, -0.5 / s, -0.5 / s, 0.5 / s]
     cfg = AdvantageConfig(name="grpo", reward_level="turn")
     assert first_advantages(group, cfg) == pytest.approx(want, abs=1e-5)
+
+
+def test_a_forked_episodes_reward_penalty_is_all_its_sequences():
+    """kl_mode=reward at trajectory level: episode A (two sequences, KL penalties 0.1 and 0.2 on
+    their two sampled tokens) and B (one, 0.1), both rewarded 1. A's score is 1 - 0.3, B's
+    1 - 0.1: drgrpo's baseline 0.8, A -0.1 on every token of both sequences, B +0.1. Before, A
+    was scored by its first sequence alone (0.9): both 0, the second sequence's KL unseen."""
+    import torch
+
+    group = [of("A", traj(1.0)), of("A", traj(1.0)), of("B", traj(1.0))]
+    pen = [torch.tensor([0, 0, 0.05, 0.05]), torch.tensor([0, 0, 0.1, 0.1]),
+           torch.tensor([0, 0, 0.05, 0.05])]  # fmt: skip
+    out = compute_advantages([group], AdvantageConfig(name="drgrpo"), token_penalties=pen)
+    got = [sampled(a, t) for a, t in zip(out.advantages, group, strict=True)]
+    assert got == [pytest.approx([-0.1, -0.1]), pytest.approx([-0.1, -0.1]),
+                   pytest.approx([0.1, 0.1])]  # fmt: skip
