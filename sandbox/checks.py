@@ -1,0 +1,106 @@
+"""What the grader runs: `IOTest` and `CallTest`, and `asserts_to_tests`, which turns
+`assert f(x) == y`-style test code into CallTests whose expected values stay outside the sandbox
+(agentrl/sandbox/grader.py runs and judges them; it re-exports these names).
+
+Nothing here runs model text: test code is read with `ast`, expected values with
+`ast.literal_eval`.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class IOTest(BaseModel):
+    """Run the solution as a program with `stdin`; its stdout must equal `expected`
+    (trailing spaces on each line and trailing blank lines ignored)."""
+
+    model_config = ConfigDict(extra="forbid")
+    stdin: str = ""
+    expected: str
+
+
+class CallTest(BaseModel):
+    """Evaluate `call` (an expression over the solution's names; `candidate` is `entry_point`)
+    and compare its value with `expected`. `match="truthy"` compares bool(value) instead.
+    Numbers within `tolerance` (absolute: |got - expected| <= tolerance) or `rel_tolerance`
+    (relative, as math.isclose's rel_tol) pass; with neither they must be equal."""
+
+    model_config = ConfigDict(extra="forbid")
+    call: str
+    expected: Any = None
+    tolerance: float | None = Field(None, ge=0)
+    rel_tolerance: float | None = Field(None, ge=0)
+    match: Literal["equal", "truthy"] = "equal"
+
+
+# -- assert-style tests -> CallTests ------------------------------------------------------
+
+
+def _literal(node: ast.expr) -> tuple[bool, Any]:
+    try:
+        return True, ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False, None
+
+
+def _from_assert(test: ast.expr) -> CallTest | None:
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        left, op, right = test.left, test.ops[0], test.comparators[0]
+        if isinstance(op, ast.Eq | ast.Is):
+            for call, lit in ((left, right), (right, left)):
+                ok, value = _literal(lit)
+                if ok and not _literal(call)[0]:
+                    return CallTest(call=ast.unparse(call), expected=value)
+        if isinstance(op, ast.Lt | ast.LtE) and isinstance(left, ast.Call):
+            # abs(CALL - LIT) < TOL
+            ok_tol, tol = _literal(right)
+            ok_tol = ok_tol and isinstance(tol, int | float) and tol >= 0
+            if getattr(left.func, "id", None) == "abs" and ok_tol and len(left.args) == 1:
+                diff = left.args[0]
+                if isinstance(diff, ast.BinOp) and isinstance(diff.op, ast.Sub):
+                    ok, value = _literal(diff.right)
+                    if ok:
+                        return CallTest(call=ast.unparse(diff.left), expected=value, tolerance=tol)
+        return None
+    if isinstance(test, ast.Call) and ast.unparse(test.func) in ("math.isclose", "isclose"):
+        if len(test.args) == 2:
+            ok, value = _literal(test.args[1])
+            kw = {k.arg: _literal(k.value)[1] for k in test.keywords}
+            rel, tol = kw.get("rel_tol", 1e-9), kw.get("abs_tol", 0.0)  # math.isclose's defaults
+            numbers = all(isinstance(t, int | float) and t >= 0 for t in (rel, tol))
+            if ok and numbers:
+                return CallTest(call=ast.unparse(test.args[0]), expected=value,
+                                tolerance=tol, rel_tolerance=rel)  # fmt: skip
+        return None
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return CallTest(call=ast.unparse(test.operand), expected=False, match="truthy")
+    if isinstance(test, ast.Call | ast.Name | ast.Attribute | ast.Subscript):
+        return CallTest(call=ast.unparse(test), expected=True, match="truthy")
+    return None
+
+
+def asserts_to_tests(test_code: str, strict: bool = True) -> list[CallTest]:
+    """Turn `assert f(x) == y`-style tests (top level or inside `def check(candidate)`) into
+    CallTests whose expected values stay outside the sandbox. Asserts of other shapes raise
+    ValueError (strict) or are skipped."""
+    tree = ast.parse(test_code)
+    out, bad = [], []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assert):
+            t = _from_assert(node.test)
+            if t is None:
+                bad.append(f"line {node.lineno}: {ast.unparse(node.test)[:80]}")
+            else:
+                out.append(t)
+    if bad and strict:
+        raise ValueError(
+            "asserts that cannot be graded outside the sandbox (use `f(x) == literal`, "
+            "`abs(f(x) - v) < tol`, `math.isclose`, or pass strict=False): " + "; ".join(bad)
+        )
+    if not out:
+        raise ValueError("no gradable asserts found in the test code")
+    return out
