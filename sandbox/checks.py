@@ -9,6 +9,7 @@ Nothing here runs model text: test code is read with `ast`, expected values with
 from __future__ import annotations
 
 import ast
+import builtins
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -83,17 +84,43 @@ def _from_assert(test: ast.expr) -> CallTest | None:
     return None
 
 
+_BUILTINS = frozenset(dir(builtins))
+
+
+def _decided_inside(test: CallTest) -> str | None:
+    """Why the sandbox, not the grader, would decide `test`'s outcome (None: it does not). A
+    comparison in the call runs there, answered by the solution's objects (`__eq__` always
+    True); a yes/no test whose bit comes from a builtin gets the solution's own `isinstance`,
+    `all`, … (names it rebinds, or objects that lie to them)."""
+    expr = ast.parse(test.call, mode="eval")
+    for node in ast.walk(expr):
+        if isinstance(node, ast.Compare):
+            return f"`{ast.unparse(node)[:40]}` would be compared in the sandbox"
+    if test.match == "truthy" or isinstance(test.expected, bool):
+        for node in ast.walk(expr):
+            name = node.func if isinstance(node, ast.Call) else None
+            if isinstance(name, ast.Name) and name.id in _BUILTINS:
+                return f"its yes/no would come from `{name.id}` in the sandbox"
+    return None
+
+
 def asserts_to_tests(test_code: str, strict: bool = True) -> list[CallTest]:
     """Turn `assert f(x) == y`-style tests (top level or inside `def check(candidate)`) into
     CallTests whose expected values stay outside the sandbox. Asserts of other shapes raise
-    ValueError (strict) or are skipped."""
+    ValueError (strict) or are skipped, and so do those the sandbox would decide: a comparison
+    inside the call (`assert all([f(1) == 2])`, `assert (f(1) == 2) is True`), or a yes/no from
+    a builtin (`assert isinstance(f(1), int)`), which the solution's objects and names answer."""
     tree = ast.parse(test_code)
     out, bad = [], []
     for node in ast.walk(tree):
         if isinstance(node, ast.Assert):
             t = _from_assert(node.test)
-            if t is None:
-                bad.append(f"line {node.lineno}: {ast.unparse(node.test)[:80]}")
+            why = None if t is None else _decided_inside(t)
+            if t is None or why:
+                bad.append(
+                    f"line {node.lineno}: {ast.unparse(node.test)[:80]}"
+                    + (f" ({why})" if why else "")
+                )
             else:
                 out.append(t)
     if bad and strict:

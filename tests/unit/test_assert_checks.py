@@ -1,0 +1,44 @@
+"""asserts_to_tests keeps the verdict outside the sandbox, through grade() on the subprocess
+backend: an assert the sandbox would decide is refused (strict) or skipped, never graded."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.sandbox import SubprocessSandbox
+from agentrl.sandbox.grader import asserts_to_tests, grade
+
+DECIDED_INSIDE = """
+def check(candidate):
+    assert (candidate(2) == 4) is True
+    assert all([candidate(3) == 9, candidate(4) == 16])
+    assert isinstance(candidate(5), int)
+    assert candidate(6) == 36
+"""
+ALWAYS_EQUAL = (
+    "class Any:\n    def __eq__(self, other): return True\n    __hash__ = None\n"
+    "isinstance = lambda *a: True\ndef candidate(x):\n    return Any()"
+)
+
+
+async def test_an_assert_the_sandbox_would_decide_is_not_graded() -> None:
+    """A red-team pass: these asserts ran their `==` (and `isinstance`) in the sandbox, where an
+    object whose __eq__ is always True and a module-level `isinstance = lambda *a: True` passed
+    3 of 4 (the fourth, compared here, failed)."""
+    with pytest.raises(ValueError, match="compared in the sandbox"):
+        asserts_to_tests(DECIDED_INSIDE)
+    tests = asserts_to_tests(DECIDED_INSIDE, strict=False)
+    assert [t.call for t in tests] == ["candidate(6)"]
+    sb = SubprocessSandbox()
+    hack = await grade(sb, ALWAYS_EQUAL, tests, timeout_s=2.0)
+    honest = await grade(sb, "def candidate(x):\n    return x * x", tests, timeout_s=2.0)
+    assert hack.passed == 0 and honest.all_passed
+
+
+def test_yes_no_asserts_on_the_solutions_own_value_stay() -> None:
+    tests = asserts_to_tests(
+        "assert candidate(1)\nassert not candidate(0)\nassert candidate(2) is True\n"
+        "assert len(candidate(3)) == 3\nassert sorted(candidate([2, 1])) == [1, 2]"
+    )
+    assert [t.call for t in tests] == ["candidate(1)", "candidate(0)", "candidate(2)",
+                                       "len(candidate(3))", "sorted(candidate([2, 1]))"]  # fmt: skip
