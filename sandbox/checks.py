@@ -104,18 +104,48 @@ def _decided_inside(test: CallTest) -> str | None:
     return None
 
 
+def _bound(tree: ast.AST) -> set[str]:
+    """The names `tree` binds: assigned, loop and `as` targets, parameters, defs, imports."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            out.add(node.id)
+        elif isinstance(node, ast.arg):
+            out.add(node.arg)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            out.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            out.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            out.add(node.name)
+    return out
+
+
+def _test_names_in(call: str, test_names: set[str]) -> list[str]:
+    """The names of the test code's own (not `candidate`) that `call` reads: the sandbox never
+    gets the test code, so there they are the solution's to define, or undefined."""
+    expr = ast.parse(call, mode="eval")
+    used = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return sorted((used - _bound(expr)) & (test_names - {"candidate"}))
+
+
 def asserts_to_tests(test_code: str, strict: bool = True) -> list[CallTest]:
     """Turn `assert f(x) == y`-style tests (top level or inside `def check(candidate)`) into
     CallTests whose expected values stay outside the sandbox. Asserts of other shapes raise
     ValueError (strict) or are skipped, and so do those the sandbox would decide: a comparison
-    inside the call (`assert all([f(1) == 2])`, `assert (f(1) == 2) is True`), or a yes/no from
-    a builtin (`assert isinstance(f(1), int)`), which the solution's objects and names answer."""
+    inside the call (`assert all([f(1) == 2])`, `assert (f(1) == 2) is True`) or a yes/no from
+    a builtin (`assert isinstance(f(1), int)`), which the solution's objects and names answer;
+    and a call that reads a name of the test code's own (a helper, a local, an import;
+    `candidate` is the solution's), which the sandbox never gets."""
     tree = ast.parse(test_code)
+    test_names = _bound(tree)
     out, bad = [], []
     for node in ast.walk(tree):
         if isinstance(node, ast.Assert):
             t = _from_assert(node.test)
             why = None if t is None else _decided_inside(t)
+            if t is not None and not why and (names := _test_names_in(t.call, test_names)):
+                why = f"reads {', '.join(names)}, which the test code defines: not in the sandbox"
             if t is None or why:
                 bad.append(
                     f"line {node.lineno}: {ast.unparse(node.test)[:80]}"

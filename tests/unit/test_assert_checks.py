@@ -42,3 +42,31 @@ def test_yes_no_asserts_on_the_solutions_own_value_stay() -> None:
     )
     assert [t.call for t in tests] == ["candidate(1)", "candidate(0)", "candidate(2)",
                                        "len(candidate(3))", "sorted(candidate([2, 1]))"]  # fmt: skip
+
+
+TEST_NAMES = """
+import math
+def is_square(f, n):
+    return f(n) == n * n
+def check(candidate):
+    assert is_square(candidate, 6)
+    xs = 7
+    assert candidate(xs) == 49
+    assert math.floor(candidate(1.5)) == 2
+    assert candidate(8) == 64
+    assert sum(candidate(k) for k in range(3)) == 5
+"""
+
+
+async def test_an_assert_reading_the_test_codes_own_names_is_not_graded() -> None:
+    """A red-team pass: `is_square`, `xs` and `math` belong to the test code, which the sandbox
+    never gets; there they were undefined (the honest solution failed 3 of 5 with a NameError)
+    or the solution's to define (`is_square = lambda *a: True` passed its check)."""
+    with pytest.raises(ValueError, match="reads is_square, which the test code defines"):
+        asserts_to_tests(TEST_NAMES)
+    tests = asserts_to_tests(TEST_NAMES, strict=False)
+    assert [t.call for t in tests] == ["candidate(8)", "sum((candidate(k) for k in range(3)))"]
+    sb = SubprocessSandbox()
+    honest = await grade(sb, "def candidate(x):\n    return x * x", tests, timeout_s=2.0)
+    helper = await grade(sb, "is_square = lambda *a: True\ndef candidate(x):\n    return 0", tests)
+    assert honest.all_passed and helper.passed == 0
