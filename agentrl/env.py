@@ -353,9 +353,18 @@ def read_reward(value: Any) -> tuple[float, dict[str, float]]:
     if isinstance(value, dict):
         if "total" not in value:
             raise ValueError(f"reward dict needs a 'total' key, got {sorted(value)}")
-        components = {k: float(v) for k, v in value.items()}
+        components = {k: _number(v, f"reward[{k!r}]") for k, v in value.items()}
         value = value["total"]
-    return bounded_reward(float(value)), components
+    return bounded_reward(_number(value, "reward")), components
+
+
+def _number(value: Any, what: str) -> float:
+    """float(value), but text is refused: float() reads '1_000', ' 1e6 ' and '١', so a reward
+    passed on as text (a judge's reply, the model's own words) would be the policy's to set."""
+    if isinstance(value, str | bytes | bytearray):
+        raise TypeError(f"{what} is text ({value!r:.40}), not a number: parse and check it in "
+                        "reward(), then return a float")  # fmt: skip
+    return float(value)
 
 
 REWARD_BOUND = 1e6  # beyond it a group's statistics overflow float32 (advantages 0, inf or NaN)
@@ -383,7 +392,8 @@ async def take_step(env: Env, said: AssistantTurn, turn: Turn) -> StepResult | S
     """`env.step(said)`, its tool counts and per-turn reward recorded on `turn`. The env raising
     on the policy's turn is `EnvStepError` (`env_error`: scored 0, in its group; the sandbox's
     outages and configuration errors go on up); a per-turn reward that is not a finite number
-    ends the episode as `reward_error` (a NaN made its whole group NaN: a red-team pass)."""
+    (text included) ends the episode as `reward_error` (a NaN made its whole group NaN: a
+    red-team pass)."""
     try:
         result = await env.step(said)
     except (SandboxUnavailable, ConfigError, RenderError):  # infrastructure, configuration
@@ -394,8 +404,9 @@ async def take_step(env: Env, said: AssistantTurn, turn: Turn) -> StepResult | S
     turn.tool_outcomes = list(result.tool_outcomes)
     turn.tool_latency_s = result.tool_latency_s
     try:
-        turn.reward = None if result.reward is None else bounded_reward(result.reward)
-    except ValueError:
+        reward = None if result.reward is None else _number(result.reward, "StepResult.reward")
+        turn.reward = None if reward is None else bounded_reward(reward)
+    except (TypeError, ValueError):  # text ('0.3' escaped as an abort), NaN, inf
         turn.reward = 0.0
         return StopReason.REWARD_ERROR
     return result
