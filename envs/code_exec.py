@@ -2,8 +2,9 @@
 
 The model may call `python` as often as it likes (up to max_turns), then answers with
 `<answer>VALUE</answer>`. Reward: 1.0 when the last answer equals the expected one exactly (after
-trimming whitespace), else 0.0, plus `format_reward` (default 0: off) when an answer tag was given
-at all — optional shaping for weak starting policies; components `correct` and `format`.
+trimming whitespace), else 0.0, plus `format_reward` (default 0: off) when an answer tag holds
+something (an empty one is no answer) — optional shaping for weak starting policies; components
+`correct` and `format`.
 
 Tasks come from a seeded generator (`n`, `seed`, `kinds`) or a JSONL file (`path`), one object per
 line: {"id": "...", "prompt": "...", "answer": "..."}.
@@ -130,5 +131,5 @@ class CodeExecEnv(ToolEnv):
         answer = last_answer(self.final_text(trajectory))
         given = answer.strip() if answer is not None else None
         correct = float(given is not None and given == str(self.task.data["answer"]).strip())
-        fmt = float(given is not None)
+        fmt = float(bool(given))  # an empty <answer></answer> is no answer: no format reward
         return {"total": correct + self.format_reward * fmt, "correct": correct, "format": fmt}
