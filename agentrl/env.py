@@ -44,10 +44,11 @@ Errors: a tool's bad arguments, timeout or exception is a tool message the model
 a malformed tool call is an error observation (counted); `max_parse_errors` turns in a row of only
 malformed calls end the episode with `parse_error`. A well-formed call with bad arguments (or to
 an unknown tool) is a tool error the model reads; tool argument models refuse extra keys unless
-they say otherwise (`model_config = ConfigDict(extra="allow")`). An exception raised by `start` or
-`step` ends that episode with `aborted` (left out of the baseline, counted against
-`trainer.guards.max_aborted_frac` with its traceback); one raised by `reward` ends it with
-`reward_error` (scored 0, kept in its group, visible). The rest of its group goes on.
+they say otherwise (`model_config = ConfigDict(extra="allow")`). An exception raised by `start`
+ends that episode with `aborted` (left out of the baseline, counted against
+`trainer.guards.max_aborted_frac` with its traceback); one raised by `step` on the policy's turn
+ends it with `env_error`, and one raised by `reward` (or a reward that is not a number) with
+`reward_error` (both scored 0, kept in its group, visible). The rest of its group goes on.
 Each call is counted once (`Turn`, agentrl/types.py): `num_tool_calls` the ones that
 succeeded (what a reward for "used the tool" should read: a failed call must not pay),
 `num_tool_errors` the model's failures, `num_tool_exceptions` the tool's; per tool name in
