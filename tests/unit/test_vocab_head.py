@@ -35,8 +35,9 @@ def leaves(n=37, hidden=16, vocab=53, seed=0, dtype=torch.float64):
 @pytest.mark.parametrize("entropy_term", [True, False])
 def test_fused_head_matches_autograd_through_the_full_logits(temperature, entropy_term):
     h, w, tgt = leaves()
-    a = torch.randn(h.shape[0], dtype=h.dtype)
-    b = torch.randn(h.shape[0], dtype=h.dtype)
+    g = torch.Generator().manual_seed(1)  # not the global RNG: xdist's test order moved it
+    a = torch.randn(h.shape[0], dtype=h.dtype, generator=g)
+    b = torch.randn(h.shape[0], dtype=h.dtype, generator=g)
     lp, ent = head_logprobs(h, w, tgt, temperature=temperature, with_entropy=True, chunk_tokens=8)
     lp_ref, ent_ref = reference(h, w, tgt, temperature)
     # the statistics are kept in fp32 whatever the input dtype: fp32 rounding, not more
@@ -48,7 +49,9 @@ def test_fused_head_matches_autograd_through_the_full_logits(temperature, entrop
     gh_ref, gw_ref = torch.autograd.grad(loss_ref, (h, w))
     for ours, ref in ((gh, gh_ref), (gw, gw_ref)):
         assert ours.dtype == ref.dtype
-        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+        # fp32 statistics: the entropy's gradient at temperature 0.6 reached 1.7e-5 of rounding
+        # in 12 of 200 draws of a and b (the global RNG's, until a test run failed on one)
+        torch.testing.assert_close(ours, ref, rtol=3e-5, atol=3e-5)
         assert ref.abs().max() > 0.1  # a real gradient, not two zeros
 
 
