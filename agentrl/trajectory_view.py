@@ -326,10 +326,23 @@ def trajectory_from_dict(d: dict[str, Any]) -> Trajectory:
     return Trajectory.from_dict(d)
 
 
+def _rows(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of `path`, but a torn last one (no newline, not whole JSON): the line a
+    running (or killed) run is still writing, not yet a trajectory."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        try:
+            json.loads(lines[-1])
+        except ValueError:
+            lines.pop()
+    return [json.loads(x) for x in lines if x.strip()]
+
+
 def load_jsonl(path: Path, step: int | None = None) -> list[tuple[int, Trajectory, list | None]]:
     """(step, trajectory, trainer logprobs or None) of one step (default: the last) of a run's
     trajectories.jsonl; a preview's file (no steps) is step 0."""
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    rows = _rows(path)
     if not rows:
         return []
     want = max(r.get("step", 0) for r in rows) if step is None else step
@@ -342,5 +355,4 @@ def load_jsonl(path: Path, step: int | None = None) -> list[tuple[int, Trajector
 
 def steps_in(path: Path) -> list[int]:
     """The steps a trajectories.jsonl holds (a preview's: [0])."""
-    lines = path.read_text().splitlines()
-    return sorted({json.loads(x).get("step", 0) for x in lines if x.strip()})
+    return sorted({r.get("step", 0) for r in _rows(path)})
