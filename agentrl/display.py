@@ -33,11 +33,15 @@ _ROLE_STYLE = {"system": "dim", "user": "bold cyan", "assistant": "green", "tool
 
 
 def trajectory_panel(traj: Trajectory, max_chars: int = 600) -> Panel:
-    """One trajectory, message by message, with its stop reason, reward and token counts."""
+    """One trajectory, message by message, with its stop reason, reward and token counts. The
+    last len(turns) assistant messages are the turns sampled on it, shown as sampled (tool-call
+    markup and all); earlier ones (a later sequence's history) as written."""
     parts = []
-    raw = iter(t.text for t in traj.turns)
+    history = sum(m.role == "assistant" for m in traj.messages) - len(traj.turns)
+    raw = iter([*([None] * max(history, 0)), *(t.text for t in traj.turns)])
     for m in traj.messages:
-        body = next(raw, m.content) if m.role == "assistant" else m.content
+        body = next(raw, None) if m.role == "assistant" else None
+        body = m.content if body is None else body
         body = body if len(body) <= max_chars else body[:max_chars] + " …"
         line = Text(f"{m.role:>9} │ ", style=_ROLE_STYLE[m.role])
         line.append(safe_text(body))
