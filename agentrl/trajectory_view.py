@@ -231,19 +231,44 @@ def _text_html(tok: Any, ids: list[int]) -> str:
     return "".join(out)
 
 
+def _pieces(tok: Any, ids: list[int]) -> list[tuple[int, int, str]]:
+    """(start, end, text) spans of `ids`, each decoding to whole characters: a token holding only
+    some of a character's UTF-8 bytes (an emoji is often three) is joined with the next ones (up
+    to 4 tokens), so the view shows the character the model wrote, not U+FFFD."""
+    singles = tok.batch_decode([[i] for i in ids], skip_special_tokens=False)
+    out, a = [], 0
+    while a < len(ids):
+        b, text = a + 1, singles[a]
+        if "\ufffd" in text:
+            for end in range(a + 2, min(a + 4, len(ids)) + 1):
+                joined = tok.decode(ids[a:end], skip_special_tokens=False)
+                if "\ufffd" not in joined:
+                    b, text = end, joined
+                    break
+        out.append((a, b, text))
+        a = b
+    return out
+
+
 def _sampled(tok: Any, traj: Trajectory, lo: int, hi: int, ours: list[float] | None) -> str:
+    """Each sampled token a box (a character of several tokens: one box, each token in its
+    tooltip), coloured by its |rollout - trainer| logprob gap (the largest of the box's)."""
     ids = traj.token_ids[lo:hi]
-    pieces = tok.batch_decode([[i] for i in ids], skip_special_tokens=False)
     out = []
-    for pos, tid, piece in zip(range(lo, hi), ids, pieces, strict=True):
-        lp = traj.logprobs[pos]
-        gap = abs(ours[pos] - lp) if ours is not None else None
-        tip = f"#{pos} id={tid} {piece!r} rollout={lp:.4f}"
-        if ours is not None:
-            tip += f" trainer={ours[pos]:.4f} |Δ|={gap:.2e}"
+    for a, b, text in _pieces(tok, ids):
+        tips, gaps = [], []
+        for pos in range(lo + a, lo + b):
+            lp, tid = traj.logprobs[pos], traj.token_ids[pos]
+            piece = tok.decode([tid], skip_special_tokens=False) if b - a > 1 else text
+            tip = f"#{pos} id={tid} {piece!r} rollout={lp:.4f}"
+            if ours is not None:
+                gaps.append(abs(ours[pos] - lp))
+                tip += f" trainer={ours[pos]:.4f} |Δ|={gaps[-1]:.2e}"
+            tips.append(tip)
+        gap = max(gaps) if gaps else None
         out.append(
-            f'<span class="t" style="--d:{gap_colour(gap)}" title="{html.escape(tip, quote=True)}">'
-            f"{html.escape(piece)}</span>"
+            f'<span class="t" style="--d:{gap_colour(gap)}" '
+            f'title="{html.escape(chr(10).join(tips), quote=True)}">{html.escape(text)}</span>'
         )
     return "".join(out)
 
