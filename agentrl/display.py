@@ -142,6 +142,12 @@ def _env_rewards(m: Mapping[str, float], scope: str) -> str:
     return f" │ {safe_text(' '.join(parts))}" if parts else ""
 
 
+def _sequences_per_episode(m: Mapping[str, float]) -> float:
+    """rollout/* means are per trajectory (sequence); times this, per episode (an episode is
+    several sequences under rollout.thinking=template or a context rewrite)."""
+    return m.get("rollout/sequences_per_episode", 1.0)
+
+
 def _tool_failures(m: Mapping[str, float], scope: str = "") -> Text:
     """` │ python 40 calls: err 9 exc 3 · lookup 9 calls: err 2`: each tool with failed calls,
     the model's errors and the tool's own exceptions (red), out of its calls; nothing when every
@@ -165,7 +171,8 @@ def _tool_failures(m: Mapping[str, float], scope: str = "") -> Text:
     if names:
         return out
     group = scope or "rollout/"
-    err, exc = m.get(f"{group}tool_errors", 0.0), m.get(f"{group}tool_exceptions", 0.0)
+    per = 1.0 if scope else _sequences_per_episode(m)  # eval/*: per episode already
+    err, exc = (m.get(f"{group}{k}", 0.0) * per for k in ("tool_errors", "tool_exceptions"))
     if err or exc:
         out.append(" │ tool")
         if err:
@@ -183,7 +190,8 @@ def progress_text(m: Mapping[str, float], total: int, eta_s: float | None = None
     turns 1.4 │ stop completed 14 max_turns 2 │ python 40 calls: err 9 exc 3 │ 1.2k tok/s │
     Δlp 2.1e-04 │ roll 3.8s lp 0.8s upd 3.6s sync 0.1s = 8.4s │ eta 2m23s
 
-    (one line; wrapped here). The reward is every episode's (reward/mean), under dynamic
+    (one line; wrapped here). Turns and tool failures are per episode (however many sequences
+    it is). The reward is every episode's (reward/mean), under dynamic
     sampling every sampled one's (reward/mean_all: `reward 0.310 (kept groups 0.500, max 1.00)`,
     the kept groups' mean beside it). Shown only when there is something to show: the reward's
     components (an env whose reward is a dict), each env's reward (env=mixture: `│ code 0.50
@@ -205,7 +213,7 @@ def progress_text(m: Mapping[str, float], total: int, eta_s: float | None = None
     line.append(f" ({kept}max {top:.2f}")
     line.append(f"; {safe_text(parts)}) " if parts else ") ")
     line.append(f"tool-rate {m.get('rollout/tool_call_rate', 0.0):.2f} ")
-    line.append(f"turns {m.get('rollout/turns', 0.0):.1f}")
+    line.append(f"turns {m.get('rollout/turns', 0.0) * _sequences_per_episode(m):.1f}")
     line.append(_env_rewards(m, "env/"))
     stops = [(k.removeprefix("stop/"), v) for k, v in m.items() if k.startswith("stop/") and v]
     if stops:
