@@ -12,7 +12,8 @@ input schema exactly as the server gives them (what the chat template renders), 
 checked against that schema before a call (a mismatch is an error the model reads). A call's
 text content becomes the tool message; images and resources are named, structured content is
 JSON when there is no text; a result the server flags `isError` is the model's error; a server
-that fails (crashed, unreachable, a protocol error) is the tool's fault (`error: exception`).
+that fails (crashed, unreachable, a protocol error) is the tool's fault (`error: exception`);
+one that exits mid-call is started again by the next call.
 
 Lifetime: `scope="run"` (default) keeps one server per event loop for the whole run, started on
 the first call; `scope="episode"` starts one per episode (`ToolContext.session`) and stops it
@@ -80,6 +81,7 @@ class _Connection:
         self.server = server
         self.queue: asyncio.Queue = asyncio.Queue()
         self.ready: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.lost = False  # the server went away (exited mid-call): the next call starts anew
         self.task = asyncio.ensure_future(self._serve())
 
     async def _serve(self) -> None:
@@ -107,11 +109,20 @@ class _Connection:
                 if item is not None and not item[2].done():
                     item[2].set_exception(e)
 
-    @staticmethod
-    async def _call(c: Any, name: str, args: dict[str, Any], fut: asyncio.Future) -> None:
+    async def _call(self, c: Any, name: str, args: dict[str, Any], fut: asyncio.Future) -> None:
+        from mcp import MCPError
+        from mcp_types import CONNECTION_CLOSED
+
         try:
             result = await c.call_tool(name, args)
         except Exception as e:  # noqa: BLE001 - the caller reads it
+            if isinstance(e, MCPError) and e.error.code == CONNECTION_CLOSED:
+                # the server exited or closed its pipe: the tool's fault, never the model's
+                # error, and this connection ends so that the next call starts the server again
+                # (a red-team pass: every later call of the run read 'Connection closed')
+                self.lost = True
+                self.queue.put_nowait(None)
+                e = ConnectionError(f"the MCP server {self.server.key} closed the connection")
             if not fut.done():
                 fut.set_exception(e)
         else:
@@ -120,7 +131,7 @@ class _Connection:
 
     async def call(self, name: str, args: dict[str, Any]) -> Any:
         await self.ready
-        if self.task.done():
+        if self.task.done() or self.lost:
             raise ConnectionError(f"the MCP server {self.server.key} has stopped")
         fut = asyncio.get_running_loop().create_future()
         await self.queue.put((name, args, fut))
@@ -144,7 +155,7 @@ def _connection(server: McpServer, session: str) -> _Connection:
     loop = asyncio.get_running_loop()
     key = (server.key, session if server.scope == "episode" else "", id(loop))
     conn = _CONNECTIONS.get(key)
-    if conn is None or conn.task.done():
+    if conn is None or conn.task.done() or conn.lost:
         conn = _CONNECTIONS[key] = _Connection(server)
     return conn
 

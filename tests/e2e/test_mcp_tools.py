@@ -66,6 +66,24 @@ async def test_calls_of_many_episodes_run_beside_each_other_and_loud_output_is_c
         await close_connections()
 
 
+async def test_a_server_that_dies_mid_call_is_the_tools_fault_and_starts_again() -> None:
+    """A red-team pass: a run-scoped server that exited in the middle of a call answered that
+    call, and every later call of the run, 'Error: Connection closed' as the model's error (not
+    the tool's fault), and was never started again."""
+    server = McpServer(command=[sys.executable, str(HERE / "mcp_dying_server.py")], timeout_s=30)
+    tools = {t.name: t for t in mcp_tools(server)}
+    ctx = ToolContext(session="a")
+    try:
+        first = await tools["pid"].invoke({}, ctx)
+        died = await tools["die"].invoke({}, ctx)
+        assert died.is_error and died.is_tool_fault, died
+        again = await tools["pid"].invoke({}, ctx)
+        assert not again.is_error and again.content.isdigit(), again
+        assert again.content != first.content  # a new process
+    finally:
+        await close_connections()
+
+
 class CounterEnv(ToolEnv):
     tools = mcp_tools(McpServer(command=COUNTER.command, scope="episode"))
 
