@@ -181,6 +181,20 @@ def _json_object(line: str, where: str) -> dict[str, Any]:
     return obj
 
 
+def _check_tool_names(tools: list[Tool], env: str) -> None:
+    """Each tool's name once: two of one name (an MCP server's `submit` beside SubmitTool) had
+    both schemas rendered and every call run on the last one (a red-team pass)."""
+    seen: dict[str, int] = {}
+    for t in tools:
+        seen[t.name] = seen.get(t.name, 0) + 1
+    if twice := sorted(name for name, n in seen.items() if n > 1):
+        raise TypeError(
+            f"{env}.tools has more than one tool named {', '.join(map(repr, twice))}: the model "
+            "would see each and every call would run the last; rename one (an MCP server's "
+            "tools: McpServer(prefix=...))"
+        )
+
+
 class Env:
     """Base class: subclass it, or `ToolEnv` for the common chat-with-tools case."""
 
@@ -197,6 +211,8 @@ class Env:
             fn = cls.__dict__.get(name)
             if callable(fn) and not inspect.iscoroutinefunction(fn):
                 setattr(cls, name, _in_thread(fn))
+        if isinstance(cls.__dict__.get("tools"), list):
+            _check_tool_names(cls.tools, cls.__name__)
 
     def __init__(self, task: Task, ctx: ToolContext | None = None, **kwargs: Any) -> None:
         self.task = task
@@ -205,6 +221,8 @@ class Env:
             if not hasattr(type(self), k):
                 raise TypeError(f"{type(self).__name__} has no setting {k!r}")
             setattr(self, k, v)
+        if "tools" in kwargs:
+            _check_tool_names(self.tools, type(self).__name__)
         self._parse_error_streak = 0
         self._tool_error_streak = 0
 
