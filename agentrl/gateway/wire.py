@@ -95,11 +95,9 @@ def parse_request(body: Any) -> ChatRequest:
     n = _int(body, "n", 1)
     if n > MAX_N:
         raise bad(f"`n` is {n}; at most {MAX_N} samples per request (each is a training sequence)")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None:
-        max_tokens = _int(
-            body, "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens", 1
-        )
+    # a null is the field left out (SDKs that send every field): max_tokens stays in force
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = None if body.get(key) is None else _int(body, key, 1)
     stop = body.get("stop") or []
     if isinstance(stop, str):
         stop = [stop]
