@@ -196,6 +196,17 @@ def next_block(text: str, open_tag: str, pos: int, prose: list[str]) -> int | No
 MAX_ARG_DEPTH = 32  # a red-team call nested 600 lists: the run stopped writing its trajectory
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def strict_json(raw: str) -> Any:
+    """JSON as JSON has it: NaN and Infinity, which Python's json reads, are bad JSON (the
+    gateway answered them as an agent's arguments, which no parser outside Python reads, and
+    NaN != NaN forked the episode when the agent echoed the call)."""
+    return json.loads(raw, parse_constant=_no_constant)
+
+
 def _deeper_than(value: Any, limit: int) -> bool:
     stack = [(value, 0)]
     while stack:
@@ -213,7 +224,7 @@ def read_call(
     """Read one JSON call body; `raw_text` is what errors quote (default: `raw`)."""
     quote = raw if raw_text is None else raw_text
     try:
-        obj = json.loads(raw)
+        obj = strict_json(raw)
     except (ValueError, RecursionError) as e:
         return None, ParseError(
             ParseErrorKind.BAD_JSON, f"tool call is not valid JSON ({e})", quote
@@ -228,7 +239,7 @@ def read_call(
     args: Any = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):  # some models emit arguments as a JSON string
         with contextlib.suppress(ValueError, RecursionError):
-            args = json.loads(args)
+            args = strict_json(args)
     if not isinstance(args, dict):
         return None, ParseError(
             ParseErrorKind.NOT_A_CALL, f"arguments of '{name}' must be a JSON object", quote, name
@@ -265,7 +276,7 @@ def typed_value(value: str, model: type[BaseModel] | None, key: str) -> Any:
     if field_info is not None and field_info.annotation is str:
         return value
     try:
-        return json.loads(value)
+        return strict_json(value)  # NaN stays the text it is
     except (ValueError, RecursionError):
         return value
 
