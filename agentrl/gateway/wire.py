@@ -319,8 +319,9 @@ def completion_body(
 def stream_chunks(
     rid: str, model: str, choices: list[Choice], usage: dict[str, int] | None
 ) -> list[dict[str, Any]]:
-    """The answer as chat.completion.chunk objects: per choice its role, its content, each tool
-    call whole (id, name, arguments), then its finish reason; the usage chunk last when asked."""
+    """The answer as chat.completion.chunk objects: per choice its role, its reasoning (where the
+    turn has one, as `message_body` gives it), its content, each tool call whole (id, name,
+    arguments), then its finish reason; the usage chunk last when asked."""
     created = int(time.time())
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -337,6 +338,8 @@ def stream_chunks(
     out = []
     for i, c in enumerate(choices):
         out.append(chunk(i, {"role": "assistant", "content": ""}))
+        if c.message.reasoning_content:  # as the answer has it (SGLang streams it so, apart)
+            out.append(chunk(i, {"reasoning_content": c.message.reasoning_content}))
         if c.message.content:
             out.append(chunk(i, {"content": c.message.content}))
         for k, call in enumerate(message_body(c.message).get("tool_calls", [])):

@@ -150,6 +150,29 @@ def test_stream_chunks_end_with_the_finish_reason_and_usage():
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"total_tokens": 3}
 
 
+def test_a_streamed_answer_carries_what_the_whole_answer_does():
+    """A red-team pass: a streamed answer left out the turn's reasoning_content, which the same
+    answer unstreamed carries; an agent that streams never saw (or echoed) its reasoning."""
+    from agentrl.gateway.wire import Choice
+    from agentrl.types import ToolCall
+
+    msg = Message(role="assistant", content="Adding.", reasoning_content="1 + 2 is 3",
+                  tool_calls=[ToolCall(id="c", name="add", arguments={"a": 1})])  # fmt: skip
+    deltas = [
+        c["choices"][0]["delta"] for c in stream_chunks("id", "m", [Choice(msg, "stop")], None)
+    ]
+    joined: dict = {}
+    for d in deltas:
+        for k, v in d.items():
+            joined[k] = joined.get(k, "") + v if isinstance(v, str) else v
+    whole = message_body(msg)
+    assert joined["reasoning_content"] == whole["reasoning_content"] == "1 + 2 is 3"
+    assert joined["content"] == whole["content"] and joined["role"] == "assistant"
+    assert [c["function"] for c in joined["tool_calls"]] == [
+        c["function"] for c in whole["tool_calls"]
+    ]
+
+
 def test_responses_input_items_become_the_messages_a_chat_request_has():
     from agentrl.gateway.responses import parse_responses_request
 
