@@ -122,16 +122,20 @@ def tokens_past(renderer: Renderer, messages: list[Message], limit: int) -> int 
     return None
 
 
+def _overflow(ep: EpisodeCapture, why: str, said: str | None = None) -> WireError:
+    """The episode overflows its context (`why`, its error) and the agent reads so (`said`, else
+    `why`) as OpenAI's context_length_exceeded: one rule for every way a request can be too long."""
+    ep.flag(StopReason.CONTEXT_OVERFLOW, why)
+    return bad(said or why, "context_length_exceeded")
+
+
 def _engine_failed(ep: EpisodeCapture, e: Exception) -> WireError:
     """What the agent reads, and how its episode ends, when the engine did not sample: a prompt
     past the model's context is the episode's context_overflow (a 400, as OpenAI's); no server
     answering (503), or one refusing for another reason (502: the run's sampling settings or
     the engine, not the agent's request), is the system's failure, `aborted`."""
     if isinstance(e, PromptTooLong):
-        ep.flag(StopReason.CONTEXT_OVERFLOW, str(e))
-        return bad(
-            f"the prompt is longer than the engine's context: {e}", "context_length_exceeded"
-        )
+        return _overflow(ep, str(e), f"the prompt is longer than the engine's context: {e}")
     ep.flag(StopReason.ABORTED, f"{type(e).__name__}: {e}")
     if isinstance(e, EngineUnavailable):
         return WireError(503, "engine_unavailable", f"no rollout server answered: {e}")
@@ -269,8 +273,7 @@ class Gateway:
         limit = body_limit(tokens)
         why = (f"the request body is over {limit} bytes ({size} sent), more than any history "
                f"of rollout.max_context_tokens={tokens} tokens can take; it was not read")  # fmt: skip
-        ep.flag(StopReason.CONTEXT_OVERFLOW, why)
-        return bad(why, "context_length_exceeded")
+        return _overflow(ep, why)
 
     async def _responses(self, request: web.Request) -> web.Response:
         served = await self._serve(request, parse_responses_request)
@@ -323,8 +326,7 @@ class Gateway:
             why = (
                 f"the messages hold {past}+ tokens of text, past rollout.max_context_tokens={limit}"
             )
-            ep.flag(StopReason.CONTEXT_OVERFLOW, why)
-            raise bad(why, "context_length_exceeded")
+            raise _overflow(ep, why)
         index = ep.requests - req.n
         task = asyncio.current_task()
         assert task is not None
@@ -403,14 +405,11 @@ class Gateway:
         d = self.defaults
         room = d.max_context_tokens - plan.length
         if room <= 0:
-            ep.flag(
-                StopReason.CONTEXT_OVERFLOW,
+            raise _overflow(
+                ep,
                 f"{plan.length} prompt ids, rollout.max_context_tokens={d.max_context_tokens}",
-            )
-            raise bad(
                 f"this request's prompt is {plan.length} tokens, at or past "
                 f"rollout.max_context_tokens={d.max_context_tokens}",
-                "context_length_exceeded",
             )
         left = self.cfg.max_sampled_tokens - ep.sampled_tokens - ep.reserved
         if left <= 0:
