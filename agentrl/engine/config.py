@@ -205,6 +205,29 @@ class EngineConfig(BaseModel):
         $AGENTRL_ENGINE_API_KEY, else this process's random run token."""
         return self.api_key or default_api_key()
 
+    def running_cap(self) -> list[str]:
+        """SGLang's `--max-running-requests` at its decode CUDA graph's batch, where extra_args
+        set neither (nor turned graphs off): SGLang's own cap is what its KV memory holds, far
+        past the graph's batch, and every sequence past the graph's batch decodes without one.
+        The graph's batch is --cuda-graph-max-bs(-decode) when given, else SGLang 0.5.17's
+        choice on a GPU of 60-160 GiB (H100, H200): 256 below TP 4, 512 from TP 4. The episodes
+        past the cap wait in SGLang's queue, prefilled as soon as a slot frees (over-subscription).
+        One H200, random 0.5B, 512 episodes of 4 x 128-token turns: 19.0k tok/s uncapped, 41.2k
+        capped at 256 (bench/rollout_throughput.py; docs/benchmarks.md)."""
+        args = self.extra_args
+        names = {a.partition("=")[0] for a in args}
+        if self.kind != "sglang" or names & {
+            "--max-running-requests", "--disable-cuda-graph", "--cuda-graph-config",
+            "--cuda-graph-bs", "--cuda-graph-bs-decode",
+        }:  # fmt: skip
+            return []
+        for i, arg in enumerate(args):
+            name, eq, value = arg.partition("=")
+            if name in ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"):
+                value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+                return ["--max-running-requests", value]
+        return ["--max-running-requests", "512" if self.tp >= 4 else "256"]
+
     def server_urls(self) -> list[str]:
         if self.urls:
             return list(self.urls)

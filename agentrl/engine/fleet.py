@@ -70,7 +70,7 @@ def server_command(
     keys = ["--config", str(key_file)] if key_file is not None else []
     return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
             "--host", cfg.host, "--port", str(port), "--skip-tokenizer-init", *tp, *keys,
-            *cfg.extra_args]  # fmt: skip
+            *cfg.extra_args, *cfg.running_cap()]  # fmt: skip
 
 
 # SGLang model classes that always build an output head of their own and never tie it to the

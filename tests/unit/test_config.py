@@ -388,3 +388,27 @@ def test_a_kl_coefficient_that_drowns_the_reward_is_named():
         assert f"algo.loss.kl_coef=10000 with kl_mode={mode}" in w and "0.01% above" in w
     assert training_checks(compose(["algo.loss.kl_coef=0.05"])) == []
     assert training_checks(compose(["algo.loss.kl_coef=1.0"])) == []  # x2.7: it still moves
+
+
+def test_sglang_servers_run_no_more_sequences_than_their_decode_graph_holds():
+    """A decode batch past SGLang's CUDA graph batch runs without the graph (one H200, 512
+    episodes: 19.0k tok/s uncapped, 41.2k capped at 256): agentrl caps running requests there
+    unless the user set the cap or the graphs themselves."""
+    from pathlib import Path
+
+    from agentrl.engine.fleet import server_command
+
+    def cap(*overrides: str) -> str | None:
+        cmd = server_command(compose(["engine.kind=sglang", *overrides]).engine, Path("/m"), 1)
+        flags = [i for i, a in enumerate(cmd) if a.partition("=")[0] == "--max-running-requests"]
+        assert len(flags) <= 1, cmd  # never two caps on one command line
+        return (cmd[flags[0]].partition("=")[2] or cmd[flags[0] + 1]) if flags else None
+
+    assert cap() == "256"  # the shipped engine config (configs/engine/sglang.yaml)
+    assert cap("engine.tp=4", "engine.num_servers=1") == "512"
+    assert cap("engine.extra_args=[--cuda-graph-max-bs-decode,'160']") == "160"
+    assert cap("engine.extra_args=['--cuda-graph-max-bs=96']") == "96"
+    assert cap("engine.extra_args=[--max-running-requests,'1024']") == "1024"  # the user's own
+    assert cap("engine.extra_args=[--disable-cuda-graph]") is None
+    assert cap("engine.extra_args=[--cuda-graph-bs-decode,'8','16']") is None
+    assert compose([]).engine.running_cap() == []  # the dev server has no graphs
