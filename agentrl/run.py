@@ -365,14 +365,15 @@ def _works_without_thinking(tokenizer: Any, env_cls: type[Env], cfg: Config) -> 
 def resume_point(cfg: Config, ckpt: CheckpointManager | None = None) -> Path | None:
     """The checkpoint this run continues from (checkpoint.resume), or None. A checkpoint of another
     run (env, tasks, model or algorithm differ) found by `resume=auto` is a ConfigError: resuming
-    it would continue someone else's weights and data cursor without a word."""
+    it would continue someone else's weights and data cursor without a word. Found or named
+    (`resume=<dir>`), a changed setting that a run under way cannot take is a ConfigError too:
+    the checkpoint's weights, data cursor and RNG states would load while the command said else."""
     ckpt = ckpt or CheckpointManager(cfg.checkpoint.of_run(cfg.run_name))
-    path = ckpt.resume_path()
-    if path is None or cfg.checkpoint.resume != "auto":  # an explicit dir: resumed on purpose
-        return path
+    if (path := ckpt.resume_path()) is None:
+        return None
     state = load_trainer_state(path)
     theirs, ours = state.identity, cfg.identity()
-    if theirs and theirs != ours:
+    if cfg.checkpoint.resume == "auto" and theirs and theirs != ours:  # found, not named
         diff = ", ".join(
             f"{k}: {theirs.get(k)!r} there, {ours.get(k)!r} here"
             for k in sorted(set(theirs) | set(ours))
@@ -380,8 +381,8 @@ def resume_point(cfg: Config, ckpt: CheckpointManager | None = None) -> Path | N
         )
         raise ConfigError(
             f"{ckpt.root} holds another run ({diff}). Start this one fresh with "
-            f"run_name=<a new name> (or checkpoint.resume=never), or resume that checkpoint on "
-            f"purpose with checkpoint.resume={path}"
+            f"run_name=<a new name> (or checkpoint.resume=never), or resume that one with the "
+            f"settings it ran with (checkpoint.resume={path} names it from any run_name)"
         )
     if error := refusal(compare(state.settings, cfg.settings()), state.step, str(path)):
         raise ConfigError(error)

@@ -26,7 +26,7 @@ from agentrl.learner.group import LearnerGroup
 from agentrl.learner.memory import check_host, choose_offload, engine_fraction, host_bytes
 from agentrl.learner.ray_start import ray_running, start_ray, stop_ray
 from agentrl.mixture import MixtureSampler
-from agentrl.settings_diff import compare
+from agentrl.settings_diff import compare, refusal
 from agentrl.types import ConfigError
 from agentrl.weight_sync import SYNC_METHODS
 
@@ -190,7 +190,9 @@ def _resume(
         if note := optimizer_note(path, role):
             console.print(f"[yellow]note:[/] {escape(note)}")
     changes = compare(state.settings, cfg.settings())
-    for c in changes:  # applied, never silently kept (refused ones stopped resume_point)
+    if error := refusal(changes, state.step, str(path)):  # resume_point stops these first
+        raise ConfigError(error)  # never printed as applied: the checkpoint's values would load
+    for c in changes:  # applied, never silently kept
         console.print(f"[yellow]{escape(str(c))} from step {state.step + 1}[/]")
     changed = groups["policy"].load_checkpoint(str(path / "policy"), optimizer=optimizer)
     for name, (then, now) in sorted(changed.items()):  # said above, unless the checkpoint is

@@ -4,6 +4,8 @@ and no secret is written into a checkpoint."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from agentrl.config import compose
@@ -78,3 +80,55 @@ def test_resume_point_refuses_a_changed_seed_before_anything_starts(tmp_path):
     with pytest.raises(ConfigError, match=r"seed 3 → 4: the data order") as e:
         resume_point(again)
     assert "learner.lr" not in str(e.value)  # applied, not refused
+
+
+def _saved(tmp_path, cfg, step: int = 2) -> str:
+    from agentrl.ckpt import CheckpointManager, TrainerState
+
+    mgr = CheckpointManager(cfg.checkpoint.of_run(cfg.run_name))
+    with mgr.write(step) as staged:
+        (staged.path / "policy").mkdir()
+        staged.state = TrainerState(step=step, identity=cfg.identity(), settings=cfg.settings())
+    return str(mgr.latest())
+
+
+def test_a_named_checkpoint_refuses_what_a_found_one_refuses(tmp_path):
+    """Found by a review: with checkpoint.resume=<dir> (resumed on purpose) a refused change was
+    not checked, and `model.path a → b from step 3` was printed as applied while the checkpoint's
+    weights loaded. Named or found, it stops before anything starts, naming both values."""
+    cfg = compose([f"checkpoint.dir={tmp_path}/a"])
+    path = _saved(tmp_path, cfg)
+    named = [f"checkpoint.dir={tmp_path}/b", f"checkpoint.resume={path}"]  # another run's dir
+    assert str(resume_point(compose([*named, "learner.lr=0.5"]))) == path  # applies: resumed
+    other = compose([*named, "model.path=/models/other", "learner.lr=0.5"])
+    with pytest.raises(ConfigError, match=r"cannot change") as e:
+        resume_point(other)
+    assert f"model.path {cfg.model.path} → /models/other: the checkpoint" in str(e.value)
+    assert path in str(e.value) and "learner.lr" not in str(e.value)  # applied, not refused
+
+
+def test_a_resume_prints_the_changes_it_applies_and_never_a_refused_one(tmp_path):
+    """What the learner side prints on resume is what applies; a refused change that reached it
+    (not through resume_point) stops it rather than being printed as applied."""
+    from rich.console import Console
+
+    from agentrl.run_learners import _resume
+
+    class Group:  # the policy's learner group: loads nothing, changes nothing
+        def load_checkpoint(self, path, optimizer):
+            return {}
+
+    class Sampler:
+        def load_state_dict(self, state):
+            self.state = state
+
+    cfg = compose([f"checkpoint.dir={tmp_path}"])
+    path = _saved(tmp_path, cfg, step=4)
+    console = Console(record=True, width=200)
+    lr = compose([f"checkpoint.dir={tmp_path}", "learner.lr=0.5"])
+    assert _resume(lr, Path(path), {"policy": Group()}, Sampler(), console).step == 4
+    assert f"learner.lr {cfg.learner.lr} → 0.5 from step 5" in console.export_text()
+    moved = compose([f"checkpoint.dir={tmp_path}", "model.path=/models/other"])
+    with pytest.raises(ConfigError, match=r"model.path .* → /models/other: the checkpoint"):
+        _resume(moved, Path(path), {"policy": Group()}, Sampler(), console)
+    assert "/models/other" not in console.export_text()
