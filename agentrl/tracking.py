@@ -20,6 +20,8 @@ when WANDB_API_KEY is set (or WANDB_MODE says so), else offline, written under
 `<out>/wandb/offline-run-*/` (upload later: `wandb sync <that dir>`). If wandb fails to start or to
 log, the tracker warns once and goes on without it. The run id is stored in checkpoints
 (`TrainerState.wandb_run_id`): a resumed run passes it back here and continues the same W&B run.
+Its rows' W&B steps (`_step`) only go up, so the steps it trains again (those the killed run logged
+after the checkpoint) land as new rows at their `step`, the charts' x axis, where W&B would drop them.
 
     tracker = Tracker(cfg.logging, out_dir, run_name="x", config=cfg.model_dump(mode="json"),
                       run_id=None, tokenizer=tokenizer)
@@ -260,6 +262,15 @@ class WandbSink:
         self.mode = mode
         self.run_dir = Path(self.run.settings.sync_dir)
         self.tables: dict[str, Any] = {}  # incremental turn tables: training's, evaluation's
+        # W&B drops a row whose step is below one it holds, and a resumed run logs again the
+        # steps its killed run logged after the checkpoint: rows take W&B steps that only go up,
+        # across resumes (online: where the server's history ends; offline: where this run id's
+        # earlier segments here end), and charts plot against the trainer's `step` (define_metric)
+        self.run.define_metric("step")
+        self.run.define_metric("*", step_metric="step")
+        earlier = last_logged_row(root, self.id, self.run_dir) if mode == "offline" else -1
+        start = max(self.run.starting_step, earlier + 1)
+        self.row, self.row_step = start - 1, -1  # the last W&B step logged, and its `step`
 
     def log(self, rec: StepRecord) -> None:
         cfg, wandb = self.cfg, self.wandb
@@ -289,7 +300,9 @@ class WandbSink:
             page = render_html(items, self.tokenizer, cfg.html_max_tokens, f"{what} {rec.step}",
                                what)  # fmt: skip
             payload[f"{prefix}/html"] = wandb.Html(page, inject=False, data_is_not_path=True)
-        self.run.log(payload, step=rec.step)
+        if rec.step != self.row_step:  # an evaluation shares the row of its step's metrics
+            self.row, self.row_step = max(rec.step, self.row + 1), rec.step
+        self.run.log({**payload, "step": rec.step}, step=self.row)
 
     def close(self, failed: bool) -> None:
         self.run.finish(exit_code=1 if failed else 0)
@@ -453,6 +466,18 @@ def wandb_records(path: str | Path) -> Iterator[Any]:
             rec = pb.Record()
             rec.ParseFromString(buf)
             yield rec
+
+
+def last_logged_row(root: Path, run_id: str, skip: Path) -> int:
+    """The last W&B step that the segments of run `run_id` under `root/wandb` logged, online or
+    offline (all but `skip`; a killed one's file may end torn: what reads counts), or -1."""
+    last, found = -1, (root / "wandb").glob(f"*run-*-{run_id}/run-{run_id}.wandb")
+    for path in sorted(p for p in found if p.parent != skip):
+        with contextlib.suppress(Exception):
+            for rec in wandb_records(path):
+                if rec.WhichOneof("record_type") == "history":
+                    last = max(last, rec.history.step.num)
+    return last
 
 
 def offline_history(run_dir: str | Path) -> list[dict[str, Any]]:

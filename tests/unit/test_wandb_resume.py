@@ -1,0 +1,65 @@
+"""A resumed run's W&B rows, with real wandb offline (no network, no API key): the steps it trains
+again (those its killed run logged after the checkpoint) land as rows of their own, where W&B,
+which drops a row whose step is below one it holds, used to drop them. Starts wandb's service."""
+
+import time
+
+import pytest
+
+from agentrl.tracking import LoggingConfig, Tracker, WandbConfig, offline_history, wandb_records
+
+OFFLINE = LoggingConfig(wandb=WandbConfig(enabled=True, mode="offline", system_metrics=False))
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    for k in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DISABLED", "WANDB_DIR", "WANDB_RUN_ID"):
+        monkeypatch.delenv(k, raising=False)  # offline, whatever the machine has
+
+
+def history(run_dir, rows: int, wait_s: float = 30.0) -> list[dict]:
+    """The offline run's history once it holds `rows` rows: W&B's service process may still be
+    flushing the .wandb file for a moment after `finish()` returned on a loaded machine."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        got = offline_history(run_dir)
+        if len(got) >= rows or time.monotonic() > deadline:
+            return got
+        time.sleep(0.2)
+
+
+def test_steps_a_resumed_run_trains_again_land_in_its_wandb_run(tmp_path):
+    killed = Tracker(OFFLINE, tmp_path, run_name="exp1")
+    for step in range(6):  # the untrained policy's evaluation at 0, steps 1-5; saved at step 3
+        killed.log_step(step, {"step": float(step), "reward/mean": step / 10})
+    killed.close()
+    first = killed.wandb.run_dir
+    assert [r["_step"] for r in history(first, 6)] == [0, 1, 2, 3, 4, 5]  # unresumed: its step
+
+    resumed = Tracker(OFFLINE, tmp_path, run_name="exp1", run_id=killed.run_id)
+    assert resumed.run_id == killed.run_id
+    for step in (4, 5, 6):  # from the checkpoint at step 3: 4 and 5 are trained again
+        resumed.log_step(step, {"step": float(step), "reward/mean": 0.5 + step / 10})
+    resumed.close()
+    again = resumed.wandb.run_dir
+    assert again != first and again.name.endswith(f"-{killed.run_id}")
+    rows = history(again, 3)
+    assert [r["_step"] for r in rows] == [6, 7, 8]  # past the killed run's last row: kept
+    assert [(r["step"], r["reward/mean"]) for r in rows] == [(4, 0.9), (5, 1.0), (6, 1.1)]
+    metrics = [
+        r.metric
+        for r in wandb_records(next(again.glob("run-*.wandb")))
+        if r.WhichOneof("record_type") == "metric"
+    ]
+    assert any(m.glob_name == "*" and m.step_metric == "step" for m in metrics)  # the x axis
+
+
+def test_an_evaluation_shares_the_row_of_its_steps_metrics(tmp_path):
+    tracker = Tracker(OFFLINE, tmp_path, run_name="exp1")
+    tracker.log_eval(0, [])  # no episodes: nothing to log but the row it would share
+    tracker.log_step(0, {"step": 0.0, "eval/reward_mean": 0.25})
+    tracker.log_step(1, {"step": 1.0, "reward/mean": 0.5})
+    tracker.close()
+    rows = history(tracker.wandb.run_dir, 2)
+    assert [(r["_step"], r["step"]) for r in rows] == [(0, 0), (1, 1)]
+    assert rows[0]["eval/reward_mean"] == 0.25
