@@ -290,8 +290,10 @@ def mini_batches(batch: TrainBatch, n: int, seed: int = 0) -> list[TrainBatch]:
         return [batch]
     if n > batch.num_seqs:
         raise ValueError(
-            f"algo.mini_batches={n} exceeds the {batch.num_seqs} trainable sequences of this step; "
-            "lower algo.mini_batches or raise trainer.tasks_per_step x rollout.group_size"
+            f"algo.mini_batches={n} exceeds the {batch.num_seqs} trainable sequences of this step "
+            "(its other episodes failed on infrastructure, sampled nothing or were masked as "
+            "truncated); lower algo.mini_batches or raise trainer.tasks_per_step x "
+            "rollout.group_size"
         )
     order = torch.randperm(batch.num_seqs, generator=torch.Generator().manual_seed(seed)).tolist()
     out = []

@@ -359,12 +359,27 @@ def import_user_modules(raw: dict[str, Any]) -> None:
                 importlib.import_module(module)
 
 
+def _check_mini_batches(cfg: Config) -> None:
+    """A step's episodes (tasks x group size) are the fewest sequences it trains on: each is at
+    least one (rollout.thinking=template, a context rewrite or an agent may make more, never
+    fewer), so more mini-batches than episodes fail at the first step that forks none."""
+    n, tasks, group = cfg.algo.mini_batches, cfg.trainer.tasks_per_step, cfg.rollout.group_size
+    if n > tasks * group:
+        raise ConfigError(
+            f"algo.mini_batches={n} is more than the {tasks * group} episodes of a step "
+            f"(trainer.tasks_per_step={tasks} x rollout.group_size={group}), the fewest sequences "
+            f"a step can have to split: set algo.mini_batches={tasks * group} or fewer, or raise "
+            "trainer.tasks_per_step or rollout.group_size"
+        )
+
+
 def training_checks(cfg: Config) -> list[str]:
     """Settings that are valid for a preview but wrong for training: errors raise ConfigError,
     doubtful ones come back as warnings to print."""
     if cfg.learner.routing_replay:
         check_moe(cfg.model.resolve())
     r = cfg.rollout
+    _check_mini_batches(cfg)
     warnings = signal_checks(r, cfg.learner, cfg.algo.advantage, cfg.trainer.steps)
     warnings += kl_checks(cfg.algo.loss)
     if r.top_p < 1.0 or r.top_k > 0:

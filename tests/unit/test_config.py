@@ -412,3 +412,29 @@ def test_sglang_servers_run_no_more_sequences_than_their_decode_graph_holds():
     assert cap("engine.extra_args=[--disable-cuda-graph]") is None
     assert cap("engine.extra_args=[--cuda-graph-bs-decode,'8','16']") is None
     assert compose([]).engine.running_cap() == []  # the dev server has no graphs
+
+
+def test_more_mini_batches_than_a_steps_episodes_is_refused_before_the_run(tmp_path):
+    """A review: algo.mini_batches=16 with 2 tasks x 4 samples a step started Ray, the servers
+    and the first rollout, then failed in the update. A step's episodes are the fewest sequences
+    it can have (each one at least; a forked or rewritten episode makes more), so that bound is
+    checked before anything starts, and every setting up to it is kept."""
+    import asyncio
+
+    from agentrl.config import training_checks
+    from agentrl.train import train
+
+    small = ["trainer.tasks_per_step=2", "rollout.group_size=4", f"checkpoint.dir={tmp_path}/c"]
+    cfg = compose([*small, "algo.mini_batches=9"])
+    with pytest.raises(ConfigError) as e:
+        training_checks(cfg)
+    (line,) = str(e.value).splitlines()
+    assert "algo.mini_batches=9 is more than the 8 episodes" in line
+    assert "trainer.tasks_per_step=2 x rollout.group_size=4" in line
+    assert "set algo.mini_batches=8 or fewer" in line
+    with pytest.raises(ConfigError, match=r"algo\.mini_batches=9"):
+        asyncio.run(train(cfg, tmp_path / "out"))
+    assert not (tmp_path / "out").exists()  # nothing was built: no Ray, no servers
+    assert training_checks(compose([*small, "algo.mini_batches=8"])) == []
+    multi = ["rollout.thinking=template", "rollout.max_turns=4"]  # sequences >= episodes
+    assert training_checks(compose([*small, *multi, "algo=ppo", "algo.mini_batches=8"])) == []
