@@ -367,12 +367,16 @@ class ToolEnv(Env):
 
 def read_reward(value: Any) -> tuple[float, dict[str, float]]:
     """What `Env.reward` returned → (the reward, its components): a number, or a dict with
-    `total`; a reward that is not a finite number raises (one NaN would poison its group)."""
+    `total`; a reward that is not a finite number raises (one NaN would poison its group), and so
+    does a component that is not (its NaN went to reward/<key> in the metrics without a word)."""
     components: dict[str, float] = {}
     if isinstance(value, dict):
         if "total" not in value:
             raise ValueError(f"reward dict needs a 'total' key, got {sorted(value)}")
         components = {k: _number(v, f"reward[{k!r}]") for k, v in value.items()}
+        for k, v in components.items():
+            if k != "total" and not math.isfinite(v):  # the total: bounded_reward below
+                raise ValueError(f"reward[{k!r}] is {v}; reward components must be finite numbers")
         value = value["total"]
     return bounded_reward(_number(value, "reward")), components
 
