@@ -129,15 +129,17 @@ async def serve(cfg: Config, out: Path, started: asyncio.Future | None = None) -
             await engine.aclose()
 
 
+def session_dir(run_dir: Path, when: float | None = None) -> Path:
+    """Where one `agentrl gateway` session (started at `when`, default now) writes its episodes:
+    <run dir>/gateway/<date>_<time>/ (`agentrl view <run dir>` reads the newest session's)."""
+    return run_dir / "gateway" / time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(when))
+
+
 def main() -> None:
     @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
     def _run(raw: Any) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)
-        out = (
-            Path(HydraConfig.get().runtime.output_dir)
-            / "gateway"
-            / time.strftime("%Y-%m-%d_%H-%M-%S")
-        )
+        out = session_dir(Path(HydraConfig.get().runtime.output_dir))
         with errors_for_people(), contextlib.suppress(KeyboardInterrupt):
             asyncio.run(serve(load_config(raw), out))
 

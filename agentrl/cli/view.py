@@ -1,10 +1,11 @@
 """`agentrl view RUN_DIR [--eval] [--step N] [--env NAME] [-n 4] [-o view.html]`: an HTML page
 of a run's trajectories, token by token (agentrl/trajectory_view.py draws it), for runs without
-W&B. Reads the run's trajectories.jsonl (runs/<run_name>/, or the newest of its preview/ folders
-when it has not trained yet), or with --eval its eval_trajectories.jsonl (the episodes of each
-evaluation, trainer.eval.every; --step picks the evaluation after that step, 0 the untrained
-policy's); --env shows only one env's episodes of a mixture (env=mixture: each trajectory's
-metadata names its env); the tokenizer comes from the run's saved Hydra config (or --tokenizer)."""
+W&B. Reads the run's trajectories.jsonl (runs/<run_name>/; when it has not trained, the newest of
+its preview/ and gateway/ session folders, a gateway's episodes newest first), or with --eval its
+eval_trajectories.jsonl (the episodes of each evaluation, trainer.eval.every; --step picks the
+evaluation after that step, 0 the untrained policy's); --env shows only one env's episodes of a
+mixture (env=mixture: each trajectory's metadata names its env); the tokenizer comes from the
+run's saved Hydra config (or --tokenizer)."""
 
 from __future__ import annotations
 
@@ -31,14 +32,24 @@ def _saved_config(folder: Path) -> Path | None:
     return None
 
 
+SESSIONS = ("preview", "gateway")  # runs/<name>/<kind>/<date>_<time>/: `agentrl preview|gateway`
+
+
 def _find_trajectories(run: Path, name: str = "trajectories.jsonl") -> Path:
-    """A trajectories.jsonl (`name`) given, in `run`, or in its newest preview folder."""
+    """A trajectories.jsonl (`name`) given, in `run`, or in its newest session folder: a
+    preview's or a gateway's, named by the time it started (`run` may be one kind's folder)."""
     if not run.is_dir():
         return run
     if (run / name).exists():
         return run / name
-    previews = sorted((run / "preview").glob(f"*/{name}"))
-    return previews[-1] if previews else run / name
+    kinds = [run] if run.name in SESSIONS else [run / kind for kind in SESSIONS]
+    sessions = [p for kind in kinds for p in kind.glob(f"*/{name}")]
+    return max(sessions, key=lambda p: p.parent.name) if sessions else run / name
+
+
+def _from_gateway(path: Path) -> bool:
+    """A gateway session's file: its episodes appended as each was closed (no steps)."""
+    return path.parent.parent.name == "gateway"
 
 
 def _tokenizer_for(run: Path, given: str | None) -> Any:
@@ -84,6 +95,8 @@ def main(argv: list[str] | None = None) -> None:
         if not items:
             raise SystemExit(f"{path}: no trajectories of env {a.env!r} at that step; its envs: "
                              f"{envs or 'none named (not a mixture run)'}")  # fmt: skip
+    if _from_gateway(path):  # newest first: the episodes just run by hand are the ones to read
+        items.reverse()
     trajs = [t for _, t, _ in items]
     lps = {i: lp for i, (_, _, lp) in enumerate(items) if lp is not None}
     chosen = [items[i] for i in pick(trajs, lps, a.n)]
