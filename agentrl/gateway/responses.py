@@ -5,9 +5,12 @@ keeps no conversations, it keeps training sequences).
 
 Input items become messages: `instructions` a system message first; message items by role
 (text parts only); `function_call` items the tool calls of the assistant turn they follow;
-`function_call_output` items tool messages; `reasoning` items are skipped. The answer's output
-is a message item (when the model wrote text, or called nothing) and one `function_call` item
-per call."""
+`function_call_output` items tool messages; `reasoning` items are skipped (a reasoning item the
+gateway answered, sent back as OpenAI asks, changes nothing: the turn's ids hold the reasoning as
+it was sampled, and an echo is matched by its text and calls, as chat completions' echo of
+`reasoning_content` is). The answer's output is a `reasoning` item first when the model reasoned
+(its text as `reasoning_text` content, as chat completions' `reasoning_content`), a message item
+(when the model wrote text, or called nothing) and one `function_call` item per call."""
 
 from __future__ import annotations
 
@@ -170,6 +173,16 @@ def _call(item: dict[str, Any], where: str) -> ToolCall:
 def response_body(req: ChatRequest, choice: Choice, usage: dict[str, int]) -> dict[str, Any]:
     msg = choice.message
     output: list[dict[str, Any]] = []
+    if msg.reasoning_content:  # the turn's <think> block, apart (the SDK's ResponseReasoningItem)
+        output.append(
+            {
+                "type": "reasoning",
+                "id": f"rs_{uuid.uuid4().hex[:24]}",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": msg.reasoning_content}],
+                "status": "completed",
+            }
+        )
     if msg.content or not msg.tool_calls:
         output.append(
             {
