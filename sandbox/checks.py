@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import sys
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -85,13 +86,21 @@ def _from_assert(test: ast.expr) -> CallTest | None:
 
 
 _BUILTINS = frozenset(dir(builtins))
+# Modules a test reaches by name: the standard library's, and the usual third-party ones under
+# their usual aliases. A fixed list: what a test may assert must not depend on what is installed.
+_MODULES = frozenset(sys.stdlib_module_names) | {
+    "np", "numpy", "pd", "pandas", "scipy", "sympy", "torch", "tf", "jax", "jnp", "nx", "networkx",
+}  # fmt: skip
 
 
 def _decided_inside(test: CallTest) -> str | None:
     """Why the sandbox, not the grader, would decide `test`'s outcome (None: it does not). A
     comparison in the call runs there, answered by the solution's objects (`__eq__` always
-    True); a yes/no test whose bit comes from a builtin gets the solution's own `isinstance`,
-    `all`, … (names it rebinds, or objects that lie to them)."""
+    True); a yes/no test whose bit comes from a builtin or a library function (`math.isfinite`,
+    `np.allclose`) gets the solution's own `isinstance`, `all`, `math`, … (names it rebinds,
+    modules it patches on import, or objects that lie to them: `__float__`, `__len__`). The
+    call runs in the solution's interpreter, which can also write its report itself, so no
+    binding taken before the solution loads would hold: such a bit is never asked of it."""
     expr = ast.parse(test.call, mode="eval")
     for node in ast.walk(expr):
         if isinstance(node, ast.Compare):
@@ -101,7 +110,18 @@ def _decided_inside(test: CallTest) -> str | None:
             name = node.func if isinstance(node, ast.Call) else None
             if isinstance(name, ast.Name) and name.id in _BUILTINS:
                 return f"its yes/no would come from `{name.id}` in the sandbox"
+            if isinstance(name, ast.Attribute) and _module_of(name) in _MODULES:
+                return f"its yes/no would come from `{ast.unparse(name)}` in the sandbox"
     return None
+
+
+def _module_of(func: ast.Attribute) -> str | None:
+    """The name a dotted callee starts from (`os` of `os.path.isfile`); None when it starts
+    from a value (`Stack().is_empty`)."""
+    node: ast.expr = func
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
 
 
 def _bound(tree: ast.AST) -> set[str]:
@@ -134,7 +154,8 @@ def asserts_to_tests(test_code: str, strict: bool = True) -> list[CallTest]:
     CallTests whose expected values stay outside the sandbox. Asserts of other shapes raise
     ValueError (strict) or are skipped, and so do those the sandbox would decide: a comparison
     inside the call (`assert all([f(1) == 2])`, `assert (f(1) == 2) is True`) or a yes/no from
-    a builtin (`assert isinstance(f(1), int)`), which the solution's objects and names answer;
+    a builtin or a library (`assert isinstance(f(1), int)`, `assert math.isfinite(f(1))`), which
+    the solution's objects, names and patched modules answer;
     and a call that reads a name of the test code's own (a helper, a local, an import;
     `candidate` is the solution's), which the sandbox never gets."""
     tree = ast.parse(test_code)

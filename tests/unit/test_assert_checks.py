@@ -70,3 +70,32 @@ async def test_an_assert_reading_the_test_codes_own_names_is_not_graded() -> Non
     honest = await grade(sb, "def candidate(x):\n    return x * x", tests, timeout_s=2.0)
     helper = await grade(sb, "is_square = lambda *a: True\ndef candidate(x):\n    return 0", tests)
     assert honest.all_passed and helper.passed == 0
+
+
+LIBRARY_YES_NO = """
+def check(candidate):
+    assert math.isfinite(candidate(1.0))
+    assert not math.isnan(candidate(2.0))
+    assert candidate(3.0) == 9.0
+"""
+PATCHES_MATH = (
+    "import math\nmath.isfinite = lambda x: True\nmath.isnan = lambda x: False\n"
+    "def candidate(x):\n    return float('nan')"
+)
+
+
+async def test_a_yes_no_from_a_library_the_solution_can_patch_is_not_graded() -> None:
+    """A red-team pass: `math` (the solution's: the test code does not import it) ran in the
+    solution's interpreter, where a solution that set `math.isfinite = lambda x: True` on import
+    passed both yes/no checks with a NaN for every answer."""
+    with pytest.raises(ValueError, match="would come from `math.isfinite`"):
+        asserts_to_tests(LIBRARY_YES_NO)
+    tests = asserts_to_tests(LIBRARY_YES_NO, strict=False)
+    assert [t.call for t in tests] == ["candidate(3.0)"]
+    sb = SubprocessSandbox()
+    hack = await grade(sb, PATCHES_MATH, tests, timeout_s=2.0)
+    honest = await grade(sb, "def candidate(x):\n    return x * x", tests, timeout_s=2.0)
+    assert hack.passed == 0 and honest.all_passed
+    # a library's value compared here, and a method of the solution's own object, still grade
+    kept = asserts_to_tests("assert math.floor(candidate(1.5)) == 2\nassert Stack().is_empty()")
+    assert [t.call for t in kept] == ["math.floor(candidate(1.5))", "Stack().is_empty()"]
