@@ -4,14 +4,14 @@ and a tracker started from that checkpoint's id continues the same run."""
 
 import asyncio
 import json
-import time
 
 import pytest
 from transformers import AutoTokenizer
+from wandb_rows import offline_rows
 
 from agentrl.ckpt import load_trainer_state
 from agentrl.config import compose
-from agentrl.tracking import Tracker, offline_history, wandb_records
+from agentrl.tracking import Tracker, wandb_records
 from agentrl.train import train
 from agentrl.trajectory_view import TURN_COLUMNS, load_jsonl
 
@@ -46,21 +46,10 @@ def offline_run(out):
     return run
 
 
-def wandb_history(run, rows: int = 1, wait_s: float = 20.0):
-    """The offline run's history once it holds `rows` rows: W&B's service process may still be
-    flushing the .wandb file for a moment after `finish()` returned on a loaded machine."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        got = offline_history(run)
-        if len(got) >= rows or time.monotonic() > deadline:
-            return got
-        time.sleep(0.2)
-
-
 def test_offline_run_holds_metrics_turn_table_and_html(trained):
     tmp, _, history = trained
     run = offline_run(tmp / "out")
-    (row,) = wandb_history(run)
+    (row,) = offline_rows(run, 1, 20.0)
     assert row["_step"] == row["step"] == 1
     for name in NAMES:
         assert name in row and row[name] == pytest.approx(history[0][name]), name
@@ -109,6 +98,6 @@ def test_checkpoint_keeps_the_run_id_and_a_resumed_tracker_continues_it(trained)
     tracker.close()
     resumed = offline_run(tmp / "out2")
     assert resumed.name.endswith(f"-{run_id}")
-    (row,) = wandb_history(resumed)
+    (row,) = offline_rows(resumed, 1, 20.0)
     assert row["_step"] == 2 and row["reward/mean"] == 0.5
     assert row["trajectories/turns"]["nrows"] == sum(max(len(t.turns), 1) for t in trajs)

@@ -2,11 +2,10 @@
 again (those its killed run logged after the checkpoint) land as rows of their own, where W&B,
 which drops a row whose step is below one it holds, used to drop them. Starts wandb's service."""
 
-import time
-
 import pytest
+from wandb_rows import offline_rows
 
-from agentrl.tracking import LoggingConfig, Tracker, WandbConfig, offline_history, wandb_records
+from agentrl.tracking import LoggingConfig, Tracker, WandbConfig, wandb_records
 
 OFFLINE = LoggingConfig(wandb=WandbConfig(enabled=True, mode="offline", system_metrics=False))
 
@@ -17,24 +16,13 @@ def _offline(monkeypatch):
         monkeypatch.delenv(k, raising=False)  # offline, whatever the machine has
 
 
-def history(run_dir, rows: int, wait_s: float = 30.0) -> list[dict]:
-    """The offline run's history once it holds `rows` rows: W&B's service process may still be
-    flushing the .wandb file for a moment after `finish()` returned on a loaded machine."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        got = offline_history(run_dir)
-        if len(got) >= rows or time.monotonic() > deadline:
-            return got
-        time.sleep(0.2)
-
-
 def test_steps_a_resumed_run_trains_again_land_in_its_wandb_run(tmp_path):
     killed = Tracker(OFFLINE, tmp_path, run_name="exp1")
     for step in range(6):  # the untrained policy's evaluation at 0, steps 1-5; saved at step 3
         killed.log_step(step, {"step": float(step), "reward/mean": step / 10})
     killed.close()
     first = killed.wandb.run_dir
-    assert [r["_step"] for r in history(first, 6)] == [0, 1, 2, 3, 4, 5]  # unresumed: its step
+    assert [r["_step"] for r in offline_rows(first, 6)] == [0, 1, 2, 3, 4, 5]  # unresumed: its step
 
     resumed = Tracker(OFFLINE, tmp_path, run_name="exp1", run_id=killed.run_id)
     assert resumed.run_id == killed.run_id
@@ -43,7 +31,7 @@ def test_steps_a_resumed_run_trains_again_land_in_its_wandb_run(tmp_path):
     resumed.close()
     again = resumed.wandb.run_dir
     assert again != first and again.name.endswith(f"-{killed.run_id}")
-    rows = history(again, 3)
+    rows = offline_rows(again, 3)
     assert [r["_step"] for r in rows] == [6, 7, 8]  # past the killed run's last row: kept
     assert [(r["step"], r["reward/mean"]) for r in rows] == [(4, 0.9), (5, 1.0), (6, 1.1)]
     metrics = [
@@ -60,6 +48,6 @@ def test_an_evaluation_shares_the_row_of_its_steps_metrics(tmp_path):
     tracker.log_step(0, {"step": 0.0, "eval/reward_mean": 0.25})
     tracker.log_step(1, {"step": 1.0, "reward/mean": 0.5})
     tracker.close()
-    rows = history(tracker.wandb.run_dir, 2)
+    rows = offline_rows(tracker.wandb.run_dir, 2)
     assert [(r["_step"], r["step"]) for r in rows] == [(0, 0), (1, 1)]
     assert rows[0]["eval/reward_mean"] == 0.25
