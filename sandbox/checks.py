@@ -13,7 +13,7 @@ import builtins
 import sys
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class IOTest(BaseModel):
@@ -38,15 +38,50 @@ class CallTest(BaseModel):
     rel_tolerance: float | None = Field(None, ge=0)
     match: Literal["equal", "truthy"] = "equal"
 
+    @field_validator("expected")
+    @classmethod
+    def _comparable(cls, value: Any) -> Any:
+        why = not_plain(value)
+        if why:
+            raise ValueError(f"the grader cannot compare an expected value holding {why}: use "
+                             "plain data (None, bool, int, float, complex, str, bytes, and "
+                             "lists, tuples, sets and dicts of them)")  # fmt: skip
+        return value
+
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+def not_plain(value: Any, depth: int = 0) -> str | None:
+    """What in `value` the grader's `canon` could only tag by its type's name (None: nothing).
+    Such a part would match any object whose type has that name (a red-team solution returned
+    an instance of its own `class bytes: pass` where a bytes value was expected, and passed)."""
+    if depth > 50:
+        return "a nesting over 50 deep"
+    t = type(value)
+    if t in _PLAIN:
+        return None
+    if t is dict:
+        parts = [x for kv in value.items() for x in kv]
+    elif t in (list, tuple, set, frozenset):
+        parts = list(value)
+    elif t.__module__ == "numpy" and hasattr(value, "tolist"):
+        parts = [value.tolist()]
+    else:
+        return f"a {t.__name__}"
+    return next((w for x in parts if (w := not_plain(x, depth + 1))), None)
+
 
 # -- assert-style tests -> CallTests ------------------------------------------------------
 
 
 def _literal(node: ast.expr) -> tuple[bool, Any]:
+    """(True, its value) for a literal the grader can compare (not `...`), else (False, None)."""
     try:
-        return True, ast.literal_eval(node)
+        value = ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return False, None
+    return (False, None) if not_plain(value) else (True, value)
 
 
 def _from_assert(test: ast.expr) -> CallTest | None:

@@ -44,7 +44,10 @@ Size: one module, because it is one security argument (what the harness may see,
 runs, how its report is judged, what a lost report means): split, its parts would each look
 safe alone.
 
-Limits: each test gets `timeout_s` of wall time; values are compared type-strictly (a tuple is
+Limits: each test gets `timeout_s` of wall time; an expected value must be plain data (None,
+bool, int, float, complex, str, bytes, and lists, tuples, sets and dicts of them: anything else
+the harness could name only by its type, which any object of that name would match, so a
+CallTest refuses it); values are compared type-strictly (a tuple is
 not a list, True is not 1; ints and floats compare numerically, within `tolerance` (absolute)
 or `rel_tolerance` (relative) when given: `abs(f(x) - v) < t` reads as the first, `math.isclose`
 as both, with its own defaults).
@@ -108,6 +111,10 @@ def canon(v, depth=0):
         return v
     if t is float:
         return v if v == v and v not in (float("inf"), float("-inf")) else {"__float__": repr(v)}
+    if t is bytes:
+        return {"__bytes__": v.hex()}
+    if t is complex:
+        return {"__complex__": [canon(v.real, depth + 1), canon(v.imag, depth + 1)]}
     if t is list:
         return [canon(x, depth + 1) for x in v]
     if t is tuple:
@@ -135,6 +142,8 @@ def _truthy(v):
         if "__float__" in v:
             return True
         inner = next(iter(v.values()), [])
+        if "__complex__" in v and isinstance(inner, list):
+            return any(x != 0 for x in inner)
         return bool(inner)
     return bool(v)
 
@@ -249,6 +258,8 @@ def _frames(stdout: str, nonce: str) -> dict[int, dict]:
 def _same(got: Any, exp: Any, tol: float | None, rel: float | None = None) -> bool:
     """`tol` absolute, `rel` relative; each applies as itself only (an absolute bound taken as a
     relative one too passed 0 for `abs(f(x) - 100) < 1`: |0 - 100| <= 1 * 100)."""
+    if isinstance(exp, dict) and "__opaque__" in exp:  # says only its type's name: never equal
+        return False
     if isinstance(exp, bool) or isinstance(got, bool):
         return type(got) is type(exp) and got == exp
     if isinstance(exp, int | float) and isinstance(got, int | float):

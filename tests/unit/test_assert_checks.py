@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agentrl.sandbox import SubprocessSandbox
-from agentrl.sandbox.grader import asserts_to_tests, grade
+from agentrl.sandbox.grader import CallTest, asserts_to_tests, grade
 
 DECIDED_INSIDE = """
 def check(candidate):
@@ -99,3 +99,29 @@ async def test_a_yes_no_from_a_library_the_solution_can_patch_is_not_graded() ->
     # a library's value compared here, and a method of the solution's own object, still grade
     kept = asserts_to_tests("assert math.floor(candidate(1.5)) == 2\nassert Stack().is_empty()")
     assert [t.call for t in kept] == ["math.floor(candidate(1.5))", "Stack().is_empty()"]
+
+
+NAMED_LIKE = (
+    "class bytes:\n    pass\nclass complex:\n    pass\n"
+    "def enc(s):\n    return bytes()\ndef root(x):\n    return complex()"
+)
+
+
+async def test_an_expected_bytes_or_complex_value_is_compared_not_named() -> None:
+    """A red-team pass: the grader wrote bytes and complex values as their type's name only, so
+    `enc("hi") == b"hi"` and `root(-4) == 2j` passed for any bytes and any complex value, or
+    for an instance of the solution's own `class bytes: pass` (3 of 3 with `f() == ...`)."""
+    tests = asserts_to_tests('assert enc("hi") == b"hi"\nassert root(-4) == 2j')
+    sb = SubprocessSandbox()
+    named = await grade(sb, NAMED_LIKE, tests, timeout_s=2.0)
+    other = "def enc(s):\n    return b'no'\ndef root(x):\n    return 1j"
+    wrong = await grade(sb, other, tests, timeout_s=2.0)
+    right = "def enc(s):\n    return s.encode()\ndef root(x):\n    return (-x) ** 0.5 * 1j"
+    honest = await grade(sb, right, tests, timeout_s=2.0)
+    assert named.passed == 0 and wrong.passed == 0 and honest.all_passed
+    # a value it could still name only by its type is refused where the test is made
+    with pytest.raises(ValueError, match="cannot be graded"):
+        asserts_to_tests("assert f() == ...")
+    with pytest.raises(ValueError, match="holding a object"):
+        CallTest(call="f()", expected=[1, object()])
+    assert asserts_to_tests("assert not enc('')")[0].match == "truthy"
