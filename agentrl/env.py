@@ -439,13 +439,20 @@ async def finish_episode(env: Env, traj: Trajectory) -> None:
     """Score `traj` with `env.reward` (not an infrastructure failure, nor an episode whose turn
     reward already failed), then close the env. A reward that raises scores 0 and the episode
     stays in its group as `reward_error`, but a truncated one keeps its stop reason: its penalty
-    or mask must hold (a reward that raised on a cut answer escaped both: a red-team pass)."""
+    or mask must hold (a reward that raised on a cut answer escaped both: a red-team pass). A
+    reward whose sandbox is unavailable (a grading call that found the service down) ends the
+    episode as `sandbox_unavailable`, as a tool call's does: out of the batch and its group's
+    baseline, its group rolled out again; as `reward_error` it taught the policy that a right
+    answer scored 0."""
     failed = traj.stop_reason in (StopReason.REWARD_ERROR, StopReason.ENV_ERROR)  # scored 0
     if traj.stop_reason is StopReason.REWARD_ERROR:  # by the rollout: a turn's reward
         traj.error = traj.error or "a turn's reward (StepResult.reward) was not a finite number"
     try:
         if not traj.stop_reason.is_infra_failure and not failed:
             traj.reward, traj.reward_components = read_reward(await env.reward(traj))
+    except SandboxUnavailable as e:  # the grader's sandbox is down: no score, not a 0
+        traj.reward, traj.stop_reason = 0.0, StopReason.SANDBOX_UNAVAILABLE
+        traj.error = f"reward: {type(e).__name__}: {e}"
     except Exception as e:  # the env's scorer failed on this trajectory: scored 0, visible
         log.warning("reward of %s failed: %s: %s", traj.metadata["session"], type(e).__name__, e)
         traj.reward = 0.0
