@@ -32,7 +32,24 @@ class LoraConfig(BaseModel):
 
     rank: int = Field(0, ge=0, description="LoRA rank; 0: train every parameter")
     alpha: float = Field(16.0, gt=0, description="scale alpha / rank of the adapters' update")
-    dropout: float = Field(0.0, ge=0, lt=1)
+    dropout: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="LoRA dropout; only 0: the learner runs without dropout, as the engine "
+        "samples (with it, pi / pi_old and the rollout correction read dropout noise)",
+    )
+
+    @model_validator(mode="after")
+    def _no_dropout(self) -> LoraConfig:
+        if self.dropout:
+            raise ValueError(
+                f"learner.lora.dropout={self.dropout:g}: RL scores the sampled tokens with the "
+                "policy the engine samples from, which has no dropout (the update's ratio and "
+                "rollout correction would read dropout noise); set learner.lora.dropout=0"
+            )
+        return self
+
     target_modules: list[str] | str = Field(
         "all-linear", description="PEFT target_modules: module names, or all-linear"
     )

@@ -62,8 +62,9 @@ def to_dtype(name: str) -> torch.dtype:
 
 # -- build --------------------------------------------------------------------------------------
 def load_model(path: str | Path, role: Role) -> nn.Module:
-    """A transformers model in fp32 (the master weights). The critic is the same backbone with a
-    one-output token-classification head (its value per token)."""
+    """A transformers model in fp32 (the master weights), its dropout off (`no_dropout`). The
+    critic is the same backbone with a one-output token-classification head (its value per
+    token)."""
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
     from transformers.utils import logging as hf_logging
 
@@ -74,6 +75,22 @@ def load_model(path: str | Path, role: Role) -> nn.Module:
         )
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return no_dropout(model)
+
+
+def no_dropout(model: nn.Module) -> nn.Module:
+    """Every dropout of `model` off (nn.Dropout modules, and the attention's own rate that
+    transformers reads in training mode), in place. The update's forward must compute the
+    policy the engine sampled from and the scoring pass computed: with dropout, pi / pi_old at
+    the batch's first step is noise, not 1, and the critic's values move by noise against the
+    values its clip compares with (a token-classification head adds dropout 0.1 by default:
+    values 0.37 apart between two forwards of the tiny model)."""
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+        for name, value in list(vars(m).items()):
+            if "dropout" in name and isinstance(value, float):
+                setattr(m, name, 0.0)
     return model
 
 
