@@ -37,6 +37,14 @@ def signal_checks(
             "divide by the temperature), so every update would be NaN. Train with a temperature "
             "> 0 (e.g. rollout.temperature=1.0); greedy is fine for `agentrl preview`"
         )
+    if r.gateway.sampling == "request":
+        raise ConfigError(
+            "rollout.gateway.sampling=request in training: an agent's requests would sample "
+            "at their own temperature/top_p while the learner scores every token at "
+            f"rollout.temperature={r.temperature:g}, so the ratio, the rollout correction and "
+            "the KL read another distribution than the one sampled. Keep "
+            "rollout.gateway.sampling=run (request is for `agentrl gateway` and previews)"
+        )
     if adv.name in GROUP_BASELINES and r.group_size == 1:
         raise ConfigError(
             f"rollout.group_size=1 with algo.advantage.name={adv.name}: its baseline is the "
@@ -96,3 +104,4 @@ def kl_checks(loss: LossConfig) -> list[str]:
         "the KL, not the reward, bounds how far the policy moves. Use a coefficient of 1e-3 "
         "to 0.1 (algo.loss.kl_coef=0.01), or 0 for no KL"
     ]
+
