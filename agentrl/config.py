@@ -53,7 +53,7 @@ from agentrl.rollout import RolloutConfig
 from agentrl.sandbox.backends import BACKENDS
 from agentrl.sandbox.config import SandboxConfig
 from agentrl.settings_diff import settings_of
-from agentrl.signal_checks import kl_checks, signal_checks
+from agentrl.signal_checks import critic_checks, kl_checks, signal_checks
 from agentrl.tracking import LoggingConfig
 from agentrl.trainer_config import MOVED_KEYS, TrainerConfig
 from agentrl.types import ConfigError
@@ -382,6 +382,7 @@ def training_checks(cfg: Config) -> list[str]:
     _check_mini_batches(cfg)
     warnings = signal_checks(r, cfg.learner, cfg.algo.advantage, cfg.trainer.steps)
     warnings += kl_checks(cfg.algo.loss)
+    critic_checks(cfg.learner, cfg.algo.critic.lr, cfg.algo.uses_critic())
     if r.top_p < 1.0 or r.top_k > 0:
         warnings.append(
             f"rollout.top_p={r.top_p:g} / rollout.top_k={r.top_k}: the engine samples from a "

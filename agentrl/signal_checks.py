@@ -105,3 +105,14 @@ def kl_checks(loss: LossConfig) -> list[str]:
         "to 0.1 (algo.loss.kl_coef=0.01), or 0 for no KL"
     ]
 
+
+def critic_checks(lc: LearnerConfig, critic_lr: float | None, uses_critic: bool) -> None:
+    """A LoRA policy's learner.lr is an adapter's rate (about 5-100x a full fine-tune's), but
+    the critic trains every parameter of its backbone: it must not inherit that rate unasked."""
+    if uses_critic and lc.lora.rank > 0 and critic_lr is None:
+        raise ConfigError(
+            f"learner.lora.rank={lc.lora.rank} with a critic (algo=ppo): the critic trains "
+            f"every parameter, and algo.critic.lr defaults to learner.lr={lc.lr:g}, a rate for "
+            "adapters; set algo.critic.lr to a full fine-tune's rate (e.g. the model's usual "
+            "learner.lr)"
+        )
