@@ -82,7 +82,9 @@ class AgentEpisodes:
         ep = self.gateway.open(
             task.id, sample_index, session, episode_key(task.id, slot, sample_index)
         )
-        ctx = ToolContext(session=session, sandbox=self.sandbox, timeout_s=self.tool_timeout_s)
+        ctx = ToolContext(
+            session=session, sandbox=self.sandbox, timeout_s=self.tool_timeout_s, task=task
+        )
         t0 = time.monotonic()
         env: AgentEnv | None = None
         stop, error, returned = StopReason.COMPLETED, None, False

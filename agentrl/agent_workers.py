@@ -298,7 +298,9 @@ async def _episode(jid: int, payload: bytes, http: Any, sandboxes: dict, send: A
             sandbox = sandboxes.setdefault(
                 getattr(job.sandbox, "url", job.sandbox_kind), job.sandbox
             )
-        ctx = ToolContext(session=job.session, sandbox=sandbox, timeout_s=job.tool_timeout_s)
+        ctx = ToolContext(
+            session=job.session, sandbox=sandbox, timeout_s=job.tool_timeout_s, task=job.task
+        )
         env = job.env_cls(job.task, ctx, **job.env_kwargs)
         client = openai_client(job.url, job.key, job.timeout_s, http)
         result = await env.run(job.task, client)

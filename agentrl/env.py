@@ -216,7 +216,7 @@ class Env:
 
     def __init__(self, task: Task, ctx: ToolContext | None = None, **kwargs: Any) -> None:
         self.task = task
-        self.ctx = ctx or ToolContext(session=task.id)
+        self.ctx = ctx or ToolContext(session=task.id, task=task)
         for k, v in kwargs.items():
             if not hasattr(type(self), k):
                 raise TypeError(f"{type(self).__name__} has no setting {k!r}")

@@ -240,7 +240,7 @@ class Rollout:
         requests' sampling seeds (trainer.deterministic; agentrl/seeding.py)."""
         session = f"{task.id}:{sample_index}:{uuid.uuid4().hex[:8]}"
         seeds = episode_key(task.id, slot, sample_index)
-        ctx = ToolContext(session=session, sandbox=self.sandbox, timeout_s=self.cfg.tool_timeout_s)
+        ctx = ToolContext(session, self.sandbox, self.cfg.tool_timeout_s, task=task)
         seqs = [TokenSequence()]
         stop, error, env = StopReason.ABORTED, None, None
         t0 = time.monotonic()

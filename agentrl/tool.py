@@ -51,6 +51,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ValidationError
 
 from agentrl.sandbox.base import Sandbox, SandboxUnavailable
+from agentrl.types import Task
 
 log = logging.getLogger(__name__)
 TOOL_FAULTS = ("exception", "blocked_event_loop")  # metadata["error"] values: the tool's fault
@@ -74,12 +75,21 @@ class ToolResult(BaseModel):
 
 @dataclass
 class ToolContext:
-    """What a tool may use during one episode. `session` is unique per trajectory."""
+    """What a tool may use during one episode, one context per episode (shared by its tools and
+    its env's `self.ctx`). `session` is unique per trajectory; `task` is the episode's task (a
+    look-up tool reads its data there); `extra` is the episode's own scratch dict, empty at its
+    start, for state a tool keeps across turns (a key-value store) or hands to the env's reward:
+
+        async def __call__(self, args, ctx):
+            ctx.extra.setdefault("kv", {})[args.key] = args.value     # this episode's store
+            return ToolResult(content="stored")
+    """
 
     session: str = "default"
     sandbox: Sandbox | None = None
     timeout_s: float = 30.0
     extra: dict[str, Any] = field(default_factory=dict)
+    task: Task | None = None
 
 
 class Tool:
