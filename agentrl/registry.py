@@ -18,6 +18,7 @@ register further names with the same decorator.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
@@ -28,26 +29,70 @@ T = TypeVar("T")
 
 
 def import_path(path: str, setting: str) -> Any:
-    """`pkg.module:attr` or `pkg.module.attr` → the object; a ConfigError naming `setting` if not."""
+    """`pkg.module:attr` or `pkg.module.attr` → the object; a ConfigError naming `setting` if not:
+    a path without a module, a module that cannot be imported or raises while importing (the
+    error and its file:line), an attribute it lacks (the closest name it has)."""
     module, sep, name = path.partition(":")
     if not sep:
         module, _, name = path.rpartition(".")
+    if not module or not name:
+        raise ConfigError(
+            f"{setting}={path!r} names no attribute of a module: give `module.Name` or "
+            f"`module:Name` (e.g. {path.strip('.:') or 'my_module'}.MyEnv)"
+        )
     try:
         obj: Any = importlib.import_module(module)
-        for part in name.split("."):
-            obj = getattr(obj, part)
-        return obj
-    except (ImportError, AttributeError, ValueError) as e:
-        top = module.partition(".")[0]
-        moved = (
-            f"; agentrl's own {top}/ is imported as agentrl.{top} (did you mean agentrl.{path}?)"
-            if top in ("envs", "tools", "sandbox")
-            else ""
-        )
+    except ModuleNotFoundError as e:
+        if e.name and not (module + ".").startswith(e.name + "."):  # a module it imports
+            raise ConfigError(
+                f"{setting}={path!r}: importing {module} needs {e.name!r}, which is not "
+                f"installed here ({_raised_at(e)}); install it"
+            ) from e
         raise ConfigError(
             f"{setting}={path!r} cannot be imported ({type(e).__name__}: {e}); give "
-            f"`module:attr` of something importable from this environment{moved}"
+            f"`module:attr` of something importable from this environment (a file of yours: run "
+            f"from its directory, or add that to PYTHONPATH){_moved(module, path)}"
         ) from e
+    except (ImportError, ValueError) as e:
+        raise ConfigError(
+            f"{setting}={path!r} cannot be imported ({type(e).__name__}: {e}); give "
+            f"`module:attr` of something importable from this environment{_moved(module, path)}"
+        ) from e
+    except Exception as e:  # the module's own code failed: say where, in one line
+        raise ConfigError(
+            f"{setting}={path!r}: importing {module} raised {type(e).__name__}: "
+            f"{e.msg if isinstance(e, SyntaxError) else e} "
+            f"({_raised_at(e)}); fix the module"
+        ) from e
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if not hasattr(obj, part):
+            match = difflib.get_close_matches(part, [n for n in dir(obj) if n[0] != "_"], n=1)
+            near = ".".join([*parts[:i], *match])
+            hint = f"; did you mean {setting}={module}{sep or '.'}{near}?" if match else ""
+            raise ConfigError(
+                f"{setting}={path!r} cannot be imported: {'.'.join([module, *parts[:i]])} has "
+                f"no attribute {part!r}{hint}"
+            )
+        obj = getattr(obj, part)
+    return obj
+
+
+def _moved(module: str, path: str) -> str:
+    top = module.partition(".")[0]
+    if top in ("envs", "tools", "sandbox"):
+        return f"; agentrl's own {top}/ is imported as agentrl.{top} (did you mean agentrl.{path}?)"
+    return ""
+
+
+def _raised_at(e: BaseException) -> str:
+    """file:line of a SyntaxError, else of the innermost frame of the traceback."""
+    if isinstance(e, SyntaxError) and e.filename:
+        return f"{e.filename}:{e.lineno}"
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else "?"
 
 
 def is_import_path(name: str) -> bool:
