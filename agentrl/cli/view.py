@@ -71,7 +71,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--step", type=int, default=None, help="which step (default: the last)")
     ap.add_argument("--env", default=None, help="env=mixture: only this env's trajectories")
-    ap.add_argument("-n", type=int, default=4, help="trajectories to show")
+    ap.add_argument(
+        "-n", type=int, default=4, help="trajectories to show: best, worst, most calls, … (4)"
+    )
     ap.add_argument("-o", "--out", type=Path, default=None, help="default: <run>/view_<step>.html")
     ap.add_argument("--tokenizer", default=None, help="default: the run's model (.hydra config)")
     ap.add_argument("--max-tokens", type=int, default=3000)
@@ -107,7 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     out = a.out or path.parent / f"view_{'eval_' if evaluation else ''}{step}.html"
     title = f"{path.parent.name} {kind} {step}" + (f" · env {a.env}" if a.env else "")
     out.write_text(render_html(chosen, tok, a.max_tokens, title, kind))
-    print(f"wrote {out} ({len(chosen)} trajectories of {kind} {step})")
+    more = f"; -n {len(items)} draws them all" if len(chosen) < len(items) else ""
+    print(f"wrote {out} ({len(chosen)} of the {len(items)} trajectories of {kind} {step}{more})")
 
 
 if __name__ == "__main__":

@@ -34,3 +34,13 @@ def test_a_whole_last_line_without_its_newline_is_still_read(tmp_path, qwen_toke
     path = tmp_path / "trajectories.jsonl"  # written by hand, no newline at the end
     path.write_text(json.dumps({"step": 4, **_traj(qwen_tokenizer, "t4").to_dict()}))
     assert steps_in(path) == [4] and load_jsonl(path)[0][1].task_id == "t4"
+
+
+def test_view_says_how_many_of_the_steps_trajectories_it_drew(tmp_path, qwen_tokenizer,
+                                                              qwen_tokenizer_dir, capsys):  # fmt: skip
+    lines = [json.dumps({"step": 1, **_traj(qwen_tokenizer, f"t{i}").to_dict()}) for i in range(6)]
+    (tmp_path / "trajectories.jsonl").write_text("\n".join(lines) + "\n")
+    main([str(tmp_path), "--tokenizer", str(qwen_tokenizer_dir)])
+    assert "(4 of the 6 trajectories of step 1; -n 6 draws them all)" in capsys.readouterr().out
+    main([str(tmp_path), "--tokenizer", str(qwen_tokenizer_dir), "-n", "6"])
+    assert "(6 of the 6 trajectories of step 1)" in capsys.readouterr().out
