@@ -411,6 +411,22 @@ def bounded_reward(reward: float) -> float:
 _CLIPPED: list[float] = []
 
 
+def checked_messages(value: Any, what: str) -> list[Message]:
+    """`value` as a list of `Message`, or a TypeError naming `what` and the fix (`start` returning
+    the prompt's text, a step's observation as a dict)."""
+    if isinstance(value, list | tuple):
+        wrong = [m for m in value if not isinstance(m, Message)]
+        if not wrong:
+            return list(value)
+        got = f"a {type(wrong[0]).__name__} in its list ({wrong[0]!r:.60})"
+    else:
+        got = f"{type(value).__name__} ({value!r:.60})"
+    raise TypeError(
+        f"{what}: got {got}; give a list of Message, e.g. "
+        '[Message(role="user", content=...)] (from agentrl.types import Message)'
+    )
+
+
 async def take_step(env: Env, said: AssistantTurn, turn: Turn) -> StepResult | StopReason:
     """`env.step(said)`, its tool counts and per-turn reward recorded on `turn`. The env raising
     on the policy's turn is `EnvStepError` (`env_error`: scored 0, in its group; the sandbox's
@@ -419,6 +435,12 @@ async def take_step(env: Env, said: AssistantTurn, turn: Turn) -> StepResult | S
     red-team pass)."""
     try:
         result = await env.step(said)
+        if not isinstance(result, StepResult):
+            raise TypeError(
+                f"{type(env).__name__}.step() returned {type(result).__name__} ({result!r:.60}): "
+                "return a StepResult(messages=[...], done=...) (from agentrl.env import StepResult)"
+            )
+        checked_messages(result.messages, f"{type(env).__name__}.step()'s StepResult.messages")
     except (SandboxUnavailable, ConfigError, RenderError):  # infrastructure, configuration
         raise
     except Exception as e:  # the policy's text can make an env's step raise: not a hiding place

@@ -30,7 +30,7 @@ from agentrl.agent_env import AgentEnv
 from agentrl.agent_rollout import AgentEpisodes
 from agentrl.context import ContextConfig, summarized, trim_tool_outputs
 from agentrl.engine import EngineUnavailable, PromptTooLong, SamplingParams
-from agentrl.env import AssistantTurn, Env, ToolEnv, finish_episode, take_step
+from agentrl.env import AssistantTurn, Env, ToolEnv, checked_messages, finish_episode, take_step
 from agentrl.gateway import Gateway, GatewayConfig, GenerationDefaults
 from agentrl.oversample import run_groups
 from agentrl.parsers import (
@@ -302,7 +302,7 @@ class Rollout:
         self, env: Env, seqs: list[TokenSequence], session: str, seeds: str | None
     ) -> StopReason:
         cfg, r, st = self.cfg, self.renderer, seqs[-1]
-        st.messages = list(await env.start())
+        st.messages = checked_messages(await env.start(), f"{type(env).__name__}.start()")
         st.append(r.prompt_ids(st.messages, memo=True), None)  # a group's samples share it
         st.prompt_len = len(st.ids)
         if st.prompt_len >= cfg.max_context_tokens:  # not one token of a turn fits
