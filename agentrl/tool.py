@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
+from pydantic.errors import PydanticInvalidForJsonSchema
 
 from agentrl.sandbox.base import Sandbox, SandboxUnavailable
 from agentrl.types import Task
@@ -110,6 +111,7 @@ class Tool:
         for attr in ("name", "description", "Args"):
             if not hasattr(cls, attr):
                 raise TypeError(f"Tool subclass {cls.__name__} must define `{attr}`")
+        _check_args_model(cls)
         call = cls.__dict__.get("__call__")
         if call is not None and not inspect.iscoroutinefunction(call):
             cls.__call__ = _in_thread(call)  # type: ignore[method-assign]
@@ -186,6 +188,25 @@ class Tool:
             _log_once(type(self), f"blocked the event loop for {timed.longest_s:.2f}s", warn=True)
         result.latency_s = time.monotonic() - t0
         return result
+
+
+def _check_args_model(cls: type[Tool]) -> None:
+    """`Args` is a pydantic model whose JSON schema the chat template can show, else a TypeError
+    at the class's definition naming the fix (not an AttributeError at the run's start)."""
+    args = cls.Args
+    if not (isinstance(args, type) and issubclass(args, BaseModel)):
+        raise TypeError(
+            f"Tool subclass {cls.__name__}: `Args` must be a pydantic model, not {args!r:.60}; "
+            "write `class Args(BaseModel):` with one annotated field per argument"
+        )
+    try:
+        args.model_json_schema()
+    except PydanticInvalidForJsonSchema as e:
+        raise TypeError(
+            f"Tool subclass {cls.__name__}: its Args has no JSON schema for the chat template "
+            f"({str(e).splitlines()[0]}); give its fields JSON types (str, int, float, bool, "
+            "lists, dicts, other pydantic models)"
+        ) from e
 
 
 def _unknown_keys(model: type[BaseModel], raw: Any) -> list[str]:
