@@ -471,7 +471,8 @@ def wandb_records(path: str | Path) -> Iterator[Any]:
 def last_logged_row(root: Path, run_id: str, skip: Path) -> int:
     """The last W&B step that the segments of run `run_id` under `root/wandb` logged, online or
     offline (all but `skip`; a killed one's file may end torn: what reads counts), or -1."""
-    last, found = -1, (root / "wandb").glob(f"*run-*-{run_id}/run-{run_id}.wandb")
+    # a part started in the same second as the one before it is W&B's `<dir>-1`, `-2`, ...
+    last, found = -1, (root / "wandb").glob(f"*run-*-{run_id}*/run-{run_id}.wandb")
     for path in sorted(p for p in found if p.parent != skip):
         with contextlib.suppress(Exception):
             for rec in wandb_records(path):

@@ -30,7 +30,8 @@ def test_steps_a_resumed_run_trains_again_land_in_its_wandb_run(tmp_path):
         resumed.log_step(step, {"step": float(step), "reward/mean": 0.5 + step / 10})
     resumed.close()
     again = resumed.wandb.run_dir
-    assert again != first and again.name.endswith(f"-{killed.run_id}")
+    # the part's own directory (W&B adds "-1" to a name taken in the same second)
+    assert again != first and (again / f"run-{killed.run_id}.wandb").is_file()
     rows = offline_rows(again, 3)
     assert [r["_step"] for r in rows] == [6, 7, 8]  # past the killed run's last row: kept
     assert [(r["step"], r["reward/mean"]) for r in rows] == [(4, 0.9), (5, 1.0), (6, 1.1)]
@@ -40,6 +41,14 @@ def test_steps_a_resumed_run_trains_again_land_in_its_wandb_run(tmp_path):
         if r.WhichOneof("record_type") == "metric"
     ]
     assert any(m.glob_name == "*" and m.step_metric == "step" for m in metrics)  # the x axis
+    # a third part, killed again after step 6 and resumed from 5: its rows follow the second
+    # part's, whose directory W&B named "<dir>-1" when it started in the first part's second
+    if not again.name.endswith("-1"):  # the second it started in was another: name it so
+        again.rename(again.with_name(again.name + "-1"))
+    third = Tracker(OFFLINE, tmp_path, run_name="exp1", run_id=killed.run_id)
+    third.log_step(6, {"step": 6.0, "reward/mean": 1.2})
+    third.close()
+    assert [r["_step"] for r in offline_rows(third.wandb.run_dir, 1)] == [9]
 
 
 def test_an_evaluation_shares_the_row_of_its_steps_metrics(tmp_path):
