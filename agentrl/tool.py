@@ -157,6 +157,10 @@ class Tool:
             result = await asyncio.wait_for(timed, timeout + self.timeout_grace_s)
         except SandboxUnavailable:
             raise
+        except asyncio.CancelledError:
+            if _cancelled_here():
+                raise  # the episode itself was cancelled (its group dropped): go
+            result = _cancelled_inside(self)
         except TimeoutError:
             result = ToolResult(
                 content=f"Error: tool '{self.name}' timed out after {timeout:g}s",
@@ -299,6 +303,25 @@ async def no_exit(coro: Any) -> Any:
         return await coro
     except SystemExit as e:
         raise RuntimeError(f"sys.exit({e.code!r}) was called") from None
+
+
+def _cancelled_here() -> bool:
+    """Whether the running task was asked to stop (cancel()), rather than a future it awaited
+    being cancelled under it by someone else."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
+def _cancelled_inside(tool: Tool) -> ToolResult:
+    """A cancellation from inside a tool (a library's task group going down under the call: an
+    MCP server whose session died under load) is the tool's failure, an observation; escaping,
+    it read as the episode's own cancellation and ended it without a reason."""
+    _log_once(type(tool), "was cancelled from inside")
+    return ToolResult(
+        content=f"Error: tool '{tool.name}' failed: its call was cancelled from inside the tool",
+        is_error=True,
+        metadata={"error": "exception"},
+    )
 
 
 class _Timed:
