@@ -102,7 +102,8 @@ train/ — the learner and the trainer-side logprob pass
     train/kl_reward_penalty         kl_mode=reward: KL penalty summed per trajectory, mean
     train/empty_steps_in_a_row, train/no_signal_steps_in_a_row   see trainer.guards.max_empty_steps,
                                     trainer.guards.no_signal_steps
-    train/tokens, train/loss_tokens, train/micro_batches, train/step_s (learner wall time)
+    train/tokens, train/loss_tokens, train/micro_batches, train/step_s (learner wall time):
+                                    sums over the step's optimizer steps
     train/batch_tokens              every token the update ran over (prompts, observations too)
     train/checkpointed_blocks       transformer blocks recomputed in backward this step
                                     (learner.activation_checkpointing=auto picks them per step)
@@ -501,9 +502,15 @@ def step_metrics(
     return out
 
 
+# a learner's counts and seconds per optimizer step: a trainer step's are their sums
+SUMMED_OVER_STEPS = frozenset({"tokens", "loss_tokens", "batch_tokens", "micro_batches", "step_s",
+                               "alloc_retries", "alloc_retries_optimizer"})  # fmt: skip
+
+
 def mean_over_steps(steps: list[dict[str, float]]) -> dict[str, float]:
     """Metrics of several optimizer steps of one trainer step: the mean of each key; the max of
-    `*_max`, the min of `*_min`, the sum of `*skipped`."""
+    `*_max`, the min of `*_min`, the sum of `*skipped` and of the counts and seconds
+    (`SUMMED_OVER_STEPS`: with 2 mini-batches train/tokens read half the step's tokens)."""
     out: dict[str, float] = {}
     keys = {k for s in steps for k in s}
     for k in keys:
@@ -512,7 +519,7 @@ def mean_over_steps(steps: list[dict[str, float]]) -> dict[str, float]:
             out[k] = max(xs)
         elif k.endswith("_min"):
             out[k] = min(xs)
-        elif k.endswith("skipped"):
+        elif k.endswith("skipped") or k.rsplit("/", 1)[-1] in SUMMED_OVER_STEPS:
             out[k] = sum(xs)
         else:
             out[k] = sum(xs) / len(xs)
