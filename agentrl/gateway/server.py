@@ -369,7 +369,7 @@ class Gateway:
             comp = await self.engine.generate(cap.seq.ids, params, key=ep.session)
             if ep.closed:  # the episode ended while this was sampling: nothing is recorded
                 raise WireError(401, "episode_over", "the episode ended during this request")
-            comp, cut = _cut_at_stop(comp, req.stop, renderer)
+            comp, cut = _cut_at_stop(comp, req.stop, renderer, len(cap.seq.ids))
             turn, said = record_turn(cap.seq, comp, renderer, self.parser, None,
                                      len(cap.seq.turns))  # fmt: skip
         except (EngineRequestError, EngineProtocolError, EngineUnavailable) as e:
@@ -451,11 +451,12 @@ class Gateway:
 
 
 def _cut_at_stop(
-    comp: Completion, stop: list[str], renderer: Renderer
+    comp: Completion, stop: list[str], renderer: Renderer, prompt_len: int
 ) -> tuple[Completion, str | None]:
     """The request's `stop` strings: the sampled ids up to the first token whose text completes
     one (that token kept: ids are never split), finish reason stop; and the stop string found.
-    The ids after it were never shown to the agent and are not trained on."""
+    The ids after it were never shown to the agent and are not trained on, nor their routes
+    (learner.routing_replay: the routes of the `prompt_len` + kept ids but the last)."""
     text = renderer.decode(comp.token_ids) if stop and comp.token_ids else ""
     found = [(text.find(s), s) for s in stop if s in text]
     if not found:
@@ -476,8 +477,12 @@ def _cut_at_stop(
         room = lo - sum(m for m, _ in segs)
         if room > 0:
             segs.append((min(n, room), v))
+    routes = comp.routed_experts
+    if routes is not None and routes.size % (prompt_len + len(comp.token_ids) - 1) == 0:
+        width = routes.size // (prompt_len + len(comp.token_ids) - 1)  # layers * experts
+        routes = routes[: (prompt_len + lo - 1) * width]  # causal: the kept positions' are as is
     cut = dataclasses.replace(
         comp, token_ids=comp.token_ids[:lo], logprobs=comp.logprobs[:lo],
-        finish_reason=FinishReason.STOP, matched_stop=None, segments=segs,
+        finish_reason=FinishReason.STOP, matched_stop=None, segments=segs, routed_experts=routes,
     )  # fmt: skip
     return cut, first

@@ -1,0 +1,54 @@
+"""Red-team attacks on the gateway (agentrl/gateway/) as a hostile or unusual agent sends them,
+against a canned engine on the shipped tiny model's tokenizer: each answer is what OpenAI's
+would be, and what is recorded is exactly what the model read and sampled."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from gateway_post import post_once
+from transformers import AutoTokenizer
+
+from agentrl.assets.build import resolve_builtin
+from agentrl.gateway import Gateway
+from agentrl.parsers import get_parser
+from agentrl.types import Completion, FinishReason
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(resolve_builtin("tiny"))
+
+
+class Canned:
+    """The engine's answer fixed as text; with `width`, the experts each position was routed to
+    (learner.routing_replay), as SGLang returns them: prompt + output ids but the last."""
+
+    def __init__(self, tok, text: str, width: int = 0) -> None:
+        self.ids = tok.encode(text, add_special_tokens=False)
+        self.width, self.calls = width, []
+
+    async def generate(self, input_ids, params, key=None):
+        self.calls.append((list(input_ids), params))
+        n = len(input_ids) + len(self.ids) - 1
+        routes = np.arange(n * self.width, dtype=np.int32) if self.width else None
+        return Completion(list(self.ids), [-0.5] * len(self.ids), FinishReason.STOP,
+                          routed_experts=routes)  # fmt: skip
+
+
+def test_a_stop_string_cuts_the_routes_with_the_ids(tok):
+    """A stop string cut the sampled ids but kept the routes of every sampled position: under
+    learner.routing_replay the turn was a 500 (or, where the sizes divided, routes of another
+    width, replayed on the wrong tokens). The routes now end with the ids kept."""
+    engine = Canned(tok, "Hello world. More text here<|im_end|>", width=4)
+    body = {"messages": [{"role": "user", "content": "hi"}], "stop": ["world"]}
+    ep, r = asyncio.run(post_once(Gateway(engine, tok, get_parser("hermes")), body))
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "Hello "
+    (cap,) = ep.trained()
+    ids, routes = cap.seq.ids, cap.seq.routes
+    assert len(ids) < len(engine.calls[0][0]) + len(engine.ids)  # cut
+    assert routes.shape == (len(ids) - 1, 4)
+    assert routes.ravel().tolist() == list(range((len(ids) - 1) * 4))  # the kept positions'
