@@ -332,8 +332,8 @@ class Gateway:
         assert task is not None
         ep.inflight.add(task)  # cancelled when the episode closes (Gateway.close)
         try:
-            results = await asyncio.gather(
-                *(self._sample(ep, req, renderer, key, index, i) for i in range(req.n))
+            results = await _all_or_none(
+                [self._sample(ep, req, renderer, key, index, i) for i in range(req.n)]
             )
         finally:
             ep.inflight.discard(task)
@@ -418,7 +418,7 @@ class Gateway:
                 f"past rollout.gateway.max_sampled_tokens={self.cfg.max_sampled_tokens}",
             )
             raise bad(
-                f"this episode sampled rollout.gateway.max_sampled_tokens="
+                f"this episode sampled, or is sampling, rollout.gateway.max_sampled_tokens="
                 f"{self.cfg.max_sampled_tokens} tokens; no more are served",
                 "episode_budget_exceeded",
             )
@@ -448,6 +448,21 @@ class Gateway:
         while len(self._renderers) > 32:
             del self._renderers[next(iter(self._renderers))]
         return r, key
+
+
+async def _all_or_none(samples: list[Any]) -> list[Any]:
+    """The `n` samples of one request, or none: when one fails (a budget the first ones took,
+    the engine) the others are cancelled, so nothing is recorded from an answer the agent never
+    gets. `asyncio.gather` alone left them sampling: their turns were trained after the agent's
+    400, as the episode's last answer."""
+    tasks = [asyncio.ensure_future(s) for s in samples]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _cut_at_stop(

@@ -52,3 +52,42 @@ def test_a_stop_string_cuts_the_routes_with_the_ids(tok):
     assert len(ids) < len(engine.calls[0][0]) + len(engine.ids)  # cut
     assert routes.shape == (len(ids) - 1, 4)
     assert routes.ravel().tolist() == list(range((len(ids) - 1) * 4))  # the kept positions'
+
+
+class Held:
+    """An engine whose answers wait for `release`; `finished` is set when one ends, sampled or
+    cancelled."""
+
+    def __init__(self, tok) -> None:
+        self.ids = tok.encode("four<|im_end|>", add_special_tokens=False)
+        self.release, self.finished = asyncio.Event(), asyncio.Event()
+
+    async def generate(self, input_ids, params, key=None):
+        try:
+            await self.release.wait()
+            ids = self.ids[: params.max_new_tokens]
+            return Completion(ids, [-0.5] * len(ids), FinishReason.STOP)
+        finally:
+            self.finished.set()
+
+
+def test_a_request_whose_later_sample_is_refused_records_none_of_its_samples(tok):
+    """n=2 with room in the episode's max_sampled_tokens for one answer: the second sample's
+    400 went to the agent while the first went on sampling, and its turn was trained as the
+    episode's last answer, one the agent never got. The request is now all or nothing."""
+    from agentrl.gateway import GatewayConfig
+    from agentrl.gateway.server import GenerationDefaults
+
+    async def go():
+        engine = Held(tok)
+        gw = Gateway(engine, tok, get_parser("hermes"), GatewayConfig(max_sampled_tokens=40),
+                     GenerationDefaults(max_new_tokens=40))  # fmt: skip
+        body = {"messages": [{"role": "user", "content": "hi"}], "n": 2}
+        ep, r = await post_once(gw, body)
+        engine.release.set()
+        await engine.finished.wait()  # the first sample's end, whichever it was
+        return ep, r
+
+    ep, r = asyncio.run(go())
+    assert r.status_code == 400 and r.json()["error"]["code"] == "episode_budget_exceeded"
+    assert ep.trained() == [] and ep.sampled_tokens == 0 and ep.reserved == 0
