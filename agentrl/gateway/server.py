@@ -485,8 +485,8 @@ def _cut_at_stop(
             hi = mid
         else:
             lo = mid + 1
-    if lo == len(comp.token_ids):
-        return comp, first
+    # a stop string its last id completes is the answer's end too: finish stop, not the length
+    # cut the engine saw there (its turn would have been the episode's truncation)
     segs: list[tuple[int, str]] = []
     for n, v in comp.segments:
         room = lo - sum(m for m, _ in segs)

@@ -91,3 +91,24 @@ def test_a_request_whose_later_sample_is_refused_records_none_of_its_samples(tok
     ep, r = asyncio.run(go())
     assert r.status_code == 400 and r.json()["error"]["code"] == "episode_budget_exceeded"
     assert ep.trained() == [] and ep.sampled_tokens == 0 and ep.reserved == 0
+
+
+def test_a_stop_string_the_last_sampled_id_completes_ends_the_answer_as_stop(tok):
+    """max_tokens ran out on the very token that completed a stop string: OpenAI answers
+    finish_reason stop; the gateway answered `length` and recorded the turn as cut (the episode's
+    truncation: rollout.truncated's penalty or mask on an answer that ended where it should)."""
+    engine = Canned(tok, "Hello world")
+
+    async def length_cut(input_ids, params, key=None):
+        comp = await Canned.generate(engine, input_ids, params, key)
+        comp.finish_reason = FinishReason.LENGTH
+        return comp
+
+    engine.generate = length_cut
+    body = {"messages": [{"role": "user", "content": "hi"}], "stop": ["world"]}
+    ep, r = asyncio.run(post_once(Gateway(engine, tok, get_parser("hermes")), body))
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["message"]["content"] == "Hello "
+    (cap,) = ep.trained()
+    assert cap.seq.turns[0].finish_reason is FinishReason.STOP
+    assert cap.seq.ids[cap.seq.turns[0].start :] == engine.ids  # nothing was cut
