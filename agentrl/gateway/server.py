@@ -104,12 +104,19 @@ COUNT_PAST_CHARS_PER_TOKEN = 8
 COUNT_CHUNK_CHARS = 1 << 15
 
 
-def tokens_past(renderer: Renderer, messages: list[Message], limit: int) -> int | None:
-    """The tokens counted in the messages' text once past `limit` (chunk by chunk, stopping
-    there), or None: within the limit, or too short to need counting. Tokenizing pieces never
-    gives fewer tokens than the whole by more than one a cut, and the cuts are allowed for."""
+def tokens_past(
+    renderer: Renderer,
+    messages: list[Message],
+    limit: int,
+    tools: list[dict[str, Any]] | None = None,
+) -> int | None:
+    """The tokens counted in the messages' and the tools' text once past `limit` (chunk by
+    chunk, stopping there), or None: within the limit, or too short to need counting. Tokenizing
+    pieces never gives fewer tokens than the whole by more than one a cut, and the cuts are
+    allowed for. The tools are counted before a renderer is made for them (which renders them)."""
     texts = [t for m in messages for t in (m.content, m.reasoning_content or "") if t]
     texts += [json.dumps(c.arguments, ensure_ascii=False) for m in messages for c in m.tool_calls]
+    texts += [json.dumps(t, ensure_ascii=False) for t in tools or []]
     if sum(map(len, texts)) <= COUNT_PAST_CHARS_PER_TOKEN * limit:
         return None
     count = cuts = 0
@@ -320,13 +327,13 @@ class Gateway:
         ep.requests += req.n  # each sample counts against rollout.gateway.max_requests
         if self.cfg.sampling == "run" and (req.temperature is not None or req.top_p is not None):
             ep.counts["sampling_overridden"] += 1
-        renderer, key = self._renderer(req.tools)
         limit = self.defaults.max_context_tokens
-        if (past := tokens_past(renderer, req.messages, limit)) is not None:
-            why = (
-                f"the messages hold {past}+ tokens of text, past rollout.max_context_tokens={limit}"
-            )
+        plain = self._renderer([])[0]  # the tools' text is counted before it is rendered
+        if (past := tokens_past(plain, req.messages, limit, req.tools)) is not None:
+            why = (f"the messages and tools hold {past}+ tokens of text, past "
+                   f"rollout.max_context_tokens={limit}")  # fmt: skip
             raise _overflow(ep, why)
+        renderer, key = self._renderer(req.tools)
         index = ep.requests - req.n
         task = asyncio.current_task()
         assert task is not None

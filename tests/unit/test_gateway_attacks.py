@@ -112,3 +112,26 @@ def test_a_stop_string_the_last_sampled_id_completes_ends_the_answer_as_stop(tok
     (cap,) = ep.trained()
     assert cap.seq.turns[0].finish_reason is FinishReason.STOP
     assert cap.seq.ids[cap.seq.turns[0].start :] == engine.ids  # nothing was cut
+
+
+def test_tools_far_past_the_context_are_refused_before_they_are_rendered(tok, monkeypatch):
+    """The messages' text is counted before it is tokenized whole; the tools' was not: 900 KB of
+    one-character tokens in a tool's description (under the body limit) held the event loop every
+    episode shares for 1.6 s (the tools' renderer built, the prompt tokenized) before the
+    context_length_exceeded. The tools are now counted with the messages, first."""
+    from agentrl.gateway.server import COUNT_CHUNK_CHARS, GenerationDefaults
+    from agentrl.render import Renderer
+    from agentrl.types import StopReason
+
+    counted: list[int] = []
+    real = Renderer.encode_text
+    monkeypatch.setattr(Renderer, "encode_text", lambda r, t: counted.append(len(t)) or real(r, t))
+    tools = [{"type": "function", "function": {"name": "add", "description": "a b " * 225_000}}]
+    gw = Gateway(None, tok, get_parser("hermes"),
+                 defaults=GenerationDefaults(max_context_tokens=2048))  # fmt: skip
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    ep, r = asyncio.run(post_once(gw, body))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert ep.stop is StopReason.CONTEXT_OVERFLOW
+    assert sum(counted) <= 2 * COUNT_CHUNK_CHARS
+    assert list(gw._renderers) == ["[]"]  # none was built for the tools
