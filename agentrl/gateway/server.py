@@ -313,6 +313,8 @@ class Gateway:
         self, ep: EpisodeCapture, req: ChatRequest
     ) -> tuple[list[Choice], dict[str, int]]:
         """Serve one request of `ep`: `req.n` samples of its messages, recorded."""
+        if ep.closed:  # it ended while the body was read: nothing is sampled for it
+            raise WireError(401, "episode_over", "the episode ended during this request")
         if ep.stop is not None:
             raise bad(f"this episode is over ({ep.stop.value}): {ep.error}", "episode_over")
         if ep.requests + req.n > self.cfg.max_requests:

@@ -135,3 +135,19 @@ def test_tools_far_past_the_context_are_refused_before_they_are_rendered(tok, mo
     assert ep.stop is StopReason.CONTEXT_OVERFLOW
     assert sum(counted) <= 2 * COUNT_CHUNK_CHARS
     assert list(gw._renderers) == ["[]"]  # none was built for the tools
+
+
+def test_a_request_read_after_its_episode_closed_samples_nothing(tok):
+    """The key is checked before the body is read; an episode that closed while a (large, slow)
+    body came in still had its request sampled to the end on the engine, then thrown away."""
+    from agentrl.gateway import WireError
+    from agentrl.gateway.wire import parse_request
+
+    engine = Canned(tok, "four<|im_end|>")
+    gw = Gateway(engine, tok, get_parser("hermes"))
+    ep = gw.open("t", 0, "s")
+    gw.close(ep)
+    req = parse_request({"messages": [{"role": "user", "content": "hi"}]})
+    with pytest.raises(WireError) as e:
+        asyncio.run(gw.complete(ep, req))
+    assert e.value.status == 401 and engine.calls == [] and ep.sequences == []
