@@ -5,6 +5,7 @@ what this file exports.
     config.py    GatewayConfig (`rollout.gateway.*`: address, per-episode budgets, sampling)
     wire.py      OpenAI's chat-completions format in and out (requests, answers, SSE chunks)
     capture.py   an episode's training sequences: start, extend, branch, fork; token-exact
+    stop.py      a request's stop strings: the sampled answer cut where one completes
     server.py    Gateway: the aiohttp server in the run's event loop, in front of its engines
 """
 

@@ -27,7 +27,6 @@ finish reason, usage when `stream_options.include_usage`), then `data: [DONE]`.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -46,6 +45,7 @@ from agentrl.engine import (
 from agentrl.gateway.capture import EpisodeCapture, Plan
 from agentrl.gateway.config import GatewayConfig
 from agentrl.gateway.responses import parse_responses_request, response_body
+from agentrl.gateway.stop import cut_at_stop
 from agentrl.gateway.wire import (
     ChatRequest,
     Choice,
@@ -62,7 +62,7 @@ from agentrl.parsers.base import split_reasoning
 from agentrl.render import Renderer, RenderError
 from agentrl.seeding import turn_seed
 from agentrl.sequence import record_turn
-from agentrl.types import Completion, FinishReason, Message, StopReason
+from agentrl.types import FinishReason, Message, StopReason
 
 log = logging.getLogger(__name__)
 
@@ -378,7 +378,7 @@ class Gateway:
             comp = await self.engine.generate(cap.seq.ids, params, key=ep.session)
             if ep.closed:  # the episode ended while this was sampling: nothing is recorded
                 raise WireError(401, "episode_over", "the episode ended during this request")
-            comp, cut = _cut_at_stop(comp, req.stop, renderer, len(cap.seq.ids))
+            comp, cut = cut_at_stop(comp, req.stop, renderer, len(cap.seq.ids))
             turn, said = record_turn(cap.seq, comp, renderer, self.parser, None,
                                      len(cap.seq.turns))  # fmt: skip
         except (EngineRequestError, EngineProtocolError, EngineUnavailable) as e:
@@ -472,41 +472,3 @@ async def _all_or_none(samples: list[Any]) -> list[Any]:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
-
-
-def _cut_at_stop(
-    comp: Completion, stop: list[str], renderer: Renderer, prompt_len: int
-) -> tuple[Completion, str | None]:
-    """The request's `stop` strings: the sampled ids up to the first token whose text completes
-    one (that token kept: ids are never split), finish reason stop; and the stop string found.
-    The ids after it were never shown to the agent and are not trained on, nor their routes
-    (learner.routing_replay: the routes of the `prompt_len` + kept ids but the last)."""
-    text = renderer.decode(comp.token_ids) if stop and comp.token_ids else ""
-    found = [(text.find(s), s) for s in stop if s in text]
-    if not found:
-        return comp, None
-    at, first = min(found)
-    end = at + len(first)
-    lo, hi = 1, len(comp.token_ids)  # the fewest ids whose text reaches past the stop string
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if len(renderer.decode(comp.token_ids[:mid])) >= end:
-            hi = mid
-        else:
-            lo = mid + 1
-    # a stop string its last id completes is the answer's end too: finish stop, not the length
-    # cut the engine saw there (its turn would have been the episode's truncation)
-    segs: list[tuple[int, str]] = []
-    for n, v in comp.segments:
-        room = lo - sum(m for m, _ in segs)
-        if room > 0:
-            segs.append((min(n, room), v))
-    routes = comp.routed_experts
-    if routes is not None and routes.size % (prompt_len + len(comp.token_ids) - 1) == 0:
-        width = routes.size // (prompt_len + len(comp.token_ids) - 1)  # layers * experts
-        routes = routes[: (prompt_len + lo - 1) * width]  # causal: the kept positions' are as is
-    cut = dataclasses.replace(
-        comp, token_ids=comp.token_ids[:lo], logprobs=comp.logprobs[:lo],
-        finish_reason=FinishReason.STOP, matched_stop=None, segments=segs, routed_experts=routes,
-    )  # fmt: skip
-    return cut, first
