@@ -115,6 +115,10 @@ class _Connection:
 
         try:
             result = await c.call_tool(name, args)
+        except asyncio.CancelledError:  # its caller gave up, or the session went down under it
+            if not fut.done():
+                fut.set_exception(ConnectionError(f"the MCP server {self.server.key} stopped"))
+            raise
         except Exception as e:  # noqa: BLE001 - the caller reads it
             if isinstance(e, MCPError) and e.error.code == CONNECTION_CLOSED:
                 # the server exited or closed its pipe: the tool's fault, never the model's
