@@ -1,9 +1,10 @@
 """Per-worker cgroups: one memory limit and one process/thread limit for a whole sandbox.
 
 rlimits are per process; a fork bomb multiplies them. A cgroup bounds the sum: resident memory
-(including what the code writes to its tmpfs) and the number of tasks. cgroup v1 (separate
-`memory` and `pids` hierarchies) and v2 (one hierarchy with both controllers delegated) are
-supported; creating cgroups needs write access to the hierarchy (root, or a delegated subtree).
+(including what the code writes to its tmpfs) and the number of tasks. It also counts the CPU
+time of everything the sandbox ever ran (v1 `cpuacct`, v2 `cpu.stat`), dead processes included,
+which the service holds against `session_cpu_s`. cgroup v1 (separate `memory`, `pids` and
+`cpuacct` hierarchies) and v2 (one hierarchy with both controllers delegated) are supported; creating cgroups needs write access to the hierarchy (root, or a delegated subtree).
 When neither is usable, `CgroupRoot.detect` returns None and the service says so on /health.
 """
 
@@ -85,6 +86,16 @@ class Cgroup:
     mem_dir: Path | None
     pids_dir: Path | None
     procs_files: list[str] = field(default_factory=list)
+    cpu_dir: Path | None = None
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds of every process this cgroup ever held, reaped or auto-reaped ones
+        included (a process's own counters lose those); None where it is not counted."""
+        if self.cpu_dir is None:
+            return None
+        if self.version == 2:
+            return _read_counter(self.cpu_dir / "cpu.stat", "usage_usec") / 1e6
+        return _read_int(self.cpu_dir / "cpuacct.usage") / 1e9
 
     def counters(self) -> tuple[int, int]:
         """(OOM kills, refused forks) so far; compare before/after a call."""
@@ -151,14 +162,22 @@ class Cgroup:
 class CgroupRoot:
     """A parent cgroup `agentrl-sandbox-<pid>` under which each worker gets a child."""
 
-    def __init__(self, version: int, mem_parent: Path | None, pids_parent: Path | None) -> None:
+    def __init__(
+        self,
+        version: int,
+        mem_parent: Path | None,
+        pids_parent: Path | None,
+        cpu_parent: Path | None = None,
+    ) -> None:
         self.version = version
         self.mem_parent = mem_parent
         self.pids_parent = pids_parent
+        self.cpu_parent = cpu_parent  # v1: the cpuacct hierarchy; v2: cpu.stat is everywhere
 
     @property
     def controllers(self) -> list[str]:
-        return [n for n, p in (("memory", self.mem_parent), ("pids", self.pids_parent)) if p]
+        named = (("memory", self.mem_parent), ("pids", self.pids_parent), ("cpu", self.cpu_parent))
+        return [n for n, p in named if p]
 
     @classmethod
     def detect(cls, name: str | None = None) -> CgroupRoot | None:
@@ -167,14 +186,14 @@ class CgroupRoot:
         mounts = _mounts()
         v1 = {}
         for mnt, fstype, opts in mounts:
-            for c in ("memory", "pids"):
+            for c in ("memory", "pids", "cpuacct"):
                 if fstype == "cgroup" and c in opts and c not in v1:
                     v1[c] = _make(_base(mnt, own.get(c)) / name)
         for parent in v1.values():
             if parent is not None:
                 _remove_stale(parent.parent)
-        if any(v1.values()):
-            return cls(1, v1.get("memory"), v1.get("pids"))
+        if v1.get("memory") or v1.get("pids"):
+            return cls(1, v1.get("memory"), v1.get("pids"), v1.get("cpuacct"))
         for mnt, fstype, _ in mounts:
             if fstype == "cgroup2":
                 root = _v2_parent(_base(mnt, own.get("")), name)
@@ -189,6 +208,7 @@ class CgroupRoot:
             d = d / leaf
             d.mkdir()
             cg = Cgroup(2, [d], d if self.mem_parent else None, d if self.pids_parent else None)
+            cg.cpu_dir = d
             _write(d / "memory.max", str(memory_bytes))
             _write(d / "memory.swap.max", "0")
             _write(d / "pids.max", str(pids))
@@ -208,6 +228,11 @@ class CgroupRoot:
             cg.dirs.append(d)
             cg.pids_dir = d
             _write(d / "pids.max", str(pids))
+        if self.cpu_parent:
+            d = self.cpu_parent / leaf
+            d.mkdir()
+            cg.dirs.append(d)
+            cg.cpu_dir = d
         cg.procs_files = [str(d / "cgroup.procs") for d in cg.dirs]
         return cg
 
@@ -250,7 +275,7 @@ class CgroupRoot:
         return _read_int(self.pids_parent / "pids.current")
 
     def remove(self) -> None:
-        for d in {self.mem_parent, self.pids_parent} - {None}:
+        for d in {self.mem_parent, self.pids_parent, self.cpu_parent} - {None}:
             with contextlib.suppress(OSError):
                 d.rmdir()  # type: ignore[union-attr]
 
@@ -293,4 +318,5 @@ def _v2_parent(base: Path, name: str) -> CgroupRoot | None:
         with contextlib.suppress(OSError):
             parent.rmdir()
         return None
-    return CgroupRoot(2, parent if "memory" in have else None, parent if "pids" in have else None)
+    mem, pids = (parent if c in have else None for c in ("memory", "pids"))
+    return CgroupRoot(2, mem, pids, parent)

@@ -56,6 +56,7 @@ LANGUAGES = ("python", "bash")
 
 
 HIGH_MARK, LOW_MARK = 0.9, 0.75  # service-wide usage that starts / ends an eviction
+CPU_POLL_S = 1.0  # how often a session's CPU (cgroup) is held against session_cpu_s
 
 
 def code_too_large(size: int, limit: int) -> ExecResult:
@@ -90,6 +91,14 @@ class Session:
     last_used: float = field(default_factory=time.monotonic)
     calls: int = 0
     image: str | None = None  # the root filesystem it runs in (sandbox/images.py), None: host view
+    cpu_base: float = 0.0  # its worker's cgroup CPU seconds when the session got it (warm-up)
+
+    def cpu_used(self) -> float | None:
+        """CPU seconds its sandbox used since the session began, background processes and
+        dead ones included (None without a cgroup that counts it: per process only then)."""
+        cg = self.worker.slot.cgroup if self.worker is not None else None
+        used = cg.cpu_seconds() if cg is not None else None
+        return None if used is None else used - self.cpu_base
 
 
 class ExecService:
@@ -116,7 +125,7 @@ class ExecService:
         self.total_memory = 0
         self.counters = {
             "runs": 0, "busy": 0, "session_resets": 0, "expired": 0, "evicted": 0,
-            "refused_code": 0,
+            "session_cpu": 0, "refused_code": 0,
         }  # fmt: skip
 
     # -- life cycle -----------------------------------------------------------------------
@@ -443,6 +452,7 @@ class ExecService:
         async with s.lock, self._slot() as queued_s:
             if s.worker is None:
                 s.worker = await self._pool_for(s.image).acquire()
+                s.cpu_base = s.cpu_used() or 0.0
             s.calls += 1
             w = s.worker
             try:
@@ -493,13 +503,33 @@ class ExecService:
     async def _reap_loop(self) -> None:
         ttl = self.cfg.session_ttl_s
         while True:
-            await asyncio.sleep(min(ttl / 4, 30.0))
+            await asyncio.sleep(min(ttl / 4, CPU_POLL_S))
+            await self._stop_cpu_overruns()
             now = time.monotonic()
             for s in list(self._sessions.values()):
                 if not s.lock.locked() and now - s.last_used > ttl:
                     await self._drop(s, "expired")
                     self.counters["expired"] += 1
                     self._forget(s.key, f"session expired after {ttl:g}s idle", None)
+
+    async def _stop_cpu_overruns(self) -> None:
+        """Stop each session whose sandbox has used more than `session_cpu_s`, its processes
+        between calls included: a background chain of short-lived spinners (each under its own
+        RLIMIT_CPU, auto-reaped so no parent counts them) once burnt CPU for as long as the
+        session lived. A running call ends with limit "cpu_time" and `session_reset`; an idle
+        session's next call reports it."""
+        budget = self.lim.session_cpu_s
+        for s in list(self._sessions.values()):
+            used, w = s.cpu_used(), s.worker
+            if used is None or used <= budget or w is None or w.evicted is not None:
+                continue
+            log.warning("stopping session %s: %.1f CPU-s of its %g", s.key, used, budget)
+            self.counters["session_cpu"] += 1
+            w.evicted = "cpu_time"
+            if not s.lock.locked():
+                why = f"the session was stopped: its processes used {budget:g} CPU seconds"
+                self._forget(s.key, why, "cpu_time")
+            await self._drop(s, "session cpu")
 
     def _background(self, coro) -> None:
         task = asyncio.create_task(coro)

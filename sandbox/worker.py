@@ -363,7 +363,10 @@ class Worker:
         if self.evicted is not None:
             limit, exit_code, timed_out = self.evicted, None, False
             err += (
-                f"\n[sandbox] killed: this sandbox held the most {self.evicted} when all "
+                "\n[sandbox] killed: the session's processes used its CPU budget "
+                "(limits.session_cpu_s)\n"
+                if self.evicted == "cpu_time"
+                else f"\n[sandbox] killed: this sandbox held the most {self.evicted} when all "
                 "sandboxes together reached the service's limit\n"
             )
         elif limit == "memory" and not reply.get("error_name"):

@@ -42,6 +42,7 @@ def needs(isolation: dict, what: str) -> None:
     have = {
         "pids": "pids" in (isolation["cgroup"] or ""),
         "memory": "memory" in (isolation["cgroup"] or ""),
+        "cpu": "cpu" in (isolation["cgroup"] or ""),
         "tmpfs": isolation["private_tmp"] == "tmpfs",
     }
     if not have[what]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,5 +109,59 @@ async def test_files_sandboxes_read_do_not_count_as_their_memory(tmp_path: Path)
             await sb.close_session("reader")
             assert svc.health()["memory_mb"]["used"] < 80, svc.health()["memory_mb"]
             assert (await sb.run("print('hi')", timeout=10, session="next")).stdout == "hi\n"
+        finally:
+            await sb.aclose()
+
+
+RELAY = r"""
+import os, resource, signal, time
+def spin():
+    hard = resource.getrlimit(resource.RLIMIT_CPU)[1]  # the session's whole budget
+    resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))
+    t = time.process_time()
+    while time.process_time() - t < 0.5:
+        pass
+    with open("/tmp/burnt", "a") as f:
+        f.write(f"{time.process_time()}\n")
+if os.fork() == 0:  # the call returns; this relay carries on between calls
+    os.setsid()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its spinners are reaped by nobody's count
+    while True:
+        if os.fork() == 0:
+            try:
+                spin()
+            finally:
+                os._exit(0)
+        try:
+            os.wait()
+        except ChildProcessError:  # SIG_IGN: wait returns once the child is gone
+            pass
+print("relay started")
+"""
+BURNT = "import time; time.sleep(0.3)\ntry:\n    n = sum(map(float, open('/tmp/burnt')))\n" \
+        "except OSError:\n    n = 0.0\nprint(f'burnt={n}')"  # fmt: skip
+
+
+async def test_processes_between_calls_cannot_outspend_the_sessions_cpu_budget() -> None:
+    """A red-team pass: `session_cpu_s` was each process's RLIMIT_CPU only. A relay left running
+    between calls forked short spinners (each far under its limit, auto-reaped so no parent
+    counted them) and burnt CPU for as long as the session lived, starving the host. The service
+    now holds the session's cgroup CPU (dead processes included) against the budget."""
+    budget = 3.0
+    lim = LIMITS.model_copy(update={"session_cpu_s": budget})
+    with LocalService(ServerConfig(warm_workers=1, max_running=2, limits=lim)) as svc:
+        needs(svc.health()["isolation"], "cpu")
+        sb = ServiceSandbox(svc.url, retries=0)
+        try:
+            assert (await sb.run(RELAY, timeout=10, session="relay")).stdout == "relay started\n"
+            burnt, res = 0.0, None
+            while burnt <= 2 * budget:  # unfixed, it spends without end
+                res = await sb.run(BURNT, timeout=10, session="relay")
+                if res.session_reset:
+                    break
+                burnt = float(re.findall(r"burnt=([0-9.]+)", res.stdout)[-1])
+            assert res is not None and res.session_reset and res.limit == "cpu_time", (burnt, res)
+            assert burnt <= budget + 1.0, burnt  # one poll of the service's past the budget
+            assert (await sb.run("print(1)", timeout=10, session="relay")).stdout == "1\n"
         finally:
             await sb.aclose()
