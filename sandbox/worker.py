@@ -95,6 +95,7 @@ class _Stream:
     between: int = 0  # bytes written after this call's marker (background work of a session)
     lost: int = 0  # of those, what did not fit the next call's head (it is truncated too)
     marker: bytes | None = None
+    found: bool = False  # this call's marker was read (else it may come after the reply)
     tail: bytes = b""
     seen: asyncio.Event = field(default_factory=asyncio.Event)
     overflow: asyncio.Event = field(default_factory=asyncio.Event)
@@ -102,10 +103,14 @@ class _Stream:
     transport: asyncio.ReadTransport | None = None
 
     def begin(self, marker: bytes | None) -> None:
+        late = self.marker if not self.found else None  # the last call's, after its reply
         self.buf, self.total, self.marker, self.tail = bytearray(), 0, marker, b""
         self.lost, self.between = max(0, self.between - len(self.carry)), 0
         self.seen.clear()
+        self.found = False
         pending, self.carry = bytes(self.carry), bytearray()
+        if late:  # a loaded host: it came after the grace, and was shown in this call's output
+            pending = pending.replace(late, b"", 1)
         if pending:
             self.feed(pending)
 
@@ -139,6 +144,7 @@ class _Stream:
                     self.total -= cut
                 self._add(before)
                 self.seen.set()
+                self.found = True
                 self.feed(joined[i + len(self.marker) :])
                 return
             self.tail = joined[-(len(self.marker) - 1) :] if len(self.marker) > 1 else b""

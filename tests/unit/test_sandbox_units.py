@@ -113,6 +113,19 @@ async def test_stream_without_its_marker_counts_what_follows_the_reply_as_betwee
     assert s.text() == ("out", False) and s.overflow.is_set()
 
 
+async def test_a_marker_after_the_reply_is_not_the_next_calls_output() -> None:
+    """A red-team pass on a loaded host: the agent's end marker came after the worker's grace,
+    was kept as output between calls, and was shown as the next call's stdout."""
+    s = _Stream(keep=100, kill_at=1000)
+    s.begin(b"\x1eM\x1e")
+    s.feed(b"out")
+    s.end()  # the reply came, the marker not yet
+    s.feed(b"\x1eM\x1ebg")
+    s.begin(b"\x1eN\x1e")
+    s.feed(b"next\x1eN\x1e")
+    assert s.text() == ("bgnext", False)
+
+
 def test_cpu_watch_reads_proc_and_ends_what_passes_its_budget() -> None:
     import subprocess
     import sys
