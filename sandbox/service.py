@@ -308,7 +308,7 @@ class ExecService:
         async with self._reclaiming:
             while (p := self._pressure(LOW_MARK)) is not None:
                 what, used, cap = p
-                victim = self._largest(what, cap)
+                victim = self._largest(what, used, cap)
                 if victim is None:
                     if self._pressure(HIGH_MARK) is None:
                         return
@@ -340,9 +340,13 @@ class ExecService:
                         break
                     await asyncio.sleep(0.02)
 
-    def _largest(self, what: str, cap: int) -> tuple[Worker, Session | None] | None:
+    def _largest(self, what: str, now: int, cap: int) -> tuple[Worker, Session | None] | None:
         """The live sandbox (session or one-shot call) using the most of `what`, if it holds a
-        real share of it (5 % of the cap: an idle interpreter holds far less)."""
+        real share of it: 5 % of the cap, or (when the live sandboxes together hold the excess
+        over the low mark, not page cache or the kernel) a tenth of its own limit. An idle
+        interpreter holds far less than either. Without the second rule, sandboxes whose own
+        limit is under 5 % of the cap (64 tasks of 4096 by default) filled it together and no
+        one could be evicted: every call of the service was answered busy."""
         cands: list[tuple[Worker, Session | None]] = [
             (s.worker, s) for s in self._sessions.values() if s.worker is not None
         ] + [(w, None) for w in self._oneshots]
@@ -350,7 +354,9 @@ class ExecService:
         if not used:
             return None
         top, w, s = max(used, key=lambda t: t[0])
-        return (w, s) if top >= 0.05 * cap else None
+        own = self.lim.memory_mb << 20 if what == "memory" else self.lim.processes
+        held = sum(u for u, _, _ in used) >= now - LOW_MARK * cap
+        return (w, s) if top >= 0.05 * cap or (held and top >= 0.1 * own) else None
 
     def _forget(self, key: str, why: str, limit: str | None) -> None:
         self._gone[key] = (why, limit)

@@ -165,3 +165,32 @@ async def test_processes_between_calls_cannot_outspend_the_sessions_cpu_budget()
             assert (await sb.run("print(1)", timeout=10, session="relay")).stdout == "1\n"
         finally:
             await sb.aclose()
+
+
+HOLD = "import threading, time\nts = [threading.Thread(target=time.sleep, args=(1e6,), daemon=True)\n" \
+       "      for _ in range(6)]\nfor t in ts:\n    t.start()\nprint('holding')"  # fmt: skip
+
+
+async def test_sandboxes_each_under_five_percent_cannot_fill_the_service_cap_for_all() -> None:
+    """A red-team pass: a sandbox was evicted only when it held 5 % of a service-wide cap, and a
+    sandbox's own process limit (64 by default) is 1.6 % of the service's (4096). Sessions that
+    each held their share filled the cap together, no one could be evicted, and the service
+    answered every call busy: `sandbox_unavailable`, the infrastructure's failure, made by the
+    code. Here 24 sessions hold 9 tasks each (bwrap, the agent, 6 threads) (5 % of the cap is 12); an innocent call runs, and
+    a holder is evicted with limit "processes"."""
+    lim = LIMITS.model_copy(update={"processes": 6})  # pids.max 10
+    cfg = ServerConfig(warm_workers=1, max_running=4, service_processes=240, limits=lim)
+    with LocalService(cfg) as svc:
+        needs(svc.health()["isolation"], "pids")
+        sb = ServiceSandbox(svc.url, retries=0)
+        try:
+            for k in range(24):
+                res = await sb.run(HOLD, timeout=30, session=f"hold-{k}")
+                assert res.stdout == "holding\n", (k, res)
+            res = await sb.run("print('innocent')", timeout=30, session="innocent")
+            assert res.stdout == "innocent\n" and res.ok, res
+            after = [await sb.run("len(ts)", timeout=30, session=f"hold-{k}") for k in range(24)]
+            evicted = [r for r in after if r.session_reset]
+            assert evicted and all(r.limit == "processes" for r in evicted), after
+        finally:
+            await sb.aclose()
