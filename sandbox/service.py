@@ -2,7 +2,8 @@
 
 `ExecService.run` is the whole API: a one-shot call takes a warm worker, runs, and kills it; a
 session call runs in the worker bound to its key (started on the first call, kept until
-`close_session`, its idle lease `session_ttl_s` expiring, or a call that had to kill it).
+`close_session`, its idle lease `session_ttl_s` expiring, its processes passing
+`session_cpu_s` (its cgroup's CPU, read each second), or a call that had to kill it).
 At most `max_running` calls run at once; up to `max_queue` more wait; beyond that `run` raises
 `Busy` at once (HTTP 503 + Retry-After) instead of growing without bound. See
 `sandbox/isolation.py` for what a worker can and cannot reach.
