@@ -149,8 +149,8 @@ class AgentEpisodes:
 
     async def _score(self, env: AgentEnv, trajs: list[Trajectory], session: str) -> None:
         """The episode's reward on each of its sequences, when its agent returned: none for an
-        infrastructure failure, else `env.reward` of the sequence that sampled last (the
-        agent's final answer)."""
+        infrastructure failure, else `env.reward` of the sequence of the agent's latest
+        answer (`last_sequence`)."""
         last = last_sequence(trajs)
         if last.stop_reason.is_infra_failure:
             return
@@ -206,7 +206,7 @@ def episode_trajectories(
         extra = {"sequence": k, "origin": cap.origin, **({"gateway": gw} if k == 0 else {}),
                  **({"last": True} if cap is ep.last else {})}  # fmt: skip
         out.append(s.trajectory(ep.task_id, ep.sample_index, stop, error, {**meta, **extra}))
-    # One stop reason per episode, from the sequence that sampled last: a cut last turn there is
+    # One stop reason per episode, from the sequence of the latest answer: a cut last turn there is
     # truncation, also when the agent raised on the cut reply (a red-team agent's json.loads did,
     # and left rollout.truncated's penalty and mask); an earlier sequence's cut that the agent
     # went on from is not the episode's outcome (the group baseline reads the first sequence, so
@@ -219,8 +219,9 @@ def episode_trajectories(
 
 
 def last_sequence(trajs: list[Trajectory]) -> Trajectory:
-    """The episode's sequence that sampled last (the agent's final answer): its reward is the
-    episode's, its cut last turn the episode's truncation."""
+    """The episode's sequence of the agent's latest answer (EpisodeCapture.last: its last
+    answered request's, choices[0]'s of an `n` > 1 one, or the one a later request went on
+    from): its reward is the episode's, its cut last turn the episode's truncation."""
     return next((t for t in trajs if t.metadata.get("last")), trajs[-1])
 
 

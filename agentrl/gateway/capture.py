@@ -122,7 +122,10 @@ class EpisodeCapture:
         self.stop: StopReason | None = None  # set by a budget or the engine: the outcome
         self.error: str | None = None
         self.closed = False
-        self.last: Captured | None = None  # the sequence that sampled last (its reward's)
+        # the sequence of the agent's latest answer (its reward's, its cut the episode's
+        # truncation): choices[0]'s of the request answered last (`answered`), or the one a
+        # later request went on from (an extend), never whichever of `n` samples ended last
+        self.last: Captured | None = None
         self.reserved = 0  # tokens the requests in flight may still sample
         self.inflight: set[asyncio.Task[Any]] = set()  # requests being served
 
@@ -179,6 +182,7 @@ class EpisodeCapture:
             cap.seq.append(plan.new_ids, None)
             turn.observations = list(plan.messages)
             turn.obs_end = len(cap.seq.ids)
+            self.last = cap  # the agent went on from its answer, whatever choice that was
         else:
             shared: list[int] = []
             messages = list(plan.messages)
@@ -215,7 +219,12 @@ class EpisodeCapture:
         self.sampled_tokens += turn.end - turn.start
         cap.mark()
         cap.busy = False
-        self.last = cap
+
+    def answered(self, caps: list[Captured]) -> None:
+        """A request's `n` samples were all recorded on `caps`, in choice order: the agent's
+        answer is choices[0] (agents take it by convention) whichever sample ended last; a
+        later request that goes on from another choice extends that one (`commit`)."""
+        self.last = caps[0]
 
     def trained(self) -> list[Captured]:
         """The sequences that sampled something, in the order they began."""

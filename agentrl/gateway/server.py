@@ -42,7 +42,7 @@ from agentrl.engine import (
     PromptTooLong,
     SamplingParams,
 )
-from agentrl.gateway.capture import EpisodeCapture, Plan
+from agentrl.gateway.capture import Captured, EpisodeCapture, Plan
 from agentrl.gateway.config import GatewayConfig
 from agentrl.gateway.responses import parse_responses_request, response_body
 from agentrl.gateway.stop import cut_at_stop
@@ -346,6 +346,7 @@ class Gateway:
             )
         finally:
             ep.inflight.discard(task)
+        ep.answered([r[3] for r in results])  # choices[0]'s is the episode's latest answer
         prompt = results[0][1]
         usage = {
             "prompt_tokens": prompt,
@@ -362,7 +363,7 @@ class Gateway:
         key: str,
         index: int,
         i: int,
-    ) -> tuple[Choice, int, int]:
+    ) -> tuple[Choice, int, int, Captured]:
         try:
             plan = ep.plan(req.messages, key, renderer)
         except RenderError as e:
@@ -406,6 +407,7 @@ class Gateway:
             Choice(said.message, finish_of(said.message, comp.finish_reason)),
             plan.length,
             (turn.end - turn.start),
+            cap,
         )
 
     def _params(

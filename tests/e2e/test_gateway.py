@@ -310,7 +310,7 @@ def test_a_cut_reply_the_agent_went_on_from_is_not_the_episodes_truncation(serve
     """Red-team finding of stop 55: each sequence took its own stop, so the first, cut, was
     `length`, and under penalise the group baseline (it reads an episode's first sequence)
     counted the episode at -1 while its last sequence trained at +1. One stop per episode now,
-    from the sequence that sampled last."""
+    from the sequence of the latest answer."""
     groups, _ = asyncio.run(rollout_of(server, tok, RetriesAfterACutReply,
                                        [Task(id="retry", data={})], group_size=1,
                                        truncated="penalise", truncated_reward=-1.0))  # fmt: skip
