@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Limits(BaseModel):
@@ -43,10 +43,11 @@ class ServerConfig(BaseModel):
     )
     warm_workers: int = Field(4, ge=0, description="pre-started interpreters waiting for code")
     max_running: int = Field(
-        256,
+        512,
         ge=1,
         description="calls running at once. A sleeping call holds one, so keep it far above the "
-        "CPU count: the kernel shares the CPUs, the service cgroup caps memory and processes",
+        "CPU count: the kernel shares the CPUs, the service cgroup caps memory and processes. "
+        "A trainer's service needs it >= max_sessions (full_load_problem)",
     )
     max_queue: int = Field(256, ge=0, description="calls waiting for a slot; beyond: 503 busy")
     max_queue_wait_s: float = Field(
@@ -91,6 +92,30 @@ class ServerConfig(BaseModel):
         16, ge=1, description="code contexts of one e2b sandbox (each its own session); beyond: 429"
     )
 
+    def full_load_problem(self) -> str | None:
+        """Why an honest full load could be answered busy here, else None.
+
+        A session runs one call at a time (its lock is taken before a slot), so with
+        `max_running >= max_sessions` no session call ever waits for another session's call. With
+        fewer slots, sessions whose calls honestly run long (sleeps, slow tests: up to
+        `max_wall_s`, 120 s) hold every slot, and the next session's call is answered busy after
+        `max_queue_wait_s` (20 s): the trainer reads that as `sandbox_unavailable`, an outage,
+        although nothing is wrong but load. Raising `max_queue_wait_s` past `max_wall_s` instead
+        would not do: the client's read timeout (`CALL_MARGIN_S` past the call's own) comes
+        first, and a wait that long no longer tells a stuck service from a busy one. A slot costs
+        nothing until a call runs (the session's interpreter is alive either way; the service
+        cgroup caps memory and processes, the kernel shares the CPUs), so the flood guards stay:
+        `max_sessions`, `max_queue` and the queue wait, which one-shot calls still meet."""
+        if self.max_running >= self.max_sessions:
+            return None
+        return (
+            f"sandbox.server.max_running={self.max_running} is below max_sessions="
+            f"{self.max_sessions}: at full load, sessions whose calls honestly run long hold "
+            f"every slot and another session's call is answered busy after max_queue_wait_s="
+            f"{self.max_queue_wait_s:g}s (sandbox_unavailable, though nothing failed). Set "
+            f"max_running >= max_sessions (a slot costs nothing until used), or lower max_sessions"
+        )
+
 
 class E2BConfig(BaseModel):
     """e2b backend. The API key and endpoints come from the environment as e2b users expect
@@ -127,3 +152,12 @@ class SandboxConfig(BaseModel):
     limits: Limits = Field(default_factory=Limits, description="subprocess backend limits")
     server: ServerConfig = Field(default_factory=ServerConfig)
     e2b: E2BConfig = Field(default_factory=E2BConfig)
+
+    @model_validator(mode="after")
+    def _full_load_never_busy(self) -> SandboxConfig:
+        """The service a run starts must answer an honest full load (ServerConfig.
+        full_load_problem); a service given by `url` is its owner's to size."""
+        problem = self.server.full_load_problem()
+        if self.backend == "service" and self.url is None and problem is not None:
+            raise ValueError(problem)
+        return self

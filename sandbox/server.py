@@ -220,6 +220,8 @@ def main(argv: list[str] | None = None) -> None:
             data[key] = getattr(args, key)
     cfg = ServerConfig.model_validate(data)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if (problem := cfg.full_load_problem()) is not None:  # a run's own service refuses it
+        logging.getLogger(__name__).warning("%s", problem)
     serve(cfg)
 
 

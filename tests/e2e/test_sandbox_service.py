@@ -112,7 +112,9 @@ async def test_busy_answer_and_owned_service_lifecycle() -> None:
     cfg = SandboxConfig(
         backend="service",
         retries=0,
-        server=ServerConfig(warm_workers=1, max_running=1, max_queue=1, session_ttl_s=0.4),
+        server=ServerConfig(
+            warm_workers=1, max_running=1, max_sessions=1, max_queue=1, session_ttl_s=0.4
+        ),
     )
     sb = make_sandbox(cfg)  # starts a service of its own on a free loopback port
     assert isinstance(sb, ServiceSandbox)
