@@ -33,6 +33,16 @@ RUN_TOKEN = "agentrl-" + secrets.token_urlsafe(32)
 DETERMINISTIC = "--enable-deterministic-inference"
 
 
+def flag_value(args: list[str], *names: str) -> str | None:
+    """The value of the first of `names` in a launch command line (`--flag V` or `--flag=V`;
+    "" for a flag with nothing after it), None when none is there."""
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in names:
+            return value if eq else (args[i + 1] if i + 1 < len(args) else "")
+    return None
+
+
 def default_api_key() -> str:
     """$AGENTRL_ENGINE_API_KEY, else this process's random run token."""
     return os.environ.get(API_KEY_ENV) or RUN_TOKEN
@@ -153,13 +163,11 @@ class EngineConfig(BaseModel):
     def _one_tokenizer_worker(cls, args: list[str]) -> list[str]:
         """SGLang 0.5.17 with --tokenizer-worker-num > 1: only one worker hears of a weight
         update, so answers carry stale versions (an H100 run read {2, 3, default}, not {3})."""
-        for i, arg in enumerate(args):
-            name, _, value = arg.partition("=")
-            value = value or (args[i + 1] if i + 1 < len(args) else "")
-            if name == "--tokenizer-worker-num" and value.strip() != "1":
-                raise ValueError(f"--tokenizer-worker-num {value}: SGLang's extra tokenizer "
-                                 "workers do not learn of weight updates, so completions would "
-                                 "carry stale weight versions; leave it at 1")  # fmt: skip
+        value = flag_value(args, "--tokenizer-worker-num")
+        if value is not None and value.strip() != "1":
+            raise ValueError(f"--tokenizer-worker-num {value}: SGLang's extra tokenizer "
+                             "workers do not learn of weight updates, so completions would "
+                             "carry stale weight versions; leave it at 1")  # fmt: skip
         return args
 
     @model_validator(mode="after")
@@ -221,11 +229,9 @@ class EngineConfig(BaseModel):
             "--cuda-graph-bs", "--cuda-graph-bs-decode",
         }:  # fmt: skip
             return []
-        for i, arg in enumerate(args):
-            name, eq, value = arg.partition("=")
-            if name in ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"):
-                value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-                return ["--max-running-requests", value]
+        graph = flag_value(args, "--cuda-graph-max-bs", "--cuda-graph-max-bs-decode")
+        if graph is not None:
+            return ["--max-running-requests", graph]
         return ["--max-running-requests", "512" if self.tp >= 4 else "256"]
 
     def server_urls(self) -> list[str]:
