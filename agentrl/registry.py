@@ -42,21 +42,18 @@ def import_path(path: str, setting: str) -> Any:
         )
     try:
         obj: Any = importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name and not (module + ".").startswith(e.name + "."):  # a module it imports
+    except (ImportError, ValueError) as e:
+        missing = isinstance(e, ModuleNotFoundError)
+        if missing and e.name and not (module + ".").startswith(e.name + "."):  # one it imports
             raise ConfigError(
                 f"{setting}={path!r}: importing {module} needs {e.name!r}, which is not "
                 f"installed here ({_raised_at(e)}); install it"
             ) from e
+        yours = " (a file of yours: run from its directory, or add that to PYTHONPATH)"
         raise ConfigError(
             f"{setting}={path!r} cannot be imported ({type(e).__name__}: {e}); give "
-            f"`module:attr` of something importable from this environment (a file of yours: run "
-            f"from its directory, or add that to PYTHONPATH){_moved(module, path)}"
-        ) from e
-    except (ImportError, ValueError) as e:
-        raise ConfigError(
-            f"{setting}={path!r} cannot be imported ({type(e).__name__}: {e}); give "
-            f"`module:attr` of something importable from this environment{_moved(module, path)}"
+            f"`module:attr` of something importable from this environment"
+            f"{yours if missing else ''}{_moved(module, path)}"
         ) from e
     except Exception as e:  # the module's own code failed: say where, in one line
         raise ConfigError(
