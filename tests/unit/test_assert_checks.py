@@ -21,6 +21,14 @@ ALWAYS_EQUAL = (
 )
 
 
+async def hack_fails_honest_passes(hack: str, tests: list) -> None:
+    """`hack` passes none of `tests` in the sandbox; the honest square passes them all."""
+    sb = SubprocessSandbox()
+    hacked = await grade(sb, hack, tests, timeout_s=2.0)
+    honest = await grade(sb, "def candidate(x):\n    return x * x", tests, timeout_s=2.0)
+    assert hacked.passed == 0 and honest.all_passed
+
+
 async def test_an_assert_the_sandbox_would_decide_is_not_graded() -> None:
     """A red-team pass: these asserts ran their `==` (and `isinstance`) in the sandbox, where an
     object whose __eq__ is always True and a module-level `isinstance = lambda *a: True` passed
@@ -29,10 +37,7 @@ async def test_an_assert_the_sandbox_would_decide_is_not_graded() -> None:
         asserts_to_tests(DECIDED_INSIDE)
     tests = asserts_to_tests(DECIDED_INSIDE, strict=False)
     assert [t.call for t in tests] == ["candidate(6)"]
-    sb = SubprocessSandbox()
-    hack = await grade(sb, ALWAYS_EQUAL, tests, timeout_s=2.0)
-    honest = await grade(sb, "def candidate(x):\n    return x * x", tests, timeout_s=2.0)
-    assert hack.passed == 0 and honest.all_passed
+    await hack_fails_honest_passes(ALWAYS_EQUAL, tests)
 
 
 def test_yes_no_asserts_on_the_solutions_own_value_stay() -> None:
@@ -92,10 +97,7 @@ async def test_a_yes_no_from_a_library_the_solution_can_patch_is_not_graded() ->
         asserts_to_tests(LIBRARY_YES_NO)
     tests = asserts_to_tests(LIBRARY_YES_NO, strict=False)
     assert [t.call for t in tests] == ["candidate(3.0)"]
-    sb = SubprocessSandbox()
-    hack = await grade(sb, PATCHES_MATH, tests, timeout_s=2.0)
-    honest = await grade(sb, "def candidate(x):\n    return x * x", tests, timeout_s=2.0)
-    assert hack.passed == 0 and honest.all_passed
+    await hack_fails_honest_passes(PATCHES_MATH, tests)
     # a library's value compared here, and a method of the solution's own object, still grade
     kept = asserts_to_tests("assert math.floor(candidate(1.5)) == 2\nassert Stack().is_empty()")
     assert [t.call for t in kept] == ["math.floor(candidate(1.5))", "Stack().is_empty()"]
