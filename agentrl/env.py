@@ -66,6 +66,7 @@ import json
 import logging
 import math
 import traceback
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -184,10 +185,7 @@ def _json_object(line: str, where: str) -> dict[str, Any]:
 def _check_tool_names(tools: list[Tool], env: str) -> None:
     """Each tool's name once: two of one name (an MCP server's `submit` beside SubmitTool) had
     both schemas rendered and every call run on the last one (a red-team pass)."""
-    seen: dict[str, int] = {}
-    for t in tools:
-        seen[t.name] = seen.get(t.name, 0) + 1
-    if twice := sorted(name for name, n in seen.items() if n > 1):
+    if twice := sorted(name for name, n in Counter(t.name for t in tools).items() if n > 1):
         raise TypeError(
             f"{env}.tools has more than one tool named {', '.join(map(repr, twice))}: the model "
             "would see each and every call would run the last; rename one (an MCP server's "
