@@ -103,13 +103,22 @@ def _wait_devserver(url: str, proc: subprocess.Popen, log_path: Path, timeout_s:
                 return False
             raise RuntimeError(f"devserver exited ({proc.returncode}):\n{log_path.read_text()}")
         try:
-            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+            if httpx.get(url + "/health", timeout=1.0).status_code == 200 and _ours(url, proc):
                 return True
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
             raise RuntimeError(f"devserver not healthy in {timeout_s}s:\n{log_path.read_text()}")
         time.sleep(0.2)
+
+
+def _ours(url: str, proc: subprocess.Popen) -> bool:
+    """Whether `proc` itself listens on `url`'s port: another process that bound the port first
+    answers /health while ours still loads its weights, and ours then exits on the bind (a CI
+    run's session-wide server was such a stranger, gone a few tests later)."""
+    from agentrl.learner.ray_start import listening_sockets
+
+    return f"127.0.0.1:{url.rsplit(':', 1)[1]}" in listening_sockets(proc.pid).values()
 
 
 def _stop_devserver(proc: subprocess.Popen) -> None:
