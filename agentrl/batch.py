@@ -331,7 +331,7 @@ def plan_micro_batches(
       sequence (what the padded batch computes), so little of it is padding; ranks with fewer
       runs split their largest until every rank has m.
     A sequence longer than `max_tokens` gets a micro-batch of its own. Empty slots become padding
-    micro-batches.
+    micro-batches. Each rank's micro-batches come largest first (`_largest_first`).
     """
     if dp_size < 1 or max_tokens < 1:
         raise ValueError(f"dp_size={dp_size} and max_tokens={max_tokens} must be >= 1")
@@ -345,13 +345,26 @@ def plan_micro_batches(
     if padded:
         runs = [_runs(share, lens, max_tokens) for share in ranks]
         m = max(len(r) for r in runs)
-        return [[sorted(b) for b in _split_to(r, m, lens)] for r in runs]
+        return [_largest_first(_split_to(r, m, lens), lens, padded) for r in runs]
     m = 1
     while True:
         plan = [_pack(share, lens, m, max_tokens) for share in ranks]
         if all(p is not None for p in plan):
-            return [[sorted(b) for b in p] for p in plan]  # type: ignore[union-attr]
+            return [_largest_first(p, lens, padded) for p in plan]  # type: ignore[arg-type]
         m += 1
+
+
+def _largest_first(bins: list[list[int]], lens: Sequence[int], padded: bool) -> list[list[int]]:
+    """A rank's micro-batches, the most tokens first (padded: rows x longest). Each one's
+    activations are then at most the size of the blocks the first left in the CUDA allocator's
+    cache, so later ones reuse those blocks; a larger one after a smaller one asks the driver
+    for new blocks beside the cached ones, and near the GPU's limit the allocator then frees its
+    whole cache and retries (a synchronising stall, `train/alloc_retries`)."""
+
+    def size(b: list[int]) -> int:
+        return len(b) * max(lens[s] for s in b) if padded and b else sum(lens[s] for s in b)
+
+    return [sorted(b) for b in sorted(bins, key=size, reverse=True)]
 
 
 def _pack(share: list[int], lens: Sequence[int], m: int, max_tokens: int) -> list[list[int]] | None:

@@ -435,6 +435,7 @@ def main() -> None:
     p.add_argument("--reference", default="batch", choices=["batch", "concurrent"],
                    help="one /generate with all prompts, or one request per prompt at once")  # fmt: skip
     p.add_argument("--rounds", type=int, default=1, help="best of N per side")
+    p.add_argument("--runs", type=int, default=1, help="whole bench runs on the one server")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="dev server torch threads")
     p.add_argument("--memory-saver", action="store_true", help="sglang: keep the memory saver")
@@ -478,13 +479,21 @@ def main() -> None:
             logs.mkdir(parents=True, exist_ok=True)
             url = stack.enter_context(launch_engines(engine_config(a), Path(model), logs))[0]
         tokenizer = AutoTokenizer.from_pretrained(model)
-        rows = [asyncio.run(measure(url, tokenizer, a, m)) for m in modes]
-    server = "external" if a.url else a.engine
-    report(rows, f"server {url} ({server}), model {Path(model).name}, prompt {a.prompt_tokens} "
-                 f"tokens, temperature {a.temperature:g}, reference {a.reference}, "
-                 f"best of {a.rounds}")  # fmt: skip
+        server = "external" if a.url else a.engine
+        runs = []
+        for run in range(a.runs):  # one server, --runs runs of the whole bench
+            rows = [asyncio.run(measure(url, tokenizer, a, m)) for m in modes]
+            report(rows, f"run {run + 1} of {a.runs}: server {url} ({server}), model "
+                         f"{Path(model).name}, prompt {a.prompt_tokens} tokens, temperature "
+                         f"{a.temperature:g}, reference {a.reference}, best of {a.rounds}")  # fmt: skip
+            runs.append(rows)
+    if a.runs > 1:
+        for i, m in enumerate(modes):
+            print(f"ratio rollout/reference ({m}), {a.runs} runs: "
+                  + ", ".join(f"{rows[i]['ratio']:.2f}" for rows in runs))  # fmt: skip
     if a.json:
-        out = {"server": server, "url": url, "model": model, "args": vars(a), "results": rows}
+        out = {"server": server, "url": url, "model": model, "args": vars(a), "results": runs[-1],
+               "runs": runs}  # fmt: skip
         Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
 
 

@@ -114,6 +114,23 @@ def test_padded_plan_groups_similar_lengths_within_the_padded_budget():
         [[5], [4]], [[0, 1], [2, 3]]]  # fmt: skip
 
 
+def test_each_rank_runs_its_largest_micro_batch_first():
+    """A micro-batch larger than the one before it needs CUDA blocks larger than the cached
+    ones, and near the GPU's limit that is an allocator retry: every rank's plan is in
+    non-increasing tokens (padded: rows x longest), whatever order the packer filled it in."""
+    g = torch.Generator().manual_seed(1)
+    for trial in range(20):
+        lens = [int(x) for x in torch.randint(20, 900, (48,), generator=g)]
+        for padded in (False, True):
+            for dp in (1, 2, 3):
+                for rank in plan_micro_batches(lens, dp, 2048, padded=padded):
+                    sizes = [len(b) * max(lens[s] for s in b) if padded and b
+                             else sum(lens[s] for s in b) for b in rank]  # fmt: skip
+                    assert sizes == sorted(sizes, reverse=True), (trial, padded, dp, sizes)
+    # the packer fills [7 + 1, 6 + 3] in that order: the 9-token one goes first
+    assert plan_micro_batches([7, 6, 3, 1], 1, 10) == [[[1, 2], [0, 3]]]
+
+
 def test_micro_batches_keep_the_global_norm_and_content():
     trajs = [traj([(a, 1), (1, 0)], prompt=p, first_id=100 * i) for i, (a, p) in
              enumerate([(5, 3), (2, 2), (7, 1), (1, 4), (3, 3)])]  # fmt: skip
