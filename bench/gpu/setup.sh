@@ -3,9 +3,7 @@
 # checkout on the path.
 if [ ! -e /tmp/site/.kit-ready ]; then
   mkdir -p /tmp/site
-  for p in part1 ray extras; do tar -xJf ".gpu/a/$p.tar.xz" -C /tmp/site; done
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .gpu/a/whl/*.whl
+  for p in part1 ray extras whl; do tar -xJf ".gpu/a/$p.tar.xz" -C /tmp/site; done
   touch /tmp/site/.kit-ready
 fi
 source /tmp/site/sgl_env.sh
