@@ -60,7 +60,9 @@ class SamplingParams(BaseModel):
     """Per-request sampling settings, sent as SGLang `sampling_params`.
 
     temperature 0 means greedy. top_k -1 disables top-k. `seed` becomes SGLang's
-    `sampling_seed` (reproducible sampling for one request)."""
+    `sampling_seed` (reproducible sampling for one request). The penalties are neutral unless
+    set (only `agentrl gateway` under rollout.gateway.sampling=request sets them: training
+    samples what the learner scores), and always sent (see `to_sglang`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -72,6 +74,9 @@ class SamplingParams(BaseModel):
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
     seed: int | None = None
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(1.0, gt=0, le=2)
 
     def to_sglang(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -81,12 +86,12 @@ class SamplingParams(BaseModel):
             "top_k": self.top_k,
             "min_p": self.min_p,
             "ignore_eos": self.ignore_eos,
-            # Pinned neutral: SGLang fills unset keys from the model's generation_config.json
-            # (`--sampling-defaults model`), and a repetition penalty there would make the engine
-            # sample from a distribution the trainer's logprobs never see.
-            "frequency_penalty": 0.0,
-            "presence_penalty": 0.0,
-            "repetition_penalty": 1.0,
+            # Always sent (neutral unless set): SGLang fills unset keys from the model's
+            # generation_config.json (`--sampling-defaults model`), and a repetition penalty
+            # there would make the engine sample from a distribution the trainer never sees.
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
+            "repetition_penalty": self.repetition_penalty,
             "no_stop_trim": True,  # we train on the stop token: keep it (see module docstring)
             "skip_special_tokens": False,
         }

@@ -28,7 +28,8 @@ class GatewayConfig(BaseModel):
         "run",
         description="run: every request samples with rollout.temperature/top_p/top_k (the "
         "learner's logprobs assume them); a request's own temperature/top_p are ignored and "
-        "counted (gateway/sampling_overridden). request: the request's are used (`agentrl gateway` "
+        "counted (gateway/sampling_overridden); its penalties, top_k or min_p are a 400 "
+        "(agentrl/gateway/sampling.py). request: the request's are used (`agentrl gateway` "
         "and previews only: training refuses it)",
     )
     agent_workers: int = Field(

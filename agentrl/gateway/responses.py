@@ -19,6 +19,7 @@ import time
 import uuid
 from typing import Any
 
+from agentrl.gateway.sampling import read_knobs
 from agentrl.gateway.wire import (
     NO_LOGPROBS,
     ROLES,
@@ -27,7 +28,6 @@ from agentrl.gateway.wire import (
     arguments_of,
     bad,
     function_tool,
-    number_of,
     text_of,
 )
 from agentrl.types import Message, ToolCall
@@ -84,8 +84,7 @@ def parse_responses_request(body: Any) -> ChatRequest:
         tools=tools,
         model=str(body.get("model") or "agentrl"),
         max_tokens=max_tokens,
-        temperature=number_of(body, "temperature"),
-        top_p=number_of(body, "top_p"),
+        sampling=read_knobs(body),
     )
 
 

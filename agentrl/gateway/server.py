@@ -30,7 +30,6 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -45,6 +44,7 @@ from agentrl.engine import (
 from agentrl.gateway.capture import Captured, EpisodeCapture, Plan
 from agentrl.gateway.config import GatewayConfig
 from agentrl.gateway.responses import parse_responses_request, response_body
+from agentrl.gateway.sampling import GenerationDefaults, refuse_in_run, sampling_params
 from agentrl.gateway.stop import cut_at_stop
 from agentrl.gateway.wire import (
     ChatRequest,
@@ -65,21 +65,6 @@ from agentrl.sequence import record_turn
 from agentrl.types import FinishReason, Message, StopReason
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class GenerationDefaults:
-    """What the run samples with (rollout.*): every request's defaults and limits."""
-
-    max_new_tokens: int = 256
-    max_context_tokens: int = 2048
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False  # benchmarks: every request samples its max_tokens
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
-    end_of_turn: str | None = None
 
 
 # A request's body, in bytes per token of rollout.max_context_tokens, past which it cannot be a
@@ -317,6 +302,8 @@ class Gateway:
             raise WireError(401, "episode_over", "the episode ended during this request")
         if ep.stop is not None:
             raise bad(f"this episode is over ({ep.stop.value}): {ep.error}", "episode_over")
+        if self.cfg.sampling == "run":  # refused before it counts against the budgets
+            refuse_in_run(req.sampling, self.defaults)
         if ep.requests + req.n > self.cfg.max_requests:
             ep.flag(
                 StopReason.MAX_TURNS, f"past rollout.gateway.max_requests={self.cfg.max_requests}"
@@ -327,7 +314,8 @@ class Gateway:
                 "episode_budget_exceeded",
             )
         ep.requests += req.n  # each sample counts against rollout.gateway.max_requests
-        if self.cfg.sampling == "run" and (req.temperature is not None or req.top_p is not None):
+        own = req.sampling.temperature, req.sampling.top_p
+        if self.cfg.sampling == "run" and own != (None, None):
             ep.counts["sampling_overridden"] += 1
         limit = self.defaults.max_context_tokens
         plain = self._renderer([])[0]  # the tools' text is counted before it is rendered
@@ -433,16 +421,8 @@ class Gateway:
                 f"{self.cfg.max_sampled_tokens} tokens; no more are served",
                 "episode_budget_exceeded",
             )
-        own = self.cfg.sampling == "request"
-        return SamplingParams(
-            seed=seed,
-            max_new_tokens=min(d.max_new_tokens, req.max_tokens or d.max_new_tokens, room, left),
-            temperature=req.temperature if own and req.temperature is not None else d.temperature,
-            top_p=req.top_p if own and req.top_p is not None else d.top_p,
-            top_k=d.top_k,
-            stop_token_ids=list(d.stop_token_ids),
-            ignore_eos=d.ignore_eos,
-        )
+        most = min(d.max_new_tokens, req.max_tokens or d.max_new_tokens, room, left)
+        return sampling_params(req.sampling, self.cfg.sampling == "request", d, most, seed)
 
     def _renderer(self, tools: list[dict[str, Any]]) -> tuple[Renderer, str]:
         key = json.dumps(tools, sort_keys=True)

@@ -14,23 +14,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from agentrl.gateway.errors import WireError, bad
+from agentrl.gateway.sampling import Knobs, read_knobs
 from agentrl.types import FinishReason, Message, ToolCall
 
-
-class WireError(Exception):
-    """A request the gateway refuses: HTTP `status`, OpenAI error `code`, and why."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
-
-    def body(self) -> dict[str, Any]:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": self.message, "type": kind, "code": self.code, "param": None}}
-
-
-def bad(message: str, code: str = "invalid_request") -> WireError:
-    return WireError(400, code, message)
+__all__ = ["ChatRequest", "WireError", "bad", "parse_request"]  # WireError, bad: errors.py
 
 
 @dataclass
@@ -43,8 +31,7 @@ class ChatRequest:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
-    temperature: float | None = None
-    top_p: float | None = None
+    sampling: Knobs = field(default_factory=Knobs)  # agentrl/gateway/sampling.py
 
 
 ROLES = {
@@ -67,8 +54,9 @@ NO_LOGPROBS = ("logprobs are not returned to agents (answering null would be a s
 
 def parse_request(body: Any) -> ChatRequest:
     """A chat-completions request body → ChatRequest; anything unreadable is a 400 that says
-    which field and why. Unknown fields OpenAI defines but that do not change sampling (user,
-    metadata, store, parallel_tool_calls, seed, …) are accepted and ignored."""
+    which field and why. Sampling settings: agentrl/gateway/sampling.py. Unknown fields OpenAI
+    defines but that do not change what is sampled (user, metadata, store, parallel_tool_calls,
+    …) are accepted and ignored."""
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
     for key, why in UNSUPPORTED.items():
@@ -117,8 +105,7 @@ def parse_request(body: Any) -> ChatRequest:
         stop=stop,
         stream=stream,
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
-        temperature=number_of(body, "temperature"),
-        top_p=number_of(body, "top_p"),
+        sampling=read_knobs(body),
     )
 
 
@@ -127,24 +114,6 @@ def _int(body: dict[str, Any], key: str, low: int) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < low:
         raise bad(f"`{key}` must be an integer >= {low}, got {json.dumps(v)}")
     return v
-
-
-SAMPLING_RANGES = {  # OpenAI's (a top_p of 0 is no distribution at all)
-    "temperature": (lambda v: 0 <= v <= 2, "from 0 to 2"),
-    "top_p": (lambda v: 0 < v <= 1, "above 0 and at most 1"),
-}
-
-
-def number_of(body: dict[str, Any], key: str) -> float | None:
-    """`temperature` or `top_p` within OpenAI's range: under rollout.gateway.sampling=request
-    the engine samples with it, and NaN or infinity would reach it."""
-    v = body.get(key)
-    if v is None:
-        return None
-    inside, says = SAMPLING_RANGES[key]
-    if isinstance(v, bool) or not isinstance(v, int | float) or not inside(v):
-        raise bad(f"`{key}` must be a number {says}, got {json.dumps(v)}")
-    return float(v)
 
 
 def _tools(raw: Any) -> list[dict[str, Any]]:
