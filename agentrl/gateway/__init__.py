@@ -6,6 +6,8 @@ what this file exports.
     wire.py      OpenAI's chat-completions format in and out (requests, answers, SSE chunks)
     capture.py   an episode's training sequences: start, extend, branch, fork; token-exact
     stop.py      a request's stop strings: the sampled answer cut where one completes
+    sampling.py  a request's sampling settings: refused, ignored or honored
+    errors.py    WireError: a refused request as an OpenAI error body
     server.py    Gateway: the aiohttp server in the run's event loop, in front of its engines
 """
 
