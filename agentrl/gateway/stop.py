@@ -25,11 +25,14 @@ def cut_at_stop(
     if not found:
         return comp, None
     at, first = min(found)
-    end = at + len(first)
-    lo, hi = 1, len(comp.token_ids)  # the fewest ids whose text reaches past the stop string
+    upto = text[: at + len(first)]
+    # the fewest ids whose text holds the stop string whole: by the text, not its length (ids
+    # that end inside a character decode to a U+FFFD as long as the character they begin, and
+    # a cut there ended the answer mid-character, the stop string never sampled)
+    lo, hi = 1, len(comp.token_ids)
     while lo < hi:
         mid = (lo + hi) // 2
-        if len(renderer.decode(comp.token_ids[:mid])) >= end:
+        if renderer.decode(comp.token_ids[:mid]).startswith(upto):
             hi = mid
         else:
             lo = mid + 1

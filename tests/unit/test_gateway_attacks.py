@@ -151,3 +151,18 @@ def test_a_request_read_after_its_episode_closed_samples_nothing(tok):
     with pytest.raises(WireError) as e:
         asyncio.run(gw.complete(ep, req))
     assert e.value.status == 401 and engine.calls == [] and ep.sequences == []
+
+
+def test_a_stop_string_ending_in_a_multibyte_character_keeps_that_character_whole(tok):
+    """A stop string whose last character takes several byte-level ids: the cut was found by
+    the decoded text's length, which the ids reaching into that character already have (a
+    U+FFFD stands for it), so the answer ended mid-character: the agent read "a\ufffd" and
+    the turn was trained without the stop string it was cut for. It ends after the character."""
+    engine = Canned(tok, "a😀b<|im_end|>")
+    body = {"messages": [{"role": "user", "content": "hi"}], "stop": ["😀"]}
+    ep, r = asyncio.run(post_once(Gateway(engine, tok, get_parser("hermes")), body))
+    choice = r.json()["choices"][0]
+    assert choice["message"]["content"] == "a" and choice["finish_reason"] == "stop"
+    (cap,) = ep.trained()
+    sampled = cap.seq.ids[cap.seq.turns[0].start :]
+    assert tok.decode(sampled) == "a😀" and sampled == engine.ids[: len(sampled)]
