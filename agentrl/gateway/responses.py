@@ -70,7 +70,7 @@ def parse_responses_request(body: Any) -> ChatRequest:
             f"tool_choice={json.dumps(choice)} is not supported (only auto and none)",
             "unsupported_parameter",
         )
-    tools = [] if choice == "none" else _tools(body.get("tools"))
+    tools = _tools(body.get("tools"))
     messages = _input(body.get("input"), body.get("instructions"))
     if messages[-1].role == "assistant":
         raise bad("the input ends with an assistant item: prefilling is not supported")
@@ -85,6 +85,7 @@ def parse_responses_request(body: Any) -> ChatRequest:
         model=str(body.get("model") or "agentrl"),
         max_tokens=max_tokens,
         sampling=read_knobs(body),
+        no_calls=choice == "none",
     )
 
 
@@ -214,7 +215,7 @@ def response_body(req: ChatRequest, choice: Choice, usage: dict[str, int]) -> di
         "model": req.model,
         "output": output,
         "parallel_tool_calls": True,
-        "tool_choice": "auto",
+        "tool_choice": "none" if req.no_calls else "auto",
         "tools": [{"type": "function", **t["function"]} for t in req.tools],
         "usage": {
             "input_tokens": usage["prompt_tokens"],

@@ -378,7 +378,7 @@ class Gateway:
             raise
         finally:
             ep.reserved -= params.max_new_tokens
-        if said.message.tool_calls and not req.tools:  # none offered (tool_choice none)
+        if said.message.tool_calls and (req.no_calls or not req.tools):  # none offered
             _as_text(said.message, turn.text)
         if cut is not None:  # OpenAI leaves the stop text out of the content
             said.message.content = said.message.content.split(cut, 1)[0]

@@ -32,6 +32,9 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     sampling: Knobs = field(default_factory=Knobs)  # agentrl/gateway/sampling.py
+    # tool_choice none: the tools stay in the prompt (as OpenAI's model reads them, and the
+    # episode's sequence goes on), a call the model writes anyway is answered as text
+    no_calls: bool = False
 
 
 ROLES = {
@@ -75,8 +78,6 @@ def parse_request(body: Any) -> ChatRequest:
             "gateway cannot force a call without changing what the model samples",
             "unsupported_parameter",
         )
-    if choice == "none":
-        tools = []
     messages = _messages(raw)
     if messages[-1].role == "assistant":
         raise bad("the last message is an assistant message: prefilling is not supported")
@@ -106,6 +107,7 @@ def parse_request(body: Any) -> ChatRequest:
         stream=stream,
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
         sampling=read_knobs(body),
+        no_calls=choice == "none",
     )
 
 

@@ -322,8 +322,8 @@ def test_text_far_past_the_context_is_refused_after_one_contexts_tokenizing(kit,
 
 
 def test_an_answer_to_a_request_without_tools_is_text(kit):
-    """A red-team pass: under tool_choice none (the tools left out of the prompt) the model may
-    still write a call; it was answered as `tool_calls`, finish `tool_calls`, to an agent that
+    """A red-team pass: under tool_choice none (the tools in the prompt, calls refused) the model
+    may still write a call; it was answered as `tool_calls`, finish `tool_calls`, to an agent that
     offered no tool. OpenAI answers text: the call stays in the content, the ids as sampled."""
     import asyncio
 
@@ -350,3 +350,37 @@ def test_an_answer_to_a_request_without_tools_is_text(kit):
     assert cap.seq.ids[cap.seq.turns[0].start :] == ids  # recorded as sampled
     _, auto = go("auto")
     assert auto["finish_reason"] == "tool_calls" and auto["message"]["tool_calls"]
+
+
+def test_tool_choice_none_keeps_the_tools_in_the_prompt_and_extends_the_episode(kit):
+    """tool_choice none (an agent forcing its final answer after a tool result) left the tools
+    out of the prompt: the model read another prompt than the agent sent (OpenAI's keeps the
+    tools), and the request forked a second sequence, the whole history rendered again. The
+    tools stay: the request extends the sequence that called the tool, its answer is text."""
+    import asyncio
+
+    from agentrl.gateway import Gateway
+
+    tok, _, parser = kit
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    answers = [tok.encode(t + "<|im_end|>", add_special_tokens=False) for t in (call, call)]
+    prompts: list[list[int]] = []
+
+    class Scripted:  # the engine's answers fixed: a call, then a call again (under none)
+        async def generate(self, input_ids, params, key=None):
+            prompts.append(list(input_ids))
+            ids = answers[len(prompts) - 1]
+            return Completion(list(ids), [-0.5] * len(ids), FinishReason.STOP)
+
+    gw = Gateway(Scripted(), tok, parser)
+    ep = gw.open("t", 0, "s")
+    first = [USER]
+    (choice,), _ = asyncio.run(gw.complete(ep, parse_request({"messages": first, "tools": TOOLS})))
+    said = message_body(choice.message)
+    result = {"role": "tool", "tool_call_id": said["tool_calls"][0]["id"], "content": "3"}
+    body = {"messages": [*first, said, result], "tools": TOOLS, "tool_choice": "none"}
+    (choice,), _ = asyncio.run(gw.complete(ep, parse_request(body)))
+    assert choice.finish == "stop" and not choice.message.tool_calls  # text, as OpenAI answers
+    assert ep.counts["extend"] == 1 and ep.counts.get("fork", 0) == 0
+    (cap,) = ep.trained()
+    assert len(cap.seq.turns) == 2 and prompts[1][: len(prompts[0])] == prompts[0]
