@@ -20,7 +20,7 @@ where the openai SDK's `extra_body` puts them."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from agentrl.engine import SamplingParams
@@ -116,11 +116,20 @@ def refuse_in_run(knobs: Knobs, defaults: GenerationDefaults) -> None:
 
 
 def sampling_params(
-    knobs: Knobs, own: bool, defaults: GenerationDefaults, max_new_tokens: int, seed: int | None
+    knobs: Knobs,
+    own: bool,
+    defaults: GenerationDefaults,
+    max_new_tokens: int,
+    seed: int | None,
+    choice: int = 0,
 ) -> SamplingParams:
     """What the engine samples with: the run's settings, or under sampling=request (`own`) the
-    request's where it named them. `seed`: the run's for this request."""
+    request's where it named them. `seed`: the run's for this sample; a request's own seed is
+    the request's, as OpenAI's: its `choice`-th sample (of `n`) samples with seed + choice,
+    so the n answers are not one answer n times."""
     d = defaults
+    if knobs.seed is not None:
+        knobs = replace(knobs, seed=(knobs.seed + choice + 2**63) % 2**64 - 2**63)
 
     def pick(name: str, run: Any) -> Any:
         v = getattr(knobs, name)

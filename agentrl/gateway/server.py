@@ -360,7 +360,7 @@ class Gateway:
             raise bad(
                 f"the model's chat template refused these messages: {type(e).__name__}: {e}"
             ) from e
-        params = self._params(ep, req, plan, turn_seed(ep.seeds, index + i))
+        params = self._params(ep, req, plan, index, i)
         cap = ep.commit(plan)
         ep.reserved += params.max_new_tokens  # until sampled: the episode's budget holds
         try:
@@ -399,8 +399,9 @@ class Gateway:
         )
 
     def _params(
-        self, ep: EpisodeCapture, req: ChatRequest, plan: Plan, seed: int | None
+        self, ep: EpisodeCapture, req: ChatRequest, plan: Plan, index: int, i: int
     ) -> SamplingParams:
+        """Sample `i` of the episode's request `index`: its sampling params, within budgets."""
         d = self.defaults
         room = d.max_context_tokens - plan.length
         if room <= 0:
@@ -422,7 +423,8 @@ class Gateway:
                 "episode_budget_exceeded",
             )
         most = min(d.max_new_tokens, req.max_tokens or d.max_new_tokens, room, left)
-        return sampling_params(req.sampling, self.cfg.sampling == "request", d, most, seed)
+        own = self.cfg.sampling == "request"
+        return sampling_params(req.sampling, own, d, most, turn_seed(ep.seeds, index + i), i)
 
     def _renderer(self, tools: list[dict[str, Any]]) -> tuple[Renderer, str]:
         key = json.dumps(tools, sort_keys=True)

@@ -98,3 +98,13 @@ def test_settings_out_of_range_are_refused_on_both_apis(body, says):
         with pytest.raises(WireError) as e:
             parse({**base, **body})
         assert e.value.status == 400 and says in e.value.message
+
+
+def test_a_seeded_request_for_n_samples_gets_n_samples_not_one_n_times(tok):
+    """Under sampling=request a request's seed went to each of its `n` samples alike: the
+    agent asked for n answers and got one answer n times. Sample i samples with seed + i."""
+    engine = Canned(tok)
+    gw = Gateway(engine, tok, get_parser("hermes"), GatewayConfig(sampling="request"))
+    _, r = asyncio.run(post_once(gw, {"messages": [USER], "seed": 7, "n": 3}))
+    assert r.status_code == 200, r.text
+    assert sorted(p.seed for p in engine.params) == [7, 8, 9]
