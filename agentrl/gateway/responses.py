@@ -28,6 +28,7 @@ from agentrl.gateway.wire import (
     arguments_of,
     bad,
     function_tool,
+    template_of,
     text_of,
 )
 from agentrl.types import Message, ToolCall
@@ -71,6 +72,8 @@ def parse_responses_request(body: Any) -> ChatRequest:
             "unsupported_parameter",
         )
     tools = _tools(body.get("tools"))
+    reasoning = body.get("reasoning")
+    effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
     messages = _input(body.get("input"), body.get("instructions"))
     if messages[-1].role == "assistant":
         raise bad("the input ends with an assistant item: prefilling is not supported")
@@ -86,6 +89,7 @@ def parse_responses_request(body: Any) -> ChatRequest:
         max_tokens=max_tokens,
         sampling=read_knobs(body),
         no_calls=choice == "none",
+        template=template_of(None, effort),
     )
 
 

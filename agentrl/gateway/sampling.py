@@ -148,3 +148,20 @@ def sampling_params(
         stop_token_ids=list(d.stop_token_ids),
         ignore_eos=d.ignore_eos,
     )
+
+
+def refuse_other_template(asked: dict[str, Any], defaults: GenerationDefaults) -> None:
+    """A chat-template variable the request asked for (reasoning_effort, chat_template_kwargs)
+    that is not the run's is a 400: every request is rendered with rollout.template_kwargs,
+    and answering as if it were honored would have the model read another prompt."""
+    run = defaults.template_kwargs
+    for key, value in asked.items():
+        if key not in run or run[key] != value:
+            said = json.dumps(run[key]) if key in run else "not set"
+            raise bad(
+                f"the request asks the chat template for {key}={json.dumps(value)}; every "
+                f"request is rendered with the run's rollout.template_kwargs ({key}: {said}). "
+                f"Leave it out of the request, or set rollout.template_kwargs.{key}",
+                "unsupported_parameter",
+                "reasoning_effort" if key == "reasoning_effort" else "chat_template_kwargs",
+            )

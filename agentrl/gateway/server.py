@@ -44,7 +44,12 @@ from agentrl.engine import (
 from agentrl.gateway.capture import Captured, EpisodeCapture, Plan
 from agentrl.gateway.config import GatewayConfig
 from agentrl.gateway.responses import parse_responses_request, response_body
-from agentrl.gateway.sampling import GenerationDefaults, refuse_in_run, sampling_params
+from agentrl.gateway.sampling import (
+    GenerationDefaults,
+    refuse_in_run,
+    refuse_other_template,
+    sampling_params,
+)
 from agentrl.gateway.stop import cut_at_stop
 from agentrl.gateway.wire import (
     ChatRequest,
@@ -304,6 +309,7 @@ class Gateway:
             raise bad(f"this episode is over ({ep.stop.value}): {ep.error}", "episode_over")
         if self.cfg.sampling == "run":  # refused before it counts against the budgets
             refuse_in_run(req.sampling, self.defaults)
+        refuse_other_template(req.template, self.defaults)
         if ep.requests + req.n > self.cfg.max_requests:
             ep.flag(
                 StopReason.MAX_TURNS, f"past rollout.gateway.max_requests={self.cfg.max_requests}"

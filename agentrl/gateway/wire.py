@@ -35,6 +35,9 @@ class ChatRequest:
     # tool_choice none: the tools stay in the prompt (as OpenAI's model reads them, and the
     # episode's sequence goes on), a call the model writes anyway is answered as text
     no_calls: bool = False
+    # reasoning_effort, chat_template_kwargs: the template's variables the request asked for;
+    # the gateway renders with the run's (rollout.template_kwargs), so they must be those
+    template: dict[str, Any] = field(default_factory=dict)
 
 
 ROLES = {
@@ -45,26 +48,35 @@ ROLES = {
     "tool": "tool",
 }
 MAX_N = 16
-UNSUPPORTED = {
-    "response_format": "structured outputs (response_format) are not supported: the model "
-    "samples free text, parsed for tool calls",
-    "logit_bias": "logit_bias would sample from a distribution the learner never sees",
-    "functions": "the legacy `functions` field is not supported; send `tools`",
-}
+UNSUPPORTED = {  # field: why it is refused, and the values that ask for nothing (accepted)
+    "response_format": ("structured outputs (response_format) are not supported: the model "
+                        "samples free text, parsed for tool calls", ({"type": "text"},)),
+    "logit_bias": ("logit_bias would sample from a distribution the learner never sees", ({},)),
+    "functions": ("the legacy `functions` field is not supported; send `tools`", ([],)),
+    "function_call": ("the legacy `function_call` field is not supported; send `tool_choice`",
+                      ("auto",)),
+    "modalities": ("only text is answered (`modalities` [\"text\"]): no audio output",
+                   (["text"],)),
+    "audio": ("audio output is not supported: the answer is text", ()),
+    "web_search_options": ("web search is not supported: give the agent a search tool", ()),
+}  # fmt: skip
 NO_LOGPROBS = ("logprobs are not returned to agents (answering null would be a silent wrong "
                "answer); the sampled tokens' logprobs are recorded in the trajectory")  # fmt: skip
 
 
 def parse_request(body: Any) -> ChatRequest:
     """A chat-completions request body → ChatRequest; anything unreadable is a 400 that says
-    which field and why. Sampling settings: agentrl/gateway/sampling.py. Unknown fields OpenAI
-    defines but that do not change what is sampled (user, metadata, store, parallel_tool_calls,
-    …) are accepted and ignored."""
+    which field and why. Sampling settings: agentrl/gateway/sampling.py; `reasoning_effort` and
+    `chat_template_kwargs` must be the run's (`template_of`). Accepted and ignored on purpose,
+    as they change nothing the model reads or samples: user, metadata, store, service_tier,
+    safety_identifier, prompt_cache_key, prediction (a latency hint: OpenAI's answer is the
+    same without it), and parallel_tool_calls (every call the model wrote is answered, as
+    sampled: dropping one would answer the agent with other than what is trained)."""
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
-    for key, why in UNSUPPORTED.items():
-        if body.get(key) not in (None, {"type": "text"}):
-            raise bad(why, "unsupported_parameter")
+    for key, (why, nothing) in UNSUPPORTED.items():
+        if body.get(key) is not None and body[key] not in nothing:
+            raise bad(why, "unsupported_parameter", key)
     if body.get("logprobs") or body.get("top_logprobs"):
         raise bad(NO_LOGPROBS, "unsupported_parameter")
     raw = body.get("messages")
@@ -108,7 +120,19 @@ def parse_request(body: Any) -> ChatRequest:
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
         sampling=read_knobs(body),
         no_calls=choice == "none",
+        template=template_of(body.get("chat_template_kwargs"), body.get("reasoning_effort")),
     )
+
+
+def template_of(kwargs: Any, effort: Any) -> dict[str, Any]:
+    """The chat-template variables a request asks for: the vLLM/SGLang `chat_template_kwargs`
+    and OpenAI's reasoning effort (the `reasoning_effort` variable of templates that read it)."""
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise bad("`chat_template_kwargs` must be an object", param="chat_template_kwargs")
+    out = dict(kwargs or {})
+    if effort is not None:
+        out["reasoning_effort"] = effort
+    return out
 
 
 def _int(body: dict[str, Any], key: str, low: int) -> int:
