@@ -44,8 +44,10 @@ from agentrl.engine import (
     EngineClient,
     EngineConfig,
     Fleet,
+    check_deterministic,
     launch_fleet,
     launch_router,
+    warn_uncaptured,
 )
 from agentrl.env import Env
 from agentrl.env_config import EnvConfig
@@ -151,6 +153,8 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
         fleet, engine = await _start_engines(cfg, engine_cfg, engine_model, out, stack, fleet)
         if train and cfg.trainer.deterministic:
             await check_deterministic(engine)
+        if cfg.engine.urls:  # the user's servers: say if they decode past their CUDA graphs
+            await warn_uncaptured(engine, cfg.trainer.tasks_per_step * cfg.rollout.group_size)
         await engine.control.update_weight_version(str(resumed.step if resumed else 0))
         sandbox: Sandbox = await asyncio.wrap_future(sandbox_start)
         rollout = make_rollout(cfg, classes, engine, tokenizer, sandbox)
@@ -246,21 +250,6 @@ async def _start_training(
     )  # fmt: skip
     stack.push(_close_tracker(run.tracker))
     run.progress = ProgressLine(cfg.trainer.steps, resumed.step if resumed else 0, console)
-
-
-async def check_deterministic(engine: EngineClient) -> None:
-    """trainer.deterministic: every server computes each request apart from the others (the
-    ones we start get the flag; servers given by engine.urls must have been started with it)."""
-    infos = await engine.control.server_info()
-    off = [url for url, info in zip(engine.urls, infos, strict=True)
-           if not info.get("enable_deterministic_inference")]  # fmt: skip
-    if off:
-        raise ConfigError(
-            f"trainer.deterministic=true but the rollout servers {', '.join(off)} were not "
-            f"started with {DETERMINISTIC} (the dev server and SGLang both take it): a request's "
-            "logprobs would follow the requests batched beside it. Restart them with it, or "
-            "drop trainer.deterministic"
-        )
 
 
 def env_classes(cfg: Config) -> dict[str, type[Env]]:

@@ -60,6 +60,7 @@ from agentrl.engine import (
     launch_engines,
     parse_generate_response,
 )
+from agentrl.engine.checks import max_running
 from agentrl.engine.coalesce import SETTLE_CHUNK
 from agentrl.envs.synthetic import FixedLengthEnv
 from agentrl.metrics import rollout_metrics
@@ -342,10 +343,7 @@ async def server_max_running(http: aiohttp.ClientSession, url: str) -> int | Non
     for route in ("/server_info", "/get_server_info"):
         async with http.get(url + route) as r:
             if r.status == 200:
-                info = orjson.loads(await r.read())
-                for where in (info, *(info.get("internal_states") or [])):
-                    if isinstance(where, dict) and where.get("max_running_requests"):
-                        return int(where["max_running_requests"])
+                return max_running(orjson.loads(await r.read()))
     return None
 
 

@@ -10,11 +10,13 @@ what this file exports; the modules behind it are private to agentrl/engine/.
     gate.py      the push gate: /generate waits while weights change; cut turns go on
     coalesce.py  concurrent /generate calls to one server leave as one request
     fleet.py     launch, health-wait, restart and stop servers (local, Ray)
+    checks.py    what a run checks of its servers: deterministic, decoding past their CUDA graphs
     router.py    SGLang's model gateway (smg) in front of several servers
     dev/         the CPU engine, `python -m agentrl.engine.dev` (never imported from outside)
 """
 
 from agentrl.engine.admin import Control
+from agentrl.engine.checks import check_deterministic, warn_uncaptured
 from agentrl.engine.client import EngineClient, Generation
 from agentrl.engine.config import (
     API_KEY_ENV,
@@ -50,5 +52,5 @@ __all__ = [
     "EngineUnavailable", "Fleet", "Generation", "PromptTooLong", "RayServer", "SamplingParams", "backoff_delay",
     "default_api_key", "encode_named_tensors", "health_probe", "launch_engines", "launch_fleet",
     "launch_router", "parse_generate_response", "post_admin", "post_each", "split_local_gpus",
-    "visible_gpus",
+    "visible_gpus", "check_deterministic", "warn_uncaptured",
 ]  # fmt: skip

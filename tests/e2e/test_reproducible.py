@@ -11,8 +11,8 @@ import pytest
 
 from agentrl.config import compose
 from agentrl.engine import EngineClient
+from agentrl.engine.checks import check_deterministic
 from agentrl.metrics import is_timing
-from agentrl.run import check_deterministic
 from agentrl.train import train
 from agentrl.types import ConfigError
 

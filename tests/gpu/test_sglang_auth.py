@@ -2,7 +2,9 @@
 token as --api-key and --admin-api-key from its private --config file, refuses requests without
 it (401: its generation, weight, pause, memory and LoRA routes), answers the run's client (normal
 and admin routes), and keeps the token off every command line. With smg installed, the router in
-front of it too."""
+front of it too. Its /server_info, read by the run's client, names its decode CUDA graph's batch
+and its running cap as `agentrl.engine.checks` reads them (a server the user started that runs
+more requests than its graph holds is warned of)."""
 
 from __future__ import annotations
 
@@ -18,14 +20,15 @@ import pytest
 import torch
 
 from agentrl.engine import EngineClient, EngineConfig, SamplingParams, launch_engines, launch_router
+from agentrl.engine.checks import decode_graph_batch, max_running, uncaptured
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 FLAGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch",
-         "--grammar-backend", "none", "--mm-feature-transport", "cpu", "--disable-cuda-graph",
-         "--mem-fraction-static", "0.2", "--dtype", "bfloat16"]  # fmt: skip
+         "--grammar-backend", "none", "--mm-feature-transport", "cpu", "--cuda-graph-max-bs", "8",
+         "--max-running-requests", "64", "--mem-fraction-static", "0.2", "--dtype", "bfloat16"]  # fmt: skip
 CFG = EngineConfig(kind="sglang", extra_args=FLAGS, health_timeout_s=420, router="smg")
 PROMPT = [9707, 11, 1879, 0, 4340, 525, 498]
 ATTACKS = [
@@ -64,17 +67,22 @@ def test_sglang_started_by_agentrl_wants_the_run_token(model_dir, tmp_path):
             assert status(url, method, path, body, None) == 401, path
             assert status(url, method, path, body, "not-the-run-token") == 401, path
 
-        async def run() -> tuple[list[str], list[int]]:
+        async def run() -> tuple[list[str], list[int], dict]:
             async with EngineClient.from_config(CFG.model_copy(update={"urls": urls})) as engine:
                 await engine.control.update_weight_version("1")  # an admin route: the admin key
                 params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
                 async with engine.exclusive(pause=True):
                     pass  # /abort_request, /pause_generation, /continue_generation
                 comp = await engine.generate(PROMPT, params)
-                return await engine.control.get_weight_version(), comp.token_ids
+                info = (await engine.control.server_info())[0]
+                return await engine.control.get_weight_version(), comp.token_ids, info
 
-        versions, ids = asyncio.run(run())
+        versions, ids, info = asyncio.run(run())
         assert versions == ["1"] and len(ids) == 4
+        assert (decode_graph_batch(info), max_running(info)) == (8, 64), (
+            info.get("cuda_graph_config"), info.get("max_running_requests"))  # fmt: skip
+        assert len(uncaptured([url], [info], in_flight=64)) == 1
+        assert uncaptured([url], [info], in_flight=8) == []
         assert not token_on_a_command_line(token)
         keys = tmp_path / ".sglang-server-0.keys.yaml"
         for private in (keys, tmp_path / "sglang-server-0.log"):
