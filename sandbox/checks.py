@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import math
 import sys
 from typing import Any, Literal
 
@@ -29,7 +30,10 @@ class CallTest(BaseModel):
     """Evaluate `call` (an expression over the solution's names; `candidate` is `entry_point`)
     and compare its value with `expected`. `match="truthy"` compares bool(value) instead.
     Numbers within `tolerance` (absolute: |got - expected| <= tolerance) or `rel_tolerance`
-    (relative, as math.isclose's rel_tol) pass; with neither they must be equal."""
+    (relative, as math.isclose's rel_tol) pass; with neither they must be equal. `method`
+    (one of PREDICATES, with `args`): the value is a builtin's (`str`, `bytes`, `float`, a set)
+    and the grader calls that type's method on it, outside the sandbox; that bit is compared
+    (`f(x).startswith("ab")` is `call="f(x)", method="startswith", args=["ab"]`)."""
 
     model_config = ConfigDict(extra="forbid")
     call: str
@@ -37,8 +41,10 @@ class CallTest(BaseModel):
     tolerance: float | None = Field(None, ge=0)
     rel_tolerance: float | None = Field(None, ge=0)
     match: Literal["equal", "truthy"] = "equal"
+    method: str | None = None
+    args: list[Any] = []
 
-    @field_validator("expected")
+    @field_validator("expected", "args")
     @classmethod
     def _comparable(cls, value: Any) -> Any:
         why = not_plain(value)
@@ -47,6 +53,29 @@ class CallTest(BaseModel):
                              "plain data (None, bool, int, float, complex, str, bytes, and "
                              "lists, tuples, sets and dicts of them)")  # fmt: skip
         return value
+
+    @field_validator("method")
+    @classmethod
+    def _known(cls, value: str | None) -> str | None:
+        if value is not None and value not in PREDICATES:
+            raise ValueError(
+                f"method {value!r} is not one the grader computes: {sorted(PREDICATES)}"
+            )
+        return value
+
+
+_TEXT = (str, bytes)
+# The yes/no methods of builtin types that the grader computes itself, on the plain value the
+# sandbox sent back (a set comes back as a frozenset: canon writes both alike). In the sandbox
+# they were the solution's: `f(x).startswith("ab")` passed for an object whose every method
+# returns True (a red-team pass).
+PREDICATES: dict[str, tuple[type, ...]] = {
+    **dict.fromkeys(["startswith", "endswith", "isalnum", "isalpha", "isascii", "isdigit",
+                     "islower", "isspace", "istitle", "isupper"], _TEXT),
+    **dict.fromkeys(["isdecimal", "isidentifier", "isnumeric", "isprintable"], (str,)),
+    **dict.fromkeys(["isdisjoint", "issubset", "issuperset"], (frozenset,)),
+    "is_integer": (float, int) if hasattr(int, "is_integer") else (float,),
+}  # fmt: skip
 
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
@@ -70,6 +99,62 @@ def not_plain(value: Any, depth: int = 0) -> str | None:
     else:
         return f"a {t.__name__}"
     return next((w for x in parts if (w := not_plain(x, depth + 1))), None)
+
+
+def _decoded(v: Any) -> Any:
+    """The plain value a canonical one (grader.canon) stands for; ValueError for an opaque one."""
+    if isinstance(v, list):
+        return [_decoded(x) for x in v]
+    if not isinstance(v, dict):
+        return v
+    ((tag, inner),) = v.items()
+    if tag == "__bytes__":
+        return bytes.fromhex(inner)
+    if tag == "__float__":
+        return float(inner)
+    if tag == "__complex__":
+        return complex(*map(_decoded, inner))
+    if tag in ("__tuple__", "__set__"):
+        return (tuple if tag == "__tuple__" else frozenset)(map(_decoded, inner))
+    if tag == "__dict__":
+        return {_decoded(k): _decoded(x) for k, x in inner}
+    raise ValueError(f"not a plain value: {tag} {inner!r:.40}")
+
+
+def method_result(test: CallTest, value: Any) -> bool | None:
+    """`test.method` of the builtin type it belongs to, called here on the canonical `value` the
+    sandbox sent back, with `test.args`; None when `value` is not of that exact type."""
+    try:
+        plain = _decoded(value)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    if test.method is None or type(plain) not in PREDICATES[test.method]:
+        return None
+    try:
+        got = getattr(type(plain), test.method)(plain, *test.args)
+    except (TypeError, ValueError):  # wrong argument types for the value's type
+        return None
+    return got if type(got) is bool else None
+
+
+def same_value(got: Any, exp: Any, tol: float | None, rel: float | None = None) -> bool:
+    """`tol` absolute, `rel` relative; each applies as itself only (an absolute bound taken as a
+    relative one too passed 0 for `abs(f(x) - 100) < 1`: |0 - 100| <= 1 * 100)."""
+    if isinstance(exp, dict) and "__opaque__" in exp:  # says only its type's name: never equal
+        return False
+    if isinstance(exp, bool) or isinstance(got, bool):
+        return type(got) is type(exp) and got == exp
+    if isinstance(exp, int | float) and isinstance(got, int | float):
+        if tol is None and rel is None:
+            return got == exp
+        return math.isclose(got, exp, rel_tol=rel or 0.0, abs_tol=tol or 0.0)
+    if isinstance(exp, list) and isinstance(got, list):
+        return len(got) == len(exp) and all(
+            same_value(g, e, tol, rel) for g, e in zip(got, exp, strict=True)
+        )
+    if isinstance(exp, dict) and isinstance(got, dict):
+        return got.keys() == exp.keys() and all(same_value(got[k], exp[k], tol, rel) for k in exp)
+    return type(got) is type(exp) and got == exp
 
 
 # -- assert-style tests -> CallTests ------------------------------------------------------
@@ -145,9 +230,28 @@ def _decided_inside(test: CallTest) -> str | None:
             name = node.func if isinstance(node, ast.Call) else None
             if isinstance(name, ast.Name) and name.id in _BUILTINS:
                 return f"its yes/no would come from `{name.id}` in the sandbox"
-            if isinstance(name, ast.Attribute) and _module_of(name) in _MODULES:
+            if isinstance(name, ast.Attribute) and (
+                _module_of(name) in _MODULES | _BUILTINS or name.attr in PREDICATES
+            ):  # `.startswith` here: one `_split_method` could not take out of the sandbox
                 return f"its yes/no would come from `{ast.unparse(name)}` in the sandbox"
     return None
+
+
+def _split_method(test: CallTest) -> CallTest:
+    """A yes/no from a builtin type's method on the solution's value, with literal arguments
+    (`f(x).startswith("ab")`, `not f(x).isdigit()`), as the test of that value whose method
+    the grader calls itself (CallTest.method); any other test as it is."""
+    node = ast.parse(test.call, mode="eval").body
+    yes_no = test.match == "truthy" or isinstance(test.expected, bool)
+    if not (yes_no and isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        return test
+    func, args = node.func, [_literal(a) for a in node.args]
+    if func.attr not in PREDICATES or node.keywords or not all(ok for ok, _ in args):
+        return test
+    if _module_of(func) in _MODULES | _BUILTINS:  # `str.isdigit(f(x))`: refused as it is
+        return test
+    return CallTest(call=ast.unparse(func.value), expected=test.expected, match=test.match,
+                    method=func.attr, args=[v for _, v in args])  # fmt: skip
 
 
 def _module_of(func: ast.Attribute) -> str | None:
@@ -192,13 +296,16 @@ def asserts_to_tests(test_code: str, strict: bool = True) -> list[CallTest]:
     a builtin or a library (`assert isinstance(f(1), int)`, `assert math.isfinite(f(1))`), which
     the solution's objects, names and patched modules answer;
     and a call that reads a name of the test code's own (a helper, a local, an import;
-    `candidate` is the solution's), which the sandbox never gets."""
+    `candidate` is the solution's), which the sandbox never gets. A yes/no from a builtin
+    type's method with literal arguments (`assert f(1).startswith("a")`) is graded: the grader
+    calls `str.startswith` itself on the value (CallTest.method); other such calls are refused."""
     tree = ast.parse(test_code)
     test_names = _bound(tree)
     out, bad = [], []
     for node in ast.walk(tree):
         if isinstance(node, ast.Assert):
             t = _from_assert(node.test)
+            t = None if t is None else _split_method(t)
             why = None if t is None else _decided_inside(t)
             if t is not None and not why and (names := _test_names_in(t.call, test_names)):
                 why = f"reads {', '.join(names)}, which the test code defines: not in the sandbox"

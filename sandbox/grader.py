@@ -59,7 +59,6 @@ import asyncio
 import hashlib
 import inspect
 import json
-import math
 import secrets
 from collections.abc import Sequence
 from pathlib import Path
@@ -68,7 +67,8 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from agentrl.sandbox.base import ExecResult, Sandbox, SandboxUnavailable
-from agentrl.sandbox.checks import CallTest, IOTest, asserts_to_tests
+from agentrl.sandbox.checks import CallTest, IOTest, asserts_to_tests, method_result
+from agentrl.sandbox.checks import same_value as _same
 
 __all__ = ["CallTest", "GradeResult", "IOTest", "Outcome", "asserts_to_tests", "grade"]
 
@@ -255,29 +255,12 @@ def _frames(stdout: str, nonce: str) -> dict[int, dict]:
 # -- comparison (plain data only) ---------------------------------------------------------
 
 
-def _same(got: Any, exp: Any, tol: float | None, rel: float | None = None) -> bool:
-    """`tol` absolute, `rel` relative; each applies as itself only (an absolute bound taken as a
-    relative one too passed 0 for `abs(f(x) - 100) < 1`: |0 - 100| <= 1 * 100)."""
-    if isinstance(exp, dict) and "__opaque__" in exp:  # says only its type's name: never equal
-        return False
-    if isinstance(exp, bool) or isinstance(got, bool):
-        return type(got) is type(exp) and got == exp
-    if isinstance(exp, int | float) and isinstance(got, int | float):
-        if tol is None and rel is None:
-            return got == exp
-        return math.isclose(got, exp, rel_tol=rel or 0.0, abs_tol=tol or 0.0)
-    if isinstance(exp, list) and isinstance(got, list):
-        return len(got) == len(exp) and all(
-            _same(g, e, tol, rel) for g, e in zip(got, exp, strict=True)
-        )
-    if isinstance(exp, dict) and isinstance(got, dict):
-        return got.keys() == exp.keys() and all(_same(got[k], exp[k], tol, rel) for k in exp)
-    return type(got) is type(exp) and got == exp
-
-
 def _judge_call(test: CallTest, frame: dict) -> Outcome:
     exp = canon(test.expected)
-    if test.match == "truthy":
+    if test.method is not None:  # the builtin method's yes/no, here (no value back: no yes/no)
+        got = method_result(test, frame["v"]) if "v" in frame else None
+        ok = got is not None and got is bool(test.expected)  # expected: a bool (or truthy)
+    elif test.match == "truthy":
         got = _truthy(frame["v"]) if "v" in frame else frame.get("b")
         ok = got is bool(test.expected)
     elif "v" not in frame:  # large value: exact comparison through its hash
@@ -285,7 +268,9 @@ def _judge_call(test: CallTest, frame: dict) -> Outcome:
     else:
         ok = _same(frame["v"], exp, test.tolerance, test.rel_tolerance)
     detail = "" if ok else f"got {frame.get('p', '')!r}"
-    if not ok and "v" not in frame and (test.tolerance, test.rel_tolerance) != (None, None):
+    if not ok and "v" not in frame and test.method is not None:
+        detail += f" (too long to come back: its .{test.method}() is not computed)"
+    elif not ok and "v" not in frame and (test.tolerance, test.rel_tolerance) != (None, None):
         detail += f" (over {_INLINE} characters of JSON: compared exactly, not within tolerance)"
     return Outcome(index=0, passed=ok, status="pass" if ok else "wrong", detail=detail)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agentrl.sandbox import SubprocessSandbox
+from agentrl.sandbox.checks import method_result
 from agentrl.sandbox.grader import CallTest, asserts_to_tests, grade
 
 DECIDED_INSIDE = """
@@ -127,3 +128,48 @@ async def test_an_expected_bytes_or_complex_value_is_compared_not_named() -> Non
     with pytest.raises(ValueError, match="holding a object"):
         CallTest(call="f()", expected=[1, object()])
     assert asserts_to_tests("assert not enc('')")[0].match == "truthy"
+
+
+METHOD_YES_NO = """
+def check(candidate):
+    assert candidate("Bob").startswith("Hello")
+    assert candidate("Ann").strip().endswith(("Ann", "Bob"))
+    assert not candidate("Cy").isdigit()
+    assert candidate("Di").istitle() is True
+    assert set(["Hello", "Di"]).issuperset({"Di"})
+"""
+EVERY_METHOD_TRUE = (
+    "class Yes:\n    def __getattr__(self, name):\n        return lambda *a: name != 'isdigit'\n"
+    "def candidate(name):\n    return Yes()"
+)
+
+
+async def test_a_yes_no_from_a_method_of_the_value_is_computed_here() -> None:
+    """A red-team pass: `candidate(x).startswith("Hello")` called the returned object's own
+    `startswith`, so an object whose every method returned True (False for `isdigit`, asked under
+    `not`) passed 3 of 4. The method is now called here, on the plain value sent back, and only
+    for that builtin's exact type."""
+    tests = asserts_to_tests(METHOD_YES_NO, strict=False)
+    assert [(t.call, t.method) for t in tests] == [
+        ("candidate('Bob')", "startswith"), ("candidate('Ann').strip()", "endswith"),
+        ("candidate('Cy')", "isdigit"), ("candidate('Di')", "istitle")]  # fmt: skip
+    sb = SubprocessSandbox()
+    hacked = await grade(sb, EVERY_METHOD_TRUE, tests, timeout_s=2.0)
+    honest = await grade(sb, "def candidate(n):\n    return f'Hello {n}'", tests, timeout_s=2.0)
+    sub = "class S(str):\n    def startswith(self, *a): return True\ndef candidate(n): return S(n)"
+    subclass = await grade(sb, sub, tests[:1], timeout_s=2.0)
+    assert hacked.passed == 0 and honest.all_passed and subclass.passed == 0
+    # where it cannot be taken out of the sandbox, it is refused: a builtin's name the solution
+    # can rebind, an argument the sandbox computes, a `not` around the method
+    for refused in ("str.isdigit(candidate(1))", "candidate(1).startswith(candidate(2))",
+                    "not not candidate(1).isdigit()", "str(candidate(1)).isdigit()"):  # fmt: skip
+        with pytest.raises(ValueError, match="would come from"):
+            asserts_to_tests(f"assert {refused}")
+    # sets and floats, as canon writes them; an opaque value has no method here
+    subset = CallTest(call="f()", expected=True, method="issubset", args=[{1, 2}])
+    assert method_result(subset, {"__set__": [1]}) is True
+    assert method_result(subset, {"__opaque__": "Yes"}) is None
+    integral = CallTest(call="f()", expected=True, method="is_integer")
+    assert method_result(integral, 2.0) is True and method_result(integral, "2") is None
+    # an equality with a method's value is still compared here as it was
+    assert asserts_to_tests("assert candidate(1).count('a') == 2")[0].method is None
