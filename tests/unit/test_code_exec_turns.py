@@ -80,3 +80,33 @@ def test_the_last_answer_is_read_in_one_pass(text, expected):
     if len(text) < 100:  # what the regex it replaces reads
         found = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
         assert (found[-1] if found else None) == expected
+
+
+async def test_an_answer_written_in_the_prompt_earns_no_turn_reward():
+    """A red-team pass: sort_kth's answer is one of the numbers its prompt lists, so a policy
+    printing them one a turn, reading none, was paid 0.3 on 3 tasks in 10 (4 turns of 8-15
+    numbers); here it prints every one of them, and the honest computation earns nothing either
+    (the outcome reward still pays the right <answer>)."""
+    import re
+
+    from agentrl.envs.code_exec import generate_tasks
+
+    (task,) = generate_tasks(1, seed=3, kinds=["sort_kth"])
+    listed = re.findall(r"-?\d+", task.data["prompt"].split("[")[1])
+    assert task.data["answer"] in listed
+    env = CodeExecTurnsEnv(task, ToolContext(session="t", sandbox=SubprocessSandbox()))
+    paid = [(await env.step(call(f"print({n})"))).reward for n in listed]
+    assert paid == [0.0] * len(listed)
+    env = CodeExecTurnsEnv(task, ToolContext(session="u", sandbox=SubprocessSandbox()))
+    assert (await env.step(call(f"print({task.data['answer']})"))).reward == 0.0
+
+
+@pytest.mark.parametrize(
+    ("answer", "prompt", "expected"),
+    [("7", "Compute 6 * 7.", True), ("-7", "in [3, -7, 2]", True), ("7", "in [17, 2.75]", False),
+     ("42", "Compute 6 * 7.", False), ("2.5", "x = 2.5", True), ("2", "x = 2.5", False)],
+)  # fmt: skip
+def test_in_prompt_reads_whole_words_and_numbers(answer, prompt, expected):
+    from agentrl.envs.code_exec_turns import in_prompt
+
+    assert in_prompt(answer, prompt) is expected
