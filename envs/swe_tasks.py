@@ -236,11 +236,32 @@ def hidden_tests(tree: dict[str, str], ids: list[str]) -> dict[str, tuple[str, l
                 )
         imports = "\n".join(ast.unparse(n) for n in stmts)
         funcs = {n.name: n for n in module.body if isinstance(n, ast.FunctionDef)}
+        own = _module_names(module)
         tests = []
         for name in names:
             if name not in funcs:
                 raise ValueError(f"{path}::{name}: no such test function")
             (test,) = asserts_to_tests(ast.unparse(funcs[name]))  # one check per test
+            call = ast.parse(test.call, mode="eval")
+            if read := sorted({n.id for n in ast.walk(call) if isinstance(n, ast.Name)} & own):
+                raise ValueError(
+                    f"{path}::{name}: `{test.call[:60]}` reads {', '.join(read)}, which the test "
+                    "file defines; the grading sandbox gets no test file (there the name is the "
+                    "package's to define, through a star import): inline it or move it into the "
+                    "package"
+                )
             tests.append(test)
         out[path] = (imports, tests)
+    return out
+
+
+def _module_names(module: ast.Module) -> set[str]:
+    """The names a test module binds itself (helpers, constants), not through its imports."""
+    out: set[str] = set()
+    for stmt in module.body:
+        if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            out.add(stmt.name)
+        elif not isinstance(stmt, ast.Import | ast.ImportFrom):
+            out.update(n.id for n in ast.walk(stmt)
+                       if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))  # fmt: skip
     return out

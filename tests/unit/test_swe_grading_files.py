@@ -90,3 +90,17 @@ def test_a_file_the_hidden_ids_name_is_the_instances_and_never_enters_the_sandbo
     assert [(c.call, c.expected) for c in checks] == [("double(2)", 4), ("double(0)", 0)]
     assert "pkg/tests.py" not in grading_files(tree, "", ids)
     assert "pkg/tests.py" in grading_files(tree, "")  # without the ids it would have gone in
+
+
+def test_a_check_reading_the_test_files_own_names_is_refused_by_name():
+    """A red-team pass: `assert roundtrip(3)` and `assert f(CASES) == [1, 2]` read a helper and
+    a constant of the test file, which the grading sandbox never gets; there, through the test
+    file's `from pkg.mod import *`, they were the agent's to define (`roundtrip = lambda x:
+    True` passed), and without a star import an honest fix failed on a NameError, quietly."""
+    body = ("CASES = [1, 2]\ndef roundtrip(x):\n    return f(x) == x\n"
+            "def test_a():\n    assert roundtrip(3)\ndef test_b():\n    assert f(CASES) == [1, 2]\n")  # fmt: skip
+    tree = {**TREE, "tests/test_mod.py": "from pkg.mod import *\n" + body}
+    for name, read in (("test_a", "roundtrip"), ("test_b", "CASES")):
+        with pytest.raises(ValueError, match=f"reads {read}, which the test file defines"):
+            hidden_tests(tree, [f"tests/test_mod.py::{name}"])
+    assert hidden_tests(TREE, ["tests/test_mod.py::test_f"])  # imported names stay gradable
