@@ -50,7 +50,8 @@ the harness could name only by its type, which any object of that name would mat
 CallTest refuses it); values are compared type-strictly (a tuple is
 not a list, True is not 1; ints and floats compare numerically, within `tolerance` (absolute)
 or `rel_tolerance` (relative) when given: `abs(f(x) - v) < t` reads as the first, `math.isclose`
-as both, with its own defaults).
+as both, with its own defaults). A yes/no from a builtin's method (`f(x).startswith("a")`:
+CallTest.method) is computed here on the value sent back, which must fit the inline report.
 """
 
 from __future__ import annotations
