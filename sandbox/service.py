@@ -14,6 +14,16 @@ exception too); when the interpreter dies or must be killed (an uninterruptible 
 cgroup's OOM killer, SIGXFSZ, an output flood, `os._exit`), the call says `session_reset`. Background threads and processes a session starts live (within its
 limits) until the session ends; their output lands in the next call's.
 
+Eviction (`_reclaim`): when all sandboxes together pass 90 % of the service's memory or process
+cap, the one holding the most of it is evicted, then the next, until usage is under 75 %. One is
+evicted only when it holds a real share: 5 % of the cap, or, when the live sandboxes together
+hold the excess, more than twice what it held idle (before its first call). So many sessions
+that each hold a little, far under their own limits, are evicted largest first, and an honest
+call still runs; a call is refused busy only when the usage is no sandbox's (page cache, the
+kernel) or every sandbox is near idle (the cap is too small for the sessions admitted). An
+evicted session's call reports `limit="memory"|"processes"` with `session_reset`: the code's
+own result, never the infrastructure's.
+
 Size: one state machine over the running slots, the queue, the session table and evictions, which
 all read and change the same counts; split, its invariants would spread over files.
 """
@@ -298,12 +308,8 @@ class ExecService:
         return None
 
     async def _reclaim(self) -> None:
-        """Past 90 % of the service-wide memory or process cap, evict the sandboxes that use the
-        most of it until the usage is under 75 %. An evicted session's running call, or its next
-        call, reports `limit="memory"|"processes"` with `session_reset`: an ordinary result of
-        the code that held the resource. Every other call runs as usual. Only a sandbox that
-        holds a real share (`_worth_evicting`) is evicted; when none does (the usage is not any
-        one sandbox's), the call is refused (Busy) rather than evicting bystanders."""
+        """Evict by the module docstring's rule (`_largest` picks); Busy when no one holds a
+        real share of what fills the cap, rather than evicting bystanders."""
         if self._pressure(HIGH_MARK) is None:
             return
         async with self._reclaiming:
@@ -343,11 +349,12 @@ class ExecService:
 
     def _largest(self, what: str, now: int, cap: int) -> tuple[Worker, Session | None] | None:
         """The live sandbox (session or one-shot call) using the most of `what`, if it holds a
-        real share of it: 5 % of the cap, or (when the live sandboxes together hold the excess
-        over the low mark, not page cache or the kernel) a tenth of its own limit. An idle
-        interpreter holds far less than either. Without the second rule, sandboxes whose own
-        limit is under 5 % of the cap (64 tasks of 4096 by default) filled it together and no
-        one could be evicted: every call of the service was answered busy."""
+        real share of it (the eviction rule of the module docstring): 5 % of the cap, or, when
+        the live sandboxes together hold the excess over the low mark (not page cache or the
+        kernel), more than twice what it held idle (`Worker.idle_usage`, measured before any
+        code ran). A bar of the sandbox's own limit (a tenth of it, as before) let sessions
+        each just under it fill the cap together (some 100 sessions of 100 MB in a 12 GiB
+        cap): no one could be evicted and every call of the service was answered busy."""
         cands: list[tuple[Worker, Session | None]] = [
             (s.worker, s) for s in self._sessions.values() if s.worker is not None
         ] + [(w, None) for w in self._oneshots]
@@ -355,9 +362,9 @@ class ExecService:
         if not used:
             return None
         top, w, s = max(used, key=lambda t: t[0])
-        own = self.lim.memory_mb << 20 if what == "memory" else self.lim.processes
+        idle = w.idle_usage[0 if what == "memory" else 1]
         held = sum(u for u, _, _ in used) >= now - LOW_MARK * cap
-        return (w, s) if top >= 0.05 * cap or (held and top >= 0.1 * own) else None
+        return (w, s) if top >= 0.05 * cap or (held and top > 2 * idle) else None
 
     def _forget(self, key: str, why: str, limit: str | None) -> None:
         self._gone[key] = (why, limit)

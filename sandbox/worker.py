@@ -187,6 +187,8 @@ class Worker:
         # the service killed this sandbox for a service-wide mark it crossed ("memory" or
         # "processes"): the call it ran ends with that limit, as the code's own result
         self.evicted: str | None = None
+        # (memory bytes, tasks) when it became ready, before any code: an idle sandbox's floor
+        self.idle_usage: tuple[int, int] = (0, 0)
 
     @property
     def alive(self) -> bool:
@@ -209,6 +211,9 @@ class Worker:
             raise WorkerStartError(f"worker's first frame was not `ready`: {e}") from None
         if not ready or not ready.get("ready"):
             raise WorkerStartError("worker exited before it was ready")
+        cg = self.slot.cgroup
+        if cg is not None:
+            self.idle_usage = (cg.memory_used(), cg.tasks())
         return ready.get("warnings", [])
 
     def _on_exit(self) -> None:

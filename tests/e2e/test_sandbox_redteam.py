@@ -194,3 +194,31 @@ async def test_sandboxes_each_under_five_percent_cannot_fill_the_service_cap_for
             assert evicted and all(r.limit == "processes" for r in evicted), after
         finally:
             await sb.aclose()
+
+
+FILL = "blob = bytearray(8 << 20)\nfor i in range(0, len(blob), 4096):\n    blob[i] = 1\nprint('holding')"
+
+
+async def test_sessions_each_far_under_their_memory_limit_cannot_fill_the_cap_for_all() -> None:
+    """A red-team pass, the memory side of the one above: some 100 sessions each holding under a
+    tenth of their own memory limit (and under 5 % of the cap) filled the service's memory cap,
+    no one could be evicted, and every call was answered busy (`sandbox_unavailable`). Here 36
+    sessions hold about 13 MB each of a 480 MB cap (the bars were 24 and 25.6 MB): every call
+    runs, and the holders evicted report limit "memory"."""
+    lim = LIMITS.model_copy(update={"memory_mb": 256})
+    cfg = ServerConfig(warm_workers=1, max_running=4, service_memory_mb=480, limits=lim)
+    with LocalService(cfg) as svc:
+        needs(svc.health()["isolation"], "memory")
+        sb = ServiceSandbox(svc.url, retries=0)
+        try:
+            for k in range(36):
+                res = await sb.run(FILL, timeout=30, session=f"fill-{k}")
+                assert res.stdout == "holding\n", (k, res)
+            res = await sb.run("print('innocent')", timeout=30, session="innocent")
+            assert res.stdout == "innocent\n" and res.ok, res
+            after = [await sb.run("len(blob)", timeout=30, session=f"fill-{k}") for k in range(36)]
+            evicted = [r for r in after if r.session_reset]
+            assert evicted and all(r.limit == "memory" for r in evicted), after
+            assert svc.health()["counters"]["busy"] == 0
+        finally:
+            await sb.aclose()
