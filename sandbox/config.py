@@ -45,9 +45,10 @@ class ServerConfig(BaseModel):
     max_running: int = Field(
         512,
         ge=1,
-        description="calls running at once. A sleeping call holds one, so keep it far above the "
-        "CPU count: the kernel shares the CPUs, the service cgroup caps memory and processes. "
-        "A trainer's service needs it >= max_sessions (full_load_problem)",
+        description="one-shot calls running at once, and as many session calls (apart, so "
+        "sessions never make a grader's one-shot call busy). A sleeping call holds one, so keep "
+        "it far above the CPU count: the kernel shares the CPUs, the service cgroup caps memory "
+        "and processes. A trainer's service needs it >= max_sessions (full_load_problem)",
     )
     max_queue: int = Field(256, ge=0, description="calls waiting for a slot; beyond: 503 busy")
     max_queue_wait_s: float = Field(

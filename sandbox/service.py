@@ -4,28 +4,27 @@
 session call runs in the worker bound to its key (started on the first call, kept until
 `close_session`, its idle lease `session_ttl_s` expiring, its processes passing
 `session_cpu_s` (its cgroup's CPU, read each second), or a call that had to kill it).
-At most `max_running` calls run at once; up to `max_queue` more wait; beyond that `run` raises
-`Busy` at once (HTTP 503 + Retry-After) instead of growing without bound. See
-`sandbox/isolation.py` for what a worker can and cannot reach.
+At most `max_running` one-shot calls and as many session calls run at once, apart (sessions
+holding all of theirs never make a grader's one-shot call wait); up to `max_queue` more wait;
+beyond that `run` raises `Busy` at once (HTTP 503 + Retry-After) instead of growing without
+bound. See `sandbox/isolation.py` for what a worker can and cannot reach.
 
-Within a session, a call that runs past its wall time or CPU seconds is interrupted and the
-interpreter kept when the code lets itself be interrupted (a MemoryError is an ordinary
-exception too); when the interpreter dies or must be killed (an uninterruptible call, the
-cgroup's OOM killer, SIGXFSZ, an output flood, `os._exit`), the call says `session_reset`. Background threads and processes a session starts live (within its
-limits) until the session ends; their output lands in the next call's.
+Within a session, a call past its wall time or CPU seconds is interrupted and the interpreter
+kept when the code lets itself be interrupted (a MemoryError is an ordinary exception too); when
+the interpreter dies or must be killed (an uninterruptible call, the OOM killer, SIGXFSZ, an
+output flood, `os._exit`), the call says `session_reset`. Background threads and processes a
+session starts live (within its limits) until it ends; their output lands in the next call's.
 
-Eviction (`_reclaim`): when all sandboxes together pass 90 % of the service's memory or process
-cap, the one holding the most of it is evicted, then the next, until usage is under 75 %. One is
-evicted only when it holds a real share: 5 % of the cap, or, when the live sandboxes together
-hold the excess, more than twice what it held idle (before its first call). So many sessions
-that each hold a little, far under their own limits, are evicted largest first, and an honest
-call still runs; a call is refused busy only when the usage is no sandbox's (page cache, the
-kernel) or every sandbox is near idle (the cap is too small for the sessions admitted). An
-evicted session's call reports `limit="memory"|"processes"` with `session_reset`: the code's
-own result, never the infrastructure's.
+Eviction (`_reclaim`): past 90 % of the service's memory or process cap, the sandbox holding
+the most is evicted, then the next, until usage is under 75 %, if it holds a real share: 5 % of
+the cap, or (the live sandboxes together holding the excess) over twice its idle usage (before
+its first call). So many sessions each far under their own limits are evicted largest first and
+an honest call still runs; a call is busy only when the usage is no sandbox's (page cache) or
+all are near idle (a cap too small for the sessions admitted). An evicted session's call
+reports `limit="memory"|"processes"` with `session_reset`: the code's result, not the service's.
 
-Size: one state machine over the running slots, the queue, the session table and evictions, which
-all read and change the same counts; split, its invariants would spread over files.
+Size: one state machine over the slots, the queue, the session table and evictions, which all
+read and change the same counts; split, its invariants would spread over files.
 """
 
 from __future__ import annotations
@@ -80,8 +79,7 @@ def code_too_large(size: int, limit: int) -> ExecResult:
 
 
 def _usage(w: Worker, what: str) -> int:
-    cg = w.slot.cgroup
-    if cg is None:
+    if (cg := w.slot.cgroup) is None:
         return 0
     return cg.memory_used() if what == "memory" else cg.tasks()
 
@@ -120,7 +118,8 @@ class ExecService:
         self.pool: WorkerPool | None = None
         self._image_pools: dict[str, WorkerPool] = {}  # one per configured image (bwrap only)
         self._probe_port = probe_port or cfg.port
-        self._sem = asyncio.Semaphore(cfg.max_running)
+        # one-shot calls (a grader's) and session calls each have max_running slots of their own
+        self._sems = {kind: asyncio.Semaphore(cfg.max_running) for kind in ("oneshot", "session")}
         self._waiting = 0
         self._running = 0
         self._sessions: dict[str, Session] = {}
@@ -260,13 +259,13 @@ class ExecService:
     # -- calls ----------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _slot(self) -> AsyncIterator[float]:
-        """A running slot; yields the seconds the call waited for it (`ExecResult.queue_s`: the
-        service's time, never the code's; the call's wall time starts once it runs). Busy at
-        once when the queue is full, after `max_queue_wait_s` in it. Before a call is admitted,
-        sandboxes that pushed the service past its memory or process mark are evicted
-        (`_reclaim`): their usage is theirs to answer for, not every caller's."""
-        if self._sem.locked() and self._waiting >= self.cfg.max_queue:
+    async def _slot(self, kind: str) -> AsyncIterator[float]:
+        """A running slot of `kind` ("oneshot" or "session"); yields the seconds the call waited
+        (`ExecResult.queue_s`: the service's time, never the code's). Busy at once when the
+        queue is full, after `max_queue_wait_s` in it. Before a call is admitted, sandboxes that
+        pushed the service past its memory or process mark are evicted (`_reclaim`)."""
+        sem = self._sems[kind]
+        if sem.locked() and self._waiting >= self.cfg.max_queue:
             self.counters["busy"] += 1
             raise Busy(
                 f"sandbox busy: {self.cfg.max_running} running and {self._waiting} waiting "
@@ -276,10 +275,10 @@ class ExecService:
         await self._reclaim()
         self._waiting += 1
         try:
-            if self._sem.locked():
-                await asyncio.wait_for(self._sem.acquire(), self.cfg.max_queue_wait_s)
+            if sem.locked():
+                await asyncio.wait_for(sem.acquire(), self.cfg.max_queue_wait_s)
             else:  # take the free slot now, before the next request looks at the count
-                await self._sem.acquire()
+                await sem.acquire()
         except TimeoutError:
             self.counters["busy"] += 1
             raise Busy(
@@ -292,7 +291,7 @@ class ExecService:
             yield time.monotonic() - t0
         finally:
             self._running -= 1
-            self._sem.release()
+            sem.release()
 
     def _pressure(self, mark: float) -> tuple[str, int, int] | None:
         """(resource, used, cap) of the first service-wide cap past `mark` of it, else None."""
@@ -349,12 +348,8 @@ class ExecService:
 
     def _largest(self, what: str, now: int, cap: int) -> tuple[Worker, Session | None] | None:
         """The live sandbox (session or one-shot call) using the most of `what`, if it holds a
-        real share of it (the eviction rule of the module docstring): 5 % of the cap, or, when
-        the live sandboxes together hold the excess over the low mark (not page cache or the
-        kernel), more than twice what it held idle (`Worker.idle_usage`, measured before any
-        code ran). A bar of the sandbox's own limit (a tenth of it, as before) let sessions
-        each just under it fill the cap together (some 100 sessions of 100 MB in a 12 GiB
-        cap): no one could be evicted and every call of the service was answered busy."""
+        real share (module docstring). A tenth of its own limit was the bar before: ~100
+        sessions of 100 MB each filled a 12 GiB cap, no one could be evicted, all were busy."""
         cands: list[tuple[Worker, Session | None]] = [
             (s.worker, s) for s in self._sessions.values() if s.worker is not None
         ] + [(w, None) for w in self._oneshots]
@@ -423,7 +418,7 @@ class ExecService:
     async def _oneshot(
         self, code: str, language: str, timeout: float, pool: WorkerPool
     ) -> ExecResult:
-        async with self._slot() as queued_s:
+        async with self._slot("oneshot") as queued_s:
             w = await pool.acquire()
             self._oneshots.add(w)
             try:
@@ -463,7 +458,7 @@ class ExecService:
                 limit=gone_limit,
                 session_reset=True,
             )
-        async with s.lock, self._slot() as queued_s:
+        async with s.lock, self._slot("session") as queued_s:
             if s.worker is None:
                 s.worker = await self._pool_for(s.image).acquire()
                 s.cpu_base = s.cpu_used() or 0.0
@@ -571,13 +566,9 @@ class ExecService:
 
 def _host_memory_mb() -> int:
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) // 1024
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
     except (OSError, ValueError):
-        pass
-    return 4096
+        return 4096
 
 
 def _remove_stale_workdirs() -> None:

@@ -69,3 +69,21 @@ def test_the_defaults_answer_a_full_load() -> None:
     cfg = SandboxConfig()
     assert cfg.server.max_running >= cfg.server.max_sessions
     assert cfg.server.full_load_problem() is None
+
+
+async def test_sessions_holding_every_slot_never_make_a_one_shot_call_busy() -> None:
+    """A red-team pass: sessions and one-shot calls shared the slots, so sessions whose calls
+    honestly ran long held them all and a one-shot call (the reward grader's) waited past
+    `max_queue_wait_s` and was answered busy: a lost reward. One-shot calls have slots of
+    their own; here two sessions hold both of theirs while a one-shot call comes."""
+    cfg = _cfg(max_running=2, max_sessions=2)
+    with LocalService(cfg) as svc:
+        async with httpx.AsyncClient(timeout=60) as http:
+            sleepers = asyncio.create_task(_sleepers(svc.url, ["a", "b"]))
+            while (await http.get(f"{svc.url}/health")).json()["running"] < 2:
+                await asyncio.sleep(0.02)
+            body = {"code": "print('graded')", "timeout": 10}
+            graded = await http.post(f"{svc.url}/v1/run", json=body)
+            answers = await sleepers
+        assert graded.status_code == 200 and graded.json()["stdout"] == "graded\n", graded.text
+        assert [r.status_code for r in answers] == [200, 200]
