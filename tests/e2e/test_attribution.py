@@ -76,13 +76,15 @@ async def test_a_session_filling_the_process_cap_is_evicted_and_others_run() -> 
 
 
 async def test_waiting_for_a_slot_is_not_the_models_timeout() -> None:
-    """Sleepers hold every slot; the innocent call waits longer than its own timeout, then runs
-    within it: the tool reports its output, and the wait as the service's (`queue_s`)."""
+    """Sleeping sessions hold every session slot; the innocent call waits longer than its own
+    timeout, then runs within it: the tool reports its output, and the wait as the service's
+    (`queue_s`). (One-shot calls have slots of their own: they would not make it wait.)"""
     cfg = ServerConfig(warm_workers=4, max_running=3, limits=LIMITS)
     async with LocalService(cfg) as svc:
         sb = ServiceSandbox(svc.url, retries=0)
         sleepers = [
-            asyncio.create_task(sb.run("import time; time.sleep(2.5)", timeout=5)) for _ in range(3)
+            asyncio.create_task(sb.run("import time; time.sleep(2.5)", timeout=5, session=f"s{k}"))
+            for k in range(3)
         ]
         await asyncio.sleep(0.5)
         ctx = ToolContext(session=_key("innocent"), sandbox=sb, timeout_s=1.5)
