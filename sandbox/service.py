@@ -2,8 +2,8 @@
 
 `ExecService.run` is the whole API: a one-shot call takes a warm worker, runs, and kills it; a
 session call runs in the worker bound to its key (started on the first call, kept until
-`close_session`, its idle lease `session_ttl_s` expiring, its processes passing
-`session_cpu_s` (its cgroup's CPU, read each second), or a call that had to kill it).
+`close_session`, its idle lease `session_ttl_s` expiring, its processes passing `session_cpu_s`
+(its cgroup's CPU, read each second), or a call that had to kill it).
 At most `max_running` one-shot calls and as many session calls run at once, apart (sessions
 holding all of theirs never make a grader's one-shot call wait); up to `max_queue` more wait;
 beyond that `run` raises `Busy` at once (HTTP 503 + Retry-After) instead of growing without
@@ -15,12 +15,11 @@ the interpreter dies or must be killed (an uninterruptible call, the OOM killer,
 output flood, `os._exit`), the call says `session_reset`. Background threads and processes a
 session starts live (within its limits) until it ends; their output lands in the next call's.
 
-Eviction (`_reclaim`): past 90 % of the service's memory or process cap, the sandbox holding
-the most is evicted, then the next, until usage is under 75 %, if it holds a real share: 5 % of
-the cap, or (the live sandboxes together holding the excess) over twice its idle usage (before
-its first call). So many sessions each far under their own limits are evicted largest first and
-an honest call still runs; a call is busy only when the usage is no sandbox's (page cache) or
-all are near idle (a cap too small for the sessions admitted). An evicted session's call
+Eviction (`_reclaim`): past 90 % of the service's memory or process cap, sandboxes are evicted,
+the largest first, until usage is under 75 %; one that holds 5 % of the cap, else (when the live
+sandboxes hold the excess) one over twice its idle usage, sessions before one-shot calls (a
+grader's). So sessions each far under their own limits cannot fill the cap for all; a call is
+busy only when the usage is no sandbox's (page cache) or all are near idle. An evicted call
 reports `limit="memory"|"processes"` with `session_reset`: the code's result, not the service's.
 
 Size: one state machine over the slots, the queue, the session table and evictions, which all
@@ -326,30 +325,27 @@ class ExecService:
                     session.key if session else "(one-shot call)", what, used, cap,
                 )  # fmt: skip
                 self.counters["evicted"] += 1
-                w.evicted = what
-                cg = w.slot.cgroup
+                w.evicted, cg, held = what, w.slot.cgroup, _usage(w, what)
                 if session is None:
                     await w.kill()
                 else:
                     if not session.lock.locked():  # idle: its next call reports the limit
-                        why = (
-                            f"the session was stopped: it held the most {what} when all "
-                            "sandboxes together reached the service's limit"
-                        )
+                        why = f"the session was stopped: it held the most {what} when all " \
+                              "sandboxes together reached the service's limit"  # fmt: skip
                         self._forget(session.key, why, what)
                     await self._drop(session, f"evicted ({what})")
                 # its processes are dead once the worker is; the kernel frees their pages just
                 # after: wait for that before measuring again, or a bystander would be next
                 deadline = time.monotonic() + 2.0
                 while cg is not None and time.monotonic() < deadline:
-                    if _usage(w, what) < 0.05 * cap:
+                    if _usage(w, what) < min(0.05 * cap, held / 2):
                         break
                     await asyncio.sleep(0.02)
 
     def _largest(self, what: str, now: int, cap: int) -> tuple[Worker, Session | None] | None:
-        """The live sandbox (session or one-shot call) using the most of `what`, if it holds a
-        real share (module docstring). A tenth of its own limit was the bar before: ~100
-        sessions of 100 MB each filled a 12 GiB cap, no one could be evicted, all were busy."""
+        """The sandbox to evict by the module docstring's rule, or None. (A tenth of its own
+        limit was the bar: ~100 sessions of 100 MB filled a 12 GiB cap and all were busy.
+        Sessions first: ones each a little over idle made a grader's call the largest.)"""
         cands: list[tuple[Worker, Session | None]] = [
             (s.worker, s) for s in self._sessions.values() if s.worker is not None
         ] + [(w, None) for w in self._oneshots]
@@ -357,9 +353,16 @@ class ExecService:
         if not used:
             return None
         top, w, s = max(used, key=lambda t: t[0])
-        idle = w.idle_usage[0 if what == "memory" else 1]
-        held = sum(u for u, _, _ in used) >= now - LOW_MARK * cap
-        return (w, s) if top >= 0.05 * cap or (held and top > 2 * idle) else None
+        if top >= 0.05 * cap:
+            return w, s
+        if sum(u for u, _, _ in used) < now - LOW_MARK * cap:  # not the sandboxes' usage
+            return None
+        k = 0 if what == "memory" else 1
+        over = [(u, w, s) for u, w, s in used if u > 2 * w.idle_usage[k]]
+        if not over:
+            return None
+        _, w, s = max(over, key=lambda t: (t[2] is not None, t[0]))  # sessions, then the most
+        return w, s
 
     def _forget(self, key: str, why: str, limit: str | None) -> None:
         self._gone[key] = (why, limit)

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from sandbox_kit import LIMITS, attack, attacked_service, needs
 
-from agentrl.sandbox import ServerConfig, ServiceSandbox
+from agentrl.sandbox import ExecResult, ServerConfig, ServiceSandbox
 from agentrl.sandbox.server import LocalService
 
 
@@ -196,7 +196,17 @@ async def test_sandboxes_each_under_five_percent_cannot_fill_the_service_cap_for
             await sb.aclose()
 
 
-FILL = "blob = bytearray(8 << 20)\nfor i in range(0, len(blob), 4096):\n    blob[i] = 1\nprint('holding')"
+FILL = "blob = bytearray({mb} << 20)\nfor i in range(0, len(blob), 4096):\n    blob[i] = 1\n" \
+       "print('holding')"  # fmt: skip
+
+
+async def _grading(url: str) -> ExecResult:
+    """A one-shot call (a grader's) holding more than any filler, under 5 % of the cap."""
+    sb = ServiceSandbox(url, retries=0)
+    try:
+        return await sb.run(FILL.format(mb=14) + "\nimport time; time.sleep(8)", timeout=30)
+    finally:
+        await sb.aclose()
 
 
 async def test_sessions_each_far_under_their_memory_limit_cannot_fill_the_cap_for_all() -> None:
@@ -204,7 +214,8 @@ async def test_sessions_each_far_under_their_memory_limit_cannot_fill_the_cap_fo
     tenth of their own memory limit (and under 5 % of the cap) filled the service's memory cap,
     no one could be evicted, and every call was answered busy (`sandbox_unavailable`). Here 36
     sessions hold about 13 MB each of a 480 MB cap (the bars were 24 and 25.6 MB): every call
-    runs, and the holders evicted report limit "memory"."""
+    runs, the holders evicted report limit "memory", and a one-shot call (a grader's) holding
+    more than each of them is not evicted: sessions go first."""
     lim = LIMITS.model_copy(update={"memory_mb": 256})
     cfg = ServerConfig(warm_workers=1, max_running=4, service_memory_mb=480, limits=lim)
     with LocalService(cfg) as svc:
@@ -212,10 +223,17 @@ async def test_sessions_each_far_under_their_memory_limit_cannot_fill_the_cap_fo
         sb = ServiceSandbox(svc.url, retries=0)
         try:
             for k in range(36):
-                res = await sb.run(FILL, timeout=30, session=f"fill-{k}")
+                if k == 30:  # just under the mark: the grader's call comes and holds its share
+                    base = svc.health()["memory_mb"]["used"]
+                    grading = asyncio.create_task(_grading(svc.url))
+                    while svc.health()["memory_mb"]["used"] < base + 16 and not grading.done():
+                        await asyncio.sleep(0.05)
+                res = await sb.run(FILL.format(mb=8), timeout=30, session=f"fill-{k}")
                 assert res.stdout == "holding\n", (k, res)
             res = await sb.run("print('innocent')", timeout=30, session="innocent")
             assert res.stdout == "innocent\n" and res.ok, res
+            graded = await grading
+            assert graded.stdout == "holding\n" and graded.ok, graded
             after = [await sb.run("len(blob)", timeout=30, session=f"fill-{k}") for k in range(36)]
             evicted = [r for r in after if r.session_reset]
             assert evicted and all(r.limit == "memory" for r in evicted), after
