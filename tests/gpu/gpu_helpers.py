@@ -65,7 +65,7 @@ SECONDS: dict[str, float] = {
     "test_tiny_model_trains_on_colocated_sglang": 115,
     "test_async_training_on_sglang_keeps_versions_within_the_bound": 113,
     "test_colocated_cycles_serve_trainer_weights_without_memory_growth": 104,
-    "test_sglang_started_by_agentrl_wants_the_run_token": 69,
+    "test_sglang_started_by_agentrl_wants_the_run_token": 90,  # + small CUDA graphs (stop 61)
     # two GPUs: 2xH200 2026-11-28, the first beside the one-GPU tests all on GPU 0, the rest
     # with them spread over both (`worker_gpu`)
     "test_a_colocated_server_killed_mid_rollout_comes_back_with_nothing_lost": 193,
@@ -93,7 +93,7 @@ SECONDS_TWO: dict[str, float] = {
     "test_a_push_cuts_generations_and_they_go_on_with_each_tokens_logprob": 157,
     "test_tiny_model_trains_on_colocated_sglang": 145,
     "test_colocated_cycles_serve_trainer_weights_without_memory_growth": 133,
-    "test_sglang_started_by_agentrl_wants_the_run_token": 96,
+    "test_sglang_started_by_agentrl_wants_the_run_token": 115,
     "test_async_training_on_sglang_keeps_versions_within_the_bound": 95,
     "test_attention_backend_auto_matches_the_math_kernel": 68,
     "test_nccl_bf16_two_ranks_match_one": 67,
