@@ -151,10 +151,7 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
                 cfg, learner_gpus, str(model_path), resume, sampler, stack, out, console
             )
         fleet, engine = await _start_engines(cfg, engine_cfg, engine_model, out, stack, fleet)
-        if train and cfg.trainer.deterministic:
-            await check_deterministic(engine)
-        if cfg.engine.urls:  # the user's servers: say if they decode past their CUDA graphs
-            await warn_uncaptured(engine, cfg.trainer.tasks_per_step * cfg.rollout.group_size)
+        await _check_servers(cfg, engine, train)
         await engine.control.update_weight_version(str(resumed.step if resumed else 0))
         sandbox: Sandbox = await asyncio.wrap_future(sandbox_start)
         rollout = make_rollout(cfg, classes, engine, tokenizer, sandbox)
@@ -215,6 +212,15 @@ async def _start_engines(
     stack.push_async_callback(_aquietly, "engine client", engine.aclose)
     await engine.control.wait_healthy(cfg.engine.health_timeout_s)
     return fleet, engine
+
+
+async def _check_servers(cfg: Config, engine: EngineClient, train: bool) -> None:
+    """trainer.deterministic: every server computes requests apart (an error if not); the user's
+    own servers (engine.urls): a warning where they decode past their CUDA graphs."""
+    if train and cfg.trainer.deterministic:
+        await check_deterministic(engine)
+    if cfg.engine.urls:
+        await warn_uncaptured(engine, cfg.trainer.tasks_per_step * cfg.rollout.group_size)
 
 
 async def _start_training(
