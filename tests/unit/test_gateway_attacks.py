@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 import pytest
-from gateway_post import post_once
+from gateway_post import CannedEngine, post_once
 from transformers import AutoTokenizer
 
 from agentrl.assets.build import resolve_builtin
@@ -22,27 +21,11 @@ def tok():
     return AutoTokenizer.from_pretrained(resolve_builtin("tiny"))
 
 
-class Canned:
-    """The engine's answer fixed as text; with `width`, the experts each position was routed to
-    (learner.routing_replay), as SGLang returns them: prompt + output ids but the last."""
-
-    def __init__(self, tok, text: str, width: int = 0) -> None:
-        self.ids = tok.encode(text, add_special_tokens=False)
-        self.width, self.calls = width, []
-
-    async def generate(self, input_ids, params, key=None):
-        self.calls.append((list(input_ids), params))
-        n = len(input_ids) + len(self.ids) - 1
-        routes = np.arange(n * self.width, dtype=np.int32) if self.width else None
-        return Completion(list(self.ids), [-0.5] * len(self.ids), FinishReason.STOP,
-                          routed_experts=routes)  # fmt: skip
-
-
 def test_a_stop_string_cuts_the_routes_with_the_ids(tok):
     """A stop string cut the sampled ids but kept the routes of every sampled position: under
     learner.routing_replay the turn was a 500 (or, where the sizes divided, routes of another
     width, replayed on the wrong tokens). The routes now end with the ids kept."""
-    engine = Canned(tok, "Hello world. More text here<|im_end|>", width=4)
+    engine = CannedEngine(tok, "Hello world. More text here<|im_end|>", width=4)
     body = {"messages": [{"role": "user", "content": "hi"}], "stop": ["world"]}
     ep, r = asyncio.run(post_once(Gateway(engine, tok, get_parser("hermes")), body))
     assert r.status_code == 200, r.text
@@ -97,10 +80,10 @@ def test_a_stop_string_the_last_sampled_id_completes_ends_the_answer_as_stop(tok
     """max_tokens ran out on the very token that completed a stop string: OpenAI answers
     finish_reason stop; the gateway answered `length` and recorded the turn as cut (the episode's
     truncation: rollout.truncated's penalty or mask on an answer that ended where it should)."""
-    engine = Canned(tok, "Hello world")
+    engine = CannedEngine(tok, "Hello world")
 
     async def length_cut(input_ids, params, key=None):
-        comp = await Canned.generate(engine, input_ids, params, key)
+        comp = await CannedEngine.generate(engine, input_ids, params, key)
         comp.finish_reason = FinishReason.LENGTH
         return comp
 
@@ -143,7 +126,7 @@ def test_a_request_read_after_its_episode_closed_samples_nothing(tok):
     from agentrl.gateway import WireError
     from agentrl.gateway.wire import parse_request
 
-    engine = Canned(tok, "four<|im_end|>")
+    engine = CannedEngine(tok, "four<|im_end|>")
     gw = Gateway(engine, tok, get_parser("hermes"))
     ep = gw.open("t", 0, "s")
     gw.close(ep)
@@ -158,7 +141,7 @@ def test_a_stop_string_ending_in_a_multibyte_character_keeps_that_character_whol
     the decoded text's length, which the ids reaching into that character already have (a
     U+FFFD stands for it), so the answer ended mid-character: the agent read "a\ufffd" and
     the turn was trained without the stop string it was cut for. It ends after the character."""
-    engine = Canned(tok, "a😀b<|im_end|>")
+    engine = CannedEngine(tok, "a😀b<|im_end|>")
     body = {"messages": [{"role": "user", "content": "hi"}], "stop": ["😀"]}
     ep, r = asyncio.run(post_once(Gateway(engine, tok, get_parser("hermes")), body))
     choice = r.json()["choices"][0]

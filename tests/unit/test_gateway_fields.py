@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from gateway_post import post_once
+from gateway_post import CannedEngine, post_once
 from transformers import AutoTokenizer
 
 from agentrl.assets.build import resolve_builtin
@@ -17,7 +17,6 @@ from agentrl.gateway.responses import parse_responses_request
 from agentrl.gateway.server import GenerationDefaults
 from agentrl.gateway.wire import parse_request
 from agentrl.parsers import get_parser
-from agentrl.types import Completion, FinishReason
 
 USER = {"role": "user", "content": "hi"}
 
@@ -25,16 +24,6 @@ USER = {"role": "user", "content": "hi"}
 @pytest.fixture(scope="module")
 def tok():
     return AutoTokenizer.from_pretrained(resolve_builtin("tiny"))
-
-
-class Canned:
-    def __init__(self, tok) -> None:
-        self.ids = tok.encode("four<|im_end|>", add_special_tokens=False)
-        self.prompts: list[list[int]] = []
-
-    async def generate(self, input_ids, params, key=None):
-        self.prompts.append(list(input_ids))
-        return Completion(list(self.ids), [-0.5] * len(self.ids), FinishReason.STOP)
 
 
 @pytest.mark.parametrize(
@@ -75,7 +64,7 @@ def test_a_template_variable_other_than_the_runs_is_refused(tok, body, param):
     (or low effort) and the model read the run's template, thinking. Every request renders with
     rollout.template_kwargs, so one asking for another is a 400; one asking for the run's is
     served."""
-    engine = Canned(tok)
+    engine = CannedEngine(tok)
     ep, r = asyncio.run(post_once(Gateway(engine, tok, get_parser("hermes")),
                                   {"messages": [USER], **body}))  # fmt: skip
     assert r.status_code == 400, r.text
@@ -90,7 +79,7 @@ def test_a_template_variable_other_than_the_runs_is_refused(tok, body, param):
 
 
 def test_a_responses_reasoning_effort_other_than_the_runs_is_refused(tok):
-    gw = Gateway(Canned(tok), tok, get_parser("hermes"))
+    gw = Gateway(CannedEngine(tok), tok, get_parser("hermes"))
     ep = gw.open("t", 0, "s")
     req = parse_responses_request({"input": "hi", "reasoning": {"effort": "high"}})
     with pytest.raises(WireError) as e:

@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from gateway_post import post_once
+from gateway_post import CannedEngine, post_once
 from transformers import AutoTokenizer
 
 from agentrl.assets.build import resolve_builtin
 from agentrl.gateway import Gateway, GatewayConfig
 from agentrl.gateway.responses import parse_responses_request
 from agentrl.parsers import get_parser
-from agentrl.types import Completion, FinishReason
 
 USER = {"role": "user", "content": "hi"}
 
@@ -22,18 +21,6 @@ USER = {"role": "user", "content": "hi"}
 @pytest.fixture(scope="module")
 def tok():
     return AutoTokenizer.from_pretrained(resolve_builtin("tiny"))
-
-
-class Canned:
-    """The engine's answer fixed; each call's sampling params kept."""
-
-    def __init__(self, tok) -> None:
-        self.ids = tok.encode("four<|im_end|>", add_special_tokens=False)
-        self.params: list = []
-
-    async def generate(self, input_ids, params, key=None):
-        self.params.append(params)
-        return Completion(list(self.ids), [-0.5] * len(self.ids), FinishReason.STOP)
 
 
 @pytest.mark.parametrize(
@@ -45,7 +32,7 @@ def test_a_setting_that_changes_the_distribution_is_refused_in_training(tok, fie
     """presence_penalty/frequency_penalty were accepted and ignored: the agent asked for one
     distribution and was answered (and trained) from another. Under sampling=run each such
     setting is now a 400 that names it and rollout.gateway.sampling; nothing is sampled."""
-    engine = Canned(tok)
+    engine = CannedEngine(tok)
     gw = Gateway(engine, tok, get_parser("hermes"))
     ep, r = asyncio.run(post_once(gw, {"messages": [USER], field: value}))
     assert r.status_code == 400, r.text
@@ -58,7 +45,7 @@ def test_a_setting_that_changes_the_distribution_is_refused_in_training(tok, fie
 def test_neutral_settings_and_a_seed_are_served_with_the_runs_sampling(tok):
     """Neutral values (what SDKs send when they send every field) change nothing and are
     served; a seed is the run's (a fixed agent seed would give a group one answer)."""
-    engine = Canned(tok)
+    engine = CannedEngine(tok)
     body = {"messages": [USER], "presence_penalty": 0, "frequency_penalty": 0.0,
             "repetition_penalty": 1, "top_k": -1, "min_p": 0, "seed": 7}  # fmt: skip
     _, r = asyncio.run(post_once(Gateway(engine, tok, get_parser("hermes")), body))
@@ -70,7 +57,7 @@ def test_neutral_settings_and_a_seed_are_served_with_the_runs_sampling(tok):
 
 def test_under_sampling_request_the_engine_samples_with_the_requests_settings(tok):
     """`agentrl gateway` (rollout.gateway.sampling=request): every setting is honored."""
-    engine = Canned(tok)
+    engine = CannedEngine(tok)
     gw = Gateway(engine, tok, get_parser("hermes"), GatewayConfig(sampling="request"))
     body = {"messages": [USER], "presence_penalty": 0.5, "frequency_penalty": -0.3,
             "repetition_penalty": 1.1, "top_k": 5, "min_p": 0.05, "seed": 7,
@@ -103,7 +90,7 @@ def test_settings_out_of_range_are_refused_on_both_apis(body, says):
 def test_a_seeded_request_for_n_samples_gets_n_samples_not_one_n_times(tok):
     """Under sampling=request a request's seed went to each of its `n` samples alike: the
     agent asked for n answers and got one answer n times. Sample i samples with seed + i."""
-    engine = Canned(tok)
+    engine = CannedEngine(tok)
     gw = Gateway(engine, tok, get_parser("hermes"), GatewayConfig(sampling="request"))
     _, r = asyncio.run(post_once(gw, {"messages": [USER], "seed": 7, "n": 3}))
     assert r.status_code == 200, r.text
