@@ -380,7 +380,8 @@ def training_checks(cfg: Config) -> list[str]:
         check_moe(cfg.model.resolve())
     r = cfg.rollout
     _check_mini_batches(cfg)
-    warnings = signal_checks(r, cfg.learner, cfg.algo.advantage, cfg.trainer.steps)
+    per_step = cfg.algo.ppo_epochs * cfg.algo.mini_batches  # optimizer steps: the lr schedule's
+    warnings = signal_checks(r, cfg.learner, cfg.algo.advantage, cfg.trainer.steps, per_step)
     warnings += kl_checks(cfg.algo.loss)
     critic_checks(cfg.learner, cfg.algo.critic.lr, cfg.algo.uses_critic())
     if r.top_p < 1.0 or r.top_k > 0:

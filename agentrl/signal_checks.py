@@ -26,10 +26,11 @@ LARGE_KL_COEF = 1.0
 
 
 def signal_checks(
-    r: RolloutConfig, lc: LearnerConfig, adv: AdvantageConfig, steps: int
+    r: RolloutConfig, lc: LearnerConfig, adv: AdvantageConfig, steps: int, per_step: int = 1
 ) -> list[str]:
     """ConfigError for settings that make every update zero; warnings for doubtful ones (the
-    rollout, learner and advantage sections, and trainer.steps)."""
+    rollout, learner and advantage sections, trainer.steps, and the optimizer steps each of
+    them takes: algo.ppo_epochs x algo.mini_batches)."""
     if r.temperature < 1e-6:
         raise ConfigError(
             f"rollout.temperature={r.temperature:g} is greedy decoding: the sampled tokens' "
@@ -65,21 +66,43 @@ def signal_checks(
         )
     if lc.lr == 0:
         warnings.append("learner.lr=0: the weights never change; nothing will be learned")
-    if lc.warmup_steps >= steps:
-        warnings.append(
-            f"learner.warmup_steps={lc.warmup_steps} >= trainer.steps={steps}: the learning "
-            "rate is still warming up from 0 when the run ends"
-        )
-    if lc.lr_schedule != "constant" and lc.total_steps is not None and lc.total_steps < steps:
-        warnings.append(
-            f"learner.lr_schedule={lc.lr_schedule} decays over learner.total_steps="
-            f"{lc.total_steps} < trainer.steps={steps}: steps past it train at the schedule's "
-            "floor (learner.min_lr_ratio)"
-        )
+    warnings += schedule_checks(lc, steps, per_step)
     if adv.eps > LARGE_EPS:
         warnings.append(
             f"algo.advantage.eps={adv.eps:g} is added to every std the advantages are divided "
             "by: with rewards in [0, 1] it shrinks them towards 0. The default is 1e-6"
+        )
+    return warnings
+
+
+def schedule_checks(lc: LearnerConfig, steps: int, per_step: int) -> list[str]:
+    """The lr schedule's horizons against the run's length. The schedule advances once per
+    optimizer step, `per_step` of them a trainer step (algo.ppo_epochs x algo.mini_batches): an
+    audit set learner.total_steps=trainer.steps with algo.mini_batches=4, and the cosine reached
+    its floor (lr 0) a quarter of the way in; the rest of the run trained nothing, its console
+    and charts otherwise as usual."""
+    total = steps * per_step
+    run = (
+        f"trainer.steps={steps}"
+        if per_step == 1
+        else f"the run's {total} optimizer steps (trainer.steps={steps} x {per_step} a step: "
+        "algo.ppo_epochs x algo.mini_batches)"
+    )
+    warnings = []
+    if lc.warmup_steps >= total:
+        warnings.append(
+            f"learner.warmup_steps={lc.warmup_steps} >= {run}: the learning rate is still "
+            "warming up from 0 when the run ends (the schedule counts optimizer steps)"
+        )
+    if lc.lr_schedule != "constant" and lc.total_steps is not None and lc.total_steps < total:
+        floor = lc.min_lr_ratio * lc.lr
+        at = lc.total_steps // per_step + 1  # holds optimizer step `total_steps` (0-based)
+        warnings.append(
+            f"learner.lr_schedule={lc.lr_schedule} decays over learner.total_steps="
+            f"{lc.total_steps} optimizer steps < {run}: from trainer step {at} on it trains at "
+            f"the schedule's floor (learner.min_lr_ratio={lc.min_lr_ratio:g}, lr {floor:g}"
+            + (": nothing is learned there" if floor == 0 else "")
+            + f"). Set learner.total_steps={total}, or leave it unset for a constant lr"
         )
     return warnings
 

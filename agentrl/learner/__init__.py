@@ -74,8 +74,13 @@ class LearnerConfig(BaseModel):
     eps: float = Field(1e-8, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    warmup_steps: int = Field(0, ge=0, description="linear warm-up from 0 over this many steps")
-    total_steps: int | None = Field(None, ge=1, description="decay horizon for linear/cosine")
+    warmup_steps: int = Field(
+        0, ge=0, description="linear warm-up from 0 over this many optimizer steps (each trainer "
+        "step takes algo.ppo_epochs x algo.mini_batches of them)",
+    )  # fmt: skip
+    total_steps: int | None = Field(
+        None, ge=1, description="decay horizon for linear/cosine, in optimizer steps"
+    )
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="floor of linear/cosine decay")
     grad_clip: float = Field(1.0, ge=0, description="max global grad norm; 0: no clipping")
     micro_batch_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(

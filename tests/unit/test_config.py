@@ -376,7 +376,28 @@ def test_settings_that_learn_nothing_are_refused_or_named():
         assert (said is None and warnings == []) or any(said in w for w in warnings), override
     (w,) = training_checks(compose(["learner.lr_schedule=cosine", "learner.total_steps=1",
                                     "trainer.steps=4"]))  # fmt: skip
-    assert "total_steps=1 < trainer.steps=4" in w
+    assert "total_steps=1 optimizer steps < trainer.steps=4" in w and "trainer step 2 on" in w
+
+
+def test_the_lr_schedule_is_checked_in_optimizer_steps():
+    """An audit: learner.total_steps=trainer.steps with algo.mini_batches=4 ran its cosine to
+    lr 0 a quarter of the way in (the schedule counts optimizer steps), and the rest of the run
+    trained nothing without a word; a warm-up as long as trainer.steps was warned of though it
+    ended a quarter of the way in."""
+    from agentrl.config import training_checks
+
+    four = ["algo.mini_batches=4", "trainer.steps=100", "trainer.tasks_per_step=2",
+            "rollout.group_size=4"]  # fmt: skip
+    (w,) = training_checks(compose([*four, "learner.lr_schedule=cosine",
+                                    "learner.total_steps=100"]))  # fmt: skip
+    assert "total_steps=100 optimizer steps < the run's 400 optimizer steps" in w, w
+    assert "from trainer step 26 on" in w and "nothing is learned" in w
+    assert "learner.total_steps=400" in w
+    assert training_checks(compose([*four, "learner.lr_schedule=cosine",
+                                    "learner.total_steps=400"])) == []  # fmt: skip
+    assert training_checks(compose([*four, "learner.warmup_steps=100"])) == []
+    (w,) = training_checks(compose([*four, "algo.ppo_epochs=2", "learner.warmup_steps=800"]))
+    assert "warmup_steps=800 >= the run's 800 optimizer steps" in w, w
 
 
 def test_a_kl_coefficient_that_drowns_the_reward_is_named():
