@@ -115,6 +115,14 @@ class LossConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> LossConfig:
+        if min(self.clip_low, self.clip_high) < 0:  # clamp(r, 1-low, 1+high) then holds r off 1
+            raise ValueError(
+                f"algo.loss.clip_low={self.clip_low:g} / clip_high={self.clip_high:g}: a negative "
+                "clip range puts the ratio's on-policy value 1 outside [1-clip_low, "
+                "1+clip_high], so every token with a positive (clip_high < 0) or negative "
+                "(clip_low < 0) advantage is clipped from the first step and gets no gradient. "
+                "Use ranges >= 0 (0.2 is usual; DAPO's clip-higher: clip_high=0.28)"
+            )
         if self.clip_c is not None and self.clip_c <= 1.0:
             raise ValueError(f"algo.loss.clip_c={self.clip_c} must be > 1 (or null to disable)")
         if self.agg == "seq-mean-token-sum-norm" and not self.norm_len:

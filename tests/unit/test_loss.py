@@ -398,6 +398,8 @@ def test_config_errors_are_clear():
         LossConfig(name="ppo")
     with pytest.raises(ValidationError, match="clip_c"):
         LossConfig(clip_c=0.9)
+    with pytest.raises(ValidationError, match="clip_high=-0.1: a negative clip range"):
+        LossConfig(clip_high=-0.1)
     with pytest.raises(ValidationError, match="norm_len"):
         LossConfig(agg="seq-mean-token-sum-norm")
     with pytest.raises(ValidationError, match="extra"):
@@ -407,3 +409,19 @@ def test_config_errors_are_clear():
     assert LossConfig(name="gspo", agg="seq-mean-token-mean").agg == "seq-mean-token-mean"
     with pytest.raises(ValidationError, match="algo.loss.name=gspo needs agg=seq-mean-token-mean"):
         LossConfig(name="gspo", agg="token-mean")
+
+
+@pytest.mark.parametrize("setting", ["clip_high", "clip_low"])
+def test_a_negative_clip_range_is_refused(setting):
+    """An audit: algo.loss.clip_high=-0.1 (a sign slip for DAPO's 0.28) clips every token with a
+    positive advantage at the first, on-policy step (ratio 1 > 1 + clip_high), so the policy
+    only ever learnt to avoid its failures; the run looked as usual. clip_low < 0: the same for
+    the negative advantages."""
+    inp, lp = inputs([1.0, 1.0], [1.0, -1.0])
+    loss, _ = get_loss("ppo_clip")(inp, LossConfig.model_construct(**{
+        **LossConfig().model_dump(), setting: -0.1}))  # fmt: skip
+    loss.backward()
+    assert lp.grad[0 if setting == "clip_high" else 1] == 0  # the gradient it silently lost
+    with pytest.raises(ValidationError, match=rf"{setting}.* no gradient"):
+        LossConfig(**{setting: -0.1})
+    assert LossConfig(clip_low=0.0, clip_high=0.0).clip_high == 0.0
