@@ -80,11 +80,14 @@ class GroupProducer:
         policy: str,
         version: int,
         keep: Callable[[list[Trajectory]], bool] | None = None,
+        refill_rounds: int = 3,
     ) -> None:
         self.rollout, self.sampler = rollout, sampler
         self.per_step, self.max_staleness, self.policy = per_step, max_staleness, policy
         self.version = self.start_version = version
         self.keep = keep  # dynamic sampling: groups it refuses are filtered and replaced
+        # … up to per_step x (1 + refill_rounds) filtered groups a take, as sync's refill rounds
+        self.refill_rounds = refill_rounds
         self.launched = self.dropped = 0
         self.running: set[asyncio.Task] = set()
         self.order: collections.deque[asyncio.Future] = collections.deque()  # launch order
@@ -111,8 +114,9 @@ class GroupProducer:
         oldest group while the younger ones keep rolling out."""
         kept: list[FinishedGroup] = []
         seen: list[list[Trajectory]] = []  # dynamic sampling: kept and filtered groups
-        dropped = filtered = 0
-        while len(kept) < n:
+        flat: list[FinishedGroup] = []  # dynamic sampling: the filtered ones
+        dropped = 0
+        while len(kept) < n and len(flat) < n * (1 + self.refill_rounds):
             if self._error is not None:
                 raise self._error
             if self._loop_task is not None and self._loop_task.done():
@@ -139,28 +143,42 @@ class GroupProducer:
                 continue
             seen.append(g.trajectories)
             if self.keep is not None and not self.keep(g.trajectories):
-                filtered += 1
+                flat.append(g)
                 self.dropped += 1  # … and so does a filtered one
                 continue
             kept.append(g)
+        filtered = len(flat)
+        if not kept:  # none carried gradient: the step takes the first ones (`give_up`)
+            kept = self.give_up(flat[:n])
+        extra = sampled_reward_metrics(seen) if self.keep is not None else {}
+        return kept, {**extra, **self.metrics(kept), "async/dropped": float(dropped),
+                      "rollout/filtered_groups": float(filtered)}  # fmt: skip
+
+    def metrics(self, kept: list[FinishedGroup]) -> dict[str, float]:
+        """A take's staleness, partial turns, and the groups queued and in flight."""
         stale = [
             self.version - oldest_version([tr], g.launched_at)
             for g in kept
             for tr in g.trajectories
         ]
-        extra = sampled_reward_metrics(seen) if self.keep is not None else {}
-        return kept, {
-            **extra,
+        return {
             "async/staleness_mean": sum(stale) / max(len(stale), 1),
             "async/staleness_max": float(max(stale, default=0)),
-            "async/dropped": float(dropped),
-            "rollout/filtered_groups": float(filtered),
             "async/partial_turns": float(
                 sum(bool(t.segments) for g in kept for tr in g.trajectories for t in tr.turns)
             ),
             "async/queued": float(sum(t.done() for t in self.order)),
             "async/in_flight": float(len(self.running)),
         }
+
+    def give_up(self, flat: list[FinishedGroup]) -> list[FinishedGroup]:
+        """Dynamic sampling found no group with signal in per_step x (1 + refill_rounds)
+        groups: the step takes `flat`, as a sync step keeps its groups after its last refill
+        round, and the no-signal warning counts it. Without a bound, an async run whose every
+        reward was equal (a task too hard, a broken reward) filtered groups for ever and never
+        took a step, without a word (an audit)."""
+        self.dropped -= len(flat)  # trained on after all: they hold their launch slots
+        return flat
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps of the work in flight: every group launched and not yet

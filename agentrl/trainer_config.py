@@ -94,7 +94,11 @@ class SamplingConfig(BaseModel):
         "(mean_all, max_all, min_all, std_all) over all, the console's reward too",
     )
     max_refill_rounds: int = Field(
-        3, ge=0, description="sync + dynamic_sampling: extra rollout rounds per step at most"
+        3,
+        ge=0,
+        description="dynamic_sampling: extra rollout rounds per step at most (async: "
+        "tasks_per_step x this many more groups); with no group carrying gradient by then, the "
+        "step trains on the first ones it rolled out (and the no-signal warning counts it)",
     )
 
 

@@ -138,3 +138,19 @@ async def test_dynamic_sampling_filters_groups_without_signal_and_launches_more(
         groups, m = await p.take(2)
     assert [g.task.id for g in groups] == ["1", "3"]
     assert m["rollout/filtered_groups"] == 2  # groups 0 and 2, each replaced by a new launch
+
+
+async def test_dynamic_sampling_gives_up_when_no_group_carries_signal():
+    """An audit: trainer.mode=async with dynamic sampling and a reward that was always 0 filtered
+    groups for ever: no step was ever taken, nothing was said. As sync's refill rounds, the take
+    gives up after per_step x (1 + refill_rounds) filtered groups and hands on the first ones
+    (the trainer's no-signal warning then counts the step); their launch slots stay taken."""
+    engines = Engines()
+    engines.gate.set()
+    p = producer(engines, "wait", staleness=0, per_step=2)
+    p.keep, p.refill_rounds = (lambda trajs: False), 2
+    async with producing(p):
+        groups, m = await asyncio.wait_for(p.take(2), 5)
+        assert [g.task.id for g in groups] == ["0", "1"]
+        assert m["rollout/filtered_groups"] == 6  # 2 x (1 + 2) tried
+        assert p.dropped == 4  # the two taken hold their launch slots: 6 filtered, 2 trained
