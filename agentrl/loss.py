@@ -123,6 +123,12 @@ class LossConfig(BaseModel):
                 "(clip_low < 0) advantage is clipped from the first step and gets no gradient. "
                 "Use ranges >= 0 (0.2 is usual; DAPO's clip-higher: clip_high=0.28)"
             )
+        if self.kl_coef < 0:
+            raise ValueError(
+                f"algo.loss.kl_coef={self.kl_coef:g} is negative: it rewards the policy for "
+                "moving away from the reference, whatever the reward says. Use a coefficient "
+                ">= 0 (1e-3 to 0.1 is usual; 0: no KL)"
+            )
         if self.clip_c is not None and self.clip_c <= 1.0:
             raise ValueError(f"algo.loss.clip_c={self.clip_c} must be > 1 (or null to disable)")
         if self.agg == "seq-mean-token-sum-norm" and not self.norm_len:

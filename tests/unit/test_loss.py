@@ -400,6 +400,8 @@ def test_config_errors_are_clear():
         LossConfig(clip_c=0.9)
     with pytest.raises(ValidationError, match="clip_high=-0.1: a negative clip range"):
         LossConfig(clip_high=-0.1)
+    with pytest.raises(ValidationError, match="kl_coef=-0.01 is negative"):
+        LossConfig(kl_coef=-0.01)  # an audit: kl_mode=reward dropped it without a word
     with pytest.raises(ValidationError, match="norm_len"):
         LossConfig(agg="seq-mean-token-sum-norm")
     with pytest.raises(ValidationError, match="extra"):
