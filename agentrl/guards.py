@@ -13,11 +13,11 @@ And warnings: a tool failing on most of its calls (`metrics.ToolWatch`), per-tur
 reward level ignores (once per run), sync turns sampled by other weights than the last push's,
 the engine and the trainer disagreeing on logprobs (`warn_logprob_gap`; async: any staleness),
 learner memory at its limit, tasks whose first prompt leaves no room for a turn (once per task),
-a KL penalty in the reward (kl_mode=reward) that outweighs the reward's spread for
-`no_signal_steps` steps in a row. Every warning goes to the log, the console and the tracker's
-alerts; its text comes from a pure function of the step's trajectories or metrics (`crashed`,
+a KL penalty in the reward (kl_mode=reward) that outweighs the reward's spread, and a rollout
+correction (mis) that masks most tokens, each for `no_signal_steps` steps in a row. Every
+warning goes to the log, the console and the tracker's alerts; its text comes from a pure function of the step's trajectories or metrics (`crashed`,
 `off_version`, `ignored_turn_rewards`, `prompt_overflows`, `engine_gap`, `memory_edge`,
-`kl_drowns`).
+`kl_drowns`, `mis_masks`).
 """
 
 from __future__ import annotations
@@ -150,6 +150,29 @@ def kl_drowns(metrics: dict[str, float]) -> str | None:
     )
 
 
+MIS_MASKS_MOST = 0.5  # rollout_correction=mis: a step whose masked share of tokens is past this
+
+
+def mis_masks(metrics: dict[str, float]) -> str | None:
+    """rollout_correction=mis: the warning to give when the correction masked most of the
+    sampled tokens (`policy/is_masked_frac`): their weight pi_trainer / pi_engine fell outside
+    [mis_low, mis_high], so they get no gradient whatever their advantage. Neither the no-signal
+    warning (the advantages are not 0) nor the logprob gap (its bar is 0.1 a token; async: off)
+    saw an audit's run with mis_low=0.99, mis_high=1.01 train on a few tokens a step."""
+    share = metrics.get("policy/is_masked_frac", 0.0)
+    if not share > MIS_MASKS_MOST:
+        return None
+    gap = metrics.get("policy/rollout_logprob_diff", metrics.get("train/logprob_diff", 0.0))
+    return (
+        f"the rollout correction (algo.loss.rollout_correction=mis) masked {share:.0%} of the "
+        "sampled tokens: their weight pi_trainer / pi_engine fell outside [algo.loss.mis_low, "
+        f"algo.loss.mis_high] (the mean |log gap| is {gap:.3g} a token), so they get no gradient "
+        "whatever their advantage. Widen the bounds (0.5 and 2 are usual) or use "
+        "rollout_correction=tis; in async mode lower trainer.async.max_staleness; in sync mode "
+        "a large gap means the engine does not serve the trainer's weights (sync/*)"
+    )
+
+
 def off_version(trajs: list[Trajectory], want: str) -> tuple[int, str | None]:
     """Synchronous training: every turn was sampled with the weights the last push set (version
     `want`). The turns an engine says it sampled with other weights, and the warning to give
@@ -241,6 +264,7 @@ class Guards:
         self.no_signal_in_a_row = 0  # steps where no group carried gradient
         self.one_reward_in_a_row = 0  # steps that carried gradient while every reward was one
         self.kl_heavy_in_a_row = 0  # steps whose KL reward penalty outweighed the rewards
+        self.masked_in_a_row = 0  # steps whose rollout correction (mis) masked most tokens
         self.had_signal = False  # some step of this run carried gradient
         self.first_cut: float | None = None  # the first step's truncated share
         self.warned_turn_rewards = False  # per-turn rewards under reward_level=trajectory: once
@@ -417,7 +441,8 @@ class Guards:
     def watch_update(self, metrics: dict[str, float], step: int, stale: bool) -> None:
         """Learner memory at its limit; the engine's logprobs far from the trainer's (`stale`,
         async: any gap, the weights moved on since the tokens were sampled); a KL reward
-        penalty that outweighs the rewards, every `no_signal_steps` such steps in a row."""
+        penalty that outweighs the rewards, and a rollout correction that masks most tokens,
+        every `no_signal_steps` such steps in a row."""
         if edge := memory_edge(metrics):
             self.warn("learner memory at its limit", edge)
         bar = 0 if stale else self.limits.warn_logprob_gap
@@ -429,3 +454,8 @@ class Guards:
             self.warn(
                 "KL outweighs the reward", f"{self.kl_heavy_in_a_row} steps in a row: {heavy}"
             )
+        masked = mis_masks(metrics)
+        self.masked_in_a_row = self.masked_in_a_row + 1 if masked else 0
+        if masked and self.due(self.masked_in_a_row):
+            self.warn("rollout correction masks most tokens",
+                      f"{self.masked_in_a_row} steps in a row: {masked}")  # fmt: skip

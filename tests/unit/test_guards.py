@@ -211,3 +211,23 @@ def test_a_task_whose_first_prompt_fits_no_turn_is_warned_once():
     other = episode(0.0, StopReason.CONTEXT_OVERFLOW)
     other.turns, other.task_id = [], "other"
     assert not g.keep([other, other]) and len(alerts) == 2  # a dropped group's task is news
+
+
+def test_a_rollout_correction_that_masks_most_tokens_is_warned_every_n_steps_in_a_row():
+    """An audit: algo.loss.rollout_correction=mis with mis_low=0.99, mis_high=1.01 masked most
+    sampled tokens (engine and trainer differ by a few % a token in bf16): the advantages were
+    not 0 and the logprob gap under its 0.1 bar, so the run trained on a few tokens a step
+    without a word. Async too, where the gap is not checked."""
+    g, alerts, out = guards()  # no_signal_steps=2
+    masked = {"policy/is_masked_frac": 0.8, "policy/rollout_logprob_diff": 0.03}
+    g.watch_update({"policy/is_masked_frac": 0.1}, step=1, stale=False)
+    g.watch_update(dict(masked), step=2, stale=True)
+    assert alerts == []  # one step alone is not yet a pattern
+    g.watch_update(dict(masked), step=3, stale=True)
+    assert alerts == ["rollout correction masks most tokens"]
+    said = out.getvalue()
+    assert "masked 80% of the sampled tokens" in said and "0.03 a token" in said
+    assert "algo.loss.mis_low" in said and "rollout_correction=tis" in said
+    g.watch_update({"policy/is_masked_frac": 0.2}, step=4, stale=False)  # the count restarts
+    g.watch_update(dict(masked), step=5, stale=False)
+    assert alerts == ["rollout correction masks most tokens"]
