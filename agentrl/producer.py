@@ -42,7 +42,7 @@ from typing import Any
 from agentrl.data import TaskSampler
 from agentrl.metrics import sampled_reward_metrics
 from agentrl.rollout import Rollout
-from agentrl.types import Task, Trajectory
+from agentrl.types import Task, TrainingError, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,21 @@ def oldest_version(trajs: list[Trajectory], fallback: int) -> int:
                     "agentrl sets (is another process updating the server's weights?)"
                 ) from None
     return min(versions, default=fallback)
+
+
+def served_old_weights(g: FinishedGroup, sampled_at: int) -> str:
+    """The error for a group sampled with older weights than the engines had when it was
+    launched (every push completes before the producer's version moves on): a push did not reach
+    an engine. An audit's transport that did not pass the version on let an async run sample the
+    first policy for ever: after max_staleness steps every group was dropped as too stale, and
+    the run waited for a fresh one without a word."""
+    return (
+        f"task {g.task.id!r}: a group launched when the engines served policy version "
+        f"{g.launched_at} was sampled with version {sampled_at}: a weight push did not reach an "
+        "engine, so it samples an old policy (and its groups would be dropped as too stale for "
+        "ever). Check the sync/* metrics and the engine logs; a weight_sync transport of your own "
+        "must pass weight_version to the engine's update call"
+    )
 
 
 class GroupProducer:
@@ -137,7 +152,10 @@ class GroupProducer:
             if oldest.cancelled() or oldest.exception() is not None:
                 continue  # recorded by _finished: raised above
             g = oldest.result()
-            if self.version - oldest_version(g.trajectories, g.launched_at) > self.max_staleness:
+            sampled_at = oldest_version(g.trajectories, g.launched_at)
+            if sampled_at < g.launched_at:
+                raise TrainingError(served_old_weights(g, sampled_at))
+            if self.version - sampled_at > self.max_staleness:
                 dropped += 1
                 self.dropped += 1  # a dropped group frees a launch slot (stale_policy=wait)
                 continue

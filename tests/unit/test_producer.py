@@ -9,7 +9,15 @@ import pytest
 
 from agentrl.data import TaskSampler
 from agentrl.producer import GroupProducer, producing
-from agentrl.types import FinishReason, Message, StopReason, Task, Trajectory, Turn
+from agentrl.types import (
+    FinishReason,
+    Message,
+    StopReason,
+    Task,
+    TrainingError,
+    Trajectory,
+    Turn,
+)
 
 
 class Engines:
@@ -154,3 +162,20 @@ async def test_dynamic_sampling_gives_up_when_no_group_carries_signal():
         assert [g.task.id for g in groups] == ["0", "1"]
         assert m["rollout/filtered_groups"] == 6  # 2 x (1 + 2) tried
         assert p.dropped == 4  # the two taken hold their launch slots: 6 filtered, 2 trained
+
+
+async def test_an_engine_that_never_gets_the_new_weights_stops_the_take():
+    """An audit: a weight push that never reached the engine (a transport of one's own that did
+    not pass the version) left an async run sampling the first policy: after max_staleness steps
+    every group was dropped as too stale and the run waited for ever without a word. A group
+    launched after a push but sampled with older weights now stops the take, naming the cause."""
+    engines = Engines()
+    engines.gate.set()  # the engine stays at version 0 whatever is pushed
+    async with producing(producer(engines, "wait", staleness=1)) as p:
+        await p.take(2)
+        p.advance(1)
+        _, m = await p.take(2)  # launched before the push: sampled with version 0, as they should
+        assert m["async/staleness_max"] == 1
+        with pytest.raises(TrainingError, match="launched when the engines served policy "
+                           "version 1 was sampled with version 0: a weight push did not"):  # fmt: skip
+            await asyncio.wait_for(p.take(2), 5)
