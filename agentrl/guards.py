@@ -192,12 +192,23 @@ def off_version(trajs: list[Trajectory], want: str) -> tuple[int, str | None]:
 # -- the guards -----------------------------------------------------------------------------------
 
 
+# the endings that, on most episodes, explain a flat reward better than the model
+ENDINGS = {
+    StopReason.MAX_TURNS: "they run out of turns before they answer (a tool call's result "
+    "comes back with no turn left to use it); raise rollout.max_turns",
+    StopReason.PARSE_ERROR: "the model's tool calls do not parse (turns of malformed calls in a "
+    "row); check rollout.parser against the model's chat template, and a trajectory with "
+    "`agentrl preview`",
+}
+
+
 def no_signal_cause(
     groups: list[list[Trajectory]], cut: float, first_cut: float, had_signal: bool
 ) -> str:
     """What the no-signal warning adds when the step itself shows the cause (a red-team audit
     found it blaming the model for these): episodes truncated from the first step on, a policy
-    that collapsed into the token limit after signal, or groups of identical samples."""
+    that collapsed into the token limit after signal, most episodes out of turns or of parsable
+    calls (`ENDINGS`), or groups of identical samples."""
     if cut >= 0.5 and first_cut >= 0.5:
         return (
             f". {cut:.0%} of the episodes are truncated (stop/length, stop/context_overflow), and "
@@ -210,6 +221,11 @@ def no_signal_cause(
             "limit (stop/length): the policy collapsed; check learner.lr, train/grad_norm and "
             "train/approx_kl"
         )
+    trajs = [tr for g in groups for tr in g]
+    for stop, fix in ENDINGS.items():
+        share = sum(tr.stop_reason is stop for tr in trajs) / max(len(trajs), 1)
+        if share >= 0.5:
+            return f". {share:.0%} of the episodes end with stop/{stop.value}: {fix}"
     same = [
         g
         for g in groups

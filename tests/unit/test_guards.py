@@ -231,3 +231,19 @@ def test_a_rollout_correction_that_masks_most_tokens_is_warned_every_n_steps_in_
     g.watch_update({"policy/is_masked_frac": 0.2}, step=4, stale=False)  # the count restarts
     g.watch_update(dict(masked), step=5, stale=False)
     assert alerts == ["rollout correction masks most tokens"]
+
+
+@pytest.mark.parametrize("stop", [StopReason.MAX_TURNS, StopReason.PARSE_ERROR])
+def test_no_signal_names_episodes_out_of_turns_or_of_parsable_calls(stop):
+    """An audit: rollout.max_turns=1 with a tool env (every tool result came back with no turn
+    left to answer), or a parser that did not match the model's calls, scored every episode 0;
+    the warning blamed the model or the task."""
+    g, _, out = guards()
+    ended = episode(0.0, stop)
+    other = episode(0.0, stop, i=1)
+    other.token_ids = [1, 3]
+    for _ in range(2):
+        g.watch_signal([[ended, other]], {})
+    said = out.getvalue()
+    assert f"100% of the episodes end with stop/{stop.value}" in said
+    assert ("raise rollout.max_turns" if stop is StopReason.MAX_TURNS else "rollout.parser") in said
