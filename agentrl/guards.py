@@ -7,8 +7,8 @@ Counters, each with its stop or warning (`Limits`, from `trainer.guards.*`):
 - steps where no group carries gradient (`carries`: every advantage 0): warned every
   `no_signal_steps` such steps in a row (`watch_signal`); dynamic sampling drops such groups
   (`keep`);
-- optimizer steps with a non-finite loss or gradient: `max_skipped_steps` in a row stop the run
-  (`count_skip`).
+- optimizer steps with a non-finite loss or gradient: `max_skipped_steps` in a row stop the run,
+  and `SKIP_SHARE` of the last `SKIP_WINDOW` (not in a row) are warned (`count_skip`).
 And warnings: a tool failing on most of its calls (`metrics.ToolWatch`), per-turn rewards the
 reward level ignores (once per run), sync turns sampled by other weights than the last push's,
 the engine and the trainer disagreeing on logprobs (`warn_logprob_gap`; async: any staleness),
@@ -22,6 +22,7 @@ warning goes to the log, the console and the tracker's alerts; its text comes fr
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -251,6 +252,11 @@ class Limits:
     warn_tool_fail_rate: float
 
 
+# skipped optimizer steps that alternate with good ones never make `max_skipped_steps` in a
+# row: up to half the updates could be dropped with only train/skipped to show it
+SKIP_WINDOW, SKIP_SHARE = 10, 0.3
+
+
 @dataclass(frozen=True)
 class Signal:
     """What makes a group's advantages non-zero in this run: the estimator and reward level,
@@ -276,6 +282,8 @@ class Guards:
         self.limits, self.signal = limits, signal
         self.console, self.alert = console, alert
         self.skipped_in_a_row = skipped_in_a_row  # optimizer steps with a non-finite loss
+        self.recent_skips: collections.deque[bool] = collections.deque(maxlen=SKIP_WINDOW)
+        self.steps_since_skip_warning = SKIP_WINDOW
         self.empty_in_a_row = 0  # steps with nothing to train on
         self.no_signal_in_a_row = 0  # steps where no group carried gradient
         self.one_reward_in_a_row = 0  # steps that carried gradient while every reward was one
@@ -447,6 +455,18 @@ class Guards:
         """One optimizer step's metrics: `max_skipped_steps` non-finite ones in a row stop."""
         skipped = out.get("policy/skipped", 0.0) > 0 or out.get("critic/skipped", 0.0) > 0
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
+        self.recent_skips.append(skipped)
+        self.steps_since_skip_warning += 1
+        many = sum(self.recent_skips)
+        if many >= SKIP_SHARE * SKIP_WINDOW and self.steps_since_skip_warning >= SKIP_WINDOW:
+            self.steps_since_skip_warning = 0
+            self.warn(
+                "optimizer steps skipped",
+                f"{many} of the last {len(self.recent_skips)} optimizer steps had a non-finite "
+                "loss or gradient and were skipped (not in a row, so the run goes on): their "
+                "batches trained nothing. Lower learner.lr or tighten learner.grad_clip, and "
+                "check the rewards and the engine/trainer logprob gap for inf/NaN",
+            )
         if self.skipped_in_a_row >= self.limits.max_skipped_steps:
             raise TrainingError(
                 f"{self.skipped_in_a_row} optimizer steps in a row had a non-finite loss or "

@@ -112,6 +112,21 @@ def test_non_finite_optimizer_steps_in_a_row_stop_the_run():
         g.count_skip({"policy/skipped": 1.0, "policy/grad_norm": float("nan")})
 
 
+def test_skipped_optimizer_steps_that_alternate_with_good_ones_are_warned():
+    """Every other optimizer step non-finite never makes max_skipped_steps in a row: half the
+    updates trained nothing with only train/skipped to show it. 3 of the last 10 are warned,
+    once per 10 steps."""
+    g, alerts, out = guards()
+    for k in range(20):
+        g.count_skip({"policy/skipped": float(k % 2)})
+    assert alerts == ["optimizer steps skipped"] * 2
+    assert "of the last 10 optimizer steps had a non-finite loss" in out.getvalue()
+    rare, alerts, _ = guards()
+    for k in range(30):
+        rare.count_skip({"policy/skipped": float(k % 5 == 0)})  # 2 of 10: no warning
+    assert alerts == []
+
+
 def test_after_the_update_memory_and_the_logprob_gap_are_warned():
     g, alerts, out = guards()
     g.watch_update({"train/logprob_diff": 0.4}, step=1, stale=False)
