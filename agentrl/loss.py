@@ -129,6 +129,12 @@ class LossConfig(BaseModel):
                 "moving away from the reference, whatever the reward says. Use a coefficient "
                 ">= 0 (1e-3 to 0.1 is usual; 0: no KL)"
             )
+        if self.value_clip is not None and self.value_clip <= 0:  # clamp(-c, c) holds V at V_old
+            raise ValueError(
+                f"algo.loss.value_clip={self.value_clip:g}: the critic's values would be clipped "
+                "to their rollout-time values (a range <= 0), so it learns only where it moves "
+                "away from the returns. Use a range > 0 (0.2 is usual) or null (unclipped)"
+            )
         if self.clip_c is not None and self.clip_c <= 1.0:
             raise ValueError(f"algo.loss.clip_c={self.clip_c} must be > 1 (or null to disable)")
         if self.agg == "seq-mean-token-sum-norm" and not self.norm_len:
