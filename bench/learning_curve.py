@@ -6,9 +6,9 @@
     python bench/learning_curve.py --metrics M.jsonl --plot bench/learning_curve.png  # + a PNG
     python bench/learning_curve.py --metrics A.jsonl B.jsonl --plot both.png   # runs side by side
 
-Prints a table (step, elapsed seconds, reward/mean, reward/correct, rollout/tool_call_rate) and
-the ratio of the last five steps' mean reward to the first step's, the reference measured in the
-same run. Elapsed time is the sum of the steps' `timing_s/*` phases (the loop's own time, without
+Prints a table (step, elapsed seconds, reward/mean, the reward's components if the env returns a
+dict, e.g. reward/correct, and rollout/tool_call_rate) and the ratio of the last five steps' mean
+reward to the first step's, the reference measured in the same run. Elapsed time is the sum of the steps' `timing_s/*` phases (the loop's own time, without
 start-up). `--plot` needs matplotlib (`pip install matplotlib`), which agentrl itself does not use.
 """
 
@@ -51,18 +51,28 @@ def elapsed(rows: list[dict[str, float]]) -> list[float]:
     return out
 
 
+_NOT_COMPONENTS = {"mean", "max", "min", "std", "turn_sum", "return_mean"}
+
+
+def components(rows: list[dict[str, float]]) -> list[str]:
+    """The reward components the run logged (`reward/<name>` of an env's reward dict, e.g.
+    `reward/correct`); an env whose reward is a number has none."""
+    names = {k for r in rows for k in r if k.startswith("reward/")}
+    return sorted(
+        k for k in names if k.split("/", 1)[1] not in _NOT_COMPONENTS and not k.endswith("_all")
+    )
+
+
 def table(rows: list[dict[str, float]]) -> str:
-    lines = [
-        "| step | elapsed s | reward/mean | reward/correct | tool_call_rate | step s |",
-        "|---:|---:|---:|---:|---:|---:|",
-    ]
+    parts = components(rows)
+    head = ["step", "elapsed s", "reward/mean", *parts, "tool_call_rate", "step s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     prev = 0.0
     for r, t in zip(rows, elapsed(rows), strict=True):
-        lines.append(
-            f"| {int(r['step'])} | {t:.0f} | {r.get('reward/mean', float('nan')):.3f} | "
-            f"{r.get('reward/correct', float('nan')):.3f} | {r['rollout/tool_call_rate']:.2f} | "
-            f"{t - prev:.1f} |"
-        )
+        rewards = [r.get(k, float("nan")) for k in ("reward/mean", *parts)]
+        cells = [f"{int(r['step'])}", f"{t:.0f}", *(f"{v:.3f}" for v in rewards)]
+        cells += [f"{r['rollout/tool_call_rate']:.2f}", f"{t - prev:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
         prev = t
     return "\n".join(lines)
 
