@@ -57,6 +57,11 @@ from agentrl.types import Task
 log = logging.getLogger(__name__)
 TOOL_FAULTS = ("exception", "blocked_event_loop")  # metadata["error"] values: the tool's fault
 _BLOCK_WARN_S = 0.25  # one synchronous stretch this long stalls every episode of the group
+_REQUIRED = {  # what a Tool class must set, and how (the error names it)
+    "name": 'name = "my_tool"  (the name the model calls)',
+    "description": 'description = "What it does."  (the model reads it in the tool schema)',
+    "Args": "class Args(BaseModel): one annotated field per argument (`pass` for none)",
+}
 
 
 class ToolResult(BaseModel):
@@ -108,9 +113,9 @@ class Tool:
         super().__init_subclass__(**kw)
         if getattr(cls, "__abstractmethods__", None):
             return
-        for attr in ("name", "description", "Args"):
+        for attr, example in _REQUIRED.items():
             if not hasattr(cls, attr):
-                raise TypeError(f"Tool subclass {cls.__name__} must define `{attr}`")
+                raise TypeError(f"Tool subclass {cls.__name__} must define `{attr}`: {example}")
         _check_args_model(cls)
         call = cls.__dict__.get("__call__")
         if call is not None and not inspect.iscoroutinefunction(call):

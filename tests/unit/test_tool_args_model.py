@@ -52,3 +52,33 @@ def test_a_good_args_model_gives_its_schema():
         expr: str
 
     assert _define(Args)().schema()["function"]["parameters"]["required"] == ["expr"]
+
+
+def test_a_tool_without_args_is_told_how_to_write_them():
+    """A tool that takes nothing (a clock) still needs an empty `Args`; the error says how."""
+    with pytest.raises(TypeError, match=r"Clock must define `Args`: class Args\(BaseModel\).*pass"):
+
+        class Clock(Tool):
+            name, description = "clock", "The time."
+
+            async def __call__(self, a, ctx):
+                return ToolResult(content="12:00")
+
+    class Empty(BaseModel):
+        pass
+
+    assert _define(Empty)().schema()["function"]["parameters"] == {
+        "properties": {},
+        "type": "object",
+    }
+
+
+def test_a_tool_without_a_name_is_shown_one():
+    with pytest.raises(TypeError, match=r"Nameless must define `name`: name = \"my_tool\""):
+
+        class Nameless(Tool):
+            description = "Nothing."
+            Args = BaseModel
+
+            async def __call__(self, a, ctx):
+                return ToolResult(content="")
