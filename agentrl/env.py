@@ -370,7 +370,8 @@ def read_reward(value: Any) -> tuple[float, dict[str, float]]:
     components: dict[str, float] = {}
     if isinstance(value, dict):
         if "total" not in value:
-            raise ValueError(f"reward dict needs a 'total' key, got {sorted(value)}")
+            raise ValueError(f"reward dict needs a 'total' key (the reward trained on), got "
+                             f"{sorted(value)}: e.g. {{'total': correct, 'correct': correct}}")  # fmt: skip
         components = {k: _number(v, f"reward[{k!r}]") for k, v in value.items()}
         for k, v in components.items():
             if k != "total" and not math.isfinite(v):  # the total: bounded_reward below
@@ -385,7 +386,11 @@ def _number(value: Any, what: str) -> float:
     if isinstance(value, str | bytes | bytearray):
         raise TypeError(f"{what} is text ({value!r:.40}), not a number: parse and check it in "
                         "reward(), then return a float")  # fmt: skip
-    return float(value)
+    try:
+        return float(value)
+    except TypeError:  # None (a reward() that forgot its return), a list, an object
+        raise TypeError(f"{what} is {type(value).__name__} ({value!r:.40}), not a number: return "
+                        "a float, or a dict of floats with a 'total'") from None  # fmt: skip
 
 
 REWARD_BOUND = 1e6  # beyond it a group's statistics overflow float32 (advantages 0, inf or NaN)

@@ -54,3 +54,17 @@ async def test_a_turn_reward_given_as_text_is_a_reward_error_not_an_abort() -> N
     env = Shaped(Task(id="t", data={}))
     assert await take_step(env, AssistantTurn(said, "hi"), turn) is StopReason.REWARD_ERROR
     assert turn.reward == 0.0
+
+
+def test_a_reward_that_is_not_a_number_says_what_to_return() -> None:
+    """A new user's reward() fell off its end (None): float()'s own TypeError named no fix."""
+    with pytest.raises(
+        TypeError, match=r"reward is NoneType \(None\), not a number: return a float"
+    ):
+        read_reward(None)
+    with pytest.raises(TypeError, match=r"reward\['ok'\] is list \(\[1\]\), not a number"):
+        read_reward({"total": 1.0, "ok": [1]})
+    with pytest.raises(
+        ValueError, match=r"needs a 'total' key .*got \['correct'\]: e\.g\. \{'total'"
+    ):
+        read_reward({"correct": 1.0})
