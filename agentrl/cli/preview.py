@@ -6,7 +6,6 @@ metrics, and write every trajectory to `runs/<run_name>/preview/<date>_<time>/tr
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import hydra
 from hydra.core.hydra_config import HydraConfig
 
+from agentrl.cli.logs import quiet_http_logs
 from agentrl.config import (
     CONFIG_DIR,
     Config,
@@ -37,7 +37,7 @@ async def preview(cfg: Config, out: Path) -> list[Trajectory]:
 def main() -> None:
     @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
     def _run(raw: Any) -> None:
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+        quiet_http_logs()
         out = (
             Path(HydraConfig.get().runtime.output_dir)
             / "preview"
