@@ -42,6 +42,7 @@ from agentrl.parsers import (
     template_max_calls,
 )
 from agentrl.render import Renderer, RenderError, Unrenderable, check_round_trip
+from agentrl.repeats import warn_episode
 from agentrl.sandbox.base import Sandbox, SandboxUnavailable
 from agentrl.seeding import episode_key, group_slot, turn_seed
 from agentrl.sequence import TokenSequence, record_turn
@@ -252,7 +253,7 @@ class Rollout:
         except SandboxUnavailable as e:
             stop, error = StopReason.SANDBOX_UNAVAILABLE, f"{type(e).__name__}: {e}"
         except EnvStepError as e:
-            log.warning("env step of %s raised: %s", session, e.args[0].strip().splitlines()[-1])
+            warn_episode(log, session, f"env step raised: {e.args[0].strip().splitlines()[-1]}")
             stop, error = StopReason.ENV_ERROR, e.args[0]
         except PromptOverflow as e:  # so would every episode of the task: the guards warn
             stop, error = StopReason.CONTEXT_OVERFLOW, f"task {task.id!r}: {e}"
@@ -272,7 +273,7 @@ class Rollout:
         except (RenderError, ConfigError):
             raise  # the template or the config cannot work: a bug to stop on, not an episode
         except Exception as e:  # the episode boundary: one failure becomes one reason
-            log.warning("episode %s aborted: %s: %s", session, type(e).__name__, e)
+            warn_episode(log, session, f"aborted: {type(e).__name__}: {e}")
             error = traceback.format_exc()
         if len(seqs) > 1 and not seqs[-1].turns:  # forked, then ended before sampling on it
             seqs.pop()
