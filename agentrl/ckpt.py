@@ -38,6 +38,7 @@ import os
 import random
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -357,6 +358,24 @@ class CheckpointManager:
                 shutil.rmtree(p, ignore_errors=True)
         for p in self.staging.glob("old-*"):  # re-saved steps moved aside by commit
             shutil.rmtree(p, ignore_errors=True)
+
+    def set_aside(self) -> str | None:
+        """A run starting fresh in a dir holding an earlier run's checkpoints moves them (and
+        `latest`) to `earlier/<time>/` there: left in place, `keep_last` pruned the new run's
+        own checkpoints and kept the old higher steps, and a resume without a valid `latest`
+        took the old run's newest. Returns a note for the console."""
+        old = [p for p in self.root.iterdir() if _STEP_DIR.fullmatch(p.name) or p.name == LATEST]
+        if not old:
+            return None
+        aside = self.root / "earlier" / time.strftime("%Y-%m-%d_%H-%M-%S")
+        while aside.exists():
+            aside = aside.with_name(aside.name + "+")
+        aside.mkdir(parents=True)
+        for p in old:
+            os.rename(p, aside / p.name)
+        _fsync_dir(self.root)
+        steps = sorted(p.name for p in old if p.name != LATEST)
+        return f"an earlier run's checkpoints ({', '.join(steps) or LATEST}) moved to {aside}"
 
     def resume_path(self) -> Path | None:
         """Where to resume from: resume=auto → latest complete (or None, a fresh start);

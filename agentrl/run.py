@@ -247,8 +247,10 @@ async def _start_training(
         await run.sync.serve(f"agentrl-v{version}-resumed", resume / "policy" / "adapter",
                              version)  # fmt: skip
     moved = JsonlSink.continue_run(run.out, resumed.step if resumed else None)
-    if moved:
-        console.print(f"[yellow]note:[/] {moved}")
+    aside = run.ckpt.set_aside() if run.ckpt is not None and resumed is None else None
+    for note in (moved, aside):
+        if note:
+            console.print(f"[yellow]note:[/] {note}")
     run.tracker = Tracker(
         cfg.logging, run.out, run_name=cfg.run_name, config=cfg.model_dump(mode="json"),
         run_id=resumed.wandb_run_id if resumed else None, tokenizer=run.tokenizer,

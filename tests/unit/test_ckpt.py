@@ -169,6 +169,28 @@ def test_keep_last_prunes_oldest(tmp_path: Path) -> None:
     assert mgr.latest() == tmp_path / "step_00000005"
 
 
+def test_a_fresh_run_sets_an_earlier_runs_checkpoints_aside(tmp_path: Path) -> None:
+    """checkpoint.resume=never over a run at step 12: its step_10 and step_12 stayed, keep_last
+    pruned the new run's step_5 and kept them, and a resume without `latest` took step_12."""
+    old = CheckpointManager(CheckpointConfig(dir=str(tmp_path), keep_last=2))
+    for step in (10, 12):
+        save(old, step, payload="old")
+    fresh = CheckpointManager(CheckpointConfig(dir=str(tmp_path), keep_last=2, resume="never"))
+    note = fresh.set_aside()
+    assert note is not None and "step_00000010, step_00000012) moved to" in note
+    aside = next((tmp_path / "earlier").iterdir())
+    assert sorted(p.name for p in aside.iterdir()) == ["latest", "step_00000010", "step_00000012"]
+    assert (aside / "step_00000012" / "model" / "weights.bin").read_text() == "old12"
+    for step in (2, 5, 7):
+        save(fresh, step, payload="new")
+    assert [p.name for p in fresh.complete_checkpoints()] == ["step_00000005", "step_00000007"]
+    (tmp_path / "latest").unlink()
+    assert fresh.latest() == tmp_path / "step_00000007"
+    assert fresh.set_aside() is not None and fresh.complete_checkpoints() == []
+    assert len(list((tmp_path / "earlier").iterdir())) == 2  # never over the first one
+    assert CheckpointManager(CheckpointConfig(dir=str(tmp_path / "new"))).set_aside() is None
+
+
 def test_resume_modes(tmp_path: Path) -> None:
     assert CheckpointManager(CheckpointConfig(dir=str(tmp_path / "a"))).resume_path() is None
     mgr = CheckpointManager(CheckpointConfig(dir=str(tmp_path / "b")))
