@@ -69,7 +69,7 @@ from rich.console import Console
 from agentrl.advantage import Truncation, compute_advantages
 from agentrl.batch import TrainBatch, mini_batches, per_trajectory
 from agentrl.ckpt import CheckpointError, CheckpointManager, load_trainer_state
-from agentrl.cli.logs import quiet_http_logs
+from agentrl.cli.logs import quiet_third_party
 from agentrl.config import (
     CONFIG_DIR,
     Config,
@@ -482,7 +482,7 @@ def summary_line(history: list[dict[str, float]]) -> str:
 def main() -> None:
     @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
     def _run(raw: DictConfig) -> None:
-        quiet_http_logs()
+        quiet_third_party()
         with errors_for_people(TrainingError, CheckpointError):
             cfg = load_config(raw)
             try:

@@ -33,7 +33,7 @@ from transformers import AutoTokenizer
 
 from agentrl.agent_env import AgentEnv
 from agentrl.agent_rollout import episode_trajectories
-from agentrl.cli.logs import quiet_http_logs
+from agentrl.cli.logs import quiet_third_party
 from agentrl.config import CONFIG_DIR, Config, check_command_line, errors_for_people, load_config
 from agentrl.engine import EngineClient, launch_fleet
 from agentrl.gateway import EpisodeCapture, Gateway
@@ -138,7 +138,7 @@ def session_dir(run_dir: Path, when: float | None = None) -> Path:
 def main() -> None:
     @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
     def _run(raw: Any) -> None:
-        quiet_http_logs()
+        quiet_third_party()
         out = session_dir(Path(HydraConfig.get().runtime.output_dir))
         with errors_for_people(), contextlib.suppress(KeyboardInterrupt):
             asyncio.run(serve(load_config(raw), out))

@@ -13,7 +13,7 @@ from typing import Any
 import hydra
 from hydra.core.hydra_config import HydraConfig
 
-from agentrl.cli.logs import quiet_http_logs
+from agentrl.cli.logs import quiet_third_party
 from agentrl.config import (
     CONFIG_DIR,
     Config,
@@ -37,7 +37,7 @@ async def preview(cfg: Config, out: Path) -> list[Trajectory]:
 def main() -> None:
     @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
     def _run(raw: Any) -> None:
-        quiet_http_logs()
+        quiet_third_party()
         out = (
             Path(HydraConfig.get().runtime.output_dir)
             / "preview"
