@@ -108,6 +108,11 @@ class EnvConfig(BaseModel):
         cls = import_path(self.target, f"{where}._target_")
         if not (isinstance(cls, type) and issubclass(cls, Env)):
             raise ConfigError(f"{where}._target_={self.target!r} is not a subclass of agentrl.Env")
+        if cls.reward is Env.reward:  # every episode would end reward_error, scored 0
+            raise ConfigError(
+                f"{where}._target_={self.target!r}: {cls.__name__} does not define reward(); add "
+                "`async def reward(self, trajectory) -> float` (or a dict with 'total')"
+            )
         for key, value in self.args.items():
             if not hasattr(cls, key):
                 settings = [a for a in dir(cls) if a[0] != "_" and not callable(getattr(cls, a))]

@@ -52,3 +52,24 @@ def test_an_env_path_that_does_not_import_says_why_in_one_line(user_modules, pat
 def test_a_good_path_imports(user_modules):
     assert import_path("nu_good.KVEnv", "env._target_").__name__ == "KVEnv"
     assert import_path("nu_good:KVEnv", "env._target_").__name__ == "KVEnv"
+
+
+def test_an_env_without_a_reward_is_refused_at_the_door():
+    """A new user's ToolEnv without reward() trained on: every episode ended reward_error, 0."""
+    from agentrl.env_config import EnvConfig
+
+    with pytest.raises(ConfigError, match=r"NoReward does not define reward\(\); add `async def"):
+        EnvConfig(_target_="nu_envs_fixture:NoReward").load_class()
+    assert EnvConfig(_target_="nu_envs_fixture:WithReward").load_class().__name__ == "WithReward"
+
+
+@pytest.fixture(autouse=True)
+def _envs_module(tmp_path, monkeypatch):
+    source = (
+        "from agentrl.env import ToolEnv\n"
+        "class NoReward(ToolEnv):\n    pass\n"
+        "class WithReward(ToolEnv):\n    async def reward(self, trajectory):\n        return 1.0\n"
+    )
+    (tmp_path / "nu_envs_fixture.py").write_text(source)
+    monkeypatch.delitem(sys.modules, "nu_envs_fixture", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
