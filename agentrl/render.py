@@ -58,6 +58,7 @@ import functools
 import logging
 from typing import Any
 
+from agentrl.fastpath import ChatTemplate, Codec
 from agentrl.markup import Markup, cut_to_tokens
 from agentrl.parsers import Parser
 from agentrl.types import ConfigError, Message, ToolCall
@@ -92,6 +93,7 @@ class Renderer:
         tools: list[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
         end_of_turn: str | None = None,
+        fast: bool = True,  # False: transformers' own wrappers throughout (agentrl/fastpath.py)
     ) -> None:
         self.tok = tokenizer
         self.markup = Markup(tokenizer)
@@ -99,6 +101,8 @@ class Renderer:
         if tools and self.tools != tools:  # an MCP server's or an agent framework's descriptions
             log.warning("a tool schema holds special-token text; a zero-width space keeps it text")
         self.template_kwargs = template_kwargs or {}
+        self.template = ChatTemplate(tokenizer, self.tools, self.template_kwargs, fast)
+        self.codec = Codec(tokenizer, fast)
         self.eot = end_of_turn or tokenizer.eos_token
         eot_ids = self.encode(self.eot)
         if len(eot_ids) != 1:
@@ -212,24 +216,20 @@ class Renderer:
     # -- text ----------------------------------------------------------------------------------
 
     def render(self, messages: list[Message], add_generation_prompt: bool = False) -> str:
-        return self.tok.apply_chat_template(
-            [m.to_template(self.string_args) for m in messages],
-            tools=self.tools,
-            tokenize=False,
-            add_generation_prompt=add_generation_prompt,
-            **self.template_kwargs,
+        return self.template(
+            [m.to_template(self.string_args) for m in messages], add_generation_prompt
         )
 
     def encode(self, text: str) -> list[int]:
         """Ids of template text or sampled text: markup strings become their ids."""
-        return list(self.tok.encode(_clean(text), add_special_tokens=False))
+        return self.codec.encode(_clean(text))
 
     def encode_text(self, text: str) -> list[int]:
         """Ids of `text` as text: markup strings in it are tokenized as ordinary characters."""
         return self.markup.plain_encode(_clean(text))
 
     def decode(self, ids: list[int]) -> str:
-        return self.tok.decode(ids, skip_special_tokens=False)
+        return self.codec.decode(ids)
 
     def encoded(self, text: str) -> list[int]:
         """`encode(text)`, once while among the last 64 such texts: turn-end tags (supplied at

@@ -30,7 +30,8 @@ PACKAGES = ("agentrl", "envs", "tools", "sandbox")
 SIDES = ("agentrl.envs", "agentrl.tools", "agentrl.sandbox")  # imported so (agentrl/ links them)
 
 RECORDS = {"agentrl", "agentrl.types", "agentrl.env", "agentrl.agent_env", "agentrl.tool",
-           "agentrl.parsers", "agentrl.render", "agentrl.markup", "agentrl.registry"}  # fmt: skip
+           "agentrl.parsers", "agentrl.render", "agentrl.markup", "agentrl.registry",
+           "agentrl.fastpath"}  # fmt: skip
 RECORD_PACKAGES = ("agentrl.parsers",)  # their modules are records too (one per tool-call format)
 ENTRY = ("agentrl.train", "agentrl.cli", "agentrl.config")
 ASSEMBLY = ("agentrl.run", "agentrl.run_learners")
