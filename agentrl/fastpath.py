@@ -205,3 +205,16 @@ def _backend(tok: Any, *methods: str) -> Any:
         if own is None or getattr(type(tok), name, None) is not own:
             return None
     return getattr(tok, "_tokenizer", None)
+
+
+def common_prefix(a: str, b: str) -> str:
+    """The longest common prefix, by halving on slice equality (compared in C): a rendered
+    conversation is thousands of characters, and this runs for every turn's observation."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return a[:lo]

@@ -58,7 +58,7 @@ import functools
 import logging
 from typing import Any
 
-from agentrl.fastpath import ChatTemplate, Codec
+from agentrl.fastpath import ChatTemplate, Codec, common_prefix
 from agentrl.markup import Markup, cut_to_tokens
 from agentrl.parsers import Parser
 from agentrl.types import ConfigError, Message, ToolCall
@@ -265,18 +265,11 @@ class Renderer:
         return full[cut:]
 
     def _cut(
-        self, new: list[Message], assistant: Message | None, marker: str
+        self, new: list[Message], assistant: Message | None, marker: str, rendered: Any = None
     ) -> tuple[list[Message], str, int]:
-        """(the messages before `new`, the rendering with `new`, where `new`'s text starts)."""
-        if not new:
-            raise RenderError("an observation delta needs at least one new message")
-        assistant = assistant or _default_assistant(new)
-        base = [_USER, assistant]
-        full = self.render(base + new, add_generation_prompt=True)
-        b1, b2 = (
-            self.render(base + [new[0].model_copy(update={"content": s})]) for s in _SENTINELS
-        )
-        common = _common_prefix(b1, b2)
+        """(the messages before `new`, the rendering with `new`, where `new`'s text starts).
+        `rendered`: `_sentinels(new, assistant)`, when made already (it holds no marker)."""
+        base, full, b1, common = rendered or self._sentinels(new, assistant)
         at = common.rfind(marker)
         if at < 0 or not full.startswith(b1[: at + len(marker)]):
             raise RenderError(
@@ -287,6 +280,21 @@ class Renderer:
                 "the end-of-turn token the template uses"
             )
         return base, full, at + len(marker)
+
+    def _sentinels(
+        self, new: list[Message], assistant: Message | None
+    ) -> tuple[list[Message], str, str, str]:
+        """(the messages before `new`, the rendering A with `new`, B1, the common prefix of B1
+        and B2): the module docstring's three renderings, the same for every marker."""
+        if not new:
+            raise RenderError("an observation delta needs at least one new message")
+        assistant = assistant or _default_assistant(new)
+        base = [_USER, assistant]
+        full = self.render(base + new, add_generation_prompt=True)
+        b1, b2 = (
+            self.render(base + [new[0].model_copy(update={"content": s})]) for s in _SENTINELS
+        )
+        return base, full, b1, common_prefix(b1, b2)
 
     def _ids_after(
         self, before: list[Message], new: list[Message], full: str, cut: int, memo: bool = False
@@ -378,9 +386,11 @@ class Renderer:
             last = ""  # a marker it cut the delta at its last look-alike (a red-team pass)
         markers = [m for m in (last, self.eot, self.history_end) if m and m.strip()]
         error: RenderError | None = None
+        rendered = None  # the renderings do not depend on the marker: made once
         for marker in dict.fromkeys(markers):
             try:
-                base, full, cut = self._cut(new, assistant, marker)
+                rendered = rendered or self._sentinels(new, assistant)
+                base, full, cut = self._cut(new, assistant, marker, rendered)
             except RenderError as e:
                 error = error or e
                 continue
@@ -444,19 +454,6 @@ def _continuation(prompt: str, full: str) -> tuple[bool, str]:
     if base.endswith("<think>") and full.startswith(base[: -len("<think>")]):
         return True, full[len(base) - len("<think>") :]
     raise RenderError("the template renders an assistant turn not after its own prompt")
-
-
-def _common_prefix(a: str, b: str) -> str:
-    """The longest common prefix, by halving on slice equality (compared in C): a rendered
-    conversation is thousands of characters, and this runs for every turn's observation."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return a[:lo]
 
 
 def _default_assistant(new: list[Message]) -> Message:
