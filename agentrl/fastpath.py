@@ -68,6 +68,7 @@ class ChatTemplate:
         self._ctu: Any = None  # transformers.utils.chat_template_utils, on the direct path
         self._plain_tools: Any = None
         self._plain_kwargs: dict[str, Any] = {}
+        self._globals: dict[str, Any] = {}
         try:
             if fast:
                 self._prepare()
@@ -88,14 +89,17 @@ class ChatTemplate:
         if getattr(type(tok), "apply_chat_template", None) is not own:
             return
         wrappers = (own, ctu.render_jinja_template)
-        taken = {p for f in wrappers for p in inspect.signature(f).parameters}
+        taken = {"messages", *(p for f in wrappers for p in inspect.signature(f).parameters)}
         if set(self.kwargs) & taken:  # a keyword the wrappers take for themselves
             return
         template = tok.get_chat_template(None, self.tools)
         compiled = ctu._compile_jinja_template(template)
+        if compiled.environment.is_async:
+            return
         self._plain_tools = ctu._plain_template_data(self.tools)
         self._plain_kwargs = ctu._plain_template_data({**tok.special_tokens_map, **self.kwargs})
         self._compiled, self._ctu = compiled, ctu
+        self._globals = dict(compiled.globals)  # jinja's Template.new_context: per call
         if not all(self._agrees(probe, gen) for probe in _probes() for gen in (False, True)):
             log.debug("chat template fast path off: a probe renders otherwise")
             self._compiled = None
@@ -129,15 +133,19 @@ class ChatTemplate:
             raise ValueError(
                 "Cannot apply chat template to an empty conversation. Provide at least one message."
             )
-        ctu = self._ctu
+        ctu, t = self._ctu, self._compiled
         chat = ctu._alias_reasoning_fields([_plain_message(m, ctu) for m in messages])
-        return self._compiled.render(
-            messages=chat,
-            tools=self._plain_tools,
-            documents=None,
-            add_generation_prompt=add_generation_prompt,
-            **self._plain_kwargs,
-        )
+        # jinja's Template.render(messages=…, tools=…, documents=…, add_generation_prompt=…,
+        # **kwargs), its globals (a ChainMap it flattens every call) flattened once
+        context = {**self._globals, "messages": chat, "tools": self._plain_tools,
+                   "documents": None, "add_generation_prompt": add_generation_prompt,
+                   **self._plain_kwargs}  # fmt: skip
+        env = t.environment
+        ctx = env.context_class(env, context, t.name, t.blocks, globals=t.globals)
+        try:
+            return env.concat(t.root_render_func(ctx))
+        except Exception:
+            env.handle_exception()  # raises, as Template.render does
 
 
 def _plain_message(msg: dict[str, Any], ctu: Any) -> dict[str, Any]:
