@@ -6,7 +6,8 @@
 Default: per assistant turn, render the prompt, decode the sampled ids, parse tool calls, render
 the observation delta (agentrl.render, agentrl.parsers), against the reference of one plain
 `tokenizer.encode` of the same prompt text. Prints milliseconds per call of each part, their sum
-per turn, and the ratio turn / encode.
+per turn, and the ratio turn / encode; and the sum per turn with the fast paths off
+(`Renderer(fast=False)`: transformers' own apply_chat_template, encode, decode), as a ratio.
 
 --http: the whole client per request, HTTP included. A loopback server in this process answers
 every /generate at once with a canned SGLang body (--new-tokens ids with logprobs), so all time
@@ -245,23 +246,31 @@ def main() -> None:
     from agentrl.types import Message
 
     tok = AutoTokenizer.from_pretrained(cached_tokenizer("qwen"))
-    r, parser = Renderer(tok, []), get_parser("hermes")
+    parser = get_parser("hermes")
     text = " ".join(["alpha"] * a.prompt_words)
     msgs = [Message(role="user", content=text)]
     sampled = [random.Random(0).randint(0, 150000) for _ in range(a.new_tokens)]
-    said = r.assistant_text(sampled)
     obs = [Message(role="tool", content="ok", name="noop")]
-    parts = {
-        "prompt_ids": per_call(lambda: r.prompt_ids(msgs), a.repeats),
-        "assistant_text": per_call(lambda: r.assistant_text(sampled), a.repeats),
-        "parse": per_call(lambda: parser.parse(said, {}, truncated=False), a.repeats),
-        "observation_ids": per_call(lambda: r.observation_ids(obs, sampled), a.repeats),
-    }
+
+    def turn_parts(r: Renderer) -> dict[str, float]:
+        said = r.assistant_text(sampled)
+        return {
+            "prompt_ids": per_call(lambda: r.prompt_ids(msgs), a.repeats),
+            "assistant_text": per_call(lambda: r.assistant_text(sampled), a.repeats),
+            "parse": per_call(lambda: parser.parse(said, {}, truncated=False), a.repeats),
+            "observation_ids": per_call(lambda: r.observation_ids(obs, sampled), a.repeats),
+        }
+
+    # the reference: transformers' own apply_chat_template/encode/decode (agentrl/fastpath.py)
+    wrapped = sum(turn_parts(Renderer(tok, [], fast=False)).values())
+    parts = turn_parts(Renderer(tok, []))
     encode = per_call(lambda: tok.encode(text), a.repeats)
     for k, v in parts.items():
         print(f"{k:<16} {v:7.3f} ms")
     turn = sum(parts.values())
     print(f"per turn {turn:.3f} ms; plain encode {encode:.3f} ms; ratio {turn / encode:.1f}")
+    print(f"per turn through transformers' wrappers (Renderer(fast=False)) {wrapped:.3f} ms; "
+          f"ratio wrappers / fast {wrapped / turn:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":
