@@ -156,7 +156,7 @@ class Generation:
         self, input_ids: list[int], params: SamplingParams, key: str | None
     ) -> Completion:
         payload: dict[str, Any] = {
-            "input_ids": list(input_ids),
+            "input_ids": input_ids,  # generate's own copy: the episode's ids are not held here
             "sampling_params": params.to_sglang(),
             "return_logprob": True,
         }
