@@ -1,7 +1,6 @@
 """Policy and value losses, by name. The key is exactly the config value (`algo.loss.name`).
 
 Legend: N tokens of one packed micro-batch (concatenated sequences, no padding), S sequences in it.
-
 The learner is algorithm-blind; per micro-batch `mb` (an `agentrl.batch.TrainBatch`) it does:
 
     from agentrl.learner.forward import token_logprobs
@@ -130,11 +129,8 @@ class LossConfig(BaseModel):
                 ">= 0 (1e-3 to 0.1 is usual; 0: no KL)"
             )
         if self.value_clip is not None and self.value_clip <= 0:  # clamp(-c, c) holds V at V_old
-            raise ValueError(
-                f"algo.loss.value_clip={self.value_clip:g}: the critic's values would be clipped "
-                "to their rollout-time values (a range <= 0), so it learns only where it moves "
-                "away from the returns. Use a range > 0 (0.2 is usual) or null (unclipped)"
-            )
+            raise ValueError(f"algo.loss.value_clip={self.value_clip:g} holds the critic at its "
+                             "rollout values: use a range > 0 (0.2 is usual) or null")  # fmt: skip
         if self.clip_c is not None and self.clip_c <= 1.0:
             raise ValueError(f"algo.loss.clip_c={self.clip_c} must be > 1 (or null to disable)")
         if self.agg == "seq-mean-token-sum-norm" and not self.norm_len:

@@ -390,8 +390,7 @@ def make_groups(
         return SyncGroups(run.sampler, run.rollout, reissue, tc.tasks_per_step,
                           sampling.oversample_groups, keep, sampling.max_refill_rounds)  # fmt: skip
     producer = GroupProducer(run.rollout, run.sampler, tc.tasks_per_step, tc.async_.max_staleness,
-                             tc.async_.stale_policy, version, keep=keep,
-                             refill_rounds=sampling.max_refill_rounds)  # fmt: skip
+                             tc.async_.stale_policy, version, keep, sampling.max_refill_rounds)  # fmt: skip
     resumed = run.resumed.extra.get("async") if run.resumed is not None else None
     return AsyncGroups(producer, reissue, tc.tasks_per_step, resumed)
 

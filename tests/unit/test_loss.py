@@ -434,7 +434,7 @@ def test_a_value_clip_range_that_holds_the_critic_still_is_refused(value_clip):
     """algo.loss.value_clip <= 0 clamps the critic's value to its rollout-time value: 0 leaves a
     gradient only where the value moves away from the return, a negative range breaks the clamp.
     Refused at config time; null (unclipped) and ranges > 0 pass."""
-    with pytest.raises(ValidationError, match="value_clip.*range > 0"):
+    with pytest.raises(ValidationError, match="value_clip.*a range > 0"):
         LossConfig(value_clip=value_clip)
     assert LossConfig(value_clip=None).value_clip is None
     assert LossConfig(value_clip=0.5).value_clip == 0.5
