@@ -162,10 +162,10 @@ class Tool:
             result = await asyncio.wait_for(timed, timeout + self.timeout_grace_s)
         except SandboxUnavailable:
             raise
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as e:
             if _cancelled_here():
                 raise  # the episode itself was cancelled (its group dropped): go
-            result = _cancelled_inside(self)
+            result = _cancelled_inside(self, e)
         except TimeoutError:
             result = ToolResult(
                 content=f"Error: tool '{self.name}' timed out after {timeout:g}s",
@@ -236,7 +236,7 @@ def _log_once(
     cls: type, what: str, exc_info: BaseException | None = None, warn: bool = False
 ) -> None:
     """One log line per tool class and kind of fault (with the traceback for an exception)."""
-    kind = what.split(" for ")[0]
+    kind = what.split(" for ")[0].split(" (")[0]
     if (cls, kind) in _logged:
         return
     _logged.add((cls, kind))
@@ -317,11 +317,13 @@ def _cancelled_here() -> bool:
     return task is None or task.cancelling() > 0
 
 
-def _cancelled_inside(tool: Tool) -> ToolResult:
+def _cancelled_inside(tool: Tool, e: asyncio.CancelledError) -> ToolResult:
     """A cancellation from inside a tool (a library's task group going down under the call: an
     MCP server whose session died under load) is the tool's failure, an observation; escaping,
-    it read as the episode's own cancellation and ended it without a reason."""
-    _log_once(type(tool), "was cancelled from inside")
+    it read as the episode's own cancellation and ended it without a reason. The log names
+    the canceller where it said who it was (anyio's scopes do) and where it struck."""
+    _log_once(type(tool), f"was cancelled from inside ({e.args[0] if e.args else 'no message'})",
+              exc_info=e)  # fmt: skip
     return ToolResult(
         content=f"Error: tool '{tool.name}' failed: its call was cancelled from inside the tool",
         is_error=True,

@@ -74,6 +74,10 @@ class McpServer:
         return StdioServerParameters(command=cmd[0], args=cmd[1:], env=self.env, cwd=self.cwd)
 
 
+class _CallTimeout(Exception):
+    """A call ran past the server's `timeout_s` (its start not counted)."""
+
+
 class _Connection:
     """One client session, owned by a task of its own; calls reach it through a queue."""
 
@@ -90,7 +94,8 @@ class _Connection:
         try:
             # each message's read waits up to the start's bound; `call` holds a call to timeout_s
             async with Client(self.server.target(), read_timeout_seconds=self.server.start_s) as c:
-                self.ready.set_result(None)
+                if not self.ready.done():
+                    self.ready.set_result(None)
                 while (item := await self.queue.get()) is not None:
                     name, args, fut = item
                     if fut.done():  # its caller gave up while it waited in the queue
@@ -101,13 +106,17 @@ class _Connection:
                     job = asyncio.ensure_future(self._call(c, name, args, fut))
                     fut.add_done_callback(lambda f, j=job: j.cancel() if f.cancelled() else None)
         except Exception as e:  # noqa: BLE001 - the server did not start or broke
-            log.warning("MCP server %s stopped: %s: %s", self.server.key, type(e).__name__, e)
+            log.warning("MCP server %s stopped: %s", self.server.key, _causes(e), exc_info=e)
             if not self.ready.done():
                 self.ready.set_exception(e)
             while not self.queue.empty():
                 item = self.queue.get_nowait()
                 if item is not None and not item[2].done():
                     item[2].set_exception(e)
+        finally:  # stopped (closed) before it started: its waiting callers hear so at once
+            if not self.ready.done():
+                self.ready.set_exception(ConnectionError(f"the MCP server {self.server.key} "
+                                                         "stopped before it started"))  # fmt: skip
 
     async def _call(self, c: Any, name: str, args: dict[str, Any], fut: asyncio.Future) -> None:
         from mcp import MCPError
@@ -134,12 +143,23 @@ class _Connection:
                 fut.set_result(result)
 
     async def call(self, name: str, args: dict[str, Any]) -> Any:
-        await self.ready
+        """The server's start waits up to `start_s`, the call itself up to `timeout_s`. The
+        start is shared: a caller that gives up (its own deadline) must not cancel it for the
+        others (a red-team pass: the first call of a run timed out while the server started
+        on a busy host, cancelling `ready`, and every later call read 'cancelled')."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self.ready), self.server.start_s)
+        except TimeoutError:
+            raise ConnectionError(f"the MCP server {self.server.key} did not start within "
+                                  f"{self.server.start_s:g}s") from None  # fmt: skip
         if self.task.done() or self.lost:
             raise ConnectionError(f"the MCP server {self.server.key} has stopped")
         fut = asyncio.get_running_loop().create_future()
         await self.queue.put((name, args, fut))
-        return await asyncio.wait_for(fut, self.server.timeout_s)
+        try:
+            return await asyncio.wait_for(fut, self.server.timeout_s)
+        except TimeoutError:
+            raise _CallTimeout from None
 
     async def close(self) -> None:
         if not self.task.done():
@@ -149,6 +169,14 @@ class _Connection:
             except Exception as e:  # noqa: BLE001 - stopping it anyway (cancelled below)
                 log.warning("MCP server %s did not stop cleanly: %s", self.server.key, e)
         self.task.cancel()
+
+
+def _causes(e: BaseException) -> str:
+    """An exception, or each leaf of a task group's exception group ('unhandled errors in a
+    TaskGroup (1 sub-exception)' named none of them)."""
+    if isinstance(e, BaseExceptionGroup):
+        return "; ".join(_causes(x) for x in e.exceptions)
+    return f"{type(e).__name__}: {e}"
 
 
 # connections by (server key, episode session or "", event loop)
@@ -179,7 +207,9 @@ class McpTool(Tool):
         self.name = server.prefix + spec.name  # type: ignore[misc]
         self.description = spec.description or ""  # type: ignore[misc]
         self.input_schema = dict(spec.input_schema or {"type": "object", "properties": {}})
-        self.timeout_s = server.timeout_s
+        # the outer bound (Tool.invoke's) holds the server's start and the call; each has its
+        # own deadline inside (`_Connection.call`)
+        self.timeout_s = server.start_s + server.timeout_s
 
     def schema(self) -> dict[str, Any]:
         return {"type": "function", "function": {"name": self.name, "description": self.description,
@@ -198,6 +228,10 @@ class McpTool(Tool):
                               metadata={"error": "invalid_args"})  # fmt: skip
         try:
             result = await _connection(self.server, ctx.session).call(self.remote, raw)
+        except _CallTimeout:
+            return ToolResult(content=f"Error: tool '{self.name}' timed out after "
+                              f"{self.server.timeout_s:g}s", is_error=True,
+                              metadata={"error": "timeout"})  # fmt: skip
         except Exception as e:  # noqa: BLE001 - the server's fault, as a result
             from mcp import MCPError
 

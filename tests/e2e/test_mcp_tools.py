@@ -55,13 +55,38 @@ async def test_calls_of_many_episodes_run_beside_each_other_and_loud_output_is_c
     one (its error, though it did nothing wrong); 16 MB of output stalled the event loop."""
     tools = {t.name: t for t in mcp_tools(McpServer(command=COUNTER.command, timeout_s=1.8))}
     try:
-        await tools["add"].invoke({"amount": 0}, ToolContext(session="warm"))  # server started
+        # the server's start has its own deadline (start_timeout_s), not the call's 1.8 s: on
+        # a busy host this first call timed out and cancelled the start for every later call
+        warm = await tools["add"].invoke({"amount": 0}, ToolContext(session="warm"))
+        assert warm.content == "0", warm
         slow = [tools["wait"].invoke({"seconds": 1.0}, ToolContext(session="a")) for _ in range(2)]
         quick = tools["add"].invoke({"amount": 1}, ToolContext(session="b"))
         *waited, added = await asyncio.gather(*slow, quick)
         assert [w.content for w in waited] == ["waited"] * 2 and added.content == "1", added
         loud = await tools["shout"].invoke({"chars": 200_000}, ToolContext(session="c"))
         assert len(loud.content) < 70_000 and "more characters cut" in loud.content
+    finally:
+        await close_connections()
+
+
+async def test_a_slow_start_is_shared_and_not_a_calls_timeout() -> None:
+    """A server that takes longer to start than one call may run (a busy host): the first call
+    waits for the start (start_timeout_s), a caller that gives up during the start does not
+    cancel it for the others, and a call past timeout_s is a timeout the model reads."""
+    slow_start = [sys.executable, "-c", "import runpy, sys, time; time.sleep(3); "
+                  f"sys.argv = [{str(HERE / 'mcp_counter_server.py')!r}]; "
+                  "runpy.run_path(sys.argv[0], run_name='__main__')"]  # fmt: skip
+    tools = {t.name: t for t in mcp_tools(McpServer(command=slow_start, timeout_s=2))}
+    try:
+        impatient = tools["add"].invoke({"amount": 5}, ToolContext(session="a"))
+        with pytest.raises(TimeoutError):  # its caller (an episode) gives up during the start
+            await asyncio.wait_for(impatient, 0.2)
+        first = await tools["add"].invoke({"amount": 1}, ToolContext(session="b"))
+        assert (first.content, first.is_error) == ("1", False), first
+        late = await tools["wait"].invoke({"seconds": 8.0}, ToolContext(session="c"))
+        assert late.is_error and late.metadata["error"] == "timeout", late
+        assert "timed out after 2s" in late.content
+        assert (await tools["add"].invoke({"amount": 1}, ToolContext(session="d"))).content == "2"
     finally:
         await close_connections()
 
