@@ -45,11 +45,15 @@ def _hf() -> Any:
         from transformers.utils import chat_template_utils as ctu
     except ImportError:  # pragma: no cover
         return None
-    names = ("_alias_reasoning_fields", "_compile_jinja_template", "_plain_template_data",
-             "render_jinja_template")  # fmt: skip
-    if not all(hasattr(ctu, n) for n in names):  # pragma: no cover
-        return None
-    return SimpleNamespace(base=PreTrainedTokenizerBase, backend=TokenizersBackend, ctu=ctu)
+    if not all(hasattr(ctu, n) for n in ("_compile_jinja_template", "render_jinja_template")):
+        return None  # pragma: no cover
+    # transformers from 5.2x hands the template plain copies of the data with reasoning
+    # aliased; before (5.12, SGLang 0.5.17's pin on GPU hosts) the data as given: the same steps
+    plain = getattr(ctu, "_plain_template_data", None)
+    alias = getattr(ctu, "_alias_reasoning_fields", None)
+    steps = (plain, alias) if plain is not None and alias is not None else None
+    return SimpleNamespace(base=PreTrainedTokenizerBase, backend=TokenizersBackend, ctu=ctu,
+                           steps=steps)  # fmt: skip
 
 
 class ChatTemplate:
@@ -65,7 +69,7 @@ class ChatTemplate:
         """`fast=False`: every call through `apply_chat_template` (the reference path)."""
         self.tok, self.tools, self.kwargs = tok, tools, kwargs
         self._compiled: Any = None
-        self._ctu: Any = None  # transformers.utils.chat_template_utils, on the direct path
+        self._steps: Any = None  # its plain-data and reasoning-alias steps, where it has them
         self._plain_tools: Any = None
         self._plain_kwargs: dict[str, Any] = {}
         self._globals: dict[str, Any] = {}
@@ -96,9 +100,13 @@ class ChatTemplate:
         compiled = ctu._compile_jinja_template(template)
         if compiled.environment.is_async:
             return
-        self._plain_tools = ctu._plain_template_data(self.tools)
-        self._plain_kwargs = ctu._plain_template_data({**tok.special_tokens_map, **self.kwargs})
-        self._compiled, self._ctu = compiled, ctu
+        if hf.steps is None and not all(isinstance(t, dict) for t in self.tools or ()):
+            return  # 5.12 turns a callable tool into its schema per call
+        self._steps = hf.steps
+        plain = hf.steps[0] if hf.steps else _same
+        self._plain_tools = plain(self.tools)
+        self._plain_kwargs = plain({**tok.special_tokens_map, **self.kwargs})
+        self._compiled = compiled
         self._globals = dict(compiled.globals)  # jinja's Template.new_context: per call
         if not all(self._agrees(probe, gen) for probe in _probes() for gen in (False, True)):
             log.debug("chat template fast path off: a probe renders otherwise")
@@ -134,8 +142,12 @@ class ChatTemplate:
             raise ValueError(
                 "Cannot apply chat template to an empty conversation. Provide at least one message."
             )
-        ctu, t = self._ctu, self._compiled
-        chat = ctu._alias_reasoning_fields([_plain_message(m, ctu) for m in messages])
+        t = self._compiled
+        if self._steps is None:  # transformers 5.12: the messages as they are
+            chat = messages
+        else:
+            plain, alias = self._steps
+            chat = alias([_plain_message(m, plain) for m in messages])
         # jinja's Template.render(messages=…, tools=…, documents=…, add_generation_prompt=…,
         # **kwargs), its globals (a ChainMap it flattens every call) flattened once
         context = {**self._globals, "messages": chat, "tools": self._plain_tools,
@@ -149,10 +161,13 @@ class ChatTemplate:
             env.handle_exception()  # raises, as Template.render does
 
 
-def _plain_message(msg: dict[str, Any], ctu: Any) -> dict[str, Any]:
+def _same(x: Any) -> Any:
+    return x
+
+
+def _plain_message(msg: dict[str, Any], plain: Any) -> dict[str, Any]:
     """transformers' `_plain_template_data` of a message with its None-valued keys dropped; a
     value of an exact JSON scalar type is its own plain copy (the common case, skipped)."""
-    plain = ctu._plain_template_data
     return {
         plain(k): v if type(v) in _JSON_SCALARS else plain(v)
         for k, v in msg.items()
