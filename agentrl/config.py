@@ -383,7 +383,8 @@ def training_checks(cfg: Config) -> list[str]:
     per_step = cfg.algo.ppo_epochs * cfg.algo.mini_batches  # optimizer steps: the lr schedule's
     warnings = signal_checks(r, cfg.learner, cfg.algo.advantage, cfg.trainer.steps, per_step)
     warnings += kl_checks(cfg.algo.loss)
-    critic_checks(cfg.learner, cfg.algo.critic.lr, cfg.algo.uses_critic())
+    uses, c = cfg.algo.uses_critic(), cfg.algo.critic
+    warnings += critic_checks(cfg.learner, c.lr, c.warmup_steps, uses, cfg.trainer.steps, per_step)
     if r.top_p < 1.0 or r.top_k > 0:
         warnings.append(
             f"rollout.top_p={r.top_p:g} / rollout.top_k={r.top_k}: the engine samples from a "

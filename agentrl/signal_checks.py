@@ -107,6 +107,47 @@ def schedule_checks(lc: LearnerConfig, steps: int, per_step: int) -> list[str]:
     return warnings
 
 
+# a critic still warming up past this share of the run's optimizer steps leaves the policy
+# training on values near the untrained head's for most of the run
+CRITIC_WARMUP_SHARE = 0.5
+
+
+def critic_schedule_checks(
+    lc: LearnerConfig, warmup: int | None, lr: float | None, steps: int, per_step: int
+) -> list[str]:
+    """The critic's own lr (algo.critic.lr, None: learner.lr) and warm-up
+    (algo.critic.warmup_steps, None: learner.warmup_steps) against the run's optimizer steps,
+    as `schedule_checks` does the policy's: the critic steps once per mini-batch with the
+    policy. GAE's advantages are the rewards minus the critic's values, so a critic that cannot
+    train makes the policy learn from an untrained head's noise, every chart but critic/* as
+    usual."""
+    total = steps * per_step
+    if (lr if lr is not None else lc.lr) == 0:
+        return [
+            "algo.critic.lr=0 (or learner.lr=0 inherited): the critic never trains, so every "
+            "advantage is the reward minus an untrained head's value. Set algo.critic.lr"
+        ]
+    name = f"algo.critic.warmup_steps={warmup}"
+    if warmup is None:
+        warmup = lc.warmup_steps
+        name = f"learner.warmup_steps={warmup} (the critic's: algo.critic.warmup_steps unset)"
+    if warmup < CRITIC_WARMUP_SHARE * total:
+        return []
+    when = (
+        "is still warming up from 0 when the run ends"
+        if warmup >= total
+        else f"reaches its lr only after {warmup / total:.0%} of the run (trainer step "
+        f"{warmup // per_step + 1} of {steps})"
+    )
+    return [
+        f"{name} of the run's {total} optimizer steps (trainer.steps={steps} x "
+        f"{per_step} a step): the critic's learning rate {when}, so its values stay near their "
+        "untrained start and the policy trains on advantages (reward minus value) that are "
+        f"mostly the untrained head's noise. Set algo.critic.warmup_steps={total // 20} or "
+        "fewer (a few percent of the run), or 0"
+    ]
+
+
 def kl_checks(loss: LossConfig) -> list[str]:
     """A warning when algo.loss.kl_coef is so large that the KL to the reference, not the
     reward, decides the update (LARGE_KL_COEF says why the bar is 1)."""
@@ -129,13 +170,24 @@ def kl_checks(loss: LossConfig) -> list[str]:
     ]
 
 
-def critic_checks(lc: LearnerConfig, critic_lr: float | None, uses_critic: bool) -> None:
+def critic_checks(
+    lc: LearnerConfig,
+    critic_lr: float | None,
+    critic_warmup: int | None,
+    uses_critic: bool,
+    steps: int,
+    per_step: int,
+) -> list[str]:
     """A LoRA policy's learner.lr is an adapter's rate (about 5-100x a full fine-tune's), but
-    the critic trains every parameter of its backbone: it must not inherit that rate unasked."""
-    if uses_critic and lc.lora.rank > 0 and critic_lr is None:
+    the critic trains every parameter of its backbone: it must not inherit that rate unasked.
+    Warnings: a critic whose lr or warm-up keeps it untrained (`critic_schedule_checks`)."""
+    if not uses_critic:
+        return []
+    if lc.lora.rank > 0 and critic_lr is None:
         raise ConfigError(
             f"learner.lora.rank={lc.lora.rank} with a critic (algo=ppo): the critic trains "
             f"every parameter, and algo.critic.lr defaults to learner.lr={lc.lr:g}, a rate for "
             "adapters; set algo.critic.lr to a full fine-tune's rate (e.g. the model's usual "
             "learner.lr)"
         )
+    return critic_schedule_checks(lc, critic_warmup, critic_lr, steps, per_step)

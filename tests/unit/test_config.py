@@ -459,3 +459,25 @@ def test_more_mini_batches_than_a_steps_episodes_is_refused_before_the_run(tmp_p
     assert training_checks(compose([*small, "algo.mini_batches=8"])) == []
     multi = ["rollout.thinking=template", "rollout.max_turns=4"]  # sequences >= episodes
     assert training_checks(compose([*small, *multi, "algo=ppo", "algo.mini_batches=8"])) == []
+
+
+def test_a_critic_warm_up_that_outlasts_most_of_the_run_is_named():
+    """PPO's advantages are rewards minus the critic's values: algo.critic.warmup_steps=1000 on
+    a 200-optimizer-step run kept the critic near its untrained start to the end, and the policy
+    trained on its noise without a word (only learner.warmup_steps was checked)."""
+    from agentrl.config import training_checks
+
+    run = ["algo=ppo", "trainer.steps=100", "trainer.tasks_per_step=2"]  # ppo: 2 mini-batches
+    (w,) = training_checks(compose([*run, "algo.critic.warmup_steps=1000"]))
+    assert "algo.critic.warmup_steps=1000 of the run's 200 optimizer steps" in w, w
+    assert "still warming up from 0 when the run ends" in w and "warmup_steps=10 or" in w
+    (w,) = training_checks(compose([*run, "algo.critic.warmup_steps=150"]))
+    assert "only after 75% of the run (trainer step 76 of 100)" in w, w
+    (w,) = training_checks(compose([*run, "learner.warmup_steps=120"]))  # inherited
+    assert w.startswith("learner.warmup_steps=120 (the critic's: algo.critic")
+    assert training_checks(compose([*run, "algo.critic.warmup_steps=20"])) == []
+    assert training_checks(compose([*run, "learner.warmup_steps=120",
+                                    "algo.critic.warmup_steps=10"])) == []  # fmt: skip
+    (w,) = training_checks(compose([*run, "algo.critic.lr=0"]))
+    assert "the critic never trains" in w
+    assert training_checks(compose(["trainer.steps=4", "algo.critic.warmup_steps=1000"])) == []
