@@ -15,9 +15,9 @@ the engine and the trainer disagreeing on logprobs (`warn_logprob_gap`; async: a
 learner memory at its limit, tasks whose first prompt leaves no room for a turn (once per task),
 a KL penalty in the reward (kl_mode=reward) that outweighs the reward's spread, and a rollout
 correction (mis) that masks most tokens, each for `no_signal_steps` steps in a row. Every
-warning goes to the log, the console and the tracker's alerts; its text comes from a pure function of the step's trajectories or metrics (`crashed`,
-`off_version`, `ignored_turn_rewards`, `prompt_overflows`, `engine_gap`, `memory_edge`,
-`kl_drowns`, `mis_masks`).
+warning goes to the log, the console and the tracker's alerts; its text comes from a pure
+function of the step's trajectories (`crashed`, `off_version`, `ignored_turn_rewards`,
+`prompt_overflows`) or of the update's metrics (agentrl/update_health.py).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from agentrl.batch import trainable
 from agentrl.display import SHOWN
 from agentrl.metrics import ToolWatch
 from agentrl.types import TRUNCATED_STOPS, StopReason, TrainingError, Trajectory
+from agentrl.update_health import engine_gap, kl_drowns, memory_edge, mis_masks
 
 log = logging.getLogger(__name__)
 
@@ -87,90 +88,6 @@ def prompt_overflows(trajs: Sequence[Trajectory], known: set[str]) -> tuple[set[
         "with nothing to train on, and its reward still counts in reward/*. Raise "
         "rollout.max_context_tokens (and the servers' context length), or shorten or filter "
         "out these tasks' prompts. Said once per task"
-    )
-
-
-def engine_gap(metrics: dict[str, float], bar: float, step: int) -> str | None:
-    """The warning to give when the engine's logprobs of its own samples are further than `bar`
-    per token from the trainer's with the same weights (`train/logprob_diff`): the engine does
-    not serve the trained model. bar 0: not checked."""
-    gap = metrics.get("train/logprob_diff", 0.0)
-    if not bar or gap <= bar:
-        return None
-    return (
-        f"step {step}: the engine's logprobs of its own samples are {gap:.3f} per token from the "
-        f"trainer's with the same weights (trainer.guards.warn_logprob_gap={bar}): the engine does not "
-        "serve the trained model; check the last weight push (sync/*), the engine's dtype and "
-        "LoRA settings"
-    )
-
-
-def memory_edge(metrics: dict[str, float]) -> str | None:
-    """The warning to give when the policy's update ran at the edge of the GPU's memory: the
-    allocator had to free its cache and retry (`policy/alloc_retries`), which synchronises the
-    GPU each time and can cost seconds a step with nothing failing. Its advice depends on where:
-    forward/backward (activations) or the optimizer step (`policy/alloc_retries_optimizer`)."""
-    n = int(metrics.get("policy/alloc_retries", 0))
-    if n <= 0:
-        return None
-    in_opt = int(metrics.get("policy/alloc_retries_optimizer", 0))
-    where = (
-        f"{in_opt} of them in the optimizer step, after the activations were freed: smaller "
-        "micro-batches do not help there (the weights, gradients and Adam's moments are all on "
-        "the GPU then); give the engine less (--mem-fraction-static) or use more learner ranks"
-        if in_opt
-        else "all in forward/backward: lower learner.micro_batch_tokens, set "
-        "learner.activation_checkpointing=on, or give the engine less (--mem-fraction-static) "
-        "or the learner more (learner.offload)"
-    )
-    return (
-        f"the learner's CUDA allocator ran out of cached memory {n} time(s) in this update and "
-        f"retried after emptying its cache (a synchronisation each time: slow, not failed); {where}"
-    )
-
-
-KL_DROWNS = 10.0  # kl_mode=reward: a penalty an episode this many times the rewards' spread
-
-
-def kl_drowns(metrics: dict[str, float]) -> str | None:
-    """kl_mode=reward: the warning to give when the KL penalty an episode carries
-    (`train/kl_reward_penalty`: summed over its tokens, mean) is more than KL_DROWNS times the
-    spread of the step's rewards (`reward/std`): the advantages then rank the episodes by their
-    KL to the reference more than by their reward. None otherwise (no penalty, or one reward for
-    every episode: `watch_one_reward`'s case)."""
-    penalty = abs(metrics.get("train/kl_reward_penalty", 0.0))
-    spread = metrics.get("reward/std", 0.0)
-    if not spread > 0 or not penalty > KL_DROWNS * spread:
-        return None
-    return (
-        f"the KL penalty (algo.loss.kl_mode=reward) took {penalty:.3g} from each episode's reward, "
-        f"{penalty / spread:.0f}x the spread of the rewards (reward/std {spread:.3g}): the "
-        "advantages follow the KL to the reference, not the reward, so the policy is held near "
-        "the reference whatever it earns. Lower algo.loss.kl_coef (the penalty is summed over "
-        "every sampled token), or use kl_mode=loss"
-    )
-
-
-MIS_MASKS_MOST = 0.5  # rollout_correction=mis: a step whose masked share of tokens is past this
-
-
-def mis_masks(metrics: dict[str, float]) -> str | None:
-    """rollout_correction=mis: the warning to give when the correction masked most of the
-    sampled tokens (`policy/is_masked_frac`): their weight pi_trainer / pi_engine fell outside
-    [mis_low, mis_high], so they get no gradient whatever their advantage. Neither the no-signal
-    warning (the advantages are not 0) nor the logprob gap (its bar is 0.1 a token; async: off)
-    saw an audit's run with mis_low=0.99, mis_high=1.01 train on a few tokens a step."""
-    share = metrics.get("policy/is_masked_frac", 0.0)
-    if not share > MIS_MASKS_MOST:
-        return None
-    gap = metrics.get("policy/rollout_logprob_diff", metrics.get("train/logprob_diff", 0.0))
-    return (
-        f"the rollout correction (algo.loss.rollout_correction=mis) masked {share:.0%} of the "
-        "sampled tokens: their weight pi_trainer / pi_engine fell outside [algo.loss.mis_low, "
-        f"algo.loss.mis_high] (the mean |log gap| is {gap:.3g} a token), so they get no gradient "
-        "whatever their advantage. Widen the bounds (0.5 and 2 are usual) or use "
-        "rollout_correction=tis; in async mode lower trainer.async.max_staleness; in sync mode "
-        "a large gap means the engine does not serve the trainer's weights (sync/*)"
     )
 
 

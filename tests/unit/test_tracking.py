@@ -339,7 +339,7 @@ def test_segments_must_cover_their_turn(qwen_tokenizer):
 
 def test_an_update_at_the_memory_edge_is_warned_about_and_documented():
     import agentrl.metrics
-    from agentrl.guards import memory_edge
+    from agentrl.update_health import memory_edge
 
     assert memory_edge({"policy/alloc_retries": 0.0}) is None
     assert memory_edge({}) is None  # a CPU learner never reports retries
