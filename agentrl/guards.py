@@ -8,7 +8,9 @@ Counters, each with its stop or warning (`Limits`, from `trainer.guards.*`):
   `no_signal_steps` such steps in a row (`watch_signal`); dynamic sampling drops such groups
   (`keep`);
 - optimizer steps with a non-finite loss or gradient: `max_skipped_steps` in a row stop the run,
-  and `SKIP_SHARE` of the last `SKIP_WINDOW` (not in a row) are warned (`count_skip`).
+  and `SKIP_SHARE` of the last `SKIP_WINDOW` (not in a row) are warned (`count_skip`);
+- optimizer steps that learner.grad_clip scales down over 100x, or whose PPO clip holds most
+  tokens: `STARVED_SHARE` of the last `SKIP_WINDOW` are warned once (`after_optimizer_step`).
 And warnings: a tool failing on most of its calls (`metrics.ToolWatch`), per-turn rewards the
 reward level ignores (once per run), sync turns sampled by other weights than the last push's,
 the engine and the trainer disagreeing on logprobs (`warn_logprob_gap`; async: any staleness),
@@ -35,7 +37,18 @@ from agentrl.batch import trainable
 from agentrl.display import SHOWN
 from agentrl.metrics import ToolWatch
 from agentrl.types import TRUNCATED_STOPS, StopReason, TrainingError, Trajectory
-from agentrl.update_health import engine_gap, kl_drowns, memory_edge, mis_masks
+from agentrl.update_health import (
+    CLIP_SHRINKS,
+    CLIPPED_MOST,
+    clip_discards,
+    clip_shrink,
+    clip_starves,
+    clipped_share,
+    engine_gap,
+    kl_drowns,
+    memory_edge,
+    mis_masks,
+)
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +172,8 @@ def no_signal_cause(
 
 @dataclass(frozen=True)
 class Limits:
-    """The `trainer.guards.*` settings the guards apply (agentrl/trainer_config.py)."""
+    """The `trainer.guards.*` settings the guards apply (agentrl/trainer_config.py), and
+    learner.grad_clip, which the updates' gradient norms are held against (0: no clipping)."""
 
     max_aborted_frac: float
     max_empty_steps: int
@@ -167,11 +181,15 @@ class Limits:
     max_skipped_steps: int
     warn_logprob_gap: float
     warn_tool_fail_rate: float
+    grad_clip: float = 0.0
 
 
 # skipped optimizer steps that alternate with good ones never make `max_skipped_steps` in a
 # row: up to half the updates could be dropped with only train/skipped to show it
 SKIP_WINDOW, SKIP_SHARE = 10, 0.3
+# in the same window, optimizer steps the gradient clip shrinks to almost nothing, or whose PPO
+# clip holds most tokens: this share of them is a pattern, warned once per run
+STARVED_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -201,6 +219,12 @@ class Guards:
         self.skipped_in_a_row = skipped_in_a_row  # optimizer steps with a non-finite loss
         self.recent_skips: collections.deque[bool] = collections.deque(maxlen=SKIP_WINDOW)
         self.steps_since_skip_warning = SKIP_WINDOW
+        self.clip_shrinks: dict[str, collections.deque[float]] = {  # per role: how many times
+            role: collections.deque(maxlen=SKIP_WINDOW)  # grad_clip scaled each step down
+            for role in ("policy", "critic")
+        }
+        self.clipped: collections.deque[float] = collections.deque(maxlen=SKIP_WINDOW)
+        self.warned_updates: set[str] = set()  # the once-per-run update warnings given
         self.empty_in_a_row = 0  # steps with nothing to train on
         self.no_signal_in_a_row = 0  # steps where no group carried gradient
         self.one_reward_in_a_row = 0  # steps that carried gradient while every reward was one
@@ -367,6 +391,32 @@ class Guards:
         return ok
 
     # -- after the update ----------------------------------------------------------------------
+
+    def after_optimizer_step(self, out: dict[str, float]) -> None:
+        """One optimizer step's metrics (`<role>/*`): non-finite steps (`count_skip`); and, once
+        per run each, updates that learner.grad_clip scales down more than CLIP_SHRINKS times
+        (policy or critic) or whose PPO clip holds more than CLIPPED_MOST of the tokens, in
+        STARVED_SHARE of the last SKIP_WINDOW optimizer steps: a run that looks healthy and
+        learns (almost) nothing."""
+        self.count_skip(out)
+        clip = self.limits.grad_clip
+        for role, shrinks in self.clip_shrinks.items():
+            if f"{role}/grad_norm" in out:
+                shrinks.append(clip_shrink(out, role, clip))
+            if self.starved(f"{role} clip", [s > CLIP_SHRINKS for s in shrinks]):
+                self.warn("updates shrunk by grad_clip", clip_starves(role, clip, shrinks))
+        if (share := clipped_share(out)) is not None:
+            self.clipped.append(share)
+        if self.starved("ppo clip", [s > CLIPPED_MOST for s in self.clipped]):
+            self.warn("PPO clip discards most tokens", clip_discards(self.clipped))
+
+    def starved(self, name: str, recent: list[bool]) -> bool:
+        """Whether the update warning `name` is due: not given yet, and true of STARVED_SHARE
+        of the last SKIP_WINDOW optimizer steps (`recent`)."""
+        if name in self.warned_updates or sum(recent) < STARVED_SHARE * SKIP_WINDOW:
+            return False
+        self.warned_updates.add(name)
+        return True
 
     def count_skip(self, out: dict[str, float]) -> None:
         """One optimizer step's metrics: `max_skipped_steps` non-finite ones in a row stop."""

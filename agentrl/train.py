@@ -285,7 +285,7 @@ class Trainer:
                 if critic is not None:
                     out.update(critic.train_step(per_rank, "value_clip", algo.loss))
                 steps.append(out)
-                self.guards.count_skip(out)
+                self.guards.after_optimizer_step(out)
         out = mean_over_steps(steps)
         out["train/optimizer_steps"] = float(len(steps))
         out["train/skipped_steps_in_a_row"] = float(self.guards.skipped_in_a_row)
@@ -371,8 +371,8 @@ def make_guards(
 ) -> Guards:
     """The run's health checks, with the `trainer.guards.*` limits and the run's signal rule."""
     g = cfg.trainer.guards
-    limits = Limits(g.max_aborted_frac, g.max_empty_steps, g.no_signal_steps,
-                    g.max_skipped_steps, g.warn_logprob_gap, g.warn_tool_fail_rate)  # fmt: skip
+    limits = Limits(g.max_aborted_frac, g.max_empty_steps, g.no_signal_steps, g.max_skipped_steps,
+                    g.warn_logprob_gap, g.warn_tool_fail_rate, cfg.learner.grad_clip)  # fmt: skip
     signal = Signal(cfg.algo.advantage, cfg.algo.kl_in_reward(), truncation or Truncation())
     return Guards(limits, signal, console, alert, skipped_in_a_row)
 

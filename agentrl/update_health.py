@@ -3,9 +3,14 @@ or a trainer step's mean over them) to a warning's text, None when there is noth
 `guards.Guards` counts, keeps the streaks and windows, and warns; these only read numbers:
 the engine's logprobs far from the trainer's (`engine_gap`), learner memory at its limit
 (`memory_edge`), a KL reward penalty that outweighs the rewards (`kl_drowns`), a rollout
-correction that masks most tokens (`mis_masks`)."""
+correction that masks most tokens (`mis_masks`); and per optimizer step, updates that
+learner.grad_clip shrinks to almost nothing (`clip_shrink`, `clip_starves`) and a PPO clip that
+holds most tokens' ratios (`clipped_share`, `clip_discards`)."""
 
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
 
 
 def engine_gap(metrics: dict[str, float], bar: float, step: int) -> str | None:
@@ -89,4 +94,62 @@ def mis_masks(metrics: dict[str, float]) -> str | None:
         "whatever their advantage. Widen the bounds (0.5 and 2 are usual) or use "
         "rollout_correction=tis; in async mode lower trainer.async.max_staleness; in sync mode "
         "a large gap means the engine does not serve the trainer's weights (sync/*)"
+    )
+
+
+CLIP_SHRINKS = 100.0  # learner.grad_clip scaling an update down more than this: it barely moves
+
+
+def clip_shrink(out: dict[str, float], role: str, clip: float) -> float:
+    """How many times learner.grad_clip scaled `role`'s update down in one optimizer step: its
+    gradient norm before the clip (`<role>/grad_norm`: torch's clip_grad_norm_ returns the norm
+    it clipped from, learner/optim.py) over the clip. 1 when the clip is off (0) or did not bite,
+    and for a step with a non-finite norm (skipped: `Guards.count_skip`'s case)."""
+    norm = out.get(f"{role}/grad_norm", 0.0)
+    if clip <= 0 or not math.isfinite(norm):
+        return 1.0
+    return max(norm / clip, 1.0)
+
+
+def clip_starves(role: str, clip: float, shrinks: Sequence[float]) -> str:
+    """The warning to give when learner.grad_clip scaled most of `role`'s recent updates down
+    more than CLIP_SHRINKS times (`shrinks`: the last optimizer steps' `clip_shrink`)."""
+    big = sorted(s for s in shrinks if s > CLIP_SHRINKS)
+    typical = big[len(big) // 2]
+    return (
+        f"learner.grad_clip={clip:g} scaled the {role}'s updates down {typical:.0f}x (median; "
+        f"the gradient norm before the clip was about {typical * clip:.3g}) in {len(big)} of "
+        f"the last {len(shrinks)} optimizer steps: each step moves the weights {typical:.0f}x "
+        "less than learner.lr says, so the run learns almost nothing while its loss and reward "
+        "charts look as usual. Raise learner.grad_clip to about the gradient norm's usual size "
+        "(1.0 is usual; 0 turns clipping off); if the norm itself is that large, lower learner.lr "
+        "and check the rewards' scale. Said once per run"
+    )
+
+
+CLIPPED_MOST = 0.5  # PPO clip: an optimizer step whose clipped share of the tokens is past this
+
+
+def clipped_share(out: dict[str, float]) -> float | None:
+    """The share of the sampled tokens whose ratio PPO's clip held in one optimizer step of the
+    policy (`pg_clipfrac_low` + `_high` + `_dual`, as train/clipfrac): on the side their
+    advantage pushes, so they get no gradient. None: the loss reports no clip."""
+    keys = [f"policy/pg_clipfrac_{side}" for side in ("low", "high", "dual")]
+    if not any(k in out for k in keys):
+        return None
+    return sum(out.get(k, 0.0) for k in keys)
+
+
+def clip_discards(shares: Sequence[float]) -> str:
+    """The warning to give when PPO's clip held most tokens in most of the recent optimizer
+    steps (`shares`: their `clipped_share`)."""
+    big = [s for s in shares if s > CLIPPED_MOST]
+    return (
+        f"PPO's clip held the ratio of {sum(big) / len(big):.0%} of the sampled tokens (mean; "
+        f"train/clipfrac) in {len(big)} of the last {len(shares)} optimizer steps: those tokens "
+        "get no gradient, so most of each update is discarded. Likely causes: learner.lr too "
+        "high (the policy leaves [1 - algo.loss.clip_low, 1 + algo.loss.clip_high] within a "
+        "step), too many optimizer steps on one batch (algo.ppo_epochs x algo.mini_batches), or "
+        "in async mode stale rollouts (lower trainer.async.max_staleness; with "
+        "algo.loss.ratio=engine the ratio's denominator is the old engine's). Said once per run"
     )
