@@ -38,8 +38,9 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Header, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from agentrl.sandbox.admission import Busy
 from agentrl.sandbox.base import ExecResult
-from agentrl.sandbox.service import LANGUAGES, Busy, ExecService, until_disconnect
+from agentrl.sandbox.service import LANGUAGES, ExecService, until_disconnect
 
 ENVD_VERSION = "0.4.0"
 _TB_HEAD = "Traceback (most recent call last):"

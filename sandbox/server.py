@@ -41,10 +41,11 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 import agentrl
+from agentrl.sandbox.admission import Busy
 from agentrl.sandbox.base import ExecResult, die_with_parent
 from agentrl.sandbox.config import ServerConfig
 from agentrl.sandbox.e2b_compat import install as install_e2b_routes
-from agentrl.sandbox.service import Busy, ExecService, until_disconnect
+from agentrl.sandbox.service import ExecService, until_disconnect
 from agentrl.sandbox.worker import WorkerStartError
 
 log = logging.getLogger("agentrl.sandbox.server")

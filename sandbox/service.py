@@ -4,10 +4,8 @@
 session call runs in the worker bound to its key (started on the first call, kept until
 `close_session`, its idle lease `session_ttl_s` expiring, its processes passing `session_cpu_s`
 (its cgroup's CPU, read each second), or a call that had to kill it).
-At most `max_running` one-shot calls and as many session calls run at once, apart (sessions
-holding all of theirs never make a grader's one-shot call wait); up to `max_queue` more wait;
-beyond that `run` raises `Busy` at once (HTTP 503 + Retry-After) instead of growing without
-bound. See `sandbox/isolation.py` for what a worker can and cannot reach.
+Admission (how many calls run and wait, and when one is told busy) is `sandbox/admission.py`.
+See `sandbox/isolation.py` for what a worker can and cannot reach.
 
 Within a session, a call past its wall time or CPU seconds is interrupted and the interpreter
 kept when the code lets itself be interrupted (a MemoryError is an ordinary exception too); when
@@ -42,6 +40,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentrl.sandbox.admission import Admission, Busy
 from agentrl.sandbox.base import ExecResult
 from agentrl.sandbox.cgroups import CgroupRoot
 from agentrl.sandbox.config import ServerConfig
@@ -83,14 +82,6 @@ def _usage(w: Worker, what: str) -> int:
     return cg.memory_used() if what == "memory" else cg.tasks()
 
 
-class Busy(Exception):
-    """Every slot is taken and the queue is full; retry after `retry_after` seconds."""
-
-    def __init__(self, message: str, retry_after: float = 1.0) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
 @dataclass
 class Session:
     key: str
@@ -117,10 +108,11 @@ class ExecService:
         self.pool: WorkerPool | None = None
         self._image_pools: dict[str, WorkerPool] = {}  # one per configured image (bwrap only)
         self._probe_port = probe_port or cfg.port
-        # one-shot calls (a grader's) and session calls each have max_running slots of their own
-        self._sems = {kind: asyncio.Semaphore(cfg.max_running) for kind in ("oneshot", "session")}
-        self._waiting = 0
-        self._running = 0
+        self.counters = {
+            "runs": 0, "busy": 0, "session_resets": 0, "expired": 0, "evicted": 0,
+            "session_cpu": 0, "refused_code": 0,
+        }  # fmt: skip
+        self.admission = Admission(cfg, self.counters)  # running slots and the queue
         self._sessions: dict[str, Session] = {}
         # keys of sessions that ended without being closed -> (why, the limit their next call
         # reports: "memory"/"processes" for an eviction, None for an expired lease)
@@ -132,10 +124,6 @@ class ExecService:
         self._workdir: Path | None = None
         self._cgroups: CgroupRoot | None = None
         self.total_memory = 0
-        self.counters = {
-            "runs": 0, "busy": 0, "session_resets": 0, "expired": 0, "evicted": 0,
-            "session_cpu": 0, "refused_code": 0,
-        }  # fmt: skip
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -259,38 +247,15 @@ class ExecService:
 
     @contextlib.asynccontextmanager
     async def _slot(self, kind: str) -> AsyncIterator[float]:
-        """A running slot of `kind` ("oneshot" or "session"); yields the seconds the call waited
-        (`ExecResult.queue_s`: the service's time, never the code's). Busy at once when the
-        queue is full, after `max_queue_wait_s` in it. Before a call is admitted, sandboxes that
-        pushed the service past its memory or process mark are evicted (`_reclaim`)."""
-        sem = self._sems[kind]
-        if sem.locked() and self._waiting >= self.cfg.max_queue:
-            self.counters["busy"] += 1
-            raise Busy(
-                f"sandbox busy: {self.cfg.max_running} running and {self._waiting} waiting "
-                f"(max_queue={self.cfg.max_queue})"
-            )
+        """A running slot of `kind` (`Admission.slot`); yields the seconds the call waited
+        (`ExecResult.queue_s`: the service's time, never the code's). Before a call is admitted,
+        sandboxes that pushed the service past its memory or process mark are evicted
+        (`_reclaim`)."""
         t0 = time.monotonic()
+        self.admission.refuse_if_full(kind)
         await self._reclaim()
-        self._waiting += 1
-        try:
-            if sem.locked():
-                await asyncio.wait_for(sem.acquire(), self.cfg.max_queue_wait_s)
-            else:  # take the free slot now, before the next request looks at the count
-                await sem.acquire()
-        except TimeoutError:
-            self.counters["busy"] += 1
-            raise Busy(
-                f"sandbox busy: no slot within max_queue_wait_s={self.cfg.max_queue_wait_s:g}"
-            ) from None
-        finally:
-            self._waiting -= 1
-        self._running += 1
-        try:
+        async with self.admission.slot(kind):
             yield time.monotonic() - t0
-        finally:
-            self._running -= 1
-            sem.release()
 
     def _pressure(self, mark: float) -> tuple[str, int, int] | None:
         """(resource, used, cap) of the first service-wide cap past `mark` of it, else None."""
@@ -555,8 +520,8 @@ class ExecService:
             "limits": self.lim.model_dump(),
             "pool": self.pool.stats() if self.pool else {},
             "images": {name: pool.stats() for name, pool in self._image_pools.items()},
-            "running": self._running,
-            "waiting": self._waiting,
+            "running": self.admission.running,
+            "waiting": self.admission.waiting,
             "sessions": len(self._sessions),
             "max_running": self.cfg.max_running,
             "memory_mb": {"used": (u or 0) >> 20, "total": self.total_memory >> 20}
