@@ -33,6 +33,9 @@ comes back in the ExecResult.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, field_validator
@@ -49,6 +52,33 @@ def die_with_parent() -> None:
 
     if sys.platform.startswith("linux"):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+_GRADING: ContextVar[bool] = ContextVar("agentrl_sandbox_grading", default=False)
+
+
+@contextlib.contextmanager
+def grading() -> Iterator[None]:
+    """The sandbox calls made inside (and in the tasks started inside) are a grader's, a
+    reward's, not the policy's: the local service's client runs their one-shot calls in a lane
+    of their own (its own calls in flight, and its own slots and queue on the service), so the
+    policy's own stateless calls, however many, never make a reward wait or answer busy.
+    `sandbox.grader.grade` grades so; a reward that calls `sandbox.run` itself can too:
+
+        with grading():
+            res = await sandbox.run(test_program, timeout=10.0)
+
+    Backends without lanes (subprocess, e2b, yours) run the calls as any other."""
+    token = _GRADING.set(True)
+    try:
+        yield
+    finally:
+        _GRADING.reset(token)
+
+
+def is_grading() -> bool:
+    """Whether the current call is made under `grading()`."""
+    return _GRADING.get()
 
 
 class SandboxUnavailable(RuntimeError):

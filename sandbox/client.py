@@ -34,7 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 
-from agentrl.sandbox.base import ExecResult, SandboxUnavailable
+from agentrl.sandbox.base import ExecResult, SandboxUnavailable, is_grading
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,9 @@ class ServiceSandbox:
         self._images: dict[str, str] = {}  # session -> image (use_image)
         self._http: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._sem = asyncio.Semaphore(max_concurrency)
+        # calls in flight, per lane: a grader's one-shot calls (`base.grading`) never wait for
+        # the policy's, which can hold all of theirs waiting in the service's queue
+        self._sems = {lane: asyncio.Semaphore(max_concurrency) for lane in ("tool", "grader")}
         self._owner = owner  # e.g. a LocalService started for us; stopped in aclose()
         self.max_restarts = max_restarts
         self.restarts = 0
@@ -93,7 +95,7 @@ class ServiceSandbox:
             self._http = aiohttp.ClientSession(
                 headers=self._headers,
                 connector=aiohttp.TCPConnector(
-                    limit=self._max_concurrency, limit_per_host=0, keepalive_timeout=2.0
+                    limit=2 * self._max_concurrency, limit_per_host=0, keepalive_timeout=2.0
                 ),
             )
             self._loop = loop
@@ -108,14 +110,18 @@ class ServiceSandbox:
         image: str | None = None,
     ) -> ExecResult:
         """Run one call; in `image` when given, else in the image `use_image` bound to the
-        session (None: the host-view sandbox)."""
+        session (None: the host-view sandbox). A one-shot call made under `base.grading()` goes
+        in the grader's lane, here and on the service."""
         key = session_key(session) if session is not None else None
         image = image or (self._images.get(session) if session is not None else None)
         body = {"code": code, "language": language, "timeout": timeout, "session": key}
         if image is not None:
             body["image"] = image
+        lane = "grader" if key is None and is_grading() else "tool"
+        if lane == "grader":
+            body["lane"] = lane
         one_at_a_time = self._session_locks.setdefault(key, asyncio.Lock()) if key else None
-        async with one_at_a_time or contextlib.nullcontext(), self._sem:
+        async with one_at_a_time or contextlib.nullcontext(), self._sems[lane]:
             status, text = await self._post(
                 "/v1/run", body, timeout + CALL_MARGIN_S, replay=session is None, session=key
             )

@@ -45,12 +45,16 @@ class ServerConfig(BaseModel):
     max_running: int = Field(
         512,
         ge=1,
-        description="one-shot calls running at once, and as many session calls (apart, so "
-        "sessions never make a grader's one-shot call busy). A sleeping call holds one, so keep "
+        description="the policy's one-shot calls running at once, as many session calls, and "
+        "as many grader calls (each kind apart, with a queue of its own: sandbox/admission.py; "
+        "so neither sessions nor a flood of stateless tool calls make a reward's call busy). A "
+        "sleeping call holds one, so keep "
         "it far above the CPU count: the kernel shares the CPUs, the service cgroup caps memory "
         "and processes. A trainer's service needs it >= max_sessions (full_load_problem)",
     )
-    max_queue: int = Field(256, ge=0, description="calls waiting for a slot; beyond: 503 busy")
+    max_queue: int = Field(
+        256, ge=0, description="calls of each kind waiting for a slot; beyond: 503 busy"
+    )
     max_queue_wait_s: float = Field(
         20.0, gt=0, description="a call that waited this long for a slot gets 503 busy (not run)"
     )

@@ -8,7 +8,8 @@
     await grade(sandbox, stdin_program, [IOTest(stdin="3 4\\n", expected="7\\n")])
 
 How a test runs: each test is its own one-shot sandbox call (on the local service: a fresh
-worker with its own /tmp, PID namespace and cgroup, killed afterwards). In it a harness starts
+worker with its own /tmp, PID namespace and cgroup, killed afterwards, in the grader's lane:
+`base.grading`, so the policy's own calls never make it wait or busy). In it a harness starts
 the solution as a fresh interpreter, its child, which for a CallTest loads the solution and
 evaluates that one call. At `timeout_s` after the start (load and import included: there is no
 in-solution alarm to catch) the harness kills the child, then every process of the sandbox but
@@ -67,7 +68,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from agentrl.sandbox.base import ExecResult, Sandbox, SandboxUnavailable
+from agentrl.sandbox.base import ExecResult, Sandbox, SandboxUnavailable, grading
 from agentrl.sandbox.checks import CallTest, IOTest, asserts_to_tests, method_result
 from agentrl.sandbox.checks import same_value as _same
 
@@ -468,22 +469,23 @@ async def grade(
         raise ValueError("grade() takes either IOTest or CallTest items, not both")
     gate = asyncio.Semaphore(max(1, parallel))
     notes: list[list[str]] = [[] for _ in tests]
-    if batch and tests:
-        return await _grade_batched(sandbox, solution, tests, timeout_s, entry_point,
-                                    max_call_s, gate, files)  # fmt: skip
+    with grading():  # the grader's lane: the policy's own calls never make these wait
+        if batch and tests:
+            return await _grade_batched(sandbox, solution, tests, timeout_s, entry_point,
+                                        max_call_s, gate, files)  # fmt: skip
 
-    async def one(i: int) -> Outcome:
-        async with gate:
-            return await _grade_one(
-                sandbox, solution, i, tests[i], timeout_s, entry_point, notes[i], files
-            )
+        async def one(i: int) -> Outcome:
+            async with gate:
+                return await _grade_one(
+                    sandbox, solution, i, tests[i], timeout_s, entry_point, notes[i], files
+                )
 
-    tasks = [asyncio.ensure_future(one(i)) for i in range(len(tests))]
-    try:
-        outcomes = await asyncio.gather(*tasks)
-    finally:  # one raised (SandboxUnavailable) or we were cancelled: stop the others
-        for t in tasks:
-            t.cancel()
+        tasks = [asyncio.ensure_future(one(i)) for i in range(len(tests))]
+        try:
+            outcomes = await asyncio.gather(*tasks)
+        finally:  # one raised (SandboxUnavailable) or we were cancelled: stop the others
+            for t in tasks:
+                t.cancel()
     passed = sum(o.passed for o in outcomes)
     flat = [n for per_test in notes for n in per_test]
     return GradeResult(passed=passed, total=len(outcomes), outcomes=outcomes, notes=flat)

@@ -4,7 +4,8 @@
     curl -s localhost:8470/health                       # isolation measured at start, pool, limits
     curl -s localhost:8470/v1/run -d '{"code": "print(6*7)"}' -H 'content-type: application/json'
 
-Routes: `POST /v1/run` {code, language="python"|"bash", timeout, session, image} -> ExecResult JSON;
+Routes: `POST /v1/run` {code, language="python"|"bash", timeout, session, image,
+lane="tool"|"grader" (a one-shot call's slots: sandbox/admission.py)} -> ExecResult JSON;
 `POST /v1/sessions/{key}/close`; `GET /health`; the e2b protocol under `/e2b`
 (sandbox/e2b_compat.py). A full service answers 503 with Retry-After (`{"error": "busy"}`);
 clients retry with backoff (sandbox/client.py). If `token` is set, every route but /health wants
@@ -33,7 +34,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
@@ -66,6 +67,7 @@ class RunRequest(BaseModel):
     timeout: float | None = Field(None, gt=0)
     session: str | None = Field(None, min_length=1, max_length=256)
     image: str | None = Field(None, min_length=1, max_length=128)
+    lane: Literal["tool", "grader"] = "tool"  # a one-shot call's slots (sandbox/admission.py)
 
 
 class BodyLimit:
@@ -155,7 +157,8 @@ def create_app(cfg: ServerConfig, port: int | None = None, on_ready=None) -> Fas
     @app.post("/v1/run", dependencies=[Depends(auth)])
     async def run(req: RunRequest, request: Request) -> ExecResult:
         return await until_disconnect(
-            request, svc.run(req.code, req.language, req.timeout, req.session, req.image)
+            request,
+            svc.run(req.code, req.language, req.timeout, req.session, req.image, req.lane),
         )
 
     @app.post("/v1/sessions/close", dependencies=[Depends(auth)])

@@ -215,7 +215,8 @@ class ExecService:
     def _uids(self) -> int:
         """Worker slots (one host uid each, reused FIFO): far more than can be alive at once."""
         cfg = self.cfg
-        return min(65_536, max(4096, 4 * (cfg.max_sessions + cfg.max_running + cfg.warm_workers)))
+        live = cfg.max_sessions + 2 * cfg.max_running + cfg.warm_workers  # tool + grader calls
+        return min(65_536, max(4096, 4 * live))
 
     async def _probe(self, pool: WorkerPool) -> dict:
         w = await pool.spawn()
@@ -354,18 +355,23 @@ class ExecService:
         timeout: float | None = None,
         session: str | None = None,
         image: str | None = None,
+        lane: str = "tool",
     ) -> ExecResult:
         """Run one call (see the module docstring), in `image` when given (a session keeps the
-        image of its first call). Raises Busy or ValueError."""
+        image of its first call); a one-shot call in `lane`'s slots ("tool": the policy's,
+        "grader": a reward's, `Admission`). Raises Busy or ValueError."""
         assert self.pool is not None, "ExecService.start() first"
         pool = self._pool_for(image)
         refused = self._check(code, language)
         timeout = self._timeout(timeout)
+        if lane not in ("tool", "grader"):
+            raise ValueError(f"unknown lane {lane!r}: use 'tool' (the default) or 'grader'")
         if refused is not None:
             return refused
         self.counters["runs"] += 1
         if session is None or language != "python":
-            return await self._oneshot(code, language, timeout, pool)
+            kind = "grader" if lane == "grader" else "oneshot"
+            return await self._oneshot(code, language, timeout, pool, kind)
         return await self._session_call(session, code, timeout, image)
 
     def _timeout(self, timeout: float | None) -> float:
@@ -384,9 +390,9 @@ class ExecService:
         return float(timeout)
 
     async def _oneshot(
-        self, code: str, language: str, timeout: float, pool: WorkerPool
+        self, code: str, language: str, timeout: float, pool: WorkerPool, kind: str
     ) -> ExecResult:
-        async with self._slot("oneshot") as queued_s:
+        async with self._slot(kind) as queued_s:
             w = await pool.acquire()
             self._oneshots.add(w)
             try:
@@ -522,6 +528,7 @@ class ExecService:
             "images": {name: pool.stats() for name, pool in self._image_pools.items()},
             "running": self.admission.running,
             "waiting": self.admission.waiting,
+            "lanes": self.admission.lanes(),
             "sessions": len(self._sessions),
             "max_running": self.cfg.max_running,
             "memory_mb": {"used": (u or 0) >> 20, "total": self.total_memory >> 20}

@@ -409,6 +409,23 @@ async def test_a_session_call_is_never_replayed_after_a_server_error(status: int
     assert res.stdout == "ok\n"
 
 
+async def test_only_a_graders_one_shot_calls_go_in_the_graders_lane() -> None:
+    """`grading()` marks the calls made inside it, and in the tasks started inside it (grade()
+    runs its tests as tasks), for the service's grader lane; a session call keeps its own."""
+    from agentrl.sandbox.base import grading, is_grading
+
+    async with FakeService([(200, OK)]) as fake:
+        sb = ServiceSandbox(fake.url)
+        await sb.run("tool()")
+        with grading():
+            await asyncio.gather(sb.run("graded()"), sb.run("state()", session="s1"))
+        assert not is_grading()
+        await sb.run("tool()")
+        await sb.aclose()
+    lanes = {json.loads(r)["code"]: json.loads(r).get("lane") for r in fake.requests}
+    assert lanes == {"tool()": None, "graded()": "grader", "state()": None}
+
+
 async def test_client_gives_up_with_sandbox_unavailable() -> None:
     async with FakeService([(503, BUSY)]) as fake:
         sb = ServiceSandbox(fake.url, retries=2, backoff_s=0.01, backoff_max_s=0.02)
