@@ -27,6 +27,7 @@ from agentrl.gateway.wire import (
     Choice,
     arguments_of,
     bad,
+    flag_of,
     function_tool,
     template_of,
     text_of,
@@ -38,6 +39,15 @@ UNSUPPORTED = {
     "as input (the gateway keeps training sequences, not conversations)",
     "conversation": "conversations are not supported: send the whole history as input",
     "prompt": "stored prompts are not supported",
+    # OpenAI queues a background response and the client polls GET /v1/responses/{id}. Not
+    # here: the gateway stores no responses (as for previous_response_id), and an episode's
+    # sampling must end within its request, so that the episode's close, budgets, weight
+    # pushes and cancellation (the agent gone) all hold it; a response answered whole with
+    # background: true would read as done to an SDK that polls, or as queued to one that does
+    # not. The agent gets the same answer by waiting on the plain request.
+    "background": "background responses are not supported: the gateway stores no responses "
+    "to retrieve later (GET /v1/responses/{id}); send background: false and wait for the "
+    "answer",
 }
 
 
@@ -46,7 +56,7 @@ def parse_responses_request(body: Any) -> ChatRequest:
         raise bad("the request body must be a JSON object")
     for key, why in UNSUPPORTED.items():
         if body.get(key):
-            raise bad(why, "unsupported_parameter")
+            raise bad(why, "unsupported_parameter", key)
     if body.get("stream"):
         raise bad(
             "streaming is not supported on /v1/responses: use stream=false, or chat "
@@ -90,6 +100,7 @@ def parse_responses_request(body: Any) -> ChatRequest:
         sampling=read_knobs(body),
         no_calls=choice == "none",
         template=template_of(None, effort),
+        parallel_calls=flag_of(body, "parallel_tool_calls", True),
     )
 
 
@@ -218,7 +229,7 @@ def response_body(req: ChatRequest, choice: Choice, usage: dict[str, int]) -> di
         "error": None,
         "model": req.model,
         "output": output,
-        "parallel_tool_calls": True,
+        "parallel_tool_calls": req.parallel_calls,
         "tool_choice": "none" if req.no_calls else "auto",
         "tools": [{"type": "function", **t["function"]} for t in req.tools],
         "usage": {

@@ -50,7 +50,7 @@ from agentrl.gateway.sampling import (
     refuse_other_template,
     sampling_params,
 )
-from agentrl.gateway.stop import cut_at_stop
+from agentrl.gateway.stop import CallCutError, cut_at_stop, cut_to_one_call
 from agentrl.gateway.wire import (
     ChatRequest,
     Choice,
@@ -67,7 +67,7 @@ from agentrl.parsers.base import split_reasoning
 from agentrl.render import Renderer, RenderError
 from agentrl.seeding import turn_seed
 from agentrl.sequence import record_turn
-from agentrl.types import FinishReason, Message, StopReason
+from agentrl.types import Completion, FinishReason, Message, StopReason
 
 log = logging.getLogger(__name__)
 
@@ -373,12 +373,16 @@ class Gateway:
             comp = await self.engine.generate(cap.seq.ids, params, key=ep.session)
             if ep.closed:  # the episode ended while this was sampling: nothing is recorded
                 raise WireError(401, "episode_over", "the episode ended during this request")
-            comp, cut = cut_at_stop(comp, req.stop, renderer, len(cap.seq.ids))
+            comp, cut = self._end(req, comp, renderer, len(cap.seq.ids))
             turn, said = record_turn(cap.seq, comp, renderer, self.parser, None,
                                      len(cap.seq.turns))  # fmt: skip
         except (EngineRequestError, EngineProtocolError, EngineUnavailable) as e:
             ep.undo(cap, plan)
             raise _engine_failed(ep, e) from e
+        except CallCutError as e:  # loud: two calls answered would break the request's flag
+            ep.undo(cap, plan)
+            ep.flag(StopReason.ABORTED, str(e))
+            raise WireError(500, "tool_call_cut", str(e), "parallel_tool_calls") from e
         except BaseException:
             ep.undo(cap, plan)
             raise
@@ -403,6 +407,18 @@ class Gateway:
             (turn.end - turn.start),
             cap,
         )
+
+    def _end(
+        self, req: ChatRequest, comp: Completion, renderer: Renderer, prompt_len: int
+    ) -> tuple[Completion, str | None]:
+        """Where the answer ends: at the request's first stop string, then, under
+        parallel_tool_calls false, after its first tool call; and the stop string that ended
+        it (None: the engine's own end, or the first call, ended it)."""
+        comp, cut = cut_at_stop(comp, req.stop, renderer, prompt_len)
+        if req.parallel_calls or req.no_calls or not req.tools:  # calls answered as text: all
+            return comp, cut
+        one = cut_to_one_call(comp, renderer, self.parser, prompt_len)
+        return (comp, cut) if one is None else (one, None)
 
     def _params(
         self, ep: EpisodeCapture, req: ChatRequest, plan: Plan, index: int, i: int

@@ -38,6 +38,9 @@ class ChatRequest:
     # reasoning_effort, chat_template_kwargs: the template's variables the request asked for;
     # the gateway renders with the run's (rollout.template_kwargs), so they must be those
     template: dict[str, Any] = field(default_factory=dict)
+    # parallel_tool_calls false: at most one tool call an answer, the turn's ids cut after the
+    # first (agentrl/gateway/stop.py: cut_to_one_call), so what is trained is what is answered
+    parallel_calls: bool = True
 
 
 ROLES = {
@@ -70,8 +73,8 @@ def parse_request(body: Any) -> ChatRequest:
     `chat_template_kwargs` must be the run's (`template_of`). Accepted and ignored on purpose,
     as they change nothing the model reads or samples: user, metadata, store, service_tier,
     safety_identifier, prompt_cache_key, prediction (a latency hint: OpenAI's answer is the
-    same without it), and parallel_tool_calls (every call the model wrote is answered, as
-    sampled: dropping one would answer the agent with other than what is trained)."""
+    same without it). `parallel_tool_calls: false` answers one tool call at most (the turn
+    ends after the first: `ChatRequest.parallel_calls`)."""
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
     for key, (why, nothing) in UNSUPPORTED.items():
@@ -105,9 +108,7 @@ def parse_request(body: Any) -> ChatRequest:
     if not (isinstance(stop, list) and len(stop) <= 4
             and all(isinstance(s, str) and 0 < len(s) <= 256 for s in stop)):  # fmt: skip
         raise bad("`stop` must be a string or a list of at most 4 non-empty strings (256 chars)")
-    stream = body.get("stream") or False
-    if not isinstance(stream, bool):  # "false" would stream
-        raise bad(f"`stream` must be true or false, got {json.dumps(stream)}")
+    stream = flag_of(body, "stream", False)
     options = body.get("stream_options") or {}
     return ChatRequest(
         messages=messages,
@@ -121,7 +122,18 @@ def parse_request(body: Any) -> ChatRequest:
         sampling=read_knobs(body),
         no_calls=choice == "none",
         template=template_of(body.get("chat_template_kwargs"), body.get("reasoning_effort")),
+        parallel_calls=flag_of(body, "parallel_tool_calls", True),
     )
+
+
+def flag_of(body: dict[str, Any], key: str, default: bool) -> bool:
+    """A true/false field (null: left out): "false" as text is truthy, and would stream."""
+    v = body.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad(f"`{key}` must be true or false, got {json.dumps(v)}", param=key)
+    return v
 
 
 def template_of(kwargs: Any, effort: Any) -> dict[str, Any]:
