@@ -1,7 +1,8 @@
 """OpenAI's Responses API (`POST /v1/responses`, the OpenAI Agents SDK's default), read into the
-same ChatRequest as a chat completion and answered as a `response` object. Non-streaming; the
-agent sends its whole history as `input` each time (no `previous_response_id`: the gateway
-keeps no conversations, it keeps training sequences).
+same ChatRequest as a chat completion and answered as a `response` object. Non-streaming and in the
+foreground (`background: true` is refused); the agent sends its whole history as `input` each
+time (no `previous_response_id`: the gateway keeps no conversations, it keeps training
+sequences).
 
 Input items become messages: `instructions` a system message first; message items by role
 (text parts only); `function_call` items the tool calls of the assistant turn they follow;
@@ -39,12 +40,12 @@ UNSUPPORTED = {
     "as input (the gateway keeps training sequences, not conversations)",
     "conversation": "conversations are not supported: send the whole history as input",
     "prompt": "stored prompts are not supported",
-    # OpenAI queues a background response and the client polls GET /v1/responses/{id}. Not
-    # here: the gateway stores no responses (as for previous_response_id), and an episode's
-    # sampling must end within its request, so that the episode's close, budgets, weight
-    # pushes and cancellation (the agent gone) all hold it; a response answered whole with
-    # background: true would read as done to an SDK that polls, or as queued to one that does
-    # not. The agent gets the same answer by waiting on the plain request.
+    # OpenAI queues a background response and the client polls GET /v1/responses/{id} for it.
+    # Refused, not answered whole as if in the foreground (an SDK that polls reads a response
+    # it cannot retrieve): the gateway stores no responses (as for previous_response_id), and
+    # a sample must stay inside its request, where the episode's close cancels it, budgets
+    # count it and an agent that goes away aborts it on the engine. A training agent waits for
+    # its answer anyway: the next turn needs it.
     "background": "background responses are not supported: the gateway stores no responses "
     "to retrieve later (GET /v1/responses/{id}); send background: false and wait for the "
     "answer",

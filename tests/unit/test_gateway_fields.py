@@ -85,3 +85,31 @@ def test_a_responses_reasoning_effort_other_than_the_runs_is_refused(tok):
     with pytest.raises(WireError) as e:
         asyncio.run(gw.complete(ep, req))
     assert e.value.param == "reasoning_effort" and ep.requests == 0
+
+
+def test_a_background_response_is_refused_naming_the_field(tok):
+    """`background: true` was answered in the foreground: an SDK that then polls
+    GET /v1/responses/{id} found no such response. The gateway stores none, so it is a 400
+    naming `background`, before anything is sampled; background false is the plain request."""
+    import httpx
+
+    async def go(background):
+        engine = CannedEngine(tok)
+        gw = Gateway(engine, tok, get_parser("hermes"))
+        url = await gw.start()
+        ep = gw.open("t", 0, "s")
+        try:
+            async with httpx.AsyncClient() as http:
+                r = await http.post(f"{url}/responses", json={"input": "hi",
+                                                              "background": background},
+                                    headers={"Authorization": f"Bearer {ep.key}"})  # fmt: skip
+        finally:
+            await gw.aclose()
+        return r, engine
+
+    r, engine = asyncio.run(go(True))
+    assert r.status_code == 400 and engine.calls == []
+    error = r.json()["error"]
+    assert error["param"] == "background" and "stores no responses" in error["message"]
+    r, _ = asyncio.run(go(False))
+    assert r.status_code == 200 and r.json()["status"] == "completed"
