@@ -13,7 +13,7 @@ rollout.temperature/top_p/top_k, the distribution the learner scores. A request'
                             an agent's fixed seed would give every sample of a group one answer
 
 Under rollout.gateway.sampling=request (`agentrl gateway`, previews) every one is honored: the
-engine's sampling_params (SGLang's; the dev server refuses the penalties, a 502 that says so).
+engine's sampling_params (SGLang's, which the dev server implements alike, penalties included).
 The vLLM/SGLang extensions (top_k, min_p, repetition_penalty) come at the top level of the body,
 where the openai SDK's `extra_body` puts them."""
 

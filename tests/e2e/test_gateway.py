@@ -582,3 +582,29 @@ def test_a_request_the_engine_refuses_is_a_502_and_the_episode_is_the_systems_fa
     assert "top_k" in r.json()["error"]["message"]
     assert ep.stop is StopReason.ABORTED and "EngineRequestError" in ep.error
     assert not ep.sequences or not ep.sequences[0].seq.turns  # nothing recorded
+
+
+def test_penalties_under_sampling_request_are_sampled_by_the_dev_server(server, tok):
+    """rollout.gateway.sampling=request (`agentrl gateway`): a request with presence and
+    frequency penalties was refused by the dev server, a 502 and the episode `aborted`. The dev
+    server samples them as SGLang does; the answer is recorded token-exact."""
+
+    async def go():
+        async with EngineClient(server) as engine:
+            rec = Recording(engine)
+            parser = Rollout.prepare(tok, AddAgent, RolloutConfig())[1]
+            gw = Gateway(rec, tok, parser, GatewayConfig(sampling="request"),
+                         GenerationDefaults(max_new_tokens=24))  # fmt: skip
+            body = {"messages": [{"role": "user", "content": "Count to ten."}],
+                    "presence_penalty": 0.5, "frequency_penalty": 1.0, "temperature": 0}  # fmt: skip
+            ep, r = await post_once(gw, body)
+            return ep, r, rec
+
+    ep, r, rec = asyncio.run(go())
+    assert r.status_code == 200, r.text
+    assert ep.stop is None and r.json()["usage"]["completion_tokens"] > 0
+    ((prompt, out, lps),) = rec.calls
+    (cap,) = ep.trained()
+    (turn,) = cap.seq.turns
+    assert cap.seq.ids[: turn.start] == prompt and cap.seq.ids[turn.start : turn.end] == out
+    assert cap.seq.logprobs[turn.start : turn.end] == lps

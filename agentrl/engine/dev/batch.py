@@ -70,6 +70,22 @@ def _filtered_probs(logp: torch.Tensor, r: Req) -> torch.Tensor:
     return probs
 
 
+def penalized(logits: torch.Tensor, r: Req) -> torch.Tensor:
+    """One row's logits under SGLang's penalties, over the ids the request sampled so far (never
+    its prompt, as SGLang's penalizers): a seen id's logit divided by the repetition penalty
+    (multiplied where negative), then less frequency_penalty per time it was sampled and
+    presence_penalty once. Before the temperature, as SGLang applies them."""
+    if not r.out:
+        return logits
+    out = torch.tensor(r.out, device=logits.device)
+    counts = torch.bincount(out, minlength=logits.numel()).to(logits)
+    seen = counts > 0
+    if r.repetition_penalty != 1.0:
+        scale = torch.where(seen, r.repetition_penalty, 1.0).to(logits)
+        logits = torch.where(logits < 0, logits * scale, logits / scale)
+    return logits - r.frequency_penalty * counts - r.presence_penalty * seen.to(logits)
+
+
 def _filters(r: Req, vocab: int) -> bool:
     """Whether a row's distribution is cut (top-k, top-p, min-p) before the draw."""
     return 0 < r.top_k < vocab or r.top_p < 1.0 or r.min_p > 0.0
@@ -276,10 +292,15 @@ class BatchEngine:
     def sample(self, logits: torch.Tensor, reqs: list[Req]) -> None:
         """Append one sampled id (and its logprob) to every request; mark finished ones.
 
-        logprob = log_softmax(logits / T)[id]; greedy rows (T = 1) take the argmax. Batched
+        logprob = log_softmax(logits / T)[id], the logits penalized first where the request
+        asked (`penalized`); greedy rows (T = 1) take the argmax. Batched
         over rows, except the filtering and draw of sampled rows (each has its own generator)."""
         temps = [r.temperature if r.temperature >= GREEDY_EPS else 1.0 for r in reqs]
-        logp = torch.log_softmax(logits.float() / torch.tensor(temps)[:, None].to(logits), -1)
+        logits = logits.float()
+        if any(r.penalized for r in reqs):  # a copy: the model's own logits stay as they were
+            logits = torch.stack([penalized(x, r) if r.penalized else x
+                                  for x, r in zip(logits, reqs, strict=True)])  # fmt: skip
+        logp = torch.log_softmax(logits / torch.tensor(temps)[:, None].to(logits), -1)
         toks = logp.argmax(-1)
         sampled = [i for i, r in enumerate(reqs) if r.temperature >= GREEDY_EPS and r.top_k != 1]
         plain = [i for i in sampled if reqs[i].gen is None and not _filters(reqs[i], logp.shape[1])]

@@ -17,11 +17,15 @@ import torch
 
 from agentrl.engine.protocol import encode_routed_experts
 
-UNSUPPORTED = {  # SGLang sampling params that need a tokenizer or penalties: key -> neutral value
+UNSUPPORTED = {  # SGLang sampling params that need a tokenizer, or are not built: key -> neutral
     "stop": None, "stop_regex": None, "regex": None, "json_schema": None, "ebnf": None,
-    "structural_tag": None, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-    "repetition_penalty": 1.0, "min_new_tokens": 0, "n": 1, "logit_bias": None,
+    "structural_tag": None, "min_new_tokens": 0, "n": 1, "logit_bias": None,
 }  # fmt: skip
+PENALTIES = {  # SGLang's ranges (repetition 0 would divide by it): key -> (neutral, check, says)
+    "frequency_penalty": (0.0, lambda v: -2 <= v <= 2, "from -2 to 2"),
+    "presence_penalty": (0.0, lambda v: -2 <= v <= 2, "from -2 to 2"),
+    "repetition_penalty": (1.0, lambda v: 0 < v <= 2, "above 0 and at most 2"),
+}
 
 
 @dataclass
@@ -66,6 +70,15 @@ class Req:
     lora: str | None = None  # the LoRA adapter it samples with (`lora_path`); None: the base
     routed: bool = False  # return_routed_experts: answer with each position's experts
     routes: Any = None  # [prompt + out[:-1], layers * k] int32, once finished (routed)
+    # SGLang's penalties, over the ids this request sampled (batch.py: `penalized`)
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+
+    @property
+    def penalized(self) -> bool:
+        neutral = self.frequency_penalty == self.presence_penalty == 0.0
+        return not neutral or self.repetition_penalty != 1.0
 
 
 def parse_generate(body: Any, limits: Limits) -> tuple[list[Req], bool]:
@@ -177,7 +190,20 @@ def make_req(limits: Limits, ids: Any, sp: dict, rid: str | None, logprob: bool)
         return_logprob=logprob,
         gen=None if seed is None else torch.Generator().manual_seed(int(seed)),
         fut=asyncio.get_running_loop().create_future(),
+        **penalties_of(sp),
     )
+
+
+def penalties_of(sp: dict) -> dict[str, float]:
+    """The request's frequency, presence and repetition penalties, each within SGLang's range."""
+    out = {}
+    for key, (neutral, inside, says) in PENALTIES.items():
+        v = sp.get(key)
+        v = neutral if v is None else float(v)
+        if not inside(v):  # NaN too
+            raise BadRequest(f"sampling_params.{key} must be {says}, got {v}")
+        out[key] = v
+    return out
 
 
 def response(r: Req, weight_version: str) -> dict[str, Any]:

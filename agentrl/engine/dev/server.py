@@ -23,7 +23,8 @@ them) unless generation is paused, and run between scheduler steps. What differs
   - the prefix cache (`--prefix-cache-mb`, agentrl/engine/dev/cache.py) keeps whole sequences, not a
     radix tree of pages; `cached_tokens` counts what it held, and /flush_cache empties it (refused
     while requests run, as SGLang does). Weight updates empty it too.
-  - no stop strings / regex / penalties / streaming (no tokenizer): such requests get a 400.
+  - no stop strings / regex / streaming (no tokenizer): such requests get a 400. The frequency,
+    presence and repetition penalties are SGLang's (agentrl/engine/dev/batch.py: penalized).
   - LoRA adapters (/load_lora_adapter, `lora_path`): one adapter per batch (agentrl/engine/dev/lora.py).
   - /health answers from the scheduler's state; /health_generate runs a 1-token generation.
   - --enable-deterministic-inference (SGLang's name; trainer.deterministic passes it) computes
