@@ -64,10 +64,10 @@ def parse_responses_request(body: Any) -> ChatRequest:
             "completions (which stream)",
             "unsupported_parameter",
         )
-    include = body.get("include")
-    if body.get("top_logprobs") or (
-        isinstance(include, list) and "message.output_text.logprobs" in include
-    ):
+    include = body.get("include") or []
+    if not isinstance(include, list):  # a string of the logprobs' name was answered without
+        raise bad("`include` must be a list", param="include")
+    if body.get("top_logprobs") or "message.output_text.logprobs" in include:
         raise bad(NO_LOGPROBS, "unsupported_parameter")
     fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
     if fmt not in (None, {"type": "text"}):
@@ -117,7 +117,8 @@ def _tools(raw: Any) -> list[dict[str, Any]]:
         ):
             kind = t.get("type") if isinstance(t, dict) else type(t).__name__
             raise bad(f"tools[{i}]: only function tools are supported (got {kind!r})")
-        out.append(function_tool(t["name"], t.get("description"), t.get("parameters")))
+        out.append(function_tool(t["name"], t.get("description"), t.get("parameters"),
+                                 f"tools[{i}]"))  # fmt: skip
     return out
 
 
@@ -138,7 +139,8 @@ def _input(raw: Any, instructions: Any) -> list[Message]:
             raise bad(f"{where} must be an object")
         kind = item.get("type", "message")
         if kind == "message":
-            role = ROLES.get(item.get("role", ""))
+            role = item.get("role", "")
+            role = ROLES.get(role) if isinstance(role, str) else None  # a list was a 500
             if role is None or role == "tool":
                 raise bad(f"{where}: role must be user, system, developer or assistant")
             out.append(Message(role=role, content=text_of(item.get("content"), where)))

@@ -170,7 +170,8 @@ def _tools(raw: Any) -> list[dict[str, Any]]:
             and fn["name"]
         ):
             raise bad(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': …}}}}")
-        out.append(function_tool(fn["name"], fn.get("description"), fn.get("parameters")))
+        out.append(function_tool(fn["name"], fn.get("description"), fn.get("parameters"),
+                                 f"tools[{i}]"))  # fmt: skip
     return out
 
 
@@ -184,7 +185,9 @@ def text_of(content: Any, where: str) -> str:
         parts = []
         for p in content:
             if isinstance(p, dict) and p.get("type") in ("text", "input_text", "output_text"):
-                parts.append(str(p.get("text", "")))
+                if not isinstance(p.get("text", ""), str):  # was rendered as Python's repr
+                    raise bad(f"{where}: a text part's `text` must be a string")
+                parts.append(p.get("text", ""))
             else:
                 kind = p.get("type") if isinstance(p, dict) else type(p).__name__
                 raise bad(f"{where}: content part of type {kind!r} is not supported (text only)")
@@ -197,8 +200,8 @@ def _messages(raw: list[Any]) -> list[Message]:
     names: dict[str, str] = {}  # tool call id -> tool name, to name the tool messages
     for i, m in enumerate(raw):
         where = f"messages[{i}]"
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise bad(f"{where}: role must be one of {sorted(ROLES)}")
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or m["role"] not in ROLES:
+            raise bad(f"{where}: role must be one of {sorted(ROLES)}")  # a list was a 500
         role = ROLES[m["role"]]
         content = text_of(m.get("content"), where)
         try:
@@ -252,8 +255,13 @@ def arguments_of(raw: Any, where: str) -> dict[str, Any]:
     return args
 
 
-def function_tool(name: str, description: Any, parameters: Any) -> dict[str, Any]:
-    """A function tool as chat templates read it under `tools=`."""
+def function_tool(name: str, description: Any, parameters: Any, where: str) -> dict[str, Any]:
+    """A function tool as chat templates read it under `tools=`: its description text, its
+    parameters a JSON schema object (anything else was rendered into the prompt as it came)."""
+    if description is not None and not isinstance(description, str):
+        raise bad(f"{where}: a tool's description must be a string", param="tools")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise bad(f"{where}: a tool's parameters must be a JSON schema object", param="tools")
     spec = {
         "name": name,
         "description": description or "",
