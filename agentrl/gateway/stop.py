@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from agentrl.parsers import Parser
-from agentrl.parsers.base import ParseErrorKind
+from agentrl.parsers.base import THINK, ParseErrorKind
 from agentrl.render import Renderer
 from agentrl.types import Completion, FinishReason
 
@@ -81,9 +81,13 @@ def cut_to_one_call(
     stop string. `CallCutError` where one id completes two calls (a call is many ids: never
     seen), so that no cut keeps exactly one."""
     ids = comp.token_ids
+    thought = THINK[1] in renderer.assistant_text(ids)  # the turn reasoned, then answered
 
     def calls(k: int) -> int:  # calls the first k ids make (a turn past the template's: 2)
-        res = parser.parse_turn(renderer.assistant_text(ids[:k]))
+        text = renderer.assistant_text(ids[:k])
+        if thought and THINK[1] not in text:  # a call drafted while thinking is no call (the
+            return 0  # prompt opened the <think>: the unclosed block is not set apart)
+        res = parser.parse_turn(text)
         if any(e.kind is ParseErrorKind.TOO_MANY_CALLS for e in res.errors):
             return 2
         return len(res.tool_calls)

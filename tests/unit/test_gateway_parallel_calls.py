@@ -136,3 +136,20 @@ def test_an_id_that_completes_two_calls_is_a_loud_failure_never_two_calls(tok):
     assert r.status_code == 500 and r.json()["error"]["code"] == "tool_call_cut", r.text
     assert r.json()["error"]["param"] == "parallel_tool_calls"
     assert ep.stop is StopReason.ABORTED and ep.trained() == []
+
+
+def test_a_call_drafted_while_thinking_is_not_the_one_kept(tok):
+    """A thinking model whose prompt opened the <think> (the turn holds only its close): a
+    prefix ending inside the reasoning read a call drafted there as the turn's first call, and
+    the answer was cut mid-thought with that draft as its call. The cut is after the first call
+    of the answer proper, the reasoning whole."""
+    draft = "Maybe " + CALL.format(9, 9) + " then check it." * 40 + "</think>\n"
+    engine = CannedEngine(tok, draft + TWO)
+    body = {"messages": [USER], "tools": TOOLS, "parallel_tool_calls": False}
+    ep, r = asyncio.run(post_once(Gateway(engine, tok, get_parser("hermes")), body))
+    message = r.json()["choices"][0]["message"]
+    (call,) = message["tool_calls"]
+    assert json.loads(call["function"]["arguments"]) == {"a": 1, "b": 2}
+    assert message["reasoning_content"] == draft.removesuffix("</think>\n").strip()
+    (cap,) = ep.trained()
+    assert tok.decode(cap.seq.ids[cap.seq.turns[0].start :]) == draft + CALL.format(1, 2)
