@@ -297,9 +297,10 @@ class Config(BaseModel):
 
 
 def run_name(name: str | None, env_target: str | None) -> str:
-    """The run's name: `name`, else the env class's (CodeExecEnv -> code_exec), so runs of
-    different envs never share a directory. Also Hydra's `${agentrl_run_name:…}` resolver, which
-    puts a training run's files in `runs/<run_name>/` (configs/config.yaml)."""
+    """The run's name: `name`, else the env class's (CodeExecEnv -> code_exec, KVEnv -> kv,
+    HTTPFetchEnv -> http_fetch, MyEnv2 -> my_env2), so runs of different envs never share a
+    directory. Also Hydra's `${agentrl_run_name:…}` resolver, which puts a training run's files
+    in `runs/<run_name>/` (configs/config.yaml)."""
     if name:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
             raise ValueError(
@@ -307,7 +308,12 @@ def run_name(name: str | None, env_target: str | None) -> str:
             )
         return name
     cls = (env_target or "").replace(":", ".").rsplit(".", 1)[-1].removesuffix("Env")
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", cls).lower() or "default"
+    return _WORD_START.sub("_", cls).lower() or "default"
+
+
+# where a CamelCase name's next word starts: after a lower-case letter (CodeExec), at an acronym's
+# end (HTTPFetch), after digits (Tool2Call); never inside an acronym (KV, GSM8K)
+_WORD_START = re.compile(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])|(?<=[0-9])(?=[A-Z][a-z])")
 
 
 def defaults_tree() -> dict[str, Any]:
