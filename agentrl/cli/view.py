@@ -10,6 +10,7 @@ run's saved Hydra config (or --tokenizer)."""
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,13 @@ def _tokenizer_for(run: Path, given: str | None) -> Any:
     return AutoTokenizer.from_pretrained(model.tokenizer or model.resolve())
 
 
+def _out_name(evaluation: bool, env: str | None, step: int) -> str:
+    """view_[eval_][<env>_]<step>.html: views of two envs of one step do not overwrite each
+    other (`--env`); an env name that could leave the folder is made safe."""
+    env_part = re.sub(r"[^A-Za-z0-9_.-]", "_", env) + "_" if env else ""
+    return f"view_{'eval_' if evaluation else ''}{env_part}{step}.html"
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Write an HTML view of a run's trajectories.")
     ap.add_argument("run", type=Path, help="a training output dir, or its trajectories.jsonl")
@@ -74,7 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "-n", type=int, default=4, help="trajectories to show: best, worst, most calls, … (4)"
     )
-    ap.add_argument("-o", "--out", type=Path, default=None, help="default: <run>/view_<step>.html")
+    ap.add_argument(
+        "-o", "--out", type=Path, default=None, help="default: <run>/view_[<env>_]<step>.html"
+    )
     ap.add_argument("--tokenizer", default=None, help="default: the run's model (.hydra config)")
     ap.add_argument("--max-tokens", type=int, default=3000)
     a = ap.parse_args(argv)
@@ -106,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     evaluation = a.eval or path.name == "eval_trajectories.jsonl"
     kind = "eval after step" if evaluation else "step"
     step = items[0][0]
-    out = a.out or path.parent / f"view_{'eval_' if evaluation else ''}{step}.html"
+    out = a.out or path.parent / _out_name(evaluation, a.env, step)
     title = f"{path.parent.name} {kind} {step}" + (f" · env {a.env}" if a.env else "")
     out.write_text(render_html(chosen, tok, a.max_tokens, title, kind))
     more = f"; -n {len(items)} draws them all" if len(chosen) < len(items) else ""
