@@ -371,6 +371,8 @@ def resume_point(cfg: Config, ckpt: CheckpointManager | None = None) -> Path | N
     state = load_trainer_state(path)
     theirs, ours = state.identity, cfg.identity()
     if cfg.checkpoint.resume == "auto" and theirs and theirs != ours:  # found, not named
+        # a misspelt env option or an env that does not import differs too: its own error first
+        samplers(cfg, env_classes(cfg))
         diff = ", ".join(
             f"{k}: {theirs.get(k)!r} there, {ours.get(k)!r} here"
             for k in sorted(set(theirs) | set(ours))

@@ -47,3 +47,14 @@ def test_a_finished_run_says_so_and_starts_nothing(tmp_path, capsys):
     assert asyncio.run(train(cfg, tmp_path / "out")) == []
     assert not (tmp_path / "out").exists()  # nothing was built: no Ray, no servers, no W&B
     assert "already at step 3 of trainer.steps=3" in capsys.readouterr().out
+
+
+def test_a_misspelt_env_option_in_a_run_that_has_a_checkpoint_is_named_as_such(tmp_path):
+    """The second run of a new env, with a typo: the error named the checkpoint's other settings
+    (tasks: {...} there, {..., 'nn': 10} here), not the typo."""
+    base = ["env=code_exec", f"checkpoint.dir={tmp_path}"]
+    checkpoint(compose(base), 2, compose(base).identity())
+    with pytest.raises(ConfigError, match=r"env.tasks.nn: unknown option of CodeExecEnv"):
+        resume_point(compose([*base, "env.tasks.nn=10"]))
+    with pytest.raises(ConfigError, match=r"No module named 'code_execc'"):
+        resume_point(compose([*base, "env._target_=code_execc.CodeExecEnv"]))
