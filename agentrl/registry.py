@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import importlib
 from collections.abc import Callable, Iterator
+from pathlib import PurePath
 from typing import Any, Generic, TypeVar
 
 from agentrl.types import ConfigError
@@ -32,13 +33,17 @@ def import_path(path: str, setting: str) -> Any:
     """`pkg.module:attr` or `pkg.module.attr` → the object; a ConfigError naming `setting` if not:
     a path without a module, a module that cannot be imported or raises while importing (the
     error and its file:line), an attribute it lacks (the closest name it has)."""
+    _refuse_a_file_path(path, setting)
     module, sep, name = path.partition(":")
     if not sep:
         module, _, name = path.rpartition(".")
     if not module or not name:
+        given = path.strip(".:")  # a class alone (MyEnv) or a module alone (my_env)
+        example = f"my_module.{given}" if given[:1].isupper() else f"{given or 'my_module'}.MyEnv"
         raise ConfigError(
             f"{setting}={path!r} names no attribute of a module: give `module.Name` or "
-            f"`module:Name` (e.g. {path.strip('.:') or 'my_module'}.MyEnv)"
+            f"`module:Name` (e.g. {example}, for the class {example.rpartition('.')[2]} "
+            f"of {example.partition('.')[0]}.py)"
         )
     try:
         obj: Any = importlib.import_module(module)
@@ -73,6 +78,22 @@ def import_path(path: str, setting: str) -> Any:
             )
         obj = getattr(obj, part)
     return obj
+
+
+def _refuse_a_file_path(path: str, setting: str) -> None:
+    """`my_env.py:MyEnv`, `./my_env.py`, `/home/me/my_env.py:MyEnv`: a file's path where a
+    module's is wanted (it failed as 'no attribute py' or a relative import's TypeError)."""
+    file, _, name = path.partition(":")
+    if not (file.endswith(".py") or "/" in file or "\\" in file):
+        return
+    p = PurePath(file)
+    module = p.stem if p.suffix == ".py" else p.name
+    folder = f"{p.parent}, " if p.parent != PurePath() else ""
+    raise ConfigError(
+        f"{setting}={path!r} is a file's path; give the module's name and the class: "
+        f"{setting}={module}.{name or 'MyEnv'} (run from {folder}the folder of {module}.py, "
+        "or add that folder to PYTHONPATH)"
+    )
 
 
 def _moved(module: str, path: str) -> str:

@@ -41,6 +41,10 @@ def user_modules(tmp_path, monkeypatch):
         ("nu_syntax.E", r"importing nu_syntax raised SyntaxError: .*nu_syntax.py:1\); fix"),
         ("nu_needs.E", r"importing nu_needs needs 'nu_not_installed_pkg', which is not installed"),
         ("nu_missing.E", r"No module named 'nu_missing'.*run from its directory, or add that to"),
+        ("KVEnv", r"names no attribute of a module: .*\(e.g. my_module.KVEnv, for the class KVEnv"),
+        ("nu_good.py:KVEnv", r"is a file's path; .*: env._target_=nu_good.KVEnv \(run from the"),
+        ("./nu_good.py", r"is a file's path; .*: env._target_=nu_good.MyEnv \(run from the folder"),
+        ("/home/me/nu_good.py:KVEnv", r"_target_=nu_good.KVEnv \(run from /home/me, the folder"),
     ],
 )
 def test_an_env_path_that_does_not_import_says_why_in_one_line(user_modules, path, message):
