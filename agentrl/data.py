@@ -70,6 +70,12 @@ def check_tasks(tasks: list[Task], source: str) -> list[Task]:
     (`env.tasks: MyEnv.load_tasks`)."""
     if not tasks:
         raise ConfigError(f"{source} returned no tasks: give it options that select some")
+    if wrong := [(i, t) for i, t in enumerate(tasks) if not isinstance(t, Task)]:
+        i, t = wrong[0]
+        raise ConfigError(
+            f"{source}: item {i} is a {type(t).__name__} ({t!r:.60}), not a Task; return "
+            "Task(id=..., data={...}) items (from agentrl.types import Task)"
+        )
     repeated = [(k, n) for k, n in Counter(t.id for t in tasks).items() if n > 1]
     if repeated:
         (first, n), more = repeated[0], len(repeated) - 1

@@ -29,9 +29,10 @@ from pydantic import (
 )
 
 from agentrl.data import check_tasks
-from agentrl.env import Env
+from agentrl.env import Env, ToolEnv
 from agentrl.mixture import check_name, check_tools
 from agentrl.registry import import_path
+from agentrl.tool import Tool
 from agentrl.types import ConfigError, Task
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,14 @@ class EnvConfig(BaseModel):
             tasks = list(fn(**{k: getattr(checked, k) for k in given}))
         except (FileNotFoundError, ValueError) as e:  # a wrong option: its message, by name
             raise ConfigError(f"{where}.{key}: {cls.__name__}.load_tasks: {e}") from None
-        return check_tasks(tasks, f"{where}.{key}: {cls.__name__}.load_tasks")
+        tasks = check_tasks(tasks, f"{where}.{key}: {cls.__name__}.load_tasks")
+        if cls.start is ToolEnv.start and (no := [t for t in tasks if "prompt" not in t.data]):
+            raise ConfigError(
+                f"{where}.{key}: task {no[0].id!r} has no 'prompt' (its data: "
+                f"{', '.join(no[0].data) or 'none'}); ToolEnv.start() sends task.data['prompt'] "
+                f"as the user message: name that field 'prompt', or define {cls.__name__}.start()"
+            )
+        return tasks
 
     def load_class(self, where: str = "env") -> type[Env]:
         if self.target in ("", "???"):
@@ -123,6 +131,7 @@ class EnvConfig(BaseModel):
                     f"{where}.args.{key}: {cls.__name__} has no attribute {key!r}; {hint}"
                 )
             _check_arg(cls, key, value, f"{where}.args.{key}")
+        check_env_class(cls, self.args, f"{where}._target_={self.target!r}")
         return cls
 
 
@@ -203,3 +212,44 @@ def env_kind(v: Any) -> str:
 
 
 ENV_KINDS = ("env", "mixture")  # the tags of Config.env's union (left out of error paths)
+
+
+# what the rollout calls on an Env, with the arguments it passes (after `self`)
+_CALLS = {
+    "start": ((), "async def start(self) -> list[Message]"),
+    "step": ((None,), "async def step(self, turn) -> StepResult"),
+    "reward": ((None,), "async def reward(self, trajectory) -> float"),
+    "close": ((), "async def close(self) -> None"),
+}
+
+
+def check_env_class(cls: type[Env], args: dict[str, Any], where: str) -> None:
+    """What would fail in every episode, found at the door: a method the rollout cannot call with
+    its arguments (`async def reward(self)`: every episode `reward_error`; `step(self)`: every
+    one `env_error`, scored 0 as if the policy's fault), an `__init__` that does not take the
+    task, a `load_tasks` that is not a classmethod, a tool listed as its class."""
+    for name, (call_args, form) in _CALLS.items():
+        _check_call(getattr(cls, name), (None, *call_args), {}, f"{where}: {cls.__name__}.{name}"
+                    f"() cannot be called as the rollout does; write it as `{form}`")  # fmt: skip
+    _check_call(cls.__init__, (None, None, None), args, f"{where}: {cls.__name__}.__init__ "
+                "cannot take (task, ctx, **env.args); write it as `def __init__(self, task, "
+                "ctx=None, **kwargs)` and call super().__init__(task, ctx, **kwargs)")  # fmt: skip
+    if not isinstance(inspect.getattr_static(cls, "load_tasks"), classmethod | staticmethod):
+        raise ConfigError(f"{where}: {cls.__name__}.load_tasks is not a classmethod (tasks are "
+                          "loaded before any episode); put @classmethod above it")  # fmt: skip
+    for tool in cls.tools:
+        if not isinstance(tool, Tool):
+            fix = f"{tool.__name__}()" if isinstance(tool, type) else "a Tool instance"
+            raise ConfigError(f"{where}: {cls.__name__}.tools holds {tool!r:.60}, not a Tool "
+                              f"instance; list {fix}")  # fmt: skip
+
+
+def _check_call(fn: Any, call_args: tuple, kwargs: dict[str, Any], message: str) -> None:
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C function: nothing to check
+        return
+    try:
+        signature.bind(*call_args, **kwargs)
+    except TypeError as e:
+        raise ConfigError(f"{message} ({e})") from None

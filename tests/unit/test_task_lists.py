@@ -74,7 +74,7 @@ def test_a_jsonl_file_with_a_bom_or_windows_line_ends_loads(tmp_path):
 def test_a_jsonl_limit_below_one_is_refused(tmp_path):
     """env.tasks.limit=0 loaded one task (the limit was checked after the first was kept)."""
     path = tmp_path / "t.jsonl"
-    path.write_text('{"id": "a"}\n{"id": "b"}\n')
+    path.write_text('{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": "y"}\n')
     assert [t.id for t in _load(CodeExecEnv, path=str(path), limit=1)] == ["a"]
     with pytest.raises(ConfigError, match=r"limit=0: .*1 or more"):
         _load(CodeExecEnv, path=str(path), limit=0)
