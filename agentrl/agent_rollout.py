@@ -24,6 +24,7 @@ from agentrl.agent_workers import AgentRaised, AgentWorkerDied, AgentWorkers, Jo
 from agentrl.engine import EngineUnavailable
 from agentrl.env import read_reward
 from agentrl.gateway import EpisodeCapture, Gateway
+from agentrl.repeats import warn_episode
 from agentrl.seeding import episode_key
 from agentrl.tool import ToolContext, no_exit
 from agentrl.types import ConfigError, FinishReason, StopReason, Task, Trajectory
@@ -157,7 +158,7 @@ class AgentEpisodes:
         try:
             reward, components = read_reward(await env.reward(last))
         except Exception as e:
-            log.warning("reward of %s failed: %s: %s", session, type(e).__name__, e)
+            warn_episode(log, session, f"reward failed: {type(e).__name__}: {e}")
             for t in trajs:
                 t.stop_reason, t.reward = StopReason.REWARD_ERROR, 0.0
                 t.error = f"reward: {traceback.format_exc()}"

@@ -76,6 +76,7 @@ from pydantic import Field
 
 from agentrl.parsers import ParseError
 from agentrl.render import RenderError
+from agentrl.repeats import warn_episode
 from agentrl.sandbox.base import SandboxUnavailable
 from agentrl.tool import Tool, ToolContext, ToolResult
 from agentrl.types import (
@@ -91,6 +92,7 @@ from agentrl.types import (
     Trajectory,
     Turn,
     tally,
+    unawaited,
 )
 
 
@@ -383,6 +385,8 @@ def read_reward(value: Any) -> tuple[float, dict[str, float]]:
 def _number(value: Any, what: str) -> float:
     """float(value), but text is refused: float() reads '1_000', ' 1e6 ' and '١', so a reward
     passed on as text (a judge's reply, the model's own words) would be the policy's to set."""
+    if fix := unawaited(value):
+        raise TypeError(f"{what} is {fix}, not a number")
     if isinstance(value, str | bytes | bytearray):
         raise TypeError(f"{what} is text ({value!r:.40}), not a number: parse and check it in "
                         "reward(), then return a float")  # fmt: skip
@@ -422,6 +426,8 @@ def checked_messages(value: Any, what: str) -> list[Message]:
         if not wrong:
             return list(value)
         got = f"a {type(wrong[0]).__name__} in its list ({wrong[0]!r:.60})"
+    elif fix := unawaited(value):
+        raise TypeError(f"{what}: got {fix}")
     else:
         got = f"{type(value).__name__} ({value!r:.60})"
     raise TypeError(
@@ -438,6 +444,8 @@ async def take_step(env: Env, said: AssistantTurn, turn: Turn) -> StepResult | S
     red-team pass)."""
     try:
         result = await env.step(said)
+        if fix := unawaited(result):
+            raise TypeError(f"{type(env).__name__}.step() returned {fix}")
         if not isinstance(result, StepResult):
             raise TypeError(
                 f"{type(env).__name__}.step() returned {type(result).__name__} ({result!r:.60}): "
@@ -479,7 +487,7 @@ async def finish_episode(env: Env, traj: Trajectory) -> None:
         traj.reward, traj.stop_reason = 0.0, StopReason.SANDBOX_UNAVAILABLE
         traj.error = f"reward: {type(e).__name__}: {e}"
     except Exception as e:  # the env's scorer failed on this trajectory: scored 0, visible
-        log.warning("reward of %s failed: %s: %s", traj.metadata["session"], type(e).__name__, e)
+        warn_episode(log, traj.metadata["session"], f"reward failed: {type(e).__name__}: {e}")
         traj.reward = 0.0
         if traj.stop_reason not in TRUNCATED_STOPS:
             traj.stop_reason = StopReason.REWARD_ERROR

@@ -52,7 +52,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.errors import PydanticInvalidForJsonSchema
 
 from agentrl.sandbox.base import Sandbox, SandboxUnavailable
-from agentrl.types import Task
+from agentrl.types import Task, unawaited
 
 log = logging.getLogger(__name__)
 TOOL_FAULTS = ("exception", "blocked_event_loop")  # metadata["error"] values: the tool's fault
@@ -62,6 +62,11 @@ _REQUIRED = {  # what a Tool class must set, and how (the error names it)
     "description": 'description = "What it does."  (the model reads it in the tool schema)',
     "Args": "class Args(BaseModel): one annotated field per argument (`pass` for none)",
 }
+
+
+def _what_it_is(value: Any) -> str:
+    """A coroutine (a forgotten `await`, with the fix) or the value's type."""
+    return unawaited(value) or type(value).__name__
 
 
 class ToolResult(BaseModel):
@@ -180,7 +185,7 @@ class Tool:
                 metadata={"error": "exception"},
             )
         if not isinstance(result, ToolResult):
-            _log_once(type(self), f"returned {type(result).__name__}, not a ToolResult")
+            _log_once(type(self), f"returned {_what_it_is(result)}, not a ToolResult")
             result = ToolResult(
                 content=f"Error: tool '{self.name}' failed (returned no ToolResult)",
                 is_error=True,

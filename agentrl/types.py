@@ -9,6 +9,7 @@ built only by `agentrl.rollout`; its constructor checks that ids, loss mask and 
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
@@ -98,6 +99,19 @@ class StopReason(StrEnum):
         is the policy's, and so is waiting on it), else the system's (`aborted`: a slow or stuck
         engine)."""
         return StopReason.TIMEOUT if tool_s >= 0.5 * elapsed_s else StopReason.ABORTED
+
+
+def unawaited(value: Any) -> str | None:
+    """The fix when `value` is a coroutine (an `async def` called without `await`: a reward that
+    returns `self.grade(t)`), which is closed so Python does not warn 'never awaited' as well;
+    None for anything else."""
+    if not inspect.iscoroutine(value):
+        return None
+    value.close()
+    name = getattr(value, "__qualname__", "an async function")
+    return (
+        f"a coroutine of {name}: an `await` is missing where {name.rsplit('.', 1)[-1]}() is called"
+    )
 
 
 class EnvStepError(Exception):

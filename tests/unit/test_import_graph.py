@@ -31,7 +31,7 @@ SIDES = ("agentrl.envs", "agentrl.tools", "agentrl.sandbox")  # imported so (age
 
 RECORDS = {"agentrl", "agentrl.types", "agentrl.env", "agentrl.agent_env", "agentrl.tool",
            "agentrl.parsers", "agentrl.render", "agentrl.markup", "agentrl.registry",
-           "agentrl.fastpath"}  # fmt: skip
+           "agentrl.fastpath", "agentrl.repeats"}  # fmt: skip
 RECORD_PACKAGES = ("agentrl.parsers",)  # their modules are records too (one per tool-call format)
 ENTRY = ("agentrl.train", "agentrl.cli", "agentrl.config")
 ASSEMBLY = ("agentrl.run", "agentrl.run_learners")
