@@ -43,6 +43,7 @@ import functools
 import gc
 import inspect
 import logging
+import re
 import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -122,6 +123,7 @@ class Tool:
             if not hasattr(cls, attr):
                 raise TypeError(f"Tool subclass {cls.__name__} must define `{attr}`: {example}")
         _check_args_model(cls)
+        _check_name_and_call(cls)
         call = cls.__dict__.get("__call__")
         if call is not None and not inspect.iscoroutinefunction(call):
             cls.__call__ = _in_thread(call)  # type: ignore[method-assign]
@@ -221,6 +223,27 @@ def _check_args_model(cls: type[Tool]) -> None:
             f"({str(e).splitlines()[0]}); give its fields JSON types (str, int, float, bool, "
             "lists, dicts, other pydantic models)"
         ) from e
+
+
+def _check_name_and_call(cls: type[Tool]) -> None:
+    """A name the model can write in a call, and a `__call__` the framework can call with
+    `(args, ctx)`: a `__call__(self, args)` raised out of the step (the episode was `env_error`,
+    the policy's), and a tool without one (an `async def run`) failed each call at run time."""
+    if isinstance(cls.name, str) and not re.fullmatch(r"[A-Za-z0-9_.-]+", cls.name):
+        raise TypeError(f"Tool subclass {cls.__name__}: name {cls.name!r} is not one the model can "
+                        "write in a call; use letters, digits, '_', '-' and '.'")  # fmt: skip
+    form = "async def __call__(self, args, ctx: ToolContext) -> ToolResult"
+    if cls.__call__ is Tool.__call__:
+        has = [m for m in ("run", "call", "execute", "forward") if callable(getattr(cls, m, None))]
+        hint = f" (it has {has[0]}(): rename it)" if has else ""
+        raise TypeError(f"Tool subclass {cls.__name__} must define `{form}`{hint}")
+    try:
+        inspect.signature(cls.__call__).bind(None, None, None)
+    except TypeError as e:
+        raise TypeError(f"Tool subclass {cls.__name__}: its __call__ cannot be called with "
+                        f"(args, ctx) ({e}); write it as `{form}`") from None  # fmt: skip
+    except ValueError:  # no signature to read (a builtin): nothing to check
+        pass
 
 
 def _unknown_keys(model: type[BaseModel], raw: Any) -> list[str]:
