@@ -129,7 +129,11 @@ def key_hint(parts: list[str], i: int, known: list[str]) -> str:
         return f"did you mean {'.'.join([*parts[:i], match, *parts[i + 1 :]])}?"
     names = ", ".join(sorted(known))
     names = names if len(names) <= 200 else names[:200].rpartition(", ")[0] + ", …"
-    return f"the keys of {'.'.join(parts[:i]) or 'the config'}: {names}"
+    section, rest = ".".join(parts[:i]), ".".join(parts[i:])
+    if parts[:i] == ["env"] or (i == 3 and parts[:2] == ["env", "envs"]):  # env.system_prompt=…
+        return (f"an attribute of the Env class is {section}.args.{rest}, an option of its "
+                f"load_tasks {section}.tasks.{rest}; the keys of {section}: {names}")  # fmt: skip
+    return f"the keys of {section or 'the config'}: {names}"
 
 
 def unknown_key_hint(schema: type[BaseModel], key: str) -> str:

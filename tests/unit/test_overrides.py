@@ -24,6 +24,16 @@ def test_a_misspelt_key_is_one_message_with_the_key_it_meant():
         compose(["+learner.lrr=1e-5"])  # added on purpose (or written in a YAML file): validation
 
 
+def test_an_env_attribute_set_on_env_itself_names_env_args():
+    """env.system_prompt=… (an attribute of the user's Env class) listed only env's own keys."""
+    with pytest.raises(ConfigError, match=r"env\.system_prompt: unknown key; an attribute of the "
+                       r"Env class is env\.args\.system_prompt, an option of its load_tasks "
+                       r"env\.tasks\.system_prompt"):  # fmt: skip
+        compose(["env=code_exec", "env.system_prompt=hi"])
+    with pytest.raises(ConfigError, match=r"is env\.envs\.units\.args\.max_turns, an option"):
+        compose(["env=mixture", "env.envs.units.max_turns=2"])
+
+
 def test_a_misspelt_env_option_names_the_one_it_meant():
     cfg = compose(["env=code_exec", "env.tasks.sed=1", "env.args.max_turn=3"])
     with pytest.raises(ConfigError, match=r"CodeExecEnv has no attribute 'max_turn'; did you mean "
