@@ -82,7 +82,7 @@ class ServiceSandbox:
         # the service runs them one at a time anyway, and a turn of many slow calls sent at once
         # ran past the later calls' deadlines, an outage the policy had made (a red-team pass)
         self._session_locks: dict[str, asyncio.Lock] = {}
-        self._reviving = asyncio.Lock()
+        self._restarting: asyncio.Task | None = None  # the restart under way (`revive`)
         self._closed = False  # aclose() ran: no new connection (an episode's late close_session)
 
     def _client(self) -> aiohttp.ClientSession:
@@ -255,11 +255,17 @@ class ServiceSandbox:
     async def revive(self) -> bool:
         """Restart the service this client started (`owner`) if its process died: True when it
         did. At most `max_restarts` times; past that the death is SandboxUnavailable. A service
-        given by URL is never restarted here (its owner runs it)."""
+        given by URL is never restarted here (its owner runs it).
+
+        The restart is every caller's: it runs in a task of its own, which each caller awaits
+        through `asyncio.shield`. Run in the first caller's task, a caller that gave up during
+        it (its episode's group dropped, its tool's deadline: a start takes seconds on a busy
+        host) left the restart going on in its thread with the new URL never recorded, so every
+        later call went to the dead service's port, or started a second service beside it."""
         owner = self._owner
         if not isinstance(owner, Restartable):
             return False
-        async with self._reviving:
+        if self._restarting is None or self._restarting.done():
             if owner.alive():
                 return False
             if self.restarts >= self.max_restarts:
@@ -267,11 +273,24 @@ class ServiceSandbox:
                     f"the sandbox service this run started died again after {self.restarts} "
                     "restart(s) (sandbox.max_restarts); its log is in the trainer's stderr"
                 )
-            log.warning("the sandbox service at %s died; restarting it", self.url)
-            self.url = (await asyncio.to_thread(owner.restart)).rstrip("/")
-            self.restarts += 1
-            self._generation += 1
-            return True
+            self._restarting = asyncio.ensure_future(self._restart(owner))
+            # read even when every caller gave up, so its failure is never "never retrieved"
+            self._restarting.add_done_callback(lambda t: t.cancelled() or t.exception())
+        await asyncio.shield(self._restarting)
+        return True
+
+    async def _restart(self, owner: Restartable) -> None:
+        log.warning("the sandbox service at %s died; restarting it", self.url)
+        try:
+            url = await asyncio.to_thread(owner.restart)
+        except Exception as e:  # an outage, not the code's fault: the episodes say so
+            raise SandboxUnavailable(
+                f"the sandbox service this run started died and did not start again "
+                f"({type(e).__name__}: {e}); its log is in the trainer's stderr"
+            ) from e
+        self.url = url.rstrip("/")
+        self.restarts += 1
+        self._generation += 1
 
     def _backoff(self, attempt: int) -> float:
         cap = min(self.backoff_max_s, self.backoff_s * 2**attempt)
