@@ -73,6 +73,32 @@ class WorkerPool:
         return await self.spawn()
 
     async def spawn(self) -> Worker:
+        """A newly started worker. The start is the pool's, not the caller's: a caller that
+        gives up during it (its client went away, an episode dropped or its tool's deadline
+        passed, while the pool was empty on a busy host and a start took seconds) leaves the
+        worker to the warm pool. Cancelled half way, the start leaked its slot, its cgroup and
+        a live worker that nothing would kill, and the next caller started another."""
+        start = asyncio.ensure_future(self._start())
+        try:
+            return await asyncio.shield(start)
+        except asyncio.CancelledError:
+            keep = asyncio.create_task(self._keep(start))
+            self._spawning.add(keep)  # close() waits for it; the refill counts it as warm
+            keep.add_done_callback(self._spawning.discard)
+            raise
+
+    async def _keep(self, start: asyncio.Future) -> None:
+        """The worker started for a caller that gave up: warm for the next one."""
+        try:
+            w = await start
+        except WorkerStartError:  # the caller would have heard it; nobody is left to
+            return
+        if self._closing:
+            await self.release(w)
+        else:
+            self._ready.put_nowait(w)
+
+    async def _start(self) -> Worker:
         if not self._free:
             raise WorkerStartError("no free worker slots (raise max_sessions/max_running?)")
         slot = self._free.pop(0)
