@@ -91,9 +91,10 @@ class AgentEpisodes:
         stop, error, returned = StopReason.COMPLETED, None, False
         try:
             env = self.env_cls(task, ctx, **self.env_kwargs)
-            env.result = await asyncio.wait_for(  # an agent's sys.exit: its failure, not ours
-                no_exit(self._agent(env, task, session, url, ep.key)), self.episode_timeout_s
-            )
+            # in this task (3.11's wait_for lost a cancel that came as the agent returned);
+            # no_exit: an agent's sys.exit is its failure, not ours
+            async with asyncio.timeout(self.episode_timeout_s):
+                env.result = await no_exit(self._agent(env, task, session, url, ep.key))
             returned = True
         except asyncio.CancelledError:
             self.gateway.close(ep)

@@ -247,9 +247,9 @@ class Rollout:
         t0 = time.monotonic()
         try:
             env = self.env_cls(task, ctx, **self.env_kwargs)
-            stop = await asyncio.wait_for(  # an env's sys.exit: its failure, not the run's end
-                no_exit(self._loop(env, seqs, session, seeds)), self.cfg.episode_timeout_s
-            )
+            # in this task: 3.11's wait_for lost a cancel that came as the loop ended (tool.py)
+            async with asyncio.timeout(self.cfg.episode_timeout_s):  # sys.exit: the env's fault
+                stop = await no_exit(self._loop(env, seqs, session, seeds))
         except SandboxUnavailable as e:
             stop, error = StopReason.SANDBOX_UNAVAILABLE, f"{type(e).__name__}: {e}"
         except EnvStepError as e:

@@ -166,7 +166,7 @@ class Tool:
         timeout = self.timeout_s if self.timeout_s is not None else ctx.timeout_s
         timed = _Timed(no_exit(self(args, ctx)))
         try:
-            result = await asyncio.wait_for(timed, timeout + self.timeout_grace_s)
+            result = await _within(timed, timeout + self.timeout_grace_s)
         except SandboxUnavailable:
             raise
         except asyncio.CancelledError as e:
@@ -336,6 +336,14 @@ async def no_exit(coro: Any) -> Any:
         return await coro
     except SystemExit as e:
         raise RuntimeError(f"sys.exit({e.code!r}) was called") from None
+
+
+async def _within(call: Any, seconds: float) -> Any:
+    """Await `call` in this task, TimeoutError past `seconds`. Not `asyncio.wait_for`: on
+    Python 3.11 it returned the call's result to an episode cancelled (its group dropped) in
+    the loop iteration in which the call ended, and the dropped episode ran on."""
+    async with asyncio.timeout(seconds):
+        return await call
 
 
 def _cancelled_here() -> bool:

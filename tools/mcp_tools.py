@@ -147,8 +147,9 @@ class _Connection:
         start is shared: a caller that gives up (its own deadline) must not cancel it for the
         others (a red-team pass: the first call of a run timed out while the server started
         on a busy host, cancelling `ready`, and every later call read 'cancelled')."""
-        try:
-            await asyncio.wait_for(asyncio.shield(self.ready), self.server.start_s)
+        try:  # asyncio.timeout, in this task: 3.11's wait_for lost the episode's cancel
+            async with asyncio.timeout(self.server.start_s):  # when it came as the wait ended
+                await asyncio.shield(self.ready)
         except TimeoutError:
             raise ConnectionError(f"the MCP server {self.server.key} did not start within "
                                   f"{self.server.start_s:g}s") from None  # fmt: skip
@@ -157,7 +158,8 @@ class _Connection:
         fut = asyncio.get_running_loop().create_future()
         await self.queue.put((name, args, fut))
         try:
-            return await asyncio.wait_for(fut, self.server.timeout_s)
+            async with asyncio.timeout(self.server.timeout_s):
+                return await fut
         except TimeoutError:
             raise _CallTimeout from None
 

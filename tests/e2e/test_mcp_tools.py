@@ -16,7 +16,7 @@ import pytest
 
 from agentrl.env import ToolEnv
 from agentrl.tool import ToolContext
-from agentrl.tools.mcp_tools import McpServer, close_connections, mcp_tools
+from agentrl.tools.mcp_tools import McpServer, _connection, close_connections, mcp_tools
 from agentrl.types import Task, ToolCall
 
 HERE = Path(__file__).parent
@@ -87,6 +87,43 @@ async def test_a_slow_start_is_shared_and_not_a_calls_timeout() -> None:
         assert late.is_error and late.metadata["error"] == "timeout", late
         assert "timed out after 2s" in late.content
         assert (await tools["add"].invoke({"amount": 1}, ToolContext(session="d"))).content == "2"
+    finally:
+        await close_connections()
+
+
+class _CancelOnAnswer(asyncio.Queue):
+    """A connection's queue that cancels `episode` in the loop iteration in which the server's
+    answer to its call arrives (its group dropped just then); `accepted`: what cancel() said."""
+
+    def __init__(self, episode: list[asyncio.Task], accepted: list[bool]) -> None:
+        super().__init__()
+        self.episode, self.accepted = episode, accepted
+
+    def _put(self, item) -> None:
+        if item is not None:
+            item[2].add_done_callback(lambda _: self.accepted.append(self.episode[0].cancel()))
+        super()._put(item)
+
+
+async def test_an_episode_cancelled_as_its_answer_arrives_stays_cancelled() -> None:
+    """On 3.11 `asyncio.wait_for` around the call returned the answer to an episode whose
+    cancel it had accepted, and the dropped episode went on to its next turn."""
+    (tool,) = mcp_tools(COUNTER, only=["add"])
+    episode: list[asyncio.Task] = []
+    accepted: list[bool] = []
+    went_on: list[str] = []
+    _connection(tool.server, "").queue = _CancelOnAnswer(episode, accepted)  # before it serves
+
+    async def run() -> None:
+        await tool.invoke({"amount": 1}, ToolContext(session="a"))
+        await asyncio.sleep(0)  # its next turn
+        went_on.append("its next turn")
+
+    try:
+        episode.append(asyncio.ensure_future(run()))
+        with pytest.raises(asyncio.CancelledError):
+            await episode[0]
+        assert (accepted, went_on) == ([True], [])
     finally:
         await close_connections()
 
