@@ -78,7 +78,7 @@ from agentrl.parsers import ParseError
 from agentrl.render import RenderError
 from agentrl.repeats import warn_episode
 from agentrl.sandbox.base import SandboxUnavailable
-from agentrl.tool import Tool, ToolContext, ToolResult
+from agentrl.tool import Tool, ToolContext, ToolResult, gather_all
 from agentrl.types import (
     TRUNCATED_STOPS,
     ConfigError,
@@ -260,7 +260,7 @@ class Env:
             Message(role="tool", content=f"Error: {e.message}", name=e.name)
             for e in turn.parse_errors
         ]
-        results = await asyncio.gather(*(self.call_tool(c) for c in calls))
+        results = await gather_all(self.call_tool(c) for c in calls)
         # bad arguments or an unknown tool, refused before a call: the model's errors
         outcomes = [
             ToolOutcome.failed(self._known(e.name), "error", f"Error: {e.message}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from agentrl.tool import gather_all
 from agentrl.types import Task, Trajectory
 
 
@@ -17,7 +18,7 @@ async def run_groups(
     """`Rollout.run` for any `run_group` (a mixture's too, agentrl/mixture.py): every task's
     group in task order, or with `keep` the first `keep` to finish, the rest cancelled."""
     if keep is None or keep >= len(tasks):
-        return list(await asyncio.gather(*(run_group(t) for t in tasks)))
+        return await gather_all(run_group(t) for t in tasks)  # one raises: the others stop
     running = {asyncio.ensure_future(run_group(t)): i for i, t in enumerate(tasks)}
     done: dict[int, list[Trajectory]] = {}
     try:

@@ -46,7 +46,7 @@ from agentrl.repeats import warn_episode
 from agentrl.sandbox.base import Sandbox, SandboxUnavailable
 from agentrl.seeding import episode_key, group_slot, turn_seed
 from agentrl.sequence import TokenSequence, record_turn
-from agentrl.tool import ToolContext, no_exit
+from agentrl.tool import ToolContext, gather_all, no_exit
 from agentrl.types import (
     Completion,
     ConfigError,
@@ -223,9 +223,7 @@ class Rollout:
         slot = group_slot(task.id)  # trainer.deterministic: the seeds' place (agentrl/seeding.py)
         # an agent's episode, or one under rollout.thinking=template, may leave several sequences
         run = self.agents.run_episode if self.agents is not None else self.run_sequences
-        return [
-            t for ep in await asyncio.gather(*(run(task, i, slot) for i in range(n))) for t in ep
-        ]
+        return [t for ep in await gather_all(run(task, i, slot) for i in range(n)) for t in ep]
 
     async def run_episode(self, task: Task, sample_index: int = 0, slot: int = 0) -> Trajectory:
         """One episode of `task`: its trajectory (with rollout.thinking=template, its last

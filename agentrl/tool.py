@@ -45,7 +45,7 @@ import inspect
 import logging
 import re
 import time
-from collections.abc import Generator
+from collections.abc import Awaitable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -344,6 +344,21 @@ async def _within(call: Any, seconds: float) -> Any:
     the loop iteration in which the call ended, and the dropped episode ran on."""
     async with asyncio.timeout(seconds):
         return await call
+
+
+async def gather_all(aws: Iterable[Awaitable[Any]]) -> list[Any]:
+    """Every result, in order; when one raises (or the caller is cancelled) the others are
+    cancelled and waited for before it goes on. `asyncio.gather` alone left them running: a
+    turn's other tool calls ran on in the episode's sandbox session after the episode ended
+    on one call's SandboxUnavailable, and a group's other episodes after one raised a bug."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _cancelled_here() -> bool:

@@ -71,6 +71,7 @@ from pydantic import BaseModel
 from agentrl.sandbox.base import ExecResult, Sandbox, SandboxUnavailable, grading
 from agentrl.sandbox.checks import CallTest, IOTest, asserts_to_tests, method_result
 from agentrl.sandbox.checks import same_value as _same
+from agentrl.tool import gather_all
 
 __all__ = ["CallTest", "GradeResult", "IOTest", "Outcome", "asserts_to_tests", "grade"]
 
@@ -424,7 +425,7 @@ async def _grade_batched(
             return await _grade_batch(sandbox, solution, ix[0], part, timeout_s,  # type: ignore[arg-type]
                                       entry_point, notes, files)  # fmt: skip
 
-    outcomes = [o for part in await asyncio.gather(*map(run_chunk, chunks)) for o in part]
+    outcomes = [o for part in await gather_all(map(run_chunk, chunks)) for o in part]
     return GradeResult(passed=sum(o.passed for o in outcomes), total=len(outcomes),
                        outcomes=outcomes, notes=notes)  # fmt: skip
 
@@ -480,12 +481,8 @@ async def grade(
                     sandbox, solution, i, tests[i], timeout_s, entry_point, notes[i], files
                 )
 
-        tasks = [asyncio.ensure_future(one(i)) for i in range(len(tests))]
-        try:
-            outcomes = await asyncio.gather(*tasks)
-        finally:  # one raised (SandboxUnavailable) or we were cancelled: stop the others
-            for t in tasks:
-                t.cancel()
+        # one raised (SandboxUnavailable) or we were cancelled: the others stop
+        outcomes = await gather_all(one(i) for i in range(len(tests)))
     passed = sum(o.passed for o in outcomes)
     flat = [n for per_test in notes for n in per_test]
     return GradeResult(passed=passed, total=len(outcomes), outcomes=outcomes, notes=flat)
