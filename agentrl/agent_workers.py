@@ -99,7 +99,7 @@ class AgentWorkers:
         self.workers: list[_Worker | None] = [None] * n
         self._jobs = 0
         self._warned: set[str] = set()
-        self._starting = asyncio.Lock()
+        self._starts: dict[int, asyncio.Task] = {}  # worker i's start under way
 
     async def run(self, job: Job) -> tuple[Any, dict[str, Any]]:
         """`run(task, client)` of `job` in a worker: (its return value, the env attributes it
@@ -146,20 +146,31 @@ class AgentWorkers:
         return value, state
 
     async def _pick(self) -> _Worker:
-        async with self._starting:
-            for i, w in enumerate(self.workers):
-                if w is None or w.dead is not None or not w.proc.is_alive():
+        """The least busy worker, each missing one started first. A start is every episode's:
+        it runs in a task of its own that each caller awaits through `asyncio.shield`. Run in
+        the first caller's task, a caller that gave up during it (its episode's timeout, its
+        group dropped) left the process started in its thread and never recorded (alive until
+        the trainer ended), and the next episode started another."""
+        for i, w in enumerate(self.workers):
+            if w is None or w.dead is not None or not w.proc.is_alive():
+                start = self._starts.get(i)
+                if start is None or start.done():
                     if w is not None:
                         log.warning("agent worker %d ended (%s); starting it again", i, w.dead)
-                    loop = asyncio.get_running_loop()
-                    try:
-                        self.workers[i] = await asyncio.to_thread(self._spawn, i, loop)
-                    except Exception as e:  # noqa: BLE001 - infrastructure, said as such
-                        raise AgentWorkerDied(
-                            f"agent worker {i} could not start: {type(e).__name__}: {e}"
-                        ) from e
+                    start = self._starts[i] = asyncio.ensure_future(self._start(i))
+                    start.add_done_callback(lambda t: t.cancelled() or t.exception())
+                await asyncio.shield(start)
         live = [w for w in self.workers if w is not None]
         return min(live, key=lambda w: len(w.pending))
+
+    async def _start(self, i: int) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            self.workers[i] = await asyncio.to_thread(self._spawn, i, loop)
+        except Exception as e:  # noqa: BLE001 - infrastructure, said as such
+            raise AgentWorkerDied(
+                f"agent worker {i} could not start: {type(e).__name__}: {e}"
+            ) from e
 
     def _spawn(self, i: int, loop: asyncio.AbstractEventLoop) -> _Worker:
         ctx = mp.get_context("spawn")  # fork would copy the trainer's threads and CUDA state
@@ -174,6 +185,7 @@ class AgentWorkers:
         return w
 
     async def aclose(self) -> None:
+        await asyncio.gather(*self._starts.values(), return_exceptions=True)  # theirs to stop
         workers, self.workers = self.workers, [None] * self.n
         for w in workers:
             if w is None:
