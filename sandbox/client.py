@@ -11,6 +11,10 @@ Failure semantics: an unreachable service or a 503 "busy"/"unavailable" answer (
 says the code did not run) is retried with exponential backoff and jitter (`retries`,
 `backoff_s`, `backoff_max_s`; a Retry-After header is honoured); when retries run out `run`
 raises `SandboxUnavailable`, which the rollout turns into the `sandbox_unavailable` stop reason.
+So it does when the call's budget is spent (its timeout + `call_margin_s`) on time that is not
+the code's: a free slot of this client, the service's queue, retries, a restart of the service.
+The tools' own deadlines are longer (their `timeout_grace_s`), so the service's load or restart
+never reads as the model's timeout.
 A session call is never retried once sent: a 500/502/504 or a dropped connection raises
 `SandboxUnavailable` at once (the code may have run; running it again would corrupt the
 session's state); a one-shot call may be replayed. Only evidence the code cannot
@@ -59,8 +63,10 @@ class ServiceSandbox:
         max_concurrency: int = 256,
         owner: object | None = None,
         max_restarts: int = 3,
+        call_margin_s: float = CALL_MARGIN_S,
     ) -> None:
         self.url = url.rstrip("/")
+        self.call_margin_s = call_margin_s  # below the sandbox tools' timeout_grace_s
         self.retries = retries
         self.backoff_s = backoff_s
         self.backoff_max_s = backoff_max_s
@@ -121,10 +127,19 @@ class ServiceSandbox:
         if lane == "grader":
             body["lane"] = lane
         one_at_a_time = self._session_locks.setdefault(key, asyncio.Lock()) if key else None
-        async with one_at_a_time or contextlib.nullcontext(), self._sems[lane]:
-            status, text = await self._post(
-                "/v1/run", body, timeout + CALL_MARGIN_S, replay=session is None, session=key
-            )
+        budget = timeout + self.call_margin_s
+        async with one_at_a_time or contextlib.nullcontext():  # the session's own calls first
+            try:
+                async with asyncio.timeout(budget), self._sems[lane]:
+                    status, text = await self._post(
+                        "/v1/run", body, budget, replay=session is None, session=key
+                    )
+            except TimeoutError:  # the outer deadline (a tool's) would have blamed the model
+                raise SandboxUnavailable(
+                    f"sandbox service at {self.url} did not answer within {budget:g}s (the "
+                    f"call's {timeout:g}s + call_margin_s={self.call_margin_s:g}): its queue, "
+                    "retries or a restart took the time. Is it overloaded (see /health)?"
+                ) from None
         if status == 413:  # the body (the code) is over the service's size limit: the code's
             return ExecResult(
                 stderr=f"[sandbox] not run: the code is over the service's size limit ({text})\n",
@@ -166,7 +181,7 @@ class ServiceSandbox:
         return ServiceSandbox(
             self.url, token=self._token, retries=self.retries, backoff_s=self.backoff_s,
             backoff_max_s=self.backoff_max_s, max_concurrency=self._max_concurrency,
-            max_restarts=0,
+            max_restarts=0, call_margin_s=self.call_margin_s,
         )  # fmt: skip
 
     async def aclose(self) -> None:
