@@ -65,7 +65,8 @@ class E2BSandbox:
         self._boxes: dict[str, Any] = {}  # session key -> AsyncSandbox
         self._locks: dict[str, asyncio.Lock] = {}
         self._shared: Any = None
-        self._shared_lock = asyncio.Lock()
+        self._shared_start: asyncio.Task | None = None  # the shared sandbox's creation
+        self._bg: set[asyncio.Task] = set()  # kills of sandboxes whose caller gave up
 
     def _opts(self) -> dict[str, Any]:
         opts: dict[str, Any] = {"request_timeout": self.cfg.request_timeout_s}
@@ -97,22 +98,54 @@ class E2BSandbox:
         async with lock:
             box = self._boxes.get(session)
             if box is None:
-                box = self._boxes[session] = await self._create()
+                box = self._boxes[session] = await self._create_own()
             try:
                 return await self._exec(box, code, timeout, idempotent=False)
             except self._e2b.NotFoundException:  # the sandbox timed out or was killed
                 pass
-            box = self._boxes[session] = await self._create()
+            box = self._boxes[session] = await self._create_own()
             res = await self._exec(box, code, timeout, idempotent=False)
             res.session_reset = True
             res.stderr = "[sandbox] the e2b sandbox had expired; this is a new one.\n" + res.stderr
             return res
 
+    async def _create_own(self) -> Any:
+        """A new sandbox for the caller, created in a task of its own: one whose caller gives up
+        during the creation (seconds; its episode dropped) is killed once it exists. Cancelled
+        with its caller, the creation left a sandbox running (and billed) until its timeout,
+        with nobody holding it."""
+        start = asyncio.ensure_future(self._create())
+        try:
+            return await asyncio.shield(start)
+        except asyncio.CancelledError:
+            task = asyncio.ensure_future(self._kill_when_made(start))
+            self._bg.add(task)  # aclose() waits for it
+            task.add_done_callback(self._bg.discard)
+            raise
+
+    @staticmethod
+    async def _kill_when_made(start: asyncio.Future) -> None:
+        try:
+            box = await start
+        except Exception:  # noqa: BLE001 - not made: nothing to kill
+            return
+        await _kill(box)
+
+    async def _shared_box(self) -> Any:
+        """The sandbox of stateless calls, created once for all of them in a task of its own
+        (a caller that gives up does not cancel it for the others, nor leak it)."""
+        if self._shared is None:
+            if self._shared_start is None or self._shared_start.done():
+                self._shared_start = asyncio.ensure_future(self._create_shared())
+                self._shared_start.add_done_callback(lambda t: t.cancelled() or t.exception())
+            await asyncio.shield(self._shared_start)
+        return self._shared
+
+    async def _create_shared(self) -> None:
+        self._shared = await self._create()
+
     async def _run_stateless(self, code: str, language: str, timeout: float) -> ExecResult:
-        async with self._shared_lock:
-            if self._shared is None:
-                self._shared = await self._create()
-        box = self._shared
+        box = await self._shared_box()
         if language != "python":
             return await self._exec(box, code, timeout, idempotent=True, language=language)
         ctx = await self._retry(lambda: box.create_code_context(), "create an e2b code context")
@@ -167,6 +200,9 @@ class E2BSandbox:
             await _kill(box)
 
     async def aclose(self) -> None:
+        if self._shared_start is not None:  # the shared one, once created, is killed below
+            await asyncio.gather(self._shared_start, return_exceptions=True)
+        await asyncio.gather(*self._bg, return_exceptions=True)
         boxes = list(self._boxes.values()) + ([self._shared] if self._shared else [])
         self._boxes.clear()
         self._shared = None
