@@ -41,6 +41,7 @@ from agentrl.engine import (
     PromptTooLong,
     SamplingParams,
 )
+from agentrl.gateway.answer import deliver, unseen
 from agentrl.gateway.capture import Captured, EpisodeCapture, Plan
 from agentrl.gateway.config import GatewayConfig
 from agentrl.gateway.responses import parse_responses_request, response_body
@@ -67,6 +68,7 @@ from agentrl.parsers.base import split_reasoning
 from agentrl.render import Renderer, RenderError
 from agentrl.seeding import turn_seed
 from agentrl.sequence import record_turn
+from agentrl.tool import gather_all
 from agentrl.types import Completion, FinishReason, Message, StopReason
 
 log = logging.getLogger(__name__)
@@ -242,7 +244,7 @@ class Gateway:
 
     async def _serve(
         self, request: web.Request, parse: Any
-    ) -> tuple[ChatRequest, list[Choice], dict[str, int]] | web.Response:
+    ) -> tuple[EpisodeCapture, ChatRequest, list[Choice], dict[str, int]] | web.Response:
         """Attribute, read (`parse`: body → ChatRequest) and complete one request; a refusal
         is the OpenAI error response (a 400 counted as the episode's bad request)."""
         ep: EpisodeCapture | None = None
@@ -261,7 +263,7 @@ class Gateway:
             if ep is not None and e.status == 400:
                 ep.counts["bad_requests"] += 1
             return web.json_response(e.body(), status=e.status)
-        return req, choices, usage
+        return ep, req, choices, usage
 
     def _too_large(self, ep: EpisodeCapture, size: int) -> WireError:
         """A body past `body_limit`: the episode overflows its context, as a prompt past
@@ -276,26 +278,19 @@ class Gateway:
         served = await self._serve(request, parse_responses_request)
         if isinstance(served, web.Response):
             return served
-        req, choices, usage = served
-        return web.json_response(response_body(req, choices[0], usage))
+        ep, req, choices, usage = served
+        return await deliver(request, ep, [response_body(req, choices[0], usage)])
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         served = await self._serve(request, parse_request)
         if isinstance(served, web.Response):
             return served
-        req, choices, usage = served
+        ep, req, choices, usage = served
         rid = new_id()
         if not req.stream:
-            return web.json_response(completion_body(rid, req.model, choices, usage))
-        resp = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await resp.prepare(request)
-        for chunk in stream_chunks(rid, req.model, choices, usage if req.include_usage else None):
-            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
+            return await deliver(request, ep, [completion_body(rid, req.model, choices, usage)])
+        chunks = stream_chunks(rid, req.model, choices, usage if req.include_usage else None)
+        return await deliver(request, ep, list(chunks), stream=True)
 
     # -- one request ---------------------------------------------------------------------------
 
@@ -334,10 +329,15 @@ class Gateway:
         task = asyncio.current_task()
         assert task is not None
         ep.inflight.add(task)  # cancelled when the episode closes (Gateway.close)
+        recorded: list[Captured] = []
         try:
-            results = await _all_or_none(
-                [self._sample(ep, req, renderer, key, index, i) for i in range(req.n)]
+            results = await gather_all(
+                [self._sample(ep, req, renderer, key, index, i, recorded) for i in range(req.n)]
             )
+        except BaseException:
+            if recorded and not ep.closed:  # a sibling failed or the agent went away
+                unseen(ep, f"{len(recorded)} of the request's {req.n} samples were recorded")
+            raise
         finally:
             ep.inflight.discard(task)
         ep.answered([r[3] for r in results])  # choices[0]'s is the episode's latest answer
@@ -357,6 +357,7 @@ class Gateway:
         key: str,
         index: int,
         i: int,
+        recorded: list[Captured],
     ) -> tuple[Choice, int, int, Captured]:
         try:
             plan = ep.plan(req.messages, key, renderer)
@@ -396,6 +397,7 @@ class Gateway:
         for call in said.message.tool_calls:  # ids unique in the episode (agents key calls by id)
             call.id = ep.call_id()
         ep.sampled(cap, turn)
+        recorded.append(cap)
         if comp.finish_reason is FinishReason.ABORT:
             ep.flag(StopReason.ABORTED, "the engine aborted the request")
         for e in said.parse_errors:
@@ -463,18 +465,3 @@ class Gateway:
         while len(self._renderers) > 32:
             del self._renderers[next(iter(self._renderers))]
         return r, key
-
-
-async def _all_or_none(samples: list[Any]) -> list[Any]:
-    """The `n` samples of one request, or none: when one fails (a budget the first ones took,
-    the engine) the others are cancelled, so nothing is recorded from an answer the agent never
-    gets. `asyncio.gather` alone left them sampling: their turns were trained after the agent's
-    400, as the episode's last answer."""
-    tasks = [asyncio.ensure_future(s) for s in samples]
-    try:
-        return await asyncio.gather(*tasks)
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
