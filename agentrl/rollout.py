@@ -61,6 +61,7 @@ from agentrl.types import (
 )
 
 log = logging.getLogger(__name__)
+_TOOL_LESS: set[type] = set()  # ToolEnv classes warned of listing no tools
 
 
 class RolloutConfig(BaseModel):
@@ -194,7 +195,8 @@ class Rollout:
         renderer = Renderer(
             tokenizer, [t.schema() for t in env_cls.tools], cfg.template_kwargs, cfg.end_of_turn
         )
-        if not env_cls.tools and issubclass(env_cls, ToolEnv):
+        if not env_cls.tools and issubclass(env_cls, ToolEnv) and env_cls not in _TOOL_LESS:
+            _TOOL_LESS.add(env_cls)  # prepare runs at start-up and again for the rollout: once
             log.warning(
                 "%s is a ToolEnv with no tools (`tools = []`): the model is offered none, so no "
                 "turn can call one. List its tools, or subclass Env for a tool-less env",
