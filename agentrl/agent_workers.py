@@ -270,6 +270,8 @@ async def _serve(conn: Any) -> None:
     lock = threading.Lock()
     http = openai.DefaultAsyncHttpxClient(verify=False)
     running: dict[int, asyncio.Task] = {}
+    # a cancel sent while its run was still being sent (the caller gave up then) can come first
+    given_up: set[int] = set()
     sandboxes: dict[str, Any] = {}  # one client of each shared sandbox per worker
 
     def send(msg: tuple) -> None:
@@ -284,8 +286,13 @@ async def _serve(conn: Any) -> None:
             t = running.get(msg[1])
             if t is not None:
                 t.cancel()
+            else:
+                given_up.add(msg[1])
             continue
         jid = msg[1]
+        if jid in given_up:  # its caller is gone: an episode run now would be nobody's
+            given_up.discard(jid)
+            continue
         t = asyncio.create_task(_episode(jid, msg[2], http, sandboxes, send))
         running[jid] = t
         t.add_done_callback(lambda _t, j=jid: running.pop(j, None))
