@@ -73,6 +73,10 @@ class Admission:
         try:
             if sem.locked():
                 await asyncio.wait_for(sem.acquire(), self.cfg.max_queue_wait_s)
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():  # 3.11's wait_for returned the slot
+                    sem.release()  # to a call whose client had gone: nobody's code is not run
+                    raise asyncio.CancelledError
             else:  # take the free slot now, before the next request looks at the count
                 await sem.acquire()
         except TimeoutError:
