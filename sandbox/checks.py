@@ -12,6 +12,7 @@ import ast
 import builtins
 import math
 import sys
+from fractions import Fraction
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -126,13 +127,13 @@ def method_result(test: CallTest, value: Any) -> bool | None:
     sandbox sent back, with `test.args`; None when `value` is not of that exact type."""
     try:
         plain = _decoded(value)
-    except (ValueError, TypeError, RecursionError):
+    except (ValueError, TypeError, OverflowError, RecursionError):  # 10**400 as a float
         return None
     if test.method is None or type(plain) not in PREDICATES[test.method]:
         return None
     try:
         got = getattr(type(plain), test.method)(plain, *test.args)
-    except (TypeError, ValueError):  # wrong argument types for the value's type
+    except (TypeError, ValueError, OverflowError):  # wrong argument types for the value's type
         return None
     return got if type(got) is bool else None
 
@@ -147,7 +148,7 @@ def same_value(got: Any, exp: Any, tol: float | None, rel: float | None = None) 
     if isinstance(exp, int | float) and isinstance(got, int | float):
         if tol is None and rel is None:
             return got == exp
-        return math.isclose(got, exp, rel_tol=rel or 0.0, abs_tol=tol or 0.0)
+        return _close(got, exp, tol or 0.0, rel or 0.0)
     if isinstance(exp, list) and isinstance(got, list):
         return len(got) == len(exp) and all(
             same_value(g, e, tol, rel) for g, e in zip(got, exp, strict=True)
@@ -155,6 +156,19 @@ def same_value(got: Any, exp: Any, tol: float | None, rel: float | None = None) 
     if isinstance(exp, dict) and isinstance(got, dict):
         return got.keys() == exp.keys() and all(same_value(got[k], exp[k], tol, rel) for k in exp)
     return type(got) is type(exp) and got == exp
+
+
+def _close(got: float, exp: float, tol: float, rel: float) -> bool:
+    """math.isclose, also for an int past float's range (the solution's `10**400`, on which
+    isclose raised OverflowError in the trainer: a reward_error, a crash counted as the env's
+    bug), computed exactly there."""
+    try:
+        return math.isclose(got, exp, rel_tol=rel, abs_tol=tol)
+    except OverflowError:
+        if any(isinstance(x, float) and not math.isfinite(x) for x in (got, exp)):
+            return False  # nan or ±inf is close to no int
+        a, b = Fraction(got), Fraction(exp)
+        return abs(a - b) <= max(Fraction(rel) * max(abs(a), abs(b)), Fraction(tol))
 
 
 # -- assert-style tests -> CallTests ------------------------------------------------------
