@@ -78,6 +78,7 @@ def contained():
 
 
 CONTAINED = contained()
+STARTED = []  # not empty once the solution's process exists: what fails after is its doing
 
 
 def tmpfile():
@@ -168,7 +169,8 @@ def run(argv, stdin_text, keep_stdout=True, keep_fd=-1):
         raise RuntimeError("the sandbox started the harness too slowly")
     emit({"s": TEST["i"]})  # the solution starts now
     t0 = time.monotonic()
-    pid = spawn(argv, (inp, out, err), cwd, keep_fd)
+    pid = spawn(argv, (inp, out, err), cwd, keep_fd)  # a fork refused (pids) is not its doing
+    STARTED.append(True)
     rc = wait(pid, t0 + SPEC["timeout"])
     kill_all(pid, rc is not None)  # before anything it left is read: none of it runs any more
     to = rc is None or rc == -signal.SIGXCPU
@@ -201,9 +203,10 @@ def call_test():
     ]
     rc, to, _, err = run(argv, "", keep_stdout=False, keep_fd=res)
     lines = read(res, 16 << 20).decode("utf-8", "replace").splitlines()
-    if len(lines) > len(calls):
-        return [{"err": "more results than calls"}] * len(calls)
-    frames = [frame_of(line, SPEC.get("inline") or __INLINE__) for line in lines]
+    if len(lines) > len(calls):  # written by the solution itself: no result is its own
+        frames = [{"err": "more results than calls"}] * len(calls)
+    else:
+        frames = [frame_of(line, SPEC.get("inline") or __INLINE__) for line in lines]
     for _ in range(len(calls) - len(frames)):  # the calls it never finished
         frames.append(
             {"err": "timeout"}
@@ -240,16 +243,12 @@ def shallow(v, left):
 
 try:
     frame = io_test() if SPEC["kind"] == "io" else call_test()
-except BaseException as e:  # a bug of ours, not the solution's: grade() runs the test again
-    frame = {"harness": ("%s: %s" % (type(e).__name__, e))[:300]}
-if isinstance(frame, list):  # a batch: its frames, by test index
-    for i, f in zip(TEST["i"], frame):
-        f["t"] = i
-        emit(f)
-else:
-    if isinstance(TEST["i"], list):  # a batch whose harness failed: every test says so
-        for i in TEST["i"]:
-            emit(dict(frame, t=i))
-    else:
-        frame["t"] = TEST["i"]
-        emit(frame)
+except BaseException as e:
+    why = "%s: %s" % (type(e).__name__, e)
+    if STARTED:  # on what the solution left (16 MB of newlines past its memory): its failure
+        frame = {"err": ("the harness failed on the solution's output: " + why)[:200]}
+    else:  # a bug of ours or the sandbox's, not the solution's: grade() runs the test again
+        frame = {"harness": why[:300]}
+ids = TEST["i"] if isinstance(TEST["i"], list) else [TEST["i"]]  # a batch: one frame a test
+for i, f in zip(ids, frame if isinstance(frame, list) else [frame] * len(ids)):
+    emit(dict(f, t=i))

@@ -31,7 +31,9 @@ Why hacks fail:
   never sees. A solution that kills or stops the harness, or floods, fails that test (noted).
 - A report lost not by the solution (the harness never started it, or ended normally without a
   report) is noted and the test run again with a compact report; lost twice, grade() raises
-  SandboxUnavailable (an infrastructure failure, not a 0).
+  SandboxUnavailable (an infrastructure failure, not a 0). Once the solution has started, the
+  harness failing on what it left (more results than calls, output past the memory limit) is
+  that test's error, noted: as a lost report it was an outage the solution could make at will.
 - Nothing here `eval`s or `exec`s model text in the trainer: test expressions are parsed with
   `ast` and their expected values read with `ast.literal_eval`; results are read with `json`.
 
@@ -300,6 +302,16 @@ def _judge(test: IOTest | CallTest, frame: dict | None) -> Outcome:
 # -- grading: one sandbox call per test ---------------------------------------------------
 
 
+def _note_failed_harness(which: str, frames: list[dict], notes: list[str]) -> None:
+    """Notes the harness failing on what the solution left once it ran (an `err` frame: the
+    test failed, the solution's outcome; a lost report would have been an outage the policy
+    could make at will), so a bug of ours there stays visible."""
+    errs = {str(f.get("err")) for f in frames} - {"None"}
+    if bad := next((e for e in errs if e.startswith("the harness failed")), None):
+        notes.append(f"{which}: {bad} (counted as failed; a grader bug if the solution did "
+                     "nothing unusual)")  # fmt: skip
+
+
 def _how_it_ended(res: ExecResult) -> str:
     how = f"exit {res.exit_code}" + (f", limit {res.limit}" if res.limit else "")
     how += ", timed out" if res.timed_out else ""
@@ -339,6 +351,7 @@ async def _grade_one(
         if frame is not None and "harness" not in frame:
             if res.limit:
                 notes.append(f"test {i}: sandbox limit {res.limit}")
+            _note_failed_harness(f"test {i}", [frame], notes)
             return _judge(test, frame).model_copy(update={"index": i})
         how = frame["harness"] if frame is not None else _how_it_ended(res)
         if frame is None and (started or res.limit == "code_size") and _solution_ended_it(res):
@@ -386,6 +399,7 @@ async def _grade_batch(
         if all(i in frames and "harness" not in frames[i] for i in idx):
             if res.limit:
                 notes.append(f"tests {idx[0]}-{idx[-1]}: sandbox limit {res.limit}")
+            _note_failed_harness(f"tests {idx[0]}-{idx[-1]}", list(frames.values()), notes)
             return [_judge(t, frames[i]).model_copy(update={"index": i})
                     for i, t in zip(idx, tests, strict=True)]  # fmt: skip
         how = next((frames[i]["harness"] for i in idx if "harness" in frames.get(i, {})), "")
