@@ -15,8 +15,11 @@ the session, merged into the snapshot (test files, conftest.py and hooks are not
 PASS_TO_PASS check runs in a fresh one-shot sandbox through `sandbox.grader` (expected values
 never enter the sandbox; a test file's checks run in one interpreter, as a test suite does:
 `grade(batch=True)`). 1.0 when all pass (SWE-bench's "resolved"), else 0.0;
-components `resolved`, `fail_to_pass` and `pass_to_pass` (the fractions that passed), and
-`unreadable` when the agent's tree could not be read back (graded as no change).
+components `resolved`, `fail_to_pass` and `pass_to_pass` (the fractions that passed),
+`unreadable` when the agent's tree could not be read back (graded as no change), and `tampered`
+when its code interfered with the grader on some check (wrote results of its own, killed the
+harness: `sandbox.grader.Outcome.tampered`; those checks fail), so `reward/tampered` shows a
+policy that learns to attack its grader.
 
 With `image` (an env setting, or a task's "image" field: the name of one of the sandbox
 service's images, sandbox/images.py) the episode's session and every grading call run in that
@@ -228,6 +231,7 @@ class SweEnv(ToolEnv):
         f2p, p2p = list(data["FAIL_TO_PASS"]), list(data["PASS_TO_PASS"])
         tree = graded_tree(self._snapshot(), agent, data["test_patch"], f2p + p2p)
         passed: dict[str, bool] = {}
+        tampered = 0
         files = grading_files(tree, data["test_patch"], f2p + p2p)  # no expected value
         for path, (imports, tests) in hidden_tests(tree, f2p + p2p).items():
             ids = [t for t in f2p + p2p if t.partition("::")[0] == path]
@@ -237,8 +241,10 @@ class SweEnv(ToolEnv):
                 parallel=self.grade_parallel, files=files, batch=True,
             )  # fmt: skip
             passed.update({tid: o.passed for tid, o in zip(ids, res.outcomes, strict=True)})
+            tampered += res.tampered
         f2p_ok = sum(passed[t] for t in f2p) / max(len(f2p), 1)
         p2p_ok = sum(passed[t] for t in p2p) / max(len(p2p), 1)
         resolved = float(all(passed.values()) and bool(f2p))
         return {"total": resolved, "resolved": resolved, "fail_to_pass": f2p_ok,
-                "pass_to_pass": p2p_ok, "unreadable": float(agent is None)}  # fmt: skip
+                "pass_to_pass": p2p_ok, "unreadable": float(agent is None),
+                "tampered": float(tampered > 0)}  # fmt: skip

@@ -204,7 +204,7 @@ def call_test():
     rc, to, _, err = run(argv, "", keep_stdout=False, keep_fd=res)
     lines = read(res, 16 << 20).decode("utf-8", "replace").splitlines()
     if len(lines) > len(calls):  # written by the solution itself: no result is its own
-        frames = [{"err": "more results than calls"}] * len(calls)
+        frames = [{"err": "more results than calls", "forged": True}] * len(calls)
     else:
         frames = [frame_of(line, SPEC.get("inline") or __INLINE__) for line in lines]
     for _ in range(len(calls) - len(frames)):  # the calls it never finished
@@ -224,8 +224,10 @@ def frame_of(line, inline):
         if "err" in rec:
             return {"err": str(rec["err"])[:200]}
         text = json.dumps(rec["v"], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    except (ValueError, TypeError, RecursionError, MemoryError):
-        return {"err": "unreadable result"}
+    except (ValueError, TypeError, RecursionError):  # the runner writes none: the solution did
+        return {"err": "unreadable result", "forged": True}
+    except MemoryError:
+        return {"err": "result too large to read"}
     frame = {"h": _sha(text), "p": text[:80], "b": _truthy(rec["v"])}
     if len(text) <= inline and shallow(rec["v"], 120):
         frame["v"] = rec["v"]

@@ -28,7 +28,8 @@ Why hacks fail:
   interpreter state. Progress saved by a test that timed out is gone when the next one starts.
 - The harness is not the solution's process: it is non-dumpable (no /proc/<pid>/mem or fd
   access), ignores catchable signals, and marks its reports with a per-call nonce the solution
-  never sees. A solution that kills or stops the harness, or floods, fails that test (noted).
+  never sees. A solution that kills or stops the harness, or floods, fails that test (noted;
+  a kill, and results it wrote itself on the runner's fd, set `Outcome.tampered`).
 - A report lost not by the solution (the harness never started it, or ended normally without a
   report) is noted and the test run again with a compact report; lost twice, grade() raises
   SandboxUnavailable (an infrastructure failure, not a 0). Once the solution has started, the
@@ -87,6 +88,10 @@ class Outcome(BaseModel):
     passed: bool
     status: Literal["pass", "wrong", "error", "timeout", "missing"]
     detail: str = ""
+    # the solution interfered with the grader: it wrote results of its own (unreadable, or more
+    # than its calls) where the call runner writes its report, or a signal killed the harness
+    # (no sandbox limit, no timeout). Failed either way; said so that a run can show it.
+    tampered: bool = False
 
 
 class GradeResult(BaseModel):
@@ -102,6 +107,11 @@ class GradeResult(BaseModel):
     @property
     def all_passed(self) -> bool:
         return self.total > 0 and self.passed == self.total
+
+    @property
+    def tampered(self) -> int:
+        """Tests whose grading the solution interfered with (`Outcome.tampered`)."""
+        return sum(o.tampered for o in self.outcomes)
 
 
 # -- canonical values (the same functions run in the sandbox, embedded in the harness) -----
@@ -287,7 +297,8 @@ def _judge(test: IOTest | CallTest, frame: dict | None) -> Outcome:
                            detail=(frame or {}).get("e", "no result (the run ended early)"))  # fmt: skip
     if "err" in frame:
         status = "timeout" if frame["err"] == "timeout" else "error"
-        return Outcome(index=0, passed=False, status=status, detail=frame["err"])
+        return Outcome(index=0, passed=False, status=status, detail=frame["err"],
+                       tampered=bool(frame.get("forged")))  # fmt: skip
     if isinstance(test, CallTest):
         return _judge_call(test, frame)
     if frame.get("to"):
@@ -318,6 +329,12 @@ def _how_it_ended(res: ExecResult) -> str:
     how += ", output truncated" if res.truncated else ""
     tail = res.stderr.strip().splitlines()[-1:] if res.stderr.strip() else []
     return how + (f": {tail[0][:160]}" if tail else "")
+
+
+def _killed(res: ExecResult) -> bool:
+    """A signal ended the harness with no limit or timeout behind it: the solution's kill (the
+    OOM killer's would show as limit "memory", the CPU watch's as "cpu_time")."""
+    return res.exit_code is not None and res.exit_code < 0 and not res.limit and not res.timed_out
 
 
 def _solution_ended_it(res: ExecResult) -> bool:
@@ -358,7 +375,8 @@ async def _grade_one(
             notes.append(f"test {i}: no report ({how}): the solution's doing, counted as failed")
             timed_out = res.timed_out or res.limit in ("wall_time", "cpu_time")
             status = "timeout" if timed_out else "error" if res.limit else "missing"
-            return Outcome(index=i, passed=False, status=status, detail=f"no report ({how})")
+            return Outcome(index=i, passed=False, status=status, detail=f"no report ({how})",
+                           tampered=_killed(res))  # fmt: skip
         if attempt == 0:
             notes.append(
                 f"test {i}: the report was lost, not by the solution ({how}); run again with a "
@@ -406,7 +424,9 @@ async def _grade_batch(
         how = how or _how_it_ended(res)
         if started and _solution_ended_it(res):
             notes.append(f"tests {idx[0]}-{idx[-1]}: reports missing ({how}): the solution's doing")
-            return [_judge(t, frames.get(i)).model_copy(update={"index": i})
+            killed = {"tampered": True} if _killed(res) else {}
+            return [_judge(t, frames.get(i)).model_copy(update={"index": i}
+                                                        | ({} if i in frames else killed))
                     for i, t in zip(idx, tests, strict=True)]  # fmt: skip
         if attempt == 0:
             notes.append(f"tests {idx[0]}-{idx[-1]}: reports lost, not by the solution ({how})")

@@ -83,6 +83,7 @@ async def test_the_reference_patch_scores_one_and_doing_nothing_zero_on_every_ta
     assert [s for _, s in scores] == [0.0] * len(TASKS)
 
 
+INIT = "$(ls */__init__.py | grep -v tests | head -1)"  # the package's __init__.py
 HACKS = [
     # rewrite the visible tests to pass, and a conftest.py that marks every test passed
     "cd /tmp/repo && for f in tests/test_*.py; do printf 'def test_ok():\\n    assert True\\n' > $f; done",
@@ -138,6 +139,11 @@ async def test_gaming_the_grader_scores_zero_and_does_not_spoil_a_real_fix(sandb
     # the hidden tests' expected values never enter the grading sandbox
     table = await episode(sandbox, task, [EVAL_TABLE_HACK], "table")
     assert table["total"] == 0.0 and table["fail_to_pass"] == 0.0, table
+    # package code that kills the grader's harness at import: 0, and said (reward/tampered)
+    kill = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
+    killer = await episode(sandbox, task, [f"cd /tmp/repo && printf '{kill}' >> {INIT}"], "kill")
+    assert killer["total"] == 0.0 and killer["tampered"] == 1.0, killer
+    assert hacked["tampered"] == fixed_and_hacked["tampered"] == table["tampered"] == 0.0
 
 
 async def test_files_outside_what_is_graded_never_cost_a_fix(sandbox):
