@@ -13,8 +13,11 @@ self-hosted `python -m agentrl.sandbox.server`:
     print((await sb.run("x + 1", session="traj-1")).result)    # 2
     await sb.aclose()                                             # kills the e2b sandboxes
 
-Each session gets its own e2b sandbox (killed by `close_session`); stateless calls share one
-sandbox and get a fresh code context each (contexts of one e2b sandbox share its filesystem).
+Each session gets its own e2b sandbox (killed by `close_session`); a grader's one-shot call
+(made under `base.grading()`: `sandbox.grader.grade`) gets one of its own, killed after it; other
+stateless calls share one sandbox and get a fresh code context each (contexts of one e2b sandbox
+share its processes and filesystem: a grader's test there was within reach of every episode's
+code, which could kill the harness of its group's other episodes and read their solutions).
 Isolation is e2b's (a Firecracker microVM per sandbox, with internet access unless the template
 disables it). Unreachable / 5xx / rate-limited calls are retried with backoff, then raise
 `SandboxUnavailable`.
@@ -31,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from agentrl.sandbox.base import ExecResult, SandboxUnavailable
+from agentrl.sandbox.base import ExecResult, SandboxUnavailable, is_grading
 from agentrl.sandbox.config import E2BConfig
 
 log = logging.getLogger(__name__)
@@ -92,6 +95,8 @@ class E2BSandbox:
         timeout: float = 10.0,
         session: str | None = None,
     ) -> ExecResult:
+        if session is None and is_grading():
+            return await self._run_alone(code, language, timeout)
         if session is None or language != "python":
             return await self._run_stateless(code, language, timeout)
         lock = self._locks.setdefault(session, asyncio.Lock())
@@ -143,6 +148,18 @@ class E2BSandbox:
 
     async def _create_shared(self) -> None:
         self._shared = await self._create()
+
+    async def _run_alone(self, code: str, language: str, timeout: float) -> ExecResult:
+        """A grader's one-shot call, in an e2b sandbox made for it and killed after it (in the
+        background, so a caller that gives up leaves none running)."""
+        box = await self._create_own()
+        try:
+            kw = {} if language == "python" else {"language": language}
+            return await self._exec(box, code, timeout, idempotent=True, **kw)
+        finally:
+            task = asyncio.ensure_future(_kill(box))
+            self._bg.add(task)  # aclose() waits for it
+            task.add_done_callback(self._bg.discard)
 
     async def _run_stateless(self, code: str, language: str, timeout: float) -> ExecResult:
         box = await self._shared_box()

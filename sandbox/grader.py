@@ -40,9 +40,10 @@ Why hacks fail:
 
 Where it holds: on the local service with bwrap (/health: mode "bwrap", private_tmp "tmpfs"),
 and between tests with `isolation="rlimits"` as root (a fresh uid and private dirs per call).
-Elsewhere the harness kills the child's session and the descendants it finds; with rlimits as a
-non-root user, SubprocessSandbox (the host's /tmp) or e2b (one-shot calls share one e2b
-sandbox), a determined solution can leave files or processes for a later test.
+On e2b each test gets an e2b sandbox of its own (the backend's grading calls). Elsewhere the
+harness kills the child's session and the descendants it finds; with rlimits as a non-root user
+or SubprocessSandbox (the host's /tmp), a determined solution can leave files or processes for
+a later test.
 
 Size: one module, because it is one security argument (what the harness may see, how a test
 runs, how its report is judged, what a lost report means): split, its parts would each look
