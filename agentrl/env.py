@@ -302,8 +302,9 @@ class Env:
     def _outcome(self, name: str, res: ToolResult) -> ToolOutcome:
         if res.is_tool_fault:
             return ToolOutcome.failed(self._known(name), "exception", res.content)
-        if res.is_error:
-            return ToolOutcome.failed(self._known(name), "error", res.content)
+        if res.is_error:  # the sandbox tools say which limit ended the code (tools/python.py)
+            tampered = res.metadata.get("limit") == "control_channel"
+            return ToolOutcome.failed(self._known(name), "error", res.content, tampered)
         return ToolOutcome(self._known(name))
 
     async def call_tool(self, call: ToolCall) -> ToolResult:

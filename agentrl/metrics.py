@@ -39,6 +39,9 @@ tools/<name>/ — per tool the env has, over the step's calls, when it was calle
                                     its code failed)
     tools/<name>/exceptions         … that failed by the tool's fault (its own code raised)
     tools/<name>/fail_rate          (errors + exceptions) / calls
+    tools/<name>/tampered           … whose code wrote to the sandbox's control channel (an
+                                    attack on the sandbox, caught: ToolOutcome.tampered); only
+                                    in a step that has some
     rollout/sampled_tokens          sampled (loss-mask 1) tokens, total over the step
     rollout/sequences_per_episode   1, unless an agent rewrote its history or thinking=template
     rollout/tokens                  every id of every sequence (what the learner runs over)
@@ -326,6 +329,7 @@ class ToolStats:
     calls: int = 0
     errors: int = 0  # the model's fault
     exceptions: int = 0  # the tool's fault
+    tampered: int = 0  # errors whose code attacked the sandbox (ToolOutcome.tampered)
     error_messages: Counter[str] = field(default_factory=Counter)
     exception_messages: Counter[str] = field(default_factory=Counter)
 
@@ -353,6 +357,7 @@ def tool_stats(trajs: Sequence[Trajectory]) -> dict[str, ToolStats]:
             for o in turn.tool_outcomes:
                 s = out.setdefault(o.name, ToolStats())
                 s.calls += 1
+                s.tampered += o.tampered
                 if o.status == "error":
                     s.errors += 1
                     s.error_messages[o.message] += 1
@@ -371,6 +376,8 @@ def tool_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         out[f"tools/{name}/errors"] = float(s.errors)
         out[f"tools/{name}/exceptions"] = float(s.exceptions)
         out[f"tools/{name}/fail_rate"] = s.fail_rate
+        if s.tampered:
+            out[f"tools/{name}/tampered"] = float(s.tampered)
     return out
 
 

@@ -225,7 +225,10 @@ class ToolOutcome:
     code failed); "exception" (the tool's fault: its own code raised). `message`: a failed
     call's error as the model read it, its first `MAX_CHARS` characters ("" when it worked).
     `name`: a tool the env has, or `UNKNOWN` for a name it has not (the policy's invention: one
-    bucket, so made-up names cannot mint metric names).
+    bucket, so made-up names cannot mint metric names). `tampered`: the call's code reached for
+    what runs it and the sandbox caught it (it wrote to the sandbox's control channel: the
+    result's `limit` "control_channel"); the model's error too, counted apart
+    (`tools/<name>/tampered`) so that a policy learning to attack its sandbox is seen.
     """
 
     UNKNOWN: ClassVar[str] = "(unknown)"
@@ -234,10 +237,13 @@ class ToolOutcome:
     name: str
     status: ToolStatus = "ok"
     message: str = ""
+    tampered: bool = False
 
     @classmethod
-    def failed(cls, name: str, status: ToolStatus, message: str) -> ToolOutcome:
-        return cls(name, status, message[: cls.MAX_CHARS])
+    def failed(
+        cls, name: str, status: ToolStatus, message: str, tampered: bool = False
+    ) -> ToolOutcome:
+        return cls(name, status, message[: cls.MAX_CHARS], tampered)
 
 
 def tally(outcomes: list[ToolOutcome]) -> tuple[int, int, int]:

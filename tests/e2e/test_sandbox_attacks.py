@@ -20,9 +20,13 @@ import httpx
 import pytest
 from sandbox_kit import LIMITS, SECRET, attack, attacked_service, needs, serves_next_100
 
+from agentrl.env import AssistantTurn, ToolEnv
 from agentrl.sandbox import ServerConfig, ServiceSandbox
 from agentrl.sandbox.grader import IOTest, grade
 from agentrl.sandbox.server import LocalService
+from agentrl.tool import ToolContext
+from agentrl.tools.python import PythonTool
+from agentrl.types import Message, Task, ToolCall
 
 
 @pytest.fixture(scope="module")
@@ -333,8 +337,22 @@ async def test_control_channel_forgery_is_a_result_never_an_outage(
         after = await sb.run("1 + 1", session=key)
         assert after.result == "2" and after.ok
         await sb.close_session(key)
+        # through the python tool and an env's step: the model's error, counted as an attack
+        env = PyEnv(Task(id="t", data={"prompt": "q"}), ToolContext(key, sb, timeout_s=10.0))
+        call = ToolCall(id="1", name="python", arguments={"code": CHANNEL_ATTACKS[name]})
+        msg = Message(role="assistant", content="", tool_calls=[call])
+        (outcome,) = (await env.step(AssistantTurn(msg, ""))).tool_outcomes
+        assert outcome.status == "error" and outcome.tampered, outcome
+        await env.close()
     await sb.aclose()
     assert service.health()["counters"]["runs"] > 0
+
+
+class PyEnv(ToolEnv):
+    tools = [PythonTool()]
+
+    async def reward(self, trajectory: object) -> float:
+        return 0.0
 
 
 # -- keys, timeouts, request sizes, the e2b routes --------------------------------------------
