@@ -380,6 +380,19 @@ def resolve_model(a, url: str | None) -> str:
     raise SystemExit("pass --model DIR: the served model (or a dir with its tokenizer)")
 
 
+def fast_paths(tokenizer: Any) -> str:
+    """Whether the client's fast paths (agentrl/fastpath.py) are on with this transformers: the
+    rollout's client work per turn depends on it, so every figure says which it had."""
+    import transformers
+
+    from agentrl.fastpath import ChatTemplate, Codec
+
+    t, c = ChatTemplate(tokenizer, None, {}), Codec(tokenizer)
+    on = {"template": t.direct, "encode": c.backend is not None, "decode": c.decoder is not None}
+    return (f"client fast paths (transformers {transformers.__version__}): "
+            + ", ".join(f"{k} {'on' if v else 'OFF'}" for k, v in on.items()))  # fmt: skip
+
+
 def report(rows: list[dict[str, Any]], header: str) -> None:
     print(header)
     print(f"{'mode':<7} {'episodes':>8} {'turns':>5} {'tokens':>8} {'rollout s':>10} "
@@ -477,6 +490,7 @@ def main() -> None:
             logs.mkdir(parents=True, exist_ok=True)
             url = stack.enter_context(launch_engines(engine_config(a), Path(model), logs))[0]
         tokenizer = AutoTokenizer.from_pretrained(model)
+        print(fast_paths(tokenizer))
         server = "external" if a.url else a.engine
         runs = []
         for run in range(a.runs):  # one server, --runs runs of the whole bench

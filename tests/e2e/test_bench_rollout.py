@@ -29,6 +29,7 @@ def test_rollout_bench_measures_every_side(scratch_devserver, tiny_model_dir, tm
         assert all(c["s"] > 0 and c["turns_per_request"] >= 1 for c in r["coalesced"].values())
     assert multi["turns"] == 2 and multi["bare_turns_s"] > 0 and multi["tool_latency_s"] > 0
     assert "tool latency" in done.stdout and "bare multi-turn client" in done.stdout
+    assert "client fast paths (transformers" in done.stdout and "template on" in done.stdout
     assert done.stdout.count("rollout coalesced (window") == 6, done.stdout
 
 
