@@ -293,14 +293,14 @@ def sequence_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     return out
 
 
-GATEWAY_COUNTS = ("requests", "sequences", "start", "extend", "branch", "fork", "bad_requests",
-                  "parse_errors", "sampling_overridden", "tool_calls")  # fmt: skip
+GATEWAY_COUNTS = ("requests", "sequences", "start", "extend", "branch", "fork", "template",
+                  "bad_requests", "parse_errors", "sampling_overridden", "tool_calls")  # fmt: skip
 
 
 def gateway_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     """An AgentEnv's episodes (agentrl/gateway/): per step, the requests its agents made and how
-    each was captured (start, extend, branch, fork: agentrl/gateway/capture.py), requests refused
-    (bad_requests), parse errors, requests whose own temperature/top_p were overridden, and
+    each was captured (start, extend, branch, fork, template: agentrl/gateway/capture.py), requests
+    refused (bad_requests), parse errors, requests whose own temperature/top_p were overridden, and
     `gateway/fork_rate` (forks per request: the agents' history rewrites)."""
     counts: Counter[str] = Counter()
     seen = False

@@ -495,4 +495,5 @@ def generation_defaults(cfg: RolloutConfig, renderer: Renderer) -> GenerationDef
         ignore_eos=cfg.ignore_eos,
         template_kwargs=cfg.template_kwargs,
         end_of_turn=cfg.end_of_turn,
+        thinking=cfg.thinking,
     )

@@ -20,6 +20,13 @@ request's, and the assistant messages it answered with), its ids, mask and logpr
             itself): a new sequence from the whole request rendered as a prompt. Nothing the
             model sampled is ever tokenized again from text: the new sequence's earlier
             assistant turns are prompt (mask 0), its sampled tokens are those sampled in it.
+    template  rollout.thinking=template, and an extend or a branch whose ids would not be the
+            chat template's rendering of the history (the messages it matched, with the
+            reasoning they were answered with, and the new ones): a thinking template drops an
+            earlier answer's reasoning once a user message follows it. A new sequence from that
+            rendering, as inference serves it and as a ToolEnv episode goes on under that
+            setting (agentrl/rollout.py; docs/rollouts.md). Under keep (the default) the ids
+            stay as sampled, reasoning included.
 
 An assistant message in a request is matched against the one the gateway answered with by its
 content (whitespace at the ends aside), its tool calls' ids, names and arguments.
@@ -37,7 +44,7 @@ from agentrl.render import Renderer
 from agentrl.sequence import TokenSequence
 from agentrl.types import Message, StopReason, Turn
 
-Kind = Literal["start", "extend", "branch", "fork"]
+Kind = Literal["start", "extend", "branch", "fork", "template"]
 
 
 @dataclass(frozen=True)
@@ -142,8 +149,11 @@ class EpisodeCapture:
 
     # -- matching ------------------------------------------------------------------------------
 
-    def plan(self, messages: list[Message], tools_key: str, renderer: Renderer) -> Plan:
-        """Where this request goes (see the module docstring); nothing changes yet."""
+    def plan(
+        self, messages: list[Message], tools_key: str, renderer: Renderer, template: bool = False
+    ) -> Plan:
+        """Where this request goes (see the module docstring); nothing changes yet. `template`:
+        rollout.thinking=template (the ids a request samples on are the template's rendering)."""
         best: tuple[int, int, Captured, Mark] | None = None
         for order, cap in enumerate(self.sequences):
             if cap.tools_key != tools_key or not cap.marks:
@@ -166,6 +176,10 @@ class EpisodeCapture:
         sampled = cap.seq.ids[turn.start : turn.end]
         new = messages[mark.messages :]
         ids = renderer.observation_ids(new, sampled, cap.seq.messages[mark.messages - 1])
+        if template:  # the history as the template renders it (the reasoning as answered)
+            history = cap.seq.messages[: mark.messages] + new
+            if (fresh := renderer.prompt_ids(history)) != cap.seq.ids[: mark.ids] + ids:
+                return Plan("template", None, None, history, fresh, tools_key)
         last = mark == cap.marks[-1] and not cap.busy
         return Plan("extend" if last else "branch", cap, mark, new, ids, tools_key)
 

@@ -40,6 +40,9 @@ class GenerationDefaults:
     ignore_eos: bool = False  # benchmarks: every request samples its max_tokens
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     end_of_turn: str | None = None
+    # rollout.thinking: keep (the ids as sampled) or template (each request's ids are the chat
+    # template's rendering of its messages: a history it renders otherwise starts a new sequence)
+    thinking: str = "keep"
 
 
 RANGES = {  # OpenAI's where OpenAI has the parameter, else SGLang's (a top_p of 0 is no

@@ -360,7 +360,7 @@ class Gateway:
         recorded: list[Captured],
     ) -> tuple[Choice, int, int, Captured]:
         try:
-            plan = ep.plan(req.messages, key, renderer)
+            plan = ep.plan(req.messages, key, renderer, self.defaults.thinking == "template")
         except RenderError as e:
             raise bad(f"the model's chat template cannot render these messages: {e}") from e
         except Exception as e:  # jinja2's raise_exception, TypeError, … from the template
