@@ -15,6 +15,7 @@ import logging
 import time
 import traceback
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import openai
@@ -22,7 +23,7 @@ import openai
 from agentrl.agent_env import AgentEnv
 from agentrl.agent_workers import AgentRaised, AgentWorkerDied, AgentWorkers, Job, openai_client
 from agentrl.engine import EngineUnavailable
-from agentrl.env import read_reward
+from agentrl.env import Env, read_reward
 from agentrl.gateway import EpisodeCapture, Gateway
 from agentrl.repeats import warn_episode
 from agentrl.seeding import episode_key
@@ -232,3 +233,43 @@ async def _close(env: AgentEnv, session: str) -> None:
         await env.close()
     except Exception as e:
         log.warning("env.close of %s failed: %s", session, e)
+
+
+def agent_notes(
+    classes: Mapping[str, type[Env]],
+    max_turns: int | None,
+    context_policy: str,
+    agent_workers: int,
+    engine_kind: str,
+) -> list[str]:
+    """What a run with AgentEnv classes (by name; "" a single env's) should be told at start, as
+    console lines. The rollout settings an agent's episode never reads (its agent runs its own
+    loop over its own history; the gateway only records it), rollout.max_turns and
+    rollout.context.policy: a ConfigError when every env is an AgentEnv (the setting does
+    nothing), a warning in a mixture (only its ToolEnvs read it). Before, both were taken and
+    silently not applied: an agent made as many requests as its own loop did, and its episodes
+    overflowed under a context policy that never ran."""
+    agents = [n or c.__name__ for n, c in classes.items() if issubclass(c, AgentEnv)]
+    if not agents:
+        return []
+    unused = []
+    if max_turns is not None:
+        unused.append(f"rollout.max_turns={max_turns} (an agent's own loop decides how many "
+                      "requests it makes: bound them with rollout.gateway.max_requests, or the "
+                      "agent's own setting in env.args)")  # fmt: skip
+    if context_policy != "none":
+        unused.append(f"rollout.context.policy={context_policy} (an agent sends its own history:"
+                      " a request past rollout.max_context_tokens ends its episode "
+                      "context_overflow; a history the agent rewrites starts a new sequence)")  # fmt: skip
+    if unused and len(agents) == len(classes):
+        raise ConfigError(f"{'; '.join(unused)}: no env of this run reads it, every one is an "
+                          f"AgentEnv ({', '.join(agents)}). Drop the setting")  # fmt: skip
+    notes = [f"[yellow]warning:[/] {u} applies to the ToolEnvs only: not to {', '.join(agents)}"
+             for u in unused]  # fmt: skip
+    in_loop = any(c.command is None for c in classes.values() if issubclass(c, AgentEnv))
+    if in_loop and engine_kind == "sglang" and agent_workers == 0:
+        notes.append("[dim]note: the AgentEnv's agents run in the rollout's own event loop; on a "
+                     "GPU engine their SDK's CPU per request can limit the run: "
+                     "rollout.gateway.agent_workers=16 runs them in processes of their own "
+                     "(docs/agents.md)[/]")  # fmt: skip
+    return notes

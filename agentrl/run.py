@@ -28,7 +28,7 @@ from typing import Any
 from rich.console import Console
 from transformers import AutoTokenizer
 
-from agentrl.agent_env import AgentEnv
+from agentrl.agent_rollout import agent_notes
 from agentrl.ckpt import (
     CheckpointManager,
     StagedCheckpoint,
@@ -125,11 +125,10 @@ async def open_run(cfg: Config, out: Path, *, train: bool = True) -> AsyncIterat
             console.print(f"[dim]{line}[/]")
         for env_cls in classes.values():  # template and parser: before any server
             prepare_rollout(tokenizer, env_cls, cfg)
-        if _agents_in_loop_on_a_gpu_engine(cfg, classes):
-            console.print("[dim]note: the AgentEnv's agents run in the rollout's own event loop; "
-                          "on a GPU engine their SDK's CPU per request can limit the run: "
-                          "rollout.gateway.agent_workers=16 runs them in processes of their own "
-                          "(docs/agents.md)[/]")  # fmt: skip
+        r = cfg.rollout  # AgentEnvs: settings they never read, where their agents run
+        for note in agent_notes(classes, r.max_turns, r.context.policy,
+                                r.gateway.agent_workers, cfg.engine.kind):  # fmt: skip
+            console.print(note)
         sandbox_start = _start_beside(stack, "sandbox", make_sandbox, cfg.sandbox)
         # LoRA: adapters through SGLang's LoRA routes (the servers serve the base), or merged
         lora_mode = planned_lora_sync(cfg.learner.lora, cfg.engine) if train else None
@@ -307,11 +306,6 @@ def task_sets(
     )
     ev = cfg.trainer.eval
     return eval_task_sets(tasks, candidates, ev.size, cfg.seed, ev.split)
-
-
-def _agents_in_loop_on_a_gpu_engine(cfg: Config, classes: dict[str, type[Env]]) -> bool:
-    in_loop = any(issubclass(c, AgentEnv) and c.command is None for c in classes.values())
-    return in_loop and cfg.engine.kind == "sglang" and cfg.rollout.gateway.agent_workers == 0
 
 
 def make_rollout(
