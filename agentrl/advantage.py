@@ -44,7 +44,9 @@ noise to full size (|A| ~ 1 per member, as in verl): prefer drgrpo or rloo (no s
 kl_mode=reward, or keep kl_coef small.
 At reward_level=trajectory per-turn rewards (Turn.reward) are ignored (train.py warns once).
 For gae, rewards sit on the last sampled token of each turn and gamma/lam act per sampled token;
-observation tokens (loss_mask 0) are skipped, as if the turns were one sampled sequence.
+observation tokens (loss_mask 0) are skipped, as if the turns were one sampled sequence. Each
+sequence of an episode is its own (ending with the outcome); with a reward penalty at trajectory
+level each also carries its episode's other sequences' penalties on its last sampled token.
 
 Truncated episodes (`Truncation`, from `rollout.truncated` / `rollout.truncated_reward`): an episode
 that a token budget cut before the model finished it (stop reason `length`: a turn hit
@@ -541,9 +543,27 @@ def reinforce_pp_baseline_estimator(
     return _group_baseline(eps, cfg, "mean"), None
 
 
+def _others_penalty(eps: list[Episode]) -> list[float]:
+    """Per sequence: the reward penalty (kl_mode=reward) on the sampled tokens of the OTHER
+    sequences of its episode (`Episode.member`: an agent's, or one rollout.thinking=template or
+    rollout.context rewrote); 0 for an episode of one sequence."""
+    own = [0.0 if e.penalty_T is None else sum(float(e.penalty_T[a:b].sum()) for a, b in e.spans)
+           for e in eps]  # fmt: skip
+    total: dict[int, float] = {}
+    for e, p in zip(eps, own, strict=True):
+        total[e.member] = total.get(e.member, 0.0) + p
+    return [total[e.member] - p for e, p in zip(eps, own, strict=True)]
+
+
 @register("gae", whiten=True, needs_values=True)
 def gae_estimator(eps: list[Episode], cfg: AdvantageConfig) -> tuple[list[Tensor], list[Tensor]]:
+    """Each sequence is GAE's own: its turns' rewards (the outcome on its last), its tokens'
+    penalties. At trajectory level an episode of several sequences also charges each one, at its
+    last sampled token, its other sequences' penalties, so that every sequence's return from its
+    first token is the episode's score, as the group estimators read it (`_episode_penalties`).
+    Before, a sequence never saw the KL of the sequences its episode went on in."""
     advs, rets = [], []
+    others = _others_penalty(eps) if cfg.reward_level == "trajectory" else [0.0] * len(eps)
     for n, e in enumerate(eps):
         if e.values_T is None:
             raise ValueError(
@@ -562,6 +582,8 @@ def gae_estimator(eps: list[Episode], cfg: AdvantageConfig) -> tuple[list[Tensor
                 if e.penalty_T is not None:
                     env_part = env_part + e.penalty_T[start:end].double().sum()
                 rewards[end - 1] += env_part
+        if len(idx):
+            rewards[idx[-1]] -= others[n]
         a, r = gae(rewards[idx], e.values_T.double()[idx], cfg.gamma, cfg.lam)
         adv = torch.zeros(len(e.loss_mask_T), dtype=torch.float32)
         ret = torch.zeros(len(e.loss_mask_T), dtype=torch.float32)

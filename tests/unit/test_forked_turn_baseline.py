@@ -72,3 +72,24 @@ def test_a_forked_episodes_reward_penalty_is_all_its_sequences():
     got = [sampled(a, t) for a, t in zip(out.advantages, group, strict=True)]
     assert got == [pytest.approx([-0.1, -0.1]), pytest.approx([-0.1, -0.1]),
                    pytest.approx([0.1, 0.1])]  # fmt: skip
+
+
+def test_gae_charges_each_sequence_its_episodes_other_penalties():
+    """gae (gamma = lam = 1, values 0, not whitened: A_t = the rewards from t on), kl_mode=reward:
+    episode A of two sequences (penalties .05, .05 and .1, .1; reward 1), B of one (.05, .05).
+    Each sequence's last token gets the outcome less its episode's other sequences' penalties:
+    A's first sequence 1 - .2, its second 1 - .1, so from each one's first token the return is
+    A's score 1 - .3 (what drgrpo reads above): [.7, .75] and [.7, .8]; B [.9, .95]. Before, A's
+    first sequence got [.9, .95], the KL of the sequence its episode went on in unseen."""
+    import torch
+
+    group = [of("A", traj(1.0)), of("A", traj(1.0)), of("B", traj(1.0))]
+    pen = [torch.tensor([0, 0, 0.05, 0.05]), torch.tensor([0, 0, 0.1, 0.1]),
+           torch.tensor([0, 0, 0.05, 0.05])]  # fmt: skip
+    cfg = AdvantageConfig(name="gae", gamma=1.0, lam=1.0, whiten=False)
+    out = compute_advantages([group], cfg, [torch.zeros(4)] * 3, pen)
+    got = [sampled(a, t) for a, t in zip(out.advantages, group, strict=True)]
+    assert got == [pytest.approx([0.7, 0.75]), pytest.approx([0.7, 0.8]),
+                   pytest.approx([0.9, 0.95])]  # fmt: skip
+    # the critic's targets are the same returns (values 0)
+    assert [sampled(r, t) for r, t in zip(out.returns, group, strict=True)] == got
