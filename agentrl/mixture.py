@@ -17,6 +17,8 @@ env.envs.mine._target_=my_env.AddEnv` adds one, `~env.envs.units` drops one. Wha
   the stopped one would have. Weights are not part of the run's identity: a resumed run may
   change them and goes on from its draw count. A task's id becomes `<env>/<id>` (the env's
   own code sees the original id); every group is one env's, so group baselines never mix envs.
+  Over-sampled (trainer.sampling.oversample_groups), each env keeps its share of the step's
+  draws, its first groups to finish: the spares replace only their own env's slow groups.
 - Run-wide, not per env: sampling (rollout.temperature, max_new_tokens, context budgets: one
   policy, one logprob temperature for the trainer), rollout.group_size, trainer.tasks_per_step.
   Estimators that whiten over the step (reinforce_pp_baseline, gae) whiten every env's tokens
@@ -176,7 +178,9 @@ class MixtureRollout:
         self.cfg, self.engine, self.sandbox = first.cfg, first.engine, first.sandbox
 
     async def run(self, tasks: list[Task], keep: int | None = None) -> list[list[Trajectory]]:
-        return await run_groups(self.run_group, tasks, keep)
+        """`Rollout.run`; over-sampled (`keep`), each env keeps its share of the first `keep`
+        draws (`run_groups`), so the weights hold whichever env finishes first."""
+        return await run_groups(self.run_group, tasks, keep, kind=lambda t: split_id(t)[0])
 
     async def aclose(self) -> None:
         for member in self.members.values():

@@ -82,7 +82,8 @@ class SamplingConfig(BaseModel):
         ge=0,
         description="sync: roll out this many groups more than tasks_per_step and keep the "
         "first tasks_per_step to finish (the rest are aborted on the engine): a slow tail never "
-        "holds the step, at the price of a bias towards quickly finished episodes",
+        "holds the step, at the price of a bias towards quickly finished episodes (env=mixture: "
+        "within each env, which keeps its share of the step's draws)",
     )
     dynamic_sampling: bool = Field(
         False,

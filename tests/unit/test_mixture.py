@@ -234,3 +234,28 @@ def test_evaluation_reports_each_env_and_the_whole():
     assert out["eval/code/reward_mean"] == 1.0 and out["eval/code/episodes"] == 2
     assert out["eval/units/reward_mean"] == 0.0 and out["eval/units/tool_call_rate"] == 0.0
     assert {e.metadata["env"] for e in episodes} == {"code", "units"}
+
+
+class PacedRollout(FakeRollout):
+    """An env whose groups take `delay_s` each."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__(0.0, tool=False)
+        self.delay_s = delay_s
+
+    async def run_group(self, task: Task, n: int | None = None) -> list[Trajectory]:
+        await asyncio.sleep(self.delay_s)
+        return await super().run_group(task, n)
+
+
+def test_over_sampling_keeps_each_envs_share_of_the_draws():
+    """trainer.sampling.oversample_groups with env=mixture: of 4 groups a step (2 slow, 2 quick
+    among the first 4 draws) and 2 spares, each env keeps its own 2, its first to finish; the
+    quick env's spare is dropped. Kept by finishing order across envs, the quick env took 3 of
+    the 4 (a real 4-step run of code and units at weights 1:1 trained 4 code groups and 12 units)."""
+    mix = MixtureRollout({"slow": PacedRollout(0.05), "quick": PacedRollout(0.0)})
+    ids = ["slow/0", "quick/0", "slow/1", "quick/1", "quick/2", "slow/2"]
+    groups = asyncio.run(mix.run([Task(id=i) for i in ids], keep=4))
+    kept = [g[0].task_id for g in groups]
+    assert sorted(kept) == ["quick/0", "quick/1", "slow/0", "slow/1"]  # in launch order, below
+    assert kept == ["slow/0", "quick/0", "slow/1", "quick/1"]
