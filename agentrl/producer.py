@@ -201,11 +201,16 @@ class GroupProducer:
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps of the work in flight: every group launched and not yet
         taken, in launch order, with its trajectories when it has finished (None: to roll out
-        again on resume). The sampler's cursor is already past all of them."""
+        again on resume). The sampler's cursor is already past all of them. A finished group
+        with routes (learner.routing_replay) is rolled out again too: a trajectory's record
+        leaves its routes out (`Trajectory.to_dict`), and handed on without them the learner's
+        router would choose the experts of every one of its tokens, not the engine's."""
         pending = []
         for run in self.order:
             done = run.done() and not run.cancelled() and run.exception() is None
             g: FinishedGroup | None = run.result() if done else None
+            if g is not None and any(t.routes is not None for t in g.trajectories):
+                g = None
             task = g.task if g is not None else self._tasks[run]
             pending.append({
                 "task": task.model_dump(),

@@ -179,3 +179,25 @@ async def test_an_engine_that_never_gets_the_new_weights_stops_the_take():
         with pytest.raises(TrainingError, match="launched when the engines served policy "
                            "version 1 was sampled with version 0: a weight push did not"):  # fmt: skip
             await asyncio.wait_for(p.take(2), 5)
+
+
+async def test_a_checkpoint_rolls_finished_groups_with_routes_out_again():
+    """learner.routing_replay: a trajectory's record leaves its routes out, so a finished group
+    kept in a checkpoint would resume without them and train on the learner's own experts:
+    it is rolled out again instead. Before, it was handed on with routes None."""
+    import numpy as np
+
+    class Routed(Engines):
+        async def run_group(self, task):
+            trajs = await super().run_group(task)
+            trajs[0].routes = np.zeros((1, 4), dtype=np.int32)  # [positions, layers * k]
+            return trajs
+
+    engines = Routed()
+    engines.gate.set()
+    async with producing(producer(engines, "wait", staleness=1)) as p:
+        await p.take(2)
+        await settle()
+        state = p.state_dict()  # groups 2 and 3 finished, not yet taken
+    assert [g["task"]["id"] for g in state["pending"]] == ["2", "3"]
+    assert all(g["trajectories"] is None for g in state["pending"])
