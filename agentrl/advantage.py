@@ -397,9 +397,10 @@ def carries_gradient(
     - no valid member with a sampled token: False (nothing to train);
     - an estimator that reads critic values (gae, `needs_values`): True. The values make every
       token's advantage non-zero in general, equal rewards or not, and are not known yet;
-    - `reward_penalty` (kl_mode=reward with kl_coef > 0) and two or more valid members: True. The
-      per-token KL (the reference's logprobs come later) differs between members, and a group
-      baseline turns the difference into advantages (see the module docstring on grpo);
+    - `reward_penalty` (kl_mode=reward with kl_coef > 0) and two or more valid members (episodes,
+      however many sequences each): True. The per-token KL (the reference's logprobs come later)
+      differs between members, and a group baseline turns the difference into advantages (see
+      the module docstring on grpo);
     - otherwise the estimator itself, on this group alone, from the outcome reward and the
       per-turn rewards as `cfg.reward_level` reads them (at `trajectory` per-turn rewards do not
       count; at `turn` equal outcomes with different turn rewards carry gradient): True when an
@@ -413,7 +414,8 @@ def carries_gradient(
     valid = [t for t in group if not t.stop_reason.is_infra_failure]
     if not any(t.num_sampled for t in valid if not truncation.masked(t)):
         return False
-    if needs_values(cfg.name) or (reward_penalty and len(valid) > 1):
+    members = {t.metadata.get("session") or id(t) for t in valid}  # an episode's sequences: one
+    if needs_values(cfg.name) or (reward_penalty and len(members) > 1):
         return True
     eps = episodes_from([group], cfg, truncation=truncation)
     adv, _ = get_estimator(cfg.name)(eps, cfg)

@@ -93,3 +93,16 @@ def test_gae_charges_each_sequence_its_episodes_other_penalties():
                    pytest.approx([0.9, 0.95])]  # fmt: skip
     # the critic's targets are the same returns (values 0)
     assert [sampled(r, t) for r, t in zip(out.returns, group, strict=True)] == got
+
+
+def test_one_episode_of_two_sequences_carries_no_kl_signal_alone():
+    """kl_mode=reward: a group whose only valid episode (the other lost its sandbox) left two
+    sequences has one member, no baseline, advantage 0 whatever its KL: dynamic sampling must
+    drop it. Its sequences were counted as two members, and it was kept as carrying gradient."""
+    from agentrl.types import StopReason
+
+    lost = traj(0.0, stop=StopReason.SANDBOX_UNAVAILABLE)
+    group = [of("A", traj(1.0)), of("A", traj(1.0)), of("B", lost)]
+    cfg = AdvantageConfig(name="grpo")
+    assert not carries_gradient(group, cfg, reward_penalty=True)
+    assert carries_gradient([*group, of("C", traj(1.0))], cfg, reward_penalty=True)
