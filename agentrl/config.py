@@ -16,7 +16,6 @@ new names) in trainer_config.py. User classes are referenced by import path in `
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import re
@@ -44,11 +43,11 @@ from agentrl.advantage import AdvantageConfig, needs_values
 from agentrl.assets.build import resolve_builtin
 from agentrl.ckpt import CheckpointConfig
 from agentrl.cli.overrides import check_argv, check_overrides, unknown_key_hint
+from agentrl.config_raw import import_user_modules, misread_settings
 from agentrl.engine import EngineConfig
 from agentrl.env_config import ENV_KINDS, EnvConfig, MixtureConfig, env_kind
 from agentrl.learner import LearnerConfig, RayConfig
 from agentrl.loss import LossConfig
-from agentrl.registry import is_import_path
 from agentrl.rollout import RolloutConfig
 from agentrl.sandbox.backends import BACKENDS
 from agentrl.sandbox.config import SandboxConfig
@@ -350,21 +349,6 @@ def _safe_run_name(name: Any, target: Any, envs: Any = None) -> str:
         return "default"
 
 
-def import_user_modules(raw: dict[str, Any]) -> None:
-    """Import the env's module before validating, so names it registers (an estimator, a loss,
-    a parser, a sandbox backend: `@ESTIMATORS.register("mine")`) are known to the validators.
-    An env that cannot be imported is reported by `env._target_`'s own check."""
-    env = (raw.get("env") or {}) if isinstance(raw, dict) else {}
-    members = env.get("envs") if isinstance(env, dict) else None  # a mixture's
-    sections = list(members.values()) if isinstance(members, dict) else [env]
-    for section in sections:
-        target = section.get("_target_") if isinstance(section, dict) else None
-        if isinstance(target, str) and is_import_path(target):
-            module = target.partition(":")[0] if ":" in target else target.rpartition(".")[0]
-            with contextlib.suppress(Exception):
-                importlib.import_module(module)
-
-
 def _check_mini_batches(cfg: Config) -> None:
     """A step's episodes (tasks x group size) are the fewest sequences it trains on: each is at
     least one (rollout.thinking=template, a context rewrite or an agent may make more, never
@@ -423,6 +407,8 @@ def training_checks(cfg: Config) -> list[str]:
 
 def validate(raw: dict[str, Any]) -> Config:
     import_user_modules(raw)
+    if misread := misread_settings(raw, Config):  # pydantic takes true as 1, and NaN
+        raise ConfigError("invalid config:\n  " + "\n  ".join(misread))
     try:
         return Config.model_validate(raw)
     except ValidationError as e:

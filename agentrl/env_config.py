@@ -28,6 +28,7 @@ from pydantic import (
     field_validator,
 )
 
+from agentrl.config_raw import misread, shown
 from agentrl.data import check_tasks
 from agentrl.env import Env, ToolEnv
 from agentrl.mixture import check_name, check_tools
@@ -76,6 +77,9 @@ class EnvConfig(BaseModel):
             f"{cls.__name__}Tasks", __config__=ConfigDict(extra="forbid"), **fields
         )
         given = {k: v for k, v in (kwargs or {}).items() if v is not None}
+        for name, value in given.items():  # pydantic reads true as 1 and takes NaN
+            if name in fields and (why := misread(value, fields[name][0])):
+                raise ConfigError(f"{where}.{key}.{name}={shown(value)}: {why}")
         try:
             checked = options.model_validate(given)
         except ValidationError as e:
@@ -154,6 +158,8 @@ def _check_arg(cls: type[Env], key: str, value: Any, where: str) -> None:
         )
         if hint is None:
             return
+    if why := misread(value, hint):  # pydantic reads true as 1 and takes NaN
+        raise ConfigError(f"{where}={shown(value)}: {why}")
     try:
         TypeAdapter(hint).validate_python(value)
     except ValidationError as e:

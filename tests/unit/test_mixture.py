@@ -146,7 +146,7 @@ def test_env_mixture_composes_two_envs_with_equal_weights():
     [
         ("env.envs.code.weight=0", r"env.envs.code.weight: must be > 0 .* ~env.envs.<name>"),
         ("env.envs.units.weight=-2", r"env.envs.units.weight: must be > 0"),
-        ("env.envs.code.weight=inf", r"env.envs.code.weight: Input should be a finite number"),
+        ("env.envs.code.weight=inf", r"env.envs.code.weight=inf: not a finite number"),
         ("env.envs.code.wieght=2", r"env.envs.code.wieght: unknown key; did you mean .*weight\?"),
         ("+env.envs.code.wieght=2", r"env.envs.code.wieght: unknown key"),
         ("+env.wieghts=2", r"env.wieghts: unknown key"),
