@@ -287,6 +287,15 @@ class Config(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _top_k(self) -> Config:  # here, not in rollout.py: that module is at its size limit
+        if self.rollout.top_k == -1 or self.rollout.top_k >= 1:
+            return self
+        raise ValueError(
+            f"rollout.top_k={self.rollout.top_k}: the engines take -1 (every token; SGLang and "
+            "the dev server refuse each request with 0) or k >= 1 (the k most likely tokens)"
+        )
+
+    @model_validator(mode="after")
     def _sandbox_backend(self) -> Config:
         try:  # here, not in sandbox/config.py: the registry lives above the settings
             BACKENDS.check(self.sandbox.backend)
@@ -301,9 +310,10 @@ def run_name(name: str | None, env_target: str | None) -> str:
     directory. Also Hydra's `${agentrl_run_name:…}` resolver, which puts a training run's files
     in `runs/<run_name>/` (configs/config.yaml)."""
     if name:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", name):
             raise ValueError(
-                f"run_name={name!r}: use letters, digits, '_', '-' and '.' (it names a directory)"
+                f"run_name={name[:120]!r}{'…' if len(name) > 120 else ''}: use up to 100 "
+                "letters, digits, '_', '-' and '.' (it names a directory)"
             )
         return name
     cls = (env_target or "").replace(":", ".").rsplit(".", 1)[-1].removesuffix("Env")

@@ -1,5 +1,6 @@
 """Values a config door took and misread, found by a red-team pass on bad input: a true/false
-where a number goes (pydantic reads it as 1), NaN and infinities (no setting means one)."""
+where a number goes (pydantic reads it as 1), NaN and infinities (no setting means one), a
+top_k every engine request is refused with, a run name too long for a directory."""
 
 from __future__ import annotations
 
@@ -25,6 +26,13 @@ from agentrl.types import ConfigError
         ("algo.loss.kl_coef=nan", r"algo\.loss\.kl_coef=nan: not a finite number"),  # a warning
         ("algo.advantage.gamma=nan", r"algo\.advantage\.gamma=nan: not a finite number"),
         ("rollout.truncated_reward=nan", r"rollout\.truncated_reward=nan: not a finite number"),
+        (
+            "rollout.top_k=0",
+            r"rollout\.top_k=0: the engines take -1 \(every token; SGLang and "
+            r"the dev server refuse each request with 0\) or k >= 1",
+        ),  # fmt: skip
+        ("rollout.top_k=-5", r"rollout\.top_k=-5: the engines take -1"),
+        ("run_name=" + "a" * 101, r"use up to 100 letters"),  # OSError: File name too long
     ],
 )
 def test_a_misread_setting_is_refused_with_its_key(override, message):
