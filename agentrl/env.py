@@ -62,12 +62,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import json
 import logging
 import math
 import traceback
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
@@ -78,6 +76,7 @@ from agentrl.parsers import ParseError
 from agentrl.render import RenderError
 from agentrl.repeats import warn_episode
 from agentrl.sandbox.base import SandboxUnavailable
+from agentrl.task_file import read_tasks
 from agentrl.tool import Tool, ToolContext, ToolResult, gather_all
 from agentrl.types import (
     TRUNCATED_STOPS,
@@ -145,45 +144,6 @@ def _in_thread(fn: Any) -> Any:
     return run
 
 
-_JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "true/false"}
-
-
-def jsonl_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(index from 0, object) of each non-blank line of a JSONL file; a line that is not UTF-8,
-    not JSON or not an object is a ValueError naming the file, the line's number and the fix."""
-    with path.open(encoding="utf-8-sig") as f:  # -sig: a BOM (Windows editors) is no text
-        try:
-            for i, line in enumerate(f):
-                if line.strip():
-                    yield i, _json_object(line, f"{path} line {i + 1}")
-        except UnicodeDecodeError as e:  # decoded in blocks: find its line in the bytes
-            lines = path.read_bytes().split(b"\n")
-            bad = next((n for n, b in enumerate(lines, 1) if not _is_utf8(b)), len(lines))
-            raise ValueError(f"{path} line {bad}: not UTF-8 ({e.reason}); save the file "
-                             "as UTF-8") from None  # fmt: skip
-
-
-def _is_utf8(raw: bytes) -> bool:
-    try:
-        raw.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-def _json_object(line: str, where: str) -> dict[str, Any]:
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not JSON ({e.msg} at column {e.colno}): each line is one "
-                         "task, a JSON object") from None  # fmt: skip
-    if not isinstance(obj, dict):
-        kind = _JSON_KINDS.get(type(obj), "null")
-        raise ValueError(f"{where}: a JSON {kind}, not an object: each line is one task, "
-                         '{"id": …, "prompt": …}')  # fmt: skip
-    return obj
-
-
 def _check_tool_names(tools: list[Tool], env: str) -> None:
     """Each tool's name once: two of one name (an MCP server's `submit` beside SubmitTool) had
     both schemas rendered and every call run on the last one (a red-team pass)."""
@@ -231,17 +191,13 @@ class Env:
     @classmethod
     def load_tasks(cls, path: str | None = None, limit: int | None = None, **_: Any) -> list[Task]:
         """Tasks for this env. Default: a JSONL file (UTF-8, a BOM allowed), one JSON object per
-        line with an `id` field (a line without one: its line's index, from 0); `limit`: the
-        first N. A bad line is a ValueError naming its number."""
+        line with an `id` field, a string or an integer (a line without one: its line's index,
+        from 0); `limit`: the first N. A bad line is a ValueError naming its number."""
         if path is None:
             raise ValueError(f"{cls.__name__}.load_tasks needs env.tasks.path (a JSONL file)")
         if limit is not None and limit < 1:
             raise ValueError(f"limit={limit}: give 1 or more, or leave it out for all of {path}")
-        tasks = []
-        for i, obj in jsonl_objects(Path(path)):
-            tasks.append(Task(id=str(obj.pop("id", i)), data=obj))
-            if limit is not None and len(tasks) >= limit:
-                break
+        tasks = read_tasks(Path(path), limit)  # agentrl/task_file.py: what each line may hold
         if not tasks:
             raise ValueError(f"no tasks in {path}")
         return tasks

@@ -103,12 +103,8 @@ class EnvConfig(BaseModel):
         except (FileNotFoundError, ValueError) as e:  # a wrong option: its message, by name
             raise ConfigError(f"{where}.{key}: {cls.__name__}.load_tasks: {e}") from None
         tasks = check_tasks(tasks, f"{where}.{key}: {cls.__name__}.load_tasks")
-        if cls.start is ToolEnv.start and (no := [t for t in tasks if "prompt" not in t.data]):
-            raise ConfigError(
-                f"{where}.{key}: task {no[0].id!r} has no 'prompt' (its data: "
-                f"{', '.join(no[0].data) or 'none'}); ToolEnv.start() sends task.data['prompt'] "
-                f"as the user message: name that field 'prompt', or define {cls.__name__}.start()"
-            )
+        if cls.start is ToolEnv.start:
+            _check_prompts(tasks, cls, f"{where}.{key}")
         return tasks
 
     def load_class(self, where: str = "env") -> type[Env]:
@@ -137,6 +133,28 @@ class EnvConfig(BaseModel):
             _check_arg(cls, key, value, f"{where}.args.{key}")
         check_env_class(cls, self.args, f"{where}._target_={self.target!r}")
         return cls
+
+
+def _check_prompts(tasks: list[Task], cls: type[Env], where: str) -> None:
+    """ToolEnv.start() sends each task's `prompt` as the user message: it must be text, and some
+    (a number, null or a list of chat messages was sent as its Python repr, an empty one as no
+    question at all)."""
+    for t in tasks:
+        prompt = t.data.get("prompt")
+        if isinstance(prompt, str) and prompt.strip():
+            continue
+        fix = "name that field 'prompt'"
+        if "prompt" not in t.data:
+            what = f"has no 'prompt' (its data: {', '.join(t.data) or 'none'})"
+        elif isinstance(prompt, str):
+            what, fix = "has an empty 'prompt'", "give it the task's question"
+        else:
+            what = f"has a 'prompt' that is not text ({prompt!r:.60})"
+            fix = "make it the question's text (a list of messages: send them from start())"
+        raise ConfigError(
+            f"{where}: task {t.id!r} {what}; ToolEnv.start() sends task.data['prompt'] as the "
+            f"user message: {fix}, or define {cls.__name__}.start()"
+        )
 
 
 def _check_arg(cls: type[Env], key: str, value: Any, where: str) -> None:

@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("agentrl", "envs", "tools", "sandbox")
 SIDES = ("agentrl.envs", "agentrl.tools", "agentrl.sandbox")  # imported so (agentrl/ links them)
 
-RECORDS = {"agentrl", "agentrl.types", "agentrl.env", "agentrl.agent_env", "agentrl.tool",
-           "agentrl.parsers", "agentrl.render", "agentrl.markup", "agentrl.registry",
+RECORDS = {"agentrl", "agentrl.types", "agentrl.env", "agentrl.task_file", "agentrl.agent_env",
+           "agentrl.tool", "agentrl.parsers", "agentrl.render", "agentrl.markup", "agentrl.registry",
            "agentrl.fastpath", "agentrl.repeats"}  # fmt: skip
 RECORD_PACKAGES = ("agentrl.parsers",)  # their modules are records too (one per tool-call format)
 ENTRY = ("agentrl.train", "agentrl.cli", "agentrl.config")
