@@ -96,6 +96,9 @@ GENERATORS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
 
 
 def generate_tasks(n: int, seed: int = 0, kinds: list[str] | None = None) -> list[Task]:
+    if kinds is not None and not kinds:  # read as "all" before, silently
+        raise ValueError(f"kinds=[] names no kind: give some of {sorted(GENERATORS)}, or leave "
+                         "it out (null) for all of them")  # fmt: skip
     kinds = kinds or sorted(GENERATORS)
     unknown = set(kinds) - set(GENERATORS)
     if unknown:
@@ -109,6 +112,19 @@ def generate_tasks(n: int, seed: int = 0, kinds: list[str] | None = None) -> lis
         prompt, answer = GENERATORS[kind](rng)
         tasks.append(Task(id=f"{kind}-{seed}-{i}", data={"prompt": prompt, "answer": answer}))
     return tasks
+
+
+def check_answer(task: Task, path: str) -> Task:
+    """A task of a file whose `answer` the reward can compare with the model's text: a string,
+    or an integer (its digits). Else a ValueError: without one every episode's reward raised;
+    a float (`2.0`, as pandas writes integers beside a missing value) or true was compared as
+    its Python text ("2.0", "True") and never matched; null, a list or an object neither."""
+    answer = task.data.get("answer")
+    if isinstance(answer, str) or (isinstance(answer, int) and not isinstance(answer, bool)):
+        return task
+    what = "has no 'answer'" if "answer" not in task.data else f"has the answer {answer!r:.60}"
+    raise ValueError(f"{path}: task {task.id!r} {what}: give each task an 'answer', the text the "
+                     "model must reply in <answer></answer> (a string, or an integer)")  # fmt: skip
 
 
 class CodeExecEnv(ToolEnv):
@@ -128,8 +144,10 @@ class CodeExecEnv(ToolEnv):
         **_: Any,
     ) -> list[Task]:
         if path is not None:
-            return super().load_tasks(path=path, limit=limit)
-        return generate_tasks(n, seed, kinds)
+            return [check_answer(t, path) for t in super().load_tasks(path=path, limit=limit)]
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit={limit}: give 1 or more, or leave it out for all n={n}")
+        return generate_tasks(n, seed, kinds)[:limit]  # limit: the first of them, as of a file
 
     async def reward(self, trajectory: Trajectory) -> dict[str, float]:
         answer = last_answer(self.final_text(trajectory))

@@ -64,7 +64,8 @@ def test_a_bad_line_of_a_jsonl_file_is_named_by_its_number(tmp_path, lines, expe
 def test_a_jsonl_file_with_a_bom_or_windows_line_ends_loads(tmp_path):
     """A BOM (Windows editors, Excel's 'UTF-8' export) was refused as bad JSON on line 1."""
     path = tmp_path / "t.jsonl"
-    path.write_bytes('\ufeff{"id": "a", "prompt": "x"}\r\n{"id": "b", "prompt": "é"}\r\n'.encode())
+    path.write_bytes('\ufeff{"id": "a", "prompt": "x", "answer": "1"}\r\n'
+                     '{"id": "b", "prompt": "é", "answer": "2"}\r\n'.encode())  # fmt: skip
     assert [(t.id, t.data["prompt"]) for t in _load(CodeExecEnv, path=str(path))] == [
         ("a", "x"),
         ("b", "é"),
@@ -74,7 +75,7 @@ def test_a_jsonl_file_with_a_bom_or_windows_line_ends_loads(tmp_path):
 def test_a_jsonl_limit_below_one_is_refused(tmp_path):
     """env.tasks.limit=0 loaded one task (the limit was checked after the first was kept)."""
     path = tmp_path / "t.jsonl"
-    path.write_text('{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": "y"}\n')
+    path.write_text('{"id": "a", "prompt": "x", "answer": "1"}\n{"id": "b", "prompt": "y"}\n')
     assert [t.id for t in _load(CodeExecEnv, path=str(path), limit=1)] == ["a"]
     with pytest.raises(ConfigError, match=r"limit=0: .*1 or more"):
         _load(CodeExecEnv, path=str(path), limit=0)
