@@ -169,7 +169,11 @@ class SweEnv(ToolEnv):
     def load_tasks(
         cls, path: str | None = None, repos: str | None = None, limit: int | None = None, **_: Any
     ) -> list[Task]:
+        if limit is not None and limit < 1:  # [:-1] left out the last one, silently
+            raise ValueError(f"limit={limit}: give 1 or more, or leave it out for all instances")
         rows = load_instances(path)[:limit]
+        for repo in sorted({r["repo"] for r in rows}):  # here, not in every episode's start()
+            Snapshots(repos).locate(repo)
         return [Task(id=r["instance_id"], data={**r, "repos": repos}) for r in rows]
 
     def _snapshot(self) -> dict[str, str]:

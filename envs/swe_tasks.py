@@ -33,6 +33,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from agentrl.sandbox.grader import CallTest, asserts_to_tests
+from agentrl.task_file import jsonl_objects
 
 SHIPPED = Path(__file__).resolve().parent.parent / "agentrl" / "assets" / "swe"
 # files an agent's change may never reach the graded tree through: test code and what loads
@@ -41,18 +42,58 @@ NEVER = {"conftest.py", "sitecustomize.py", "usercustomize.py", "__main__.py"}
 
 
 def load_instances(path: str | Path | None = None) -> list[dict[str, Any]]:
+    """The instances of a JSONL file (agentrl/task_file.py reads it: a bad line is an error
+    naming its number), each checked by `check_instance`."""
     path = Path(path) if path else SHIPPED / "tasks.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    need = {"instance_id", "repo", "base_commit", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS",
-            "problem_statement"}  # fmt: skip
-    for row in rows:
-        missing = need - set(row)
-        if missing:
-            raise ValueError(f"{path}: instance {row.get('instance_id')} lacks {sorted(missing)}")
-        for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):  # SWE-bench writes these as JSON strings
-            if isinstance(row[key], str):
-                row[key] = json.loads(row[key])
-    return rows
+    return [check_instance(row, f"{path} line {i + 1}") for i, row in jsonl_objects(path)]
+
+
+_NEED = ("instance_id", "repo", "base_commit", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS",
+         "problem_statement")  # fmt: skip
+_TEXT = ("instance_id", "repo", "base_commit", "problem_statement")  # and not empty
+
+
+def check_instance(row: dict[str, Any], where: str) -> dict[str, Any]:
+    """`row` with its test ids as lists, when every field is what the env reads; else a
+    ValueError at `where`. Each wrong field failed later, in every episode of the task: a
+    problem statement that is not text or an image that is no name in start() (`aborted`, left
+    out of the baseline as infrastructure), a test patch that is not text in reward()
+    (`reward_error`); an empty FAIL_TO_PASS scored every episode 0 whatever it did, and a
+    base_commit starting with '-' went to `git archive` as an option."""
+    if missing := [k for k in _NEED if k not in row]:
+        raise ValueError(f"{where}: instance {row.get('instance_id')!r} lacks {missing}")
+    name = f"{where}: instance {row['instance_id']!r:.80}"
+    for key in _TEXT:
+        if not (isinstance(row[key], str) and row[key].strip()):
+            raise ValueError(f"{name}: {key} is {row[key]!r:.60}; give it as non-empty text")
+    if not isinstance(row["test_patch"], str):
+        raise ValueError(f"{name}: test_patch is {row['test_patch']!r:.60}; give the diff as text")
+    if row["base_commit"].startswith("-") or row["repo"] in (".", ".."):
+        raise ValueError(f"{name}: base_commit {row['base_commit']!r:.60} / repo {row['repo']!r}: "
+                         "a commit's hash and a repository's name (owner/name)")  # fmt: skip
+    if row.get("image") is not None and not (isinstance(row["image"], str) and row["image"]):
+        raise ValueError(f"{name}: image is {row['image']!r:.60}; the name of one of the sandbox "
+                         "service's images, or null")  # fmt: skip
+    for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+        row[key] = _test_ids(row[key], f"{name}: {key}", need_one=key == "FAIL_TO_PASS")
+    return row
+
+
+def _test_ids(value: Any, where: str, need_one: bool) -> list[str]:
+    """SWE-bench's test ids: a list of `path::test` strings, or that list as a JSON string."""
+    if isinstance(value, str):  # SWE-bench writes these as JSON strings
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError(f"{where} is the text {value[:60]!r}, not a JSON list") from None
+    if not (isinstance(value, list) and all(isinstance(t, str) and "::" in t for t in value)):
+        raise ValueError(f"{where} is {value!r:.80}; give a list of test ids, 'path::test'")
+    if need_one and not value:
+        raise ValueError(
+            f"{where} is empty: an instance is resolved when its failing tests pass, so with "
+            "none every episode scores 0; name one at least"
+        )
+    return value
 
 
 def _git(*args: str, cwd: Path | None = None, data: bytes | None = None) -> bytes:
@@ -73,10 +114,21 @@ class Snapshots:
         self._git_dirs: dict[str, Path] = {}
         self._files: dict[tuple[str, str], dict[str, str]] = {}
 
+    def locate(self, repo: str) -> tuple[Path, Path]:
+        """(its bundle, its checkout): one of them is there, else a FileNotFoundError."""
+        name = repo.replace("/", "__")
+        bundle, checkout = self.repos / f"{name}.bundle", self.repos / name
+        if not (bundle.is_file() or (checkout / ".git").exists() or (checkout / "HEAD").exists()):
+            raise FileNotFoundError(
+                f"repository {repo!r}: neither {bundle} nor a git checkout at {checkout}; put "
+                "one there, or set env.tasks.repos to the folder that holds them"
+            )
+        return bundle, checkout
+
     def git_dir(self, repo: str) -> Path:
         if repo not in self._git_dirs:
-            name = repo.replace("/", "__")
-            bundle, checkout = self.repos / f"{name}.bundle", self.repos / name
+            bundle, checkout = self.locate(repo)
+            name = checkout.name
             if bundle.is_file():
                 digest = hashlib.sha256(bundle.read_bytes()).hexdigest()[:16]
                 cache = Path(os.environ.get("AGENTRL_CACHE", Path.home() / ".cache" / "agentrl"))
@@ -88,12 +140,8 @@ class Snapshots:
                         with contextlib.suppress(OSError):  # another process was first
                             os.rename(f"{tmp}/r", dest)
                 self._git_dirs[repo] = dest
-            elif (checkout / ".git").exists() or (checkout / "HEAD").exists():
-                self._git_dirs[repo] = checkout
             else:
-                raise FileNotFoundError(
-                    f"repository {repo!r}: neither {bundle} nor a git checkout at {checkout}"
-                )
+                self._git_dirs[repo] = checkout
         return self._git_dirs[repo]
 
     def files(self, repo: str, commit: str) -> dict[str, str]:
