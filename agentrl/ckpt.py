@@ -50,6 +50,7 @@ STATE_FILE = "trainer_state.json"
 COMPLETE = "COMPLETE"
 LATEST = "latest"
 _STEP_DIR = re.compile(r"step_(\d+)")  # fullmatch only: no `/`, no `..`, no trailing text
+_STAGED = re.compile(r"(old-)?step_\d+-[0-9a-f]{8}")  # begin()'s staging dirs, commit()'s set aside
 # where an engine or transformers loads files from a checkpoint: pickle-format weights and code
 # would run there (torch.load, trust_remote_code), so a resume refuses them
 _LOADED_DIRS = ("model", "adapter")
@@ -258,8 +259,13 @@ class CheckpointManager:
         self.root = Path(root or cfg.dir or "").expanduser().resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.staging = self.root / ".tmp"
-        # Leftovers of a killed write: never complete, never pointed to.
-        shutil.rmtree(self.staging, ignore_errors=True)
+        # Leftovers of a killed write (never complete, never pointed to), by their names only: a
+        # `.tmp` of the user's in a directory they named (checkpoint.dir=.) was removed whole
+        for p in self.staging.glob("*") if self.staging.is_dir() else []:
+            if _STAGED.fullmatch(p.name):
+                shutil.rmtree(p, ignore_errors=True)
+        with contextlib.suppress(OSError):  # gone when empty; begin() makes it again
+            self.staging.rmdir()
 
     def should_save(self, step: int, last_step: int) -> bool:
         return step == last_step or (self.cfg.every > 0 and step % self.cfg.every == 0)
@@ -356,7 +362,7 @@ class CheckpointManager:
         for p in done[: max(0, len(done) - self.cfg.keep_last)]:
             if p != keep:
                 shutil.rmtree(p, ignore_errors=True)
-        for p in self.staging.glob("old-*"):  # re-saved steps moved aside by commit
+        for p in self.staging.glob("old-step_*"):  # re-saved steps moved aside by commit
             shutil.rmtree(p, ignore_errors=True)
 
     def set_aside(self) -> str | None:

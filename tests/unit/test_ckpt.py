@@ -309,3 +309,15 @@ def test_torchs_unexpected_pos_is_read_as_a_full_disk(tmp_path: Path) -> None:
         assert err is not None and "unexpected pos 704 vs 598" in str(err)
         assert f"{tmp_path / 'gone' / 'optim'}" in str(err) and "bytes free" in str(err)
     assert ckpt.disk_full_error(tmp_path, RuntimeError("shape mismatch")) is None
+
+
+def test_checkpoint_dir_keeps_a_tmp_folder_of_the_users(tmp_path):
+    """Found by a red-team pass: checkpoint.dir naming a directory of the user's (`.`, a
+    project) removed its `.tmp` folder whole; only the manager's own leftovers go."""
+    (tmp_path / ".tmp" / "mine").mkdir(parents=True)
+    (tmp_path / ".tmp" / "mine" / "notes.txt").write_text("keep")
+    (tmp_path / ".tmp" / "step_00000004-0123abcd").mkdir()  # a killed write's leftover
+    (tmp_path / ".tmp" / "old-step_00000002-89abcdef").mkdir()
+    CheckpointManager(CheckpointConfig(dir=str(tmp_path)))
+    assert sorted(p.name for p in (tmp_path / ".tmp").iterdir()) == ["mine"]
+    assert (tmp_path / ".tmp" / "mine" / "notes.txt").read_text() == "keep"
