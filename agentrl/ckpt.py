@@ -46,6 +46,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentrl.ckpt_files import damage
+
 STATE_FILE = "trainer_state.json"
 COMPLETE = "COMPLETE"
 LATEST = "latest"
@@ -407,6 +409,19 @@ class CheckpointManager:
         if path is not None:
             check_loadable(path)
         return path
+
+    def check_whole(self, path: Path) -> None:
+        """A checkpoint damaged after its commit (`ckpt_files.damage`) is a CheckpointError
+        naming the earlier one to resume instead (run.resume_point: before anything starts)."""
+        if not (why := damage(path, load_trainer_state(path).settings)):
+            return
+        mine = path.resolve().parent == self.root  # step_N names sort as their steps
+        earlier = [p for p in self.complete_checkpoints() if mine and p.name < path.name]
+        instead = f"resume the one before it (checkpoint.resume={earlier[-1]}), " if earlier else ""
+        raise CheckpointError(
+            f"checkpoint {path} is damaged: {why}. It was altered or copied in part after it "
+            f"was written: {instead}copy it again, or start fresh (checkpoint.resume=never)"
+        )
 
 
 def check_loadable(path: Path) -> None:

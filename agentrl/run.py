@@ -379,6 +379,7 @@ def resume_point(cfg: Config, ckpt: CheckpointManager | None = None) -> Path | N
         )
     if error := refusal(compare(state.settings, cfg.settings()), state.step, str(path)):
         raise ConfigError(error)
+    ckpt.check_whole(path)  # its files all there and whole: the engine starts on them
     return path
 
 

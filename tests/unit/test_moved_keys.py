@@ -6,6 +6,7 @@ names resumes without a spurious change."""
 from __future__ import annotations
 
 import pytest
+from ckpt_kit import whole_role
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 
@@ -84,7 +85,7 @@ def test_an_old_checkpoint_resumes_and_its_refusals_name_the_new_keys(tmp_path):
 
     def save(step: int, **changed: object) -> None:
         with mgr.write(step) as staged:
-            (staged.path / "policy").mkdir()
+            whole_role(staged.path)
             old = _old_style(cfg.settings()) | {"trainer.dir": "elsewhere", **changed}
             staged.state = TrainerState(step=step, identity=cfg.identity(), settings=old)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from ckpt_kit import whole_role
 
 from agentrl import ConfigError
 from agentrl.ckpt import CheckpointManager, TrainerState
@@ -17,6 +18,7 @@ from agentrl.train import train
 def checkpoint(cfg, step: int, identity: dict) -> str:
     mgr = CheckpointManager(cfg.checkpoint.of_run(cfg.run_name))
     with mgr.write(step) as pending:
+        whole_role(pending.path)
         pending.state = TrainerState(step=step, identity=identity)
     return str(mgr.latest())
 

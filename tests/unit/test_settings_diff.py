@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from ckpt_kit import whole_role
 
 from agentrl.config import compose
 from agentrl.run import resume_point
@@ -73,7 +74,7 @@ def test_resume_point_refuses_a_changed_seed_before_anything_starts(tmp_path):
     cfg = compose([f"checkpoint.dir={tmp_path}", "seed=3"])
     mgr = CheckpointManager(cfg.checkpoint.of_run(cfg.run_name))
     with mgr.write(2) as staged:
-        (staged.path / "policy").mkdir()
+        whole_role(staged.path)
         staged.state = TrainerState(step=2, identity=cfg.identity(), settings=cfg.settings())
     assert resume_point(cfg) == mgr.resume_path()  # the same settings: resumed
     again = compose([f"checkpoint.dir={tmp_path}", "seed=4", "learner.lr=0.5"])
@@ -87,7 +88,7 @@ def _saved(tmp_path, cfg, step: int = 2) -> str:
 
     mgr = CheckpointManager(cfg.checkpoint.of_run(cfg.run_name))
     with mgr.write(step) as staged:
-        (staged.path / "policy").mkdir()
+        whole_role(staged.path)
         staged.state = TrainerState(step=step, identity=cfg.identity(), settings=cfg.settings())
     return str(mgr.latest())
 
