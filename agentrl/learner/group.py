@@ -28,11 +28,13 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from agentrl.batch import TrainBatch, micro_batches
+from agentrl.ckpt import CheckpointError
 from agentrl.learner import LearnerConfig, LearnerError, Role
 from agentrl.learner.fsdp import ParamSpec, plan_buckets
 from agentrl.learner.ray_start import start_ray
 from agentrl.learner.worker import LearnerWorker
 from agentrl.loss import reduce_metrics
+from agentrl.types import ConfigError
 
 if TYPE_CHECKING:
     from ray import ObjectRef
@@ -118,7 +120,7 @@ class LearnerGroup:
         except ray.exceptions.RayActorError as e:
             raise LearnerError(f"{self.name} learner worker died: {e}") from e
         except ray.exceptions.RayTaskError as e:
-            raise e.as_instanceof_cause() from None
+            raise rank_error(e) from None
 
     def _per_rank(
         self, what: str, per_rank: list[list[Any]], call: Callable[[Worker, list[Any]], ObjectRef]
@@ -338,3 +340,13 @@ def _fmt(resources: dict[str, float]) -> str:
             if k in ("CPU", "GPU") or not (k.startswith("node:") or "memory" in k
                                            or k.startswith("bundle_group"))}  # fmt: skip
     return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(keep.items())) + "}"
+
+
+def rank_error(e: ray.exceptions.RayTaskError) -> BaseException:
+    """What a rank raised, to raise in the driver: agentrl's errors for people (a damaged
+    checkpoint, a config mistake) as they are, so the command prints their one line; Ray's
+    copy of the others, its remote traceback in its message. A checkpoint whose optimizer
+    shards were cut short printed the whole remote traceback as its `error:` line."""
+    if isinstance(e.cause, ConfigError | CheckpointError):
+        return e.cause
+    return e.as_instanceof_cause()
