@@ -1,6 +1,6 @@
 """One run per directory. A training run holds `.agentrl.lock` in its output dir (runs/<run_name>/)
-and, when checkpoint.dir puts its checkpoints elsewhere, in that dir too, from before anything there
-is moved or written (the archive step, the checkpoint staging cleanup) until it exits.
+and in its checkpoint dir (runs/<run_name>/checkpoints, or checkpoint.dir), from before anything
+there is moved or written (the archive step, the checkpoint staging cleanup) until it exits.
 
 The lock is `fcntl.flock` on the file: the kernel drops it when the holder exits, however it exits
 (an error, Ctrl-C, SIGKILL, OOM), so a dead run never blocks the next one. The file keeps the
@@ -65,12 +65,13 @@ def _take(dir_: Path, what: str, probe: bool = False) -> tuple[int, str | None]:
     except BlockingIOError:
         h = _holder(fd)
         os.close(fd)
+        fix = " (and another checkpoint.dir)" if "checkpoint.dir" in what else ""
         gone = _alive_here(h) is False  # flock held, its pid dead: a child it started holds it
         child = " (gone, but a process it started still has the lock open: stop it)" if gone else ""
         raise ConfigError(
             f"{dir_} ({what}) is in use by another run: {_describe(h)}{child}. Two runs in one "
             f"dir move each other's logs and write over each other's checkpoints: start this "
-            f"one with run_name=<another name>, or stop the other run first"
+            f"one with run_name=<another name>{fix}, or stop the other run first"
         ) from None
     except BaseException:
         os.close(fd)
@@ -120,10 +121,14 @@ def refuse_if_held(out: Path, ckpt_dir: Path | None = None) -> None:
 
 
 def _dirs(out: Path, ckpt_dir: Path | None) -> list[tuple[Path, str]]:
+    """The output dir, and the checkpoint dir even inside it: another run may name that one as
+    its checkpoint.dir (runs/a/checkpoints), and the output dir's lock is not the one it takes
+    (a red-team pass: it set the live run's checkpoints aside as an earlier run's, then wrote
+    its own steps over them)."""
     out = Path(out).expanduser().resolve()
     dirs = [(out, "the run's output dir")]
     if ckpt_dir is not None:
         ckpt = Path(ckpt_dir).expanduser().resolve()
-        if not ckpt.is_relative_to(out):  # inside it: the output dir's lock covers it
+        if ckpt != out:
             dirs.append((ckpt, "its checkpoint dir, checkpoint.dir"))
     return dirs

@@ -45,6 +45,21 @@ def test_a_second_run_in_a_live_dir_is_refused_and_moves_nothing(tmp_path):
             asyncio.run(_open(cfg_elsewhere, tmp_path / "other"))
 
 
+def test_a_run_naming_another_runs_own_checkpoint_dir_is_refused(tmp_path):
+    """Found by a red-team pass (two real runs): run b with checkpoint.dir=runs/a/checkpoints
+    took no lock run a held (a's covered its checkpoints by its output dir's lock), set a's
+    live checkpoints aside as an earlier run's and wrote its own steps over them."""
+    out = tmp_path / "a"
+    with hold_run_dirs(out, out / "checkpoints"):  # run a, its checkpoints where they go
+        cfg = compose(["env=code_exec", f"checkpoint.dir={out / 'checkpoints'}", "run_name=b"])
+        with pytest.raises(ConfigError, match=r"a/checkpoints \(its checkpoint dir, checkpoint"
+                           r"\.dir\) is in use by another run: .* run_name=<another name> "
+                           r"\(and another checkpoint\.dir\)"):  # fmt: skip
+            asyncio.run(_open(cfg, tmp_path / "b"))
+        with pytest.raises(ConfigError, match=r"a \(its checkpoint dir"):  # a's output dir
+            asyncio.run(_open(compose(["env=code_exec", f"checkpoint.dir={out}"]), tmp_path / "c"))
+
+
 def test_a_dead_runs_lock_is_taken_over(tmp_path):
     kill_self = (
         "import os, signal, sys; from agentrl.runlock import hold_run_dirs\n"
