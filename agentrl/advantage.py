@@ -157,7 +157,9 @@ class AdvantageOutput:
 
 
 EstimatorFn = Callable[[list[Episode], AdvantageConfig], tuple[list[Tensor], list[Tensor] | None]]
-ESTIMATORS: Registry[EstimatorFn] = Registry("advantage estimator", "algo.advantage.name")
+ESTIMATORS: Registry[EstimatorFn] = Registry(
+    "advantage estimator", "algo.advantage.name", called_with=("episodes", "cfg")
+)
 
 
 def register(

@@ -200,7 +200,7 @@ class LossInputs:
 
 
 LossFn = Callable[[LossInputs, LossConfig], tuple[Tensor, dict[str, Tensor]]]
-LOSSES: Registry[LossFn] = Registry("loss", setting="algo.loss.name")
+LOSSES: Registry[LossFn] = Registry("loss", "algo.loss.name", called_with=("inputs", "cfg"))
 
 
 def register(name: str) -> Callable[[LossFn], LossFn]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 from collections.abc import Callable, Iterator
 from pathlib import PurePath
 from typing import Any, Generic, TypeVar
@@ -121,8 +122,11 @@ class Registry(Generic[T]):
     """Named entries of one kind. `register(name)` is a decorator; `get(name)` resolves a name or
     an import path; `names()` lists what is known."""
 
-    def __init__(self, kind: str, setting: str) -> None:
-        self.kind, self.setting = kind, setting
+    def __init__(self, kind: str, setting: str, called_with: tuple[str, ...] | None = None) -> None:
+        """`called_with`: the arguments each entry is called with, `("episodes", "cfg")`; an
+        import path to something that cannot be called so is refused at the door (a class of
+        the wrong kind, a function of other parameters was a TypeError at the first step)."""
+        self.kind, self.setting, self.called_with = kind, setting, called_with
         self._entries: dict[str, T] = {}
         self._meta: dict[str, dict[str, Any]] = {}
 
@@ -148,11 +152,27 @@ class Registry(Generic[T]):
         if name in self._entries:
             return self._entries[name]
         if is_import_path(name):
-            return import_path(name, self.setting)
+            return self._callable(name, import_path(name, self.setting))
         raise ConfigError(
             f"unknown {self.kind} {name!r}; set {self.setting} to one of: "
             f"{', '.join(self.names())}, or an import path `module:attr`"
         )
+
+    def _callable(self, name: str, obj: Any) -> Any:
+        if self.called_with is None:
+            return obj
+        form = f"fn({', '.join(self.called_with)})"
+        try:
+            inspect.signature(obj).bind(*self.called_with)
+        except TypeError as e:  # not callable, or not with these arguments
+            raise ConfigError(
+                f"{self.setting}={name!r} is {_what(obj)}, which cannot be called as "
+                f"{'an' if self.kind[0] in 'aeiou' else 'a'} {self.kind} is, {form} ({e}); give "
+                f"`module:attr` of a function called so"
+            ) from None
+        except ValueError:  # a builtin without a signature: nothing to check
+            pass
+        return obj
 
     def meta(self, name: str) -> dict[str, Any]:
         """The metadata given at registration ({} for import paths)."""
@@ -175,6 +195,12 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+
+def _what(obj: Any) -> str:
+    if isinstance(obj, type):
+        return f"the class {obj.__qualname__}"
+    return f"a {type(obj).__name__}" if not callable(obj) else f"{_where(obj)}"
 
 
 def _where(obj: Any) -> str:

@@ -17,7 +17,9 @@ from agentrl.sandbox.config import SandboxConfig
 from agentrl.sandbox.subproc import SubprocessSandbox
 
 BackendFactory = Callable[[SandboxConfig], Sandbox]
-BACKENDS: Registry[BackendFactory] = Registry("sandbox backend", setting="sandbox.backend")
+BACKENDS: Registry[BackendFactory] = Registry(
+    "sandbox backend", "sandbox.backend", called_with=("cfg",)
+)
 
 
 def make_sandbox(cfg: SandboxConfig | None = None) -> Sandbox:

@@ -155,3 +155,21 @@ def test_an_env_named_by_its_old_top_level_path_is_pointed_to_agentrl_envs(monke
         monkeypatch.delitem(sys.modules, name)
     with pytest.raises(ConfigError, match=r"did you mean agentrl\.envs\.code_exec\.CodeExecEnv"):
         import_path("envs.code_exec.CodeExecEnv", "env._target_")
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [("algo.advantage.name=os:getcwd", r"algo\.advantage\.name='os:getcwd' is posix\.getcwd, "
+      r"which cannot be called as an advantage estimator is, fn\(episodes, cfg\)"),
+     ("algo.loss.name=agentrl.loss:LossConfig", r"is the class LossConfig, which cannot be "
+      r"called as a loss is, fn\(inputs, cfg\)"),
+     ("algo.loss.name=math:pi", r"is a float, which cannot be called as a loss is"),
+     ("sandbox.backend=os:getcwd", r"sandbox\.backend='os:getcwd' is posix\.getcwd, which "
+      r"cannot be called as a sandbox backend is, fn\(cfg\)")],
+)  # fmt: skip
+def test_an_import_path_to_the_wrong_kind_of_object_is_refused_at_the_door(override, said):
+    """Found by a red-team pass: any importable name passed the config (a class, a constant, a
+    function of other parameters) and failed with a TypeError at the first step, or in the
+    sandbox's start, after everything had started."""
+    with pytest.raises(ConfigError, match=said):
+        compose(["env=code_exec", override])
