@@ -402,9 +402,15 @@ class CheckpointManager:
                     "complete one) or resume=never"
                 )
             if not (path / COMPLETE).exists():
+                inside = sorted(p for p in path.iterdir()  # a run's checkpoints dir
+                                if _STEP_DIR.fullmatch(p.name) and (p / COMPLETE).is_file())  # fmt: skip
                 raise CheckpointError(
                     f"resume={r!r} is not a complete checkpoint (no {COMPLETE} file); "
-                    "use resume=auto to take the latest complete one, or resume=never"
+                    + (
+                        f"it holds checkpoints: name one, e.g. checkpoint.resume={inside[-1]}"
+                        if inside
+                        else "use resume=auto to take the latest complete one, or resume=never"
+                    )
                 )
         if path is not None:
             check_loadable(path)

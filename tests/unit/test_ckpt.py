@@ -321,3 +321,15 @@ def test_checkpoint_dir_keeps_a_tmp_folder_of_the_users(tmp_path):
     CheckpointManager(CheckpointConfig(dir=str(tmp_path)))
     assert sorted(p.name for p in (tmp_path / ".tmp").iterdir()) == ["mine"]
     assert (tmp_path / ".tmp" / "mine" / "notes.txt").read_text() == "keep"
+
+
+def test_resume_naming_a_runs_checkpoints_dir_names_a_checkpoint_in_it(tmp_path: Path) -> None:
+    """checkpoint.resume=runs/x/checkpoints (the folder, not a step of it) said only 'no
+    COMPLETE file; use resume=auto', which looks in this run's own folder."""
+    mgr = CheckpointManager(CheckpointConfig(dir=str(tmp_path / "x")))
+    save(mgr, 2)
+    save(mgr, 10)
+    named = CheckpointConfig(dir=str(tmp_path / "y"), resume=str(tmp_path / "x"))
+    with pytest.raises(CheckpointError, match=r"it holds checkpoints: name one, e\.g\. "
+                       r"checkpoint\.resume=.*x/step_00000010$"):  # fmt: skip
+        CheckpointManager(named).resume_path()
