@@ -176,7 +176,9 @@ def check_overrides(
     `own_dirs`: the user adds config directories (see the module docstring)."""
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
-    except HydraException:  # not Hydra's grammar: Hydra's own message says where
+    except HydraException:  # not Hydra's grammar: Hydra's own message says where, unless
+        if hints := [h for line in overrides if (h := _unquoted(line))]:  # it is this one
+            raise ConfigError("invalid override:\n  " + "\n  ".join(hints)) from None
         return list(overrides)
     groups = sorted(p.name for p in config_dir.iterdir() if p.is_dir())
     out, errors = [], []
@@ -223,6 +225,20 @@ def check_overrides(
     if errors:
         raise ConfigError("invalid override:\n  " + "\n  ".join(errors))
     return out
+
+
+def _unquoted(line: str) -> str | None:
+    """The fix for an override Hydra cannot read because its value holds a letter outside ASCII
+    (`env.tasks.path=tâches.jsonl`: Hydra's lexer error points at the letter, says no more)."""
+    key, sep, value = line.partition("=")
+    if not sep or not value or value[0] in "'\"[{" or value.isascii():
+        return None
+    try:
+        OverridesParser.create().parse_overrides([line])
+    except HydraException:
+        return (f"{line}: Hydra reads a value with letters outside ASCII only in quotes: "
+                f"write {key}='{value}' (on the shell's command line: \"{key}='{value}'\")")  # fmt: skip
+    return None
 
 
 def check_argv(argv: list[str], schema: type[BaseModel], config_dir: Path) -> list[str]:

@@ -158,3 +158,16 @@ def test_a_run_name_yaml_reads_as_no_text_names_no_directory_after_its_lost_text
     assert _safe_run_name(True, "x") == "default"
     assert _safe_run_name(None, "agentrl.envs.code_exec:CodeExecEnv") == "code_exec"
     assert _safe_run_name("mine", "x") == "mine"
+
+
+def test_a_value_with_letters_outside_ascii_is_told_to_be_quoted(tmp_path):
+    """Found by a red-team pass: `env.tasks.path=tâches.jsonl` was Hydra's lexer error (a caret
+    under the letter and a link), not how to write it."""
+    with pytest.raises(ConfigError, match=r"env\.tasks\.path=tâches\.jsonl: Hydra reads a value "
+                       r"with letters outside ASCII only in quotes: write "
+                       r"env\.tasks\.path='tâches\.jsonl' \(on the shell's command line: "
+                       "\"env\\.tasks\\.path='tâches\\.jsonl'\"\\)"):  # fmt: skip
+        compose(["env.tasks.path=tâches.jsonl"])
+    (tmp_path / "tâches a.jsonl").write_text('{"id": "a", "prompt": "p", "answer": "1"}\n')
+    quoted = compose([f"env.tasks.path='{tmp_path}/tâches a.jsonl'"])
+    assert quoted.env.tasks["path"] == f"{tmp_path}/tâches a.jsonl"
