@@ -46,6 +46,7 @@ from agentrl.cli.overrides import check_argv, check_overrides, unknown_key_hint
 from agentrl.config_raw import import_user_modules, misread_settings
 from agentrl.engine import EngineConfig
 from agentrl.env_config import ENV_KINDS, EnvConfig, MixtureConfig, env_kind
+from agentrl.idle_settings import idle_settings
 from agentrl.learner import LearnerConfig, RayConfig
 from agentrl.loss import LossConfig
 from agentrl.rollout import RolloutConfig
@@ -383,6 +384,7 @@ def training_checks(cfg: Config) -> list[str]:
     per_step = cfg.algo.ppo_epochs * cfg.algo.mini_batches  # optimizer steps: the lr schedule's
     warnings = signal_checks(r, cfg.learner, cfg.algo.advantage, cfg.trainer.steps, per_step)
     warnings += kl_checks(cfg.algo.loss)
+    warnings += idle_settings(cfg.settings(), settings_of(defaults_tree()))  # set, never read
     uses, c = cfg.algo.uses_critic(), cfg.algo.critic
     warnings += critic_checks(cfg.learner, c.lr, c.warmup_steps, uses, cfg.trainer.steps, per_step)
     if r.top_p < 1.0 or r.top_k > 0:
