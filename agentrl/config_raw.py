@@ -45,19 +45,19 @@ def import_user_modules(raw: dict[str, Any]) -> None:
                 importlib.import_module(module)
 
 
-def _alternatives(annotation: Any) -> list[Any]:
+def alternatives(annotation: Any) -> list[Any]:
     """`A | B`, `Optional[A]`, `Annotated[A, …]` → [A, B]."""
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
-        return _alternatives(typing.get_args(annotation)[0])
+        return alternatives(typing.get_args(annotation)[0])
     if origin in (typing.Union, types.UnionType):
-        return [a for arg in typing.get_args(annotation) for a in _alternatives(arg)]
+        return [a for arg in typing.get_args(annotation) for a in alternatives(arg)]
     return [annotation]
 
 
 def misread(value: Any, annotation: Any) -> str | None:
     """Why `value` cannot be meant for a setting annotated `annotation`, or None."""
-    kinds = _alternatives(annotation)
+    kinds = alternatives(annotation)
     numeric = any(k in (int, float) for k in kinds)
     if not numeric or Any in kinds:
         return None
@@ -78,16 +78,14 @@ def shown(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
-def _sections(annotation: Any) -> list[type[BaseModel]]:
-    return [
-        a for a in _alternatives(annotation) if isinstance(a, type) and issubclass(a, BaseModel)
-    ]
+def sections(annotation: Any) -> list[type[BaseModel]]:
+    return [a for a in alternatives(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
 
 
-def _named_sections(annotation: Any) -> list[type[BaseModel]]:
+def named_sections(annotation: Any) -> list[type[BaseModel]]:
     """The sections of a `dict[str, Section]` setting (`env.envs.<name>`)."""
-    return [m for a in _alternatives(annotation) if typing.get_origin(a) is dict
-            for m in _sections(typing.get_args(a)[1])]  # fmt: skip
+    return [m for a in alternatives(annotation) if typing.get_origin(a) is dict
+            for m in sections(typing.get_args(a)[1])]  # fmt: skip
 
 
 def misread_settings(raw: Any, model: type[BaseModel], where: str = "") -> list[str]:
@@ -106,9 +104,9 @@ def misread_settings(raw: Any, model: type[BaseModel], where: str = "") -> list[
             continue
         path = f"{where}{key}"
         if isinstance(value, dict):
-            for section in _sections(fields[key]):
+            for section in sections(fields[key]):
                 out += misread_settings(value, section, f"{path}.")
-            for section in _named_sections(fields[key]):
+            for section in named_sections(fields[key]):
                 for name, member in value.items():
                     out += misread_settings(member, section, f"{path}.{name}.")
         elif why := misread(value, fields[key]):

@@ -31,8 +31,6 @@ may be a group of the user's, so group options and unknown top-level names are l
 from __future__ import annotations
 
 import difflib
-import types
-import typing
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -43,6 +41,7 @@ from hydra.core.override_parser.types import OverrideType
 from hydra.errors import HydraException
 from pydantic import BaseModel
 
+from agentrl.config_raw import alternatives, named_sections, sections
 from agentrl.trainer_config import MOVED_KEYS
 from agentrl.types import ConfigError
 
@@ -63,32 +62,6 @@ def _keys(model: type[BaseModel]) -> dict[str, Any]:
     return keys
 
 
-def _alternatives(annotation: Any) -> list[Any]:
-    """`A | B`, `Optional[A]`, `Annotated[A, …]` → [A, B]."""
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return _alternatives(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType):
-        return [a for arg in typing.get_args(annotation) for a in _alternatives(arg)]
-    return [annotation]
-
-
-def _sections(annotation: Any) -> list[type[BaseModel]]:
-    return [
-        a for a in _alternatives(annotation) if isinstance(a, type) and issubclass(a, BaseModel)
-    ]
-
-
-def _named_sections(annotation: Any) -> list[type[BaseModel]]:
-    """The sections of a `dict[str, Section]` setting (`env.envs.<name>.…`)."""
-    return [
-        m
-        for a in _alternatives(annotation)
-        if typing.get_origin(a) is dict
-        for m in _sections(typing.get_args(a)[1])
-    ]
-
-
 def unknown_part(schema: type[BaseModel], parts: list[str]) -> tuple[int, list[str]] | None:
     """Where the dotted key `parts` leaves `schema`: the index of the first part it does not
     know and the keys known there; None for a known key (or one inside a free-form setting: a
@@ -105,8 +78,8 @@ def unknown_part(schema: type[BaseModel], parts: list[str]) -> tuple[int, list[s
             return i, list(
                 dict.fromkeys(f.alias or n for m in models for n, f in m.model_fields.items())
             )
-        models = _sections(keys[part])
-        if not models and (models := _named_sections(keys[part])):
+        models = sections(keys[part])
+        if not models and (models := named_sections(keys[part])):
             named = True
     return None
 
@@ -116,7 +89,7 @@ def _inside(schema: type[BaseModel], name: str) -> str | None:
     a key one level down."""
     by_leaf: dict[str, list[str]] = {}
     for sec, t in _keys(schema).items():
-        for m in _sections(t):
+        for m in sections(t):
             for k in _keys(m):
                 by_leaf.setdefault(k, []).append(f"{sec}.{k}")
     leaf = closest(name, by_leaf)
@@ -153,14 +126,14 @@ def setting_type(schema: type[BaseModel], parts: list[str]) -> Any:
         if part not in keys:
             return None
         annotation = keys[part]
-        models = _sections(annotation)
+        models = sections(annotation)
     return annotation
 
 
 def not_text(annotation: Any, value: Any) -> str | None:
     """What Hydra made of an unquoted value (`nan`, `1e3`, `true`, `null`) that a text-only
     setting (`str`, `str | None`) cannot take, e.g. 'a number (1000.0)'; None when it can."""
-    kinds = _alternatives(annotation)
+    kinds = alternatives(annotation)
     if str not in kinds or any(k in kinds for k in (int, float, bool)):
         return None
     if isinstance(value, bool | int | float):
