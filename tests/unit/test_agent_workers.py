@@ -9,11 +9,11 @@ import pickle
 import pytest
 
 from agentrl.agent_env import AgentEnv
+from agentrl.agent_rollout import agent_notes
 from agentrl.agent_workers import AgentWorkers, Job, NoSandbox
 from agentrl.config import compose
 from agentrl.envs.code_exec import CodeExecEnv
 from agentrl.envs.examples.agent_openai import AddAgent
-from agentrl.run import _agents_in_loop_on_a_gpu_engine as hint
 from agentrl.sandbox.client import ServiceSandbox
 from agentrl.types import ConfigError, Task
 
@@ -37,6 +37,13 @@ def test_a_sandbox_that_cannot_be_shared_says_why_on_first_use():
 def test_the_sandbox_service_client_crosses_to_a_worker():
     copy = pickle.loads(pickle.dumps(ServiceSandbox("http://127.0.0.1:9", token="t").worker_copy()))
     assert copy.url == "http://127.0.0.1:9" and copy._headers == {"Authorization": "Bearer t"}
+
+
+def hint(cfg, classes) -> bool:
+    r = cfg.rollout
+    notes = agent_notes(classes, r.max_turns, r.context.policy, r.gateway.agent_workers,
+                        cfg.engine.kind)  # fmt: skip
+    return any("agent_workers=16" in n for n in notes)
 
 
 def test_a_run_of_in_loop_agents_on_sglang_is_told_of_agent_workers():
