@@ -132,7 +132,8 @@ class E2BSandbox:
     async def _kill_when_made(start: asyncio.Future) -> None:
         try:
             box = await start
-        except Exception:  # noqa: BLE001 - not made: nothing to kill
+        except Exception as e:  # noqa: BLE001 - not made: nothing to kill; its caller had gone
+            log.debug("an e2b sandbox nobody waited for was not made: %s: %s", type(e).__name__, e)
             return
         await _kill(box)
 
