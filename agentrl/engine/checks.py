@@ -1,6 +1,8 @@
-"""What a run checks of its rollout servers once they answer: that they compute each request
-apart from the others when the run is deterministic (`check_deterministic`), and, for servers the
-user started (`engine.urls`), whether they decode past their CUDA graphs (`warn_uncaptured`).
+"""What a run checks of its rollout servers: before it starts SGLang, that the checkpoint's
+output head will load (`check_head_loads`) and that SGLang's HTTP server has a fast request
+parser (`warn_http_parser`); once they answer, that they compute each request apart from the
+others when the run is deterministic (`check_deterministic`), and, for servers the user started
+(`engine.urls`), whether they decode past their CUDA graphs (`warn_uncaptured`).
 
 SGLang captures decode CUDA graphs up to a batch size (256 on a GPU of 60-160 GiB below TP 4, in
 0.5.17) and by default runs as many requests at once as its KV memory holds, far more. A decode
@@ -17,13 +19,37 @@ the top or in `internal_states`). A server that says neither (the dev server) is
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
 from agentrl.engine.config import DETERMINISTIC
 from agentrl.types import ConfigError
 
 log = logging.getLogger(__name__)
+
+
+def before_launch(model_path: Path, placement: str) -> None:
+    """What agentrl checks before it starts SGLang servers on `model_path`."""
+    check_head_loads(model_path)
+    if placement == "local":  # the servers run in this Python (fleet.server_command)
+        warn_http_parser()
+
+
+def warn_http_parser() -> bool:
+    """SGLang serves HTTP with uvicorn, which parses requests with httptools when it is installed
+    and else with h11, in pure Python; SGLang does not require httptools. Every turn of every
+    episode is a request to that one process, so its parser is on the rollout's path: one H200,
+    256 episodes x 4 turns x 128 tokens, a bare client 3.03-3.26 s with httptools against
+    3.47-3.73 s with h11 in the same call (docs/benchmarks.md). True: warned."""
+    if importlib.util.find_spec("httptools") is not None:
+        return False
+    log.warning("httptools is not installed: SGLang's HTTP server will parse each request with "
+                "h11 (pure Python), a cost every turn of every episode pays. `pip install "
+                "httptools` (agentrl[gpu] includes it)")  # fmt: skip
+    return True
 
 
 def decode_graph_batch(info: dict[str, Any]) -> int | None:
@@ -95,3 +121,34 @@ async def check_deterministic(engine: Any) -> None:
             "logprobs would follow the requests batched beside it. Restart them with it, or "
             "drop trainer.deterministic"
         )
+
+
+# SGLang model classes that always build an output head of their own and never tie it to the
+# embedding (sglang/srt/models/qwen2_moe.py and qwen3_moe.py, SGLang 0.5.17)
+UNTIED_HEAD_ONLY = frozenset({"Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"})
+
+
+def check_head_loads(model_path: Path) -> None:
+    """Refuse a checkpoint SGLang would serve with an output head it never loaded: one of
+    `UNTIED_HEAD_ONLY` whose head is tied to the embedding and so not in its files. The server
+    would start and sample from garbage (an H100 run: 0.26 per token from the trainer's logprobs,
+    flagged only by the logprob-gap guard). A path that is no local checkpoint is left to SGLang."""
+    try:
+        conf = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    arch = set(conf.get("architectures") or []) & UNTIED_HEAD_ONLY
+    if not arch or not conf.get("tie_word_embeddings"):
+        return
+    from safetensors import safe_open
+
+    for f in Path(model_path).glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            if "lm_head.weight" in st.keys():  # noqa: SIM118 - safe_open has no __contains__
+                return
+    raise ConfigError(
+        f"{model_path}: {sorted(arch)[0]} with tie_word_embeddings=true and no lm_head.weight in "
+        "its files: SGLang builds this model's output head apart from the embedding and would "
+        "serve it unloaded. Save the checkpoint with its own head (tie_word_embeddings=false, "
+        "lm_head.weight written), as every released model of this family is"
+    )

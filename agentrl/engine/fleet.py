@@ -37,12 +37,12 @@ from pathlib import Path
 
 import httpx
 
+from agentrl.engine.checks import before_launch
 from agentrl.engine.config import API_KEY_ENV, EngineConfig
 from agentrl.engine.gpus import own_gpus
 from agentrl.engine.http import health_probe
 from agentrl.engine.protocol import EngineUnavailable
 from agentrl.sandbox.base import die_with_parent
-from agentrl.types import ConfigError
 
 log = logging.getLogger(__name__)
 # Start races a local server can lose, answered by another start (twice at most): SGLang counts
@@ -71,37 +71,6 @@ def server_command(
     return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
             "--host", cfg.host, "--port", str(port), "--skip-tokenizer-init", *tp, *keys,
             *cfg.extra_args, *cfg.running_cap()]  # fmt: skip
-
-
-# SGLang model classes that always build an output head of their own and never tie it to the
-# embedding (sglang/srt/models/qwen2_moe.py and qwen3_moe.py, SGLang 0.5.17)
-UNTIED_HEAD_ONLY = frozenset({"Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"})
-
-
-def check_head_loads(model_path: Path) -> None:
-    """Refuse a checkpoint SGLang would serve with an output head it never loaded: one of
-    `UNTIED_HEAD_ONLY` whose head is tied to the embedding and so not in its files. The server
-    would start and sample from garbage (an H100 run: 0.26 per token from the trainer's logprobs,
-    flagged only by the logprob-gap guard). A path that is no local checkpoint is left to SGLang."""
-    try:
-        conf = json.loads((Path(model_path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return
-    arch = set(conf.get("architectures") or []) & UNTIED_HEAD_ONLY
-    if not arch or not conf.get("tie_word_embeddings"):
-        return
-    from safetensors import safe_open
-
-    for f in Path(model_path).glob("*.safetensors"):
-        with safe_open(str(f), "pt") as st:
-            if "lm_head.weight" in st.keys():  # noqa: SIM118 - safe_open has no __contains__
-                return
-    raise ConfigError(
-        f"{model_path}: {sorted(arch)[0]} with tie_word_embeddings=true and no lm_head.weight in "
-        "its files: SGLang builds this model's output head apart from the embedding and would "
-        "serve it unloaded. Save the checkpoint with its own head (tie_word_embeddings=false, "
-        "lm_head.weight written), as every released model of this family is"
-    )
 
 
 def write_key_file(path: Path, token: str) -> Path:
@@ -358,7 +327,7 @@ class Fleet:
             self.urls = list(self.cfg.urls)
             return
         if self.cfg.kind == "sglang":
-            check_head_loads(self.model_path)
+            before_launch(self.model_path, self.cfg.placement)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for i in range(self.cfg.num_servers):
             self.logs.append(self.log_dir / f"{self.cfg.kind}-server-{i}.log")

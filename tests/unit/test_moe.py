@@ -148,7 +148,7 @@ def test_sglang_is_not_started_on_a_tied_moe_head_it_would_never_load(tmp_path):
     (no lm_head.weight in its files) is refused before any server starts (an H100 run served it
     0.26 per token from the trainer's logprobs); its own head, or a dense model, starts."""
     from agentrl.assets.build import build_tiny_moe, cached_tiny_random
-    from agentrl.engine.fleet import check_head_loads
+    from agentrl.engine.checks import check_head_loads
     from agentrl.types import ConfigError
 
     with pytest.raises(ConfigError, match="tie_word_embeddings=true and no lm_head.weight"):

@@ -1,12 +1,14 @@
 """agentrl.engine.checks: a server the user started that runs more requests at once than its
 decode CUDA graph holds is warned of, read from /server_info as SGLang 0.5.17 writes it (the
 shapes below are its `dataclasses.asdict(ServerArgs)` fields and scheduler info; the real
-server's are checked in tests/gpu/test_sglang_auth.py)."""
+server's are checked in tests/gpu/test_sglang_auth.py); and a missing httptools is warned of
+before agentrl starts SGLang."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 from agentrl.engine import EngineClient
 from agentrl.engine.checks import decode_graph_batch, max_running, uncaptured, warn_uncaptured
@@ -58,3 +60,27 @@ def test_the_dev_server_is_never_warned_of(devserver, caplog):
     with caplog.at_level(logging.WARNING, logger="agentrl.engine.checks"):
         assert asyncio.run(run()) == []
     assert not caplog.records
+
+
+def test_a_missing_http_parser_is_warned_before_sglang_starts(monkeypatch, caplog):
+    """SGLang's uvicorn falls back to h11 without httptools (measured slower on every turn):
+    agentrl says so before it starts local servers, and is quiet where httptools is there."""
+    import importlib.util
+
+    from agentrl.engine import checks
+
+    real = importlib.util.find_spec
+    caplog.set_level(logging.WARNING, logger="agentrl.engine.checks")
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "httptools" else real(name, *a))  # fmt: skip
+    assert checks.warn_http_parser() is True
+    assert "pip install httptools" in caplog.text
+    caplog.clear()
+    heads = []
+    monkeypatch.setattr(checks, "check_head_loads", heads.append)
+    checks.before_launch(Path("/nowhere"), "ray")  # servers on Ray nodes: another Python
+    assert caplog.text == "" and heads == [Path("/nowhere")]
+    checks.before_launch(Path("/nowhere"), "local")
+    assert "h11" in caplog.text
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    assert checks.warn_http_parser() is False
