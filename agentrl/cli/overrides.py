@@ -23,6 +23,14 @@ after it, so it is refused here with the quoted form to write:
                          run_name takes text: quote it, run_name="'1e3'" (the shell keeps the
                          inner quotes)
 
+A loss setting the command line's own other settings leave unread is refused too: the composed
+config cannot tell it from a default (agentrl/idle_settings.py: unread_overrides):
+
+    algo.loss.ratio=engine algo.loss.rollout_correction=mis
+                         ConfigError: algo.loss.rollout_correction=mis does nothing with
+                         algo.loss.ratio=engine (…): drop algo.loss.rollout_correction, or set
+                         algo.loss.ratio=trainer
+
 `+key`, `++key`, `~key`, `hydra.*` and group paths (`a/b=c`) pass through as written. With
 another config directory (`--config-dir`, `--config-path`, `hydra.searchpath`) a top-level name
 may be a group of the user's, so group options and unknown top-level names are left to Hydra.
@@ -42,6 +50,7 @@ from hydra.errors import HydraException
 from pydantic import BaseModel
 
 from agentrl.config_raw import alternatives, named_sections, sections
+from agentrl.idle_settings import unread_overrides
 from agentrl.trainer_config import MOVED_KEYS
 from agentrl.types import ConfigError
 
@@ -154,7 +163,7 @@ def check_overrides(
             raise ConfigError("invalid override:\n  " + "\n  ".join(hints)) from None
         return list(overrides)
     groups = sorted(p.name for p in config_dir.iterdir() if p.is_dir())
-    out, errors = [], []
+    out, errors = [], unread_overrides(given(parsed))
     for line, o in zip(overrides, parsed, strict=True):
         key = o.key_or_group
         parts = key.split(".")
@@ -198,6 +207,17 @@ def check_overrides(
     if errors:
         raise ConfigError("invalid override:\n  " + "\n  ".join(errors))
     return out
+
+
+def given(parsed: list[Any]) -> dict[str, Any]:
+    """The settings a command line gives a value (`key=v`, `+key=v`, `++key=v`; the last one of
+    a key wins, as in Hydra): dotted key -> value as Hydra reads it. A sweep's values are many
+    runs' (`-m algo.loss.ratio=trainer,engine`), and a `~key` gives none: left out."""
+    return {
+        o.key_or_group: o.value()
+        for o in parsed
+        if o.type != OverrideType.DEL and not o.package and not o.is_sweep_override()
+    }
 
 
 def _unquoted(line: str) -> str | None:
