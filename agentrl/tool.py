@@ -52,7 +52,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ValidationError
 from pydantic.errors import PydanticInvalidForJsonSchema
 
-from agentrl.sandbox.base import Sandbox, SandboxUnavailable
+from agentrl.sandbox.base import Sandbox, SandboxUnavailable, in_episode
 from agentrl.types import Task, unawaited
 
 log = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ class Tool:
         timeout = self.timeout_s if self.timeout_s is not None else ctx.timeout_s
         timed = _Timed(no_exit(self(args, ctx)))
         try:
-            result = await _within(timed, timeout + self.timeout_grace_s)
+            result = await _within(_of_episode(ctx, timed), timeout + self.timeout_grace_s)
         except SandboxUnavailable:
             raise
         except asyncio.CancelledError as e:
@@ -343,6 +343,13 @@ async def _within(call: Any, seconds: float) -> Any:
     Python 3.11 it returned the call's result to an episode cancelled (its group dropped) in
     the loop iteration in which the call ended, and the dropped episode ran on."""
     async with asyncio.timeout(seconds):
+        return await call
+
+
+async def _of_episode(ctx: ToolContext, call: Any) -> Any:
+    """Await `call` as the episode `ctx.session`'s: a backend whose one-shot calls share a
+    machine (e2b) runs them in that episode's sandbox, out of other episodes' reach."""
+    with in_episode(ctx.session):
         return await call
 
 

@@ -81,6 +81,34 @@ def is_grading() -> bool:
     return _GRADING.get()
 
 
+_EPISODE: ContextVar[str | None] = ContextVar("agentrl_sandbox_episode", default=None)
+
+
+@contextlib.contextmanager
+def in_episode(session: str) -> Iterator[None]:
+    """The sandbox calls made inside (and in the tasks started inside) are the policy's, for
+    the episode `session` (its `ToolContext.session`). `Tool.invoke` makes every tool call so.
+    A backend whose one-shot calls are not isolated from each other by themselves (e2b: calls
+    in one e2b sandbox share its files and processes) runs an episode's one-shot calls in that
+    episode's own sandbox, released by `close_session(session)`; code of your own that calls
+    `sandbox.run(code)` for an episode outside a tool can say whose call it is:
+
+        with in_episode(ctx.session):
+            res = await ctx.sandbox.run(code, timeout=10.0)
+
+    Backends that isolate every call (the local service, subprocess) need not read it."""
+    token = _EPISODE.set(session)
+    try:
+        yield
+    finally:
+        _EPISODE.reset(token)
+
+
+def current_episode() -> str | None:
+    """The episode whose call this is (`in_episode`), or None when none said so."""
+    return _EPISODE.get()
+
+
 class SandboxUnavailable(RuntimeError):
     """The backend could not be reached or keeps failing (after its own retries)."""
 

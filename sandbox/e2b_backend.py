@@ -13,11 +13,28 @@ self-hosted `python -m agentrl.sandbox.server`:
     print((await sb.run("x + 1", session="traj-1")).result)    # 2
     await sb.aclose()                                             # kills the e2b sandboxes
 
-Each session gets its own e2b sandbox (killed by `close_session`); a grader's one-shot call
-(made under `base.grading()`: `sandbox.grader.grade`) gets one of its own, killed after it; other
-stateless calls share one sandbox and get a fresh code context each (contexts of one e2b sandbox
-share its processes and filesystem: a grader's test there was within reach of every episode's
-code, which could kill the harness of its group's other episodes and read their solutions).
+What one episode's code can reach: its own e2b sandbox, and nothing of another episode's.
+Every episode that calls the sandbox gets one e2b sandbox, keyed by its session, made on its
+first call and killed by `close_session` (`Env.close`, also when its group is dropped) or, at
+the latest, by `aclose` (the run's end). Its session calls run in the sandbox's own context (the
+REPL state that persists), and its one-shot calls (`session=None` inside `Tool.invoke`, which
+says whose call it is: `base.in_episode`; or another language) in a fresh code context each:
+no variables carry over, but they share that episode's files and processes. A one-shot call no
+episode claims (a reward's own call, an agent calling `sandbox.run` outside a tool) and a
+grader's (under `base.grading()`: `sandbox.grader.grade`) run in an e2b sandbox made for the
+call and killed after it. A sandbox made for a caller who gave up is killed once made; one being
+made for several callers is made once, in a task of its own awaited through `asyncio.shield`.
+All one-shot calls once shared one sandbox for the whole run, and code contexts of one e2b
+sandbox share its files and processes: one episode's code could read the files another's wrote,
+kill its processes, or leave a file for its group's other episodes to read.
+
+Cost (e2b bills each sandbox for the seconds it runs): one sandbox per episode, from its first
+call to its close, idle time between turns included (a 2-minute episode: about 2 sandbox-minutes,
+whatever its number of calls); a one-shot call no episode claims, and each grader's test, pays a
+sandbox's start (one create request to e2b) on top of the call's own seconds. A call that
+starts after its episode closed (a task the episode left running) makes a new sandbox for it,
+killed by `aclose` or by e2b at `sandbox_timeout_s`.
+
 Isolation is e2b's (a Firecracker microVM per sandbox, with internet access unless the template
 disables it). Unreachable / 5xx / rate-limited calls are retried with backoff, then raise
 `SandboxUnavailable`.
@@ -34,7 +51,7 @@ from typing import Any
 
 import httpx
 
-from agentrl.sandbox.base import ExecResult, SandboxUnavailable, is_grading
+from agentrl.sandbox.base import ExecResult, SandboxUnavailable, current_episode, is_grading
 from agentrl.sandbox.config import E2BConfig
 
 log = logging.getLogger(__name__)
@@ -65,10 +82,10 @@ class E2BSandbox:
         self.cfg = cfg or E2BConfig()
         self.retries, self.backoff_s, self.backoff_max_s = retries, backoff_s, backoff_max_s
         self._e2b, self._ci = _sdk()
-        self._boxes: dict[str, Any] = {}  # session key -> AsyncSandbox
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._shared: Any = None
-        self._shared_start: asyncio.Task | None = None  # the shared sandbox's creation
+        self._boxes: dict[str, Any] = {}  # episode session -> its AsyncSandbox
+        self._starts: dict[str, asyncio.Task] = {}  # episode session -> its sandbox being made
+        self._locks: dict[str, asyncio.Lock] = {}  # session -> its REPL calls, one at a time
+        self._state: dict[str, Any] = {}  # session -> the sandbox its REPL state lives in
         self._bg: set[asyncio.Task] = set()  # kills of sandboxes whose caller gave up
 
     def _opts(self) -> dict[str, Any]:
@@ -97,73 +114,44 @@ class E2BSandbox:
     ) -> ExecResult:
         if session is None and is_grading():
             return await self._run_alone(code, language, timeout)
+        episode = session if session is not None else current_episode()
+        if episode is None:  # nobody's episode: no sandbox of one to run it in
+            return await self._run_alone(code, language, timeout)
         if session is None or language != "python":
-            return await self._run_stateless(code, language, timeout)
-        lock = self._locks.setdefault(session, asyncio.Lock())
-        async with lock:
-            box = self._boxes.get(session)
-            if box is None:
-                box = self._boxes[session] = await self._create_own()
+            return await self._run_one_shot(episode, code, language, timeout)
+        return await self._run_session(session, code, timeout)
+
+    async def _run_session(self, session: str, code: str, timeout: float) -> ExecResult:
+        """A REPL call: in the episode's sandbox's own context, one at a time per session."""
+        async with self._locks.setdefault(session, asyncio.Lock()):
+            box = await self._episode_box(session)
             try:
-                return await self._exec(box, code, timeout, idempotent=False)
+                res = await self._exec(box, code, timeout, idempotent=False)
             except self._e2b.NotFoundException:  # the sandbox timed out or was killed
-                pass
-            box = self._boxes[session] = await self._create_own()
-            res = await self._exec(box, code, timeout, idempotent=False)
-            res.session_reset = True
-            res.stderr = "[sandbox] the e2b sandbox had expired; this is a new one.\n" + res.stderr
+                box = await self._renew(session, box)
+                res = await self._exec(box, code, timeout, idempotent=False)
+            if self._state.setdefault(session, box) is not box:  # its REPL state is gone
+                self._state[session] = box
+                res.session_reset = True
+                res.stderr = (
+                    "[sandbox] the e2b sandbox had expired; this is a new one.\n" + res.stderr
+                )
             return res
 
-    async def _create_own(self) -> Any:
-        """A new sandbox for the caller, created in a task of its own: one whose caller gives up
-        during the creation (seconds; its episode dropped) is killed once it exists. Cancelled
-        with its caller, the creation left a sandbox running (and billed) until its timeout,
-        with nobody holding it."""
-        start = asyncio.ensure_future(self._create())
+    async def _run_one_shot(
+        self, episode: str, code: str, language: str, timeout: float
+    ) -> ExecResult:
+        """A one-shot call of `episode`, in its sandbox: a fresh code context (python) or the
+        language's own run. Idempotent (it has no state to lose): a sandbox found gone was not
+        reached, and the call runs again in the episode's new one."""
+        box = await self._episode_box(episode)
         try:
-            return await asyncio.shield(start)
-        except asyncio.CancelledError:
-            task = asyncio.ensure_future(self._kill_when_made(start))
-            self._bg.add(task)  # aclose() waits for it
-            task.add_done_callback(self._bg.discard)
-            raise
+            return await self._once(box, code, language, timeout)
+        except self._e2b.NotFoundException:
+            box = await self._renew(episode, box)
+        return await self._once(box, code, language, timeout)
 
-    @staticmethod
-    async def _kill_when_made(start: asyncio.Future) -> None:
-        try:
-            box = await start
-        except Exception as e:  # noqa: BLE001 - not made: nothing to kill; its caller had gone
-            log.debug("an e2b sandbox nobody waited for was not made: %s: %s", type(e).__name__, e)
-            return
-        await _kill(box)
-
-    async def _shared_box(self) -> Any:
-        """The sandbox of stateless calls, created once for all of them in a task of its own
-        (a caller that gives up does not cancel it for the others, nor leak it)."""
-        if self._shared is None:
-            if self._shared_start is None or self._shared_start.done():
-                self._shared_start = asyncio.ensure_future(self._create_shared())
-                self._shared_start.add_done_callback(lambda t: t.cancelled() or t.exception())
-            await asyncio.shield(self._shared_start)
-        return self._shared
-
-    async def _create_shared(self) -> None:
-        self._shared = await self._create()
-
-    async def _run_alone(self, code: str, language: str, timeout: float) -> ExecResult:
-        """A grader's one-shot call, in an e2b sandbox made for it and killed after it (in the
-        background, so a caller that gives up leaves none running)."""
-        box = await self._create_own()
-        try:
-            kw = {} if language == "python" else {"language": language}
-            return await self._exec(box, code, timeout, idempotent=True, **kw)
-        finally:
-            task = asyncio.ensure_future(_kill(box))
-            self._bg.add(task)  # aclose() waits for it
-            task.add_done_callback(self._bg.discard)
-
-    async def _run_stateless(self, code: str, language: str, timeout: float) -> ExecResult:
-        box = await self._shared_box()
+    async def _once(self, box: Any, code: str, language: str, timeout: float) -> ExecResult:
         if language != "python":
             return await self._exec(box, code, timeout, idempotent=True, language=language)
         ctx = await self._retry(lambda: box.create_code_context(), "create an e2b code context")
@@ -174,6 +162,82 @@ class E2BSandbox:
                 await box.remove_code_context(ctx)
             except Exception as e:  # a leaked context dies with the sandbox
                 log.debug("could not remove e2b context: %s", e)
+
+    async def _episode_box(self, episode: str) -> Any:
+        """The episode's sandbox, made on its first call, once for all its callers: in a task
+        of its own awaited through `asyncio.shield`, so a caller that gives up cancels neither
+        the others' wait nor the creation (whose sandbox, once made, is the episode's, killed
+        by its close; cancelled with its caller, it ran on at e2b, billed, held by nobody)."""
+        box = self._boxes.get(episode)
+        if box is not None:
+            return box
+        start = self._starts.get(episode)
+        if start is None:
+            start = self._starts[episode] = asyncio.ensure_future(self._make(episode))
+            start.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return await asyncio.shield(start)
+
+    async def _make(self, episode: str) -> Any:
+        """Make the episode's sandbox and hold it for the episode, unless the episode closed
+        meanwhile (then `close_session` kills it once made)."""
+        try:
+            box = await self._create()
+        finally:
+            ours = self._starts.get(episode) is asyncio.current_task()
+            if ours:
+                del self._starts[episode]
+        if ours:
+            self._boxes[episode] = box
+        return box
+
+    async def _renew(self, episode: str, gone: Any) -> Any:
+        """A new sandbox for the episode whose sandbox `gone` expired (or was killed), shared
+        with the episode's other callers that found it gone too."""
+        if self._boxes.get(episode) is gone:
+            del self._boxes[episode]
+        elif episode not in self._boxes and episode not in self._starts:
+            raise SandboxUnavailable(
+                f"e2b: the sandbox of episode {episode!r} is gone and it has none (the episode "
+                "was closed during this call, or its new sandbox could not be made)"
+            )
+        return await self._episode_box(episode)
+
+    async def _create_own(self) -> Any:
+        """A new sandbox for the caller, created in a task of its own: one whose caller gives up
+        during the creation (seconds; its episode dropped) is killed once it exists. Cancelled
+        with its caller, the creation left a sandbox running (and billed) until its timeout,
+        with nobody holding it."""
+        start = asyncio.ensure_future(self._create())
+        try:
+            return await asyncio.shield(start)
+        except asyncio.CancelledError:
+            self._background(self._kill_when_made(start))
+            raise
+
+    def _background(self, coro: Any) -> None:
+        """Run `coro` (a kill) in a task that `aclose` waits for."""
+        task = asyncio.ensure_future(coro)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+    @staticmethod
+    async def _kill_when_made(start: asyncio.Future) -> None:
+        try:
+            box = await start
+        except Exception as e:  # noqa: BLE001 - not made: nothing to kill; its caller had gone
+            log.debug("an e2b sandbox nobody waited for was not made: %s: %s", type(e).__name__, e)
+            return
+        await _kill(box)
+
+    async def _run_alone(self, code: str, language: str, timeout: float) -> ExecResult:
+        """A one-shot call in an e2b sandbox made for it and killed after it (in the
+        background, so a caller that gives up leaves none running)."""
+        box = await self._create_own()
+        try:
+            kw = {} if language == "python" else {"language": language}
+            return await self._exec(box, code, timeout, idempotent=True, **kw)
+        finally:
+            self._background(_kill(box))
 
     async def _exec(self, box: Any, code: str, timeout: float, *, idempotent: bool, **kw: Any):
         t0 = time.monotonic()
@@ -212,18 +276,24 @@ class E2BSandbox:
         ) from last
 
     async def close_session(self, session: str) -> None:
+        """The episode is over: its sandbox is killed (one still being made, once made)."""
+        start = self._starts.pop(session, None)
+        if start is not None:
+            self._background(self._kill_when_made(start))
         box = self._boxes.pop(session, None)
         self._locks.pop(session, None)
+        self._state.pop(session, None)
         if box is not None:
             await _kill(box)
 
     async def aclose(self) -> None:
-        if self._shared_start is not None:  # the shared one, once created, is killed below
-            await asyncio.gather(self._shared_start, return_exceptions=True)
-        await asyncio.gather(*self._bg, return_exceptions=True)
-        boxes = list(self._boxes.values()) + ([self._shared] if self._shared else [])
+        """Kill every sandbox this backend made (those being made, once made)."""
+        await asyncio.gather(*list(self._starts.values()), return_exceptions=True)
+        await asyncio.gather(*list(self._bg), return_exceptions=True)
+        boxes = list(self._boxes.values())
         self._boxes.clear()
-        self._shared = None
+        self._locks.clear()
+        self._state.clear()
         await asyncio.gather(*(_kill(b) for b in boxes))
 
 

@@ -1,7 +1,7 @@
 """An e2b sandbox's creation (seconds) is not its caller's to cancel: a caller that gives up
 during it (its episode dropped) has its own sandbox killed once made, instead of leaving it
-running (and billed) until its timeout with nobody holding it; the shared sandbox of stateless
-calls is made once for all its callers (agentrl/sandbox/e2b_backend.py). Against a stand-in
+running (and billed) until its timeout with nobody holding it; an episode's sandbox is made
+once for all its callers (agentrl/sandbox/e2b_backend.py). Against a stand-in
 for the e2b SDK that keeps what e2b would: a sandbox exists once its create request arrived."""
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import types
 from types import SimpleNamespace
 
 import pytest
+
+from agentrl.sandbox.base import in_episode
 
 REMOTE: list[Box] = []  # every sandbox e2b runs for us, killed or not
 
@@ -78,15 +80,19 @@ async def test_a_session_whose_episode_is_dropped_during_creation_leaks_no_sandb
     assert len(REMOTE) == 1 and REMOTE[0].killed, "a sandbox is left running"
 
 
-async def test_the_shared_sandbox_is_made_once_whoever_gives_up(sandbox):
-    first = asyncio.ensure_future(sandbox.run("1"))
-    await _made()
-    first.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await first
-    second = asyncio.ensure_future(sandbox.run("2"))
+async def test_an_episodes_sandbox_is_made_once_whoever_gives_up(sandbox):
+    """Two one-shot calls of one episode (parallel tool calls) share its sandbox's creation:
+    the first one's cancellation neither cancels it for the second nor makes a second one."""
+    with in_episode("task:0:aa"):  # a tool call's (Tool.invoke): the tasks inherit it
+        first = asyncio.ensure_future(sandbox.run("1"))
+        await _made()
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        second = asyncio.ensure_future(sandbox.run("2"))
     AsyncSandbox.hold.set()
     assert (await second).stdout == "ok\n"
-    assert len(REMOTE) == 1, "a second shared sandbox was made: the first one leaked"
-    await sandbox.aclose()
+    assert len(REMOTE) == 1, "a second sandbox was made for the episode: the first one leaked"
+    await sandbox.close_session("task:0:aa")
     assert all(b.killed for b in REMOTE)
+    await sandbox.aclose()

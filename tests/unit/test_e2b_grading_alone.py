@@ -1,5 +1,5 @@
-"""On the e2b backend a grader's one-shot call runs in an e2b sandbox of its own, never in the
-sandbox every stateless call shares: with a stand-in for the e2b SDK (no account, no network)."""
+"""On the e2b backend a grader's one-shot call runs in an e2b sandbox of its own, never in an
+episode's sandbox: with a stand-in for the e2b SDK (no account, no network)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agentrl.sandbox.base import grading
+from agentrl.sandbox.base import grading, in_episode
 
 
 class _Error(Exception):
@@ -79,15 +79,17 @@ async def test_a_graders_calls_each_get_an_e2b_sandbox_of_their_own(e2b_sdk) -> 
     files), so a solution of one episode, or the policy's stateless tool call, could leave a
     process there that killed the harness of its group's other episodes' tests (their
     rewards 0: its own advantage up) or read their files. A grader's call now runs in a
-    sandbox of its own, killed after it; the policy's stateless calls still share theirs."""
+    sandbox of its own, killed after it, even one made inside an episode's tool call; the
+    episode's one-shot calls run in the episode's sandbox."""
     from agentrl.sandbox.e2b_backend import E2BSandbox
 
     sb = E2BSandbox()
-    with grading():
-        graded = await asyncio.gather(*(sb.run("print(1)", timeout=5.0) for _ in range(3)))
-    tool = [await sb.run("print(1)", timeout=5.0) for _ in range(2)]
+    with in_episode("task:0:aa"):
+        tool = [await sb.run("print(1)", timeout=5.0) for _ in range(2)]
+        with grading():
+            graded = await asyncio.gather(*(sb.run("print(1)", timeout=5.0) for _ in range(3)))
     await sb.aclose()
     grader_boxes = {r.stdout for r in graded}
     assert len(grader_boxes) == 3 and not grader_boxes & {r.stdout for r in tool}
-    assert len({r.stdout for r in tool}) == 1  # the shared one
+    assert len({r.stdout for r in tool}) == 1  # the episode's own
     assert all(b.killed for b in e2b_sdk.made) and len(e2b_sdk.made) == 4
