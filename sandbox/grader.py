@@ -30,6 +30,12 @@ Why hacks fail:
   access), ignores catchable signals, and marks its reports with a per-call nonce the solution
   never sees. A solution that kills or stops the harness, or floods, fails that test (noted;
   a kill, and results it wrote itself on the runner's fd, set `Outcome.tampered`).
+- A report always fits the sandbox's output: each test of a call has its share of
+  `_REPORT_BYTES` (a batch call at most `_MAX_BATCH` tests); a frame past it is cut in the
+  harness, its value then compared through its hash, its texts cut with a marker saying how many
+  characters went, and noted. Errors of 5,000 characters in 300 tests of a batch call once
+  overflowed the 64 KB the service keeps: a report lost twice, SandboxUnavailable, a 0 made
+  into no grade at the policy's will.
 - A report lost not by the solution (the harness never started it, or ended normally without a
   report) is noted and the test run again with a compact report; lost twice, grade() raises
   SandboxUnavailable (an infrastructure failure, not a 0). Once the solution has started, the
@@ -80,7 +86,14 @@ from agentrl.tool import gather_all
 __all__ = ["CallTest", "GradeResult", "IOTest", "Outcome", "asserts_to_tests", "grade"]
 
 _INLINE = 8192  # values whose JSON is shorter travel as values (tolerance works), else as hashes
-_MAX_REPORT = 40_000  # bytes of one report at most (values beyond travel as hashes only)
+# A call's report: its frames share _REPORT_BYTES (with the start record, under the 64 KiB of
+# stdout the sandbox keeps), each test at least _FRAME_BYTES, a frame whose texts are cut with a
+# marker (its value then travels as a hash); so a batch call holds at most _MAX_BATCH tests. A
+# retry's frame (compact) holds at most _COMPACT_BYTES.
+_REPORT_BYTES = 48_000
+_FRAME_BYTES = 192
+_MAX_BATCH = _REPORT_BYTES // _FRAME_BYTES
+_COMPACT_BYTES = 256
 _SLACK_S = 3.0  # a call's wall limit beyond timeout_s: the harness's start (half) and clean-up
 
 
@@ -197,12 +210,14 @@ import json, os, sys
 sys.path.extend(p for p in sys.argv[2].split("\n") if p)
 calls, entry, out = json.loads(sys.argv[3]), sys.argv[4], os.fdopen(int(sys.argv[5]), "w")
 __CANON__
+def clip(s):
+    return s if len(s) <= 200 else "%s [%d more characters cut]" % (s[:200], len(s) - 200)
 ns = {"__name__": "solution", "__file__": sys.argv[1]}
 try:
     exec(compile(open(sys.argv[1]).read(), "solution.py", "exec"), ns)
     loaded = None
 except BaseException as e:
-    loaded = {"err": ("loading the solution failed: %s: %s" % (type(e).__name__, e))[:200]}
+    loaded = {"err": clip("loading the solution failed: %s: %s" % (type(e).__name__, e))}
 if entry and entry in ns:
     ns["candidate"] = ns[entry]
 for call in calls:
@@ -212,7 +227,7 @@ for call in calls:
         try:
             rec = {"v": canon(eval(call, ns))}
         except BaseException as e:
-            rec = {"err": ("%s: %s" % (type(e).__name__, e))[:200]}
+            rec = {"err": clip("%s: %s" % (type(e).__name__, e))}
     try:
         line = json.dumps(rec)
     except BaseException:
@@ -230,6 +245,9 @@ def harness_code(test: dict, kind: str, solution: str, timeout: float, nonce: st
     """The program of one sandbox call: run the solution on `test` ({"i", "stdin"|"call"}).
     `compact`: a report of a few hundred bytes (values as hashes only). `files`: a repository
     (relative path -> text) written where the solution runs, first on its import path."""
+    if isinstance(test["i"], list) and not 0 < len(test["i"]) <= _MAX_BATCH:
+        raise ValueError(f"harness_code(): a call runs 1 to {_MAX_BATCH} tests (their reports "
+                         f"must fit the sandbox's output), not {len(test['i'])}")  # fmt: skip
     spec = {"kind": kind, "test": test, "solution": solution, "timeout": timeout}
     spec.update(nonce=nonce, entry=entry, compact=compact, files=files or {}, inline=inline)
     runner = _CALL_RUNNER.replace("__CANON__", inspect.getsource(canon))
@@ -239,7 +257,8 @@ def harness_code(test: dict, kind: str, solution: str, timeout: float, nonce: st
         .replace("__CALL_RUNNER__", repr(runner))
         .replace("__HELPERS__", "".join(map(inspect.getsource, (_truthy, _sha, normalize_output))))
         .replace("__INLINE__", str(_INLINE))
-        .replace("__MAX_REPORT__", str(_MAX_REPORT))
+        .replace("__REPORT_BYTES__", str(_REPORT_BYTES))
+        .replace("__COMPACT_BYTES__", str(_COMPACT_BYTES))
         .replace("__START_S__", str(_SLACK_S / 2))
     )
 
@@ -283,11 +302,13 @@ def _judge_call(test: CallTest, frame: dict) -> Outcome:
         ok = frame.get("h") == _sha(_dumps(exp))
     else:
         ok = _same(frame["v"], exp, test.tolerance, test.rel_tolerance)
-    detail = "" if ok else f"got {frame.get('p', '')!r}"
+    preview = frame.get("p", _dumps(frame["v"])[:80] if "v" in frame else "")  # a lean frame: v
+    detail = "" if ok else f"got {preview!r}"
     if not ok and "v" not in frame and test.method is not None:
         detail += f" (too long to come back: its .{test.method}() is not computed)"
     elif not ok and "v" not in frame and (test.tolerance, test.rel_tolerance) != (None, None):
-        detail += f" (over {_INLINE} characters of JSON: compared exactly, not within tolerance)"
+        why = "cut to fit the report" if frame.get("cut") else f"over {_INLINE} characters of JSON"
+        detail += f" ({why}: compared exactly, not within tolerance)"
     return Outcome(index=0, passed=ok, status="pass" if ok else "wrong", detail=detail)
 
 
@@ -314,14 +335,19 @@ def _judge(test: IOTest | CallTest, frame: dict | None) -> Outcome:
 # -- grading: one sandbox call per test ---------------------------------------------------
 
 
-def _note_failed_harness(which: str, frames: list[dict], notes: list[str]) -> None:
+def _note_frames(which: str, frames: list[dict], notes: list[str]) -> None:
     """Notes the harness failing on what the solution left once it ran (an `err` frame: the
     test failed, the solution's outcome; a lost report would have been an outage the policy
-    could make at will), so a bug of ours there stays visible."""
+    could make at will), so a bug of ours there stays visible; and frames cut to fit their
+    share of the report (texts shortened, said in them; values compared through hashes)."""
     errs = {str(f.get("err")) for f in frames} - {"None"}
     if bad := next((e for e in errs if e.startswith("the harness failed")), None):
         notes.append(f"{which}: {bad} (counted as failed; a grader bug if the solution did "
                      "nothing unusual)")  # fmt: skip
+    if cut := sum(bool(f.get("cut")) for f in frames):
+        notes.append(f"{which}: {cut} of {len(frames)} reports cut to their share of the "
+                     "sandbox's output: texts shortened (marked 'more characters cut'), values "
+                     "compared through their hashes")  # fmt: skip
 
 
 def _how_it_ended(res: ExecResult) -> str:
@@ -369,7 +395,7 @@ async def _grade_one(
         if frame is not None and "harness" not in frame:
             if res.limit:
                 notes.append(f"test {i}: sandbox limit {res.limit}")
-            _note_failed_harness(f"test {i}", [frame], notes)
+            _note_frames(f"test {i}", [frame], notes)
             return _judge(test, frame).model_copy(update={"index": i})
         how = frame["harness"] if frame is not None else _how_it_ended(res)
         if frame is None and (started or res.limit == "code_size") and _solution_ended_it(res):
@@ -418,7 +444,7 @@ async def _grade_batch(
         if all(i in frames and "harness" not in frames[i] for i in idx):
             if res.limit:
                 notes.append(f"tests {idx[0]}-{idx[-1]}: sandbox limit {res.limit}")
-            _note_failed_harness(f"tests {idx[0]}-{idx[-1]}", list(frames.values()), notes)
+            _note_frames(f"tests {idx[0]}-{idx[-1]}", list(frames.values()), notes)
             return [_judge(t, frames[i]).model_copy(update={"index": i})
                     for i, t in zip(idx, tests, strict=True)]  # fmt: skip
         how = next((frames[i]["harness"] for i in idx if "harness" in frames.get(i, {})), "")
@@ -447,10 +473,11 @@ async def _grade_batched(
     gate: asyncio.Semaphore,
     files: dict[str, str] | None,
 ) -> GradeResult:
-    """grade(batch=True): the tests in chunks that each fit one call of `max_call_s`."""
+    """grade(batch=True): the tests in chunks that each fit one call of `max_call_s` and whose
+    reports fit the sandbox's output (at most _MAX_BATCH tests)."""
     if not all(isinstance(t, CallTest) for t in tests):
         raise ValueError("grade(batch=True) takes CallTest items")
-    size = max(1, int((max_call_s - _SLACK_S) // timeout_s))
+    size = min(_MAX_BATCH, max(1, int((max_call_s - _SLACK_S) // timeout_s)))
     chunks = [list(range(i, min(i + size, len(tests)))) for i in range(0, len(tests), size)]
     notes: list[str] = []
 
@@ -486,7 +513,8 @@ async def grade(
     `files`: a repository the solution imports from (relative path -> text; the SWE env's graded
     tree without its tests), written fresh for every call and first on the import path. The
     solution can read them: never put a test file or an expected value there. `batch` (CallTests
-    only): the tests run in as few calls as fit `max_call_s`, in one interpreter each, as a test
+    only): the tests run in as few calls as fit `max_call_s` (at most `_MAX_BATCH` = 250 tests a
+    call, whose reports fit the sandbox's output), in one interpreter each, as a test
     suite runs (`_grade_batch`); a test there shares its process with the ones before it, so use
     it where the tests check one program's behaviour, not for separate attempts."""
     for rel in files or {}:

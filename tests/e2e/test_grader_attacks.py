@@ -237,6 +237,28 @@ async def test_large_correct_answers_never_cost_tests(service: LocalService) -> 
         assert res.all_passed and not res.notes, res
 
 
+async def test_a_chunk_of_long_errors_is_its_zero_not_an_outage(service: LocalService) -> None:
+    """A red-team pass: 300 tests in one batch call (timeout_s 0.19 s in a call of 60 s), each
+    failing with 5,000 characters of error text, made the harness's report overflow the 64 KB
+    the service keeps; judged lost 'not by the solution', twice, grade() raised
+    SandboxUnavailable: the episode left its group's baseline and the group was rolled out
+    again, so a policy could turn any 0 into no grade. Now every test fails, its text cut with
+    a marker saying how much, and the reports' cut is noted."""
+    sb = ServiceSandbox(service.url, retries=0)
+    tests = [CallTest(call=f"f({k})", expected=k) for k in range(300)]
+    for text in ("'x'", "'\\u00e9'", "'\\x01'"):  # ASCII, 2-byte UTF-8, a 6-byte JSON escape
+        code = f"def f(k):\n    raise ValueError({text} * 5000)\n"
+        res = await grade(sb, code, tests, timeout_s=0.19, max_call_s=60.0, batch=True)
+        assert res.passed == 0 and res.total == 300 and res.tampered == 0, (text, res.notes)
+        assert {o.status for o in res.outcomes} == {"error"}, (text, res.outcomes[0])
+        assert all("more characters cut]" in o.detail for o in res.outcomes), res.outcomes[-1]
+        assert any("cut to their share" in n for n in res.notes), res.notes
+    honest = await grade(sb, "def f(k):\n    return k", tests, timeout_s=0.19, max_call_s=60.0,
+                         batch=True)  # fmt: skip
+    await sb.aclose()
+    assert honest.all_passed and not honest.notes, honest.notes
+
+
 class LossySandbox:
     """A real sandbox whose first `lose` calls keep only the first `keep` bytes of stdout: a
     service with a tiny limits.output_bytes, or a report lost on the way."""
