@@ -171,7 +171,8 @@ def _input(raw: Any, instructions: Any) -> list[Message]:
 def _open(raw: list[Any], i: int) -> bool:
     """The function_call at `i` belongs to the assistant turn just before it: the item before it
     (reasoning aside) is an assistant message or another function call of that turn."""
-    for item in reversed(raw[:i]):
+    for j in range(i - 1, -1, -1):  # not raw[:i]: a copy per call, quadratic in the calls
+        item = raw[j]
         kind = item.get("type", "message") if isinstance(item, dict) else None
         if kind == "reasoning":
             continue
