@@ -8,13 +8,15 @@ from typing import Any
 import httpx
 
 
-async def post_once(gw: Any, body: dict[str, Any]) -> tuple[Any, httpx.Response]:
-    """(the episode, the gateway's answer) for `body` sent to /v1/chat/completions."""
+async def post_once(
+    gw: Any, body: dict[str, Any], route: str = "chat/completions"
+) -> tuple[Any, httpx.Response]:
+    """(the episode, the gateway's answer) for `body` sent to /v1/<route>."""
     url = await gw.start()
     ep = gw.open("t", 0, "s")
     try:
         async with httpx.AsyncClient() as http:
-            r = await http.post(f"{url}/chat/completions", json=body,
+            r = await http.post(f"{url}/{route}", json=body,
                                 headers={"Authorization": f"Bearer {ep.key}"})  # fmt: skip
     finally:
         await gw.aclose()

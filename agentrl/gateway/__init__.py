@@ -8,6 +8,7 @@ what this file exports.
     stop.py      a request's stop strings: the sampled answer cut where one completes
     sampling.py  a request's sampling settings: refused, ignored or honored
     errors.py    WireError: a refused request as an OpenAI error body
+    limits.py    how big a request may be: bytes, messages/calls/tools, text, before the work
     server.py    Gateway: the aiohttp server in the run's event loop, in front of its engines
 """
 

@@ -44,6 +44,7 @@ from agentrl.engine import (
 from agentrl.gateway.answer import deliver, unseen
 from agentrl.gateway.capture import Captured, EpisodeCapture, Plan
 from agentrl.gateway.config import GatewayConfig
+from agentrl.gateway.limits import Parts, body_limit, chat_parts, responses_parts, tokens_past
 from agentrl.gateway.responses import parse_responses_request, response_body
 from agentrl.gateway.sampling import (
     GenerationDefaults,
@@ -72,53 +73,6 @@ from agentrl.tool import gather_all
 from agentrl.types import Completion, FinishReason, Message, StopReason
 
 log = logging.getLogger(__name__)
-
-
-# A request's body, in bytes per token of rollout.max_context_tokens, past which it cannot be a
-# history that fits: a token is 3-5 bytes of JSON-escaped text, 12 of escaped CJK or emoji.
-# Larger bodies are refused before they are read, let alone tokenized: a red-team agent's 7.5 MB
-# message was refused only after 33 s of tokenizing, in the event loop every episode shares.
-BODY_BYTES_PER_TOKEN = 64
-BODY_MIN_BYTES = 1 << 20
-
-
-def body_limit(max_context_tokens: int) -> int:
-    """The largest request body the gateway reads (aiohttp's client_max_size)."""
-    return max(BODY_MIN_BYTES, BODY_BYTES_PER_TOKEN * max_context_tokens)
-
-
-# Text past this many characters a token of rollout.max_context_tokens is counted, a chunk at a
-# time, before the request is rendered: ordinary text is 3-5 characters a token and is never
-# counted twice; a body under `body_limit` that still holds far more tokens than the context
-# (2 MB of short tokens, 1.7M of them at 32k: 1.8 s of tokenizing in the event loop every episode
-# shares) is refused once the count passes the context, after about one context's tokenizing.
-COUNT_PAST_CHARS_PER_TOKEN = 8
-COUNT_CHUNK_CHARS = 1 << 15
-
-
-def tokens_past(
-    renderer: Renderer,
-    messages: list[Message],
-    limit: int,
-    tools: list[dict[str, Any]] | None = None,
-) -> int | None:
-    """The tokens counted in the messages' and the tools' text once past `limit` (chunk by
-    chunk, stopping there), or None: within the limit, or too short to need counting. Tokenizing
-    pieces never gives fewer tokens than the whole by more than one a cut, and the cuts are
-    allowed for. The tools are counted before a renderer is made for them (which renders them)."""
-    texts = [t for m in messages for t in (m.content, m.reasoning_content or "") if t]
-    texts += [json.dumps(c.arguments, ensure_ascii=False) for m in messages for c in m.tool_calls]
-    texts += [json.dumps(t, ensure_ascii=False) for t in tools or []]
-    if sum(map(len, texts)) <= COUNT_PAST_CHARS_PER_TOKEN * limit:
-        return None
-    count = cuts = 0
-    for text in texts:
-        for at in range(0, len(text), COUNT_CHUNK_CHARS):
-            count += len(renderer.encode_text(text[at : at + COUNT_CHUNK_CHARS]))
-            cuts += 1
-            if count - cuts > limit:
-                return count
-    return None
 
 
 def _overflow(ep: EpisodeCapture, why: str, said: str | None = None) -> WireError:
@@ -243,10 +197,14 @@ class Gateway:
         )
 
     async def _serve(
-        self, request: web.Request, parse: Any
+        self,
+        request: web.Request,
+        parse: Callable[[Any], ChatRequest],
+        parts: Callable[[Any, int], Parts],
     ) -> tuple[EpisodeCapture, ChatRequest, list[Choice], dict[str, int]] | web.Response:
-        """Attribute, read (`parse`: body → ChatRequest) and complete one request; a refusal
-        is the OpenAI error response (a 400 counted as the episode's bad request)."""
+        """Attribute, read (`parse`: body → ChatRequest, once its `parts` are within the
+        context: agentrl/gateway/limits.py) and complete one request; a refusal is the OpenAI
+        error response (a 400 counted as the episode's bad request)."""
         ep: EpisodeCapture | None = None
         try:
             ep = self._episode(request)
@@ -257,6 +215,10 @@ class Gateway:
                 raise bad(f"the request body is not JSON: {type(e).__name__}: {e}") from e
             except web.HTTPRequestEntityTooLarge as e:  # past body_limit: no history that fits
                 raise self._too_large(ep, request.content_length or e.max_size) from None
+            self._admit(ep)
+            limit = self.defaults.max_context_tokens
+            if (held := parts(body, limit)).total > limit:
+                raise _overflow(ep, held.why(limit))
             req = parse(body)
             choices, usage = await self.complete(ep, req)
         except WireError as e:
@@ -275,14 +237,14 @@ class Gateway:
         return _overflow(ep, why)
 
     async def _responses(self, request: web.Request) -> web.Response:
-        served = await self._serve(request, parse_responses_request)
+        served = await self._serve(request, parse_responses_request, responses_parts)
         if isinstance(served, web.Response):
             return served
         ep, req, choices, usage = served
         return await deliver(request, ep, [response_body(req, choices[0], usage)])
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        served = await self._serve(request, parse_request)
+        served = await self._serve(request, parse_request, chat_parts)
         if isinstance(served, web.Response):
             return served
         ep, req, choices, usage = served
@@ -294,14 +256,18 @@ class Gateway:
 
     # -- one request ---------------------------------------------------------------------------
 
-    async def complete(
-        self, ep: EpisodeCapture, req: ChatRequest
-    ) -> tuple[list[Choice], dict[str, int]]:
-        """Serve one request of `ep`: `req.n` samples of its messages, recorded."""
+    def _admit(self, ep: EpisodeCapture) -> None:
+        """Refuse a request of an episode that is over."""
         if ep.closed:  # it ended while the body was read: nothing is sampled for it
             raise WireError(401, "episode_over", "the episode ended during this request")
         if ep.stop is not None:
             raise bad(f"this episode is over ({ep.stop.value}): {ep.error}", "episode_over")
+
+    async def complete(
+        self, ep: EpisodeCapture, req: ChatRequest
+    ) -> tuple[list[Choice], dict[str, int]]:
+        """Serve one request of `ep`: `req.n` samples of its messages, recorded."""
+        self._admit(ep)
         if self.cfg.sampling == "run":  # refused before it counts against the budgets
             refuse_in_run(req.sampling, self.defaults)
         refuse_other_template(req.template, self.defaults)

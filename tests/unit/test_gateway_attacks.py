@@ -102,7 +102,8 @@ def test_tools_far_past_the_context_are_refused_before_they_are_rendered(tok, mo
     one-character tokens in a tool's description (under the body limit) held the event loop every
     episode shares for 1.6 s (the tools' renderer built, the prompt tokenized) before the
     context_length_exceeded. The tools are now counted with the messages, first."""
-    from agentrl.gateway.server import COUNT_CHUNK_CHARS, GenerationDefaults
+    from agentrl.gateway.limits import COUNT_CHUNK_CHARS
+    from agentrl.gateway.server import GenerationDefaults
     from agentrl.render import Renderer
     from agentrl.types import StopReason
 

@@ -270,7 +270,8 @@ def test_a_body_no_history_that_fits_could_make_is_refused_unread(kit):
     import asyncio
 
     from agentrl.gateway import Gateway
-    from agentrl.gateway.server import GenerationDefaults, body_limit
+    from agentrl.gateway.limits import body_limit
+    from agentrl.gateway.server import GenerationDefaults
     from agentrl.types import StopReason
 
     assert body_limit(2048) == 1 << 20 and body_limit(131072) == 64 * 131072
@@ -294,7 +295,8 @@ def test_text_far_past_the_context_is_refused_after_one_contexts_tokenizing(kit,
     import asyncio
 
     from agentrl.gateway import Gateway
-    from agentrl.gateway.server import COUNT_CHUNK_CHARS, GenerationDefaults
+    from agentrl.gateway.limits import COUNT_CHUNK_CHARS
+    from agentrl.gateway.server import GenerationDefaults
     from agentrl.types import StopReason
 
     tok, _, parser = kit
@@ -313,7 +315,7 @@ def test_text_far_past_the_context_is_refused_after_one_contexts_tokenizing(kit,
 
     counted.clear()  # ordinary text: not counted (the renderer tokenizes it once, as before)
     gw = Gateway(None, tok, parser, defaults=GenerationDefaults(max_context_tokens=2048))
-    tokens_past = __import__("agentrl.gateway.server", fromlist=["x"]).tokens_past
+    tokens_past = __import__("agentrl.gateway.limits", fromlist=["x"]).tokens_past
     assert tokens_past(gw._renderer([])[0], [Message(role="user", content="a b " * 5000)], 2048)
     assert (
         tokens_past(gw._renderer([])[0], [Message(role="user", content="hello " * 10)], 2048)
