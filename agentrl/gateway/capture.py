@@ -183,6 +183,13 @@ class EpisodeCapture:
         last = mark == cap.marks[-1] and not cap.busy
         return Plan("extend" if last else "branch", cap, mark, new, ids, tools_key)
 
+    def again(self, plan: Plan) -> Plan:
+        """The plan of another sample of the request `plan` was made for, as `plan` would place
+        it once that one is committed: the same ids (rendered once, not once a sample), on a
+        sequence of its own: a branch from the same turn, or a new one as that one is."""
+        kind: Kind = "branch" if plan.base is not None else plan.kind
+        return Plan(kind, plan.base, plan.mark, plan.messages, list(plan.new_ids), plan.tools_key)
+
     def commit(self, plan: Plan) -> Captured:
         """Apply the plan: the sequence to sample on, its new ids appended, marked busy. A
         branch's prompt is the ids it shares with its base (as sampled, mask 0: they are

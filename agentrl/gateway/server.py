@@ -291,6 +291,8 @@ class Gateway:
                    f"rollout.max_context_tokens={limit}")  # fmt: skip
             raise _overflow(ep, why)
         renderer, key = self._renderer(req.tools)
+        plan = self._plan(ep, req, renderer, key)  # once: the n samples read the same ids
+        ps = [plan] + [ep.again(plan) for _ in range(1, req.n)]
         index = ep.requests - req.n
         task = asyncio.current_task()
         assert task is not None
@@ -298,7 +300,7 @@ class Gateway:
         recorded: list[Captured] = []
         try:
             results = await gather_all(
-                [self._sample(ep, req, renderer, key, index, i, recorded) for i in range(req.n)]
+                [self._sample(ep, req, renderer, p, index, i, recorded) for i, p in enumerate(ps)]
             )
         except BaseException:
             if recorded and not ep.closed:  # a sibling failed or the agent went away
@@ -315,24 +317,26 @@ class Gateway:
         }
         return [r[0] for r in results], usage
 
-    async def _sample(
-        self,
-        ep: EpisodeCapture,
-        req: ChatRequest,
-        renderer: Renderer,
-        key: str,
-        index: int,
-        i: int,
-        recorded: list[Captured],
-    ) -> tuple[Choice, int, int, Captured]:
+    def _plan(self, ep: EpisodeCapture, req: ChatRequest, renderer: Renderer, key: str) -> Plan:
         try:
-            plan = ep.plan(req.messages, key, renderer, self.defaults.thinking == "template")
+            return ep.plan(req.messages, key, renderer, self.defaults.thinking == "template")
         except RenderError as e:
             raise bad(f"the model's chat template cannot render these messages: {e}") from e
         except Exception as e:  # jinja2's raise_exception, TypeError, … from the template
             raise bad(
                 f"the model's chat template refused these messages: {type(e).__name__}: {e}"
             ) from e
+
+    async def _sample(
+        self,
+        ep: EpisodeCapture,
+        req: ChatRequest,
+        renderer: Renderer,
+        plan: Plan,
+        index: int,
+        i: int,
+        recorded: list[Captured],
+    ) -> tuple[Choice, int, int, Captured]:
         params = self._params(ep, req, plan, index, i)
         cap = ep.commit(plan)
         ep.reserved += params.max_new_tokens  # until sampled: the episode's budget holds

@@ -13,6 +13,7 @@ from transformers import AutoTokenizer
 
 from agentrl.assets.build import resolve_builtin
 from agentrl.gateway import Gateway, GenerationDefaults
+from agentrl.gateway.wire import parse_request
 from agentrl.parsers import get_parser
 from agentrl.render import Renderer
 from agentrl.types import Message, StopReason, ToolCall
@@ -122,6 +123,30 @@ def test_input_items_are_read_a_bounded_number_of_times():
     req = parse_responses_request({"input": items})
     assert [m.role for m in req.messages] == ["user", "assistant", "tool"]
     assert len(req.messages[1].tool_calls) == 2000 and items.visits <= 2 * len(items)
+
+
+def test_a_requests_samples_are_rendered_once(tok, monkeypatch):
+    """n=16 rendered the request's history 16 times, once a sample (6,000 messages: 4 s of the
+    event loop); the samples read the same ids, placed as before: the first request's all
+    start, a later one extends one sequence and branches the rest from the same turn."""
+    made: list[int] = []
+    for name in ("prompt_ids", "observation_ids"):
+        real = getattr(Renderer, name)
+        monkeypatch.setattr(Renderer, name,
+                            lambda r, *a, _real=real, **k: made.append(1) or _real(r, *a, **k))  # fmt: skip
+    gw = Gateway(CannedEngine(tok), tok, get_parser("hermes"))
+    ep = gw.open("t", 0, "s")
+    first, _ = asyncio.run(gw.complete(ep, parse_request({"messages": [USER], "n": 4})))
+    assert len(made) == 1 and ep.counts["start"] == 4 and len(ep.sequences) == 4
+    assert len({tuple(c.seq.ids) for c in ep.sequences}) == 1
+    made.clear()
+    said = {"role": "assistant", "content": first[2].message.content}
+    body = {"messages": [USER, said, {"role": "user", "content": "and?"}], "n": 3}
+    asyncio.run(gw.complete(ep, parse_request(body)))
+    assert len(made) == 1 and ep.counts["extend"] == 1 and ep.counts["branch"] == 2
+    grown = max((c.seq.ids for c in ep.sequences[:4]), key=len)  # the one extended
+    for cap in ep.sequences[4:]:
+        assert cap.seq.ids[: cap.seq.prompt_len] == grown[: cap.seq.prompt_len]
 
 
 def test_every_family_writes_a_token_for_each_message_call_and_tool():
