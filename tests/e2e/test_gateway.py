@@ -8,13 +8,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from gateway_post import post_once
+from gateway_record import assert_token_exact, rollout_of
 from transformers import AutoTokenizer
 
 from agentrl.advantage import AdvantageConfig, compute_advantages
@@ -25,7 +24,6 @@ from agentrl.envs.examples.agent_openai import SYSTEM, TOOLS, AddAgent, add_task
 from agentrl.envs.examples.agent_openai_agents import AddAgentSDK
 from agentrl.gateway import Gateway, GatewayConfig, GenerationDefaults
 from agentrl.rollout import Rollout, RolloutConfig
-from agentrl.seeding import sampling_round
 from agentrl.types import FinishReason, StopReason, Task, Trajectory
 
 TINY = resolve_builtin("tiny")
@@ -40,49 +38,6 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tok():
     return AutoTokenizer.from_pretrained(TINY)
-
-
-class Recording:
-    """The real engine client, with every call's prompt ids and returned ids kept."""
-
-    def __init__(self, engine: EngineClient) -> None:
-        self.engine, self.calls = engine, []
-
-    async def generate(self, input_ids, params, key=None):
-        comp = await self.engine.generate(input_ids, params, key)
-        self.calls.append((list(input_ids), list(comp.token_ids), list(comp.logprobs)))
-        return comp
-
-    def release(self, key: str) -> None:
-        self.engine.release(key)
-
-
-async def rollout_of(urls, tok, env_cls, tasks, **cfg) -> tuple[list[list[Trajectory]], Recording]:
-    """The rollout in a seeded round (trainer.deterministic's seeds): what the tiny model samples
-    is the same on every machine and under any load, so a test asking for a solved episode
-    cannot fail on an unlucky draw."""
-    async with EngineClient(urls) as engine:
-        rec = Recording(engine)
-        ro = Rollout(rec, tok, env_cls, RolloutConfig(max_new_tokens=48, max_context_tokens=700,
-                                                       **cfg))  # fmt: skip
-        try:
-            with sampling_round(0, "test"):
-                return await ro.run(tasks), rec
-        finally:
-            await ro.aclose()
-
-
-def assert_token_exact(t: Trajectory, rec: Recording) -> None:
-    """Each sampled turn: the engine was asked with exactly the ids before it and returned
-    exactly its ids and logprobs; the loss mask is 1 on those ids and nowhere else."""
-    t.check()  # the mask is 1 exactly on the turns' sampled spans
-    calls: dict[tuple, list] = {}
-    for ids, out, lps in rec.calls:  # two episodes may ask the same and get the same ids
-        calls.setdefault((tuple(ids), tuple(out)), []).append(lps)
-    for turn in t.turns:
-        key = (tuple(t.token_ids[: turn.start]), tuple(t.token_ids[turn.start : turn.end]))
-        assert key in calls, f"turn {turn.start}:{turn.end} is not a call the engine answered"
-        assert t.logprobs[turn.start : turn.end] in calls[key]
 
 
 def test_an_openai_sdk_agent_is_recorded_token_exact(server, tok):
@@ -504,107 +459,3 @@ def test_a_closed_episode_cancels_its_requests_and_its_record_stays_and_budgets_
     assert len(trajs) == 1 and len(trajs[0].turns) == 1 and trajs[0].num_sampled == 8
     assert [t.token_ids for t in again] == [t.token_ids for t in trajs]  # nothing was added
     assert budget.sampled_tokens <= 400 and budget.stop is StopReason.LENGTH
-
-
-class InWorker(AddAgent):
-    """AddAgent that notes the process it ran in (an attribute set in run, read by reward);
-    task "raise" raises after its first request, task "die" ends its worker process."""
-
-    async def run(self, task: Task, client: Any) -> Any:
-        self.pid = os.getpid()
-        if task.id in ("raise", "die"):
-            await client.chat.completions.create(
-                model="m", messages=[{"role": "user", "content": "hi"}]
-            )
-            if task.id == "die":
-                os._exit(3)
-            raise ValueError("the agent's own bug, in its worker")
-        return await super().run(task, client)
-
-    async def reward(self, trajectory: Trajectory) -> dict[str, float]:
-        return {"total": float(self.result), "pid": float(self.pid)}
-
-
-def test_agents_in_worker_processes_are_recorded_the_same_and_fail_the_same(server, tok):
-    """rollout.gateway.agent_workers=2: run() executes in two processes of their own, each
-    sampled turn is still token-exact, an attribute run() set reaches reward(), an agent that
-    raises is the episode's agent_error with its worker's traceback, a worker that dies aborts
-    its episode (infrastructure) and the next episode gets a fresh worker."""
-    cfg = RolloutConfig(max_new_tokens=48, max_context_tokens=700, group_size=3,
-                        gateway=GatewayConfig(agent_workers=2))  # fmt: skip
-
-    async def go():
-        async with EngineClient(server) as engine:
-            rec = Recording(engine)
-            ro = Rollout(rec, tok, InWorker, cfg)
-            try:
-                with sampling_round(0, "first"):  # seeded: some episode solves its task
-                    first = await ro.run(add_tasks(4))
-                raised = await ro.run([Task(id="raise", data={})])
-                died = await ro.run([Task(id="die", data={})])  # apart: it takes its worker's
-                with sampling_round(0, "after"):
-                    after = await ro.run(add_tasks(2))
-            finally:
-                await ro.aclose()
-            return first, raised + died, after, rec
-
-    first, bad, after, rec = asyncio.run(go())
-    trajs = [t for g in first + after for t in g]
-    assert all(t.stop_reason is StopReason.COMPLETED for t in trajs)
-    pids = {t.reward_components["pid"] for t in trajs}
-    assert len(pids) >= 2 and float(os.getpid()) not in pids  # two workers, not this process
-    assert sum(t.reward for t in trajs) > 0
-    for t in trajs:
-        assert_token_exact(t, rec)
-    by = {g[0].task_id: g for g in bad}
-    assert all(t.stop_reason is StopReason.AGENT_ERROR for t in by["raise"])
-    assert "ValueError: the agent's own bug, in its worker" in by["raise"][0].error
-    assert "Traceback" in by["raise"][0].error and by["raise"][0].num_sampled > 0
-    assert all(t.stop_reason is StopReason.ABORTED for t in by["die"])
-    assert "agent worker process ended (exit code 3)" in by["die"][0].error
-
-
-def test_a_request_the_engine_refuses_is_a_502_and_the_episode_is_the_systems_failure(server, tok):
-    """A red-team pass: an engine's 4xx other than a prompt too long (here the dev server's,
-    for a run's top_k of 0, which SGLang refuses too) was a plain-text 500 and the episode the
-    agent's error, scored 0 in its group. The run's settings or the engine are at fault, not the
-    policy: the agent gets an OpenAI error body, and the episode is `aborted`, out of the
-    baseline, with the engine's reason."""
-
-    async def go():
-        async with EngineClient(server) as engine:
-            parser = Rollout.prepare(tok, AddAgent, RolloutConfig())[1]
-            gw = Gateway(engine, tok, parser, defaults=GenerationDefaults(top_k=0))
-            return await post_once(gw, {"messages": [{"role": "user", "content": "1+2?"}]})
-
-    ep, r = asyncio.run(go())
-    assert r.status_code == 502 and r.json()["error"]["code"] == "engine_error", r.text
-    assert "top_k" in r.json()["error"]["message"]
-    assert ep.stop is StopReason.ABORTED and "EngineRequestError" in ep.error
-    assert not ep.sequences or not ep.sequences[0].seq.turns  # nothing recorded
-
-
-def test_penalties_under_sampling_request_are_sampled_by_the_dev_server(server, tok):
-    """rollout.gateway.sampling=request (`agentrl gateway`): a request with presence and
-    frequency penalties was refused by the dev server, a 502 and the episode `aborted`. The dev
-    server samples them as SGLang does; the answer is recorded token-exact."""
-
-    async def go():
-        async with EngineClient(server) as engine:
-            rec = Recording(engine)
-            parser = Rollout.prepare(tok, AddAgent, RolloutConfig())[1]
-            gw = Gateway(rec, tok, parser, GatewayConfig(sampling="request"),
-                         GenerationDefaults(max_new_tokens=24))  # fmt: skip
-            body = {"messages": [{"role": "user", "content": "Count to ten."}],
-                    "presence_penalty": 0.5, "frequency_penalty": 1.0, "temperature": 0}  # fmt: skip
-            ep, r = await post_once(gw, body)
-            return ep, r, rec
-
-    ep, r, rec = asyncio.run(go())
-    assert r.status_code == 200, r.text
-    assert ep.stop is None and r.json()["usage"]["completion_tokens"] > 0
-    ((prompt, out, lps),) = rec.calls
-    (cap,) = ep.trained()
-    (turn,) = cap.seq.turns
-    assert cap.seq.ids[: turn.start] == prompt and cap.seq.ids[turn.start : turn.end] == out
-    assert cap.seq.logprobs[turn.start : turn.end] == lps
