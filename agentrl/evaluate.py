@@ -23,13 +23,13 @@ on; `shared` keeps the training list whole (the evaluation then re-scores traine
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from typing import TYPE_CHECKING
 
 from agentrl.data import held_out
 from agentrl.metrics import by_env, one_per_episode, rollout_metrics
+from agentrl.tool import gather_all
 from agentrl.types import ConfigError, Task
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ async def evaluate(
     (not scored); the seconds it took) and the episodes, `samples` per task in the order of
     `tasks`."""
     t0 = time.perf_counter()
-    groups = await asyncio.gather(*(rollout.run_group(t, samples) for t in tasks))
+    groups = await gather_all(rollout.run_group(t, samples) for t in tasks)  # one raises: all stop
     trajs = [tr for g in groups for tr in g]
     out = eval_metrics(trajs)
     for env, gs in by_env(groups).items():  # env=mixture: each env's episodes apart too

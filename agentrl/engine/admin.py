@@ -1,6 +1,8 @@
 """The control plane of the rollout servers: health, weight versions, pause, memory, LoRA
 adapters and weight updates, each fanned out to every server at once (`Http.fanout`: one
-failure fails the call, naming the servers). Generation is client.py's.
+failure fails the call, naming the servers, once every server has answered; the calls that
+read each server's answer themselves go through `gather_all`: one failing cancels and awaits the
+rest, so no request runs on for nobody). Generation is client.py's.
 
     await engine.control.wait_healthy()
     await engine.control.update_weights_from_disk("/ckpt/step_10", weight_version="10")
@@ -14,6 +16,7 @@ from typing import Any, Literal
 
 from agentrl.engine.http import FIX_HINT, Http, Server, health_probe
 from agentrl.engine.protocol import EngineError, EngineUnavailable
+from agentrl.tool import gather_all
 
 
 class Control:
@@ -37,7 +40,7 @@ class Control:
             return r.status == 200
 
         every = [*self.http.servers, *([self.http.router] if self.http.router else [])]
-        oks = await asyncio.gather(*(one(s) for s in every))
+        oks = await gather_all(one(s) for s in every)
         return dict(zip([s.url for s in every], oks, strict=True))
 
     async def wait_healthy(self, timeout_s: float | None = None, poll_s: float = 0.5) -> None:
@@ -86,9 +89,7 @@ class Control:
 
     async def flush_cache(self) -> list[bool]:
         """True per server that flushed; SGLang refuses (400) while requests are running."""
-        rs = await asyncio.gather(
-            *(self.http.call(s, "POST", "/flush_cache") for s in self.http.servers)
-        )
+        rs = await gather_all(self.http.call(s, "POST", "/flush_cache") for s in self.http.servers)
         return [r.status == 200 for r in rs]
 
     async def pause_generation(self, mode: Literal["abort", "retract", "in_place"] = "abort"):

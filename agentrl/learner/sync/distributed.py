@@ -23,6 +23,7 @@ from agentrl.learner import fsdp
 from agentrl.learner.fsdp import ParamSpec
 from agentrl.learner.sync.base import SYNC_METHODS, Transport, WeightSyncError, await_ref
 from agentrl.learner.update_group import bind_listen_socket, init_update_group
+from agentrl.tool import gather_all
 
 
 @SYNC_METHODS.register("distributed")
@@ -110,7 +111,7 @@ class DistributedSync(Transport):
         )  # fmt: skip
         try:
             await asyncio.wait_for(
-                asyncio.gather(await_ref(trainer), servers), timeout=self.cfg.timeout_s
+                gather_all([await_ref(trainer), servers]), timeout=self.cfg.timeout_s
             )
         except Exception as e:
             raise WeightSyncError(
@@ -146,7 +147,7 @@ class DistributedSync(Transport):
                 f"weights v{version}: a server failed during the broadcast ({e}); the group is "
                 "now unusable: restart the servers and the learner, or use weight_sync.method=disk"
             ) from e
-        await asyncio.gather(*(await_ref(r) for r in refs))
+        await gather_all(await_ref(r) for r in refs)  # one rank fails: the others' waits end
         self.version = version
         return self._metrics(time.perf_counter() - t0)
 
