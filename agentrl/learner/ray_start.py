@@ -5,12 +5,18 @@ cluster the user runs (`ray.address`); `start_ray` is idempotent and fails in on
 address; by default it swaps in the host's routable address and its gRPC servers listen on it)
 and checks afterwards that the node address is loopback and that no socket it opened listens
 beyond it (`listening_sockets`). Joining a cluster, its nodes' addresses are the user's.
+
+Before Ray starts, a file-size limit (`ulimit -f`, RLIMIT_FSIZE) below its hard limit is raised
+to it, with a warning (`lift_file_size_limit`); one that stays below Ray's object store is a
+one-line error: the raylet was killed creating that file and Ray said only, 30 s later, that the
+node timed out during startup.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import resource
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +24,8 @@ import ray
 from ray._private import ray_constants
 
 from agentrl.learner import LearnerError, RayConfig
+
+log = logging.getLogger(__name__)
 
 
 def start_ray(cfg: RayConfig | None = None, gpus: list[str] | None = None) -> None:
@@ -36,6 +44,7 @@ def start_ray(cfg: RayConfig | None = None, gpus: list[str] | None = None) -> No
         return
     # Read once at `import ray`; if ray was imported before the env var was set, force it.
     ray_constants.ENABLE_RAY_CLUSTER = False
+    lift_file_size_limit(None if cfg.address else cfg.object_store_mb)
     kw = _init_kwargs(cfg)
     logging.getLogger(_AUTH_LOGGER).addFilter(_not_auth_on_notice)  # once: same filter object
     before = listening_sockets()
@@ -59,6 +68,47 @@ def start_ray(cfg: RayConfig | None = None, gpus: list[str] | None = None) -> No
             os.environ["CUDA_VISIBLE_DEVICES"] = visible
     if not cfg.address:  # a cluster the user started: its nodes' addresses are theirs to choose
         _check_loopback(before)
+
+
+def lift_file_size_limit(object_store_mb: int | None) -> None:
+    """This process's file-size limit (RLIMIT_FSIZE, `ulimit -f`, inherited by Ray and the
+    learner ranks) raised from its soft value to its hard one, with a warning; a LearnerError
+    when what is left is below Ray's object store, one file of `object_store_mb` MB (None:
+    joining a cluster, whose raylets are not started here). A limit that stays finite above it
+    is a warning: a checkpoint's shards are as large as the model."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if soft == resource.RLIM_INFINITY:
+        return
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+        log.warning(
+            "raised this process's file-size limit (ulimit -f, RLIMIT_FSIZE) from %s to its "
+            "hard limit, %s, for Ray and the checkpoints",
+            _limit(soft),
+            _limit(hard),
+        )
+        soft = hard
+    if soft == resource.RLIM_INFINITY:
+        return
+    if object_store_mb is not None and soft < (object_store_mb + 1) << 20:
+        raise LearnerError(
+            f"the file-size limit (ulimit -f, RLIMIT_FSIZE) is {_limit(soft)}, its hard limit "
+            f"too; Ray's object store is one file of {object_store_mb} MB (ray.object_store_mb) "
+            "and Ray dies creating it: run `ulimit -f unlimited` in the shell that starts "
+            "agentrl (the hard limit only root raises: /etc/security/limits.conf), then start "
+            "again"
+        )
+    log.warning(
+        "the file-size limit (ulimit -f, RLIMIT_FSIZE) is %s: a checkpoint file larger than "
+        "that (a model's weight shard) fails to write; `ulimit -f unlimited` lifts it",
+        _limit(soft),
+    )
+
+
+def _limit(n: int) -> str:
+    if n == resource.RLIM_INFINITY:
+        return "unlimited"
+    return f"{n:,} bytes (bash's ulimit -f: {n // 1024})"
 
 
 def _init_kwargs(cfg: RayConfig) -> dict[str, Any]:
