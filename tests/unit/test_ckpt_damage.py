@@ -51,7 +51,7 @@ DAMAGE = {
     "optimizer gone": (lambda m: [f.unlink() for f in (m.parent / "optim").iterdir()],
                        r"policy/optim: schedule\.json is missing .*\(the run saved its optimizer"),
     "shards gone": (lambda m: (m.parent / "optim" / "__0_0.distcp").unlink(),
-                    r"policy/optim: no \.distcp file with data"),
+                    r"policy/optim: __0_0\.distcp is missing \(\.metadata names it\)"),
 }  # fmt: skip
 
 
