@@ -6,6 +6,8 @@ each sampled token (loss mask 1) as its own box, coloured either by the loss mas
 |rollout - trainer| logprob gap (a switch at the top; hover a token for its id and logprobs).
 Text that spells a special token (a tool that printed `<|im_end|>`) is shown escaped and struck
 through with a dotted line, so it is never mistaken for the template's own special tokens.
+Every text on the page (the policy's, its tools', task ids, reward names, errors) is escaped; the
+page has no script and no link; control characters and lone surrogates are written out (`\\x00`).
 
 The command line for runs without W&B is agentrl/cli/view.py:
 
@@ -49,6 +51,36 @@ Logprobs = Mapping[int, Sequence[float]]
 
 def _clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[:n] + f" … [{len(text) - n} more chars]"
+
+
+# A lone surrogate (a tool call's JSON `"\\ud800"` decodes to one) cannot be encoded as UTF-8:
+# W&B, a file or a terminal would raise on it. Control characters a page would hide or a browser
+# drop (NUL) are shown written out too.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_HIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _plain(text: str) -> str:
+    """`text` that encodes as UTF-8: each lone surrogate replaced by U+FFFD."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def _cell(value: Any, max_chars: int) -> Any:
+    """A W&B table cell: text clipped to `max_chars` (the cut said) and UTF-8-encodable."""
+    return _plain(_clip(value, max_chars)) if isinstance(value, str) else value
+
+
+def _written_out(c: str) -> str:
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+
+
+def _esc(text: str, attr: bool = False) -> str:
+    """`text` as HTML text (or, `attr`, a quoted attribute value): markup escaped, and each
+    control character or lone surrogate written out (`\\x00`, `\\ud800`), marked in text."""
+    out = html.escape(text, quote=True)
+    if attr:
+        return _HIDDEN.sub(lambda m: _written_out(m.group()), out)
+    return _HIDDEN.sub(lambda m: f'<span class="cc">{_written_out(m.group())}</span>', out)
 
 
 def _floats(x: Sequence[float]) -> list[float]:
@@ -169,6 +201,7 @@ margin:2px 2px 2px 0;white-space:nowrap} .b.o2{background:#a67c00} .el{color:#99
 #vm:checked ~ .trajs .t{background:#cfe0ff} #vd:checked ~ .trajs .t{background:var(--d)}
 details.pd{display:inline} details.pd summary{display:inline;cursor:pointer;color:#557}
 .lit{text-decoration:line-through dotted #c00;background:#fde2e2}
+.cc{color:#c00;background:#fde2e2;border-radius:2px}
 """
 _GAP_STOPS = ((0.0, (0xC8, 0xEC, 0xD0)), (0.5, (0xFF, 0xEE, 0x99)), (1.0, (0xF2, 0x9B, 0x9B)))
 
@@ -220,14 +253,14 @@ def _text_html(tok: Any, ids: list[int]) -> str:
         text = tok.decode(run, skip_special_tokens=False) if run else ""
         pos = 0
         for m in pattern.finditer(text) if pattern else ():
-            out.append(html.escape(text[pos : m.start()]))
+            out.append(_esc(text[pos : m.start()]))
             out.append(f'<span class="lit" title="text, not a special token">'
-                       f"{html.escape(m.group())}</span>")  # fmt: skip
+                       f"{_esc(m.group())}</span>")  # fmt: skip
             pos = m.end()
-        out.append(html.escape(text[pos:]))
+        out.append(_esc(text[pos:]))
         run = []
         if i is not None:
-            out.append(html.escape(tok.decode([i], skip_special_tokens=False)))
+            out.append(_esc(tok.decode([i], skip_special_tokens=False)))
     return "".join(out)
 
 
@@ -268,7 +301,7 @@ def _sampled(tok: Any, traj: Trajectory, lo: int, hi: int, ours: list[float] | N
         gap = max(gaps) if gaps else None
         out.append(
             f'<span class="t" style="--d:{gap_colour(gap)}" '
-            f'title="{html.escape(chr(10).join(tips), quote=True)}">{html.escape(text)}</span>'
+            f'title="{_esc(chr(10).join(tips), attr=True)}">{_esc(text)}</span>'
         )
     return "".join(out)
 
@@ -279,8 +312,8 @@ def _trajectory(
     ours = _floats(lps) if lps is not None else None
     gaps = [g for g in turn_gaps(traj, ours) if g is not None]
     gap_txt = f" · |Δlogprob| mean {fmean(gaps):.1e}" if gaps else ""
-    head = (
-        f"{html.escape(kind)} {step} · {html.escape(traj.task_id)} #{traj.sample_index} · reward {traj.reward:g}"
+    head = (  # plain text, escaped below as a whole: every part may be anyone's text
+        f"{kind} {step} · {_clip(traj.task_id, 200)} #{traj.sample_index} · reward {traj.reward:g}"
         f" · stop {traj.stop_reason.value} · {len(traj.turns)} turns · {len(traj.token_ids)} "
         f"tokens ({traj.num_sampled} sampled){gap_txt}"
     )
@@ -288,8 +321,9 @@ def _trajectory(
         head += f" · sequence {traj.metadata['sequence']} of its episode"
         if rewrite := _rewrite(traj):  # rollout.context began it
             head += f" {rewrite}"
+    head = _esc(head)
     if scoring(traj):
-        head += f"<br>{html.escape(scoring(traj))}"
+        head += f"<br>{_esc(_clip(scoring(traj), 2000))}"
     budget = max(max_tokens - traj.num_sampled, 128)
     prompt = _segment(tok, traj.token_ids[: traj.prompt_len], "p", "prompt", budget)
     # the system prompt and tool schemas are most of a card: folded, one click away
@@ -310,7 +344,7 @@ def _trajectory(
             obs = traj.token_ids[t.end : t.obs_end]
             parts.append(_segment(tok, obs, "o", "observation", budget))
     if traj.error:
-        parts.append(f'\n<span class="b">error</span> {html.escape(traj.error)}')
+        parts.append(f'\n<span class="b">error</span> {_esc(_clip(traj.error, 4000))}')
     return f'<div class="tr"><h3>{head}</h3><div class="body">{"".join(parts)}</div></div>'
 
 
@@ -331,7 +365,7 @@ def render_html(
         for g in (1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
     )
     return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{_esc(title, attr=True)}</title>"
         f"<style>{_CSS}</style></head><body>"
         '<input type="radio" name="view" id="vm" checked><label for="vm">colour by loss mask'
         '</label><input type="radio" name="view" id="vd"><label for="vd">colour by |rollout − '

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     step = items[0][0]
     out = a.out or path.parent / _out_name(evaluation, a.env, step)
     title = f"{path.parent.name} {kind} {step}" + (f" · env {a.env}" if a.env else "")
-    out.write_text(render_html(chosen, tok, a.max_tokens, title, kind))
+    out.write_text(render_html(chosen, tok, a.max_tokens, title, kind), encoding="utf-8")
     more = f"; -n {len(items)} draws them all" if len(chosen) < len(items) else ""
     print(f"wrote {out} ({len(chosen)} of the {len(items)} trajectories of {kind} {step}{more})")
 
