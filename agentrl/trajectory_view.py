@@ -113,7 +113,7 @@ def turn_rows(
     max_chars: int = 4000,
 ) -> list[list[Any]]:
     """One row per assistant turn (a trajectory without any turn still gets one row), in the
-    order of `TURN_COLUMNS`."""
+    order of `TURN_COLUMNS`; every text clipped to `max_chars` (the cut said) and UTF-8-safe."""
     rows = []
     for i, tr in enumerate(trajs):
         gaps = turn_gaps(tr, (trainer_logprobs or {}).get(i))
@@ -137,7 +137,7 @@ def turn_rows(
                 "reference": str(tr.metadata.get("reference", "")) if k == 0 else "",
                 **_turn_fields(t, gaps[k] if t else None, len(tr.token_ids), max_chars),
             }
-            rows.append([row[c] for c in TURN_COLUMNS])
+            rows.append([_cell(row[c], max_chars) for c in TURN_COLUMNS])
     return rows
 
 
