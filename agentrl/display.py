@@ -20,13 +20,19 @@ from agentrl.types import Trajectory
 
 # C0 controls but tab and newline, DEL, C1: what a model or its tool output may hold that a
 # terminal would obey (ESC sequences recolour, retitle, move the cursor, OSC 52 writes the
-# clipboard). Shown as \x1b etc. instead.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# clipboard). Shown as \x1b etc. instead. And lone surrogates (a tool call's JSON "\ud800"
+# decodes to one), which no stream can encode: printed, one would end the run.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def safe_text(s: str) -> str:
-    """`s` with every terminal control character written out (`\\x1b`), never obeyed."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", s)
+    """`s` with every terminal control character (`\\x1b`) and lone surrogate (`\\ud800`)
+    written out, never obeyed."""
+    return _CONTROL.sub(lambda m: _written_out(ord(m.group())), s)
+
+
+def _written_out(n: int) -> str:
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}"
 
 
 _ROLE_STYLE = {"system": "dim", "user": "bold cyan", "assistant": "green", "tool": "yellow"}
