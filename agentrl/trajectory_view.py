@@ -385,33 +385,63 @@ def trajectory_from_dict(d: dict[str, Any]) -> Trajectory:
     return Trajectory.from_dict(d)
 
 
-def _rows(path: Path) -> list[dict[str, Any]]:
-    """The JSON lines of `path`, but a torn last one (no newline, not whole JSON): the line a
-    running (or killed) run is still writing, not yet a trajectory."""
-    text = path.read_text(encoding="utf-8")
-    lines = text.splitlines()
-    if lines and not text.endswith("\n"):
-        try:
-            json.loads(lines[-1])
-        except ValueError:
-            lines.pop()
-    return [json.loads(x) for x in lines if x.strip()]
+def _rows(path: Path, skipped: list[str] | None) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, JSON object) of each line of `path` that holds one. Lines are split at
+    "\\n" only (a file written without ASCII escapes may hold U+2028 or \\x85 inside a line). A
+    line that is not a JSON object is skipped, and said in `skipped`: the torn last line a
+    running (or killed) run is still writing, garbage; bytes that are not UTF-8 are read as
+    U+FFFD, and said."""
+    out: list[tuple[int, dict[str, Any]]] = []
+    note = skipped.append if skipped is not None else (lambda _: None)
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = raw.decode("utf-8", "replace")
+                note(f"line {n}: bytes that are not UTF-8, read as U+FFFD")
+            try:
+                row = json.loads(text)
+            except ValueError as e:
+                torn = not raw.endswith(b"\n")  # the last line, still being written or cut
+                note(f"line {n}: skipped, " + ("cut short (the run is writing it, or was "
+                     "killed)" if torn else f"not JSON ({_clip(str(e), 100)})"))  # fmt: skip
+                continue
+            if not isinstance(row, dict):
+                note(f"line {n}: skipped, a JSON {type(row).__name__}, not a trajectory")
+                continue
+            if not isinstance(row.get("step", 0), int):
+                note(f"line {n}: skipped, its step {_clip(repr(row['step']), 40)} is not a number")
+                continue
+            out.append((n, row))
+    return out
 
 
-def load_jsonl(path: Path, step: int | None = None) -> list[tuple[int, Trajectory, list | None]]:
+def load_jsonl(
+    path: Path, step: int | None = None, skipped: list[str] | None = None
+) -> list[tuple[int, Trajectory, list | None]]:
     """(step, trajectory, trainer logprobs or None) of one step (default: the last) of a run's
-    trajectories.jsonl; a preview's file (no steps) is step 0."""
-    rows = _rows(path)
+    trajectories.jsonl; a preview's file (no steps) is step 0. Lines that are not trajectories
+    are skipped, each said in `skipped` (`_rows`)."""
+    rows = _rows(path, skipped)
     if not rows:
         return []
-    want = max(r.get("step", 0) for r in rows) if step is None else step
-    return [
-        (r.get("step", 0), trajectory_from_dict(r), r.get("trainer_logprobs"))
-        for r in rows
-        if r.get("step", 0) == want
-    ]
+    want = max(r.get("step", 0) for _, r in rows) if step is None else step
+    out = []
+    for n, r in rows:
+        if r.get("step", 0) != want:
+            continue
+        try:
+            out.append((want, trajectory_from_dict(r), r.get("trainer_logprobs")))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            if skipped is not None:
+                skipped.append(f"line {n}: skipped, not a trajectory ({type(e).__name__}: "
+                               f"{_clip(str(e), 100)})")  # fmt: skip
+    return out
 
 
-def steps_in(path: Path) -> list[int]:
+def steps_in(path: Path, skipped: list[str] | None = None) -> list[int]:
     """The steps a trajectories.jsonl holds (a preview's: [0])."""
-    return sorted({r.get("step", 0) for r in _rows(path)})
+    return sorted({r.get("step", 0) for _, r in _rows(path, skipped)})

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
 from agentrl.config import ModelConfig
+from agentrl.display import safe_text
 from agentrl.trajectory_view import load_jsonl, pick, render_html, steps_in
 
 
@@ -71,6 +72,16 @@ def _out_name(evaluation: bool, env: str | None, step: int) -> str:
     return f"view_{'eval_' if evaluation else ''}{env_part}{step}.html"
 
 
+def _skipped_lines(path: Path, skipped: list[str], show: int = 10) -> str:
+    """What reading `path` skipped, for the console ("" for nothing), a line each (the first
+    `show` of them), control characters written out."""
+    if not skipped:
+        return ""
+    more = f"\n  … and {len(skipped) - show} more" if len(skipped) > show else ""
+    lines = "".join(f"\n  {safe_text(x)}" for x in skipped[:show])
+    return f"{path}: {len(skipped)} lines not read as they are:{lines}{more}\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Write an HTML view of a run's trajectories.")
     ap.add_argument("run", type=Path, help="a training output dir, or its trajectories.jsonl")
@@ -96,11 +107,17 @@ def main(argv: list[str] | None = None) -> None:
             f"{path}: no such file (give a run's dir, runs/<run_name>, a preview's folder or a "
             f"{name}){hint}"
         )
-    items = load_jsonl(path, a.step)
+    skipped: list[str] = []
+    items = load_jsonl(path, a.step, skipped)
+    said = _skipped_lines(path, skipped)
     if not items:
-        raise SystemExit(
-            f"{path}: no trajectories for step {a.step}; it has steps {steps_in(path)}"
-        )
+        steps = steps_in(path)
+        last = f"its last step, {steps[-1]}" if steps else "any step"
+        which = f"step {a.step}" if a.step is not None else last
+        raise SystemExit(f"{said}{path}: no trajectories for {which}; "
+                         + (f"it has steps {steps}" if steps else "it holds none"))  # fmt: skip
+    if said:
+        print(said, end="")
     if a.env is not None:
         envs = sorted({str(t.metadata.get("env")) for _, t, _ in items if "env" in t.metadata})
         items = [item for item in items if item[1].metadata.get("env") == a.env]
