@@ -30,8 +30,11 @@ root filesystem instead of the host view: the image brings the task's interprete
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
+import json
 import tarfile
+from pathlib import PurePosixPath
 from typing import Any, ClassVar
 
 from agentrl.env import AssistantTurn, StepResult, ToolEnv
@@ -78,11 +81,15 @@ except OSError:
     pass
 """
 # the .py files directly in the snapshot's package directories that may be graded (not test
-# files or hooks by name, not links), as a base64 tar.gz on stdout; nothing else of the tree
-# is read: a scratch script, a virtualenv or a data file elsewhere is never graded
+# files or hooks by name, not links) whose bytes differ from the snapshot's (`known`: path ->
+# sha256) or that it lacks, as a base64 tar.gz, then the known ones that are gone (base64 JSON),
+# on one stdout line; nothing else of the tree is read: a scratch script, a virtualenv or a data
+# file elsewhere is never graded. Only changes travel: the whole package once did, and past
+# ~200 KB of source the answer outgrew the session's output (64 KB kept), so an honest fix in a
+# repository of that size came back cut and was graded as no change ('unreadable'), every time
 _READ_BACK = """
-import base64, io, os, tarfile
-buf = io.BytesIO()
+import base64, hashlib, io, json, os, tarfile
+known, seen, buf = {known!r}, set(), io.BytesIO()
 with tarfile.open(fileobj=buf, mode="w:gz") as t:
     for rel in {dirs!r}:
         base = os.path.join({workdir!r}, rel)
@@ -95,10 +102,26 @@ with tarfile.open(fileobj=buf, mode="w:gz") as t:
             if (name.endswith(".py") and not name.startswith("test_") and not
                     name.endswith("_test.py") and name not in {never!r}
                     and os.path.isfile(path) and not os.path.islink(path)):
-                t.add(path, arcname=os.path.normpath(os.path.join(rel, name)))
-print("AGENTRL-TREE " + base64.b64encode(buf.getvalue()).decode())
+                arc = os.path.normpath(os.path.join(rel, name))
+                with open(path, "rb") as f:
+                    data = f.read()
+                seen.add(arc)
+                if hashlib.sha256(data).hexdigest() != known.get(arc):
+                    info = tarfile.TarInfo(arc)
+                    info.size = len(data)
+                    t.addfile(info, io.BytesIO(data))
+gone = json.dumps(sorted(set(known) - seen)).encode()
+print("AGENTRL-TREE", base64.b64encode(buf.getvalue()).decode(), base64.b64encode(gone).decode())
 """
-_MAX_TREE_BYTES = 4 << 20  # uncompressed source files read back; past it: unreadable
+_MAX_TREE_BYTES = 4 << 20  # uncompressed changed source files read back; past it: unreadable
+_MAX_TREE_FILES = 1000  # changed source files read back; past it: unreadable
+
+
+def _picked(path: str, dirs: set[str]) -> bool:
+    """Whether `_READ_BACK` reads `path` (a regular file of the work tree)."""
+    p = PurePosixPath(path)
+    return (str(p.parent) in dirs and p.name.endswith(".py") and p.name not in NEVER
+            and not p.name.startswith("test_") and not p.name.endswith("_test.py"))  # fmt: skip
 
 
 def _tar(files: dict[str, str]) -> str:
@@ -113,10 +136,16 @@ def _tar(files: dict[str, str]) -> str:
 
 
 def _untar(blob: str) -> dict[str, str] | None:
+    """The files of a read-back's tar.gz, or None past `_MAX_TREE_FILES` members or
+    `_MAX_TREE_BYTES` of text, or when it is not UTF-8 text in a tar.gz. Members are counted as
+    they are read: 48 KB of gzip held 21,000 empty members, 1.1 s of the trainer's event loop
+    to list them all."""
     out, total = {}, 0
     try:
         with tarfile.open(fileobj=io.BytesIO(base64.b64decode(blob, validate=True))) as t:
-            for m in t.getmembers():
+            for i, m in enumerate(t):
+                if i >= _MAX_TREE_FILES:
+                    return None
                 if not m.isfile():
                     continue
                 total += m.size
@@ -126,6 +155,16 @@ def _untar(blob: str) -> dict[str, str] | None:
     except (ValueError, OSError, tarfile.TarError, UnicodeDecodeError, EOFError):
         return None
     return out
+
+
+def _gone(blob: str, known: dict[str, str]) -> set[str] | None:
+    """The known files a read-back says are gone (a base64 JSON list of them), or None."""
+    try:
+        names = json.loads(base64.b64decode(blob, validate=True))
+    except ValueError:
+        return None
+    ok = isinstance(names, list) and all(isinstance(n, str) and n in known for n in names)
+    return set(names) if ok else None
 
 
 class _InImage:
@@ -208,15 +247,27 @@ class SweEnv(ToolEnv):
         ]
 
     async def _agent_tree(self) -> dict[str, str] | None:
+        """The agent's source files (those `_READ_BACK` reads), or None when they could not be
+        read back: the snapshot's, with what it changed, added and removed."""
         assert self.ctx.sandbox is not None
+        snapshot = self._snapshot()
+        dirs = source_dirs(snapshot)
+        known = {p: hashlib.sha256(text.encode()).hexdigest()
+                 for p, text in snapshot.items() if _picked(p, dirs)}  # fmt: skip
         code = _READ_BACK.format(
-            workdir=self.workdir, dirs=sorted(source_dirs(self._snapshot())), never=sorted(NEVER)
+            workdir=self.workdir, dirs=sorted(dirs), never=sorted(NEVER), known=known
         )
         res = await self.ctx.sandbox.run(code, "python", timeout=60, session=self.ctx.session)
         if res.session_reset or res.truncated:
             return None
         line = next((x for x in res.stdout.splitlines() if x.startswith("AGENTRL-TREE ")), None)
-        return None if line is None else _untar(line.split(" ", 1)[1])
+        fields = [] if line is None else line.split(" ")
+        if len(fields) != 3:
+            return None
+        changed, gone = _untar(fields[1]), _gone(fields[2], known)
+        if changed is None or gone is None:
+            return None
+        return {**{p: snapshot[p] for p in known if p not in gone}, **changed}
 
     async def step(self, turn: AssistantTurn) -> StepResult:
         if (

@@ -1,0 +1,106 @@
+"""The SWE env's grading against what a policy (or a large repository) can do to it, on the real
+sandbox service: an honest fix in a package larger than the session's output is still graded,
+and a package padded past what one grading call holds is the policy's zero, never an outage."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentrl.env import AssistantTurn
+from agentrl.envs.swe import SweEnv
+from agentrl.sandbox import Limits, ServerConfig, ServiceSandbox
+from agentrl.sandbox.server import LocalService
+from agentrl.tool import ToolContext
+from agentrl.types import Message, Task, ToolCall
+
+CORE = "def double(x):\n    return x + 2\n"
+TESTS = "from bigpkg.core import double\n\n\ndef test_one():\n    assert double(2) == 4\n"
+TEST_PATCH = """--- a/tests/test_core.py
++++ b/tests/test_core.py
+@@ -5,1 +5,5 @@
+     assert double(2) == 4
++
++
++def test_three():
++    assert double(3) == 6
+"""
+FIX = "cd /tmp/repo && sed -i 's/x + 2/x * 2/' bigpkg/core.py"
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[LocalService]:
+    cfg = ServerConfig(warm_workers=2, max_running=4, limits=Limits(wall_s=30, memory_mb=512))
+    with LocalService(cfg) as svc:
+        yield svc
+
+
+@pytest.fixture
+async def sandbox(service: LocalService):
+    sb = ServiceSandbox(service.url)
+    yield sb
+    await sb.aclose()
+
+
+def big_instance(tmp_path: Path, modules: int) -> Task:
+    """A repository whose package holds `core.py` (the bug) and `modules` generated modules of
+    27 KB each (random names: they compress about 2:1), as a user's instance."""
+    repo = tmp_path / "repos" / "me__big"
+    (repo / "bigpkg").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "bigpkg" / "__init__.py").write_text("")
+    (repo / "bigpkg" / "core.py").write_text(CORE)
+    (repo / "tests" / "test_core.py").write_text(TESTS)
+    rnd = random.Random(0)
+    for i in range(modules):
+        lines = (f"V{rnd.getrandbits(64):x} = {rnd.getrandbits(32)}\n" for _ in range(1000))
+        (repo / "bigpkg" / f"gen{i}.py").write_text("".join(lines))
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True,
+                              text=True).stdout  # fmt: skip
+
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=a", "-c", "user.email=a@localhost", "commit", "-qm", "base")
+    row = {"instance_id": f"big-{modules}", "repo": "me/big", "base_commit": git("rev-parse",
+           "HEAD").strip(), "patch": "", "test_patch": TEST_PATCH,
+           "FAIL_TO_PASS": ["tests/test_core.py::test_three"],
+           "PASS_TO_PASS": ["tests/test_core.py::test_one"], "problem_statement": "double(3)"}  # fmt: skip
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(row) + "\n")
+    (task,) = SweEnv.load_tasks(str(tmp_path / "tasks.jsonl"), str(tmp_path / "repos"))
+    return task
+
+
+async def run_episode(sandbox: ServiceSandbox, task: Task, commands: list[str], key: str):
+    """Start `task`, run `commands` through the bash tool, and return the env (not closed)."""
+    env = SweEnv(task, ToolContext(session=f"{task.id}-{key}", sandbox=sandbox, timeout_s=20))
+    await env.start()
+    calls = [ToolCall(id=str(i), name="bash", arguments={"command": c})
+             for i, c in enumerate(commands)]  # fmt: skip
+    res = await env.step(AssistantTurn(Message(role="assistant", content="", tool_calls=calls), ""))
+    assert all(o.status == "ok" for o in res.tool_outcomes), res
+    return env
+
+
+async def test_an_honest_fix_in_a_large_package_is_graded(sandbox, tmp_path) -> None:
+    """Found by a red-team pass: every source file of the package came back through the
+    session's output (64 KB kept), so with 220 KB of package source a correct fix came back
+    cut and scored 0 as 'unreadable', in every episode. Only the changed files come back now."""
+    task = big_instance(tmp_path, modules=8)
+    changes = [FIX, "cd /tmp/repo && rm bigpkg/gen0.py && echo 'Y = 1' > bigpkg/extra.py"]
+    env = await run_episode(sandbox, task, changes, "fix")
+    try:
+        tree = await env._agent_tree()
+        assert tree is not None and "bigpkg/gen0.py" not in tree and len(tree) == 10
+        assert tree["bigpkg/extra.py"] == "Y = 1\n" and "x * 2" in tree["bigpkg/core.py"]
+        assert tree["bigpkg/gen1.py"] == env._snapshot()["bigpkg/gen1.py"]
+        score = await env.reward(None)  # type: ignore[arg-type]
+    finally:
+        await env.close()
+    assert score["total"] == 1.0 and score["unreadable"] == 0.0, score
