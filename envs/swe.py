@@ -279,6 +279,20 @@ class SweEnv(ToolEnv):
             return StepResult([Message(role="user", content=REMINDER)])
         return await super().step(turn)
 
+    def _check_fits(self, files: dict[str, str], ids: list[str]) -> None:
+        """A grading call too large to run (its sources over the service's max_code_bytes) is the
+        agent's zero when its changes made them that large; when the instance's own sources are
+        as large, every episode of it would score 0, whatever it did: raise, naming the fix."""
+        patch = self.task.data["test_patch"]
+        own = grading_files(graded_tree(self._snapshot(), None, patch, ids), patch, ids)
+        size = len(json.dumps(own, ensure_ascii=False).encode())
+        if size >= len(json.dumps(files, ensure_ascii=False).encode()):
+            raise RuntimeError(
+                f"instance {self.task.id!r}: its sources ({size} bytes as graded) are over what "
+                "one grading call of the sandbox runs: raise sandbox.server.max_code_bytes above "
+                "them (1 MB by default)"
+            )
+
     async def reward(self, trajectory: Trajectory) -> dict[str, float]:
         assert self.ctx.sandbox is not None
         data = self.task.data
@@ -297,6 +311,8 @@ class SweEnv(ToolEnv):
             )  # fmt: skip
             passed.update({tid: o.passed for tid, o in zip(ids, res.outcomes, strict=True)})
             tampered += res.tampered
+            if any("limit code_size" in o.detail for o in res.outcomes):
+                self._check_fits(files, f2p + p2p)
         f2p_ok = sum(passed[t] for t in f2p) / max(len(f2p), 1)
         p2p_ok = sum(passed[t] for t in p2p) / max(len(p2p), 1)
         resolved = float(all(passed.values()) and bool(f2p))

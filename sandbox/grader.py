@@ -449,8 +449,14 @@ async def _grade_batch(
                     for i, t in zip(idx, tests, strict=True)]  # fmt: skip
         how = next((frames[i]["harness"] for i in idx if "harness" in frames.get(i, {})), "")
         how = how or _how_it_ended(res)
-        if started and _solution_ended_it(res):
+        # too large to run (the solution with its files, as in _grade_one): its doing. Counted
+        # as lost, a package padded past max_code_bytes made its episode an outage at will
+        too_big = res.limit == "code_size"
+        if (started or too_big) and _solution_ended_it(res):
             notes.append(f"tests {idx[0]}-{idx[-1]}: reports missing ({how}): the solution's doing")
+            if too_big:
+                return [Outcome(index=i, passed=False, status="error", detail=f"no report ({how})")
+                        for i in idx]  # fmt: skip
             killed = {"tampered": True} if _killed(res) else {}
             return [_judge(t, frames.get(i)).model_copy(update={"index": i}
                                                         | ({} if i in frames else killed))

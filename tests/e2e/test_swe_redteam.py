@@ -104,3 +104,30 @@ async def test_an_honest_fix_in_a_large_package_is_graded(sandbox, tmp_path) -> 
     finally:
         await env.close()
     assert score["total"] == 1.0 and score["unreadable"] == 0.0, score
+
+
+async def test_a_package_padded_past_one_grading_call_is_a_zero_not_an_outage(sandbox) -> None:
+    """Found by a red-team pass: one bash command writing 1.2 MB of `x = 1` lines into the
+    package (it compresses 600:1, so it came back whole) made the grading call too large to run;
+    counted as a report lost not by the solution, grade() raised SandboxUnavailable and the
+    episode left its group's baseline as an outage, at the policy's will."""
+    (task,) = SweEnv.load_tasks(limit=1)
+    pad = "cd /tmp/repo && python3 -c \"open('convkit/pad.py', 'w').write('x = 1\\n' * 200000)\""
+    env = await run_episode(sandbox, task, [pad], "pad")
+    try:
+        score = await env.reward(None)  # type: ignore[arg-type]
+    finally:
+        await env.close()
+    assert score["total"] == 0.0 and score["pass_to_pass"] == 0.0, score
+
+
+async def test_an_instance_too_large_to_grade_is_an_error_naming_the_fix(sandbox, tmp_path):
+    """The same limit met by the instance's own sources (1.2 MB of them): no episode of it could
+    score, so its reward raises (reward_error, counted) with the setting to raise."""
+    task = big_instance(tmp_path, modules=45)
+    env = await run_episode(sandbox, task, [FIX], "fix")
+    try:
+        with pytest.raises(RuntimeError, match="raise sandbox.server.max_code_bytes"):
+            await env.reward(None)  # type: ignore[arg-type]
+    finally:
+        await env.close()
