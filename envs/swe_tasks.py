@@ -178,7 +178,9 @@ def _is_test(path: str) -> bool:
 def gradable(path: str, packages: set[str]) -> bool:
     """May an agent's version of `path` enter the graded tree?"""
     p = PurePosixPath(path)
-    if p.is_absolute() or ".." in p.parts or not path.endswith(".py"):
+    # one spelling per file: "pkg//tests.py" or "pkg/./tests.py" is the instance's pkg/tests.py
+    # on disk, but not by name (a read-back the agent forged; its session's interpreter is its)
+    if p.is_absolute() or ".." in p.parts or not path.endswith(".py") or str(p) != path:
         return False
     if p.name in NEVER or _is_test(path) or p.name.endswith(".pth"):
         return False
@@ -212,12 +214,12 @@ def graded_tree(
         for path in [p for p in tree if mine(p) and p not in agent]:
             del tree[path]  # deleted by the agent
         tree.update({p: text for p, text in agent.items() if mine(p)})
-    if test_patch.strip():
-        with tempfile.TemporaryDirectory() as tmp:
+    if test_patch.strip():  # on the files it touches only, never the agent's (a name the host's
+        with tempfile.TemporaryDirectory() as tmp:  # filesystem folds or refuses is not written)
             root = Path(tmp)
-            for rel, text in tree.items():
+            for rel in [p for p in _patched_paths(test_patch) if p in tree]:
                 (root / rel).parent.mkdir(parents=True, exist_ok=True)
-                (root / rel).write_text(text)
+                (root / rel).write_text(tree[rel])
             _git("apply", "--whitespace=nowarn", "-", cwd=root, data=test_patch.encode())
             for path in _patched_paths(test_patch):
                 f = root / path

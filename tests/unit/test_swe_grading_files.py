@@ -7,8 +7,13 @@ whatever the agent left there."""
 
 from __future__ import annotations
 
+import base64
+import io
+import tarfile
+
 import pytest
 
+from agentrl.envs.swe import _MAX_TREE_FILES, _untar
 from agentrl.envs.swe_tasks import graded_tree, grading_files, hidden_tests
 
 TREE = {
@@ -104,3 +109,34 @@ def test_a_check_reading_the_test_files_own_names_is_refused_by_name():
         with pytest.raises(ValueError, match=f"reads {read}, which the test file defines"):
             hidden_tests(tree, [f"tests/test_mod.py::{name}"])
     assert hidden_tests(TREE, ["tests/test_mod.py::test_f"])  # imported names stay gradable
+
+
+@pytest.mark.parametrize("spelling", ["pkg//tests.py", "pkg/./tests.py", "./pkg/tests.py"])
+def test_another_spelling_of_a_hidden_check_file_is_not_the_agents(spelling):
+    """A red-team pass: the read-back of the agent's files runs in its own session, whose
+    interpreter its shell can rewrite (its /proc/<pid>/mem opened read-write from a bash call),
+    so a name in it is the agent's word. `pkg//tests.py` passed as a source file of the package (not the
+    instance's `pkg/tests.py` by name), was written over it on the host before the test patch,
+    and its later `def test_two` replaced the hidden check."""
+    override = "\n\ndef test_two():\n    assert double(2) == 2\n"
+    agent = {**SNAP, spelling: SNAP["pkg/tests.py"] + override,
+             "pkg/mod.py": "def double(x):\n    return x\n"}  # fmt: skip
+    tree = graded_tree(SNAP, agent, MID_PATCH)
+    ((_, (check,)),) = hidden_tests(tree, ["pkg/tests.py::test_two"]).values()
+    assert (check.call, check.expected) == ("double(2)", 4)
+    assert sorted(tree) == sorted(SNAP)
+
+
+def test_a_read_back_of_too_many_files_is_refused_as_it_is_read():
+    """48 KB of gzip (what a session's output carries) held 21,000 empty tar members: listing
+    them all held the trainer's event loop 1.1 s. Past 1,000 members it stops, unreadable."""
+
+    def blob(n: int) -> str:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as t:
+            for i in range(n):
+                t.addfile(tarfile.TarInfo(f"pkg/m{i}.py"), io.BytesIO(b""))
+        return base64.b64encode(buf.getvalue()).decode()
+
+    assert _untar(blob(3)) == {"pkg/m0.py": "", "pkg/m1.py": "", "pkg/m2.py": ""}
+    assert _untar(blob(_MAX_TREE_FILES + 1)) is None
