@@ -10,7 +10,8 @@ and the agent works with `bash`, `str_replace_editor` and `submit` (tools/). It 
 hidden tests: FAIL_TO_PASS tests are not in its tree.
 
 Reward, once the episode ends (submitted or not): the agent's source files are read back from
-the session, merged into the snapshot (test files, conftest.py and hooks are not taken:
+the session (then closed: no process the policy left runs beside its checks), merged into the
+snapshot (test files, conftest.py and hooks are not taken:
 `swe_tasks.gradable`), the test patch is applied on the host, and every FAIL_TO_PASS and
 PASS_TO_PASS check runs in a fresh one-shot sandbox through `sandbox.grader` (expected values
 never enter the sandbox; a test file's checks run in one interpreter, as a test suite does:
@@ -297,6 +298,9 @@ class SweEnv(ToolEnv):
         assert self.ctx.sandbox is not None
         data = self.task.data
         agent = await self._agent_tree()
+        # the session ends here, with every process the policy left in it (a daemon, a spinner):
+        # they would run beside its wall-timed checks, and beside those graded with them
+        await self.ctx.sandbox.close_session(self.ctx.session)
         f2p, p2p = list(data["FAIL_TO_PASS"]), list(data["PASS_TO_PASS"])
         tree = graded_tree(self._snapshot(), agent, data["test_patch"], f2p + p2p)
         passed: dict[str, bool] = {}

@@ -131,3 +131,35 @@ async def test_an_instance_too_large_to_grade_is_an_error_naming_the_fix(sandbox
             await env.reward(None)  # type: ignore[arg-type]
     finally:
         await env.close()
+
+
+class GradingSpy(ServiceSandbox):
+    """The real client, noting the service's live sessions at each grading call (no session)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.live: list[int] = []
+
+    async def run(self, code, language="python", timeout=10.0, session=None, image=None):
+        if session is None:
+            self.live.append((await self.health())["sessions"])
+        return await super().run(code, language, timeout, session, image)
+
+
+async def test_the_policys_processes_are_gone_before_its_checks_run(service) -> None:
+    """Found by a red-team pass: the episode's session, with every process the policy left in
+    it (a `setsid` daemon, a CPU spinner), lived on until after grading; its wall-timed checks,
+    and those of the episodes graded beside it, ran against whatever it kept busy. The session
+    is closed once the agent's files are read back, before the first check."""
+    spy = GradingSpy(service.url)
+    (task,) = SweEnv.load_tasks(limit=1)
+    try:
+        env = await run_episode(spy, task, ["setsid nohup sleep 1000 >/dev/null 2>&1 &"], "bg")
+        try:
+            assert (await spy.health())["sessions"] == 1
+            score = await env.reward(None)  # type: ignore[arg-type]
+        finally:
+            await env.close()
+    finally:
+        await spy.aclose()
+    assert score["pass_to_pass"] == 1.0 and spy.live and set(spy.live) == {0}, spy.live
