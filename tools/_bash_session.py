@@ -96,18 +96,18 @@ class AgentrlBash:
         script = (
             f"__agentrl_cmd=$(cat <<'{delim}'\n{command}\n{delim}\n)\n"
             f'eval "$__agentrl_cmd" < /dev/null\n'
-            f"printf '\\n{marker}%d\\n' $?\n"
-        )
+            f"printf '{marker}%d\\n' $?\n"
+        )  # the marker line alone: one write (bash flushes its printf at each newline)
         try:
             self.proc.stdin.write(script.encode("utf-8", "surrogateescape"))
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             pass
-        out = _Capped(cap)
-        status, state = self._read(out, marker, time.monotonic() + timeout)
+        out = _Capped(cap, marker)
+        status, state = self._read(out, time.monotonic() + timeout)
         if state == "timeout":
             self._kill_children()
-            status, state = self._read(out, marker, time.monotonic() + 2.0)
+            status, state = self._read(out, time.monotonic() + 2.0)
             if state == "timeout":  # the shell itself is busy: start again
                 self._restart()
                 return (
@@ -132,9 +132,8 @@ class AgentrlBash:
                          "call starts a new one]"), code, "exited"  # fmt: skip
         return _join(notes, out.text()), status, "ok"
 
-    def _read(self, out, marker, deadline):
+    def _read(self, out, deadline):
         fd = self.proc.stdout.fileno()
-        token = ("\n" + marker).encode()
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -151,52 +150,60 @@ class AgentrlBash:
             if not chunk:
                 self.proc.wait()
                 return None, "exited"
-            out.add(chunk)
-            at = out.recent.find(token)
-            if at >= 0:
-                line_end = out.recent.find(b"\n", at + len(token))
-                if line_end < 0:
-                    continue  # the status digits are still coming
-                status = int(out.recent[at + len(token) : line_end] or b"0")
-                out.drop_last(len(out.recent) - at)  # the marker line (and what followed it)
+            status = out.feed(chunk)
+            if status is not None:
                 return status, "ok"
 
 
 class _Capped:
-    """The first and last cap/2 bytes of a stream, its length, and its last few bytes (where
-    the marker line is looked for, wherever the cut falls)."""
+    """The first and last cap/2 bytes of a stream up to its marker line, and its length. The
+    marker is looked for in all of each chunk (and the few bytes before it, where it may have
+    begun), and not after a newline: beside a background job printing fast, the marker fell in
+    the middle of a 64 KB read (only its last 4 KB were searched), or the job's output came
+    between the newline and the marker (bash wrote them apart), so a command that had finished
+    was reported timed out and the shell restarted."""
 
-    def __init__(self, cap):
+    def __init__(self, cap, marker):
         self.half = max(cap // 2, 64)
+        self.token = marker.encode()
         self.head = b""
         self.tail = b""
-        self.recent = b""
+        self.pending = b""  # the stream's last bytes, not yet kept: a marker may start there
         self.total = 0
 
-    def add(self, chunk):
+    def feed(self, chunk):
+        """Take `chunk`: the shell's exit status once its marker line is complete, else None.
+        What follows the marker line (a background job's output) is not this command's."""
+        data = self.pending + chunk
+        at = data.find(self.token)
+        if at < 0:
+            split = max(0, len(data) - len(self.token) + 1)
+            self._add(data[:split])
+            self.pending = data[split:]
+            return None
+        self._add(data[:at])
+        self.pending = data[at:]
+        end = data.find(b"\n", at + len(self.token))
+        if end < 0:
+            return None  # the status digits are still coming
+        digits = data[at + len(self.token) : end]
+        self.pending = b""
+        return int(digits) if digits.isdigit() else 0
+
+    def _add(self, chunk):
         self.total += len(chunk)
-        self.recent = (self.recent + chunk)[-4096:]
         room = self.half - len(self.head)
         if room > 0:
             self.head += chunk[:room]
             chunk = chunk[room:]
         self.tail = (self.tail + chunk)[-self.half :]
 
-    def drop_last(self, n):
-        """Forget the stream's last `n` bytes (n <= len(recent))."""
-        self.total -= n
-        self.recent = self.recent[: len(self.recent) - n]
-        from_tail = min(n, len(self.tail))
-        self.tail = self.tail[: len(self.tail) - from_tail]
-        if n > from_tail:
-            self.head = self.head[: len(self.head) - (n - from_tail)]
-
     def text(self):
         middle = self.total - len(self.head) - len(self.tail)
         text = self.head.decode("utf-8", "replace")
         if middle > 0:
             text += _NOTE_CUT.format(n=middle)
-        return text + self.tail.decode("utf-8", "replace")
+        return text + (self.tail + self.pending).decode("utf-8", "replace")
 
 
 def _join(*parts):

@@ -205,6 +205,26 @@ async def test_an_edit_the_file_cannot_hold_leaves_it_as_it_was(client: ServiceS
     assert (await BashTool().invoke({"command": "echo ok"}, c)).content == "ok"
 
 
+async def test_a_command_beside_a_flooding_background_job_ends_ok(client: ServiceSandbox) -> None:
+    """Found by a red-team pass: beside a background job printing as fast as the pipe took it,
+    the end-of-command marker was missed (only the last 4 KB of each 64 KB read were searched,
+    and bash wrote the newline before the marker apart from it, the job's output in between),
+    so a command that had finished was reported timed out after the whole timeout and the shell
+    restarted, its directory and variables lost. `head -c` bounds each flood to 40 MB."""
+    c = ctx(client, "flood", timeout=20.0)
+    bash = BashTool(max_output_chars=400)
+    await bash.invoke({"command": "cd /tmp && export KEPT=1"}, c)
+    for _ in range(4):
+        r = await bash.invoke({"command": "(yes flood | head -c 40000000 &); echo started"}, c)
+        assert not r.is_error and r.metadata["state"] == "ok", (r.metadata, r.content[-300:])
+        for _ in range(3):
+            r = await bash.invoke({"command": "echo done $KEPT"}, c)
+            assert not r.is_error and r.metadata["state"] == "ok", (r.metadata, r.content[-300:])
+            assert len(r.content) < 600, r.content
+    await bash.invoke({"command": "pkill -x yes; pkill -x head; true"}, c)
+    assert (await bash.invoke({"command": "echo $PWD $KEPT"}, c)).content.endswith("/tmp 1")
+
+
 async def test_two_episodes_have_their_own_shell_and_files(client: ServiceSandbox) -> None:
     a, b = ctx(client, "episode-a"), ctx(client, "episode-b")
     await BashTool().invoke({"command": "cd /tmp && echo secret-a > mine.txt && export W=a"}, a)
