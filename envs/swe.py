@@ -19,8 +19,9 @@ never enter the sandbox; a test file's checks run in one interpreter, as a test 
 components `resolved`, `fail_to_pass` and `pass_to_pass` (the fractions that passed),
 `unreadable` when the agent's tree could not be read back (graded as no change), and `tampered`
 when its code interfered with the grader on some check (wrote results of its own, killed the
-harness: `sandbox.grader.Outcome.tampered`; those checks fail), so `reward/tampered` shows a
-policy that learns to attack its grader.
+harness: `sandbox.grader.Outcome.tampered`; those checks fail) or its read-back held a name none
+writes (its session rewritten: graded as no change), so `reward/tampered` shows a policy that
+learns to attack its grader.
 
 With `image` (an env setting, or a task's "image" field: the name of one of the sandbox
 service's images, sandbox/images.py) the episode's session and every grading call run in that
@@ -247,9 +248,11 @@ class SweEnv(ToolEnv):
             Message(role="user", content=self.task.data["problem_statement"]),
         ]
 
-    async def _agent_tree(self) -> dict[str, str] | None:
-        """The agent's source files (those `_READ_BACK` reads), or None when they could not be
-        read back: the snapshot's, with what it changed, added and removed."""
+    async def _agent_tree(self) -> tuple[dict[str, str] | None, bool]:
+        """The agent's source files (those `_READ_BACK` reads: the snapshot's, with what it
+        changed, added and removed), None when they could not be read back; and whether the
+        answer held a name no read-back writes (another spelling, a file outside the packages):
+        the session's interpreter is the policy's to rewrite, and then it did."""
         assert self.ctx.sandbox is not None
         snapshot = self._snapshot()
         dirs = source_dirs(snapshot)
@@ -260,15 +263,17 @@ class SweEnv(ToolEnv):
         )
         res = await self.ctx.sandbox.run(code, "python", timeout=60, session=self.ctx.session)
         if res.session_reset or res.truncated:
-            return None
+            return None, False
         line = next((x for x in res.stdout.splitlines() if x.startswith("AGENTRL-TREE ")), None)
         fields = [] if line is None else line.split(" ")
         if len(fields) != 3:
-            return None
+            return None, False
         changed, gone = _untar(fields[1]), _gone(fields[2], known)
         if changed is None or gone is None:
-            return None
-        return {**{p: snapshot[p] for p in known if p not in gone}, **changed}
+            return None, False
+        if any(str(PurePosixPath(p)) != p or not _picked(p, dirs) for p in changed):
+            return None, True
+        return {**{p: snapshot[p] for p in known if p not in gone}, **changed}, False
 
     async def step(self, turn: AssistantTurn) -> StepResult:
         if (
@@ -297,7 +302,7 @@ class SweEnv(ToolEnv):
     async def reward(self, trajectory: Trajectory) -> dict[str, float]:
         assert self.ctx.sandbox is not None
         data = self.task.data
-        agent = await self._agent_tree()
+        agent, forged = await self._agent_tree()
         # the session ends here, with every process the policy left in it (a daemon, a spinner):
         # they would run beside its wall-timed checks, and beside those graded with them
         await self.ctx.sandbox.close_session(self.ctx.session)
@@ -322,4 +327,4 @@ class SweEnv(ToolEnv):
         resolved = float(all(passed.values()) and bool(f2p))
         return {"total": resolved, "resolved": resolved, "fail_to_pass": f2p_ok,
                 "pass_to_pass": p2p_ok, "unreadable": float(agent is None),
-                "tampered": float(tampered > 0)}  # fmt: skip
+                "tampered": float(tampered > 0 or forged)}  # fmt: skip

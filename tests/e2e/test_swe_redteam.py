@@ -4,9 +4,12 @@ and a package padded past what one grading call holds is the policy's zero, neve
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import random
 import subprocess
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,8 +99,8 @@ async def test_an_honest_fix_in_a_large_package_is_graded(sandbox, tmp_path) -> 
     changes = [FIX, "cd /tmp/repo && rm bigpkg/gen0.py && echo 'Y = 1' > bigpkg/extra.py"]
     env = await run_episode(sandbox, task, changes, "fix")
     try:
-        tree = await env._agent_tree()
-        assert tree is not None and "bigpkg/gen0.py" not in tree and len(tree) == 10
+        tree, forged = await env._agent_tree()
+        assert tree is not None and not forged and "bigpkg/gen0.py" not in tree and len(tree) == 10
         assert tree["bigpkg/extra.py"] == "Y = 1\n" and "x * 2" in tree["bigpkg/core.py"]
         assert tree["bigpkg/gen1.py"] == env._snapshot()["bigpkg/gen1.py"]
         score = await env.reward(None)  # type: ignore[arg-type]
@@ -163,3 +166,39 @@ async def test_the_policys_processes_are_gone_before_its_checks_run(service) -> 
     finally:
         await spy.aclose()
     assert score["pass_to_pass"] == 1.0 and spy.live and set(spy.live) == {0}, spy.live
+
+
+class ForgedReadBack(ServiceSandbox):
+    """The real client, answering the env's read-back as a session whose interpreter the policy
+    rewrote would (from a bash call its /proc/<pid>/mem opens read-write): `pkg//name`."""
+
+    async def run(self, code, language="python", timeout=10.0, session=None, image=None):
+        res = await super().run(code, language, timeout, session, image)
+        if "AGENTRL-TREE" not in code:
+            return res
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as t:
+            data = b"def to_roman(n):\n    return 'MCMXCIV'\n"
+            info = tarfile.TarInfo("convkit//convert.py")
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+        gone = base64.b64encode(b"[]").decode()
+        line = f"AGENTRL-TREE {base64.b64encode(buf.getvalue()).decode()} {gone}\n"
+        return res.model_copy(update={"stdout": line})
+
+
+async def test_a_forged_read_back_is_tampering_and_graded_as_no_change(service) -> None:
+    """A read-back holding a name none writes is the policy's rewrite of its session: graded as
+    if nothing had changed, and said (`tampered`, so `reward/tampered` shows it)."""
+    forger = ForgedReadBack(service.url)
+    (task,) = SweEnv.load_tasks(limit=1)
+    try:
+        env = await run_episode(forger, task, ["true"], "forged")
+        try:
+            score = await env.reward(None)  # type: ignore[arg-type]
+        finally:
+            await env.close()
+    finally:
+        await forger.aclose()
+    assert score["tampered"] == 1.0 and score["unreadable"] == 1.0, score
+    assert score["total"] == 0.0 and score["pass_to_pass"] == 1.0, score
