@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentrl.agent_env import AgentEnv
 from agentrl.agent_rollout import AgentEpisodes
-from agentrl.context import ContextConfig, summarized, trim_tool_outputs
+from agentrl.context import ContextConfig, summarized
 from agentrl.engine import EngineUnavailable, PromptTooLong, SamplingParams
 from agentrl.env import AssistantTurn, Env, ToolEnv, checked_messages, finish_episode, take_step
 from agentrl.gateway import Gateway, GatewayConfig, GenerationDefaults
@@ -43,6 +43,7 @@ from agentrl.parsers import (
 )
 from agentrl.render import Renderer, RenderError, Unrenderable, check_round_trip
 from agentrl.repeats import warn_episode
+from agentrl.rollout_context import rewritten
 from agentrl.sandbox.base import Sandbox, SandboxUnavailable
 from agentrl.seeding import episode_key, group_slot, turn_seed
 from agentrl.sequence import TokenSequence, record_turn
@@ -374,13 +375,14 @@ class Rollout:
         full = cfg.context.compact_at * cfg.max_context_tokens
         if cfg.context.policy != "none" and len(ids) > full:
             if cfg.context.policy == "summarize":
-                rewritten = await ask()
-                if rewritten is None:  # not even the question fits
+                said = await ask()
+                if said is None:  # not even the question fits
                     return None
+                new = said, r.history_ids(said)
             else:
-                rewritten = await self._rewrite(env, st.messages)
-            if rewritten is not None:
-                before, messages, ids = len(ids), rewritten, r.history_ids(rewritten)
+                new = await rewritten(cfg.context, env, st.messages, r)
+            if new is not None:
+                before, (messages, ids) = len(ids), new
         if len(ids) >= cfg.max_context_tokens:
             return None
         if messages is None:
@@ -420,20 +422,6 @@ class Rollout:
             return None
         _, summary = self._record_turn(st, said, len(st.turns))
         return summarized(before, summary.message.content, c.context.keep_turns)
-
-    async def _rewrite(self, env: Env, messages: list[Message]) -> list[Message] | None:
-        """The history rollout.context.policy makes of `messages`, or None (no rewrite)."""
-        c = self.cfg.context
-        if c.policy == "trim_tool_outputs":
-            count = self.renderer.encode_text
-            return trim_tool_outputs(messages, c.keep_turns, lambda t: len(count(t)))
-        out = await env.compact(list(messages))
-        if out is not None and not (
-            isinstance(out, list) and all(isinstance(m, Message) for m in out)
-        ):
-            raise TypeError(f"{type(env).__name__}.compact must return a list of Message or "
-                            f"None, not {type(out).__name__}")  # fmt: skip
-        return out
 
     def _params(self, budget: int, seed: int | None = None) -> SamplingParams:
         c = self.cfg

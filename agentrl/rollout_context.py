@@ -1,0 +1,58 @@
+"""rollout.context in the rollout's episode loop (agentrl/context.py says what each policy does):
+the history a policy makes of an episode's messages, with its ids.
+
+Whose fault is what (agentrl/types.py, StopReason): `env.compact` is the env's code run on the
+policy's history, as `env.step` is, so its raising, a return that is not a list of Message, and a
+history the chat template refuses are the env's `env_error` (scored, in its group), never an
+infrastructure `aborted` (out of the baseline) nor the model's `parse_error`.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+from agentrl.context import ContextConfig, trim_tool_outputs
+from agentrl.env import Env, checked_messages
+from agentrl.render import Renderer, RenderError
+from agentrl.sandbox.base import SandboxUnavailable
+from agentrl.types import ConfigError, EnvStepError, Message
+
+
+async def rewritten(
+    c: ContextConfig, env: Env, messages: list[Message], renderer: Renderer
+) -> tuple[list[Message], list[int]] | None:
+    """(the history, its prompt ids) that rollout.context.policy trim_tool_outputs or env makes
+    of `messages`, or None: no rewrite."""
+    if c.policy == "trim_tool_outputs":
+        count = renderer.encode_text
+        out = trim_tool_outputs(messages, c.keep_turns, lambda t: len(count(t)))
+        if out is None:
+            return None
+        return out, renderer.history_ids(out)  # Unrenderable: the model's turn (shape is kept)
+    return await env_history(env, messages, renderer)
+
+
+async def env_history(
+    env: Env, messages: list[Message], renderer: Renderer
+) -> tuple[list[Message], list[int]] | None:
+    """`env.compact(messages)` and its prompt ids, or None (no rewrite); the env failing at it
+    is `EnvStepError` (env_error), the sandbox's outages and configuration errors go on up."""
+    what = f"{type(env).__name__}.compact"
+    try:
+        out = await env.compact(list(messages))
+        if out is None:
+            return None
+        out = checked_messages(out, f"{what}() (or None for no rewrite)")
+        if not out:
+            raise ValueError(f"{what}() returned no messages: return None for no rewrite")
+    except (SandboxUnavailable, ConfigError, RenderError):
+        raise
+    except Exception as e:  # the policy's text can make an env's compact raise: its env_error
+        raise EnvStepError(traceback.format_exc()) from e
+    try:
+        return out, renderer.history_ids(out)
+    except Exception as e:  # Unrenderable: the env's history, not a turn of the model's
+        raise EnvStepError(
+            f"{what}() returned a history the chat template refuses ({e}); return one the "
+            "template renders (e.g. keep the task's user message first)"
+        ) from e

@@ -1,0 +1,72 @@
+"""Long episodes at their edges (rollout.context, agentrl/context.py): an env whose compact
+raises or returns a history the template refuses."""
+
+from transformers import AutoTokenizer
+
+from agentrl.envs.synthetic import FixedLengthEnv
+from agentrl.rollout import Rollout, RolloutConfig
+from agentrl.types import Completion, FinishReason, StopReason, Task
+
+TASK = Task(id="t0", data={"prompt": "find the value"})
+
+
+class Long(FixedLengthEnv):
+    """Six turns, each answered by a 120-word tool output: about 3x a 500-token context."""
+
+    turns = 6
+    observation_words = 120
+
+
+class Engine:
+    """Samples a short turn; records every prompt."""
+
+    def __init__(self, tok):
+        self.tok, self.prompts = tok, []
+
+    async def generate(self, input_ids, params, key=None):
+        self.prompts.append(list(input_ids))
+        ids = self.tok.encode(f"step {len(self.prompts)}", add_special_tokens=False)
+        ids.append(self.tok.eos_token_id)
+        return Completion(ids, [-0.25] * len(ids), FinishReason.STOP)
+
+
+async def episode(tok, env=Long, engine=None, **context):
+    cfg = RolloutConfig(max_context_tokens=500, max_new_tokens=16, context=context or {})
+    ro = Rollout(engine or Engine(tok), tok, env, cfg)
+    return ro, await ro.run_sequences(TASK)
+
+
+class RaisingCompact(Long):
+    async def compact(self, messages):
+        raise ValueError("cannot summarise this")
+
+
+class NoUserCompact(Long):
+    """Keeps only the last turn: no user message left, which the template below refuses."""
+
+    async def compact(self, messages):
+        return messages[-2:]
+
+
+def _refusing(tok_dir, guard):
+    """A fresh tokenizer (the shared one stays as it is) whose template runs `guard` first."""
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    tok.chat_template = guard + tok.chat_template
+    return tok
+
+
+NO_USER = ("{%- if messages | selectattr('role', 'equalto', 'user') | list | length == 0 %}"
+           "{{ raise_exception('No user query found in messages.') }}{%- endif %}")  # fmt: skip
+
+
+async def test_the_envs_compact_failing_is_its_env_error(qwen_tokenizer, qwen_tokenizer_dir):
+    """`env.compact` is the env's code run on the policy's history: raising there is the env's
+    `env_error` (scored, in the baseline) as in `step`, not an infrastructure `aborted` (out of
+    the baseline: a hiding place); a history the template refuses is the env's too, not the
+    model's parse error."""
+    _, segs = await episode(qwen_tokenizer, RaisingCompact, policy="env")
+    assert segs[-1].stop_reason is StopReason.ENV_ERROR and "cannot summarise" in segs[-1].error
+    tok = _refusing(qwen_tokenizer_dir, NO_USER)
+    _, segs = await episode(tok, NoUserCompact, policy="env")
+    assert segs[-1].stop_reason is StopReason.ENV_ERROR, segs[-1].stop_reason
+    assert "NoUserCompact.compact" in segs[-1].error and "No user query" in segs[-1].error
