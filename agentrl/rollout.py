@@ -351,8 +351,8 @@ class Rollout:
             except Unrenderable:  # the history holds a turn of the model's the template refuses
                 turn.num_parse_errors += 1
                 return StopReason.PARSE_ERROR
-            if nxt is None:
-                return StopReason.CONTEXT_OVERFLOW
+            if isinstance(nxt, StopReason):
+                return nxt
             st = nxt
         return StopReason.MAX_TURNS
 
@@ -362,12 +362,13 @@ class Rollout:
         seqs: list[TokenSequence],
         st: TokenSequence,
         obs_ids: list[int],
-        ask: Callable[[], Awaitable[list[Message] | None]],
-    ) -> TokenSequence | None:
+        ask: Callable[[], Awaitable[list[Message] | StopReason]],
+    ) -> TokenSequence | StopReason:
         """The sequence the next turn samples on: `st` with the observation's ids after its last
         turn, or a new one over another prompt (mask 0), when the template renders the history
         otherwise (rollout.thinking=template) or the history is rewritten to fit (rollout.context,
-        agentrl/context.py). None: the next prompt does not fit max_context_tokens."""
+        agentrl/context.py). A StopReason: the episode ends (context_overflow: the next prompt
+        does not fit max_context_tokens; aborted: the engine aborted the summary request)."""
         cfg, r = self.cfg, self.renderer
         ids, messages, before = [*st.ids, *obs_ids], None, 0
         if cfg.thinking == "template" and (fresh := r.history_ids(st.messages)) != ids:
@@ -376,15 +377,15 @@ class Rollout:
         if cfg.context.policy != "none" and len(ids) > full:
             if cfg.context.policy == "summarize":
                 said = await ask()
-                if said is None:  # not even the question fits
-                    return None
+                if isinstance(said, StopReason):  # not even the question fits, or aborted
+                    return said
                 new = said, r.history_ids(said)
             else:
                 new = await rewritten(cfg.context, env, st.messages, r)
             if new is not None:
                 before, (messages, ids) = len(ids), new
         if len(ids) >= cfg.max_context_tokens:
-            return None
+            return StopReason.CONTEXT_OVERFLOW
         if messages is None:
             st.append(obs_ids, None)
             st.turns[-1].obs_end = len(st.ids)
@@ -397,10 +398,11 @@ class Rollout:
     async def _summary(
         self, env: Env, st: TokenSequence, obs: list[Message], comp: Completion, turn: Turn,
         session: str, seed: int | None,
-    ) -> list[Message] | None:  # fmt: skip
+    ) -> list[Message] | StopReason:  # fmt: skip
         """rollout.context.policy=summarize: after the turn's results, ask for a summary, sampled
         on `st` (a turn of its own, trained there); the history goes on from the task + it + the
-        last keep_turns turns (agentrl/context.py). None: not even the question and one fit."""
+        last keep_turns turns (agentrl/context.py). context_overflow: not even the question and
+        one token fit; aborted: the engine aborted the request."""
         c, r = self.cfg, self.renderer
         before = list(st.messages)
         q = Message(
@@ -412,15 +414,17 @@ class Rollout:
             raise Unrenderable(f"{type(e).__name__}: {e}") from e
         budget = c.max_context_tokens - len(st.ids) - len(ids)
         if budget <= 0:
-            return None
+            return StopReason.CONTEXT_OVERFLOW
         st.append(ids, None)
         turn.obs_end = len(st.ids)
         st.messages.append(q)
         try:
             said = await self.engine.generate(st.ids, self._params(budget, seed), key=session)
         except PromptTooLong:  # the server's context is shorter: an overflow, as in _loop
-            return None
+            return StopReason.CONTEXT_OVERFLOW
         _, summary = self._record_turn(st, said, len(st.turns))
+        if said.finish_reason is FinishReason.ABORT:  # no summary of the model's: as in _loop
+            return StopReason.ABORTED
         return summarized(before, summary.message.content, c.context.keep_turns)
 
     def _params(self, budget: int, seed: int | None = None) -> SamplingParams:

@@ -1,5 +1,5 @@
-"""Long episodes at their edges (rollout.context, agentrl/context.py): an env whose compact
-raises or returns a history the template refuses."""
+"""Long episodes at their edges (rollout.context, agentrl/context.py): an engine that aborts the
+summary request, an env whose compact raises or returns a history the template refuses."""
 
 from transformers import AutoTokenizer
 
@@ -8,6 +8,7 @@ from agentrl.rollout import Rollout, RolloutConfig
 from agentrl.types import Completion, FinishReason, StopReason, Task
 
 TASK = Task(id="t0", data={"prompt": "find the value"})
+ASKED = "Your context is nearly full"
 
 
 class Long(FixedLengthEnv):
@@ -18,13 +19,16 @@ class Long(FixedLengthEnv):
 
 
 class Engine:
-    """Samples a short turn; records every prompt."""
+    """Samples a short turn; records every prompt; `abort_summary`: the engine aborts the request
+    that asks for a summary (nothing sampled), as a server that dropped it does."""
 
-    def __init__(self, tok):
-        self.tok, self.prompts = tok, []
+    def __init__(self, tok, abort_summary=False):
+        self.tok, self.prompts, self.abort_summary = tok, [], abort_summary
 
     async def generate(self, input_ids, params, key=None):
         self.prompts.append(list(input_ids))
+        if self.abort_summary and ASKED in self.tok.decode(input_ids[-80:]):
+            return Completion([], [], FinishReason.ABORT)
         ids = self.tok.encode(f"step {len(self.prompts)}", add_special_tokens=False)
         ids.append(self.tok.eos_token_id)
         return Completion(ids, [-0.25] * len(ids), FinishReason.STOP)
@@ -34,6 +38,16 @@ async def episode(tok, env=Long, engine=None, **context):
     cfg = RolloutConfig(max_context_tokens=500, max_new_tokens=16, context=context or {})
     ro = Rollout(engine or Engine(tok), tok, env, cfg)
     return ro, await ro.run_sequences(TASK)
+
+
+async def test_an_aborted_summary_request_ends_the_episode_aborted(qwen_tokenizer):
+    """Before: the empty answer of an aborted request became the episode's "summary", the
+    history was rewritten from it and the episode went on (and trained) as if the model wrote
+    it; an aborted turn ends its episode as `aborted` (infrastructure) everywhere else."""
+    engine = Engine(qwen_tokenizer, abort_summary=True)
+    _, segs = await episode(qwen_tokenizer, Long, engine, policy="summarize", compact_at=0.5)
+    assert len(segs) == 1 and segs[0].stop_reason is StopReason.ABORTED
+    segs[0].check()
 
 
 class RaisingCompact(Long):
