@@ -6,7 +6,8 @@ rewrites the history instead, before the prompt reaches `compact_at` of the budg
 
     none               (default) no rewrite: the episode overflows as before
     trim_tool_outputs  the tool results older than the last `keep_turns` assistant turns are
-                       replaced by a marker saying how many tokens were dropped
+                       replaced by a marker saying how many tokens were dropped (those shorter
+                       than the marker stay; a trim that leaves the prompt no shorter is none)
     summarize          the model is asked for a summary (`summary_prompt`, after the turn's
                        results): its summary turn is sampled and trained in the segment that
                        asked, and the next segment is the task + the summary + the last
@@ -71,13 +72,15 @@ def trim_tool_outputs(
     messages: list[Message], keep_turns: int, count: Callable[[str], int]
 ) -> list[Message] | None:
     """`messages` with the content of every tool message before the last `keep_turns` assistant
-    turns replaced by the marker (`count(text)`: its tokens); None when nothing is left to trim."""
+    turns replaced by the marker (`count(text)`: its tokens), where the marker is shorter (an
+    "ok" stays "ok"); None when nothing is left to trim."""
     cut = _last_turns(messages, keep_turns)
     out, changed = [], False
     for i, m in enumerate(messages):
         if i < cut and m.role == "tool" and not _trimmed(m):
-            m = m.model_copy(update={"content": MARKER.format(n=count(m.content))})
-            changed = True
+            n = count(m.content)
+            if count(marker := MARKER.format(n=n)) < n:
+                m, changed = m.model_copy(update={"content": marker}), True
         out.append(m)
     return out if changed else None
 

@@ -381,7 +381,7 @@ class Rollout:
                     return said
                 new = said, r.history_ids(said)
             else:
-                new = await rewritten(cfg.context, env, st.messages, r)
+                new = await rewritten(cfg.context, env, st.messages, r, len(ids))
             if new is not None:
                 before, (messages, ids) = len(ids), new
         if len(ids) >= cfg.max_context_tokens:

@@ -19,16 +19,18 @@ from agentrl.types import ConfigError, EnvStepError, Message
 
 
 async def rewritten(
-    c: ContextConfig, env: Env, messages: list[Message], renderer: Renderer
+    c: ContextConfig, env: Env, messages: list[Message], renderer: Renderer, current: int
 ) -> tuple[list[Message], list[int]] | None:
     """(the history, its prompt ids) that rollout.context.policy trim_tool_outputs or env makes
-    of `messages`, or None: no rewrite."""
+    of `messages`, or None: no rewrite. A trim whose prompt is not shorter than the `current`
+    one's ids is no rewrite (it would fork a sequence over a history no smaller)."""
     if c.policy == "trim_tool_outputs":
         count = renderer.encode_text
         out = trim_tool_outputs(messages, c.keep_turns, lambda t: len(count(t)))
         if out is None:
             return None
-        return out, renderer.history_ids(out)  # Unrenderable: the model's turn (shape is kept)
+        ids = renderer.history_ids(out)  # Unrenderable: the model's turn (the shape is kept)
+        return (out, ids) if len(ids) < current else None
     return await env_history(env, messages, renderer)
 
 

@@ -1,11 +1,13 @@
 """Long episodes at their edges (rollout.context, agentrl/context.py): an engine that aborts the
-summary request, an env whose compact raises or returns a history the template refuses."""
+summary request, an env whose compact raises or returns a history the template refuses, tool
+outputs shorter than the trim marker."""
 
 from transformers import AutoTokenizer
 
+from agentrl.context import MARKER, trim_tool_outputs
 from agentrl.envs.synthetic import FixedLengthEnv
 from agentrl.rollout import Rollout, RolloutConfig
-from agentrl.types import Completion, FinishReason, StopReason, Task
+from agentrl.types import Completion, FinishReason, Message, StopReason, Task
 
 TASK = Task(id="t0", data={"prompt": "find the value"})
 ASKED = "Your context is nearly full"
@@ -84,3 +86,31 @@ async def test_the_envs_compact_failing_is_its_env_error(qwen_tokenizer, qwen_to
     _, segs = await episode(tok, NoUserCompact, policy="env")
     assert segs[-1].stop_reason is StopReason.ENV_ERROR, segs[-1].stop_reason
     assert "NoUserCompact.compact" in segs[-1].error and "No user query" in segs[-1].error
+
+
+def test_a_tool_output_shorter_than_the_marker_is_kept():
+    msgs = [Message(role="user", content="task")]
+    for out in ("ok", "x " * 50, "done"):
+        msgs += [Message(role="assistant", content="call"), Message(role="tool", content=out)]
+    words = len  # a token a character: the marker is about 45
+    trimmed = trim_tool_outputs(msgs, 1, words)
+    assert [m.content for m in trimmed if m.role == "tool"] == [
+        "ok", MARKER.format(n=100), "done"]  # fmt: skip
+    assert trim_tool_outputs(msgs[:-2], 0, words)[2].content == "ok"
+
+
+class ShortOutputs(FixedLengthEnv):
+    """A long task, then six turns each answered "ok": trimming can only make it longer."""
+
+    turns = 6
+
+    async def start(self):
+        return [Message(role="user", content="alpha " * 280)]
+
+
+async def test_trimming_never_makes_the_context_longer(qwen_tokenizer):
+    """Before: the "ok"s older than the last turn became the longer marker, and the episode
+    forked a new sequence over a longer history (379 -> 419 ids), counted as a rewrite."""
+    _, segs = await episode(qwen_tokenizer, ShortOutputs, policy="trim_tool_outputs")
+    assert all(m.content == "ok" for s in segs for m in s.messages if m.role == "tool")
+    assert len(segs) == 1 and segs[0].stop_reason is StopReason.COMPLETED
