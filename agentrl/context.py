@@ -10,8 +10,8 @@ rewrites the history instead, before the prompt reaches `compact_at` of the budg
                        than the marker stay; a trim that leaves the prompt no shorter is none)
     summarize          the model is asked for a summary (`summary_prompt`, after the turn's
                        results): its summary turn is sampled and trained in the segment that
-                       asked, and the next segment is the task + the summary + the last
-                       `keep_turns` turns
+                       asked, and the next segment is the env's start messages (the task)
+                       + the summary + the last `keep_turns` turns
     env                the env's own rewrite: `Env.compact(messages)` returns the new history
                        (a summary it wrote, the turns it keeps), or None for no rewrite
 
@@ -85,14 +85,17 @@ def trim_tool_outputs(
     return out if changed else None
 
 
-def summarized(messages: list[Message], summary: str, keep_turns: int) -> list[Message]:
-    """The history after a summary: the messages up to the first user message (system prompt and
-    task), the summary as a user message, then the last `keep_turns` assistant turns with what
-    followed them."""
-    first_user = next((i for i, m in enumerate(messages) if m.role == "user"), 0)
-    tail = messages[max(_last_turns(messages, keep_turns), first_user + 1) :]
+def summarized(
+    messages: list[Message], summary: str, keep_turns: int, head: int | None = None
+) -> list[Message]:
+    """The history after a summary: the first `head` messages (the env's start: system prompt,
+    task, any example exchange; None: up to the first user message), the summary as a user
+    message, then the last `keep_turns` assistant turns after them with what followed them."""
+    if head is None:
+        head = next((i for i, m in enumerate(messages) if m.role == "user"), 0) + 1
+    tail = messages[max(_last_turns(messages, keep_turns), head) :]
     note = Message(role="user", content=f"Summary of your work so far:\n{summary.strip()}")
-    return [*messages[: first_user + 1], note, *tail]
+    return [*messages[:head], note, *tail]
 
 
 def _last_turns(messages: list[Message], keep_turns: int) -> int:

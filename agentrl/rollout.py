@@ -305,6 +305,7 @@ class Rollout:
     ) -> StopReason:
         cfg, r, st = self.cfg, self.renderer, seqs[-1]
         st.messages = checked_messages(await env.start(), f"{type(env).__name__}.start()")
+        head = len(st.messages)  # a summary keeps them (rollout.context)
         st.append(r.prompt_ids(st.messages, memo=True), None)  # a group's samples share it
         st.prompt_len = len(st.ids)
         if st.prompt_len >= cfg.max_context_tokens:  # not one token of a turn fits
@@ -344,7 +345,7 @@ class Rollout:
             turn.observations = obs
             st.messages += obs
             ask = partial(
-                self._summary, env, st, obs, comp, turn, session, turn_seed(seeds, ~index)
+                self._summary, env, st, obs, comp, turn, session, turn_seed(seeds, ~index), head
             )
             try:
                 nxt = await self._continue(env, seqs, st, obs_ids, ask)
@@ -397,12 +398,12 @@ class Rollout:
 
     async def _summary(
         self, env: Env, st: TokenSequence, obs: list[Message], comp: Completion, turn: Turn,
-        session: str, seed: int | None,
+        session: str, seed: int | None, head: int,
     ) -> list[Message] | StopReason:  # fmt: skip
         """rollout.context.policy=summarize: after the turn's results, ask for a summary, sampled
-        on `st` (a turn of its own, trained there); the history goes on from the task + it + the
-        last keep_turns turns (agentrl/context.py). context_overflow: not even the question and
-        one token fit; aborted: the engine aborted the request."""
+        on `st` (a turn of its own, trained there); the history goes on from the env's `head`
+        start messages + it + the last keep_turns turns (agentrl/context.py). context_overflow:
+        not even the question and one token fit; aborted: the engine aborted the request."""
         c, r = self.cfg, self.renderer
         before = list(st.messages)
         q = Message(
@@ -425,7 +426,7 @@ class Rollout:
         _, summary = self._record_turn(st, said, len(st.turns))
         if said.finish_reason is FinishReason.ABORT:  # no summary of the model's: as in _loop
             return StopReason.ABORTED
-        return summarized(before, summary.message.content, c.context.keep_turns)
+        return summarized(before, summary.message.content, c.context.keep_turns, head)
 
     def _params(self, budget: int, seed: int | None = None) -> SamplingParams:
         c = self.cfg

@@ -1,6 +1,6 @@
 """Long episodes at their edges (rollout.context, agentrl/context.py): an engine that aborts the
 summary request, an env whose compact raises or returns a history the template refuses, tool
-outputs shorter than the trim marker."""
+outputs shorter than the trim marker, an env whose start holds more than one user message."""
 
 from transformers import AutoTokenizer
 
@@ -114,3 +114,24 @@ async def test_trimming_never_makes_the_context_longer(qwen_tokenizer):
     _, segs = await episode(qwen_tokenizer, ShortOutputs, policy="trim_tool_outputs")
     assert all(m.content == "ok" for s in segs for m in s.messages if m.role == "tool")
     assert len(segs) == 1 and segs[0].stop_reason is StopReason.COMPLETED
+
+
+class FewShot(Long):
+    """A start of several user messages: an example exchange, then the task."""
+
+    async def start(self):
+        return [Message(role="system", content="You solve tasks."),
+                Message(role="user", content="Example: what is 2+2?"),
+                Message(role="assistant", content="4"),
+                Message(role="user", content="The task: find the value")]  # fmt: skip
+
+
+async def test_a_summary_keeps_every_message_the_env_started_with(qwen_tokenizer):
+    """Before: the history after a summary kept the messages up to the first user message only,
+    so an env that starts with an example exchange lost its task (and its example answer)."""
+    _, segs = await episode(qwen_tokenizer, FewShot, policy="summarize", compact_at=0.5)
+    assert len(segs) > 1
+    start = [m.content for m in segs[0].messages[:4]]
+    for s in segs[1:]:
+        assert [m.content for m in s.messages[:4]] == start
+        assert s.messages[4].content.startswith("Summary of your work so far:")
