@@ -43,7 +43,7 @@ from agentrl.parsers import (
 )
 from agentrl.render import Renderer, RenderError, Unrenderable, check_round_trip
 from agentrl.repeats import warn_episode
-from agentrl.rollout_context import rewritten
+from agentrl.rollout_context import check_summary_history, rewritten
 from agentrl.sandbox.base import Sandbox, SandboxUnavailable
 from agentrl.seeding import episode_key, group_slot, turn_seed
 from agentrl.sequence import TokenSequence, record_turn
@@ -210,6 +210,7 @@ class Rollout:
             check_round_trip(renderer, parser)
         else:
             parser = get_parser("hermes" if cfg.parser == "auto" else cfg.parser)
+        check_summary_history(renderer, cfg.context)
         return renderer, parser
 
     # -- public --------------------------------------------------------------------------------

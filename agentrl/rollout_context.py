@@ -1,17 +1,20 @@
 """rollout.context in the rollout's episode loop (agentrl/context.py says what each policy does):
-the history a policy makes of an episode's messages, with its ids.
+the history a policy makes of an episode's messages, with its ids, and the start-up check that
+the chat template can render the history a summary leaves.
 
 Whose fault is what (agentrl/types.py, StopReason): `env.compact` is the env's code run on the
 policy's history, as `env.step` is, so its raising, a return that is not a list of Message, and a
 history the chat template refuses are the env's `env_error` (scored, in its group), never an
-infrastructure `aborted` (out of the baseline) nor the model's `parse_error`.
+infrastructure `aborted` (out of the baseline) nor the model's `parse_error`. A template that
+refuses the summary's history shape (two user messages in a row) is a configuration error found
+at start-up, before any episode blames the model for it.
 """
 
 from __future__ import annotations
 
 import traceback
 
-from agentrl.context import ContextConfig, trim_tool_outputs
+from agentrl.context import ContextConfig, summarized, trim_tool_outputs
 from agentrl.env import Env, checked_messages
 from agentrl.render import Renderer, RenderError
 from agentrl.sandbox.base import SandboxUnavailable
@@ -57,4 +60,21 @@ async def env_history(
         raise EnvStepError(
             f"{what}() returned a history the chat template refuses ({e}); return one the "
             "template renders (e.g. keep the task's user message first)"
+        ) from e
+
+
+def check_summary_history(renderer: Renderer, c: ContextConfig) -> None:
+    """rollout.context.policy=summarize: a ConfigError, at start-up, when the chat template
+    refuses the history a summary leaves (the task, then the summary as a user message)."""
+    if c.policy != "summarize":
+        return
+    probe = [Message(role="user", content="task"), Message(role="assistant", content="done")]
+    try:
+        renderer.prompt_ids(summarized(probe, "what was done", 0, head=1))
+    except Exception as e:  # jinja2's raise_exception, RenderError, TypeError, …
+        raise ConfigError(
+            "rollout.context.policy=summarize: the chat template refuses the history a summary "
+            f"leaves (the task's user message, then the summary as a user message): {e}. Use "
+            "rollout.context.policy=trim_tool_outputs, or policy=env with an Env.compact that "
+            "writes the summary where the template takes it"
         ) from e

@@ -1,13 +1,15 @@
 """Long episodes at their edges (rollout.context, agentrl/context.py): an engine that aborts the
 summary request, an env whose compact raises or returns a history the template refuses, tool
-outputs shorter than the trim marker, an env whose start holds more than one user message."""
+outputs shorter than the trim marker, an env whose start holds more than one user message, a
+template that refuses the summary's history."""
 
+import pytest
 from transformers import AutoTokenizer
 
 from agentrl.context import MARKER, trim_tool_outputs
 from agentrl.envs.synthetic import FixedLengthEnv
 from agentrl.rollout import Rollout, RolloutConfig
-from agentrl.types import Completion, FinishReason, Message, StopReason, Task
+from agentrl.types import Completion, ConfigError, FinishReason, Message, StopReason, Task
 
 TASK = Task(id="t0", data={"prompt": "find the value"})
 ASKED = "Your context is nearly full"
@@ -135,3 +137,18 @@ async def test_a_summary_keeps_every_message_the_env_started_with(qwen_tokenizer
     for s in segs[1:]:
         assert [m.content for m in s.messages[:4]] == start
         assert s.messages[4].content.startswith("Summary of your work so far:")
+
+
+ALTERNATE = ("{%- for m in messages[1:] %}{%- if m.role == 'user' and messages[loop.index0].role"
+             " == 'user' %}{{ raise_exception('Conversation roles must alternate') }}"
+             "{%- endif %}{%- endfor %}")  # fmt: skip
+
+
+def test_a_template_that_refuses_the_summary_history_fails_at_start(qwen_tokenizer_dir):
+    """Before: every episode that reached compact_at ended `parse_error` (the model's fault) on
+    a template that refuses two user messages in a row (the task, then the summary)."""
+    tok = _refusing(qwen_tokenizer_dir, ALTERNATE)
+    cfg = RolloutConfig(max_context_tokens=500, context={"policy": "summarize"})
+    with pytest.raises(ConfigError, match="rollout.context.policy=summarize"):
+        Rollout(Engine(tok), tok, Long, cfg)
+    Rollout(Engine(tok), tok, Long, RolloutConfig(context={"policy": "trim_tool_outputs"}))
