@@ -22,8 +22,9 @@ prompt the model actually read. The segments share the episode's session (the gr
 counts the episode once) and its reward; each gets the episode's advantage. Per-turn credit
 (`algo.advantage.reward_level=turn`) is refused with a policy: a segment's turn indices are not
 the episode's. Metrics: rollout/rewrites (per episode), rollout/rewrite_tokens_before and
-rollout/rewrite_tokens_after (the prompt's ids before and after, summed), and stop/
-context_overflow still counts the episodes a rewrite could not save.
+rollout/rewrite_tokens_after (the prompt's ids before and after, summed),
+rollout/rewrite_tokens_dropped (their difference), and stop/context_overflow still counts the
+episodes a rewrite could not save. Whose fault a failing rewrite is: agentrl/rollout_context.py.
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ tools/<name>/ — per tool the env has, over the step's calls, when it was calle
     rollout/routed_positions        positions whose experts the engine returned (routing replay)
     rollout/rewrites, rollout/rewrite_tokens_before, rollout/rewrite_tokens_after   history
                                     rewrites per episode (rollout.context), prompt ids around them
+    rollout/rewrite_tokens_dropped  the ids those rewrites took out of the prompts (before - after)
     rollout/sampled_tokens_per_traj, rollout/traj_tokens_mean, rollout/traj_tokens_max
     rollout/obs_tokens, rollout/truncated_obs_tokens    observation tokens, totals
     rollout/truncated               episodes a token budget cut (stop/length + stop/context_overflow:
@@ -287,6 +288,7 @@ def sequence_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         out["rollout/rewrites"] = len(rewrites) / episodes
         out["rollout/rewrite_tokens_before"] = float(sum(b for b, _ in rewrites))
         out["rollout/rewrite_tokens_after"] = float(sum(a for _, a in rewrites))
+        out["rollout/rewrite_tokens_dropped"] = float(sum(b - a for b, a in rewrites))
     routed = [len(t.routes) for t in trajs if t.routes is not None]
     if routed:  # learner.routing_replay
         out["rollout/routed_positions"] = float(sum(routed))

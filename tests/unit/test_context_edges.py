@@ -1,13 +1,14 @@
 """Long episodes at their edges (rollout.context, agentrl/context.py): an engine that aborts the
 summary request, an env whose compact raises or returns a history the template refuses, tool
 outputs shorter than the trim marker, an env whose start holds more than one user message, a
-template that refuses the summary's history."""
+template that refuses the summary's history, and the metric of the tokens a rewrite dropped."""
 
 import pytest
 from transformers import AutoTokenizer
 
 from agentrl.context import MARKER, trim_tool_outputs
 from agentrl.envs.synthetic import FixedLengthEnv
+from agentrl.metrics import rollout_metrics
 from agentrl.rollout import Rollout, RolloutConfig
 from agentrl.types import Completion, ConfigError, FinishReason, Message, StopReason, Task
 
@@ -152,3 +153,10 @@ def test_a_template_that_refuses_the_summary_history_fails_at_start(qwen_tokeniz
     with pytest.raises(ConfigError, match="rollout.context.policy=summarize"):
         Rollout(Engine(tok), tok, Long, cfg)
     Rollout(Engine(tok), tok, Long, RolloutConfig(context={"policy": "trim_tool_outputs"}))
+
+
+async def test_the_metrics_say_how_many_tokens_the_rewrites_dropped(qwen_tokenizer):
+    _, segs = await episode(qwen_tokenizer, Long, policy="trim_tool_outputs")
+    m = rollout_metrics(segs)
+    dropped = sum(b - a for b, a in (s.metadata["rewrite"] for s in segs[1:]))
+    assert dropped > 0 and m["rollout/rewrite_tokens_dropped"] == dropped
