@@ -43,7 +43,7 @@ from agentrl.parsers import (
 )
 from agentrl.render import Renderer, RenderError, Unrenderable, check_round_trip
 from agentrl.repeats import warn_episode
-from agentrl.rollout_context import check_summary_history, rewritten
+from agentrl.rollout_context import check_summary_history, rewritten, still_full
 from agentrl.sandbox.base import Sandbox, SandboxUnavailable
 from agentrl.seeding import episode_key, group_slot, turn_seed
 from agentrl.sequence import TokenSequence, record_turn
@@ -386,6 +386,7 @@ class Rollout:
                 new = await rewritten(cfg.context, env, st.messages, r, len(ids))
             if new is not None:
                 before, (messages, ids) = len(ids), new
+                still_full(cfg.context, len(ids), full)
         if len(ids) >= cfg.max_context_tokens:
             return StopReason.CONTEXT_OVERFLOW
         if messages is None:

@@ -12,6 +12,7 @@ at start-up, before any episode blames the model for it.
 
 from __future__ import annotations
 
+import logging
 import traceback
 
 from agentrl.context import ContextConfig, summarized, trim_tool_outputs
@@ -19,6 +20,9 @@ from agentrl.env import Env, checked_messages
 from agentrl.render import Renderer, RenderError
 from agentrl.sandbox.base import SandboxUnavailable
 from agentrl.types import ConfigError, EnvStepError, Message
+
+log = logging.getLogger(__name__)
+_STILL_FULL: set[str] = set()  # the policies warned of leaving a history past compact_at
 
 
 async def rewritten(
@@ -78,3 +82,19 @@ def check_summary_history(renderer: Renderer, c: ContextConfig) -> None:
             "rollout.context.policy=trim_tool_outputs, or policy=env with an Env.compact that "
             "writes the summary where the template takes it"
         ) from e
+
+
+def still_full(c: ContextConfig, after: int, full: float) -> None:
+    """Warn once per policy when a rewrite leaves the prompt past compact_at (`full` ids): the
+    next turn rewrites again (summarize: asks again, with less room each time, until the episode
+    overflows), which only rollout/rewrites and stop/context_overflow showed before."""
+    if after <= full or c.policy in _STILL_FULL:
+        return
+    _STILL_FULL.add(c.policy)
+    log.warning(
+        "rollout.context.policy=%s rewrote a history to %d ids, still past rollout.context."
+        "compact_at (%d ids): the next turn rewrites again, and the episode may overflow anyway. "
+        "Keep fewer turns (rollout.context.keep_turns=%d now), raise compact_at, or shorten the "
+        "tool outputs (rollout.max_obs_tokens) (warned once)",
+        c.policy, after, int(full), c.keep_turns,
+    )  # fmt: skip

@@ -160,3 +160,16 @@ async def test_the_metrics_say_how_many_tokens_the_rewrites_dropped(qwen_tokeniz
     m = rollout_metrics(segs)
     dropped = sum(b - a for b, a in (s.metadata["rewrite"] for s in segs[1:]))
     assert dropped > 0 and m["rollout/rewrite_tokens_dropped"] == dropped
+
+
+async def test_a_rewrite_that_leaves_the_history_past_compact_at_is_said(qwen_tokenizer, caplog):
+    """Keeping the last turn whole with its 120-word result leaves the summarised history past
+    compact_at: each next turn asks again with less room, until the episode overflows. Before,
+    only the counts said so (rollout/rewrites, stop/context_overflow); now a warning says why."""
+    from agentrl import rollout_context
+
+    rollout_context._STILL_FULL.clear()
+    with caplog.at_level("WARNING", logger="agentrl.rollout_context"):
+        await episode(qwen_tokenizer, Long, policy="summarize", compact_at=0.25)
+    assert "still past rollout.context.compact_at" in caplog.text
+    assert "rollout.context.keep_turns=1" in caplog.text
