@@ -1,9 +1,9 @@
 """The tokenizer's chat template, encode and decode with transformers' per-call work done once.
 
-The rollout renders three templates and tokenizes twice at every turn boundary of every episode,
+The rollout renders two or three templates and tokenizes twice at every turn boundary of an episode,
 one after another in the event loop all episodes share; transformers' wrappers around the jinja
 template and the Rust tokenizer cost as much again as the work itself (`bench/rollout_overhead.py`).
-Each fast path here gives exactly what the wrapper gives, or is not used:
+Each fast path here gives exactly what the slow path gives, or is not used:
 
 - `ChatTemplate(tok, tools, kwargs)(messages, add_generation_prompt)` is
   `tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=…,
@@ -17,6 +17,9 @@ Each fast path here gives exactly what the wrapper gives, or is not used:
   whose `encode`/`decode` are transformers' own (no subclass override), with no truncation or
   padding set on the backend and the tokenizer's own `split_special_tokens` (checked every call:
   transformers sets them per call), and (decode) no clean-up of spaces.
+- `content_prefix(b1, full, content, sentinel)` is the common prefix of the observation delta's
+  two sentinel renderings (agentrl/render.py, B1 and B2) from B1 alone, where A (the turns with
+  the message's own content) shows where B2 parts from B1; else None, and B2 is rendered.
 
 `tests/unit/test_fastpath.py` renders and tokenizes random multi-turn conversations of every
 template family both ways and asserts the same text and ids.
@@ -242,3 +245,18 @@ def common_prefix(a: str, b: str) -> str:
         else:
             hi = mid - 1
     return a[:lo]
+
+
+def content_prefix(b1: str, full: str, content: str, sentinel: str) -> str | None:
+    """common_prefix(B1, B2) of the observation delta's renderings (agentrl/render.py) without
+    B2, where B1 and A show where B2 parts from B1: B1 holds `sentinel` once; A (the same turns
+    with the message's own `content`, which differs from `sentinel` at its first character)
+    agrees with B1 up to there and holds `content` there. The template then writes the content
+    as it is, after text that does not depend on it, and B2 (the other sentinel, which differs
+    at its first character) parts from B1 right there. Else None: B2 must be rendered.
+    `tests/unit/test_fastpath.py` compares both ways for every template family."""
+    at = b1.find(sentinel)
+    if at < 0 or b1.find(sentinel, at + 1) >= 0 or not content or content[0] == sentinel[0]:
+        return None
+    head = b1[:at]
+    return head if full.startswith(head) and full.startswith(content, at) else None

@@ -9,6 +9,7 @@ ids of the new observation messages, computed as the template's *delta* after th
     B2 = render([user, ASSISTANT] + [new[0] with content "⟦2"], …)      and B2 part is new[0]'s text
     cut = end of the last end-of-turn marker in common_prefix(B1, B2)    (the assistant's turn end)
     delta(new) = A[cut:]          (the separator, the new messages, the next generation prompt)
+    (B2 is rendered only where B1 and A cannot show where it parts from B1: content_prefix)
 
 ASSISTANT is the turn the model just produced (its parsed message, tool calls included), so the
 template sees the history a real conversation has: templates that render the *last* assistant
@@ -58,7 +59,7 @@ import functools
 import logging
 from typing import Any
 
-from agentrl.fastpath import ChatTemplate, Codec, common_prefix
+from agentrl.fastpath import ChatTemplate, Codec, common_prefix, content_prefix
 from agentrl.markup import Markup, cut_to_tokens
 from agentrl.parsers import Parser
 from agentrl.types import ConfigError, Message, ToolCall
@@ -93,7 +94,7 @@ class Renderer:
         tools: list[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
         end_of_turn: str | None = None,
-        fast: bool = True,  # False: transformers' own wrappers throughout (agentrl/fastpath.py)
+        fast: bool = True,  # False: the reference paths throughout (agentrl/fastpath.py)
     ) -> None:
         self.tok = tokenizer
         self.markup = Markup(tokenizer)
@@ -101,6 +102,7 @@ class Renderer:
         if tools and self.tools != tools:  # an MCP server's or an agent framework's descriptions
             log.warning("a tool schema holds special-token text; a zero-width space keeps it text")
         self.template_kwargs = template_kwargs or {}
+        self.fast = fast
         self.template = ChatTemplate(tokenizer, self.tools, self.template_kwargs, fast)
         self.codec = Codec(tokenizer, fast)
         self.eot = end_of_turn or tokenizer.eos_token
@@ -291,10 +293,12 @@ class Renderer:
         assistant = assistant or _default_assistant(new)
         base = [_USER, assistant]
         full = self.render(base + new, add_generation_prompt=True)
-        b1, b2 = (
-            self.render(base + [new[0].model_copy(update={"content": s})]) for s in _SENTINELS
-        )
-        return base, full, b1, common_prefix(b1, b2)
+        b1 = self.render([*base, new[0].model_copy(update={"content": _SENTINELS[0]})])
+        common = content_prefix(b1, full, new[0].content, _SENTINELS[0]) if self.fast else None
+        if common is None:
+            b2 = self.render([*base, new[0].model_copy(update={"content": _SENTINELS[1]})])
+            common = common_prefix(b1, b2)
+        return base, full, b1, common
 
     def _ids_after(
         self, before: list[Message], new: list[Message], full: str, cut: int, memo: bool = False

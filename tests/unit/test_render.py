@@ -2,6 +2,7 @@
 
 import pytest
 
+from agentrl.fastpath import content_prefix
 from agentrl.render import Renderer
 from agentrl.types import Message, ToolCall
 
@@ -169,3 +170,35 @@ def test_memoized_ids_are_the_same_ids_and_fresh_lists(qwen_tokenizer):
     tag = r.encoded("<|im_end|>")
     tag.clear()
     assert r.encoded("<|im_end|>") == r.encode("<|im_end|>") == [r.eot_id]
+
+
+def test_an_observation_is_rendered_twice_when_its_content_is_written_verbatim(
+    qwen_tokenizer, monkeypatch
+):
+    """A and B1 (the module docstring's renderings) show where B2 would part from B1 when the
+    template writes the message's content where B1 has the sentinel: B2 is not rendered. A
+    content that cannot show it (empty, or starting as the sentinel does) renders B2 too. The
+    ids are the reference path's (Renderer(fast=False) renders all three) either way."""
+    fast, ref = Renderer(qwen_tokenizer, TOOLS), Renderer(qwen_tokenizer, TOOLS, fast=False)
+    template, calls = fast.template, []
+    monkeypatch.setattr(fast, "template", lambda m, gen: calls.append(gen) or template(m, gen))
+    sampled = fast.encode("Let me run it.<|im_end|>")
+    for content, renders in [("4", 2), ("  x\n", 2), ("", 3), ("\u27e6 x", 3)]:
+        calls.clear()
+        obs = [Message(role="tool", content=content), Message(role="user", content="go on")]
+        assert fast.observation_ids(obs, sampled) == ref.observation_ids(obs, sampled)
+        assert len(calls) == renders, content
+
+
+def test_the_content_is_placed_from_b1_only_on_evidence():
+    """`content_prefix`: the sentinel once in B1, A the same up to it, A's content there."""
+    s = "\u27e61"
+    b1 = f"<a>x<end>\n<tool>{s}</tool>"
+    full = "<a>x<end>\n<tool>ok</tool><gen>"
+    assert content_prefix(b1, full, "ok", s) == b1[: b1.index(s)]
+    assert content_prefix(b1, full, "no", s) is None  # A does not hold the content there
+    assert content_prefix(b1, full.replace("<tool>", "<tool n=2>"), "ok", s) is None  # nor B1's
+    assert content_prefix(b1 + s, full, "ok", s) is None  # the sentinel twice
+    assert content_prefix(b1.replace(s, "?"), full, "ok", s) is None  # not at all
+    assert content_prefix(b1, full.replace("ok", "\u27e6k"), "\u27e6k", s) is None  # as it starts
+    assert content_prefix(b1, full, "", s) is None
