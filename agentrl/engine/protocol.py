@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import orjson
@@ -134,11 +135,21 @@ def error_message(response: Reply) -> str:
     return str(body)[:500]
 
 
+_LOGPROB, _ID = itemgetter(0), itemgetter(1)  # an output_token_logprobs entry: [logprob, id, text]
+
+
+def _all_of(values: Any, kind: type) -> bool:
+    """Whether `values` is a list of values of type `kind` exactly (not bool for int)."""
+    return type(values) is list and set(map(type, values)) <= {kind}
+
+
 def parse_generate_response(data: dict[str, Any], server: str = "", latency_s: float = 0.0):
     """One SGLang /generate response (return_logprob=True) -> Completion."""
     try:
         meta = data["meta_info"]
-        out = [int(t) for t in data["output_ids"]]
+        out = data["output_ids"]
+        if not _all_of(out, int):  # as orjson reads JSON integers: kept, not converted
+            out = [int(t) for t in out]
         fr = meta.get("finish_reason") or {}
         finish = FinishReason(fr.get("type"))
     except (KeyError, TypeError, ValueError) as e:
@@ -146,8 +157,12 @@ def parse_generate_response(data: dict[str, Any], server: str = "", latency_s: f
     entries = meta.get("output_token_logprobs")
     if entries is None:
         raise EngineProtocolError(f"{server}: no output_token_logprobs; send return_logprob=True")
-    lp_ids = [int(e[1]) for e in entries]
-    logprobs = [float(e[0]) for e in entries]
+    lp_ids = list(map(_ID, entries))
+    if lp_ids != out:  # (equal: each is a number equal to `out`'s int, which int() gives)
+        lp_ids = [int(t) for t in lp_ids]
+    logprobs = list(map(_LOGPROB, entries))
+    if not _all_of(logprobs, float):
+        logprobs = [float(x) for x in logprobs]
     matched = fr.get("matched")
     matched = matched if isinstance(matched, int) and not isinstance(matched, bool) else None
     if lp_ids != out:
