@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import random
 import time
@@ -82,6 +83,8 @@ class Generation:
         self.gate = Gate()  # holds /generate while EngineClient.exclusive() runs (weight pushes)
         self._sticky: dict[str, Server] = {}
         self._background: set[asyncio.Task] = set()
+        # request ids: this client's random prefix and a count (uuid4 per request: 3 us)
+        self._rid, self._rids = uuid.uuid4().hex[:16] + "-", itertools.count()
         # the LoRA adapter every /generate names (`lora_path`), set by the adapter push
         # (agentrl/learner/sync/adapter.py); None: the served weights as they are
         self.lora: str | None = None
@@ -171,7 +174,7 @@ class Generation:
             s = self._pick(key, tried)
             if key is not None and self.http.router is None:
                 self._stick(key, s)
-            payload["rid"] = uuid.uuid4().hex
+            payload["rid"] = f"{self._rid}{next(self._rids):x}"
             error = await self._try_generate(s, payload, headers)
             if isinstance(error, Completion):
                 return error

@@ -224,6 +224,15 @@ async def test_timed_out_request_is_aborted_on_the_server_and_retried():
         fake.gate.set()
 
 
+async def test_request_ids_are_unique_within_and_across_clients():
+    """A /generate's rid (what /abort_request names) is its client's random prefix and a count:
+    no two requests of one client, or of two clients of one server, share one."""
+    async with FakeServers(1) as fake, client(fake.urls) as a, client(fake.urls) as b:
+        await asyncio.gather(*(e.generate([1], SamplingParams()) for e in (a, b) * 20))
+    rids = [body["rid"] for _, path, body in fake.calls if path == "/generate"]
+    assert len(rids) == 40 == len(set(rids)) and all(isinstance(r, str) for r in rids)
+
+
 async def test_no_server_listening_raises_one_line_engine_unavailable():
     urls = [f"http://127.0.0.1:{closed_port()}" for _ in range(2)]
     async with EngineClient(urls, max_retries=2, backoff_s=0.001) as engine:
