@@ -372,22 +372,23 @@ class Rollout:
         agentrl/context.py). A StopReason: the episode ends (context_overflow: the next prompt
         does not fit max_context_tokens; aborted: the engine aborted the summary request)."""
         cfg, r = self.cfg, self.renderer
-        ids, messages, before = [*st.ids, *obs_ids], None, 0
-        if cfg.thinking == "template" and (fresh := r.history_ids(st.messages)) != ids:
+        ids, messages, before = None, None, 0  # ids None: st's and the observation's, as they are
+        if cfg.thinking == "template" and (fresh := r.history_ids(st.messages)) != st.ids + obs_ids:
             ids, messages = fresh, st.messages
+        size = len(st.ids) + len(obs_ids) if ids is None else len(ids)  # counted, not copied
         full = cfg.context.compact_at * cfg.max_context_tokens
-        if cfg.context.policy != "none" and len(ids) > full:
+        if cfg.context.policy != "none" and size > full:
             if cfg.context.policy == "summarize":
                 said = await ask()
                 if isinstance(said, StopReason):  # not even the question fits, or aborted
                     return said
                 new = said, r.history_ids(said)
             else:
-                new = await rewritten(cfg.context, env, st.messages, r, len(ids))
+                new = await rewritten(cfg.context, env, st.messages, r, size)
             if new is not None:
-                before, (messages, ids) = len(ids), new
+                before, (messages, ids) = size, new
                 still_full(cfg.context, len(ids), full)
-        if len(ids) >= cfg.max_context_tokens:
+        if (size if ids is None else len(ids)) >= cfg.max_context_tokens:
             return StopReason.CONTEXT_OVERFLOW
         if messages is None:
             st.append(obs_ids, None)
