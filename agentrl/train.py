@@ -50,7 +50,6 @@ In more detail, in the order they happen:
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import math
 import random
@@ -66,6 +65,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from rich.console import Console
 
+from agentrl import collector
 from agentrl.advantage import Truncation, compute_advantages
 from agentrl.batch import TrainBatch, mini_batches, per_trajectory
 from agentrl.ckpt import CheckpointError, CheckpointManager, load_trainer_state
@@ -297,8 +297,7 @@ class Trainer:
         """`trainer.steps` steps (from the resumed one), with the untrained policy's evaluation
         first (trainer.eval.every); the checkpoint being written is committed, also on error."""
         tc = self.cfg.trainer
-        gc.collect()  # the set-up's objects (modules, tokenizers, configs: ~290k) leave the
-        gc.freeze()  # collector's full passes, each a ~0.1 s stall of every episode's event loop
+        settled = collector.settle()  # the set-up's objects out of the collector's passes
         try:
             prepare_checkpoints(self.parts)  # pinned buffers, allocated behind the first rollout
             if tc.eval.every and self.step_idx == 0:  # the untrained policy: the curve's start
@@ -314,7 +313,7 @@ class Trainer:
                     self._commit_saved(wait=True)
                 except Exception as e:  # the run's own error is the one to raise
                     log.warning("the checkpoint being written was abandoned: %s", e)
-            gc.unfreeze()  # collectable again once the run is over (tests run many in a process)
+            collector.restore(settled)  # once the run is over (tests run many in a process)
         return self.history
 
     async def _evaluate(self) -> dict[str, float]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import random
 import statistics
@@ -108,6 +107,7 @@ async def http_overhead(a) -> None:
     import aiohttp
     import httpx
 
+    from agentrl import collector
     from agentrl.engine import EngineClient
 
     server = await instant_server(canned_body(a.new_tokens))
@@ -119,14 +119,13 @@ async def http_overhead(a) -> None:
 
     async def measure(name: str, round_fn) -> None:
         await round_fn()  # connections opened, caches warm
-        if a.gc_freeze:  # as Trainer.run does: the set-up's objects out of the full passes
-            gc.collect()
-            gc.freeze()
+        settled = collector.settle() if a.gc_freeze else None  # as Trainer.run does
         for _ in range(a.rounds):
             t0 = time.perf_counter()
             await round_fn()
             rounds.setdefault(name, []).append((time.perf_counter() - t0) / requests * 1e3)
-        gc.unfreeze()
+        if settled is not None:
+            collector.restore(settled)
 
     make, tasks = fixed_length_rollouts(a)
     async with EngineClient([url], max_connections=4096) as engine:
@@ -222,9 +221,9 @@ def main() -> None:
     p.add_argument("--http", action="store_true", help="whole client per request, HTTP included")
     p.add_argument("--episodes", type=int, default=256)
     p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--gc-freeze", action="store_true", help="--http: freeze the objects made "
-                   "before the measured rounds out of the collector's passes, as a training run "
-                   "does (Trainer.run)")  # fmt: skip
+    p.add_argument("--gc-freeze", action="store_true", help="--http: set the collector as a "
+                   "training run does (Trainer.run, agentrl/collector.py): the objects made "
+                   "before the measured rounds frozen, the young passes spaced")  # fmt: skip
     p.add_argument("--group-size", type=int, default=1, help="--http: samples per task (the "
                    "episodes are --episodes / this tasks' groups; a group shares its prompt)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=3)
