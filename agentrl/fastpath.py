@@ -157,7 +157,7 @@ class ChatTemplate:
                    "documents": None, "add_generation_prompt": add_generation_prompt,
                    **self._plain_kwargs}  # fmt: skip
         env = t.environment
-        ctx = env.context_class(env, context, t.name, t.blocks, globals=t.globals)
+        ctx = env.context_class(env, context, t.name, t.blocks, globals=self._globals)
         try:
             return env.concat(t.root_render_func(ctx))
         except Exception:
