@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import random
 import shlex
@@ -53,6 +52,7 @@ import aiohttp
 import httpx
 import orjson
 
+from agentrl.collector import settle
 from agentrl.engine import (
     EngineClient,
     EngineConfig,
@@ -492,10 +492,9 @@ def main() -> None:
             url = stack.enter_context(launch_engines(engine_config(a), Path(model), logs))[0]
         tokenizer = AutoTokenizer.from_pretrained(model)
         print(fast_paths(tokenizer))
-        # as a training run's process (agentrl/train.py): the set-up's objects (transformers,
-        # torch: ~300k) out of the collector's full passes, each else a stall of every episode
-        gc.collect()
-        gc.freeze()
+        # the collector as a training run's process sets it (agentrl/train.py): the set-up's
+        # objects (transformers, torch: ~300k) out of its full passes, the young ones spaced
+        settle()
         server = "external" if a.url else a.engine
         runs = []
         for run in range(a.runs):  # one server, --runs runs of the whole bench
