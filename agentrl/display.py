@@ -15,7 +15,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from agentrl.trajectory_view import scoring
+from agentrl.trajectory_view import scoring, written_out
 from agentrl.types import Trajectory
 
 # C0 controls but tab and newline, DEL, C1: what a model or its tool output may hold that a
@@ -28,11 +28,7 @@ _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 def safe_text(s: str) -> str:
     """`s` with every terminal control character (`\\x1b`) and lone surrogate (`\\ud800`)
     written out, never obeyed."""
-    return _CONTROL.sub(lambda m: _written_out(ord(m.group())), s)
-
-
-def _written_out(n: int) -> str:
-    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}"
+    return _CONTROL.sub(lambda m: written_out(m.group()), s)
 
 
 _ROLE_STYLE = {"system": "dim", "user": "bold cyan", "assistant": "green", "tool": "yellow"}

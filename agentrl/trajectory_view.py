@@ -70,7 +70,9 @@ def _cell(value: Any, max_chars: int) -> Any:
     return _plain(_clip(value, max_chars)) if isinstance(value, str) else value
 
 
-def _written_out(c: str) -> str:
+def written_out(c: str) -> str:
+    """The character `c` as its escape (`\\x00`, `\\ud800`): how the page and the console show
+    what they must not print."""
     return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
 
 
@@ -79,8 +81,8 @@ def _esc(text: str, attr: bool = False) -> str:
     control character or lone surrogate written out (`\\x00`, `\\ud800`), marked in text."""
     out = html.escape(text, quote=True)
     if attr:
-        return _HIDDEN.sub(lambda m: _written_out(m.group()), out)
-    return _HIDDEN.sub(lambda m: f'<span class="cc">{_written_out(m.group())}</span>', out)
+        return _HIDDEN.sub(lambda m: written_out(m.group()), out)
+    return _HIDDEN.sub(lambda m: f'<span class="cc">{written_out(m.group())}</span>', out)
 
 
 def _floats(x: Sequence[float]) -> list[float]:
