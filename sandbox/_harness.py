@@ -66,19 +66,6 @@ def encode(rec):
     return json.dumps(rec, ensure_ascii=False).encode("utf-8", "backslashreplace")
 
 
-CUT = re.compile(r" \[(\d+) more characters cut\]$")
-
-
-def clip(text, keep):
-    """`text` cut to `keep` characters and a marker saying how many went (an earlier cut's
-    marker, the call runner's, is counted in and replaced)."""
-    m = CUT.search(text)
-    body, before = (text[: m.start()], int(m.group(1))) if m else (text, 0)
-    if keep >= len(body):
-        return text
-    return "%s [%d more characters cut]" % (body[:keep], len(body) - keep + before)
-
-
 def fit(rec, room):
     """The frame in `room` bytes: its texts cut, longest first, each to the most characters
     that fit (a binary search), the cut said in the text; its value already went (a hash)."""

@@ -71,6 +71,7 @@ import asyncio
 import hashlib
 import inspect
 import json
+import re
 import secrets
 from collections.abc import Sequence
 from pathlib import Path
@@ -185,6 +186,17 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def clip(text: str, keep: int) -> str:
+    """`text` cut to `keep` characters and a marker saying how many went (an earlier cut's
+    marker, the call runner's, is counted in and replaced). Runs in the harness and the call
+    runner (their source is built from this one), so both write one marker."""
+    m = re.search(r" \[(\d+) more characters cut\]$", text)
+    body, before = (text[: m.start()], int(m.group(1))) if m else (text, 0)
+    if keep >= len(body):
+        return text
+    return f"{body[:keep]} [{len(body) - keep + before} more characters cut]"
+
+
 def normalize_output(text: str) -> str:
     lines = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
     while lines and not lines[-1]:
@@ -206,18 +218,17 @@ _IO_RUNNER = (
 # in order, write one JSON line per call to the result fd. The harness kills this process at the
 # deadline; nothing in here times itself.
 _CALL_RUNNER = r"""
-import json, os, sys
+import json, os, re, sys
 sys.path.extend(p for p in sys.argv[2].split("\n") if p)
 calls, entry, out = json.loads(sys.argv[3]), sys.argv[4], os.fdopen(int(sys.argv[5]), "w")
 __CANON__
-def clip(s):
-    return s if len(s) <= 200 else "%s [%d more characters cut]" % (s[:200], len(s) - 200)
+__CLIP__
 ns = {"__name__": "solution", "__file__": sys.argv[1]}
 try:
     exec(compile(open(sys.argv[1]).read(), "solution.py", "exec"), ns)
     loaded = None
 except BaseException as e:
-    loaded = {"err": clip("loading the solution failed: %s: %s" % (type(e).__name__, e))}
+    loaded = {"err": clip("loading the solution failed: %s: %s" % (type(e).__name__, e), 200)}
 if entry and entry in ns:
     ns["candidate"] = ns[entry]
 for call in calls:
@@ -227,7 +238,7 @@ for call in calls:
         try:
             rec = {"v": canon(eval(call, ns))}
         except BaseException as e:
-            rec = {"err": clip("%s: %s" % (type(e).__name__, e))}
+            rec = {"err": clip("%s: %s" % (type(e).__name__, e), 200)}
     try:
         line = json.dumps(rec)
     except BaseException:
@@ -251,11 +262,14 @@ def harness_code(test: dict, kind: str, solution: str, timeout: float, nonce: st
     spec = {"kind": kind, "test": test, "solution": solution, "timeout": timeout}
     spec.update(nonce=nonce, entry=entry, compact=compact, files=files or {}, inline=inline)
     runner = _CALL_RUNNER.replace("__CANON__", inspect.getsource(canon))
+    runner = runner.replace("__CLIP__", inspect.getsource(clip))
     return (
         _HARNESS.replace("__SPEC__", repr(json.dumps(spec, ensure_ascii=False)))
         .replace("__IO_RUNNER__", repr(_IO_RUNNER))
         .replace("__CALL_RUNNER__", repr(runner))
-        .replace("__HELPERS__", "".join(map(inspect.getsource, (_truthy, _sha, normalize_output))))
+        .replace(
+            "__HELPERS__", "".join(map(inspect.getsource, (_truthy, _sha, clip, normalize_output)))
+        )
         .replace("__INLINE__", str(_INLINE))
         .replace("__REPORT_BYTES__", str(_REPORT_BYTES))
         .replace("__COMPACT_BYTES__", str(_COMPACT_BYTES))
